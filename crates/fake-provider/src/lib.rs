@@ -1,0 +1,1 @@
+//! A scriptable fake model provider.
