@@ -1,1 +1,14 @@
-//! Gateway library.
+//! The AI gateway: prompts, the tool catalogue, and every call to a model.
+
+pub mod api;
+pub mod auth;
+pub mod chat;
+pub mod config;
+pub mod error;
+pub mod observability;
+pub mod prompts;
+pub mod providers;
+pub mod proxy;
+
+pub use config::Config;
+pub use error::ApiError;

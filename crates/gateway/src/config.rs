@@ -1,0 +1,290 @@
+//! Gateway configuration, read from the environment in one place.
+//!
+//! Names follow GitLab's gateway (`AIGW_` prefix, `__` for nesting) where it
+//! has a variable for the same thing. `docs/configuration.md` lists them all.
+
+use secrecy::SecretString;
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `AIGW_FASTAPI__API_HOST` (127.0.0.1) and `AIGW_FASTAPI__API_PORT` (5052).
+    pub api_host: String,
+    pub api_port: u16,
+    /// `AIGW_FASTAPI__METRICS_PORT`: serve `/metrics` on its own port too.
+    pub metrics_port: Option<u16>,
+    /// `AIGW_ENVIRONMENT` (production).
+    pub environment: String,
+    /// `AIGW_MAX_REQUEST_BODY_BYTES` (32 MiB): larger bodies get 413.
+    pub max_body_bytes: usize,
+
+    pub auth: AuthConfig,
+    pub providers: ProvidersConfig,
+    pub prompts: PromptsConfig,
+    /// `AIGW_DOCS__DIR`: Markdown served by the documentation search (`docs/`).
+    pub docs_dir: PathBuf,
+}
+
+#[derive(Debug, Clone)]
+pub struct AuthConfig {
+    /// `AIGW_AUTH__BYPASS_EXTERNAL`: every caller is a debug user. Development only.
+    pub bypass_external: bool,
+    /// `AIGW_AUTH__BYPASS_EXTERNAL_WITH_HEADER`: the same, for requests sending `Bypass-Auth: true`.
+    pub bypass_external_with_header: bool,
+    /// `AIGW_AUTH__BYPASS_JWT_SIGNATURE`: decode tokens without checking signatures.
+    pub bypass_jwt_signature: bool,
+    /// `CLOUD_CONNECTOR_SERVICE_NAME` (gitlab-ai-gateway): the required `aud`.
+    pub service_name: String,
+    /// `AIGW_GITLAB_URL` (http://127.0.0.1:3000): OIDC discovery for JWKS.
+    pub gitlab_url: Option<String>,
+    /// `AIGW_CUSTOMER_PORTAL_URL`: a second OIDC issuer, if any.
+    pub customer_portal_url: Option<String>,
+    /// `AIGW_SELF_SIGNED_JWT__SIGNING_KEY` / `__VALIDATION_KEY`: PEM private keys.
+    pub signing_key: Option<SecretString>,
+    pub validation_key: Option<SecretString>,
+    /// `AIGW_AUTH__JWKS_CACHE_SECONDS` (86400).
+    pub jwks_cache_ttl: Duration,
+    /// `AIGW_AUTH__JWKS_TIMEOUT_SECONDS` (10).
+    pub jwks_timeout: Duration,
+    /// `AIGW_AUTH__LEEWAY_SECONDS` (30): clock skew allowed on exp/nbf.
+    pub leeway: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct ProvidersConfig {
+    /// `AIGW_MOCK_MODEL_RESPONSES`: answer "mock" instead of calling models.
+    pub mock_model_responses: bool,
+    /// `AIGW_CUSTOM_MODELS__ENABLED`: honour `model_metadata` (self-hosted models).
+    pub custom_models_enabled: bool,
+    /// `ANTHROPIC_API_KEY`.
+    pub anthropic_api_key: Option<SecretString>,
+    /// `ANTHROPIC_BASE_URL` (https://api.anthropic.com).
+    pub anthropic_base_url: String,
+    /// `OPENAI_BASE_URL`: an OpenAI-compatible server (vLLM, Ollama, ...).
+    pub openai_base_url: Option<String>,
+    /// `OPENAI_API_KEY`.
+    pub openai_api_key: Option<SecretString>,
+    /// `AIGW_LOCAL_LLM__URL` (http://127.0.0.1:5053/v1): the bundled local model server.
+    pub local_llm_url: String,
+    /// `AIGW_LOCAL_LLM__MODEL` (smollm2).
+    pub local_llm_model: String,
+    /// `AIGW_VERTEX_TEXT_MODEL__ENDPOINT`: host (or URL) of Vertex AI; the local
+    /// model server when unset.
+    pub vertex_endpoint: String,
+    /// `AIGW_GOOGLE_CLOUD_PLATFORM__PROJECT` / `__LOCATION`.
+    pub vertex_project: String,
+    pub vertex_location: String,
+    /// `AIGW_GOOGLE_CLOUD_PLATFORM__ACCESS_TOKEN`: bearer token for Vertex AI.
+    pub vertex_access_token: Option<SecretString>,
+    /// `AIGW_PROXY__TIMEOUT_SECONDS` (60).
+    pub proxy_timeout: Duration,
+}
+
+impl ProvidersConfig {
+    /// True when no model provider is configured: calls go to the bundled
+    /// local model server.
+    pub fn uses_local_default(&self) -> bool {
+        !self.mock_model_responses
+            && self.anthropic_api_key.is_none()
+            && self.openai_base_url.is_none()
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct PromptsConfig {
+    /// `AIGW_PROMPTS_DIR`: the prompt definitions (`prompts/`).
+    pub dir: PathBuf,
+    /// `AIGW_DEFAULT_PROMPTS`: JSON map from prompt id to model family.
+    pub default_families: HashMap<String, String>,
+    /// The family used for prompts not named in `default_families`:
+    /// `base` (Anthropic), or `openai` when running on the local default.
+    pub default_family: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: {name}: {reason}")]
+pub struct ConfigError {
+    pub name: &'static str,
+    pub reason: String,
+}
+
+fn project_dir(sub: &str) -> PathBuf {
+    // Prefer ./<sub> (deployments), else the source tree (cargo run from anywhere).
+    let local = PathBuf::from(sub);
+    if local.is_dir() {
+        return local;
+    }
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(sub)
+}
+
+struct Env<'a>(&'a BTreeMap<String, String>);
+
+impl Env<'_> {
+    fn get(&self, name: &str) -> Option<String> {
+        self.0
+            .get(name)
+            .map(|v| v.trim().to_owned())
+            .filter(|v| !v.is_empty())
+    }
+    fn string(&self, name: &str, default: &str) -> String {
+        self.get(name).unwrap_or_else(|| default.to_owned())
+    }
+    fn secret(&self, name: &str) -> Option<SecretString> {
+        self.get(name).map(SecretString::from)
+    }
+    fn flag(&self, name: &'static str) -> Result<bool, ConfigError> {
+        match self.get(name).map(|v| v.to_ascii_lowercase()) {
+            None => Ok(false),
+            Some(v) if matches!(v.as_str(), "1" | "true" | "yes" | "on") => Ok(true),
+            Some(v) if matches!(v.as_str(), "0" | "false" | "no" | "off") => Ok(false),
+            Some(v) => Err(ConfigError {
+                name,
+                reason: format!("expected true or false, got {v:?}"),
+            }),
+        }
+    }
+    fn number<T: std::str::FromStr>(
+        &self,
+        name: &'static str,
+        default: T,
+    ) -> Result<T, ConfigError> {
+        match self.get(name) {
+            None => Ok(default),
+            Some(v) => v.parse().map_err(|_| ConfigError {
+                name,
+                reason: format!("expected a number, got {v:?}"),
+            }),
+        }
+    }
+    fn seconds(&self, name: &'static str, default: u64) -> Result<Duration, ConfigError> {
+        self.number(name, default).map(Duration::from_secs)
+    }
+}
+
+impl Config {
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_map(&std::env::vars().collect())
+    }
+
+    pub fn from_map(vars: &BTreeMap<String, String>) -> Result<Self, ConfigError> {
+        let env = Env(vars);
+        let default_families: HashMap<String, String> = match env.get("AIGW_DEFAULT_PROMPTS") {
+            None => HashMap::new(),
+            Some(json) => serde_json::from_str(&json).map_err(|e| ConfigError {
+                name: "AIGW_DEFAULT_PROMPTS",
+                reason: format!("expected a JSON object of prompt id to family: {e}"),
+            })?,
+        };
+        let local_llm_url = env.string("AIGW_LOCAL_LLM__URL", "http://127.0.0.1:5053/v1");
+        let providers = ProvidersConfig {
+            mock_model_responses: env.flag("AIGW_MOCK_MODEL_RESPONSES")?,
+            custom_models_enabled: env.flag("AIGW_CUSTOM_MODELS__ENABLED")?,
+            anthropic_api_key: env.secret("ANTHROPIC_API_KEY"),
+            anthropic_base_url: env.string("ANTHROPIC_BASE_URL", "https://api.anthropic.com"),
+            openai_base_url: env.get("OPENAI_BASE_URL"),
+            openai_api_key: env.secret("OPENAI_API_KEY"),
+            vertex_endpoint: env
+                .get("AIGW_VERTEX_TEXT_MODEL__ENDPOINT")
+                .unwrap_or_else(|| {
+                    local_llm_url
+                        .trim_end_matches('/')
+                        .trim_end_matches("/v1")
+                        .to_owned()
+                }),
+            local_llm_url,
+            local_llm_model: env.string("AIGW_LOCAL_LLM__MODEL", "smollm2"),
+            vertex_project: env.string("AIGW_GOOGLE_CLOUD_PLATFORM__PROJECT", "local"),
+            vertex_location: env.string("AIGW_GOOGLE_CLOUD_PLATFORM__LOCATION", "us-central1"),
+            vertex_access_token: env.secret("AIGW_GOOGLE_CLOUD_PLATFORM__ACCESS_TOKEN"),
+            proxy_timeout: env.seconds("AIGW_PROXY__TIMEOUT_SECONDS", 60)?,
+        };
+        let default_family = if providers.uses_local_default()
+            || (providers.anthropic_api_key.is_none() && providers.openai_base_url.is_some())
+        {
+            "openai"
+        } else {
+            "base"
+        };
+        Ok(Self {
+            api_host: env.string("AIGW_FASTAPI__API_HOST", "127.0.0.1"),
+            api_port: env.number("AIGW_FASTAPI__API_PORT", 5052)?,
+            metrics_port: match env.get("AIGW_FASTAPI__METRICS_PORT") {
+                None => None,
+                Some(_) => Some(env.number("AIGW_FASTAPI__METRICS_PORT", 0)?),
+            },
+            environment: env.string("AIGW_ENVIRONMENT", "production"),
+            max_body_bytes: env.number("AIGW_MAX_REQUEST_BODY_BYTES", 32 * 1024 * 1024)?,
+            auth: AuthConfig {
+                bypass_external: env.flag("AIGW_AUTH__BYPASS_EXTERNAL")?,
+                bypass_external_with_header: env.flag("AIGW_AUTH__BYPASS_EXTERNAL_WITH_HEADER")?,
+                bypass_jwt_signature: env.flag("AIGW_AUTH__BYPASS_JWT_SIGNATURE")?,
+                service_name: env.string("CLOUD_CONNECTOR_SERVICE_NAME", "gitlab-ai-gateway"),
+                gitlab_url: Some(env.string("AIGW_GITLAB_URL", "http://127.0.0.1:3000")),
+                customer_portal_url: env.get("AIGW_CUSTOMER_PORTAL_URL"),
+                signing_key: env.secret("AIGW_SELF_SIGNED_JWT__SIGNING_KEY"),
+                validation_key: env.secret("AIGW_SELF_SIGNED_JWT__VALIDATION_KEY"),
+                jwks_cache_ttl: env.seconds("AIGW_AUTH__JWKS_CACHE_SECONDS", 86_400)?,
+                jwks_timeout: env.seconds("AIGW_AUTH__JWKS_TIMEOUT_SECONDS", 10)?,
+                leeway: env.seconds("AIGW_AUTH__LEEWAY_SECONDS", 30)?,
+            },
+            prompts: PromptsConfig {
+                dir: env
+                    .get("AIGW_PROMPTS_DIR")
+                    .map(PathBuf::from)
+                    .unwrap_or_else(|| project_dir("prompts")),
+                default_families,
+                default_family: env.string("AIGW_PROMPTS__DEFAULT_FAMILY", default_family),
+            },
+            docs_dir: env
+                .get("AIGW_DOCS__DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| project_dir("docs")),
+            providers,
+        })
+    }
+
+    /// A configuration for tests: defaults with the given overrides.
+    pub fn for_tests(overrides: &[(&str, &str)]) -> Result<Self, ConfigError> {
+        let vars = overrides
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        Self::from_map(&vars)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_safe() {
+        let c = Config::for_tests(&[]).unwrap();
+        assert_eq!((c.api_host.as_str(), c.api_port), ("127.0.0.1", 5052));
+        assert!(!c.auth.bypass_external);
+        assert!(!c.providers.custom_models_enabled);
+        assert!(c.providers.uses_local_default());
+        assert_eq!(c.prompts.default_family, "openai");
+        assert_eq!(c.auth.service_name, "gitlab-ai-gateway");
+        assert_eq!(c.providers.vertex_endpoint, "http://127.0.0.1:5053");
+    }
+
+    #[test]
+    fn anthropic_key_switches_the_default_family() {
+        let c = Config::for_tests(&[("ANTHROPIC_API_KEY", "k")]).unwrap();
+        assert!(!c.providers.uses_local_default());
+        assert_eq!(c.prompts.default_family, "base");
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        let err = Config::for_tests(&[("AIGW_AUTH__BYPASS_EXTERNAL", "maybe")]).unwrap_err();
+        assert_eq!(err.name, "AIGW_AUTH__BYPASS_EXTERNAL");
+        let err = Config::for_tests(&[("AIGW_DEFAULT_PROMPTS", "[1]")]).unwrap_err();
+        assert_eq!(err.name, "AIGW_DEFAULT_PROMPTS");
+    }
+}

@@ -1,0 +1,140 @@
+//! Calls to models. Every model call in the gateway goes through [`ChatModel`];
+//! concrete clients speak the Anthropic Messages API, OpenAI-compatible chat
+//! completions (vLLM, Ollama, the bundled local model server) and Vertex AI.
+
+use futures::stream::BoxStream;
+use std::time::Duration;
+
+/// Which wire protocol a call uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ProviderKind {
+    Anthropic,
+    /// OpenAI-compatible chat completions (self-hosted models, local default).
+    OpenAiCompatible,
+    /// Deterministic answers for `AIGW_MOCK_MODEL_RESPONSES`.
+    Mock,
+}
+
+impl ProviderKind {
+    /// The `model_engine` metric label.
+    pub fn engine(self) -> &'static str {
+        match self {
+            Self::Anthropic => "anthropic",
+            Self::OpenAiCompatible => "openai_compatible",
+            Self::Mock => "mock",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChatRole {
+    User,
+    Assistant,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatMessage {
+    pub role: ChatRole,
+    pub content: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelParams {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<u32>,
+    pub max_tokens: u32,
+    pub stop: Vec<String>,
+    /// The whole call, including the time to the first token.
+    pub timeout: Duration,
+    /// How long to wait for the first token.
+    pub first_token_timeout: Duration,
+    /// Retries on connection errors and overload (GitLab uses 1).
+    pub max_retries: u32,
+}
+
+impl Default for ModelParams {
+    fn default() -> Self {
+        Self {
+            temperature: None,
+            top_p: None,
+            top_k: None,
+            max_tokens: 4096,
+            stop: Vec::new(),
+            timeout: Duration::from_secs(60),
+            first_token_timeout: Duration::from_secs(30),
+            max_retries: 1,
+        }
+    }
+}
+
+/// Where and how to reach a model for one call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelTarget {
+    pub kind: ProviderKind,
+    /// The provider's model id (`claude-3-5-sonnet-20241022`, `mistral`, ...).
+    pub model: String,
+    /// Overrides the configured base URL (custom models' `endpoint`).
+    pub base_url: Option<String>,
+    /// Overrides the configured API key (custom models' `api_key`).
+    pub api_key: Option<String>,
+}
+
+/// One model call: a system prompt, the conversation, and the sampling
+/// parameters. An assistant message last is a prefill the model continues.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelCall {
+    pub target: ModelTarget,
+    pub system: Option<String>,
+    pub messages: Vec<ChatMessage>,
+    pub params: ModelParams,
+}
+
+/// Text as the model produces it.
+pub type TextStream = BoxStream<'static, Result<String, ProviderError>>;
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ProviderError {
+    /// The provider is overloaded (Anthropic 529 / `overloaded_error`, HTTP 429/503).
+    /// The message keeps the provider's text, which names `overloaded_error`.
+    #[error("{message}")]
+    Overloaded { message: String },
+    /// The provider answered with an error status.
+    #[error("{status}: {message}")]
+    Status { status: u16, message: String },
+    #[error("timed out waiting for the model ({0})")]
+    Timeout(&'static str),
+    #[error("could not connect to the model provider: {0}")]
+    Connection(String),
+    /// The provider sent something we could not read (bad SSE, bad JSON),
+    /// or reported an error in the middle of a stream.
+    #[error("malformed response from the model provider: {0}")]
+    Malformed(String),
+    #[error("model provider not configured: {0}")]
+    NotConfigured(String),
+}
+
+impl ProviderError {
+    /// Whether the caller may try again (GitLab: only for overload).
+    pub fn retryable(&self) -> bool {
+        matches!(self, Self::Overloaded { .. })
+    }
+
+    /// The HTTP status the provider answered with, when there was one.
+    pub fn status_code(&self) -> Option<u16> {
+        match self {
+            Self::Status { status, .. } => Some(*status),
+            Self::Overloaded { .. } => Some(529),
+            _ => None,
+        }
+    }
+}
+
+/// Anything that can stream a model's answer.
+#[async_trait::async_trait]
+pub trait ChatModel: Send + Sync {
+    /// Starts the call; the returned stream yields text as it arrives.
+    /// Errors before the first token (connection, status, first-token timeout)
+    /// are returned here; errors after it arrive in the stream.
+    async fn stream(&self, call: ModelCall) -> Result<TextStream, ProviderError>;
+}
