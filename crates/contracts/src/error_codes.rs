@@ -187,3 +187,20 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod doc_tests {
+    use super::*;
+
+    /// Every code links to an anchor of docs/error-codes.md; keep the page in step.
+    #[test]
+    fn every_code_is_documented() {
+        let doc = include_str!("../../../docs/error-codes.md");
+        for c in DuoErrorCode::ALL {
+            assert!(
+                doc.contains(&format!("## Error {c}\n")),
+                "docs/error-codes.md has no section for {c}"
+            );
+        }
+    }
+}
