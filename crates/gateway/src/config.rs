@@ -25,6 +25,10 @@ pub struct Config {
     pub prompts: PromptsConfig,
     /// `AIGW_DOCS__DIR`: Markdown served by the documentation search (`docs/`).
     pub docs_dir: PathBuf,
+    /// `AIGW_LOGGING__LEVEL` (info): a tracing env-filter directive.
+    pub log_level: String,
+    /// `AIGW_LOGGING__FORMAT_JSON`: log JSON lines.
+    pub log_json: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -70,6 +74,9 @@ pub struct ProvidersConfig {
     pub local_llm_url: String,
     /// `AIGW_LOCAL_LLM__MODEL` (smollm2).
     pub local_llm_model: String,
+    /// `AIGW_LOCAL_LLM__EMBEDDING_MODEL` (all-minilm-l6-v2): allowed through
+    /// the Vertex AI proxy as an embedding model.
+    pub local_embedding_model: String,
     /// `AIGW_VERTEX_TEXT_MODEL__ENDPOINT`: host (or URL) of Vertex AI; the local
     /// model server when unset.
     pub vertex_endpoint: String,
@@ -197,6 +204,8 @@ impl Config {
                 }),
             local_llm_url,
             local_llm_model: env.string("AIGW_LOCAL_LLM__MODEL", "smollm2"),
+            local_embedding_model: env
+                .string("AIGW_LOCAL_LLM__EMBEDDING_MODEL", "all-minilm-l6-v2"),
             vertex_project: env.string("AIGW_GOOGLE_CLOUD_PLATFORM__PROJECT", "local"),
             vertex_location: env.string("AIGW_GOOGLE_CLOUD_PLATFORM__LOCATION", "us-central1"),
             vertex_access_token: env.secret("AIGW_GOOGLE_CLOUD_PLATFORM__ACCESS_TOKEN"),
@@ -243,6 +252,8 @@ impl Config {
                 .get("AIGW_DOCS__DIR")
                 .map(PathBuf::from)
                 .unwrap_or_else(|| project_dir("docs")),
+            log_level: env.string("AIGW_LOGGING__LEVEL", "info"),
+            log_json: env.flag("AIGW_LOGGING__FORMAT_JSON")?,
             providers,
         })
     }

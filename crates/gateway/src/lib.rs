@@ -1,6 +1,7 @@
 //! The AI gateway: prompts, the tool catalogue, and every call to a model.
 
 pub mod api;
+pub mod app;
 pub mod auth;
 pub mod chat;
 pub mod config;

@@ -1,1 +1,25 @@
-fn main() {}
+//! `duo-gateway`: the AI gateway server.
+
+use gateway::Config;
+use std::process::ExitCode;
+
+#[actix_web::main]
+async fn main() -> ExitCode {
+    let config = match Config::from_env() {
+        Ok(config) => config,
+        Err(err) => {
+            // Logging is configured from the same variables, so use stderr.
+            eprintln!("duo-gateway: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    gateway::observability::init_logging(&config.log_level, config.log_json);
+    match gateway::app::serve(config).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            tracing::error!(error = %err, "gateway failed");
+            eprintln!("duo-gateway: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -3,7 +3,6 @@
 
 #![expect(
     clippy::unwrap_used,
-    clippy::expect_used,
     reason = "test helpers fail the test on bad fixtures"
 )]
 

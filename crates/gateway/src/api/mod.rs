@@ -1,3 +1,18 @@
-//! api
+//! HTTP handlers. Each submodule has a `configure` that registers its routes;
+//! handlers stay thin and call into the plain modules.
 
+pub mod health;
+pub mod metrics;
 pub mod prompts;
+pub mod proxy;
+
+use actix_web::web;
+
+/// Every route of the gateway.
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.configure(health::configure)
+        .configure(metrics::configure)
+        .configure(proxy::configure)
+        .configure(prompts::configure);
+    // MERGE(gw-agent): `.configure(agent::configure)`
+}

@@ -1,0 +1,73 @@
+//! `POST /v1/proxy/anthropic/{path}` and `POST /v1/proxy/vertex-ai/{path}`.
+
+use crate::app::AppState;
+use crate::auth::GatewayUser;
+use crate::error::ApiError;
+use crate::observability::ModelWaitClock;
+use crate::proxy::{self, IncomingCall, ProxyKind};
+use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
+use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
+use serde_json::json;
+
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.route(
+        "/v1/proxy/anthropic/{path:.*}",
+        web::post()
+            .to(|req, body, state, clock| handle(ProxyKind::Anthropic, req, body, state, clock)),
+    )
+    .route(
+        "/v1/proxy/vertex-ai/{path:.*}",
+        web::post()
+            .to(|req, body, state, clock| handle(ProxyKind::VertexAi, req, body, state, clock)),
+    );
+}
+
+async fn handle(
+    kind: ProxyKind,
+    req: HttpRequest,
+    body: web::Payload,
+    state: web::Data<AppState>,
+    clock: ModelWaitClock,
+) -> Result<HttpResponse, ApiError> {
+    // MERGE(gw-auth): take `GatewayUser` as an extractor instead.
+    let user = req
+        .extensions()
+        .get::<GatewayUser>()
+        .cloned()
+        .ok_or_else(|| ApiError::Unauthorized("No authorization header presented".into()))?;
+    let purpose = proxy::check_purpose(kind, req.headers(), &user)?;
+    tracing::debug!(event = %format!("request_{purpose}"), proxy = kind.name(), "proxy request");
+    if state.config.providers.mock_model_responses {
+        return Ok(HttpResponse::Ok().json(json!({ "response": "mocked" })));
+    }
+    let body = read_body(body, state.config.max_body_bytes).await?;
+    let prefix = format!("/v1/proxy/{}", kind.name());
+    let path = req.path().strip_prefix(&prefix).unwrap_or_default();
+    let call = proxy::plan(
+        kind,
+        &state.config.providers,
+        IncomingCall {
+            path,
+            raw_path: req.uri().path(),
+            query: req.query_string(),
+            headers: req.headers(),
+            body,
+        },
+    )?;
+    proxy::forward(&state.http, call, &clock).await
+}
+
+/// Reads the whole body, refusing more than `limit` bytes with 413.
+async fn read_body(mut payload: web::Payload, limit: usize) -> Result<Bytes, ApiError> {
+    let mut body = BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk =
+            chunk.map_err(|err| ApiError::BadRequest(format!("Could not read body: {err}")))?;
+        if body.len() + chunk.len() > limit {
+            return Err(ApiError::PayloadTooLarge("Request body too large".into()));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
+}

@@ -1,0 +1,239 @@
+//! Assembles the gateway: shared state, routes, app-wide request rules and
+//! the HTTP server.
+//!
+//! Wiring a new part in is two lines: a field on [`AppState`] built in
+//! [`AppState::build`], and its `configure` call in `api::configure`.
+
+use crate::api;
+use crate::auth::GatewayUser;
+use crate::config::{Config, ConfigError};
+use crate::error::ApiError;
+use crate::observability::readiness::Readiness;
+use crate::observability::{Metrics, request_telemetry};
+use crate::prompts::{PromptLoadError, PromptRegistry};
+use crate::providers::{ChatModel, ModelCall, ProviderError, TextStream};
+use actix_web::body::MessageBody;
+use actix_web::dev::{Server, ServiceRequest, ServiceResponse};
+use actix_web::middleware::{Next, from_fn};
+use actix_web::{App, Error, HttpMessage, HttpServer, web};
+use std::net::TcpListener;
+use std::sync::Arc;
+
+/// Everything handlers share. Cheap to clone: all parts are shared handles.
+#[derive(Clone)]
+pub struct AppState {
+    pub config: Arc<Config>,
+    /// Every model call goes through this.
+    // MERGE(gw-providers): `Arc::new(providers::ModelRouter::from_config(&config.providers)?)`.
+    pub model: Arc<dyn ChatModel>,
+    pub prompts: Arc<PromptRegistry>,
+    // MERGE(gw-auth): `pub authenticator: Arc<crate::auth::Authenticator>,` built from `config.auth`.
+    pub metrics: Metrics,
+    /// One connection pool for proxies and readiness probes.
+    pub http: reqwest::Client,
+    pub readiness: Arc<Readiness>,
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState").finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("could not build the HTTP client: {0}")]
+    HttpClient(#[from] reqwest::Error),
+    #[error("could not listen on {address}: {source}")]
+    Bind {
+        address: String,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Prompts(#[from] PromptLoadError),
+    #[error("server error: {0}")]
+    Server(#[from] std::io::Error),
+}
+
+impl AppState {
+    pub fn build(config: Config) -> Result<Self, AppError> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(config.providers.proxy_timeout)
+            .read_timeout(config.providers.proxy_timeout)
+            .pool_max_idle_per_host(256)
+            .build()?;
+        let prompts = Arc::new(PromptRegistry::load(&config.prompts.dir)?);
+        Ok(Self {
+            prompts,
+            readiness: Arc::new(Readiness::from_config(&config.providers)),
+            model: Arc::new(UnwiredModel),
+            config: Arc::new(config),
+            metrics: Metrics::global(),
+            http,
+        })
+    }
+}
+
+/// Stands in until the model router is merged: every call fails cleanly.
+struct UnwiredModel;
+
+#[async_trait::async_trait]
+impl ChatModel for UnwiredModel {
+    async fn stream(&self, _call: ModelCall) -> Result<TextStream, ProviderError> {
+        Err(ProviderError::NotConfigured(
+            "no model router in this build".into(),
+        ))
+    }
+}
+
+/// Registers app data, body rules, every route and the JSON 404.
+pub fn configure_app(cfg: &mut web::ServiceConfig, state: &AppState) {
+    let limit = state.config.max_body_bytes;
+    cfg.app_data(web::Data::new(state.clone()))
+        .app_data(web::Data::new(state.prompts.clone()))
+        .app_data(web::Data::new(state.model.clone()))
+        .app_data(web::Data::new((*state.config).clone()))
+        .app_data(
+            web::JsonConfig::default()
+                .limit(limit)
+                .error_handler(|err, _req| json_error(err).into()),
+        )
+        .app_data(web::PayloadConfig::default().limit(limit))
+        .configure(api::configure)
+        .default_service(web::to(not_found));
+}
+
+fn json_error(err: actix_web::error::JsonPayloadError) -> ApiError {
+    use actix_web::error::JsonPayloadError as E;
+    match err {
+        E::Overflow { .. } | E::OverflowKnownLength { .. } => {
+            ApiError::PayloadTooLarge("Request body too large".into())
+        }
+        other => ApiError::invalid_body(other),
+    }
+}
+
+async fn not_found() -> Result<actix_web::HttpResponse, ApiError> {
+    Err(ApiError::NotFound("Not Found".into()))
+}
+
+/// Puts the caller's identity in request extensions.
+///
+/// MERGE(gw-auth): replace with the `auth::Authenticator` middleware. Until
+/// then only the development bypass is honoured, so every other request to an
+/// authenticated route is refused with 401.
+async fn interim_identity(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<impl MessageBody>, Error> {
+    let bypass = req.app_data::<web::Data<AppState>>().is_some_and(|state| {
+        let auth = &state.config.auth;
+        auth.bypass_external
+            || (auth.bypass_external_with_header
+                && req
+                    .headers()
+                    .get(contracts::headers::BYPASS_AUTH)
+                    .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true")))
+    });
+    if bypass {
+        req.extensions_mut().insert(GatewayUser::debug());
+    }
+    next.call(req).await
+}
+
+/// The HTTP server on an already bound listener (port 0 in tests and the bench).
+pub fn build_server(state: AppState, listener: TcpListener) -> Result<Server, AppError> {
+    let server = HttpServer::new(move || {
+        App::new()
+            .wrap(from_fn(interim_identity))
+            .wrap(from_fn(request_telemetry))
+            .configure(|cfg| configure_app(cfg, &state))
+    })
+    .listen(listener)?
+    .run();
+    Ok(server)
+}
+
+/// `/metrics` alone, for `AIGW_FASTAPI__METRICS_PORT`.
+pub fn build_metrics_server(state: AppState, listener: TcpListener) -> Result<Server, AppError> {
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(web::Data::new(state.clone()))
+            .configure(api::metrics::configure)
+            .default_service(web::to(not_found))
+    })
+    .workers(1)
+    .listen(listener)?
+    .run();
+    Ok(server)
+}
+
+fn bind(host: &str, port: u16) -> Result<TcpListener, AppError> {
+    TcpListener::bind((host, port)).map_err(|source| AppError::Bind {
+        address: format!("{host}:{port}"),
+        source,
+    })
+}
+
+/// Binds, logs what the gateway will use, and serves until SIGINT/SIGTERM
+/// (actix stops accepting, then lets in-flight requests finish).
+pub async fn serve(config: Config) -> Result<(), AppError> {
+    log_startup(&config);
+    let listener = bind(&config.api_host, config.api_port)?;
+    let metrics_listener = match config.metrics_port {
+        Some(port) => Some(bind(&config.api_host, port)?),
+        None => None,
+    };
+    let state = AppState::build(config)?;
+    tracing::info!(address = %listener.local_addr()?, "gateway listening");
+    let main = build_server(state.clone(), listener)?;
+    match metrics_listener {
+        Some(metrics_listener) => {
+            tracing::info!(address = %metrics_listener.local_addr()?, "metrics listening");
+            let metrics = build_metrics_server(state, metrics_listener)?;
+            tokio::try_join!(main, metrics)?;
+        }
+        None => main.await?,
+    }
+    tracing::info!("gateway stopped");
+    Ok(())
+}
+
+fn log_startup(config: &Config) {
+    let providers = &config.providers;
+    if providers.mock_model_responses {
+        tracing::warn!(
+            "AIGW_MOCK_MODEL_RESPONSES is on: models are not called, answers are canned"
+        );
+    } else if providers.uses_local_default() {
+        tracing::info!(
+            url = %providers.local_llm_url,
+            "no model provider configured: using the bundled local model server at {}",
+            providers.local_llm_url
+        );
+    } else {
+        if providers.anthropic_api_key.is_some() {
+            tracing::info!(base_url = %providers.anthropic_base_url, "using Anthropic");
+        }
+        if let Some(base) = &providers.openai_base_url {
+            tracing::info!(base_url = %base, "using an OpenAI-compatible server");
+        }
+    }
+    tracing::info!(endpoint = %providers.vertex_endpoint, "Vertex AI proxy upstream");
+    if config.auth.bypass_external {
+        tracing::warn!(
+            "AUTHENTICATION IS DISABLED (AIGW_AUTH__BYPASS_EXTERNAL=true): every caller may use everything. Never run this in production."
+        );
+    } else if config.auth.bypass_external_with_header {
+        tracing::warn!(
+            "AUTHENTICATION CAN BE SKIPPED with the header `Bypass-Auth: true` (AIGW_AUTH__BYPASS_EXTERNAL_WITH_HEADER=true). Never run this in production."
+        );
+    }
+    if config.auth.bypass_jwt_signature {
+        tracing::warn!(
+            "JWT SIGNATURES ARE NOT CHECKED (AIGW_AUTH__BYPASS_JWT_SIGNATURE=true). Never run this in production."
+        );
+    }
+}

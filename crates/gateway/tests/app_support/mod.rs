@@ -1,0 +1,173 @@
+//! Shared by the `app_*` and `proxy_*` tests: a gateway on 127.0.0.1:0 with a
+//! test identity, and a scriptable upstream stub.
+#![allow(dead_code)]
+#![expect(
+    clippy::unwrap_used,
+    reason = "test support: failing loudly is the point"
+)]
+
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::middleware::{Next, from_fn};
+use actix_web::{App, Error, HttpMessage, HttpRequest, HttpResponse, HttpServer, web};
+use bytes::Bytes;
+use gateway::Config;
+use gateway::app::{AppState, configure_app};
+use gateway::auth::GatewayUser;
+use gateway::observability::request_telemetry;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+use tokio::sync::Semaphore;
+
+/// The test caller's scopes, comma-separated; `*` for a debug user. No
+/// header: no identity (as if authentication had not run).
+pub const TEST_SCOPES: &str = "x-test-scopes";
+
+async fn test_identity(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<impl MessageBody>, Error> {
+    if let Some(scopes) = req.headers().get(TEST_SCOPES).and_then(|v| v.to_str().ok()) {
+        let user = if scopes == "*" {
+            GatewayUser::debug()
+        } else {
+            GatewayUser::with_scopes(scopes.split(',').map(str::to_owned))
+        };
+        req.extensions_mut().insert(user);
+    }
+    next.call(req).await
+}
+
+#[derive(Debug, Deserialize)]
+struct TypedBody {
+    #[allow(dead_code)]
+    count: u32,
+}
+
+/// A route that takes a typed JSON body, for the app-wide body rules.
+async fn typed_json(body: web::Json<TypedBody>) -> HttpResponse {
+    HttpResponse::Ok().json(serde_json::json!({ "count": body.count }))
+}
+
+/// Starts the gateway app; returns its base URL.
+pub fn spawn_gateway(config: Config) -> String {
+    let state = AppState::build(config).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = HttpServer::new(move || {
+        App::new()
+            .wrap(from_fn(test_identity))
+            .wrap(from_fn(request_telemetry))
+            .route("/test/typed-json", web::post().to(typed_json))
+            .configure(|cfg| configure_app(cfg, &state))
+    })
+    .workers(1)
+    .listen(listener)
+    .unwrap()
+    .run();
+    actix_web::rt::spawn(server);
+    format!("http://{addr}")
+}
+
+/// A port nothing listens on.
+pub fn closed_port_url() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    format!("http://{addr}")
+}
+
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    /// Path and query as received.
+    pub target: String,
+    pub headers: BTreeMap<String, String>,
+    pub body: Bytes,
+}
+
+/// The upstream stand-in: records every request; answers JSON echoing the
+/// body with an extra header the gateway must not pass back; answers with
+/// `stub_status` from the body when set; streams in two parts, the second
+/// only after [`Upstream::release`], when the body asks for streaming.
+#[derive(Clone)]
+pub struct Upstream {
+    pub url: String,
+    pub recorded: Arc<Mutex<Vec<Recorded>>>,
+    gate: Arc<Semaphore>,
+}
+
+impl Upstream {
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.recorded.lock().unwrap().clone()
+    }
+    pub fn release(&self) {
+        self.gate.add_permits(1);
+    }
+}
+
+type StubState = (Arc<Mutex<Vec<Recorded>>>, Arc<Semaphore>);
+
+async fn upstream_handler(
+    req: HttpRequest,
+    body: Bytes,
+    stub: web::Data<StubState>,
+) -> HttpResponse {
+    let (recorded, gate) = stub.get_ref().clone();
+    let target = match req.query_string() {
+        "" => req.path().to_owned(),
+        q => format!("{}?{q}", req.path()),
+    };
+    let headers = req
+        .headers()
+        .iter()
+        .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
+        .collect();
+    recorded.lock().unwrap().push(Recorded {
+        target: target.clone(),
+        headers,
+        body: body.clone(),
+    });
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    let streaming =
+        json["stream"] == serde_json::json!(true) || target.contains(":serverStreamingPredict");
+    if streaming {
+        let stream = async_stream::stream! {
+            yield Ok::<_, std::io::Error>(Bytes::from_static(b"data: first\n\n"));
+            let _permit = gate.acquire().await;
+            yield Ok(Bytes::from_static(b"data: second\n\n"));
+        };
+        return HttpResponse::Ok()
+            .content_type("text/event-stream")
+            .insert_header(("x-upstream-secret", "1"))
+            .streaming(stream);
+    }
+    let status = json["stub_status"].as_u64().unwrap_or(200) as u16;
+    HttpResponse::build(actix_web::http::StatusCode::from_u16(status).unwrap())
+        .insert_header(("x-upstream-secret", "1"))
+        .json(serde_json::json!({ "echo": json, "target": target }))
+}
+
+pub fn spawn_upstream() -> Upstream {
+    let recorded = Arc::new(Mutex::new(Vec::new()));
+    let gate = Arc::new(Semaphore::new(0));
+    let data = web::Data::new((recorded.clone(), gate.clone()));
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(data.clone())
+            .default_service(web::to(upstream_handler))
+    })
+    .workers(1)
+    .listen(listener)
+    .unwrap()
+    .run();
+    actix_web::rt::spawn(server);
+    Upstream {
+        url: format!("http://{addr}"),
+        recorded,
+        gate,
+    }
+}
