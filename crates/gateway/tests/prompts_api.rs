@@ -1,0 +1,473 @@
+//! Contract tests of `POST /v1/prompts/{prompt_id}` against a real server on
+//! loopback, with a scripted model standing in for the providers.
+
+#![expect(
+    clippy::unwrap_used,
+    reason = "test helpers fail the test on bad fixtures"
+)]
+
+use actix_web::dev::{ServerHandle, Service};
+use actix_web::{App, HttpMessage, HttpServer, web};
+use gateway::Config;
+use gateway::api::prompts::configure;
+use gateway::auth::GatewayUser;
+use gateway::prompts::PromptRegistry;
+use gateway::providers::{ChatModel, ModelCall, ProviderError, ProviderKind, TextStream};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// What the scripted model does on its next call.
+#[derive(Clone)]
+enum Script {
+    /// Starts streaming and yields these items.
+    Stream(Vec<Result<String, ProviderError>>),
+    /// Fails before the first token.
+    Fail(ProviderError),
+}
+
+struct ScriptedModel {
+    script: Mutex<Script>,
+    calls: Mutex<Vec<ModelCall>>,
+}
+
+impl ScriptedModel {
+    fn new(script: Script) -> Arc<Self> {
+        Arc::new(Self {
+            script: Mutex::new(script),
+            calls: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn calls(&self) -> Vec<ModelCall> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+#[async_trait::async_trait]
+impl ChatModel for ScriptedModel {
+    async fn stream(&self, call: ModelCall) -> Result<TextStream, ProviderError> {
+        self.calls.lock().unwrap().push(call);
+        match self.script.lock().unwrap().clone() {
+            Script::Fail(err) => Err(err),
+            Script::Stream(items) => Ok(Box::pin(futures::stream::iter(items))),
+        }
+    }
+}
+
+fn chunks(parts: &[&str]) -> Script {
+    Script::Stream(parts.iter().map(|p| Ok((*p).to_owned())).collect())
+}
+
+struct TestGateway {
+    base: String,
+    handle: ServerHandle,
+    model: Arc<ScriptedModel>,
+    client: reqwest::Client,
+}
+
+impl TestGateway {
+    /// Starts the endpoint with the shipped `chat/explain_code` prompt and a
+    /// `chat/react` stand-in. Requests may name the caller's scopes in
+    /// `x-test-scopes`; without it the caller is a debug user.
+    async fn start(script: Script, env: &[(&str, &str)]) -> Self {
+        let mut env_with_key = vec![("ANTHROPIC_API_KEY", "test-key")];
+        env_with_key.extend_from_slice(env);
+        let config = Config::for_tests(&env_with_key).unwrap();
+        let registry = Arc::new(PromptRegistry::load(&test_prompts_dir()).unwrap());
+        let model = ScriptedModel::new(script);
+        let chat_model: Arc<dyn ChatModel> = model.clone();
+
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(web::Data::new(registry.clone()))
+                .app_data(web::Data::new(chat_model.clone()))
+                .app_data(web::Data::new(config.clone()))
+                .wrap_fn(|req, srv| {
+                    let user = match req.headers().get("x-test-scopes") {
+                        Some(scopes) => GatewayUser::with_scopes(
+                            scopes
+                                .to_str()
+                                .unwrap_or_default()
+                                .split(',')
+                                .filter(|s| !s.is_empty())
+                                .map(str::to_owned),
+                        ),
+                        None => GatewayUser::debug(),
+                    };
+                    req.extensions_mut().insert(user);
+                    srv.call(req)
+                })
+                .configure(configure)
+        })
+        .workers(1)
+        .disable_signals()
+        .bind(("127.0.0.1", 0))
+        .unwrap();
+        let addr = server.addrs()[0];
+        let server = server.run();
+        let handle = server.handle();
+        actix_web::rt::spawn(server);
+        Self {
+            base: format!("http://{addr}"),
+            handle,
+            model,
+            client: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .unwrap(),
+        }
+    }
+
+    async fn post(&self, prompt_id: &str, scopes: Option<&str>, body: Value) -> reqwest::Response {
+        let mut request = self
+            .client
+            .post(format!("{}/v1/prompts/{prompt_id}", self.base))
+            .json(&body);
+        if let Some(scopes) = scopes {
+            request = request.header("x-test-scopes", scopes);
+        }
+        request.send().await.unwrap()
+    }
+
+    async fn stop(self) {
+        self.handle.stop(true).await;
+    }
+}
+
+fn test_prompts_dir() -> PathBuf {
+    static COUNTER: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "gw-prompts-api-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::SeqCst)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../prompts");
+    for file in [
+        "chat/explain_code/base/1.0.0.yml",
+        "chat/explain_code/openai/1.0.0.yml",
+    ] {
+        let target = dir.join(file);
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        std::fs::copy(shipped.join(file), target).unwrap();
+    }
+    let react = dir.join("chat/react/base/1.0.0.yml");
+    std::fs::create_dir_all(react.parent().unwrap()).unwrap();
+    std::fs::write(
+        react,
+        "name: agent stand-in\nmodel:\n  name: claude-test\n  params:\n    model_class_provider: anthropic\nunit_primitives: [duo_chat]\nprompt_template:\n  system: agent\n",
+    )
+    .unwrap();
+    dir
+}
+
+fn explain_inputs() -> Value {
+    json!({
+        "file_content": "",
+        "input": "",
+        "language_info": "The code is written in Python.",
+        "selected_text": "print('hi')",
+    })
+}
+
+async fn json_body(response: reqwest::Response) -> (u16, Value) {
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap())
+}
+
+#[actix_web::test]
+async fn answers_a_json_string() {
+    let gw = TestGateway::start(chunks(&["Hi ", "John!"]), &[]).await;
+    let response = gw
+        .post(
+            "chat/explain_code",
+            Some("explain_code"),
+            json!({"inputs": explain_inputs()}),
+        )
+        .await;
+    assert_eq!(
+        response.headers()["content-type"].to_str().unwrap(),
+        "application/json"
+    );
+    assert_eq!(json_body(response).await, (200, json!("Hi John!")));
+
+    let calls = gw.model.calls();
+    assert_eq!(calls.len(), 1);
+    let call = &calls[0];
+    assert_eq!(call.target.kind, ProviderKind::Anthropic);
+    assert_eq!(call.target.model, "claude-3-5-sonnet-20241022");
+    assert!(
+        call.system
+            .as_deref()
+            .unwrap()
+            .contains("software engineer")
+    );
+    assert!(call.messages[0].content.contains("print('hi')"));
+    assert_eq!(call.params.timeout, Duration::from_secs(60));
+    assert_eq!(call.params.max_tokens, 2048);
+    gw.stop().await;
+}
+
+#[actix_web::test]
+async fn streams_raw_text_chunks() {
+    let gw = TestGateway::start(chunks(&["Hi ", "", "John", "!"]), &[]).await;
+    let response = gw
+        .post(
+            "chat/explain_code",
+            None,
+            json!({"inputs": explain_inputs(), "stream": true}),
+        )
+        .await;
+    assert_eq!(response.status().as_u16(), 200);
+    assert_eq!(
+        response.headers()["content-type"].to_str().unwrap(),
+        "text/event-stream; charset=utf-8"
+    );
+    assert_eq!(response.text().await.unwrap(), "Hi John!");
+    gw.stop().await;
+}
+
+#[actix_web::test]
+async fn a_stream_that_fails_midway_just_ends() {
+    let script = Script::Stream(vec![
+        Ok("partial ".into()),
+        Err(ProviderError::Malformed("connection reset".into())),
+        Ok("never sent".into()),
+    ]);
+    let gw = TestGateway::start(script, &[]).await;
+    let response = gw
+        .post(
+            "chat/explain_code",
+            None,
+            json!({"inputs": explain_inputs(), "stream": true}),
+        )
+        .await;
+    assert_eq!(response.status().as_u16(), 200);
+    assert_eq!(response.text().await.unwrap(), "partial ");
+    gw.stop().await;
+}
+
+#[actix_web::test]
+async fn error_statuses_and_bodies() {
+    let gw = TestGateway::start(chunks(&["unused"]), &[]).await;
+    let cases: Vec<(&str, Option<&str>, Value, u16, Value)> = vec![
+        (
+            "chat/unknown",
+            None,
+            json!({"inputs": {}}),
+            404,
+            json!({"detail": "Prompt 'chat/unknown' not found"}),
+        ),
+        (
+            "chat%5Cexplain_code",
+            None,
+            json!({"inputs": {}}),
+            404,
+            json!({"detail": "Prompt 'chat\\explain_code' not found"}),
+        ),
+        (
+            "chat/explain_code",
+            Some("duo_chat,write_tests"),
+            json!({"inputs": explain_inputs()}),
+            403,
+            json!({"detail": "Unauthorized to access 'chat/explain_code'"}),
+        ),
+        (
+            "chat/react",
+            None,
+            json!({"inputs": {}}),
+            422,
+            json!({"detail": "Prompt 'chat/react' is not supported"}),
+        ),
+        (
+            "chat/explain_code",
+            None,
+            json!({"inputs": explain_inputs(), "prompt_version": "newest please"}),
+            422,
+            json!({"detail": "Invalid version constraint"}),
+        ),
+        (
+            "chat/explain_code",
+            None,
+            json!({"inputs": {"input": "", "language_info": "", "selected_text": ""}}),
+            422,
+            json!({"detail": "Missing prompt input: file_content"}),
+        ),
+        (
+            "chat/explain_code",
+            None,
+            json!({
+                "inputs": explain_inputs(),
+                "model_metadata": {"name": "mistral", "provider": "openai", "endpoint": "http://127.0.0.1:1/v1"},
+            }),
+            422,
+            json!({"detail": "model_metadata is not accepted: custom models are disabled on this gateway (AIGW_CUSTOM_MODELS__ENABLED)"}),
+        ),
+    ];
+    for (prompt_id, scopes, body, status, detail) in cases {
+        let got = json_body(gw.post(prompt_id, scopes, body.clone()).await).await;
+        assert_eq!(got, (status, detail), "{prompt_id} {body}");
+    }
+    assert!(gw.model.calls().is_empty(), "no case reached the model");
+    gw.stop().await;
+}
+
+#[actix_web::test]
+async fn the_scope_check_comes_before_the_version_check() {
+    let gw = TestGateway::start(chunks(&["unused"]), &[]).await;
+    let (status, _) = json_body(
+        gw.post(
+            "chat/explain_code",
+            Some("duo_chat"),
+            json!({"inputs": explain_inputs(), "prompt_version": "bogus"}),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(status, 403);
+    gw.stop().await;
+}
+
+#[actix_web::test]
+async fn invalid_bodies_are_422_like_fastapi() {
+    let gw = TestGateway::start(chunks(&["unused"]), &[]).await;
+    for body in [
+        json!({"stream": true}),
+        json!({"inputs": "text"}),
+        json!([]),
+    ] {
+        let (status, detail) =
+            json_body(gw.post("chat/explain_code", None, body.clone()).await).await;
+        assert_eq!(status, 422, "{body}");
+        assert_eq!(detail["detail"][0]["loc"], json!(["body"]), "{body}");
+    }
+    let response = gw
+        .client
+        .post(format!("{}/v1/prompts/chat/explain_code", gw.base))
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 422);
+    gw.stop().await;
+}
+
+#[actix_web::test]
+async fn model_failures_are_421() {
+    let cases = [
+        (
+            ProviderError::Status {
+                status: 401,
+                message: "Unauthorized".into(),
+            },
+            "401: Unauthorized",
+        ),
+        (
+            ProviderError::Overloaded {
+                message: "overloaded_error: try later".into(),
+            },
+            "529: overloaded_error: try later",
+        ),
+        (
+            ProviderError::Timeout("first token"),
+            "timed out waiting for the model (first token)",
+        ),
+    ];
+    for (err, detail) in cases {
+        let gw = TestGateway::start(Script::Fail(err), &[]).await;
+        let got = json_body(
+            gw.post(
+                "chat/explain_code",
+                None,
+                json!({"inputs": explain_inputs()}),
+            )
+            .await,
+        )
+        .await;
+        assert_eq!(got, (421, json!({"detail": detail})));
+        gw.stop().await;
+    }
+
+    // Non-streaming answers fail as a whole when the stream breaks.
+    let script = Script::Stream(vec![
+        Ok("partial".into()),
+        Err(ProviderError::Status {
+            status: 500,
+            message: "Internal error".into(),
+        }),
+    ]);
+    let gw = TestGateway::start(script, &[]).await;
+    let got = json_body(
+        gw.post(
+            "chat/explain_code",
+            None,
+            json!({"inputs": explain_inputs()}),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(got, (421, json!({"detail": "500: Internal error"})));
+    gw.stop().await;
+}
+
+#[actix_web::test]
+async fn mock_mode_answers_mock_without_calling_a_model() {
+    let gw = TestGateway::start(chunks(&["real"]), &[("AIGW_MOCK_MODEL_RESPONSES", "true")]).await;
+    let got = json_body(
+        gw.post(
+            "chat/explain_code",
+            None,
+            json!({"inputs": explain_inputs()}),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(got, (200, json!("mock")));
+    let streamed = gw
+        .post(
+            "chat/explain_code",
+            None,
+            json!({"inputs": explain_inputs(), "stream": true}),
+        )
+        .await;
+    assert_eq!(streamed.text().await.unwrap(), "mock");
+    assert!(gw.model.calls().is_empty());
+    gw.stop().await;
+}
+
+#[actix_web::test]
+async fn custom_models_use_model_metadata() {
+    let gw = TestGateway::start(chunks(&["ok"]), &[("AIGW_CUSTOM_MODELS__ENABLED", "true")]).await;
+    let got = json_body(
+        gw.post(
+            "chat/explain_code",
+            None,
+            json!({
+                "inputs": explain_inputs(),
+                "model_metadata": {"name": "mistral", "provider": "openai", "endpoint": "http://127.0.0.1:11434/v1", "api_key": "k"},
+            }),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(got, (200, json!("ok")));
+    let call = &gw.model.calls()[0];
+    assert_eq!(call.target.kind, ProviderKind::OpenAiCompatible);
+    assert_eq!(call.target.model, "mistral");
+    assert_eq!(
+        call.target.base_url.as_deref(),
+        Some("http://127.0.0.1:11434/v1")
+    );
+    // `mistral` has no prompts of its own: the openai family serves it.
+    assert!(
+        call.system
+            .as_deref()
+            .unwrap()
+            .starts_with("You are a helpful coding assistant")
+    );
+    gw.stop().await;
+}
