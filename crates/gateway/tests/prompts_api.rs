@@ -251,6 +251,29 @@ async fn a_stream_that_fails_midway_just_ends() {
 }
 
 #[actix_web::test]
+async fn a_stream_that_fails_before_any_text_is_421() {
+    let script = Script::Stream(vec![
+        Ok(String::new()),
+        Err(ProviderError::Status {
+            status: 529,
+            message: "overloaded_error".into(),
+        }),
+    ]);
+    let gw = TestGateway::start(script, &[]).await;
+    let got = json_body(
+        gw.post(
+            "chat/explain_code",
+            None,
+            json!({"inputs": explain_inputs(), "stream": true}),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(got, (421, json!({"detail": "529: overloaded_error"})));
+    gw.stop().await;
+}
+
+#[actix_web::test]
 async fn error_statuses_and_bodies() {
     let gw = TestGateway::start(chunks(&["unused"]), &[]).await;
     let cases: Vec<(&str, Option<&str>, Value, u16, Value)> = vec![

@@ -225,6 +225,35 @@ fn bad_layout_and_templates_fail_at_load() {
 }
 
 #[test]
+fn broken_partials_duplicates_and_missing_dirs_fail_at_load() {
+    let dir = prompt_dir(&[
+        ("x/base/1.0.0.yml", MINIMAL),
+        ("x/partials/broken.jinja", "{% for %}"),
+    ]);
+    let text = PromptRegistry::load(&dir).unwrap_err().to_string();
+    assert!(text.contains("x/partials/broken.jinja"), "{text}");
+
+    let dir = prompt_dir(&[
+        ("x/base/1.0.0.yml", MINIMAL),
+        ("x/base/1.0.0.yaml", MINIMAL),
+    ]);
+    let text = PromptRegistry::load(&dir).unwrap_err().to_string();
+    assert!(text.contains("defined twice"), "{text}");
+
+    let missing = std::env::temp_dir().join("gw-prompts-test-does-not-exist");
+    let err = PromptRegistry::load(&missing).unwrap_err();
+    assert!(matches!(err, PromptLoadError::Io { .. }));
+    assert!(err.to_string().contains("gw-prompts-test-does-not-exist"));
+}
+
+#[test]
+fn the_registry_can_be_shared_across_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<PromptRegistry>();
+    assert_send_sync::<gateway::prompts::PromptDefinition>();
+}
+
+#[test]
 fn template_key_order_is_message_order() {
     let yaml = MINIMAL.replace(
         "prompt_template:\n  system: \"You help.\"\n  user: \"Say hi to {{ name }}.\"",

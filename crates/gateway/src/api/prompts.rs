@@ -12,8 +12,9 @@
 //! `text/event-stream; charset=utf-8` body of raw text chunks (no `data:`
 //! framing). Errors follow [`PromptError`]'s mapping; a model failure before
 //! the answer starts is 421 `{"detail": "<status>: <reason>"}` (or the
-//! failure's description when the provider sent no status, e.g. a timeout);
-//! after streaming started the body just ends and the failure is logged.
+//! failure's description when the provider sent no status, e.g. a timeout).
+//! A streamed answer is committed to 200 only once the first text arrives;
+//! a failure after that just ends the body and is logged.
 
 use crate::auth::GatewayUser;
 use crate::config::Config;
@@ -88,7 +89,20 @@ pub async fn invoke_prompt(
         return Ok(HttpResponse::Ok().json(answer));
     }
 
+    // Wait for the first text before committing to 200, so a model that fails
+    // at once still gets its 421.
+    let mut first = None;
+    while let Some(chunk) = stream.next().await {
+        let text = chunk.map_err(|e| upstream_error(&e))?;
+        if !text.is_empty() {
+            first = Some(text);
+            break;
+        }
+    }
     let body = async_stream::stream! {
+        if let Some(text) = first {
+            yield Ok::<Bytes, actix_web::Error>(Bytes::from(text));
+        }
         while let Some(chunk) = stream.next().await {
             match chunk {
                 Ok(text) if text.is_empty() => {}
