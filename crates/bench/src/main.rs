@@ -162,11 +162,15 @@ struct Gateway {
 
 impl Gateway {
     fn start(provider: &str) -> anyhow::Result<Self> {
-        let exe = std::env::current_exe()?;
-        let binary = exe
-            .parent()
-            .context("no directory for duo-bench")?
-            .join("duo-gateway");
+        // `DUO_BENCH_GATEWAY` names the binary; by default the one built
+        // next to this bench.
+        let binary = match std::env::var_os("DUO_BENCH_GATEWAY") {
+            Some(path) => std::path::PathBuf::from(path),
+            None => std::env::current_exe()?
+                .parent()
+                .context("no directory for duo-bench")?
+                .join("duo-gateway"),
+        };
         let port = free_port()?;
         let child = Command::new(&binary)
             .env_clear()
