@@ -1,0 +1,378 @@
+//! `duo-bench`: how much latency and memory the gateway adds on top of its
+//! model provider.
+//!
+//! Starts a minimal provider in-process and `duo-gateway` as a child process
+//! (so its peak RSS can be read), both on loopback. For each target it sends
+//! requests at a fixed rate, first straight to the provider and then through
+//! the gateway, and reports the difference. Rates step up until a request
+//! fails; the best rate is the highest whose added p99 stayed under 1 ms with
+//! no errors. The whole run stays well under 3 minutes.
+
+mod upstream;
+
+use anyhow::{Context, bail};
+use futures::StreamExt;
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const RATES: &[u32] = &[250, 500, 1000, 2000];
+const STEP: Duration = Duration::from_secs(2);
+const TTFB_RATE: u32 = 100;
+const ADDED_P99_BUDGET: Duration = Duration::from_millis(1);
+
+struct Target {
+    name: &'static str,
+    gateway_path: &'static str,
+    direct_path: &'static str,
+    direct_body: serde_json::Value,
+    gateway_body: serde_json::Value,
+    unit_primitive: &'static str,
+}
+
+fn targets() -> Vec<Target> {
+    let chat = serde_json::json!({"model": "smollm2", "stream": true, "messages": [{"role": "user", "content": "explain"}]});
+    vec![
+        Target {
+            name: "vertex-ai proxy (predict)",
+            gateway_path: "/v1/proxy/vertex-ai/v1/projects/p/locations/l/publishers/google/models/text-embedding-005:predict",
+            direct_path: "/v1/projects/local/locations/us-central1/publishers/google/models/text-embedding-005:predict",
+            direct_body: serde_json::json!({"instances": [{"content": "fn main() {}"}]}),
+            gateway_body: serde_json::json!({"instances": [{"content": "fn main() {}"}]}),
+            unit_primitive: "generate_embeddings_codebase",
+        },
+        Target {
+            name: "/v1/prompts/chat/explain_code",
+            gateway_path: "/v1/prompts/chat/explain_code",
+            direct_path: "/v1/chat/completions",
+            direct_body: chat.clone(),
+            gateway_body: serde_json::json!({"inputs": {"code": "fn main() {}", "file_name": "main.rs", "language": "rust"}, "stream": true}),
+            unit_primitive: "explain_code",
+        },
+        Target {
+            name: "/v2/chat/agent",
+            gateway_path: "/v2/chat/agent",
+            direct_path: "/v1/chat/completions",
+            direct_body: chat,
+            gateway_body: serde_json::json!({"messages": [{"role": "user", "content": "What does this do?"}]}),
+            unit_primitive: "duo_chat",
+        },
+    ]
+}
+
+/// The streaming vertex call, for time to first byte.
+const STREAM_GATEWAY: &str = "/v1/proxy/vertex-ai/v1/projects/p/locations/l/publishers/google/models/code-gecko@002:serverStreamingPredict";
+const STREAM_DIRECT: &str = "/v1/projects/local/locations/us-central1/publishers/google/models/code-gecko@002:serverStreamingPredict";
+
+#[derive(Clone)]
+struct Call {
+    url: String,
+    body: bytes::Bytes,
+    unit_primitive: &'static str,
+}
+
+#[derive(Default)]
+struct Sample {
+    total: Vec<Duration>,
+    first_byte: Vec<Duration>,
+    errors: usize,
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+impl Sample {
+    fn p(&self, p: f64) -> Duration {
+        let mut v = self.total.clone();
+        v.sort();
+        percentile(&v, p)
+    }
+    fn ttfb(&self, p: f64) -> Duration {
+        let mut v = self.first_byte.clone();
+        v.sort();
+        percentile(&v, p)
+    }
+}
+
+/// One request; times are measured from when it was scheduled, so a stalled
+/// sender cannot hide queueing (no coordinated omission).
+async fn one(
+    client: reqwest::Client,
+    call: Call,
+    scheduled: Instant,
+) -> Option<(Duration, Duration)> {
+    let resp = client
+        .post(&call.url)
+        .header("content-type", "application/json")
+        .header("x-gitlab-unit-primitive", call.unit_primitive)
+        .body(call.body)
+        .send()
+        .await
+        .ok()?;
+    if !resp.status().is_success() {
+        return None;
+    }
+    let mut body = resp.bytes_stream();
+    let mut first = None;
+    while let Some(chunk) = body.next().await {
+        chunk.ok()?;
+        first.get_or_insert_with(|| scheduled.elapsed());
+    }
+    let total = scheduled.elapsed();
+    Some((first.unwrap_or(total), total))
+}
+
+/// Open-loop load: one request every 1/rate seconds for `duration`.
+async fn run_at(client: &reqwest::Client, call: &Call, rate: u32, duration: Duration) -> Sample {
+    let count = (u64::from(rate) * duration.as_millis() as u64 / 1000).max(1);
+    let period = Duration::from_secs(1) / rate;
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(count as usize);
+    for i in 0..count {
+        let scheduled = start + period * i as u32;
+        tokio::time::sleep_until(scheduled.into()).await;
+        tasks.push(tokio::spawn(one(client.clone(), call.clone(), scheduled)));
+    }
+    let mut sample = Sample::default();
+    for task in tasks {
+        match task.await {
+            Ok(Some((first, total))) => {
+                sample.first_byte.push(first);
+                sample.total.push(total);
+            }
+            _ => sample.errors += 1,
+        }
+    }
+    sample
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+struct Gateway {
+    child: Child,
+    url: String,
+}
+
+impl Gateway {
+    fn start(provider: &str) -> anyhow::Result<Self> {
+        // `DUO_BENCH_GATEWAY` names the binary; by default the one built
+        // next to this bench.
+        let binary = match std::env::var_os("DUO_BENCH_GATEWAY") {
+            Some(path) => std::path::PathBuf::from(path),
+            None => std::env::current_exe()?
+                .parent()
+                .context("no directory for duo-bench")?
+                .join("duo-gateway"),
+        };
+        let port = free_port()?;
+        let child = Command::new(&binary)
+            .env_clear()
+            .env("AIGW_FASTAPI__API_PORT", port.to_string())
+            .env("AIGW_AUTH__BYPASS_EXTERNAL", "true")
+            .env("AIGW_LOCAL_LLM__URL", format!("{provider}/v1"))
+            .env("AIGW_VERTEX_TEXT_MODEL__ENDPOINT", provider)
+            .env("AIGW_LOGGING__LEVEL", "error")
+            .stdout(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {} (build it first)", binary.display()))?;
+        Ok(Self {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        })
+    }
+
+    async fn wait_healthy(&mut self, client: &reqwest::Client) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait()? {
+                bail!("duo-gateway exited early: {status}");
+            }
+            let probe = client
+                .get(format!("{}/monitoring/healthz", self.url))
+                .send()
+                .await;
+            if probe.is_ok_and(|r| r.status().is_success()) {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        bail!("duo-gateway did not become healthy within 15 s")
+    }
+
+    /// Peak resident set size (VmHWM) in KiB.
+    fn peak_rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3}", d.as_secs_f64() * 1000.0)
+}
+
+fn added(gateway: Duration, direct: Duration) -> Duration {
+    gateway.saturating_sub(direct)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let started = Instant::now();
+    let provider = upstream::spawn()?;
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(1024)
+        .timeout(Duration::from_secs(10))
+        .build()?;
+    let mut gateway = Gateway::start(&provider)?;
+    gateway.wait_healthy(&client).await?;
+    println!(
+        "provider {provider}, gateway {} (pid {})",
+        gateway.url,
+        gateway.child.id()
+    );
+    println!(
+        "auth: development bypass (AIGW_AUTH__BYPASS_EXTERNAL); step {} s per rate\n",
+        STEP.as_secs()
+    );
+    println!(
+        "{:<32} {:>6} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>6}",
+        "target",
+        "req/s",
+        "direct p50",
+        "direct p99",
+        "gw p50",
+        "gw p99",
+        "added p50",
+        "added p99",
+        "errors"
+    );
+
+    let mut summary = Vec::new();
+    for target in targets() {
+        let direct = Call {
+            url: format!("{provider}{}", target.direct_path),
+            body: target.direct_body.to_string().into(),
+            unit_primitive: target.unit_primitive,
+        };
+        let via = Call {
+            url: format!("{}{}", gateway.url, target.gateway_path),
+            body: target.gateway_body.to_string().into(),
+            unit_primitive: target.unit_primitive,
+        };
+        // Probe once: endpoints not built into this gateway are reported, not timed.
+        let probe = client
+            .post(&via.url)
+            .header("content-type", "application/json")
+            .header("x-gitlab-unit-primitive", via.unit_primitive)
+            .body(via.body.clone())
+            .send()
+            .await?;
+        if !probe.status().is_success() {
+            println!(
+                "{:<32} skipped: gateway answered {}",
+                target.name,
+                probe.status()
+            );
+            summary.push(format!(
+                "{}: not measured (gateway answered {})",
+                target.name,
+                probe.status()
+            ));
+            continue;
+        }
+        // Warm connection pools on both paths.
+        run_at(&client, &direct, 200, Duration::from_millis(500)).await;
+        run_at(&client, &via, 200, Duration::from_millis(500)).await;
+        let mut best: Option<u32> = None;
+        let mut at_1000 = None;
+        for &rate in RATES {
+            let d = run_at(&client, &direct, rate, STEP).await;
+            let g = run_at(&client, &via, rate, STEP).await;
+            let (a50, a99) = (added(g.p(0.5), d.p(0.5)), added(g.p(0.99), d.p(0.99)));
+            println!(
+                "{:<32} {:>6} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>6}",
+                target.name,
+                rate,
+                ms(d.p(0.5)),
+                ms(d.p(0.99)),
+                ms(g.p(0.5)),
+                ms(g.p(0.99)),
+                ms(a50),
+                ms(a99),
+                d.errors + g.errors
+            );
+            if rate == 1000 {
+                at_1000 = Some((
+                    a50,
+                    a99,
+                    g.p(0.99).as_secs_f64() / d.p(0.99).as_secs_f64().max(1e-9),
+                ));
+            }
+            let failed = d.errors + g.errors > 0;
+            if a99 < ADDED_P99_BUDGET && !failed {
+                best = Some(rate);
+            }
+            if failed {
+                // Past saturation; higher rates only fail more.
+                break;
+            }
+        }
+        let best = best.map_or("below the lowest step".to_owned(), |r| format!("{r} req/s"));
+        let at_1000 = at_1000.map_or("not reached".to_owned(), |(a50, a99, ratio)| {
+            format!(
+                "added p50 {} ms, p99 {} ms, gateway/direct p99 ratio {ratio:.2}",
+                ms(a50),
+                ms(a99)
+            )
+        });
+        summary.push(format!(
+            "{}: max rate with added p99 < 1 ms and no errors: {best}; at 1000 req/s: {at_1000}",
+            target.name
+        ));
+    }
+
+    let direct = Call {
+        url: format!("{provider}{STREAM_DIRECT}"),
+        body: bytes::Bytes::from_static(b"{\"instances\":[{\"prefix\":\"fn \"}]}"),
+        unit_primitive: "complete_code",
+    };
+    let via = Call {
+        url: format!("{}{STREAM_GATEWAY}", gateway.url),
+        ..direct.clone()
+    };
+    let d = run_at(&client, &direct, TTFB_RATE, STEP).await;
+    let g = run_at(&client, &via, TTFB_RATE, STEP).await;
+    summary.push(format!(
+        "time to first streamed byte (vertex-ai serverStreamingPredict, {TTFB_RATE} req/s): direct p50 {} / p99 {} ms, gateway p50 {} / p99 {} ms, added p50 {} / p99 {} ms, errors {}",
+        ms(d.ttfb(0.5)), ms(d.ttfb(0.99)), ms(g.ttfb(0.5)), ms(g.ttfb(0.99)),
+        ms(added(g.ttfb(0.5), d.ttfb(0.5))), ms(added(g.ttfb(0.99), d.ttfb(0.99))), d.errors + g.errors
+    ));
+    match gateway.peak_rss_kib() {
+        Some(kib) => summary.push(format!(
+            "gateway peak RSS (VmHWM): {:.1} MB (goal < 50 MB)",
+            kib as f64 / 1024.0
+        )),
+        None => summary.push("gateway peak RSS: unavailable (no /proc)".to_owned()),
+    }
+
+    println!("\nSummary");
+    for line in summary {
+        println!("- {line}");
+    }
+    println!("- whole run: {:.0} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
