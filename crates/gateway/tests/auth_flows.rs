@@ -737,3 +737,58 @@ async fn middleware_answers_500_without_keys() {
     let body: Value = atest::read_body_json(resp).await;
     assert_eq!(body, json!({"detail": "Internal Server Error"}));
 }
+
+#[actix_web::test]
+async fn an_expired_cache_is_fetched_again() {
+    let issuer = Issuer::start(jwks(&[(&KEY_A, "a")]));
+    let auth = authenticator(&[
+        ("AIGW_GITLAB_URL", &issuer.url),
+        ("AIGW_AUTH__JWKS_CACHE_SECONDS", "0"),
+    ]);
+    for _ in 0..2 {
+        let token = KEY_A.sign(Some("a"), &claims(json!({})));
+        auth.authenticate(&headers(&token)).await.unwrap();
+    }
+    assert_eq!(issuer.discoveries(), 2);
+}
+
+#[actix_web::test]
+async fn concurrent_first_requests_fetch_once() {
+    let issuer = Issuer::start(jwks(&[(&KEY_A, "a")]));
+    let auth = for_issuer(&issuer);
+    let token = KEY_A.sign(Some("a"), &claims(json!({})));
+    let h = headers(&token);
+    let results = futures::future::join_all((0..5).map(|_| auth.authenticate(&h))).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    assert_eq!(issuer.discoveries(), 1);
+}
+
+#[actix_web::test]
+async fn only_rs256_signature_keys_with_a_kid_are_trusted() {
+    let mut enc_key = KEY_B.jwk("b");
+    enc_key["use"] = json!("enc");
+    let mut hs_declared = KEY_B.jwk("c");
+    hs_declared["alg"] = json!("HS256");
+    let mut no_kid = KEY_B.jwk("unused");
+    no_kid.as_object_mut().unwrap().remove("kid");
+    let keys = json!({"keys": [
+        {"kty": "EC", "crv": "P-256", "kid": "ec", "x": "AAAA", "y": "AAAA"},
+        {"kty": "weird"},
+        enc_key,
+        hs_declared,
+        no_kid,
+        KEY_A.jwk("a"),
+    ]});
+    let issuer = Issuer::start(keys);
+    let auth = for_issuer(&issuer).with_min_refresh_interval(Duration::ZERO);
+    let good = KEY_A.sign(Some("a"), &claims(json!({})));
+    auth.authenticate(&headers(&good)).await.unwrap();
+    for kid in [Some("b"), Some("c"), Some("ec"), None] {
+        let token = KEY_B.sign(kid, &claims(json!({})));
+        assert_eq!(
+            message(&auth, &headers(&token)).await,
+            "Forbidden by auth provider",
+            "{kid:?}"
+        );
+    }
+}
