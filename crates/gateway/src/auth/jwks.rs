@@ -145,12 +145,28 @@ impl KeyStore {
     /// The key named `kid`. An unknown id triggers one rate-limited refetch
     /// before giving up.
     pub async fn key(&self, kid: &str) -> Option<Arc<DecodingKey>> {
-        if let Some(key) = self.keys().await.get(kid) {
-            return Some(Arc::clone(key));
+        if self.is_stale() {
+            self.refresh(false).await;
+        }
+        if let Some(key) = self.lookup(kid) {
+            return Some(key);
         }
         // Even when rate-limited, another request may just have fetched it.
         self.refresh(true).await;
-        self.snapshot().get(kid).cloned()
+        self.lookup(kid)
+    }
+
+    /// Looks one key up without copying the whole set (the hot path).
+    fn lookup(&self, kid: &str) -> Option<Arc<DecodingKey>> {
+        if let Some(key) = self.local.get(kid) {
+            return Some(Arc::clone(key));
+        }
+        let cache = self.cache.read().unwrap_or_else(PoisonError::into_inner);
+        cache
+            .by_issuer
+            .values()
+            .find_map(|keys| keys.get(kid))
+            .cloned()
     }
 
     fn is_stale(&self) -> bool {
