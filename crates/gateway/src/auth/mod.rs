@@ -1,6 +1,13 @@
 //! Who is calling: authentication (JWT / JWKS, Cloud Connector headers) and
 //! the caller's unit primitives.
 
+mod authenticator;
+pub mod jwks;
+pub mod jwt;
+pub mod middleware;
+
+pub use authenticator::{AuthError, Authenticator, RequestHeaders};
+
 use contracts::UnitPrimitive;
 use std::collections::BTreeSet;
 
