@@ -1,1 +1,367 @@
-//! A scriptable fake model provider.
+//! A scriptable stand-in for model providers, speaking their real wire
+//! protocols over real HTTP on loopback:
+//!
+//! - Anthropic Messages: `POST /v1/messages` (SSE or JSON), `GET /v1/models`;
+//! - OpenAI chat completions: `POST /v1/chat/completions` (SSE or JSON),
+//!   `GET /v1/models`, `POST /v1/embeddings`;
+//! - Vertex AI: `POST /v1/projects/{p}/locations/{l}/publishers/google/models/{m}:predict`
+//!   and `:serverStreamingPredict`.
+//!
+//! Tests queue answers ([`FakeProvider::push_text`], [`FakeProvider::push`]),
+//! read what was sent ([`FakeProvider::requests`]), and pick failure modes by
+//! model name (`fake-slow-first-token`, `fake-error-mid-stream`,
+//! `fake-overloaded`, `fake-500`, `fake-malformed`, `fake-hang`).
+
+mod anthropic;
+mod openai;
+mod script;
+mod vertex;
+
+pub use script::{Failure, Scripted};
+
+use actix_web::dev::ServerHandle;
+use actix_web::{App, HttpRequest, HttpServer, web};
+use bytes::Bytes;
+use futures::Stream;
+use script::{ModelMode, Plan};
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// How many requests are kept for [`FakeProvider::requests`]; older ones are
+/// dropped so a benchmark run does not grow memory without bound.
+const RECORDED_REQUESTS_LIMIT: usize = 10_000;
+
+/// A request as the fake provider received it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordedRequest {
+    pub method: String,
+    /// Path and query, e.g. `/v1/messages`.
+    pub path: String,
+    /// Header names are lower case.
+    pub headers: Vec<(String, String)>,
+    /// The JSON body, or `Null` when there was none or it was not JSON.
+    pub body: serde_json::Value,
+}
+
+impl RecordedRequest {
+    /// The first value of a header (name in any case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Start-up options.
+#[derive(Debug, Clone)]
+pub struct FakeProviderOptions {
+    /// Where to listen; port 0 picks a free one.
+    pub addr: SocketAddr,
+    /// Actix worker threads.
+    pub workers: usize,
+}
+
+impl Default for FakeProviderOptions {
+    fn default() -> Self {
+        Self {
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            workers: 1,
+        }
+    }
+}
+
+struct Script {
+    queue: VecDeque<Scripted>,
+    default_text: String,
+    chunk_size: usize,
+    wire_split: Option<usize>,
+    slow_first_token: Duration,
+    record: bool,
+    requests: VecDeque<RecordedRequest>,
+}
+
+pub(crate) struct State {
+    script: Mutex<Script>,
+    /// Flips to true when the server stops, ending hanging responses.
+    shutdown: watch::Receiver<bool>,
+}
+
+impl State {
+    fn lock(&self) -> MutexGuard<'_, Script> {
+        // A panic while holding the lock cannot leave the script inconsistent
+        // in a way that matters to a test double, so recover from poisoning.
+        self.script.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn record(&self, req: &HttpRequest, body: &[u8]) -> serde_json::Value {
+        let json: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+        let mut script = self.lock();
+        if script.record {
+            if script.requests.len() >= RECORDED_REQUESTS_LIMIT {
+                script.requests.pop_front();
+            }
+            script.requests.push_back(RecordedRequest {
+                method: req.method().to_string(),
+                path: req
+                    .uri()
+                    .path_and_query()
+                    .map(|p| p.to_string())
+                    .unwrap_or_default(),
+                headers: req
+                    .headers()
+                    .iter()
+                    .map(|(k, v)| {
+                        (
+                            k.as_str().to_owned(),
+                            String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                        )
+                    })
+                    .collect(),
+                body: json.clone(),
+            });
+        }
+        json
+    }
+
+    /// Decides what a model request gets: a failure chosen by model name, or
+    /// the next scripted answer, or the default answer.
+    pub(crate) fn plan(&self, model: &str) -> Plan {
+        let mode = ModelMode::from_model(model);
+        let fail = |f| Plan::Fail(f);
+        match mode {
+            Some(ModelMode::Overloaded) => return fail(Failure::Overloaded),
+            Some(ModelMode::ServerError) => return fail(Failure::ServerError),
+            Some(ModelMode::Malformed) => return fail(Failure::Malformed),
+            Some(ModelMode::Hang) => return fail(Failure::Hang),
+            Some(ModelMode::ErrorMidStream) => {
+                return fail(Failure::ErrorMidStream {
+                    text: "partial answer ".to_owned(),
+                });
+            }
+            Some(ModelMode::SlowFirstToken) | None => {}
+        }
+        let mut script = self.lock();
+        let pieces = match script.queue.pop_front() {
+            Some(Scripted::Fail(failure)) => return Plan::Fail(failure),
+            Some(Scripted::Chunks(pieces)) => pieces,
+            Some(Scripted::Text(text)) => script::split_text(&text, script.chunk_size),
+            None => script::split_text(&script.default_text, script.chunk_size),
+        };
+        Plan::Answer {
+            pieces,
+            first_byte_delay: (mode == Some(ModelMode::SlowFirstToken))
+                .then_some(script.slow_first_token),
+        }
+    }
+
+    /// Wraps an SSE body: splits it into raw pieces of `wire_split` bytes when
+    /// set (to exercise clients' parsers), and ends it on shutdown.
+    pub(crate) fn sse_body(
+        &self,
+        events: Vec<Bytes>,
+    ) -> impl Stream<Item = Result<Bytes, actix_web::Error>> + use<> {
+        let split = self.lock().wire_split;
+        let items: Vec<Bytes> = match split {
+            None => events,
+            Some(n) => {
+                let all: Vec<u8> = events.iter().flat_map(|b| b.iter().copied()).collect();
+                all.chunks(n.max(1)).map(Bytes::copy_from_slice).collect()
+            }
+        };
+        futures::stream::iter(items.into_iter().map(Ok))
+    }
+
+    /// A body that sends nothing until the server stops.
+    pub(crate) fn hanging_body(
+        &self,
+    ) -> impl Stream<Item = Result<Bytes, actix_web::Error>> + use<> {
+        let mut shutdown = self.shutdown.clone();
+        async_stream::stream! {
+            let _ = shutdown.wait_for(|stopped| *stopped).await;
+            if false {
+                yield Ok(Bytes::new());
+            }
+        }
+    }
+
+    pub(crate) async fn wait_until_shutdown(&self) {
+        let mut shutdown = self.shutdown.clone();
+        let _ = shutdown.wait_for(|stopped| *stopped).await;
+    }
+}
+
+/// A running fake provider. Stops when dropped.
+pub struct FakeProvider {
+    addr: SocketAddr,
+    state: Arc<State>,
+    handle: ServerHandle,
+    shutdown: watch::Sender<bool>,
+}
+
+impl FakeProvider {
+    /// Starts on 127.0.0.1 with a free port.
+    pub async fn start() -> std::io::Result<Self> {
+        Self::start_with(FakeProviderOptions::default()).await
+    }
+
+    pub async fn start_with(options: FakeProviderOptions) -> std::io::Result<Self> {
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let state = Arc::new(State {
+            script: Mutex::new(Script {
+                queue: VecDeque::new(),
+                default_text: "Hello from the fake provider.".to_owned(),
+                chunk_size: 16,
+                wire_split: None,
+                slow_first_token: Duration::from_secs(2),
+                record: true,
+                requests: VecDeque::new(),
+            }),
+            shutdown: shutdown_rx,
+        });
+        let data = web::Data::from(state.clone());
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(data.clone())
+                .app_data(web::PayloadConfig::new(32 * 1024 * 1024))
+                .route("/v1/messages", web::post().to(anthropic::messages))
+                .route(
+                    "/v1/chat/completions",
+                    web::post().to(openai::chat_completions),
+                )
+                .route("/v1/models", web::get().to(openai::models))
+                .route("/v1/embeddings", web::post().to(openai::embeddings))
+                .route(
+                    "/v1/projects/{project}/locations/{location}/publishers/google/models/{model_action}",
+                    web::post().to(vertex::model_action),
+                )
+        })
+        .workers(options.workers.max(1))
+        .shutdown_timeout(1)
+        .disable_signals()
+        .bind(options.addr)?;
+        let addr = server
+            .addrs()
+            .first()
+            .copied()
+            .ok_or_else(|| std::io::Error::other("the server bound no address"))?;
+        let server = server.run();
+        let handle = server.handle();
+        tokio::spawn(server);
+        Ok(Self {
+            addr,
+            state,
+            handle,
+            shutdown,
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:<port>`: the Anthropic base URL and the Vertex endpoint.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// `http://127.0.0.1:<port>/v1`: the OpenAI-compatible base URL.
+    pub fn openai_base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// Queues a text answer for the next model request.
+    pub fn push_text(&self, text: impl Into<String>) {
+        self.push(Scripted::Text(text.into()));
+    }
+
+    /// Queues a failure for the next model request ("fail once, then succeed").
+    pub fn push_failure(&self, failure: Failure) {
+        self.push(Scripted::Fail(failure));
+    }
+
+    pub fn push(&self, scripted: Scripted) {
+        self.state.lock().queue.push_back(scripted);
+    }
+
+    /// The answer given when the queue is empty.
+    pub fn set_default_text(&self, text: impl Into<String>) {
+        self.state.lock().default_text = text.into();
+    }
+
+    /// The size in bytes of each streamed text delta (default 16).
+    pub fn set_chunk_size(&self, bytes: usize) {
+        self.state.lock().chunk_size = bytes.max(1);
+    }
+
+    /// Splits every streamed body into raw pieces of this many bytes, cutting
+    /// through events, lines and UTF-8 sequences. `None` sends whole events.
+    pub fn set_wire_split(&self, bytes: Option<usize>) {
+        self.state.lock().wire_split = bytes;
+    }
+
+    /// The delay before the first byte for `fake-slow-first-token*` models (default 2 s).
+    pub fn set_slow_first_token_delay(&self, delay: Duration) {
+        self.state.lock().slow_first_token = delay;
+    }
+
+    /// Turns request recording off (benchmarks) or on (the default).
+    pub fn set_recording(&self, on: bool) {
+        self.state.lock().record = on;
+    }
+
+    /// Requests received so far, oldest first.
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        self.state.lock().requests.iter().cloned().collect()
+    }
+
+    /// Forgets recorded requests and queued answers.
+    pub fn reset(&self) {
+        let mut script = self.state.lock();
+        script.requests.clear();
+        script.queue.clear();
+    }
+
+    /// Stops the server, ending hanging responses, and waits for it.
+    pub async fn stop(self) {
+        let _ = self.shutdown.send(true);
+        self.handle.stop(false).await;
+    }
+}
+
+impl Drop for FakeProvider {
+    fn drop(&mut self) {
+        let _ = self.shutdown.send(true);
+        // The stop command is sent immediately; awaiting it only waits for completion.
+        drop(self.handle.stop(false));
+    }
+}
+
+/// Formats one server-sent event.
+pub(crate) fn sse_event(event: Option<&str>, data: &serde_json::Value) -> Bytes {
+    let mut out = String::new();
+    if let Some(name) = event {
+        out.push_str("event: ");
+        out.push_str(name);
+        out.push('\n');
+    }
+    out.push_str("data: ");
+    out.push_str(&data.to_string());
+    out.push_str("\n\n");
+    Bytes::from(out)
+}
+
+/// Reads `stop` / `stop_sequences`: a string or a list of strings.
+pub(crate) fn stop_list(value: Option<&serde_json::Value>) -> Vec<String> {
+    match value {
+        Some(serde_json::Value::String(s)) => vec![s.clone()],
+        Some(serde_json::Value::Array(items)) => items
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect(),
+        _ => Vec::new(),
+    }
+}

@@ -2,7 +2,18 @@
 //! concrete clients speak the Anthropic Messages API, OpenAI-compatible chat
 //! completions (vLLM, Ollama, the bundled local model server) and Vertex AI.
 
+mod anthropic;
+mod mock;
+mod openai;
+mod router;
+mod sse;
+mod streaming;
+
+pub use router::{ModelRouter, ProbeResult};
+
 use futures::stream::BoxStream;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Which wire protocol a call uses.
@@ -88,6 +99,49 @@ pub struct ModelCall {
     pub system: Option<String>,
     pub messages: Vec<ChatMessage>,
     pub params: ModelParams,
+    /// Accumulates the time spent waiting on the model, for the gateway's
+    /// own-overhead figure. `None` when the caller does not measure it.
+    pub wait_clock: Option<ModelWaitClock>,
+}
+
+impl ModelCall {
+    /// A call with default parameters, no system prompt and no wait clock.
+    pub fn new(target: ModelTarget, messages: Vec<ChatMessage>) -> Self {
+        Self {
+            target,
+            system: None,
+            messages,
+            params: ModelParams::default(),
+            wait_clock: None,
+        }
+    }
+}
+
+/// Nanoseconds spent waiting on models during one request; cheap to clone
+/// and share between the request and its model calls.
+#[derive(Debug, Clone, Default)]
+pub struct ModelWaitClock(Arc<AtomicU64>);
+
+impl ModelWaitClock {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn add(&self, waited: Duration) {
+        let nanos = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
+        self.0.fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    pub fn total(&self) -> Duration {
+        Duration::from_nanos(self.0.load(Ordering::Relaxed))
+    }
+}
+
+/// Two clocks are equal when they are the same accumulator.
+impl PartialEq for ModelWaitClock {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 /// Text as the model produces it.

@@ -1,0 +1,185 @@
+//! OpenAI chat completions, models and embeddings.
+
+use crate::script::{self, Failure, Plan};
+use crate::{State, sse_event, stop_list};
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
+use bytes::Bytes;
+use serde_json::{Value, json};
+
+/// Models listed by `GET /v1/models`; any model name is accepted anyway.
+const MODELS: [&str; 3] = ["fake-model", "smollm2", "claude-3-5-sonnet-20241022"];
+const EMBEDDING_DIMS: usize = 16;
+
+fn error_response(status: u16, kind: &str, message: &str) -> HttpResponse {
+    HttpResponse::build(StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
+        .json(json!({"error": {"message": message, "type": kind, "code": status}}))
+}
+
+fn sse_response(
+    body: impl futures::Stream<Item = Result<Bytes, actix_web::Error>> + 'static,
+) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/event-stream")
+        .insert_header(("cache-control", "no-cache"))
+        .streaming(body)
+}
+
+fn chunk(model: &str, delta: Value, finish_reason: Option<&str>) -> Bytes {
+    sse_event(
+        None,
+        &json!({
+            "id": "chatcmpl-fake",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+        }),
+    )
+}
+
+pub(crate) async fn chat_completions(
+    state: web::Data<State>,
+    req: HttpRequest,
+    body: web::Bytes,
+) -> HttpResponse {
+    let json = state.record(&req, &body);
+    if !json.is_object() {
+        return error_response(400, "invalid_request_error", "body must be a JSON object");
+    }
+    let model = json["model"].as_str().unwrap_or_default().to_owned();
+    let streaming = json["stream"].as_bool().unwrap_or(false);
+    let stop = stop_list(json.get("stop"));
+    let prompt_tokens = script::token_count(&json["messages"].to_string());
+
+    match state.plan(&model) {
+        Plan::Fail(failure) => fail(&state, failure, streaming, &model).await,
+        Plan::Answer {
+            pieces,
+            first_byte_delay,
+        } => {
+            if let Some(delay) = first_byte_delay {
+                tokio::time::sleep(delay).await;
+            }
+            let answer = script::apply_stop(pieces, &stop);
+            if !streaming {
+                let text = answer.text();
+                return HttpResponse::Ok().json(json!({
+                    "id": "chatcmpl-fake",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": model,
+                    "choices": [{
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text},
+                        "finish_reason": "stop",
+                    }],
+                    "usage": {
+                        "prompt_tokens": prompt_tokens,
+                        "completion_tokens": script::token_count(&text),
+                        "total_tokens": prompt_tokens + script::token_count(&text),
+                    },
+                }));
+            }
+            let mut events = vec![chunk(
+                &model,
+                json!({"role": "assistant", "content": ""}),
+                None,
+            )];
+            events.extend(
+                answer
+                    .pieces
+                    .iter()
+                    .map(|p| chunk(&model, json!({"content": p}), None)),
+            );
+            events.push(chunk(&model, json!({}), Some("stop")));
+            events.push(Bytes::from_static(b"data: [DONE]\n\n"));
+            sse_response(state.sse_body(events))
+        }
+    }
+}
+
+async fn fail(state: &State, failure: Failure, streaming: bool, model: &str) -> HttpResponse {
+    match failure {
+        Failure::Overloaded => error_response(503, "overloaded_error", "The server is overloaded"),
+        Failure::ServerError => error_response(500, "server_error", "Internal server error"),
+        Failure::Status {
+            status,
+            kind,
+            message,
+        } => error_response(status, &kind, &message),
+        Failure::ErrorMidStream { text } if streaming => {
+            let events = vec![
+                chunk(model, json!({"role": "assistant", "content": text}), None),
+                sse_event(
+                    None,
+                    &json!({"error": {"message": "Internal server error", "type": "server_error", "code": 500}}),
+                ),
+            ];
+            sse_response(state.sse_body(events))
+        }
+        Failure::ErrorMidStream { .. } => {
+            error_response(500, "server_error", "Internal server error")
+        }
+        Failure::Malformed if streaming => {
+            let events = vec![
+                chunk(model, json!({"role": "assistant", "content": ""}), None),
+                Bytes::from_static(b"data: {\"choices\": [{\"delta\": \n\n"),
+            ];
+            sse_response(state.sse_body(events))
+        }
+        Failure::Malformed => HttpResponse::Ok()
+            .content_type("application/json")
+            .body("{\"choices\": ["),
+        Failure::Hang if streaming => sse_response(state.hanging_body()),
+        Failure::Hang => {
+            state.wait_until_shutdown().await;
+            error_response(503, "server_error", "The fake provider is stopping")
+        }
+    }
+}
+
+pub(crate) async fn models(state: web::Data<State>, req: HttpRequest) -> HttpResponse {
+    state.record(&req, &[]);
+    let data: Vec<Value> = MODELS
+        .iter()
+        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "fake-provider"}))
+        .collect();
+    HttpResponse::Ok().json(json!({"object": "list", "data": data}))
+}
+
+pub(crate) async fn embeddings(
+    state: web::Data<State>,
+    req: HttpRequest,
+    body: web::Bytes,
+) -> HttpResponse {
+    let json = state.record(&req, &body);
+    let inputs: Vec<String> = match &json["input"] {
+        Value::String(s) => vec![s.clone()],
+        Value::Array(items) => items
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect(),
+        _ => {
+            return error_response(
+                400,
+                "invalid_request_error",
+                "input must be a string or a list of strings",
+            );
+        }
+    };
+    let tokens: usize = inputs.iter().map(|t| script::token_count(t)).sum();
+    let data: Vec<Value> = inputs
+        .iter()
+        .enumerate()
+        .map(|(index, text)| {
+            json!({"object": "embedding", "index": index, "embedding": script::embedding(text, EMBEDDING_DIMS)})
+        })
+        .collect();
+    HttpResponse::Ok().json(json!({
+        "object": "list",
+        "data": data,
+        "model": json["model"],
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }))
+}

@@ -1,0 +1,228 @@
+//! What the fake provider answers: scripted responses, failure modes chosen
+//! by model name, stop sequences and chunking.
+
+use std::time::Duration;
+
+/// One scripted answer, consumed by the next model request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Scripted {
+    /// Text, streamed in pieces of the provider's current chunk size.
+    Text(String),
+    /// Text streamed exactly in these pieces (one delta each).
+    Chunks(Vec<String>),
+    /// Fail this request.
+    Fail(Failure),
+}
+
+/// How a request fails.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Failure {
+    /// Anthropic: 529 `overloaded_error`; OpenAI: 503 `overloaded_error`.
+    Overloaded,
+    /// 500 `api_error`.
+    ServerError,
+    /// Any status with an error type and message.
+    Status {
+        status: u16,
+        kind: String,
+        message: String,
+    },
+    /// Streams this text, then an error event (`api_error`).
+    ErrorMidStream { text: String },
+    /// Sends a chunk that is not valid JSON.
+    Malformed,
+    /// Sends the response headers, then nothing until the server stops.
+    Hang,
+}
+
+/// Failure modes chosen by the request's model name, so end-to-end tests can
+/// select them through configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ModelMode {
+    SlowFirstToken,
+    ErrorMidStream,
+    Overloaded,
+    ServerError,
+    Malformed,
+    Hang,
+}
+
+impl ModelMode {
+    pub(crate) fn from_model(model: &str) -> Option<Self> {
+        const MODES: [(&str, ModelMode); 6] = [
+            ("fake-slow-first-token", ModelMode::SlowFirstToken),
+            ("fake-error-mid-stream", ModelMode::ErrorMidStream),
+            ("fake-overloaded", ModelMode::Overloaded),
+            ("fake-500", ModelMode::ServerError),
+            ("fake-malformed", ModelMode::Malformed),
+            ("fake-hang", ModelMode::Hang),
+        ];
+        MODES
+            .iter()
+            .find(|(prefix, _)| model.starts_with(prefix))
+            .map(|(_, mode)| *mode)
+    }
+}
+
+/// What one request will get, decided when it arrives.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Plan {
+    Answer {
+        pieces: Vec<String>,
+        first_byte_delay: Option<Duration>,
+    },
+    Fail(Failure),
+}
+
+/// Text after applying stop sequences, and which one (if any) cut it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Answer {
+    pub pieces: Vec<String>,
+    pub stop_sequence: Option<String>,
+}
+
+impl Answer {
+    pub fn text(&self) -> String {
+        self.pieces.concat()
+    }
+}
+
+/// Truncates the answer at the first occurrence of any stop string, as a real
+/// model stops generating there (the stop string itself is not returned).
+pub(crate) fn apply_stop(pieces: Vec<String>, stop: &[String]) -> Answer {
+    let full: String = pieces.concat();
+    let cut = stop
+        .iter()
+        .filter(|s| !s.is_empty())
+        .filter_map(|s| full.find(s.as_str()).map(|at| (at, s)))
+        .min_by_key(|(at, _)| *at);
+    let Some((cut_at, stop_string)) = cut else {
+        return Answer {
+            pieces,
+            stop_sequence: None,
+        };
+    };
+    let mut kept = Vec::new();
+    let mut used = 0;
+    for piece in pieces {
+        if used >= cut_at {
+            break;
+        }
+        let room = cut_at - used;
+        if piece.len() <= room {
+            used += piece.len();
+            kept.push(piece);
+        } else {
+            // `cut_at` is a char boundary of the full text, so of this piece too.
+            kept.push(piece[..room].to_owned());
+            used = cut_at;
+        }
+    }
+    Answer {
+        pieces: kept,
+        stop_sequence: Some(stop_string.clone()),
+    }
+}
+
+/// Splits text into pieces of at most `size` bytes, on char boundaries.
+pub(crate) fn split_text(text: &str, size: usize) -> Vec<String> {
+    let size = size.max(1);
+    let mut pieces = Vec::new();
+    let mut start = 0;
+    while start < text.len() {
+        let mut end = (start + size).min(text.len());
+        while !text.is_char_boundary(end) {
+            end += 1;
+        }
+        pieces.push(text[start..end].to_owned());
+        start = end;
+    }
+    pieces
+}
+
+/// A deterministic unit vector for a text, so embeddings compare stably.
+pub(crate) fn embedding(text: &str, dims: usize) -> Vec<f32> {
+    // FNV-1a seed, then a xorshift sequence: cheap and stable across runs.
+    let mut state: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in text.bytes() {
+        state ^= u64::from(byte);
+        state = state.wrapping_mul(0x0100_0000_01b3);
+    }
+    let mut values = Vec::with_capacity(dims);
+    for _ in 0..dims {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        // Map to [-1, 1).
+        values.push(((state >> 11) as f64 / (1u64 << 52) as f64 - 1.0) as f32);
+    }
+    let norm = values.iter().map(|v| v * v).sum::<f32>().sqrt();
+    if norm > 0.0 {
+        values.iter_mut().for_each(|v| *v /= norm);
+    }
+    values
+}
+
+/// A rough token count for `usage` fields.
+pub(crate) fn token_count(text: &str) -> usize {
+    text.split_whitespace().count().max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| (*x).to_owned()).collect()
+    }
+
+    #[test]
+    fn stop_cuts_inside_a_piece_and_reports_the_string() {
+        let answer = apply_stop(
+            s(&["Thought: a", "b\nObserv", "ation: x"]),
+            &s(&["Observation:"]),
+        );
+        assert_eq!(answer.text(), "Thought: ab\n");
+        assert_eq!(answer.stop_sequence.as_deref(), Some("Observation:"));
+    }
+
+    #[test]
+    fn earliest_stop_wins() {
+        let answer = apply_stop(s(&["one two three"]), &s(&["three", "two"]));
+        assert_eq!(answer.text(), "one ");
+        assert_eq!(answer.stop_sequence.as_deref(), Some("two"));
+    }
+
+    #[test]
+    fn no_stop_keeps_everything() {
+        let answer = apply_stop(s(&["a", "b"]), &s(&["z"]));
+        assert_eq!(answer.pieces, s(&["a", "b"]));
+        assert_eq!(answer.stop_sequence, None);
+    }
+
+    #[test]
+    fn split_respects_char_boundaries() {
+        let pieces = split_text("héllo wörld", 2);
+        assert_eq!(pieces.concat(), "héllo wörld");
+        assert!(pieces.iter().all(|p| !p.is_empty() && p.len() <= 3));
+    }
+
+    #[test]
+    fn embeddings_are_deterministic_unit_vectors() {
+        let a = embedding("hello", 16);
+        assert_eq!(a, embedding("hello", 16));
+        assert_ne!(a, embedding("hellp", 16));
+        let norm: f32 = a.iter().map(|v| v * v).sum::<f32>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-4);
+    }
+
+    #[test]
+    fn modes_come_from_model_names() {
+        assert_eq!(
+            ModelMode::from_model("fake-overloaded"),
+            Some(ModelMode::Overloaded)
+        );
+        assert_eq!(ModelMode::from_model("fake-hang-2"), Some(ModelMode::Hang));
+        assert_eq!(ModelMode::from_model("claude-3-5-sonnet"), None);
+    }
+}
