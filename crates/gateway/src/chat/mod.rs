@@ -1,1 +1,7 @@
-//! chat
+//! Duo Chat on the gateway side: the tool catalogue, the ReAct prompt inputs,
+//! the output parser and the agent that streams events for `/v2/chat/agent`.
+
+pub mod react_parser;
+pub mod tools_registry;
+
+pub use tools_registry::{DuoChatToolsRegistry, ToolDefinition};
