@@ -1,1 +1,3 @@
 //! api
+
+pub mod prompts;

@@ -1,0 +1,117 @@
+//! `POST /v1/prompts/{prompt_id:.*}`: invoke one prompt of the registry.
+//!
+//! Wiring (gw-app): `configure` registers the route; the handler reads
+//! - `web::Data<Arc<PromptRegistry>>`: the loaded registry,
+//! - `web::Data<Arc<dyn ChatModel>>`: the model router,
+//! - `web::Data<Config>`: for providers (mock mode, custom models) and the
+//!   default prompt families,
+//! - the caller's [`GatewayUser`] from the request extensions, where the
+//!   authentication middleware puts it.
+//!
+//! Answers: 200 with a JSON string, or with `stream: true` a
+//! `text/event-stream; charset=utf-8` body of raw text chunks (no `data:`
+//! framing). Errors follow [`PromptError`]'s mapping; a model failure before
+//! the answer starts is 421 `{"detail": "<status>: <reason>"}` (or the
+//! failure's description when the provider sent no status, e.g. a timeout);
+//! after streaming started the body just ends and the failure is logged.
+
+use crate::auth::GatewayUser;
+use crate::config::Config;
+use crate::error::ApiError;
+use crate::prompts::{PromptInvocation, PromptRegistry, prepare};
+use crate::providers::{ChatModel, ProviderError, ProviderKind};
+use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
+use bytes::Bytes;
+use contracts::PromptRequest;
+use futures::StreamExt;
+use std::sync::Arc;
+
+/// What mock mode (`AIGW_MOCK_MODEL_RESPONSES`) answers.
+pub const MOCK_RESPONSE: &str = "mock";
+
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.route("/v1/prompts/{prompt_id:.*}", web::post().to(invoke_prompt));
+}
+
+/// 421 for a model that failed before answering.
+fn upstream_error(err: &ProviderError) -> ApiError {
+    match err {
+        ProviderError::Status { status, message } => {
+            ApiError::Upstream(format!("{status}: {message}"))
+        }
+        other => match other.status_code() {
+            Some(status) => ApiError::Upstream(format!("{status}: {other}")),
+            None => ApiError::Upstream(other.to_string()),
+        },
+    }
+}
+
+pub async fn invoke_prompt(
+    req: HttpRequest,
+    prompt_id: web::Path<String>,
+    body: Bytes,
+    registry: web::Data<Arc<PromptRegistry>>,
+    model: web::Data<Arc<dyn ChatModel>>,
+    config: web::Data<Config>,
+) -> Result<HttpResponse, ApiError> {
+    let request: PromptRequest = serde_json::from_slice(&body).map_err(ApiError::invalid_body)?;
+    let user = req
+        .extensions()
+        .get::<GatewayUser>()
+        .cloned()
+        .ok_or_else(|| ApiError::Internal("no authenticated user on the request".into()))?;
+    let prompt_id = prompt_id.into_inner();
+    let prepared = prepare(
+        &registry,
+        &config,
+        PromptInvocation {
+            prompt_id: &prompt_id,
+            request: &request,
+            user: &user,
+        },
+    )?;
+
+    if prepared.call.target.kind == ProviderKind::Mock {
+        return Ok(respond_with_text(request.stream, MOCK_RESPONSE.to_owned()));
+    }
+
+    let mut stream = model
+        .stream(prepared.call)
+        .await
+        .map_err(|e| upstream_error(&e))?;
+
+    if !request.stream {
+        let mut answer = String::new();
+        while let Some(chunk) = stream.next().await {
+            answer.push_str(&chunk.map_err(|e| upstream_error(&e))?);
+        }
+        return Ok(HttpResponse::Ok().json(answer));
+    }
+
+    let body = async_stream::stream! {
+        while let Some(chunk) = stream.next().await {
+            match chunk {
+                Ok(text) if text.is_empty() => {}
+                Ok(text) => yield Ok::<Bytes, actix_web::Error>(Bytes::from(text)),
+                Err(err) => {
+                    // The status line is gone; ending the body is all we can do.
+                    tracing::warn!(prompt_id = %prompt_id, error = %err, "model failed while streaming a prompt answer");
+                    break;
+                }
+            }
+        }
+    };
+    Ok(HttpResponse::Ok()
+        .content_type("text/event-stream; charset=utf-8")
+        .streaming(body))
+}
+
+fn respond_with_text(stream: bool, text: String) -> HttpResponse {
+    if stream {
+        HttpResponse::Ok()
+            .content_type("text/event-stream; charset=utf-8")
+            .body(text)
+    } else {
+        HttpResponse::Ok().json(text)
+    }
+}

@@ -1,0 +1,487 @@
+//! Loading prompt definitions from disk and resolving them by id, model
+//! family and version constraint.
+
+use super::schema::{ModelConfig, PromptFile, PromptParams, TemplateRole};
+use super::version::VersionConstraint;
+use super::{PromptError, PromptLoadError};
+use crate::config::ProvidersConfig;
+use crate::providers::{ChatMessage, ChatRole, ModelCall, ModelParams, ModelTarget, ProviderKind};
+use minijinja::syntax::SyntaxConfig;
+use minijinja::{AutoEscape, Environment, ErrorKind, UndefinedBehavior, Value};
+use semver::Version;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Component, Path};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Every prompt definition found under the prompts directory, with its
+/// templates compiled once at start-up.
+pub struct PromptRegistry {
+    /// id → family → versions in ascending order.
+    prompts: BTreeMap<String, BTreeMap<String, Vec<Arc<PromptDefinition>>>>,
+    env: Environment<'static>,
+}
+
+impl std::fmt::Debug for PromptRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PromptRegistry")
+            .field("prompts", &self.prompts.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+/// One prompt file, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptDefinition {
+    pub id: String,
+    pub family: String,
+    pub version: Version,
+    pub name: String,
+    pub model: ModelConfig,
+    pub unit_primitives: Vec<String>,
+    /// Message order is template order.
+    pub prompt_template: Vec<(TemplateRole, String)>,
+    pub params: PromptParams,
+    /// Names of the compiled templates in the registry's environment, one per
+    /// `prompt_template` entry.
+    template_names: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenderedMessage {
+    pub role: TemplateRole,
+    pub content: String,
+}
+
+/// Timeout for prompts that set none (GitLab's tool prompts use 60 s).
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+impl PromptRegistry {
+    /// Loads every `<prompt id>/<family>/<semver>.yml` under `dir`; every
+    /// `*.jinja` file becomes a partial named by its path relative to `dir`.
+    pub fn load(dir: &Path) -> Result<Self, PromptLoadError> {
+        let mut env = Environment::new();
+        env.set_undefined_behavior(UndefinedBehavior::Strict);
+        // Block tags on their own lines leave no blank lines behind.
+        let syntax = SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            // A partial ending in a newline keeps it where it is included.
+            .keep_trailing_newline(true)
+            .build()
+            .map_err(|e| PromptLoadError::Environment(e.to_string()))?;
+        env.set_syntax(syntax);
+        // Prompts are plain text: never HTML-escape inputs.
+        env.set_auto_escape_callback(|_| AutoEscape::None);
+
+        let mut files = Vec::new();
+        collect_files(dir, dir, &mut files)?;
+        files.sort();
+
+        let mut prompts: BTreeMap<String, BTreeMap<String, Vec<Arc<PromptDefinition>>>> =
+            BTreeMap::new();
+        for relative in files {
+            let path = dir.join(&relative);
+            let name = relative.replace('\\', "/");
+            if name.ends_with(".jinja") {
+                let source = read(&path)?;
+                env.add_template_owned(name.clone(), source)
+                    .map_err(|e| PromptLoadError::invalid(&path, template_error(&e)))?;
+            } else if name.ends_with(".yml") || name.ends_with(".yaml") {
+                let definition = load_definition(&mut env, &path, &name)?;
+                let versions = prompts
+                    .entry(definition.id.clone())
+                    .or_default()
+                    .entry(definition.family.clone())
+                    .or_default();
+                if versions.iter().any(|d| d.version == definition.version) {
+                    return Err(PromptLoadError::invalid(
+                        &path,
+                        format!(
+                            "version {} of {}/{} is defined twice",
+                            definition.version, definition.id, definition.family
+                        ),
+                    ));
+                }
+                versions.push(Arc::new(definition));
+            }
+        }
+        for families in prompts.values_mut() {
+            for versions in families.values_mut() {
+                versions.sort_by(|a, b| a.version.cmp(&b.version));
+            }
+        }
+        Ok(Self { prompts, env })
+    }
+
+    /// The definition of `prompt_id` for `family` whose version is the highest
+    /// matching `constraint` (`None` means `^1.0.0`).
+    pub fn resolve(
+        &self,
+        prompt_id: &str,
+        family: &str,
+        constraint: Option<&str>,
+    ) -> Result<Arc<PromptDefinition>, PromptError> {
+        let versions = self
+            .versions(prompt_id, family)
+            .ok_or_else(|| PromptError::NotFound(prompt_id.to_owned()))?;
+        let constraint =
+            VersionConstraint::parse(constraint).ok_or(PromptError::InvalidVersionConstraint)?;
+        versions
+            .iter()
+            .filter(|d| constraint.matches(&d.version))
+            .max_by(|a, b| a.version.cmp(&b.version))
+            .cloned()
+            .ok_or(PromptError::NoMatchingVersion)
+    }
+
+    /// All versions of `prompt_id` for `family`, ascending; `None` when there
+    /// are none or the id is not a safe relative path.
+    pub fn versions(&self, prompt_id: &str, family: &str) -> Option<&[Arc<PromptDefinition>]> {
+        if !is_safe_prompt_id(prompt_id) {
+            return None;
+        }
+        self.prompts
+            .get(prompt_id)
+            .and_then(|families| families.get(family))
+            .map(Vec::as_slice)
+    }
+
+    /// Whether any version of `prompt_id` exists for `family`.
+    pub fn has(&self, prompt_id: &str, family: &str) -> bool {
+        self.versions(prompt_id, family).is_some()
+    }
+
+    pub fn prompt_ids(&self) -> impl Iterator<Item = &str> {
+        self.prompts.keys().map(String::as_str)
+    }
+
+    /// The families `prompt_id` is defined for.
+    pub fn families(&self, prompt_id: &str) -> impl Iterator<Item = &str> {
+        self.prompts
+            .get(prompt_id)
+            .into_iter()
+            .flat_map(|families| families.keys().map(String::as_str))
+    }
+
+    /// Every loaded definition, in id, family, version order.
+    pub fn definitions(&self) -> impl Iterator<Item = &Arc<PromptDefinition>> {
+        self.prompts
+            .values()
+            .flat_map(|families| families.values().flatten())
+    }
+}
+
+/// Prompt ids come from URLs: anything that could climb out of the prompts
+/// directory or name a file oddly is treated as unknown.
+fn is_safe_prompt_id(id: &str) -> bool {
+    !id.is_empty()
+        && !id.starts_with('/')
+        && !id.contains('\\')
+        && !id.contains('\0')
+        && id
+            .split('/')
+            .all(|segment| !segment.is_empty() && segment != "." && segment != "..")
+}
+
+fn collect_files(root: &Path, dir: &Path, out: &mut Vec<String>) -> Result<(), PromptLoadError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| PromptLoadError::io(dir, &e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| PromptLoadError::io(dir, &e))?;
+        let path = entry.path();
+        let file_type = entry
+            .file_type()
+            .map_err(|e| PromptLoadError::io(&path, &e))?;
+        if file_type.is_dir() {
+            collect_files(root, &path, out)?;
+        } else if let Ok(relative) = path.strip_prefix(root) {
+            let parts: Vec<String> = relative
+                .components()
+                .filter_map(|c| match c {
+                    Component::Normal(s) => Some(s.to_string_lossy().into_owned()),
+                    _ => None,
+                })
+                .collect();
+            out.push(parts.join("/"));
+        }
+    }
+    Ok(())
+}
+
+fn read(path: &Path) -> Result<String, PromptLoadError> {
+    std::fs::read_to_string(path).map_err(|e| PromptLoadError::io(path, &e))
+}
+
+fn template_error(err: &minijinja::Error) -> String {
+    match err.detail() {
+        Some(detail) => format!("{}: {detail}", err.kind()),
+        None => err.kind().to_string(),
+    }
+}
+
+/// Reads `<id…>/<family>/<version>.yml`, validates it and compiles its templates.
+fn load_definition(
+    env: &mut Environment<'static>,
+    path: &Path,
+    relative: &str,
+) -> Result<PromptDefinition, PromptLoadError> {
+    let mut segments: Vec<&str> = relative.split('/').collect();
+    let file_name = segments.pop().unwrap_or_default();
+    let family = segments.pop();
+    let (Some(family), false) = (family, segments.is_empty()) else {
+        return Err(PromptLoadError::invalid(
+            path,
+            "expected <prompt id>/<family>/<version>.yml".to_owned(),
+        ));
+    };
+    let id = segments.join("/");
+    let stem = file_name
+        .strip_suffix(".yml")
+        .or_else(|| file_name.strip_suffix(".yaml"))
+        .unwrap_or(file_name);
+    let version = Version::parse(stem).map_err(|e| {
+        PromptLoadError::invalid(
+            path,
+            format!("file name {stem:?} is not a semver version: {e}"),
+        )
+    })?;
+
+    let source = read(path)?;
+    let file: PromptFile = serde_norway::from_str(&source)
+        .map_err(|e| PromptLoadError::invalid(path, e.to_string()))?;
+
+    let mut template_names = Vec::with_capacity(file.prompt_template.0.len());
+    for (role, template) in &file.prompt_template.0 {
+        let name = format!("{relative}#{}", role.as_str());
+        env.add_template_owned(name.clone(), template.clone())
+            .map_err(|e| {
+                PromptLoadError::invalid(
+                    path,
+                    format!("prompt_template.{}: {}", role.as_str(), template_error(&e)),
+                )
+            })?;
+        template_names.push(name);
+    }
+
+    Ok(PromptDefinition {
+        id,
+        family: family.to_owned(),
+        version,
+        name: file.name,
+        model: file.model.into(),
+        unit_primitives: file.unit_primitives,
+        prompt_template: file.prompt_template.0,
+        params: file.params,
+        template_names,
+    })
+}
+
+/// serde_json inputs as template values. Object keys keep a stable (sorted)
+/// order so rendering is byte-stable.
+fn template_value(value: &serde_json::Value) -> Value {
+    match value {
+        serde_json::Value::Null => Value::from(()),
+        serde_json::Value::Bool(b) => Value::from(*b),
+        serde_json::Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                Value::from(i)
+            } else if let Some(u) = n.as_u64() {
+                Value::from(u)
+            } else {
+                Value::from(n.as_f64().unwrap_or(f64::NAN))
+            }
+        }
+        serde_json::Value::String(s) => Value::from(s.as_str()),
+        serde_json::Value::Array(items) => items.iter().map(template_value).collect(),
+        serde_json::Value::Object(map) => Value::from(
+            map.iter()
+                .map(|(k, v)| (k.clone(), template_value(v)))
+                .collect::<BTreeMap<String, Value>>(),
+        ),
+    }
+}
+
+impl PromptDefinition {
+    /// Renders every template with `inputs`. A variable the template needs but
+    /// `inputs` lacks is [`PromptError::MissingInput`].
+    pub fn render(
+        &self,
+        registry: &PromptRegistry,
+        inputs: &serde_json::Value,
+    ) -> Result<Vec<RenderedMessage>, PromptError> {
+        let context = template_value(inputs);
+        let mut messages = Vec::with_capacity(self.template_names.len());
+        for ((role, _), name) in self.prompt_template.iter().zip(&self.template_names) {
+            let template = registry
+                .env
+                .get_template(name)
+                .map_err(|e| PromptError::Render(template_error(&e)))?;
+            let rendered = template.render(&context).map_err(|e| {
+                let missing = missing_inputs(&registry.env, &template, &e, inputs);
+                if missing.is_empty() {
+                    PromptError::Render(format!("{name}: {}", template_error(&e)))
+                } else {
+                    PromptError::MissingInput(missing.join(", "))
+                }
+            })?;
+            // Surrounding whitespace comes from YAML block scalars, and
+            // Anthropic rejects an assistant prefill ending in whitespace.
+            messages.push(RenderedMessage {
+                role: *role,
+                content: rendered.trim().to_owned(),
+            });
+        }
+        Ok(messages)
+    }
+
+    /// The model call for rendered messages: system templates become the
+    /// system prompt, the rest the conversation in order.
+    pub fn model_call(&self, messages: Vec<RenderedMessage>, target: ModelTarget) -> ModelCall {
+        let mut system: Vec<String> = Vec::new();
+        let mut chat = Vec::with_capacity(messages.len());
+        for message in messages {
+            let role = match message.role {
+                TemplateRole::System => {
+                    system.push(message.content);
+                    continue;
+                }
+                TemplateRole::User => ChatRole::User,
+                TemplateRole::Assistant => ChatRole::Assistant,
+            };
+            chat.push(ChatMessage {
+                role,
+                content: message.content,
+            });
+        }
+        ModelCall {
+            target,
+            system: (!system.is_empty()).then(|| system.join("\n\n")),
+            messages: chat,
+            params: self.model_params(),
+        }
+    }
+
+    /// Sampling parameters, stop sequences and timeouts from the definition.
+    pub fn model_params(&self) -> ModelParams {
+        let defaults = ModelParams::default();
+        let settings = &self.model.params;
+        let timeout = self
+            .params
+            .timeout
+            .filter(|t| t.is_finite() && *t > 0.0)
+            .map(Duration::from_secs_f64)
+            .unwrap_or(DEFAULT_TIMEOUT);
+        ModelParams {
+            temperature: settings.temperature,
+            top_p: settings.top_p,
+            top_k: settings.top_k,
+            max_tokens: settings.max_tokens.unwrap_or(defaults.max_tokens),
+            stop: self.params.stop.clone(),
+            first_token_timeout: defaults.first_token_timeout.min(timeout),
+            timeout,
+            max_retries: settings.max_retries,
+        }
+    }
+
+    /// Where the call goes. Mock mode wins; then `model_metadata` (only when
+    /// custom models are enabled); then the definition's model class.
+    pub fn model_target(
+        &self,
+        cfg: &ProvidersConfig,
+        model_metadata: Option<&contracts::ModelMetadata>,
+    ) -> Result<ModelTarget, PromptError> {
+        if let Some(metadata) = model_metadata {
+            if !cfg.custom_models_enabled {
+                return Err(PromptError::CustomModelsDisabled);
+            }
+            if let Some(field) = metadata.oversized_field() {
+                return Err(PromptError::InvalidModelMetadata(format!(
+                    "model_metadata.{field} is longer than {} characters",
+                    contracts::ModelMetadata::MAX_FIELD_LEN
+                )));
+            }
+        }
+        if cfg.mock_model_responses {
+            return Ok(ModelTarget {
+                kind: ProviderKind::Mock,
+                model: self.model.name.clone(),
+                base_url: None,
+                api_key: None,
+            });
+        }
+        if let Some(metadata) = model_metadata {
+            // `identifier` names the served model, optionally as `provider/model`.
+            let model = match metadata.identifier.as_deref().filter(|i| !i.is_empty()) {
+                Some(identifier) => identifier
+                    .split_once('/')
+                    .map_or(identifier, |(_, model)| model)
+                    .to_owned(),
+                None => metadata.name.clone(),
+            };
+            let kind = if metadata.provider.eq_ignore_ascii_case("anthropic") {
+                ProviderKind::Anthropic
+            } else {
+                ProviderKind::OpenAiCompatible
+            };
+            return Ok(ModelTarget {
+                kind,
+                model,
+                base_url: Some(metadata.endpoint.trim_end_matches('/').to_owned())
+                    .filter(|u| !u.is_empty()),
+                api_key: metadata.api_key.clone().filter(|k| !k.is_empty()),
+            });
+        }
+        let kind = match self.model.params.model_class_provider {
+            super::ModelClassProvider::Anthropic => ProviderKind::Anthropic,
+            super::ModelClassProvider::Litellm => ProviderKind::OpenAiCompatible,
+        };
+        Ok(ModelTarget {
+            kind,
+            model: self.model.name.clone(),
+            base_url: None,
+            api_key: None,
+        })
+    }
+
+    /// Whether `user` holds every unit primitive this prompt needs.
+    pub fn allowed_for(&self, user: &crate::auth::GatewayUser) -> bool {
+        self.unit_primitives.iter().all(|up| user.can_str(up))
+    }
+}
+
+/// When rendering failed on an undefined value: the top-level variables the
+/// template (or the partial where it failed) reads that `inputs` lacks, sorted.
+fn missing_inputs(
+    env: &Environment<'static>,
+    template: &minijinja::Template<'_, '_>,
+    err: &minijinja::Error,
+    inputs: &serde_json::Value,
+) -> Vec<String> {
+    // Failures inside a partial arrive wrapped in the include's error.
+    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    let mut undefined_in = None;
+    while let Some(error) = current {
+        if let Some(jinja) = error.downcast_ref::<minijinja::Error>()
+            && jinja.kind() == ErrorKind::UndefinedError
+        {
+            undefined_in = Some(jinja.name().map(ToOwned::to_owned));
+            break;
+        }
+        current = error.source();
+    }
+    let Some(failed_template) = undefined_in else {
+        return Vec::new();
+    };
+    let mut names = template.undeclared_variables(false);
+    if let Some(partial) = failed_template.and_then(|n| env.get_template(&n).ok()) {
+        names.extend(partial.undeclared_variables(false));
+    }
+    let globals: HashMap<&str, Value> = env.globals().collect();
+    let mut missing: Vec<String> = names
+        .into_iter()
+        .filter(|name| !globals.contains_key(name.as_str()))
+        .filter(|name| inputs.get(name).is_none())
+        .collect();
+    missing.sort();
+    missing
+}
