@@ -1,3 +1,4 @@
 //! api
 
+pub mod agent;
 pub mod prompts;

@@ -1,6 +1,7 @@
-//! Duo Chat on the gateway side: the tool catalogue, the ReAct prompt inputs,
-//! the output parser and the agent that streams events for `/v2/chat/agent`.
+//! Duo Chat on the gateway side: the tool catalogue, the ReAct output parser
+//! and the agent that streams events for `/v2/chat/agent`.
 
+pub mod agent;
 pub mod react_parser;
 pub mod tools_registry;
 
