@@ -1,6 +1,7 @@
 //! HTTP handlers. Each submodule has a `configure` that registers its routes;
 //! handlers stay thin and call into the plain modules.
 
+pub mod agent;
 pub mod health;
 pub mod metrics;
 pub mod prompts;
@@ -13,6 +14,6 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.configure(health::configure)
         .configure(metrics::configure)
         .configure(proxy::configure)
-        .configure(prompts::configure);
-    // MERGE(gw-agent): `.configure(agent::configure)`
+        .configure(prompts::configure)
+        .configure(agent::configure);
 }

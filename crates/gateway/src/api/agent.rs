@@ -1,0 +1,54 @@
+//! `POST /v2/chat/agent`: one ReAct step, streamed as NDJSON.
+//!
+//! App data this handler needs (wired by the app):
+//! - `web::Data<Config>`
+//! - `web::Data<PromptRegistry>` (holds `chat/react`)
+//! - `web::Data<dyn ChatModel>` (`web::Data::from(Arc<dyn ChatModel>)`)
+//!
+//! and a [`GatewayUser`] in the request extensions, put there by the
+//! authentication middleware before the handler runs.
+
+use crate::auth::GatewayUser;
+use crate::chat::agent::{self, ClientInfo};
+use crate::config::Config;
+use crate::error::ApiError;
+use crate::prompts::PromptRegistry;
+use crate::providers::ChatModel;
+use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
+use bytes::Bytes;
+use contracts::{AgentRequest, headers};
+use futures::StreamExt;
+use std::convert::Infallible;
+
+pub const NDJSON: &str = "application/x-ndjson; charset=utf-8";
+
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.route("/v2/chat/agent", web::post().to(chat_agent));
+}
+
+fn header<'a>(req: &'a HttpRequest, name: &str) -> Option<&'a str> {
+    req.headers().get(name).and_then(|v| v.to_str().ok())
+}
+
+async fn chat_agent(
+    req: HttpRequest,
+    body: Bytes,
+    config: web::Data<Config>,
+    registry: web::Data<PromptRegistry>,
+    model: web::Data<dyn ChatModel>,
+) -> Result<HttpResponse, ApiError> {
+    let user = req
+        .extensions()
+        .get::<GatewayUser>()
+        .cloned()
+        .ok_or_else(|| ApiError::Unauthorized("No authorization header presented".into()))?;
+    let request: AgentRequest = serde_json::from_slice(&body).map_err(ApiError::invalid_body)?;
+    let client = ClientInfo {
+        gitlab_version: header(&req, headers::VERSION),
+        feature_flags: header(&req, headers::ENABLED_FEATURE_FLAGS),
+    };
+    let prepared = agent::prepare(&registry, &config, &user, client, &request)?;
+    let events = agent::run(model.into_inner(), prepared)
+        .map(|event| Ok::<_, Infallible>(Bytes::from(event.to_ndjson_line())));
+    Ok(HttpResponse::Ok().content_type(NDJSON).streaming(events))
+}

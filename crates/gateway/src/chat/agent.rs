@@ -1,0 +1,319 @@
+//! The ReAct agent step behind `POST /v2/chat/agent`: checks the caller and
+//! the body in GitLab's order, renders the `chat/react` prompt with the tools
+//! the caller may use, calls the model and turns its output into events.
+//!
+//! Message layout: the `system` template gives the system prompt; each history
+//! user turn, and the current question, is rendered with the `user` template
+//! (input `message`); history assistant turns are passed through unchanged;
+//! the `assistant` template (the scratchpad ending in `Thought:`) is the prefill.
+
+use super::react_parser::{ReactOutcome, ReactParser};
+use super::tools_registry::{DuoChatToolsRegistry, ToolDefinition, parse_feature_flags};
+use crate::auth::GatewayUser;
+use crate::config::Config;
+use crate::error::ApiError;
+use crate::prompts::{PromptError, PromptRegistry, TemplateRole, choose_families};
+use crate::providers::{ChatMessage, ChatModel, ChatRole, ModelCall, ProviderError, ProviderKind};
+use contracts::{AgentEvent, AgentMessage, AgentRequest, MessageRole, UnitPrimitive};
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+pub const PROMPT_ID: &str = "chat/react";
+pub const TOOL_NOT_AVAILABLE: &str = "tool not available";
+
+/// Why an agent request is refused before streaming starts.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AgentError {
+    /// 403 `{"detail": "Unauthorized to access ..."}`.
+    #[error("Unauthorized to access {0}")]
+    Unauthorized(String),
+    /// 422 `{"detail": msg}`.
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Prompt(#[from] PromptError),
+}
+
+impl From<AgentError> for ApiError {
+    fn from(err: AgentError) -> Self {
+        match err {
+            AgentError::Unauthorized(_) => Self::Forbidden(err.to_string()),
+            AgentError::Invalid(msg) => Self::Unprocessable(msg),
+            AgentError::Prompt(e) => e.into(),
+        }
+    }
+}
+
+/// Request headers the agent reads besides the body.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ClientInfo<'a> {
+    /// `X-Gitlab-Version`.
+    pub gitlab_version: Option<&'a str>,
+    /// `x-gitlab-enabled-feature-flags`.
+    pub feature_flags: Option<&'a str>,
+}
+
+/// Scope checks, in GitLab's order: `duo_chat`, then each additional
+/// context item of every message.
+pub fn authorize(user: &GatewayUser, request: &AgentRequest) -> Result<(), AgentError> {
+    if !user.can(UnitPrimitive::DuoChat) {
+        return Err(AgentError::Unauthorized("duo chat".into()));
+    }
+    for message in &request.messages {
+        for item in message.additional_context.iter().flatten() {
+            let needed = item.category.unit_primitive();
+            if !user.can_str(&needed) {
+                return Err(AgentError::Unauthorized(needed));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Body checks that serde cannot express.
+pub fn validate(request: &AgentRequest) -> Result<(), AgentError> {
+    match request.messages.last() {
+        None => return Err(AgentError::Invalid("messages must not be empty".into())),
+        Some(last) if last.role != MessageRole::User => {
+            return Err(AgentError::Invalid(
+                "the last message must be from the user".into(),
+            ));
+        }
+        Some(_) => {}
+    }
+    if request
+        .messages
+        .iter()
+        .any(|m| m.role == MessageRole::System)
+    {
+        return Err(AgentError::Invalid(
+            "messages may only have the roles user and assistant".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A model call ready to run, and the tools the caller may be sent to.
+#[derive(Debug, Clone)]
+pub struct PreparedAgent {
+    pub call: ModelCall,
+    pub tools: Vec<&'static ToolDefinition>,
+}
+
+/// Runs every check and renders the prompt.
+pub fn prepare(
+    registry: &PromptRegistry,
+    config: &Config,
+    user: &GatewayUser,
+    client: ClientInfo<'_>,
+    request: &AgentRequest,
+) -> Result<PreparedAgent, AgentError> {
+    authorize(user, request)?;
+    validate(request)?;
+    let flags = parse_feature_flags(client.feature_flags);
+    let tools = DuoChatToolsRegistry.tools_for(user, client.gitlab_version, &flags);
+
+    let metadata = request.model_metadata.as_ref();
+    let definition = choose_families(PROMPT_ID, metadata, config)
+        .iter()
+        .find_map(|family| registry.resolve(PROMPT_ID, family, None).ok())
+        .ok_or_else(|| PromptError::NotFound(PROMPT_ID.to_owned()))?;
+    let target = definition.model_target(&config.providers, metadata)?;
+
+    let (history, question) = match request.messages.split_last() {
+        Some((question, history)) => (history, question),
+        None => return Err(AgentError::Invalid("messages must not be empty".into())),
+    };
+    let mut inputs = prompt_inputs(&tools, request, question);
+    let rendered = definition.render(registry, &inputs)?;
+
+    let mut messages = Vec::with_capacity(request.messages.len() + 1);
+    for turn in history {
+        match turn.role {
+            MessageRole::Assistant => messages.push(ChatMessage {
+                role: ChatRole::Assistant,
+                content: turn.content.clone(),
+            }),
+            _ => {
+                inputs["message"] = message_input(turn);
+                let content = definition
+                    .render(registry, &inputs)?
+                    .into_iter()
+                    .find(|m| m.role == TemplateRole::User)
+                    .map(|m| m.content)
+                    .unwrap_or_default();
+                messages.push(ChatMessage {
+                    role: ChatRole::User,
+                    content,
+                });
+            }
+        }
+    }
+    let mut call = definition.model_call(rendered, target);
+    messages.append(&mut call.messages);
+    call.messages = messages;
+    Ok(PreparedAgent { call, tools })
+}
+
+/// The `chat/react` inputs (see `prompts/chat/react/base/1.0.0.yml`).
+pub fn prompt_inputs(
+    tools: &[&ToolDefinition],
+    request: &AgentRequest,
+    question: &AgentMessage,
+) -> Value {
+    let scratchpad: Vec<Value> = request
+        .steps()
+        .iter()
+        .map(|step| {
+            json!({
+                "thought": step.thought.replace("\\_", "_"),
+                "tool": step.tool.replace("\\_", "_"),
+                "tool_input": step.tool_input,
+                "observation": step.observation,
+            })
+        })
+        .collect();
+    json!({
+        "tools": tools,
+        "tool_names": tools.iter().map(|t| t.name).collect::<Vec<_>>(),
+        "resources": tools.iter().map(|t| t.resource).collect::<Vec<_>>(),
+        "unavailable_resources": request.unavailable_resources(),
+        "message": message_input(question),
+        "scratchpad": scratchpad,
+    })
+}
+
+/// Every key is present (null or empty when absent): templates render with
+/// strict undefined checks.
+fn message_input(message: &AgentMessage) -> Value {
+    let additional: Vec<Value> = message
+        .additional_context
+        .iter()
+        .flatten()
+        .map(|item| {
+            json!({
+                "id": item.id.clone().unwrap_or_default(),
+                "category": item.category.as_str(),
+                "content": item.content.clone().unwrap_or_default(),
+            })
+        })
+        .collect();
+    json!({
+        "role": match message.role {
+            MessageRole::Assistant => "assistant",
+            _ => "user",
+        },
+        "content": message.content,
+        "context": message.context.as_ref().map(|c| json!({
+            "type": c.resource_type.as_str(),
+            "content": c.content,
+        })),
+        "current_file": message.current_file.as_ref().map(|f| json!({
+            "file_path": f.file_path,
+            "data": f.data,
+            "selected_code": f.selected_code,
+        })),
+        "additional_context": additional,
+    })
+}
+
+fn error_event(err: &ProviderError) -> AgentEvent {
+    AgentEvent::Error {
+        message: err.to_string(),
+        retryable: err.retryable(),
+    }
+}
+
+/// Calls the model and streams the events: live `final_answer_delta`s, then
+/// one `action` or `unknown` at the end, or an `error` that ends the stream.
+pub fn run(model: Arc<dyn ChatModel>, prepared: PreparedAgent) -> BoxStream<'static, AgentEvent> {
+    async_stream::stream! {
+        let PreparedAgent { call, tools } = prepared;
+        if call.target.kind == ProviderKind::Mock {
+            yield AgentEvent::Unknown { text: "mock".into() };
+            return;
+        }
+        let mut chunks = match model.stream(call).await {
+            Ok(chunks) => chunks,
+            Err(err) => {
+                yield error_event(&err);
+                return;
+            }
+        };
+        let mut parser = ReactParser::new();
+        while let Some(chunk) = chunks.next().await {
+            match chunk {
+                Ok(text) => {
+                    if let Some(delta) = parser.push(&text) {
+                        yield AgentEvent::delta(delta);
+                    }
+                }
+                Err(err) => {
+                    yield error_event(&err);
+                    return;
+                }
+            }
+        }
+        match parser.finish() {
+            ReactOutcome::FinalAnswer(_) => {}
+            ReactOutcome::Action { tool, tool_input, thought } => {
+                if tools.iter().any(|t| t.name == tool) {
+                    yield AgentEvent::Action { tool, tool_input, thought };
+                } else {
+                    yield AgentEvent::Error { message: TOOL_NOT_AVAILABLE.into(), retryable: false };
+                }
+            }
+            ReactOutcome::Unknown(text) => yield AgentEvent::Unknown { text },
+        }
+    }
+    .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(json: &str) -> AgentRequest {
+        serde_json::from_str(json).unwrap()
+    }
+
+    #[test]
+    fn validation_cases() {
+        let ok = request(r#"{"messages":[{"role":"assistant","content":"a"},{"role":"user","content":"q"}]}"#);
+        assert_eq!(validate(&ok), Ok(()));
+        for bad in [
+            r#"{"messages":[]}"#,
+            r#"{"messages":[{"role":"user","content":"q"},{"role":"assistant","content":"a"}]}"#,
+            r#"{"messages":[{"role":"system","content":"s"},{"role":"user","content":"q"}]}"#,
+        ] {
+            assert!(matches!(validate(&request(bad)), Err(AgentError::Invalid(_))), "{bad}");
+        }
+    }
+
+    #[test]
+    fn duo_chat_is_checked_before_context_scopes() {
+        let req = request(
+            r#"{"messages":[{"role":"user","content":"q","additional_context":[{"category":"file"}]}]}"#,
+        );
+        let err = authorize(&GatewayUser::with_scopes(["include_file_context"]), &req);
+        assert_eq!(err, Err(AgentError::Unauthorized("duo chat".into())));
+        let err = authorize(&GatewayUser::with_scopes(["duo_chat"]), &req);
+        assert_eq!(
+            err.map_err(|e| e.to_string()),
+            Err("Unauthorized to access include_file_context".into())
+        );
+    }
+
+    #[test]
+    fn scratchpad_escapes_are_fixed() {
+        let req = request(
+            r#"{"messages":[{"role":"user","content":"q"}],"options":{"agent_scratchpad":{"agent_type":"react","steps":[{"thought":"read issue\\_reader","tool":"issue\\_reader","tool_input":"a\\_b","observation":"o"}]}}}"#,
+        );
+        let inputs = prompt_inputs(&[], &req, &req.messages[0]);
+        assert_eq!(inputs["scratchpad"][0]["tool"], "issue_reader");
+        assert_eq!(inputs["scratchpad"][0]["thought"], "read issue_reader");
+        assert_eq!(inputs["scratchpad"][0]["tool_input"], "a\\_b");
+    }
+}
