@@ -1,0 +1,93 @@
+//! A job queue and a pub/sub bus on PostgreSQL alone.
+//!
+//! **Jobs** live in `background_jobs` ([`MIGRATION_SQL`]; include it in your
+//! migrations, or call [`migrate`]). A job has a queue, a kind, a JSONB payload, a
+//! priority (higher runs first), a `run_at`, attempts and a dedupe key.
+//!
+//! ```ignore
+//! #[derive(Serialize, Deserialize)]
+//! struct Cleanup { days: u32 }
+//! impl Job for Cleanup { const KIND: &'static str = "cleanup"; }
+//!
+//! struct CleanupHandler;
+//! #[async_trait]
+//! impl JobHandler for CleanupHandler {
+//!     type Job = Cleanup;
+//!     async fn run(&self, ctx: JobContext, job: Cleanup) -> Result<(), JobError> { Ok(()) }
+//! }
+//!
+//! enqueue(&client, &Cleanup { days: 30 }, EnqueueOptions::default()).await?;
+//! let mut registry = Registry::new();
+//! registry.register(CleanupHandler);
+//! let worker = Worker::new(pool, database_url, registry, WorkerConfig::default()).spawn();
+//! worker.shutdown().await; // stop claiming, finish or release running jobs
+//! ```
+//!
+//! Semantics: workers claim with `FOR UPDATE SKIP LOCKED` (any number of worker
+//! processes on one database), hold a lease renewed by a heartbeat while the handler
+//! runs (a job whose worker died is claimed again once its lease expires), retry
+//! failures with exponential backoff computed in SQL, and mark a job `dead` after
+//! `max_attempts`. An insert wakes idle workers through `NOTIFY background_jobs`;
+//! polling is the fallback. A dedupe key is unique among pending/running jobs:
+//! enqueueing a duplicate returns the existing id. [`Periodic`] jobs are enqueued once
+//! per period by whichever worker gets there first. [`Registry::run_inline`] runs a
+//! job in-process right away (development mode).
+//!
+//! **Pub/sub** ([`pubsub`]): [`pubsub::publish`] sends JSON on a topic through
+//! `NOTIFY` (large payloads go by id through `pubsub_messages`), and a
+//! [`pubsub::Subscriber`] fans notifications out to in-process broadcast receivers,
+//! so every web replica sees every message.
+
+mod listener;
+pub mod pubsub;
+mod store;
+mod worker;
+
+pub use store::{
+    EnqueueOptions, Enqueued, JobRow, JobState, enqueue, enqueue_raw, job_by_id, purge_finished,
+};
+pub use worker::{
+    Job, JobContext, JobHandler, Periodic, Registry, Worker, WorkerConfig, WorkerHandle,
+};
+
+/// SQL creating the queue and pub/sub tables; idempotent.
+pub const MIGRATION_SQL: &str = include_str!("schema.sql");
+
+/// The NOTIFY channel that wakes workers.
+pub const JOBS_CHANNEL: &str = "background_jobs";
+
+/// Errors of the queue's own operations.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    #[error("database error: {0}")]
+    Database(#[from] tokio_postgres::Error),
+    #[error("connection pool error: {0}")]
+    Pool(#[from] deadpool_postgres::PoolError),
+    #[error("payload (de)serialisation failed: {0}")]
+    Payload(#[from] serde_json::Error),
+}
+
+/// What a handler reports when a job fails. Every error is retried until
+/// `max_attempts`, except [`JobError::Permanent`], which goes to the dead set at once.
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    #[error("{0}")]
+    Retryable(String),
+    #[error("permanent failure: {0}")]
+    Permanent(String),
+}
+
+impl JobError {
+    pub fn retryable(e: impl std::fmt::Display) -> Self {
+        Self::Retryable(e.to_string())
+    }
+    pub fn permanent(e: impl std::fmt::Display) -> Self {
+        Self::Permanent(e.to_string())
+    }
+}
+
+/// Creates the tables on `client` (for tests and standalone use).
+pub async fn migrate(client: &tokio_postgres::Client) -> Result<(), QueueError> {
+    client.batch_execute(MIGRATION_SQL).await?;
+    Ok(())
+}

@@ -1,0 +1,193 @@
+//! Pub/sub over PostgreSQL NOTIFY: every process that runs a [`Subscriber`] receives
+//! every message published on any connection, in publish order.
+//!
+//! Messages travel on the NOTIFY channel [`PUBSUB_CHANNEL`] as
+//! `{"topic": .., "payload": ..}`; when that exceeds [`MAX_INLINE_BYTES`] the payload
+//! is stored in `pubsub_messages` and the notification carries `{"topic", "id"}`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::{broadcast, oneshot};
+use tokio_postgres::GenericClient;
+
+use crate::QueueError;
+
+/// The NOTIFY channel of the bus.
+pub const PUBSUB_CHANNEL: &str = "duo_pubsub";
+/// NOTIFY payloads must stay under 8000 bytes; larger ones go by id.
+pub const MAX_INLINE_BYTES: usize = 7500;
+/// Stored large payloads are deleted after this long.
+pub const STORED_MESSAGE_TTL: Duration = Duration::from_secs(600);
+
+#[derive(Serialize, Deserialize)]
+struct Envelope {
+    topic: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    payload: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    id: Option<i64>,
+}
+
+/// Publishes `payload` on `topic`. Inside a transaction, delivery happens at commit.
+pub async fn publish<C: GenericClient>(
+    client: &C,
+    topic: &str,
+    payload: &Value,
+) -> Result<(), QueueError> {
+    let inline = serde_json::to_string(&Envelope {
+        topic: topic.to_owned(),
+        payload: Some(payload.clone()),
+        id: None,
+    })?;
+    let text = if inline.len() <= MAX_INLINE_BYTES {
+        inline
+    } else {
+        let row = client
+            .query_one(
+                "INSERT INTO pubsub_messages (topic, payload) VALUES ($1, $2) RETURNING id",
+                &[&topic, payload],
+            )
+            .await?;
+        let id: i64 = row.get(0);
+        // Occasional clean-up keeps the table small without a separate job.
+        if id % 64 == 0 {
+            client
+                .execute(
+                    "DELETE FROM pubsub_messages WHERE created_at < now() - $1 * interval '1 second'",
+                    &[&STORED_MESSAGE_TTL.as_secs_f64()],
+                )
+                .await?;
+        }
+        serde_json::to_string(&Envelope {
+            topic: topic.to_owned(),
+            payload: None,
+            id: Some(id),
+        })?
+    };
+    client
+        .execute("SELECT pg_notify($1, $2)", &[&PUBSUB_CHANNEL, &text])
+        .await?;
+    Ok(())
+}
+
+type Topics = Arc<Mutex<HashMap<String, broadcast::Sender<Value>>>>;
+
+/// Listens on one connection (reconnecting when it drops) and fans messages out to
+/// in-process receivers per topic. Dropping it stops the listener.
+pub struct Subscriber {
+    topics: Topics,
+    capacity: usize,
+    _stop: oneshot::Sender<()>,
+}
+
+impl Subscriber {
+    /// Connects and returns once LISTEN is active (messages published after this
+    /// returns are delivered). `capacity` bounds each topic's broadcast buffer.
+    pub async fn connect(database_url: &str, capacity: usize) -> Result<Self, QueueError> {
+        let topics: Topics = Arc::default();
+        let (client, notifications) =
+            crate::listener::listen(database_url, &[PUBSUB_CHANNEL]).await?;
+        let (stop_tx, stop_rx) = oneshot::channel();
+        tokio::spawn(run(
+            database_url.to_owned(),
+            topics.clone(),
+            client,
+            notifications,
+            stop_rx,
+        ));
+        Ok(Self {
+            topics,
+            capacity,
+            _stop: stop_tx,
+        })
+    }
+
+    /// A receiver of every message published on `topic` from now on.
+    pub fn subscribe(&self, topic: &str) -> broadcast::Receiver<Value> {
+        let mut topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
+        topics
+            .entry(topic.to_owned())
+            .or_insert_with(|| broadcast::channel(self.capacity).0)
+            .subscribe()
+    }
+}
+
+async fn run(
+    url: String,
+    topics: Topics,
+    mut client: tokio_postgres::Client,
+    mut notifications: tokio::sync::mpsc::UnboundedReceiver<tokio_postgres::Notification>,
+    mut stop: oneshot::Receiver<()>,
+) {
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            next = notifications.recv() => match next {
+                Some(n) => deliver(&client, &topics, n.payload()).await,
+                None => {
+                    // Connection lost: reconnect with a capped backoff.
+                    let mut delay = Duration::from_millis(50);
+                    loop {
+                        tokio::select! {
+                            _ = &mut stop => return,
+                            _ = tokio::time::sleep(delay) => {}
+                        }
+                        match crate::listener::listen(&url, &[PUBSUB_CHANNEL]).await {
+                            Ok((c, n)) => {
+                                client = c;
+                                notifications = n;
+                                tracing::info!("pub/sub listener reconnected");
+                                break;
+                            }
+                            Err(e) => {
+                                tracing::warn!(error = %e, "pub/sub reconnect failed");
+                                delay = (delay * 2).min(Duration::from_secs(5));
+                            }
+                        }
+                    }
+                }
+            },
+        }
+    }
+}
+
+async fn deliver(client: &tokio_postgres::Client, topics: &Topics, text: &str) {
+    let envelope: Envelope = match serde_json::from_str(text) {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::warn!(error = %e, "ignoring malformed pub/sub notification");
+            return;
+        }
+    };
+    let sender = {
+        let topics = topics.lock().unwrap_or_else(|p| p.into_inner());
+        topics.get(&envelope.topic).cloned()
+    };
+    let Some(sender) = sender else { return };
+    let payload = match (envelope.payload, envelope.id) {
+        (Some(p), _) => p,
+        (None, Some(id)) => {
+            match client
+                .query_opt("SELECT payload FROM pubsub_messages WHERE id = $1", &[&id])
+                .await
+            {
+                Ok(Some(row)) => row.get(0),
+                Ok(None) => {
+                    tracing::warn!(id, "stored pub/sub message already gone");
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, id, "reading stored pub/sub message failed");
+                    return;
+                }
+            }
+        }
+        (None, None) => return,
+    };
+    // No receivers is fine: nobody on this replica listens to that topic.
+    let _ = sender.send(payload);
+}

@@ -1,0 +1,350 @@
+//! The SQL of the queue: enqueue, claim, heartbeat, complete, fail, release.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio_postgres::GenericClient;
+
+use crate::worker::Job;
+use crate::QueueError;
+
+/// Options of one enqueue.
+#[derive(Debug, Clone)]
+pub struct EnqueueOptions {
+    pub queue: String,
+    /// Higher runs first.
+    pub priority: i16,
+    /// Run no earlier than this from now.
+    pub delay: Duration,
+    pub max_attempts: i32,
+    /// At most one pending/running job per key.
+    pub dedupe_key: Option<String>,
+}
+
+impl Default for EnqueueOptions {
+    fn default() -> Self {
+        Self {
+            queue: "default".into(),
+            priority: 0,
+            delay: Duration::ZERO,
+            max_attempts: 5,
+            dedupe_key: None,
+        }
+    }
+}
+
+impl EnqueueOptions {
+    pub fn dedupe(mut self, key: impl Into<String>) -> Self {
+        self.dedupe_key = Some(key.into());
+        self
+    }
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.queue = queue.into();
+        self
+    }
+}
+
+/// Result of an enqueue: the job's id, and whether this call created it (false when
+/// a live job with the same dedupe key already existed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Enqueued {
+    pub id: i64,
+    pub created: bool,
+}
+
+/// Enqueues a typed job.
+pub async fn enqueue<C: GenericClient, J: Job>(
+    client: &C,
+    job: &J,
+    options: EnqueueOptions,
+) -> Result<Enqueued, QueueError> {
+    enqueue_raw(client, J::KIND, &serde_json::to_value(job)?, options).await
+}
+
+/// Enqueues a job of `kind` with a JSON payload.
+pub async fn enqueue_raw<C: GenericClient, P: Serialize + Sync>(
+    client: &C,
+    kind: &str,
+    payload: &P,
+    options: EnqueueOptions,
+) -> Result<Enqueued, QueueError> {
+    let payload = serde_json::to_value(payload)?;
+    let delay_ms = options.delay.as_millis() as f64;
+    // A duplicate may finish between the insert and the lookup: then insert again.
+    for _ in 0..3 {
+        let inserted = client
+            .query_opt(
+                "INSERT INTO background_jobs
+                     (queue, kind, payload, priority, run_at, max_attempts, dedupe_key)
+                 VALUES ($1, $2, $3, $4, now() + $5 * interval '1 millisecond', $6, $7)
+                 ON CONFLICT (dedupe_key)
+                     WHERE dedupe_key IS NOT NULL AND state IN ('pending', 'running')
+                     DO NOTHING
+                 RETURNING id",
+                &[
+                    &options.queue,
+                    &kind,
+                    &payload,
+                    &options.priority,
+                    &delay_ms,
+                    &options.max_attempts,
+                    &options.dedupe_key,
+                ],
+            )
+            .await?;
+        if let Some(row) = inserted {
+            return Ok(Enqueued {
+                id: row.get(0),
+                created: true,
+            });
+        }
+        let existing = client
+            .query_opt(
+                "SELECT id FROM background_jobs
+                 WHERE dedupe_key = $1 AND state IN ('pending', 'running')",
+                &[&options.dedupe_key],
+            )
+            .await?;
+        if let Some(row) = existing {
+            return Ok(Enqueued {
+                id: row.get(0),
+                created: false,
+            });
+        }
+    }
+    Err(QueueError::Payload(serde::de::Error::custom(
+        "dedupe key kept changing hands",
+    )))
+}
+
+/// Enqueues unless a job with this dedupe key exists in any state (periodic jobs:
+/// one per period even after it finished).
+pub(crate) async fn enqueue_once<C: GenericClient>(
+    client: &C,
+    kind: &str,
+    queue: &str,
+    payload: &serde_json::Value,
+    key: &str,
+) -> Result<bool, QueueError> {
+    let n = client
+        .execute(
+            "INSERT INTO background_jobs (queue, kind, payload, dedupe_key)
+             SELECT $1, $2, $3, $4
+             WHERE NOT EXISTS (SELECT 1 FROM background_jobs WHERE dedupe_key = $4)
+             ON CONFLICT (dedupe_key)
+                 WHERE dedupe_key IS NOT NULL AND state IN ('pending', 'running')
+                 DO NOTHING",
+            &[&queue, &kind, payload, &key],
+        )
+        .await?;
+    Ok(n == 1)
+}
+
+/// Lifecycle of a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobState {
+    Pending,
+    Running,
+    Done,
+    Dead,
+}
+
+impl JobState {
+    fn parse(s: &str) -> Self {
+        match s {
+            "running" => Self::Running,
+            "done" => Self::Done,
+            "dead" => Self::Dead,
+            _ => Self::Pending,
+        }
+    }
+}
+
+/// A job as stored (for inspection and tests).
+#[derive(Debug, Clone)]
+pub struct JobRow {
+    pub id: i64,
+    pub queue: String,
+    pub kind: String,
+    pub payload: serde_json::Value,
+    pub state: JobState,
+    pub attempts: i32,
+    pub max_attempts: i32,
+    pub last_error: Option<String>,
+    pub locked_by: Option<String>,
+    /// Seconds from now until `run_at` (negative: in the past).
+    pub run_in_secs: f64,
+}
+
+/// Reads one job.
+pub async fn job_by_id<C: GenericClient>(client: &C, id: i64) -> Result<Option<JobRow>, QueueError> {
+    let row = client
+        .query_opt(
+            "SELECT id, queue, kind, payload, state, attempts, max_attempts, last_error,
+                    locked_by, EXTRACT(EPOCH FROM (run_at - now()))::float8
+             FROM background_jobs WHERE id = $1",
+            &[&id],
+        )
+        .await?;
+    Ok(row.map(|r| JobRow {
+        id: r.get(0),
+        queue: r.get(1),
+        kind: r.get(2),
+        payload: r.get(3),
+        state: JobState::parse(r.get(4)),
+        attempts: r.get(5),
+        max_attempts: r.get(6),
+        last_error: r.get(7),
+        locked_by: r.get(8),
+        run_in_secs: r.get(9),
+    }))
+}
+
+/// Deletes done and dead jobs finished more than `older_than` ago; returns how many.
+pub async fn purge_finished<C: GenericClient>(
+    client: &C,
+    older_than: Duration,
+) -> Result<u64, QueueError> {
+    Ok(client
+        .execute(
+            "DELETE FROM background_jobs WHERE state IN ('done', 'dead')
+             AND finished_at < now() - $1 * interval '1 second'",
+            &[&older_than.as_secs_f64()],
+        )
+        .await?)
+}
+
+/// A job claimed by a worker.
+#[derive(Debug, Clone)]
+pub(crate) struct Claimed {
+    pub id: i64,
+    pub kind: String,
+    pub queue: String,
+    pub payload: serde_json::Value,
+    pub attempt: i32,
+    pub max_attempts: i32,
+}
+
+/// Claims the most urgent runnable job of these queues and kinds: pending and due, or
+/// running with an expired lease (its worker died).
+pub(crate) async fn claim<C: GenericClient>(
+    client: &C,
+    queues: &[String],
+    kinds: &[String],
+    worker_id: &str,
+    lease: Duration,
+) -> Result<Option<Claimed>, QueueError> {
+    let row = client
+        .query_opt(
+            "WITH next AS (
+                 SELECT id FROM background_jobs
+                 WHERE queue = ANY($1) AND kind = ANY($2)
+                   AND ((state = 'pending' AND run_at <= now())
+                        OR (state = 'running' AND lease_expires_at < now()))
+                 ORDER BY priority DESC, run_at, id
+                 LIMIT 1
+                 FOR UPDATE SKIP LOCKED)
+             UPDATE background_jobs j
+             SET state = 'running', locked_by = $3, attempts = j.attempts + 1,
+                 lease_expires_at = now() + $4 * interval '1 millisecond', updated_at = now()
+             FROM next WHERE j.id = next.id
+             RETURNING j.id, j.kind, j.queue, j.payload, j.attempts, j.max_attempts",
+            &[&queues, &kinds, &worker_id, &(lease.as_millis() as f64)],
+        )
+        .await?;
+    Ok(row.map(|r| Claimed {
+        id: r.get(0),
+        kind: r.get(1),
+        queue: r.get(2),
+        payload: r.get(3),
+        attempt: r.get(4),
+        max_attempts: r.get(5),
+    }))
+}
+
+/// Extends the lease; false when the job is no longer ours.
+pub(crate) async fn heartbeat<C: GenericClient>(
+    client: &C,
+    id: i64,
+    worker_id: &str,
+    lease: Duration,
+) -> Result<bool, QueueError> {
+    let n = client
+        .execute(
+            "UPDATE background_jobs
+             SET lease_expires_at = now() + $3 * interval '1 millisecond', updated_at = now()
+             WHERE id = $1 AND locked_by = $2 AND state = 'running'",
+            &[&id, &worker_id, &(lease.as_millis() as f64)],
+        )
+        .await?;
+    Ok(n == 1)
+}
+
+pub(crate) async fn complete<C: GenericClient>(
+    client: &C,
+    id: i64,
+    worker_id: &str,
+) -> Result<bool, QueueError> {
+    let n = client
+        .execute(
+            "UPDATE background_jobs
+             SET state = 'done', locked_by = NULL, lease_expires_at = NULL,
+                 finished_at = now(), updated_at = now()
+             WHERE id = $1 AND locked_by = $2 AND state = 'running'",
+            &[&id, &worker_id],
+        )
+        .await?;
+    Ok(n == 1)
+}
+
+/// Records a failure: back to pending with `run_at = now() + min(base * 2^(attempts-1),
+/// max)`, or dead when attempts are used up or the failure is permanent.
+pub(crate) async fn fail<C: GenericClient>(
+    client: &C,
+    id: i64,
+    worker_id: &str,
+    error: &str,
+    permanent: bool,
+    backoff_base: Duration,
+    backoff_max: Duration,
+) -> Result<bool, QueueError> {
+    let n = client
+        .execute(
+            "UPDATE background_jobs
+             SET state = CASE WHEN $4 OR attempts >= max_attempts THEN 'dead' ELSE 'pending' END,
+                 run_at = CASE WHEN $4 OR attempts >= max_attempts THEN run_at
+                          ELSE now() + LEAST($5 * power(2, attempts - 1), $6)
+                                       * interval '1 millisecond' END,
+                 finished_at = CASE WHEN $4 OR attempts >= max_attempts THEN now() END,
+                 last_error = $3, locked_by = NULL, lease_expires_at = NULL, updated_at = now()
+             WHERE id = $1 AND locked_by = $2 AND state = 'running'",
+            &[
+                &id,
+                &worker_id,
+                &error,
+                &permanent,
+                &(backoff_base.as_millis() as f64),
+                &(backoff_max.as_millis() as f64),
+            ],
+        )
+        .await?;
+    Ok(n == 1)
+}
+
+/// Gives a claimed job back without counting the attempt (graceful shutdown).
+pub(crate) async fn release<C: GenericClient>(
+    client: &C,
+    id: i64,
+    worker_id: &str,
+) -> Result<bool, QueueError> {
+    let n = client
+        .execute(
+            "UPDATE background_jobs
+             SET state = 'pending', attempts = GREATEST(attempts - 1, 0), locked_by = NULL,
+                 lease_expires_at = NULL, updated_at = now()
+             WHERE id = $1 AND locked_by = $2 AND state = 'running'",
+            &[&id, &worker_id],
+        )
+        .await?;
+    Ok(n == 1)
+}

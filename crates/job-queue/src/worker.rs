@@ -1,0 +1,391 @@
+//! Handlers, the registry and the worker loop.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use deadpool_postgres::Pool;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::store::{self, Claimed};
+use crate::{JOBS_CHANNEL, JobError, QueueError};
+
+/// A job payload type, stored as JSON under its kind.
+pub trait Job: Serialize + DeserializeOwned + Send + Sync + 'static {
+    const KIND: &'static str;
+}
+
+/// What a handler knows about the job it runs.
+#[derive(Clone)]
+pub struct JobContext {
+    pub job_id: i64,
+    pub queue: String,
+    /// 1 on the first run.
+    pub attempt: i32,
+    pub max_attempts: i32,
+    pub pool: Pool,
+}
+
+/// Runs jobs of one kind.
+#[async_trait]
+pub trait JobHandler: Send + Sync + 'static {
+    type Job: Job;
+    async fn run(&self, ctx: JobContext, job: Self::Job) -> Result<(), JobError>;
+}
+
+#[async_trait]
+trait ErasedHandler: Send + Sync {
+    async fn run_json(&self, ctx: JobContext, payload: serde_json::Value) -> Result<(), JobError>;
+}
+
+#[async_trait]
+impl<H: JobHandler> ErasedHandler for H {
+    async fn run_json(&self, ctx: JobContext, payload: serde_json::Value) -> Result<(), JobError> {
+        let job: H::Job = serde_json::from_value(payload)
+            .map_err(|e| JobError::permanent(format!("bad payload for {}: {e}", H::Job::KIND)))?;
+        self.run(ctx, job).await
+    }
+}
+
+/// Handlers by kind.
+#[derive(Clone, Default)]
+pub struct Registry {
+    handlers: HashMap<String, Arc<dyn ErasedHandler>>,
+}
+
+impl Registry {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn register<H: JobHandler>(&mut self, handler: H) -> &mut Self {
+        self.handlers
+            .insert(H::Job::KIND.to_owned(), Arc::new(handler));
+        self
+    }
+
+    pub fn kinds(&self) -> Vec<String> {
+        self.handlers.keys().cloned().collect()
+    }
+
+    /// Inline mode (development): runs the handler now, in this task, without the
+    /// table. `Ok(false)` when no handler is registered for the job's kind.
+    pub async fn run_inline<J: Job>(&self, pool: Pool, job: &J) -> Result<bool, JobError> {
+        let Some(handler) = self.handlers.get(J::KIND) else {
+            return Ok(false);
+        };
+        let payload = serde_json::to_value(job).map_err(JobError::permanent)?;
+        let ctx = JobContext {
+            job_id: 0,
+            queue: "inline".into(),
+            attempt: 1,
+            max_attempts: 1,
+            pool,
+        };
+        handler.run_json(ctx, payload).await?;
+        Ok(true)
+    }
+}
+
+/// A job enqueued once per `every` (dedupe key `periodic:<kind>:<period number>`).
+#[derive(Debug, Clone)]
+pub struct Periodic {
+    pub kind: String,
+    pub queue: String,
+    pub payload: serde_json::Value,
+    pub every: Duration,
+}
+
+impl Periodic {
+    pub fn new<J: Job>(job: &J, every: Duration) -> Result<Self, QueueError> {
+        Ok(Self {
+            kind: J::KIND.to_owned(),
+            queue: "default".into(),
+            payload: serde_json::to_value(job)?,
+            every,
+        })
+    }
+}
+
+/// Worker settings; the defaults suit production.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    pub queues: Vec<String>,
+    /// Jobs run at once by this worker.
+    pub concurrency: usize,
+    /// How long a claim holds without a heartbeat.
+    pub lease: Duration,
+    pub heartbeat: Duration,
+    /// Fallback when no NOTIFY arrives (also picks up delayed and retried jobs).
+    pub poll_interval: Duration,
+    /// On shutdown, running jobs get this long to finish before they are released.
+    pub shutdown_grace: Duration,
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+    pub periodic: Vec<Periodic>,
+    /// Unique per worker; recorded in `locked_by`.
+    pub worker_id: String,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            queues: vec!["default".into()],
+            concurrency: 4,
+            lease: Duration::from_secs(60),
+            heartbeat: Duration::from_secs(15),
+            poll_interval: Duration::from_secs(5),
+            shutdown_grace: Duration::from_secs(30),
+            backoff_base: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(3600),
+            periodic: Vec::new(),
+            worker_id: format!("worker-{}-{}", std::process::id(), uuid::Uuid::new_v4()),
+        }
+    }
+}
+
+/// A worker: `concurrency` claim loops, a NOTIFY listener and a periodic scheduler.
+pub struct Worker {
+    pool: Pool,
+    database_url: String,
+    registry: Arc<Registry>,
+    config: Arc<WorkerConfig>,
+}
+
+/// A running worker.
+pub struct WorkerHandle {
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    background: Vec<JoinHandle<()>>,
+}
+
+impl WorkerHandle {
+    /// Stops claiming, lets running jobs finish within the grace period, releases the
+    /// rest, and returns when every slot has stopped.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        for task in self.background {
+            task.abort();
+        }
+    }
+}
+
+struct Shared {
+    pool: Pool,
+    registry: Arc<Registry>,
+    config: Arc<WorkerConfig>,
+    kinds: Vec<String>,
+    wake: Notify,
+}
+
+impl Worker {
+    pub fn new(pool: Pool, database_url: &str, registry: Registry, config: WorkerConfig) -> Self {
+        Self {
+            pool,
+            database_url: database_url.to_owned(),
+            registry: Arc::new(registry),
+            config: Arc::new(config),
+        }
+    }
+
+    pub fn spawn(self) -> WorkerHandle {
+        let (stop, stop_rx) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            kinds: self.registry.kinds(),
+            pool: self.pool,
+            registry: self.registry,
+            config: self.config,
+            wake: Notify::new(),
+        });
+        let background = vec![
+            tokio::spawn(listen_for_jobs(shared.clone(), self.database_url)),
+            tokio::spawn(schedule_periodic(shared.clone())),
+        ];
+        let tasks = (0..shared.config.concurrency.max(1))
+            .map(|_| tokio::spawn(slot(shared.clone(), stop_rx.clone())))
+            .collect();
+        WorkerHandle {
+            stop,
+            tasks,
+            background,
+        }
+    }
+}
+
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    // A dropped sender also means stop.
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// One claim loop: claim, run, repeat; sleep until NOTIFY or the poll interval.
+async fn slot(shared: Arc<Shared>, stop: watch::Receiver<bool>) {
+    let config = &shared.config;
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        // Register interest before claiming so a NOTIFY in between is not lost.
+        let woken = shared.wake.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        match claim_one(&shared).await {
+            Ok(Some(job)) => {
+                run_claimed(&shared, job, stop.clone()).await;
+                continue;
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "claiming a job failed"),
+        }
+        tokio::select! {
+            _ = &mut woken => {}
+            _ = tokio::time::sleep(config.poll_interval) => {}
+            _ = stopped(stop.clone()) => return,
+        }
+    }
+}
+
+async fn claim_one(shared: &Shared) -> Result<Option<Claimed>, QueueError> {
+    let client = shared.pool.get().await?;
+    store::claim(
+        &**client,
+        &shared.config.queues,
+        &shared.kinds,
+        &shared.config.worker_id,
+        shared.config.lease,
+    )
+    .await
+}
+
+async fn run_claimed(shared: &Shared, job: Claimed, stop: watch::Receiver<bool>) {
+    let config = &shared.config;
+    let Some(handler) = shared.registry.handlers.get(&job.kind).cloned() else {
+        return;
+    };
+    let ctx = JobContext {
+        job_id: job.id,
+        queue: job.queue.clone(),
+        attempt: job.attempt,
+        max_attempts: job.max_attempts,
+        pool: shared.pool.clone(),
+    };
+    tracing::debug!(job_id = job.id, kind = %job.kind, attempt = job.attempt, "running job");
+    // A task of its own, so a panicking handler is a failed job, not a dead slot.
+    let mut running = tokio::spawn(async move { handler.run_json(ctx, job.payload).await });
+    let mut heartbeat = tokio::time::interval(config.heartbeat);
+    heartbeat.tick().await;
+    let mut release_at: Option<Instant> = None;
+    let stop_signal = stopped(stop);
+    tokio::pin!(stop_signal);
+    let outcome = loop {
+        tokio::select! {
+            result = &mut running => break Some(result),
+            _ = heartbeat.tick() => {
+                match shared.pool.get().await {
+                    Ok(c) => {
+                        if let Ok(false) = store::heartbeat(&**c, job.id, &config.worker_id, config.lease).await {
+                            tracing::warn!(job_id = job.id, "lost the lease on a running job");
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
+                }
+            }
+            _ = &mut stop_signal, if release_at.is_none() => {
+                release_at = Some(Instant::now() + config.shutdown_grace);
+            }
+            _ = sleep_until_opt(release_at) => break None,
+        }
+    };
+    let Ok(client) = shared.pool.get().await else {
+        tracing::warn!(job_id = job.id, "no connection to record the outcome; the lease will expire");
+        return;
+    };
+    let recorded = match outcome {
+        None => {
+            running.abort();
+            tracing::info!(job_id = job.id, "releasing a job at shutdown");
+            store::release(&**client, job.id, &config.worker_id).await
+        }
+        Some(Ok(Ok(()))) => store::complete(&**client, job.id, &config.worker_id).await,
+        Some(Ok(Err(e))) => {
+            let permanent = matches!(e, JobError::Permanent(_));
+            tracing::info!(job_id = job.id, kind = %job.kind, attempt = job.attempt, error = %e, "job failed");
+            store::fail(&**client, job.id, &config.worker_id, &e.to_string(), permanent, config.backoff_base, config.backoff_max).await
+        }
+        Some(Err(join_error)) => {
+            let message = if join_error.is_panic() { "handler panicked" } else { "handler cancelled" };
+            store::fail(&**client, job.id, &config.worker_id, message, false, config.backoff_base, config.backoff_max).await
+        }
+    };
+    match recorded {
+        Ok(true) => {}
+        Ok(false) => tracing::warn!(job_id = job.id, "job was taken over before its outcome was recorded"),
+        Err(e) => tracing::warn!(job_id = job.id, error = %e, "recording a job outcome failed"),
+    }
+}
+
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Wakes idle slots on `NOTIFY background_jobs`; reconnects when the connection drops.
+async fn listen_for_jobs(shared: Arc<Shared>, url: String) {
+    let mut delay = Duration::from_millis(50);
+    loop {
+        match crate::listener::listen(&url, &[JOBS_CHANNEL]).await {
+            Ok((_client, mut notifications)) => {
+                delay = Duration::from_millis(50);
+                // Jobs may have arrived while we were not listening.
+                shared.wake.notify_waiters();
+                while notifications.recv().await.is_some() {
+                    shared.wake.notify_waiters();
+                }
+                tracing::warn!("job listener connection lost; reconnecting");
+            }
+            Err(e) => tracing::warn!(error = %e, "job listener cannot connect"),
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Enqueues each periodic job once per period (all workers try; the key dedupes).
+async fn schedule_periodic(shared: Arc<Shared>) {
+    if shared.config.periodic.is_empty() {
+        return;
+    }
+    let tick = shared
+        .config
+        .periodic
+        .iter()
+        .map(|p| p.every)
+        .min()
+        .unwrap_or(shared.config.poll_interval)
+        .min(shared.config.poll_interval)
+        .max(Duration::from_millis(10));
+    let mut interval = tokio::time::interval(tick);
+    loop {
+        interval.tick().await;
+        let Ok(client) = shared.pool.get().await else { continue };
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        for p in &shared.config.periodic {
+            let period = now_ms / p.every.as_millis().max(1);
+            let key = format!("periodic:{}:{period}", p.kind);
+            if let Err(e) = store::enqueue_once(&**client, &p.kind, &p.queue, &p.payload, &key).await {
+                tracing::warn!(error = %e, kind = %p.kind, "enqueueing a periodic job failed");
+            }
+        }
+    }
+}

@@ -1,0 +1,75 @@
+//! Pub/sub across two listener connections (two "replicas").
+
+use std::time::Duration;
+
+use devdb::TestDb;
+use job_queue::pubsub::{MAX_INLINE_BYTES, Subscriber, publish};
+use serde_json::json;
+use tokio::time::timeout;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_and_large_messages_reach_both_replicas_in_order() {
+    let db = TestDb::with_sql(job_queue::MIGRATION_SQL).await.unwrap();
+    let replica_a = Subscriber::connect(db.url(), 64).await.unwrap();
+    let replica_b = Subscriber::connect(db.url(), 64).await.unwrap();
+    let mut rx_a = replica_a.subscribe("chunks:42");
+    let mut rx_b = replica_b.subscribe("chunks:42");
+    let mut other = replica_a.subscribe("chunks:other");
+
+    let big = "x".repeat(MAX_INLINE_BYTES * 3);
+    let sent = vec![
+        json!({"seq": 0, "text": "hello"}),
+        json!({"seq": 1, "text": big}),
+        json!({"seq": 2, "text": "world"}),
+        json!({"seq": 3, "text": big.clone() + "!"}),
+        json!({"seq": 4}),
+    ];
+    let publisher = db.client().await.unwrap();
+    for message in &sent {
+        publish(&publisher, "chunks:42", message).await.unwrap();
+    }
+
+    for rx in [&mut rx_a, &mut rx_b] {
+        for expected in &sent {
+            let got = timeout(Duration::from_secs(5), rx.recv())
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(&got, expected);
+        }
+    }
+    assert!(other.try_recv().is_err(), "a message leaked to another topic");
+
+    let stored: i64 = publisher
+        .query_one("SELECT count(*) FROM pubsub_messages", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(stored, 2, "only the large payloads go through the table");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_reconnects_after_its_connection_is_killed() {
+    let db = TestDb::with_sql(job_queue::MIGRATION_SQL).await.unwrap();
+    let replica = Subscriber::connect(db.url(), 16).await.unwrap();
+    let mut rx = replica.subscribe("t");
+    let admin = db.client().await.unwrap();
+    admin
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap();
+    // Publish until one gets through the new connection (bounded by a deadline).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        publish(&admin, "t", &json!({"ping": true})).await.unwrap();
+        if let Ok(Ok(v)) = timeout(Duration::from_millis(200), rx.recv()).await {
+            assert_eq!(v, json!({"ping": true}));
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never reconnected");
+    }
+}
