@@ -384,7 +384,7 @@ impl ChatService {
         let tx = client.transaction().await?;
         // Serialise one user's requests across every replica while counting.
         tx.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended('ai_action:' || $1::text, 0))",
+            "SELECT pg_advisory_xact_lock(hashtextextended('ai_action:' || $1::bigint::text, 0))",
             &[&user_id],
         )
         .await?;

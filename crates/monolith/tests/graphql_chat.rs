@@ -1,5 +1,7 @@
 //! The chat GraphQL API over real HTTP: GitLab's operation shapes, thread rules,
 //! `/clear` and `/reset`, rate limiting, resource checks and error codes.
+// Helpers outside #[test] functions panic on failure too, like the tests.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod support;
 

@@ -1,5 +1,7 @@
 //! Every row of the `access_duo_chat` table (user outside any container, in a
 //! group, in a project) on both realms, plus the seat rule and the chat authorizer.
+// Helpers outside #[test] functions panic on failure too, like the tests.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod support;
 

@@ -1,4 +1,6 @@
 //! Visibility, inherited membership and confidentiality matrix of the read abilities.
+// Helpers outside #[test] functions panic on failure too, like the tests.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod support;
 

@@ -1,5 +1,7 @@
 //! Personal access tokens over real HTTP: both headers, 401 versus 403 as GitLab
 //! answers them, expiry, revocation and admin-only endpoints.
+// Helpers outside #[test] functions panic on failure too, like the tests.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod support;
 

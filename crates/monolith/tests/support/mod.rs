@@ -1,6 +1,7 @@
 //! Shared fixtures: a fresh, migrated database per test (cloned from a template by
 //! `devdb`) and small builders for users, groups, projects and resources.
-#![allow(dead_code)]
+// Test support panics on setup failures by design; not every test binary uses every helper.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
 
