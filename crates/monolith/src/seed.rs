@@ -133,7 +133,7 @@ async fn upsert_group(
 ) -> Result<i64, SeedError> {
     let existing = db
         .query_opt(
-            "SELECT id FROM groups WHERE coalesce(parent_id, 0) = coalesce($1, 0) AND path = $2",
+            "SELECT id FROM groups WHERE coalesce(parent_id, 0) = coalesce($1::bigint, 0) AND path = $2",
             &[&parent, &path],
         )
         .await?;
@@ -300,7 +300,10 @@ pub async fn run(pool: &Pool) -> Result<SeedReport, SeedError> {
     )
     .await?;
     let has_pipeline = tx
-        .query_opt("SELECT 1 FROM ci_pipelines WHERE project_id = $1", &[&api])
+        .query_opt(
+            "SELECT 1 FROM ci_pipelines WHERE project_id = $1 LIMIT 1",
+            &[&api],
+        )
         .await?
         .is_some();
     if !has_pipeline {
@@ -321,7 +324,7 @@ pub async fn run(pool: &Pool) -> Result<SeedReport, SeedError> {
     }
     let has_note = tx
         .query_opt(
-            "SELECT 1 FROM notes WHERE noteable_type = 'Issue' AND noteable_id = $1",
+            "SELECT 1 FROM notes WHERE noteable_type = 'Issue' AND noteable_id = $1 LIMIT 1",
             &[&login],
         )
         .await?
