@@ -481,6 +481,29 @@ impl ChatService {
     }
 }
 
+/// Deletes threads (and their messages) idle for more than `days`; returns how many.
+pub async fn delete_idle_threads(db: &impl GenericClient, days: i32) -> Result<u64, ChatError> {
+    Ok(db
+        .execute(
+            "DELETE FROM ai_conversation_threads WHERE last_updated_at < now() - make_interval(days => $1)",
+            &[&days],
+        )
+        .await?)
+}
+
+/// Retention with the instance's configured number of days.
+pub async fn apply_retention(pool: &Pool) -> Result<u64, ChatError> {
+    let db = pool.get().await?;
+    let days: i32 = db
+        .query_one(
+            "SELECT duo_chat_expiration_days FROM instance_settings",
+            &[],
+        )
+        .await?
+        .get(0);
+    delete_idle_threads(&**db, days).await
+}
+
 fn validate(request: &ChatRequest) -> Result<(), ChatError> {
     if request.content.trim().is_empty() {
         return Err(ChatError::Invalid("content can't be blank".into()));

@@ -55,7 +55,25 @@ async fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        "worker" => anyhow::bail!("the worker role is not available yet"),
+        "worker" => {
+            // Completions are answered inline by the web role until the queue-backed
+            // agent loop lands; the worker runs the periodic thread retention.
+            let pool = db::pool(&config)?;
+            db::migrate(&pool).await.context("migrating the database")?;
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(3600));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => match monolith::chat::apply_retention(&pool).await {
+                        Ok(deleted) => tracing::info!(deleted, "idle conversation threads removed"),
+                        Err(e) => tracing::warn!(error = %e, "thread retention failed"),
+                    },
+                    _ = tokio::signal::ctrl_c() => {
+                        tracing::info!("worker stopping");
+                        return Ok(());
+                    }
+                }
+            }
+        }
         _ => anyhow::bail!("{USAGE}"),
     }
 }

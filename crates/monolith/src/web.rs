@@ -59,6 +59,41 @@ impl AppState {
     }
 }
 
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayTokenError {
+    #[error(transparent)]
+    Policy(#[from] crate::policy::PolicyError),
+    #[error(transparent)]
+    Db(#[from] deadpool_postgres::PoolError),
+    #[error(transparent)]
+    Jwt(#[from] JwtError),
+    #[error("key ring lock poisoned")]
+    Lock,
+}
+
+impl AppState {
+    /// A gateway JWT for the user, scoped to the unit primitives their seats grant.
+    pub async fn gateway_token(&self, user_id: i64) -> Result<String, GatewayTokenError> {
+        let db = self.pool.get().await?;
+        let scopes = self.policy.seat_unit_primitives(&**db, user_id).await?;
+        let realm: String = db
+            .query_one("SELECT realm FROM instance_settings", &[])
+            .await
+            .map_err(crate::policy::PolicyError::from)?
+            .get(0);
+        let claims = crate::jwt::claims_for(crate::jwt::TokenSubject {
+            user_id,
+            scopes: scopes.iter().map(|s| s.as_str().to_owned()).collect(),
+            realm: &realm,
+            instance_id: &self.config.instance_id,
+            issuer: self.config.external_url.as_str(),
+            audience: &self.config.gateway_audience,
+        });
+        let keys = self.keys.read().map_err(|_| GatewayTokenError::Lock)?;
+        Ok(keys.sign(&claims)?)
+    }
+}
+
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route(
         "/-/health",

@@ -320,3 +320,36 @@ async fn rate_limit_is_shared_through_the_database() {
         "This endpoint has been requested too many times. Try again later."
     );
 }
+
+#[tokio::test]
+async fn idle_threads_are_deleted_by_retention() {
+    let (fx, _server, _user, client) = world().await;
+    let res = client
+        .gql(CHAT_MUTATION, json!({ "question": "old question" }))
+        .await;
+    assert_eq!(res["data"]["aiAction"]["errors"], json!([]));
+    let fresh = client
+        .gql(NEW_THREAD_MUTATION, json!({ "question": "new question" }))
+        .await;
+    let fresh_id = fresh["data"]["aiAction"]["threadId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let db = fx.pool.get().await.unwrap();
+    db.execute(
+        "UPDATE ai_conversation_threads SET last_updated_at = now() - interval '31 days' WHERE conversation_type = 1",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(monolith::chat::apply_retention(&fx.pool).await.unwrap(), 1);
+    let left: Vec<i64> = db
+        .query("SELECT id FROM ai_conversation_threads", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(left.len(), 1);
+    assert!(fresh_id.ends_with(&format!("/{}", left[0])));
+}

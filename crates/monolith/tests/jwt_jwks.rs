@@ -123,3 +123,37 @@ async fn tokens_verify_against_the_served_jwks_across_rotation() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[tokio::test]
+async fn user_tokens_carry_the_seats_unit_primitives() {
+    let fx = Fx::new().await;
+    let pro = fx.user("pro").await;
+    fx.seat(pro, "duo_pro", false).await;
+    let nobody = fx.user("nobody").await;
+    let server = Server::start(&fx).await;
+    let url = fx.db.url().to_string();
+    let config = monolith::config::Config::from_lookup(|k| match k {
+        "DATABASE_URL" => Some(url.clone()),
+        "DUO_EXTERNAL_URL" => Some(server.base.clone()),
+        "DUO_SIGNING_KEY_DIR" => Some(support::test_key_dir()),
+        _ => None,
+    })
+    .unwrap();
+    let state = monolith::web::AppState::new(
+        fx.pool.clone(),
+        config,
+        monolith::add_ons::AddOnCatalogue::built_in().unwrap(),
+    )
+    .unwrap();
+    let token = state.gateway_token(pro.id).await.unwrap();
+    let claims = verify(&server, &token).await.unwrap();
+    assert!(claims.scopes.contains(&"duo_chat".to_string()));
+    assert!(!claims.scopes.contains(&"ask_issue".to_string()));
+    assert_eq!(claims.gitlab_realm, "self-managed");
+    assert_eq!(claims.gitlab_instance_id, state.config.instance_id);
+    let empty = verify(&server, &state.gateway_token(nobody.id).await.unwrap())
+        .await
+        .unwrap();
+    assert!(empty.scopes.is_empty());
+    assert_ne!(claims.sub, empty.sub);
+}
