@@ -1,0 +1,79 @@
+//! REST API under `/api/v4` in GitLab's shapes.
+
+mod error;
+pub mod oidc;
+pub mod pagination;
+pub mod resources;
+pub mod users;
+
+pub use error::ApiError;
+
+use actix_web::HttpRequest;
+
+use crate::tokens::{self, AuthenticatedUser, TokenError};
+use crate::web::AppState;
+
+/// The token a request presents: `PRIVATE-TOKEN` or `Authorization: Bearer`.
+pub fn presented_token(req: &HttpRequest) -> Option<String> {
+    let headers = req.headers();
+    if let Some(v) = headers.get("private-token").and_then(|v| v.to_str().ok()) {
+        return Some(v.trim().to_owned());
+    }
+    let auth = headers
+        .get(actix_web::http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?;
+    let (scheme, rest) = auth.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| rest.trim().to_owned())
+}
+
+/// The signed-in user, `None` when no token was sent; a bad token is a 401.
+pub async fn optional_user(
+    state: &AppState,
+    req: &HttpRequest,
+) -> Result<Option<AuthenticatedUser>, ApiError> {
+    let Some(token) = presented_token(req) else {
+        return Ok(None);
+    };
+    let client = state.pool.get().await.map_err(crate::db::DbError::from)?;
+    match tokens::authenticate(&**client, &token).await {
+        Ok(user) => Ok(Some(user)),
+        Err(TokenError::Invalid) => Err(ApiError::Unauthorized),
+        Err(TokenError::Blocked) => Err(ApiError::Blocked),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A signed-in user whose token has one of `scopes`.
+pub async fn require_user(
+    state: &AppState,
+    req: &HttpRequest,
+    scopes: &[&'static str],
+) -> Result<AuthenticatedUser, ApiError> {
+    let user = optional_user(state, req)
+        .await?
+        .ok_or(ApiError::Unauthorized)?;
+    if !user.has_any_scope(scopes) {
+        return Err(ApiError::InsufficientScope(scopes.join(" ")));
+    }
+    Ok(user)
+}
+
+/// Scopes that allow reading through the REST API.
+pub const READ_SCOPES: &[&str] = &["api", "read_api"];
+/// Scopes that allow writing through the REST API.
+pub const WRITE_SCOPES: &[&str] = &["api"];
+
+pub async fn require_admin(
+    state: &AppState,
+    req: &HttpRequest,
+    scopes: &[&'static str],
+) -> Result<AuthenticatedUser, ApiError> {
+    let user = require_user(state, req, scopes).await?;
+    if !user.admin {
+        return Err(ApiError::Forbidden);
+    }
+    Ok(user)
+}

@@ -1,0 +1,195 @@
+//! Configuration of every role, read from the environment in one place.
+//!
+//! | variable | default | meaning |
+//! |---|---|---|
+//! | `DATABASE_URL` | (required) | PostgreSQL connection URL |
+//! | `DATABASE_POOL_SIZE` | 16 | connections per process |
+//! | `AI_GATEWAY_URL` | `http://127.0.0.1:5052` | base URL of the AI gateway |
+//! | `DUO_WEB_ADDR` | `127.0.0.1:3000` | listening address of the `web` role |
+//! | `DUO_EXTERNAL_URL` | `http://<DUO_WEB_ADDR>` | this instance's public URL (JWT issuer) |
+//! | `DUO_INSTANCE_REALM` | `self-managed` | `saas` or `self-managed`; seeds the instance settings |
+//! | `DUO_INSTANCE_ID` | derived from the external URL | instance id sent to the gateway |
+//! | `DUO_SIGNING_KEY_DIR` | `.duo/keys` | where the RS256 signing keys live |
+//! | `CLOUD_CONNECTOR_SERVICE_NAME` | `gitlab-ai-gateway` | JWT audience |
+//! | `DUO_ADD_ONS_FILE` | `config/duo_add_ons.yml` | unit primitives per add-on (built-in copy if missing) |
+//! | `DUO_AI_ACTION_RATE_LIMIT` | 160 | `aiAction` requests per user per window |
+//! | `DUO_AI_ACTION_RATE_WINDOW_SECS` | 28800 | length of that window (8 hours) |
+//! | `DUO_DOCS_BASE_URL` | `https://docs.gitlab.com` | base of the links in error answers |
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use secrecy::SecretString;
+
+use crate::policy::Realm;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{0} is not set")]
+    Missing(&'static str),
+    #[error("{name} has an invalid value: {reason}")]
+    Invalid { name: &'static str, reason: String },
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub database_url: SecretString,
+    pub database_pool_size: usize,
+    pub ai_gateway_url: url::Url,
+    pub web_addr: SocketAddr,
+    pub external_url: url::Url,
+    pub realm: Realm,
+    pub instance_id: String,
+    pub signing_key_dir: PathBuf,
+    pub gateway_audience: String,
+    pub add_ons_file: PathBuf,
+    pub ai_action_rate_limit: u32,
+    pub ai_action_rate_window: Duration,
+    pub docs_base_url: url::Url,
+}
+
+impl Config {
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|name| std::env::var(name).ok().filter(|v| !v.trim().is_empty()))
+    }
+
+    /// Builds the configuration from any variable source, so tests need not touch
+    /// the process environment.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let database_url = get("DATABASE_URL").ok_or(ConfigError::Missing("DATABASE_URL"))?;
+        let web_addr: SocketAddr = parse_or(
+            &get,
+            "DUO_WEB_ADDR",
+            "127.0.0.1:3000".parse().map_err(invalid("DUO_WEB_ADDR"))?,
+        )?;
+        let external_url = match get("DUO_EXTERNAL_URL") {
+            Some(v) => parse_url("DUO_EXTERNAL_URL", &v)?,
+            None => parse_url("DUO_EXTERNAL_URL", &format!("http://{web_addr}"))?,
+        };
+        let realm = match get("DUO_INSTANCE_REALM").as_deref() {
+            None | Some("self-managed") => Realm::SelfManaged,
+            Some("saas") => Realm::Saas,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    name: "DUO_INSTANCE_REALM",
+                    reason: format!("{other:?} (expected saas or self-managed)"),
+                });
+            }
+        };
+        let instance_id = get("DUO_INSTANCE_ID")
+            .unwrap_or_else(|| crate::jwt::stable_uuid(external_url.as_str()).to_string());
+        Ok(Self {
+            database_url: SecretString::from(database_url),
+            database_pool_size: parse_or(&get, "DATABASE_POOL_SIZE", 16)?,
+            ai_gateway_url: parse_url(
+                "AI_GATEWAY_URL",
+                &get("AI_GATEWAY_URL").unwrap_or_else(|| "http://127.0.0.1:5052".into()),
+            )?,
+            web_addr,
+            external_url,
+            realm,
+            instance_id,
+            signing_key_dir: get("DUO_SIGNING_KEY_DIR")
+                .unwrap_or_else(|| ".duo/keys".into())
+                .into(),
+            gateway_audience: get("CLOUD_CONNECTOR_SERVICE_NAME")
+                .unwrap_or_else(|| "gitlab-ai-gateway".into()),
+            add_ons_file: get("DUO_ADD_ONS_FILE")
+                .unwrap_or_else(|| "config/duo_add_ons.yml".into())
+                .into(),
+            ai_action_rate_limit: parse_or(&get, "DUO_AI_ACTION_RATE_LIMIT", 160)?,
+            ai_action_rate_window: Duration::from_secs(parse_or(
+                &get,
+                "DUO_AI_ACTION_RATE_WINDOW_SECS",
+                8 * 3600,
+            )?),
+            docs_base_url: parse_url(
+                "DUO_DOCS_BASE_URL",
+                &get("DUO_DOCS_BASE_URL").unwrap_or_else(|| "https://docs.gitlab.com".into()),
+            )?,
+        })
+    }
+}
+
+fn invalid<E: std::fmt::Display>(name: &'static str) -> impl Fn(E) -> ConfigError {
+    move |e| ConfigError::Invalid {
+        name,
+        reason: e.to_string(),
+    }
+}
+
+fn parse_url(name: &'static str, value: &str) -> Result<url::Url, ConfigError> {
+    url::Url::parse(value).map_err(invalid(name))
+}
+
+fn parse_or<T>(
+    get: &impl Fn(&str) -> Option<String>,
+    name: &'static str,
+    default: T,
+) -> Result<T, ConfigError>
+where
+    T: std::str::FromStr,
+    T::Err: std::fmt::Display,
+{
+    match get(name) {
+        Some(v) => v.trim().parse().map_err(invalid(name)),
+        None => Ok(default),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn from(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_lookup(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults_apply() {
+        let c = from(&[("DATABASE_URL", "postgres://x/y")]).unwrap();
+        assert_eq!(c.web_addr.to_string(), "127.0.0.1:3000");
+        assert_eq!(c.ai_gateway_url.as_str(), "http://127.0.0.1:5052/");
+        assert_eq!(c.realm, Realm::SelfManaged);
+        assert_eq!(c.gateway_audience, "gitlab-ai-gateway");
+        assert_eq!(c.ai_action_rate_limit, 160);
+        assert_eq!(c.ai_action_rate_window, Duration::from_secs(28800));
+        assert_eq!(c.external_url.as_str(), "http://127.0.0.1:3000/");
+    }
+
+    #[test]
+    fn database_url_is_required_and_bad_values_are_named() {
+        assert!(matches!(
+            from(&[]),
+            Err(ConfigError::Missing("DATABASE_URL"))
+        ));
+        let err = from(&[
+            ("DATABASE_URL", "postgres://x/y"),
+            ("DUO_INSTANCE_REALM", "cloud"),
+        ])
+        .unwrap_err();
+        assert!(err.to_string().contains("DUO_INSTANCE_REALM"));
+        let err = from(&[
+            ("DATABASE_URL", "postgres://x/y"),
+            ("DUO_AI_ACTION_RATE_LIMIT", "many"),
+        ])
+        .unwrap_err();
+        assert!(err.to_string().contains("DUO_AI_ACTION_RATE_LIMIT"));
+    }
+
+    #[test]
+    fn saas_realm_is_read() {
+        let c = from(&[
+            ("DATABASE_URL", "postgres://x/y"),
+            ("DUO_INSTANCE_REALM", "saas"),
+        ])
+        .unwrap();
+        assert_eq!(c.realm, Realm::Saas);
+    }
+}

@@ -1,0 +1,67 @@
+//! Connection pool and schema migrations.
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use secrecy::ExposeSecret;
+use tokio_postgres::NoTls;
+
+use crate::config::Config;
+
+mod embedded {
+    refinery::embed_migrations!("migrations");
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error("invalid DATABASE_URL: {0}")]
+    Url(tokio_postgres::Error),
+    #[error("building the connection pool failed: {0}")]
+    Pool(String),
+    #[error("database unavailable: {0}")]
+    Checkout(#[from] deadpool_postgres::PoolError),
+    #[error("database error: {0}")]
+    Query(#[from] tokio_postgres::Error),
+    #[error("migration failed: {0}")]
+    Migration(#[from] refinery::Error),
+}
+
+pub fn pool(config: &Config) -> Result<Pool, DbError> {
+    pool_for_url(
+        config.database_url.expose_secret(),
+        config.database_pool_size,
+    )
+}
+
+pub fn pool_for_url(url: &str, size: usize) -> Result<Pool, DbError> {
+    let pg: tokio_postgres::Config = url.parse().map_err(DbError::Url)?;
+    let manager = Manager::from_config(
+        pg,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(size.max(1))
+        .build()
+        .map_err(|e| DbError::Pool(e.to_string()))
+}
+
+/// Applies every pending migration; returns how many were applied.
+pub async fn migrate(pool: &Pool) -> Result<usize, DbError> {
+    let mut client = pool.get().await?;
+    let report = embedded::migrations::runner()
+        .run_async(&mut **client)
+        .await?;
+    Ok(report.applied_migrations().len())
+}
+
+/// A key that changes whenever the embedded migrations change; test templates use it.
+pub fn migrations_fingerprint() -> String {
+    let mut parts: Vec<String> = embedded::migrations::runner()
+        .get_migrations()
+        .iter()
+        .map(|m| format!("{}:{}:{}", m.version(), m.name(), m.checksum()))
+        .collect();
+    parts.sort();
+    format!("monolith:{}", parts.join(","))
+}

@@ -1,0 +1,740 @@
+//! GitLab's Duo Chat GraphQL API at `/api/graphql` (juniper), with GitLab's type
+//! names so GitLab's own clients validate against it.
+
+use std::sync::Arc;
+
+use actix_web::{HttpRequest, HttpResponse, web};
+use juniper::{
+    EmptySubscription, FieldError, FieldResult, GraphQLEnum, GraphQLInputObject, GraphQLObject,
+    GraphQLScalar, RootNode, graphql_object, graphql_value,
+};
+
+use crate::api::{self, ApiError};
+use crate::chat::{self, ChatError, ChatService, ConversationType, Role, StoredMessage};
+use crate::gid;
+use crate::policy::{Actor, Policy};
+use crate::web::AppState;
+
+/// Deepest selection nesting accepted.
+pub const MAX_QUERY_DEPTH: usize = 12;
+/// Most fields (selections) accepted in one document.
+pub const MAX_QUERY_COMPLEXITY: usize = 250;
+/// Largest query document accepted, in bytes.
+pub const MAX_QUERY_BYTES: usize = 20_000;
+
+#[derive(Clone)]
+pub struct GqlContext {
+    pub chat: Arc<ChatService>,
+    pub policy: Policy,
+    pub pool: deadpool_postgres::Pool,
+    pub user: Option<Actor>,
+    pub username: Option<String>,
+}
+
+impl juniper::Context for GqlContext {}
+
+macro_rules! id_scalar {
+    ($rust:ident, $name:literal) => {
+        #[derive(Debug, Clone, PartialEq, GraphQLScalar)]
+        #[graphql(name = $name, transparent)]
+        pub struct $rust(pub String);
+    };
+}
+
+id_scalar!(AiModelId, "AiModelID");
+id_scalar!(AiAgentVersionId, "AiAgentVersionID");
+id_scalar!(AiConversationThreadId, "AiConversationThreadID");
+id_scalar!(ProjectId, "ProjectID");
+id_scalar!(NamespaceId, "NamespaceID");
+id_scalar!(GroupId, "GroupID");
+id_scalar!(UserId, "UserID");
+id_scalar!(Time, "Time");
+// Arbitrary JSON, carried as its serialised text.
+id_scalar!(Json, "JSON");
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, GraphQLEnum)]
+#[graphql(name = "AiConversationsThreadsConversationType")]
+pub enum ConversationTypeEnum {
+    DuoChatLegacy,
+    DuoCodeReview,
+    DuoQuickChat,
+    DuoChat,
+}
+
+impl From<ConversationTypeEnum> for ConversationType {
+    fn from(v: ConversationTypeEnum) -> Self {
+        match v {
+            ConversationTypeEnum::DuoChatLegacy => ConversationType::DuoChatLegacy,
+            ConversationTypeEnum::DuoCodeReview => ConversationType::DuoCodeReview,
+            ConversationTypeEnum::DuoQuickChat => ConversationType::DuoQuickChat,
+            ConversationTypeEnum::DuoChat => ConversationType::DuoChat,
+        }
+    }
+}
+
+impl From<ConversationType> for ConversationTypeEnum {
+    fn from(v: ConversationType) -> Self {
+        match v {
+            ConversationType::DuoChatLegacy => ConversationTypeEnum::DuoChatLegacy,
+            ConversationType::DuoCodeReview => ConversationTypeEnum::DuoCodeReview,
+            ConversationType::DuoQuickChat => ConversationTypeEnum::DuoQuickChat,
+            ConversationType::DuoChat => ConversationTypeEnum::DuoChat,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, GraphQLEnum)]
+#[graphql(name = "AiAdditionalContextCategory")]
+pub enum AdditionalContextCategory {
+    File,
+    Snippet,
+    MergeRequest,
+    Issue,
+    Dependency,
+    LocalGit,
+    Terminal,
+    UserRule,
+    Repository,
+    Directory,
+    AgentUserEnvironment,
+    Attachments,
+}
+
+impl AdditionalContextCategory {
+    fn wire(self) -> &'static str {
+        match self {
+            Self::File => "file",
+            Self::Snippet => "snippet",
+            Self::MergeRequest => "merge_request",
+            Self::Issue => "issue",
+            Self::Dependency => "dependency",
+            Self::LocalGit => "local_git",
+            Self::Terminal => "terminal",
+            Self::UserRule => "user_rule",
+            Self::Repository => "repository",
+            Self::Directory => "directory",
+            Self::AgentUserEnvironment => "agent_user_environment",
+            Self::Attachments => "attachments",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, GraphQLEnum)]
+#[graphql(name = "AiMessageRole")]
+pub enum AiMessageRole {
+    User,
+    Assistant,
+    System,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, GraphQLEnum)]
+#[graphql(name = "AiMessageType")]
+pub enum AiMessageType {
+    Tool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, GraphQLEnum)]
+#[graphql(name = "AiAction")]
+pub enum AiActionEnum {
+    Chat,
+}
+
+#[derive(Debug, Clone, GraphQLInputObject)]
+#[graphql(name = "AiCurrentFileInput")]
+pub struct AiCurrentFileInput {
+    pub file_name: String,
+    pub selected_text: String,
+    pub content_above_cursor: Option<String>,
+    pub content_below_cursor: Option<String>,
+}
+
+#[derive(Debug, Clone, GraphQLInputObject)]
+#[graphql(name = "AiAdditionalContextInput")]
+pub struct AiAdditionalContextInput {
+    pub id: String,
+    pub category: AdditionalContextCategory,
+    pub content: String,
+    pub metadata: Option<Json>,
+}
+
+#[derive(Debug, Clone, GraphQLInputObject)]
+#[graphql(name = "AiChatInput")]
+pub struct AiChatInput {
+    pub content: String,
+    pub resource_id: Option<AiModelId>,
+    pub namespace_id: Option<NamespaceId>,
+    pub agent_version_id: Option<AiAgentVersionId>,
+    pub current_file: Option<AiCurrentFileInput>,
+    pub additional_context: Option<Vec<AiAdditionalContextInput>>,
+}
+
+#[derive(Debug, Clone, GraphQLInputObject)]
+#[graphql(name = "AiActionInput")]
+pub struct AiActionInput {
+    pub chat: Option<AiChatInput>,
+    pub client_subscription_id: Option<String>,
+    pub platform_origin: Option<String>,
+    pub project_id: Option<ProjectId>,
+    pub root_namespace_id: Option<GroupId>,
+    pub thread_id: Option<AiConversationThreadId>,
+    pub conversation_type: Option<ConversationTypeEnum>,
+    pub client_mutation_id: Option<String>,
+}
+
+#[derive(Debug, Clone, GraphQLObject)]
+#[graphql(name = "AiActionPayload")]
+pub struct AiActionPayload {
+    pub request_id: Option<String>,
+    pub thread_id: Option<AiConversationThreadId>,
+    pub errors: Vec<String>,
+    pub client_mutation_id: Option<String>,
+}
+
+#[derive(Debug, Clone, GraphQLObject)]
+#[graphql(name = "AiAdditionalContext")]
+pub struct AiAdditionalContext {
+    pub id: String,
+    pub category: String,
+    pub content: String,
+    pub metadata: Option<Json>,
+}
+
+#[derive(Debug, Clone, GraphQLObject)]
+#[graphql(name = "AiMessageExtras")]
+pub struct AiMessageExtras {
+    pub sources: Option<Vec<Json>>,
+    pub has_feedback: bool,
+    pub additional_context: Option<Vec<AiAdditionalContext>>,
+}
+
+#[derive(Debug, Clone)]
+pub struct AiMessage {
+    pub stored: StoredMessage,
+}
+
+#[graphql_object]
+#[graphql(name = "AiMessage", context = GqlContext)]
+impl AiMessage {
+    fn id(&self) -> Option<String> {
+        Some(self.stored.message_xid.to_string())
+    }
+    fn request_id(&self) -> Option<String> {
+        self.stored.request_xid.map(|r| r.to_string())
+    }
+    fn content(&self) -> Option<String> {
+        Some(self.stored.content.clone())
+    }
+    fn content_html(&self) -> Option<String> {
+        if !self.stored.errors.is_empty() {
+            return None;
+        }
+        Some(chat::render_markdown(&self.stored.content))
+    }
+    fn role(&self) -> AiMessageRole {
+        match self.stored.role {
+            Role::User => AiMessageRole::User,
+            Role::Assistant => AiMessageRole::Assistant,
+        }
+    }
+    fn timestamp(&self) -> Time {
+        Time(
+            self.stored
+                .created_at
+                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        )
+    }
+    fn chunk_id(&self) -> Option<i32> {
+        None
+    }
+    fn errors(&self) -> Vec<String> {
+        self.stored.errors.clone()
+    }
+    fn error_code(&self) -> Option<String> {
+        self.stored.error_code.clone()
+    }
+    #[graphql(name = "type")]
+    fn message_type(&self) -> Option<AiMessageType> {
+        None
+    }
+    fn extras(&self) -> AiMessageExtras {
+        let extras = &self.stored.extras;
+        let sources = extras
+            .get("sources")
+            .and_then(|s| s.as_array())
+            .map(|a| a.iter().map(|v| Json(v.to_string())).collect());
+        let additional_context = extras
+            .get("additional_context")
+            .and_then(|s| s.as_array())
+            .map(|items| {
+                items
+                    .iter()
+                    .map(|c| AiAdditionalContext {
+                        id: c["id"].as_str().unwrap_or_default().to_owned(),
+                        category: c["category"].as_str().unwrap_or_default().to_owned(),
+                        content: c["content"].as_str().unwrap_or_default().to_owned(),
+                        metadata: c
+                            .get("metadata")
+                            .filter(|m| !m.is_null())
+                            .map(|m| Json(m.to_string())),
+                    })
+                    .collect()
+            });
+        AiMessageExtras {
+            sources,
+            has_feedback: self.stored.has_feedback,
+            additional_context,
+        }
+    }
+    fn agent_version_id(&self) -> Option<AiAgentVersionId> {
+        None
+    }
+    fn thread_id(&self) -> Option<AiConversationThreadId> {
+        Some(AiConversationThreadId(gid::format(
+            "Ai::Conversation::Thread",
+            self.stored.thread_id,
+        )))
+    }
+}
+
+#[derive(Debug, Clone, GraphQLObject)]
+#[graphql(name = "PageInfo")]
+pub struct PageInfo {
+    pub end_cursor: Option<String>,
+    pub start_cursor: Option<String>,
+    pub has_next_page: bool,
+    pub has_previous_page: bool,
+}
+
+impl PageInfo {
+    fn single_page() -> Self {
+        PageInfo {
+            end_cursor: None,
+            start_cursor: None,
+            has_next_page: false,
+            has_previous_page: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, GraphQLObject)]
+#[graphql(name = "AiMessageConnection", context = GqlContext)]
+pub struct AiMessageConnection {
+    pub nodes: Vec<AiMessage>,
+    pub page_info: PageInfo,
+}
+
+#[derive(Debug, Clone, GraphQLObject)]
+#[graphql(name = "AiConversationsThread")]
+pub struct AiConversationsThread {
+    pub id: AiConversationThreadId,
+    pub conversation_type: ConversationTypeEnum,
+    pub created_at: Time,
+    pub last_updated_at: Time,
+    pub title: Option<String>,
+}
+
+#[derive(Debug, Clone, GraphQLObject)]
+#[graphql(name = "AiConversationsThreadConnection")]
+pub struct AiConversationsThreadConnection {
+    pub nodes: Vec<AiConversationsThread>,
+    pub page_info: PageInfo,
+}
+
+pub struct CurrentUser {
+    actor: Actor,
+    username: String,
+}
+
+#[graphql_object]
+#[graphql(name = "CurrentUser", context = GqlContext)]
+impl CurrentUser {
+    fn id(&self) -> UserId {
+        UserId(gid::format("User", self.actor.id))
+    }
+    fn username(&self) -> &str {
+        &self.username
+    }
+    async fn duo_chat_available(&self, ctx: &GqlContext) -> FieldResult<bool> {
+        let db = ctx.pool.get().await.map_err(internal)?;
+        Ok(ctx
+            .policy
+            .authorize_chat_user(&**db, Some(self.actor))
+            .await
+            .is_ok())
+    }
+    async fn duo_chat_available_features(&self, ctx: &GqlContext) -> FieldResult<Vec<String>> {
+        let db = ctx.pool.get().await.map_err(internal)?;
+        ctx.policy
+            .duo_chat_available_features(&**db, Some(self.actor))
+            .await
+            .map_err(internal)
+    }
+}
+
+fn coded(message: impl std::fmt::Display, code: &str) -> FieldError {
+    FieldError::new(message, graphql_value!({ "code": code }))
+}
+
+fn internal<E: std::fmt::Display>(e: E) -> FieldError {
+    tracing::error!(error = %e, "graphql resolver failed");
+    coded("Internal server error", "INTERNAL_SERVER_ERROR")
+}
+
+fn parse_thread_id(id: &AiConversationThreadId) -> FieldResult<i64> {
+    match gid::parse(&id.0) {
+        Some(("Ai::Conversation::Thread", n)) => Ok(n),
+        _ => Err(coded(
+            format!("{} is not a valid AiConversationThreadID", id.0),
+            "ARGUMENT_ERROR",
+        )),
+    }
+}
+
+pub struct Query;
+
+#[graphql_object]
+#[graphql(context = GqlContext)]
+impl Query {
+    fn current_user(ctx: &GqlContext) -> Option<CurrentUser> {
+        Some(CurrentUser {
+            actor: ctx.user?,
+            username: ctx.username.clone()?,
+        })
+    }
+
+    async fn ai_messages(
+        ctx: &GqlContext,
+        request_ids: Option<Vec<String>>,
+        roles: Option<Vec<AiMessageRole>>,
+        conversation_type: Option<ConversationTypeEnum>,
+        thread_id: Option<AiConversationThreadId>,
+        agent_version_id: Option<AiAgentVersionId>,
+    ) -> FieldResult<AiMessageConnection> {
+        let _ = agent_version_id;
+        let thread = thread_id.as_ref().map(parse_thread_id).transpose()?;
+        let roles: Option<Vec<Role>> = roles.map(|rs| {
+            rs.into_iter()
+                .filter_map(|r| match r {
+                    AiMessageRole::User => Some(Role::User),
+                    AiMessageRole::Assistant => Some(Role::Assistant),
+                    AiMessageRole::System => None,
+                })
+                .collect()
+        });
+        let messages = ctx
+            .chat
+            .messages(
+                ctx.user,
+                thread,
+                conversation_type.map(Into::into),
+                request_ids.as_deref(),
+                roles.as_deref(),
+            )
+            .await
+            .map_err(chat_field_error)?;
+        Ok(AiMessageConnection {
+            nodes: messages
+                .into_iter()
+                .map(|stored| AiMessage { stored })
+                .collect(),
+            page_info: PageInfo::single_page(),
+        })
+    }
+
+    async fn ai_conversation_threads(
+        ctx: &GqlContext,
+    ) -> FieldResult<AiConversationsThreadConnection> {
+        let threads = ctx.chat.threads(ctx.user).await.map_err(chat_field_error)?;
+        let time = |t: chrono::DateTime<chrono::Utc>| {
+            Time(t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        };
+        Ok(AiConversationsThreadConnection {
+            nodes: threads
+                .into_iter()
+                .map(|t| AiConversationsThread {
+                    id: AiConversationThreadId(gid::format("Ai::Conversation::Thread", t.id)),
+                    conversation_type: t.conversation_type.into(),
+                    created_at: time(t.created_at),
+                    last_updated_at: time(t.last_updated_at),
+                    title: t.title,
+                })
+                .collect(),
+            page_info: PageInfo::single_page(),
+        })
+    }
+}
+
+/// Errors that stop the whole field (as opposed to `errors` in the payload).
+fn chat_field_error(e: ChatError) -> FieldError {
+    match e {
+        ChatError::Unauthenticated => coded(
+            "The resource that you are attempting to access does not exist or you don't have permission to perform this action",
+            "UNAUTHENTICATED",
+        ),
+        ChatError::RateLimited => coded(e.to_string(), "RATE_LIMITED"),
+        ChatError::Invalid(msg) => coded(msg, "ARGUMENT_ERROR"),
+        ChatError::ThreadNotFound => coded(e.to_string(), "THREAD_NOT_FOUND"),
+        ChatError::ResourceNotFound => coded(e.to_string(), "RESOURCE_NOT_AVAILABLE"),
+        ChatError::Denied(code) => coded(code.user_message(), &code.to_string()),
+        ChatError::Internal(detail) => internal(detail),
+    }
+}
+
+pub struct Mutation;
+
+#[graphql_object]
+#[graphql(context = GqlContext)]
+impl Mutation {
+    async fn ai_action(ctx: &GqlContext, input: AiActionInput) -> FieldResult<AiActionPayload> {
+        let client_mutation_id = input.client_mutation_id.clone();
+        let Some(chat_input) = input.chat else {
+            return Err(coded(
+                "Only one method argument is required",
+                "ARGUMENT_ERROR",
+            ));
+        };
+        let thread_id = input.thread_id.as_ref().map(parse_thread_id).transpose()?;
+        let request = chat::ChatRequest {
+            content: chat_input.content,
+            resource_id: chat_input.resource_id.map(|r| r.0),
+            thread_id,
+            conversation_type: input.conversation_type.map(Into::into),
+            client_subscription_id: input.client_subscription_id,
+            current_file: chat_input.current_file.map(|f| chat::CurrentFile {
+                file_name: f.file_name,
+                selected_text: f.selected_text,
+                content_above_cursor: f.content_above_cursor,
+                content_below_cursor: f.content_below_cursor,
+            }),
+            additional_context: chat_input
+                .additional_context
+                .unwrap_or_default()
+                .into_iter()
+                .map(|c| chat::AdditionalContext {
+                    id: c.id,
+                    category: c.category.wire().to_owned(),
+                    content: c.content,
+                    metadata: c.metadata.and_then(|m| serde_json::from_str(&m.0).ok()),
+                })
+                .collect(),
+            platform_origin: input.platform_origin,
+        };
+        match ctx.chat.submit(ctx.user, request).await {
+            Ok(accepted) => Ok(AiActionPayload {
+                request_id: Some(accepted.request_id.to_string()),
+                thread_id: Some(AiConversationThreadId(gid::format(
+                    "Ai::Conversation::Thread",
+                    accepted.thread_id,
+                ))),
+                errors: Vec::new(),
+                client_mutation_id,
+            }),
+            // Refusals the user should read go into `errors`, with the code's text.
+            Err(ChatError::Denied(code)) => Ok(AiActionPayload {
+                request_id: None,
+                thread_id: None,
+                errors: vec![code.error_text(&ctx.chat_docs_base())],
+                client_mutation_id,
+            }),
+            Err(e) => Err(chat_field_error(e)),
+        }
+    }
+}
+
+impl GqlContext {
+    fn chat_docs_base(&self) -> String {
+        self.chat.docs_base_url.clone()
+    }
+}
+
+pub type Schema = RootNode<Query, Mutation, EmptySubscription<GqlContext>>;
+
+pub fn schema() -> Schema {
+    Schema::new(Query, Mutation, EmptySubscription::new())
+}
+
+/// Rough but safe limits on a document before it is executed: nesting depth of
+/// selection sets, number of selected names, and size.
+pub fn check_limits(query: &str) -> Result<(), (&'static str, String)> {
+    if query.len() > MAX_QUERY_BYTES {
+        return Err((
+            "QUERY_TOO_LARGE",
+            format!("Query is too large (maximum is {MAX_QUERY_BYTES} bytes)"),
+        ));
+    }
+    let mut depth = 0usize;
+    let mut max_depth = 0usize;
+    let mut names = 0usize;
+    let mut in_string = false;
+    let mut in_comment = false;
+    let mut prev_ident = false;
+    let mut paren = 0usize;
+    let mut chars = query.chars().peekable();
+    while let Some(c) = chars.next() {
+        if in_comment {
+            in_comment = c != '\n';
+            continue;
+        }
+        if in_string {
+            if c == '\\' {
+                chars.next();
+            } else if c == '"' {
+                in_string = false;
+            }
+            continue;
+        }
+        let ident = c.is_ascii_alphanumeric() || c == '_';
+        match c {
+            '#' => in_comment = true,
+            '"' => in_string = true,
+            '{' => {
+                depth += 1;
+                max_depth = max_depth.max(depth);
+            }
+            '}' => depth = depth.saturating_sub(1),
+            '(' => paren += 1,
+            ')' => paren = paren.saturating_sub(1),
+            _ => {}
+        }
+        if ident && !prev_ident && depth > 0 && paren == 0 {
+            names += 1;
+        }
+        prev_ident = ident;
+    }
+    // The operation's own braces count as one level.
+    if max_depth > MAX_QUERY_DEPTH + 1 {
+        return Err((
+            "QUERY_TOO_DEEP",
+            format!("Query has depth of {max_depth}, which exceeds max depth of {MAX_QUERY_DEPTH}"),
+        ));
+    }
+    if names > MAX_QUERY_COMPLEXITY {
+        return Err((
+            "QUERY_TOO_COMPLEX",
+            format!(
+                "Query has complexity of {names}, which exceeds max complexity of {MAX_QUERY_COMPLEXITY}"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn error_body(code: &str, message: &str) -> HttpResponse {
+    HttpResponse::Ok().json(serde_json::json!({
+        "errors": [{ "message": message, "extensions": { "code": code } }]
+    }))
+}
+
+/// `POST /api/graphql`.
+pub async fn handle(
+    state: web::Data<AppState>,
+    schema: web::Data<Schema>,
+    req: HttpRequest,
+    body: web::Bytes,
+) -> Result<HttpResponse, ApiError> {
+    let user = api::optional_user(&state, &req).await?;
+    if let Some(u) = &user
+        && !u.has_any_scope(&["api", "read_api", "ai_features"])
+    {
+        return Err(ApiError::InsufficientScope(
+            "api read_api ai_features".into(),
+        ));
+    }
+    let batch: juniper::http::GraphQLBatchRequest = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => {
+            return Ok(error_body(
+                "BAD_REQUEST",
+                &format!("Invalid JSON body: {e}"),
+            ));
+        }
+    };
+    let queries: Vec<&str> = match &batch {
+        juniper::http::GraphQLBatchRequest::Single(r) => vec![r.query.as_str()],
+        juniper::http::GraphQLBatchRequest::Batch(rs) => {
+            rs.iter().map(|r| r.query.as_str()).collect()
+        }
+    };
+    for q in queries {
+        if let Err((code, message)) = check_limits(q) {
+            return Ok(error_body(code, &message));
+        }
+    }
+    let ctx = GqlContext {
+        chat: state.chat.clone(),
+        policy: state.policy.clone(),
+        pool: state.pool.clone(),
+        user: user.as_ref().map(Actor::from),
+        username: user.map(|u| u.username),
+    };
+    let response = batch.execute(&schema, &ctx).await;
+    Ok(HttpResponse::Ok().json(response))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_catch_deep_and_wide_queries() {
+        assert!(check_limits("query { currentUser { id } }").is_ok());
+        let deep = format!("query {}{}", "{ a ".repeat(20), "}".repeat(20));
+        assert_eq!(check_limits(&deep).unwrap_err().0, "QUERY_TOO_DEEP");
+        let wide = format!("query {{ {} }}", "f ".repeat(300));
+        assert_eq!(check_limits(&wide).unwrap_err().0, "QUERY_TOO_COMPLEX");
+        // Braces inside strings do not count.
+        assert!(check_limits(&format!("query {{ a(x: \"{}\") }}", "{".repeat(50))).is_ok());
+    }
+
+    #[tokio::test]
+    async fn schema_uses_gitlab_type_names() {
+        let schema = schema();
+        for name in [
+            "AiActionInput",
+            "AiChatInput",
+            "AiModelID",
+            "AiConversationThreadID",
+            "AiCurrentFileInput",
+            "AiAdditionalContextInput",
+            "AiConversationsThreadsConversationType",
+            "AiMessageRole",
+            "ProjectID",
+        ] {
+            let query = format!("{{ __type(name: \"{name}\") {{ name }} }}");
+            let vars = juniper::Variables::new();
+            let ctx = test_context();
+            let (value, errors) = juniper::execute(&query, None, &schema, &vars, &ctx)
+                .await
+                .unwrap();
+            assert!(errors.is_empty());
+            assert!(
+                value.to_string().contains(name),
+                "{name} missing from schema"
+            );
+        }
+    }
+
+    fn test_context() -> GqlContext {
+        let pool = crate::db::pool_for_url("postgres://nobody@127.0.0.1:1/none", 1).unwrap();
+        let policy = Policy::new(Arc::new(
+            crate::add_ons::AddOnCatalogue::built_in().unwrap(),
+        ));
+        GqlContext {
+            chat: Arc::new(ChatService {
+                pool: pool.clone(),
+                policy: policy.clone(),
+                queue: Arc::new(chat::NotYetAvailable {
+                    pool: pool.clone(),
+                    docs_base_url: String::new(),
+                }),
+                rate_limit: 1,
+                rate_window: std::time::Duration::from_secs(1),
+                docs_base_url: String::new(),
+            }),
+            policy,
+            pool,
+            user: None,
+            username: None,
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! RS256 tokens the monolith signs for the AI gateway (Cloud Connector style), the
+//! signing keys, their rotation, and the published JWKS.
+//!
+//! Keys live as PKCS#8 PEM files named `<kid>.pem` in the key directory; the kid
+//! starts with the creation time, so the newest key signs. Rotation adds a key and
+//! keeps older ones published until every token they signed has expired.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use rsa::RsaPrivateKey;
+use rsa::pkcs8::{DecodePrivateKey, EncodePrivateKey, LineEnding};
+use rsa::traits::PublicKeyParts;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// How long a gateway token is valid.
+pub const TOKEN_LIFETIME: Duration = Duration::from_secs(3600);
+const KEY_BITS: usize = 2048;
+
+#[derive(Debug, thiserror::Error)]
+pub enum JwtError {
+    #[error("key storage: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("key material: {0}")]
+    Key(String),
+    #[error("signing failed: {0}")]
+    Sign(#[from] jsonwebtoken::errors::Error),
+    #[error("no signing key")]
+    NoKey,
+}
+
+#[derive(Clone)]
+struct SigningKey {
+    kid: String,
+    created_at: u64,
+    private: RsaPrivateKey,
+    encoding: EncodingKey,
+}
+
+#[derive(Clone)]
+pub struct KeyRing {
+    dir: PathBuf,
+    /// Oldest first; the last one signs.
+    keys: Vec<SigningKey>,
+}
+
+/// Claims of a gateway token.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GatewayClaims {
+    pub iss: String,
+    pub sub: String,
+    pub aud: String,
+    pub iat: u64,
+    pub nbf: u64,
+    pub exp: u64,
+    pub jti: String,
+    pub gitlab_realm: String,
+    pub gitlab_instance_id: String,
+    pub scopes: Vec<String>,
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl KeyRing {
+    /// Loads every key of `dir`, creating the directory and a first key if empty.
+    pub fn load_or_create(dir: &Path) -> Result<Self, JwtError> {
+        std::fs::create_dir_all(dir)?;
+        let mut ring = KeyRing {
+            dir: dir.to_path_buf(),
+            keys: Vec::new(),
+        };
+        let mut names: Vec<String> = std::fs::read_dir(dir)?
+            .filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+            .filter(|n| n.ends_with(".pem"))
+            .collect();
+        names.sort();
+        for name in names {
+            let pem = std::fs::read_to_string(dir.join(&name))?;
+            let kid = name.trim_end_matches(".pem").to_owned();
+            ring.keys.push(Self::key_from_pem(&kid, &pem)?);
+        }
+        if ring.keys.is_empty() {
+            ring.rotate()?;
+        }
+        Ok(ring)
+    }
+
+    fn key_from_pem(kid: &str, pem: &str) -> Result<SigningKey, JwtError> {
+        let private =
+            RsaPrivateKey::from_pkcs8_pem(pem).map_err(|e| JwtError::Key(format!("{kid}: {e}")))?;
+        let encoding = EncodingKey::from_rsa_pem(pem.as_bytes())?;
+        let created_at = kid
+            .split('-')
+            .next()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        Ok(SigningKey {
+            kid: kid.to_owned(),
+            created_at,
+            private,
+            encoding,
+        })
+    }
+
+    /// Adds a new signing key and drops keys no live token can refer to any more.
+    pub fn rotate(&mut self) -> Result<String, JwtError> {
+        let mut rng = rsa::rand_core::OsRng;
+        let private =
+            RsaPrivateKey::new(&mut rng, KEY_BITS).map_err(|e| JwtError::Key(e.to_string()))?;
+        let pem = private
+            .to_pkcs8_pem(LineEnding::LF)
+            .map_err(|e| JwtError::Key(e.to_string()))?;
+        let created_at = now_secs();
+        // Zero-padded so that names sort by creation time.
+        let kid = format!(
+            "{created_at:012}-{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        );
+        let path = self.dir.join(format!("{kid}.pem"));
+        write_private(&path, pem.as_bytes())?;
+        let key = Self::key_from_pem(&kid, &pem)?;
+        self.keys.push(key);
+        self.prune()?;
+        Ok(kid)
+    }
+
+    /// A retired key stays published for one token lifetime after its successor
+    /// started signing.
+    fn prune(&mut self) -> Result<(), JwtError> {
+        let now = now_secs();
+        let mut keep = Vec::new();
+        for (i, key) in self.keys.iter().enumerate() {
+            let successor_since = self.keys.get(i + 1).map(|k| k.created_at);
+            let expired = successor_since.is_some_and(|t| t + TOKEN_LIFETIME.as_secs() < now);
+            if expired {
+                let _ = std::fs::remove_file(self.dir.join(format!("{}.pem", key.kid)));
+            } else {
+                keep.push(key.clone());
+            }
+        }
+        self.keys = keep;
+        Ok(())
+    }
+
+    pub fn active_kid(&self) -> Option<&str> {
+        self.keys.last().map(|k| k.kid.as_str())
+    }
+
+    pub fn sign(&self, claims: &GatewayClaims) -> Result<String, JwtError> {
+        let key = self.keys.last().ok_or(JwtError::NoKey)?;
+        let mut header = Header::new(Algorithm::RS256);
+        header.kid = Some(key.kid.clone());
+        Ok(jsonwebtoken::encode(&header, claims, &key.encoding)?)
+    }
+
+    /// The JSON Web Key Set of every published key.
+    pub fn jwks(&self) -> Value {
+        let keys: Vec<Value> = self
+            .keys
+            .iter()
+            .map(|k| {
+                let public = k.private.to_public_key();
+                json!({
+                    "kty": "RSA",
+                    "kid": k.kid,
+                    "use": "sig",
+                    "alg": "RS256",
+                    "n": URL_SAFE_NO_PAD.encode(public.n().to_bytes_be()),
+                    "e": URL_SAFE_NO_PAD.encode(public.e().to_bytes_be()),
+                })
+            })
+            .collect();
+        json!({ "keys": keys })
+    }
+}
+
+#[cfg(unix)]
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(bytes)
+}
+
+#[cfg(not(unix))]
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    std::fs::write(path, bytes)
+}
+
+/// What a gateway token says about a user.
+pub struct TokenSubject<'a> {
+    pub user_id: i64,
+    pub scopes: Vec<String>,
+    pub realm: &'a str,
+    pub instance_id: &'a str,
+    pub issuer: &'a str,
+    pub audience: &'a str,
+}
+
+pub fn claims_for(subject: TokenSubject<'_>) -> GatewayClaims {
+    let now = now_secs();
+    GatewayClaims {
+        iss: subject.issuer.trim_end_matches('/').to_owned(),
+        // Global user id: stable per instance and user, reveals nothing else.
+        sub: stable_uuid(&format!("{}:{}", subject.instance_id, subject.user_id)).to_string(),
+        aud: subject.audience.to_owned(),
+        iat: now,
+        nbf: now.saturating_sub(5),
+        exp: now + TOKEN_LIFETIME.as_secs(),
+        jti: uuid::Uuid::new_v4().to_string(),
+        gitlab_realm: subject.realm.to_owned(),
+        gitlab_instance_id: subject.instance_id.to_owned(),
+        scopes: subject.scopes,
+    }
+}
+
+/// `/.well-known/openid-configuration` for this instance.
+pub fn openid_configuration(issuer: &str) -> Value {
+    let issuer = issuer.trim_end_matches('/');
+    json!({
+        "issuer": issuer,
+        "jwks_uri": format!("{issuer}/oauth/discovery/keys"),
+        "id_token_signing_alg_values_supported": ["RS256"],
+        "response_types_supported": ["id_token"],
+        "subject_types_supported": ["public"],
+    })
+}
+
+/// A UUID derived from `text` (SHA-256, first 16 bytes): stable, and reveals nothing.
+pub fn stable_uuid(text: &str) -> uuid::Uuid {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(text.as_bytes());
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    uuid::Uuid::from_bytes(bytes)
+}

@@ -1,0 +1,355 @@
+//! The chat GraphQL API over real HTTP: GitLab's operation shapes, thread rules,
+//! `/clear` and `/reset`, rate limiting, resource checks and error codes.
+// Helpers outside #[test] functions panic on failure too, like the tests.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use monolith::policy::{Actor, Realm, access};
+use serde_json::{Value, json};
+use support::{Fx, Server};
+
+struct Client {
+    http: reqwest::Client,
+    url: String,
+    token: String,
+}
+
+impl Client {
+    async fn gql(&self, query: &str, variables: Value) -> Value {
+        let res = self
+            .http
+            .post(&self.url)
+            .bearer_auth(&self.token)
+            .json(&json!({ "query": query, "variables": variables }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+        res.json().await.unwrap()
+    }
+}
+
+// GitLab's web client's chat mutation, with its variable types.
+const CHAT_MUTATION: &str = "mutation chat($question: String!, $resourceId: AiModelID, $clientSubscriptionId: String, $projectId: ProjectID, $threadId: AiConversationThreadID, $currentFile: AiCurrentFileInput) {
+  aiAction(input: {chat: {resourceId: $resourceId, content: $question, currentFile: $currentFile}, clientSubscriptionId: $clientSubscriptionId, projectId: $projectId, threadId: $threadId}) {
+    requestId
+    errors
+    threadId
+  }
+}";
+
+const NEW_THREAD_MUTATION: &str = "mutation chat($question: String!) {
+  aiAction(input: {chat: {content: $question}, conversationType: DUO_CHAT}) { requestId errors threadId }
+}";
+
+const MESSAGES_QUERY: &str = "query getAiMessages($threadId: AiConversationThreadID!) {
+  aiMessages(threadId: $threadId) {
+    nodes { id requestId content contentHtml errors errorCode role timestamp extras { sources hasFeedback } }
+  }
+}";
+
+async fn world() -> (Fx, Server, Actor, Client) {
+    let fx = Fx::new().await;
+    fx.instance(Realm::SelfManaged, "ultimate", true).await;
+    let user = fx.user("alice").await;
+    fx.seat(user, "duo_pro", false).await;
+    let token = fx.token(user, &["api"]).await;
+    let server = Server::start(&fx).await;
+    let client = Client {
+        http: reqwest::Client::new(),
+        url: server.url("/api/graphql"),
+        token,
+    };
+    (fx, server, user, client)
+}
+
+#[tokio::test]
+async fn chat_question_is_stored_and_answered_with_a_coded_error() {
+    let (_fx, _server, user, client) = world().await;
+    let res = client
+        .gql(CHAT_MUTATION, json!({ "question": "What is **Duo**?", "resourceId": format!("gid://gitlab/User/{}", user.id) }))
+        .await;
+    let payload = &res["data"]["aiAction"];
+    assert_eq!(payload["errors"], json!([]), "{res}");
+    let request_id = payload["requestId"].as_str().unwrap().to_string();
+    let thread_id = payload["threadId"].as_str().unwrap().to_string();
+    assert!(thread_id.starts_with("gid://gitlab/Ai::Conversation::Thread/"));
+
+    let res = client
+        .gql(MESSAGES_QUERY, json!({ "threadId": thread_id }))
+        .await;
+    let nodes = res["data"]["aiMessages"]["nodes"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(nodes.len(), 2, "{res}");
+    assert_eq!(nodes[0]["role"], "USER");
+    assert_eq!(nodes[0]["content"], "What is **Duo**?");
+    assert_eq!(
+        nodes[0]["contentHtml"],
+        "<p>What is <strong>Duo</strong>?</p>\n"
+    );
+    assert_eq!(nodes[0]["requestId"], request_id);
+    assert_eq!(nodes[1]["role"], "ASSISTANT");
+    assert_eq!(nodes[1]["requestId"], request_id);
+    assert_eq!(nodes[1]["errorCode"], "A9999");
+    assert_eq!(nodes[1]["contentHtml"], Value::Null);
+    let error = nodes[1]["errors"][0].as_str().unwrap();
+    assert!(
+        error.contains("not yet available") && error.contains("Error code: [A9999]"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn threads_clear_and_reset_follow_gitlab() {
+    let (fx, _server, _user, client) = world().await;
+    let first = client
+        .gql(CHAT_MUTATION, json!({ "question": "one" }))
+        .await;
+    let legacy = first["data"]["aiAction"]["threadId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // No thread and no type: the same legacy thread again.
+    let second = client
+        .gql(CHAT_MUTATION, json!({ "question": "two" }))
+        .await;
+    assert_eq!(second["data"]["aiAction"]["threadId"], legacy.as_str());
+    // A conversation type alone starts a new thread.
+    let fresh = client
+        .gql(NEW_THREAD_MUTATION, json!({ "question": "three" }))
+        .await;
+    let fresh_id = fresh["data"]["aiAction"]["threadId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_ne!(fresh_id, legacy);
+
+    let before = count_messages(&fx).await;
+    // /reset is stored but nothing is answered.
+    let reset = client
+        .gql(
+            CHAT_MUTATION,
+            json!({ "question": "/reset", "threadId": legacy }),
+        )
+        .await;
+    assert_eq!(reset["data"]["aiAction"]["threadId"], legacy.as_str());
+    assert_eq!(count_messages(&fx).await, before + 1);
+    // /clear stores nothing and moves to a new thread.
+    let clear = client
+        .gql(
+            CHAT_MUTATION,
+            json!({ "question": "/clear", "threadId": legacy }),
+        )
+        .await;
+    let cleared = clear["data"]["aiAction"]["threadId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_ne!(cleared, legacy);
+    assert_eq!(count_messages(&fx).await, before + 1);
+
+    let threads = client
+        .gql("{ aiConversationThreads { nodes { id lastUpdatedAt createdAt conversationType title } pageInfo { endCursor hasNextPage } } }", json!({}))
+        .await;
+    let nodes = threads["data"]["aiConversationThreads"]["nodes"]
+        .as_array()
+        .unwrap();
+    assert_eq!(nodes.len(), 3, "{threads}");
+    assert!(
+        nodes
+            .iter()
+            .any(|t| t["conversationType"] == "DUO_CHAT" && t["title"] == "three")
+    );
+
+    // Someone else's or a made-up thread is not found.
+    let bad = client
+        .gql(
+            CHAT_MUTATION,
+            json!({ "question": "x", "threadId": "gid://gitlab/Ai::Conversation::Thread/999999" }),
+        )
+        .await;
+    assert_eq!(
+        bad["errors"][0]["extensions"]["code"], "THREAD_NOT_FOUND",
+        "{bad}"
+    );
+    assert_eq!(
+        bad["errors"][0]["message"],
+        "Thread not found. It may have expired."
+    );
+}
+
+async fn count_messages(fx: &Fx) -> i64 {
+    let db = fx.pool.get().await.unwrap();
+    db.query_one("SELECT count(*) FROM ai_conversation_messages", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn refusals_carry_codes() {
+    let fx = Fx::new().await;
+    fx.instance(Realm::SelfManaged, "ultimate", true).await;
+    let no_seat = fx.user("noseat").await;
+    let seated = fx.user("seated").await;
+    fx.seat(seated, "duo_pro", false).await;
+    let group = fx.group(None, "g", "private", "ultimate").await;
+    let project = fx.project(group, "p", "private").await;
+    let outsider_issue = fx.issue(project, no_seat, true).await;
+    fx.group_member(group, no_seat, access::GUEST).await;
+    let server = Server::start(&fx).await;
+    let http = reqwest::Client::new();
+    let client = Client {
+        http: http.clone(),
+        url: server.url("/api/graphql"),
+        token: fx.token(no_seat, &["api"]).await,
+    };
+    let seated_client = Client {
+        http,
+        url: server.url("/api/graphql"),
+        token: fx.token(seated, &["ai_features"]).await,
+    };
+
+    let res = client.gql(CHAT_MUTATION, json!({ "question": "hi" })).await;
+    let errors = res["data"]["aiAction"]["errors"].as_array().unwrap();
+    assert!(
+        errors[0].as_str().unwrap().contains("Error code: [M3004]"),
+        "{res}"
+    );
+
+    // A confidential issue the user cannot read is answered as if it did not exist.
+    for resource in [
+        format!("gid://gitlab/Issue/{outsider_issue}"),
+        "gid://gitlab/Issue/999999".into(),
+        "gid://gitlab/Nope/1".into(),
+    ] {
+        let res = seated_client
+            .gql(
+                CHAT_MUTATION,
+                json!({ "question": "hi", "resourceId": resource }),
+            )
+            .await;
+        assert_eq!(
+            res["errors"][0]["extensions"]["code"], "RESOURCE_NOT_AVAILABLE",
+            "{res}"
+        );
+    }
+
+    let res = seated_client
+        .gql(CHAT_MUTATION, json!({ "question": "   " }))
+        .await;
+    assert_eq!(res["errors"][0]["extensions"]["code"], "ARGUMENT_ERROR");
+    let res = seated_client
+        .gql(
+            "mutation { aiAction(input: {clientSubscriptionId: \"x\"}) { errors } }",
+            json!({}),
+        )
+        .await;
+    assert_eq!(
+        res["errors"][0]["message"],
+        "Only one method argument is required"
+    );
+
+    let res = seated_client
+        .gql(
+            "{ currentUser { duoChatAvailable duoChatAvailableFeatures } }",
+            json!({}),
+        )
+        .await;
+    assert_eq!(res["data"]["currentUser"]["duoChatAvailable"], true);
+    assert!(
+        res["data"]["currentUser"]["duoChatAvailableFeatures"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("include_file_context"))
+    );
+    let res = client
+        .gql(
+            "{ currentUser { duoChatAvailable duoChatAvailableFeatures } }",
+            json!({}),
+        )
+        .await;
+    assert_eq!(res["data"]["currentUser"]["duoChatAvailable"], false);
+    assert_eq!(
+        res["data"]["currentUser"]["duoChatAvailableFeatures"],
+        json!([])
+    );
+
+    let deep = format!("query {}{}", "{ currentUser ".repeat(20), "}".repeat(20));
+    let res = client.gql(&deep, json!({})).await;
+    assert_eq!(res["errors"][0]["extensions"]["code"], "QUERY_TOO_DEEP");
+}
+
+#[tokio::test]
+async fn rate_limit_is_shared_through_the_database() {
+    let fx = Fx::new().await;
+    fx.instance(Realm::SelfManaged, "ultimate", true).await;
+    let user = fx.user("alice").await;
+    fx.seat(user, "duo_pro", false).await;
+    let token = fx.token(user, &["api"]).await;
+    let db = fx.pool.get().await.unwrap();
+    // 160 requests already made within the window (e.g. through another replica).
+    db.execute(
+        "INSERT INTO rate_limit_events (user_id, action) SELECT $1, 'ai_action' FROM generate_series(1, 159)",
+        &[&user.id],
+    )
+    .await
+    .unwrap();
+    let server = Server::start(&fx).await;
+    let client = Client {
+        http: reqwest::Client::new(),
+        url: server.url("/api/graphql"),
+        token,
+    };
+    let ok = client
+        .gql(CHAT_MUTATION, json!({ "question": "160th" }))
+        .await;
+    assert_eq!(ok["data"]["aiAction"]["errors"], json!([]), "{ok}");
+    let limited = client
+        .gql(CHAT_MUTATION, json!({ "question": "161st" }))
+        .await;
+    assert_eq!(
+        limited["errors"][0]["extensions"]["code"], "RATE_LIMITED",
+        "{limited}"
+    );
+    assert_eq!(
+        limited["errors"][0]["message"],
+        "This endpoint has been requested too many times. Try again later."
+    );
+}
+
+#[tokio::test]
+async fn idle_threads_are_deleted_by_retention() {
+    let (fx, _server, _user, client) = world().await;
+    let res = client
+        .gql(CHAT_MUTATION, json!({ "question": "old question" }))
+        .await;
+    assert_eq!(res["data"]["aiAction"]["errors"], json!([]));
+    let fresh = client
+        .gql(NEW_THREAD_MUTATION, json!({ "question": "new question" }))
+        .await;
+    let fresh_id = fresh["data"]["aiAction"]["threadId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let db = fx.pool.get().await.unwrap();
+    db.execute(
+        "UPDATE ai_conversation_threads SET last_updated_at = now() - interval '31 days' WHERE conversation_type = 1",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(monolith::chat::apply_retention(&fx.pool).await.unwrap(), 1);
+    let left: Vec<i64> = db
+        .query("SELECT id FROM ai_conversation_threads", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(left.len(), 1);
+    assert!(fresh_id.ends_with(&format!("/{}", left[0])));
+}

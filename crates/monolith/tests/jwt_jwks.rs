@@ -1,0 +1,159 @@
+//! Gateway JWTs verified the way the gateway does it: fetch the discovery document
+//! and the JWKS over HTTP, pick the key by `kid`, check signature, audience, issuer
+//! and expiry; also across a key rotation.
+// Helpers outside #[test] functions panic on failure too, like the tests.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use jsonwebtoken::{Algorithm, DecodingKey, Validation, decode, decode_header};
+use monolith::jwt::{GatewayClaims, KeyRing, TokenSubject, claims_for};
+use serde_json::Value;
+use support::{Fx, Server};
+
+async fn verify(server: &Server, token: &str) -> Result<GatewayClaims, String> {
+    verify_with_issuer(server, token, None).await
+}
+
+async fn verify_with_issuer(
+    server: &Server,
+    token: &str,
+    issuer: Option<&str>,
+) -> Result<GatewayClaims, String> {
+    let http = reqwest::Client::new();
+    let discovery: Value = http
+        .get(server.url("/.well-known/openid-configuration"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let jwks: Value = http
+        .get(discovery["jwks_uri"].as_str().unwrap())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let kid = decode_header(token)
+        .map_err(|e| e.to_string())?
+        .kid
+        .ok_or("no kid")?;
+    let jwk = jwks["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["kid"] == kid.as_str())
+        .ok_or_else(|| format!("kid {kid} not published"))?;
+    let key =
+        DecodingKey::from_rsa_components(jwk["n"].as_str().unwrap(), jwk["e"].as_str().unwrap())
+            .unwrap();
+    let mut validation = Validation::new(Algorithm::RS256);
+    validation.set_audience(&["gitlab-ai-gateway"]);
+    validation.set_issuer(&[issuer.unwrap_or(discovery["issuer"].as_str().unwrap())]);
+    decode::<GatewayClaims>(token, &key, &validation)
+        .map(|d| d.claims)
+        .map_err(|e| e.to_string())
+}
+
+fn subject(issuer: &str) -> TokenSubject<'_> {
+    TokenSubject {
+        user_id: 7,
+        scopes: vec!["duo_chat".into(), "documentation_search".into()],
+        realm: "self-managed",
+        instance_id: "instance-1",
+        issuer,
+        audience: "gitlab-ai-gateway",
+    }
+}
+
+#[tokio::test]
+async fn tokens_verify_against_the_served_jwks_across_rotation() {
+    let fx = Fx::new().await;
+    let server = Server::start(&fx).await;
+    let dir = std::env::temp_dir().join(format!("duo-jwt-test-{}", uuid::Uuid::new_v4()));
+    // The server reads the shared test key directory; sign with the same ring.
+    let mut ring = KeyRing::load_or_create(std::path::Path::new(&support::test_key_dir())).unwrap();
+    let issuer = server.base.clone() + "/";
+    let old = ring.sign(&claims_for(subject(&issuer))).unwrap();
+    let claims = verify(&server, &old).await.unwrap();
+    assert_eq!(claims.scopes, vec!["duo_chat", "documentation_search"]);
+    assert_eq!(claims.gitlab_realm, "self-managed");
+    assert_eq!(claims.aud, "gitlab-ai-gateway");
+    assert!(claims.exp > claims.iat && claims.exp - claims.iat <= 3600);
+
+    // A token from an unrelated key is refused.
+    let stranger = KeyRing::load_or_create(&dir).unwrap();
+    let forged = stranger.sign(&claims_for(subject(&issuer))).unwrap();
+    assert!(verify(&server, &forged).await.is_err());
+
+    // Rotation: a new key signs, the old one stays published, so both verify once the
+    // server has reloaded its ring.
+    let old_kid = ring.active_kid().unwrap().to_string();
+    let new_kid = ring.rotate().unwrap();
+    assert_ne!(old_kid, new_kid);
+    let served = Server::start(&fx).await;
+    let new = ring
+        .sign(&claims_for(subject(&(served.base.clone() + "/"))))
+        .unwrap();
+    assert!(verify(&served, &new).await.is_ok());
+    // The token signed before the rotation still verifies against the new JWKS.
+    assert!(
+        verify_with_issuer(&served, &old, Some(&server.base))
+            .await
+            .is_ok()
+    );
+    let jwks: Value = reqwest::get(served.url("/oauth/discovery/keys"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let kids: Vec<&str> = jwks["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|k| k["kid"].as_str())
+        .collect();
+    assert!(
+        kids.contains(&old_kid.as_str()) && kids.contains(&new_kid.as_str()),
+        "{kids:?}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn user_tokens_carry_the_seats_unit_primitives() {
+    let fx = Fx::new().await;
+    let pro = fx.user("pro").await;
+    fx.seat(pro, "duo_pro", false).await;
+    let nobody = fx.user("nobody").await;
+    let server = Server::start(&fx).await;
+    let url = fx.db.url().to_string();
+    let config = monolith::config::Config::from_lookup(|k| match k {
+        "DATABASE_URL" => Some(url.clone()),
+        "DUO_EXTERNAL_URL" => Some(server.base.clone()),
+        "DUO_SIGNING_KEY_DIR" => Some(support::test_key_dir()),
+        _ => None,
+    })
+    .unwrap();
+    let state = monolith::web::AppState::new(
+        fx.pool.clone(),
+        config,
+        monolith::add_ons::AddOnCatalogue::built_in().unwrap(),
+    )
+    .unwrap();
+    let token = state.gateway_token(pro.id).await.unwrap();
+    let claims = verify(&server, &token).await.unwrap();
+    assert!(claims.scopes.contains(&"duo_chat".to_string()));
+    assert!(!claims.scopes.contains(&"ask_issue".to_string()));
+    assert_eq!(claims.gitlab_realm, "self-managed");
+    assert_eq!(claims.gitlab_instance_id, state.config.instance_id);
+    let empty = verify(&server, &state.gateway_token(nobody.id).await.unwrap())
+        .await
+        .unwrap();
+    assert!(empty.scopes.is_empty());
+    assert_ne!(claims.sub, empty.sub);
+}
