@@ -187,7 +187,7 @@ async fn embeddings_rate(
     model: &str,
 ) -> anyhow::Result<(f64, u64)> {
     // About 62 word pieces plus [CLS]/[SEP]: a 64-token chunk.
-    let chunk = "fn parse_config(path: &Path) -> Result<Config> reads the file, validates every field and returns defaults for missing keys so callers never see partial state";
+    let chunk = "fn parse_config(path: &Path) -> Result<Config> reads the file, validates every field and returns defaults for missing keys so callers never see partial state, then logs one warning per unknown key found in the configuration file during startup";
     let inputs: Vec<String> = (0..EMBED_BATCH).map(|i| format!("{i} {chunk}")).collect();
     let body = json!({ "model": model, "input": inputs });
     let warm: Value = client
