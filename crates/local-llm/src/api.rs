@@ -1,0 +1,115 @@
+//! Wire shapes: OpenAI chat/embeddings/models and Vertex text-embedding predict.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::ApiError;
+
+#[derive(Debug, Deserialize)]
+pub struct ChatCompletionRequest {
+    pub model: String,
+    pub messages: Vec<WireMessage>,
+    #[serde(default)]
+    pub stream: bool,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub max_tokens: Option<u32>,
+    pub max_completion_tokens: Option<u32>,
+    pub stop: Option<StopField>,
+    pub seed: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct WireMessage {
+    pub role: String,
+    /// A string, an array of `{"type":"text","text":...}` parts, or null.
+    #[serde(default)]
+    pub content: Value,
+}
+
+impl WireMessage {
+    pub fn text(&self) -> Result<String, ApiError> {
+        match &self.content {
+            Value::Null => Ok(String::new()),
+            Value::String(text) => Ok(text.clone()),
+            Value::Array(parts) => {
+                let mut text = String::new();
+                for part in parts {
+                    match (
+                        part.get("type").and_then(Value::as_str),
+                        part.get("text").and_then(Value::as_str),
+                    ) {
+                        (Some("text"), Some(t)) => text.push_str(t),
+                        _ => {
+                            return Err(ApiError::Unprocessable(
+                                "only text content parts are supported".to_owned(),
+                            ));
+                        }
+                    }
+                }
+                Ok(text)
+            }
+            _ => Err(ApiError::Unprocessable(
+                "message content must be a string or an array of text parts".to_owned(),
+            )),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopField {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            Self::One(s) => vec![s],
+            Self::Many(v) => v,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct EmbeddingsRequest {
+    pub model: String,
+    pub input: EmbeddingInput,
+    pub encoding_format: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum EmbeddingInput {
+    One(String),
+    Many(Vec<String>),
+    Tokens(Value),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct VertexPredictRequest {
+    pub instances: Vec<VertexInstance>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct VertexInstance {
+    pub content: String,
+}
+
+/// Parses a JSON body: broken JSON is a 400, JSON of the wrong shape a 422.
+pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| match e.classify() {
+        serde_json::error::Category::Data => {
+            ApiError::Unprocessable(format!("request body does not match the schema: {e}"))
+        }
+        _ => ApiError::BadRequest(format!("request body is not valid JSON: {e}")),
+    })
+}

@@ -1,0 +1,112 @@
+//! Runtime configuration, read from the environment.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+pub const DEFAULT_ADDR: &str = "127.0.0.1:5053";
+pub const DEFAULT_CHAT_MODEL_ID: &str = "smollm2-135m-instruct";
+pub const DEFAULT_EMBED_MODEL_ID: &str = "all-minilm-l6-v2";
+pub const CHAT_GGUF_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+pub const EMBED_DIR: &str = "all-MiniLM-L6-v2";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{name} is not valid: {reason}")]
+    Invalid { name: &'static str, reason: String },
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub addr: SocketAddr,
+    pub models_dir: PathBuf,
+    /// GGUF file of a llama-family chat model.
+    pub chat_model_path: PathBuf,
+    pub chat_model_id: String,
+    /// Directory with `config.json`, `tokenizer.json`, `model.safetensors` of a BERT-family model.
+    pub embed_model_dir: PathBuf,
+    pub embed_model_id: String,
+    pub threads: i32,
+    /// Context window for one generation (prompt plus output), in tokens.
+    pub context_tokens: u32,
+    /// Requests waiting for the generator beyond the one running.
+    pub queue_capacity: usize,
+    /// Longest accepted request body, in bytes.
+    pub max_body_bytes: usize,
+    /// Most inputs in one embeddings request.
+    pub max_embedding_inputs: usize,
+}
+
+impl Config {
+    /// Defaults for a models directory; used by tests and as the base for `from_env`.
+    pub fn with_models_dir(models_dir: PathBuf) -> Self {
+        Self {
+            addr: SocketAddr::from(([127, 0, 0, 1], 5053)),
+            chat_model_path: models_dir.join(CHAT_GGUF_FILE),
+            chat_model_id: DEFAULT_CHAT_MODEL_ID.to_owned(),
+            embed_model_dir: models_dir.join(EMBED_DIR),
+            embed_model_id: DEFAULT_EMBED_MODEL_ID.to_owned(),
+            models_dir,
+            threads: 2,
+            context_tokens: 2048,
+            queue_capacity: 16,
+            max_body_bytes: 1024 * 1024,
+            max_embedding_inputs: 256,
+        }
+    }
+
+    pub fn from_env() -> Result<Self, ConfigError> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        let models_dir = var("DUO_MODELS_DIR").map_or_else(default_models_dir, PathBuf::from);
+        let mut config = Self::with_models_dir(models_dir);
+        if let Some(addr) = var("DUO_LOCAL_LLM_ADDR") {
+            config.addr = addr.parse().map_err(|e| ConfigError::Invalid {
+                name: "DUO_LOCAL_LLM_ADDR",
+                reason: format!("{e}"),
+            })?;
+        }
+        if let Some(path) = var("DUO_LOCAL_LLM_CHAT_MODEL") {
+            config.chat_model_path = PathBuf::from(path);
+        }
+        if let Some(id) = var("DUO_LOCAL_LLM_CHAT_MODEL_ID") {
+            config.chat_model_id = id;
+        }
+        if let Some(dir) = var("DUO_LOCAL_LLM_EMBED_MODEL") {
+            config.embed_model_dir = PathBuf::from(dir);
+        }
+        if let Some(id) = var("DUO_LOCAL_LLM_EMBED_MODEL_ID") {
+            config.embed_model_id = id;
+        }
+        if let Some(threads) = var("DUO_LOCAL_LLM_THREADS") {
+            config.threads = parse_positive("DUO_LOCAL_LLM_THREADS", &threads)?;
+        } else {
+            config.threads = std::thread::available_parallelism()
+                .map(|n| i32::try_from(n.get()).unwrap_or(2))
+                .unwrap_or(2);
+        }
+        if let Some(n) = var("DUO_LOCAL_LLM_QUEUE") {
+            config.queue_capacity = parse_positive("DUO_LOCAL_LLM_QUEUE", &n)?;
+        }
+        if let Some(n) = var("DUO_LOCAL_LLM_CONTEXT") {
+            config.context_tokens = parse_positive("DUO_LOCAL_LLM_CONTEXT", &n)?;
+        }
+        Ok(config)
+    }
+}
+
+fn parse_positive<T: std::str::FromStr + PartialOrd + Default>(
+    name: &'static str,
+    value: &str,
+) -> Result<T, ConfigError> {
+    match value.trim().parse::<T>() {
+        Ok(n) if n > T::default() => Ok(n),
+        _ => Err(ConfigError::Invalid {
+            name,
+            reason: format!("expected a positive number, got {value:?}"),
+        }),
+    }
+}
+
+/// `.models/` at the repository root (this crate lives in `crates/local-llm`).
+pub fn default_models_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.models")
+}

