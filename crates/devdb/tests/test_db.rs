@@ -1,5 +1,11 @@
 //! Against the real private cluster (or DATABASE_URL).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failed fixture fails the test"
+)]
+
 use devdb::{TestDb, cluster_url};
 
 const SQL: &str = "CREATE TABLE widgets (id bigint PRIMARY KEY, name text NOT NULL);

@@ -5,17 +5,18 @@
 //! [`AppState::build`], and its `configure` call in `api::configure`.
 
 use crate::api;
-use crate::auth::GatewayUser;
+use crate::auth::Authenticator;
+use crate::auth::jwks::KeyStoreError;
+use crate::auth::middleware::authenticate_request;
 use crate::config::{Config, ConfigError};
 use crate::error::ApiError;
 use crate::observability::readiness::Readiness;
 use crate::observability::{Metrics, request_telemetry};
 use crate::prompts::{PromptLoadError, PromptRegistry};
-use crate::providers::{ChatModel, ModelCall, ProviderError, TextStream};
-use actix_web::body::MessageBody;
-use actix_web::dev::{Server, ServiceRequest, ServiceResponse};
-use actix_web::middleware::{Next, from_fn};
-use actix_web::{App, Error, HttpMessage, HttpServer, web};
+use crate::providers::{ChatModel, ModelRouter, ProviderError};
+use actix_web::dev::Server;
+use actix_web::middleware::from_fn;
+use actix_web::{App, HttpServer, web};
 use std::net::TcpListener;
 use std::sync::Arc;
 
@@ -24,10 +25,10 @@ use std::sync::Arc;
 pub struct AppState {
     pub config: Arc<Config>,
     /// Every model call goes through this.
-    // MERGE(gw-providers): `Arc::new(providers::ModelRouter::from_config(&config.providers)?)`.
     pub model: Arc<dyn ChatModel>,
     pub prompts: Arc<PromptRegistry>,
-    // MERGE(gw-auth): `pub authenticator: Arc<crate::auth::Authenticator>,` built from `config.auth`.
+    /// Turns request headers into a [`crate::auth::GatewayUser`].
+    pub authenticator: Arc<Authenticator>,
     pub metrics: Metrics,
     /// One connection pool for proxies and readiness probes.
     pub http: reqwest::Client,
@@ -53,6 +54,10 @@ pub enum AppError {
     },
     #[error(transparent)]
     Prompts(#[from] PromptLoadError),
+    #[error("authentication keys: {0}")]
+    Keys(#[from] KeyStoreError),
+    #[error("model providers: {0}")]
+    Providers(#[from] ProviderError),
     #[error("server error: {0}")]
     Server(#[from] std::io::Error),
 }
@@ -65,10 +70,13 @@ impl AppState {
             .pool_max_idle_per_host(256)
             .build()?;
         let prompts = Arc::new(PromptRegistry::load(&config.prompts.dir)?);
+        let authenticator = Arc::new(Authenticator::from_config(&config.auth)?);
+        let model: Arc<dyn ChatModel> = Arc::new(ModelRouter::new(&config.providers)?);
         Ok(Self {
             prompts,
+            authenticator,
             readiness: Arc::new(Readiness::from_config(&config.providers)),
-            model: Arc::new(UnwiredModel),
+            model,
             config: Arc::new(config),
             metrics: Metrics::global(),
             http,
@@ -76,24 +84,13 @@ impl AppState {
     }
 }
 
-/// Stands in until the model router is merged: every call fails cleanly.
-struct UnwiredModel;
-
-#[async_trait::async_trait]
-impl ChatModel for UnwiredModel {
-    async fn stream(&self, _call: ModelCall) -> Result<TextStream, ProviderError> {
-        Err(ProviderError::NotConfigured(
-            "no model router in this build".into(),
-        ))
-    }
-}
-
 /// Registers app data, body rules, every route and the JSON 404.
 pub fn configure_app(cfg: &mut web::ServiceConfig, state: &AppState) {
     let limit = state.config.max_body_bytes;
     cfg.app_data(web::Data::new(state.clone()))
-        .app_data(web::Data::new(state.prompts.clone()))
-        .app_data(web::Data::new(state.model.clone()))
+        .app_data(web::Data::from(state.prompts.clone()))
+        .app_data(web::Data::from(state.model.clone()))
+        .app_data(web::Data::from(state.authenticator.clone()))
         .app_data(web::Data::new((*state.config).clone()))
         .app_data(
             web::JsonConfig::default()
@@ -119,35 +116,11 @@ async fn not_found() -> Result<actix_web::HttpResponse, ApiError> {
     Err(ApiError::NotFound("Not Found".into()))
 }
 
-/// Puts the caller's identity in request extensions.
-///
-/// MERGE(gw-auth): replace with the `auth::Authenticator` middleware. Until
-/// then only the development bypass is honoured, so every other request to an
-/// authenticated route is refused with 401.
-async fn interim_identity(
-    req: ServiceRequest,
-    next: Next<impl MessageBody>,
-) -> Result<ServiceResponse<impl MessageBody>, Error> {
-    let bypass = req.app_data::<web::Data<AppState>>().is_some_and(|state| {
-        let auth = &state.config.auth;
-        auth.bypass_external
-            || (auth.bypass_external_with_header
-                && req
-                    .headers()
-                    .get(contracts::headers::BYPASS_AUTH)
-                    .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true")))
-    });
-    if bypass {
-        req.extensions_mut().insert(GatewayUser::debug());
-    }
-    next.call(req).await
-}
-
 /// The HTTP server on an already bound listener (port 0 in tests and the bench).
 pub fn build_server(state: AppState, listener: TcpListener) -> Result<Server, AppError> {
     let server = HttpServer::new(move || {
         App::new()
-            .wrap(from_fn(interim_identity))
+            .wrap(from_fn(authenticate_request))
             .wrap(from_fn(request_telemetry))
             .configure(|cfg| configure_app(cfg, &state))
     })

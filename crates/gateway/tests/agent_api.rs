@@ -1,6 +1,12 @@
 //! `POST /v2/chat/agent` through the HTTP handler: scopes, validation,
 //! tool filtering and the streamed events.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failed fixture fails the test"
+)]
+
 mod agent_common;
 
 use actix_web::dev::Service;
@@ -106,7 +112,11 @@ async fn scope_matrix() {
         {"role": "assistant", "content": "ok"},
         {"role": "user", "content": "now", "additional_context": [{"category": "file", "id": "f", "content": "y"}]}
     ]});
-    let scopes = ["duo_chat", "include_snippet_context", "include_file_context"];
+    let scopes = [
+        "duo_chat",
+        "include_snippet_context",
+        "include_file_context",
+    ];
     for mask in 0..8u8 {
         let granted: Vec<&str> = scopes
             .iter()
@@ -169,7 +179,11 @@ async fn final_answer_streams_live_deltas() {
 #[actix_web::test]
 async fn permitted_action_is_sent_once_at_the_end() {
     let reply = call(
-        model(&["Need it.\nAction: Issue", "Reader\nAction Input: ", "#7 status?"]),
+        model(&[
+            "Need it.\nAction: Issue",
+            "Reader\nAction Input: ",
+            "#7 status?",
+        ]),
         "duo_chat,ask_issue",
         question("#7 status?"),
         &[],
@@ -201,7 +215,9 @@ async fn action_for_a_tool_the_caller_lacks_is_refused() {
     let output = ["MR.\nAction: merge_request_reader\nAction Input: !3"];
     let scopes = "duo_chat,ask_merge_request";
     let reply = call(model(&output), scopes, question("!3?"), &[], &[]).await;
-    assert!(matches!(&reply.events()[..], [AgentEvent::Error { message, .. }] if message == "tool not available"));
+    assert!(
+        matches!(&reply.events()[..], [AgentEvent::Error { message, .. }] if message == "tool not available")
+    );
     let reply = call(
         model(&output),
         scopes,
@@ -210,22 +226,36 @@ async fn action_for_a_tool_the_caller_lacks_is_refused() {
         &[],
     )
     .await;
-    assert!(matches!(&reply.events()[..], [AgentEvent::Action { tool, .. }] if tool == "merge_request_reader"));
+    assert!(
+        matches!(&reply.events()[..], [AgentEvent::Action { tool, .. }] if tool == "merge_request_reader")
+    );
     // Flag-gated: commit_reader.
     let output = ["C.\nAction: commit_reader\nAction Input: abc"];
     let scopes = "duo_chat,ask_commit";
     let v = ("x-gitlab-version", "17.6.0");
     let reply = call(model(&output), scopes, question("abc?"), &[v], &[]).await;
     assert!(matches!(&reply.events()[..], [AgentEvent::Error { .. }]));
-    let flags = ("x-gitlab-enabled-feature-flags", "ai_commit_reader_for_chat");
+    let flags = (
+        "x-gitlab-enabled-feature-flags",
+        "ai_commit_reader_for_chat",
+    );
     let reply = call(model(&output), scopes, question("abc?"), &[v, flags], &[]).await;
-    assert!(matches!(&reply.events()[..], [AgentEvent::Action { tool, .. }] if tool == "commit_reader"));
+    assert!(
+        matches!(&reply.events()[..], [AgentEvent::Action { tool, .. }] if tool == "commit_reader")
+    );
 }
 
 #[actix_web::test]
 async fn prompt_lists_only_permitted_tools() {
     let scripted = model(&["Final Answer: ok"]);
-    call(scripted.clone(), "duo_chat,ask_epic", question("q"), &[], &[]).await;
+    call(
+        scripted.clone(),
+        "duo_chat,ask_epic",
+        question("q"),
+        &[],
+        &[],
+    )
+    .await;
     let system = scripted.calls()[0].system.clone().unwrap_or_default();
     assert!(system.contains("<name>epic_reader</name>"));
     assert!(!system.contains("<name>issue_reader</name>"));
@@ -233,7 +263,14 @@ async fn prompt_lists_only_permitted_tools() {
 
 #[actix_web::test]
 async fn unparsed_output_is_unknown() {
-    let reply = call(model(&["  just ", "chatting  "]), "duo_chat", question("q"), &[], &[]).await;
+    let reply = call(
+        model(&["  just ", "chatting  "]),
+        "duo_chat",
+        question("q"),
+        &[],
+        &[],
+    )
+    .await;
     assert_eq!(
         reply.events(),
         vec![AgentEvent::Unknown {
@@ -298,7 +335,8 @@ async fn mock_mode_answers_unknown_mock() {
 
 #[actix_web::test]
 async fn unprocessable_requests() {
-    let metadata = json!({"name": "mistral", "provider": "openai", "endpoint": "http://127.0.0.1:1/v1"});
+    let metadata =
+        json!({"name": "mistral", "provider": "openai", "endpoint": "http://127.0.0.1:1/v1"});
     let cases = [
         json!({"messages": "nope"}),
         json!({"messages": [{"role": "robot", "content": "q"}]}),

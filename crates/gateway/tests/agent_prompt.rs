@@ -1,5 +1,11 @@
 //! Snapshots of the rendered ReAct model call.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failed fixture fails the test"
+)]
+
 mod agent_common;
 
 use agent_common::{config, registry};
@@ -43,8 +49,17 @@ fn no_tools() {
     assert_eq!(call.params.temperature, Some(0.1));
     assert_eq!(call.params.timeout, Duration::from_secs(30));
     assert_eq!(call.params.max_tokens, 8192);
-    assert!(!call.system.as_deref().unwrap_or_default().contains("<tools_list>"));
-    assert_eq!(call.messages.last().map(|m| m.content.as_str()), Some("Thought:"));
+    assert!(
+        !call
+            .system
+            .as_deref()
+            .unwrap_or_default()
+            .contains("<tools_list>")
+    );
+    assert_eq!(
+        call.messages.last().map(|m| m.content.as_str()),
+        Some("Thought:")
+    );
     insta::assert_snapshot!(render(&call));
 }
 

@@ -82,8 +82,8 @@ impl TestGateway {
 
         let server = HttpServer::new(move || {
             App::new()
-                .app_data(web::Data::new(registry.clone()))
-                .app_data(web::Data::new(chat_model.clone()))
+                .app_data(web::Data::from(registry.clone()))
+                .app_data(web::Data::from(chat_model.clone()))
                 .app_data(web::Data::new(config.clone()))
                 .wrap_fn(|req, srv| {
                     let user = match req.headers().get("x-test-scopes") {

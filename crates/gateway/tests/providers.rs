@@ -1,6 +1,12 @@
 //! Model provider clients against the fake provider over loopback HTTP.
 
-use fake_provider::{FakeProvider, Failure, Scripted};
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failed fixture fails the test"
+)]
+
+use fake_provider::{Failure, FakeProvider, Scripted};
 use futures::StreamExt;
 use gateway::Config;
 use gateway::providers::{
@@ -156,7 +162,10 @@ async fn failure_modes_map_to_provider_errors() {
         kind: "invalid_request_error".into(),
         message: "bad".into(),
     });
-    match router.stream(call(ProviderKind::Anthropic, "fake-model")).await {
+    match router
+        .stream(call(ProviderKind::Anthropic, "fake-model"))
+        .await
+    {
         Err(ProviderError::Status { status, message }) => {
             assert_eq!(status, 400);
             assert!(message.contains("invalid_request_error"));
@@ -182,7 +191,9 @@ async fn retries_once_on_overload_then_succeeds() {
     fake.push_failure(Failure::Overloaded);
     fake.push_failure(Failure::Overloaded);
     assert!(matches!(
-        router.stream(call(ProviderKind::Anthropic, "fake-model")).await,
+        router
+            .stream(call(ProviderKind::Anthropic, "fake-model"))
+            .await,
         Err(ProviderError::Overloaded { .. })
     ));
     assert_eq!(fake.requests().len(), 2);
@@ -220,7 +231,10 @@ async fn connection_failure_is_a_connection_error() {
     let fake = FakeProvider::start().await.unwrap();
     let router = anthropic_router(&fake);
     fake.stop().await;
-    match router.stream(call(ProviderKind::Anthropic, "fake-model")).await {
+    match router
+        .stream(call(ProviderKind::Anthropic, "fake-model"))
+        .await
+    {
         Err(ProviderError::Connection(message)) => assert!(!message.contains(KEY)),
         other => panic!("expected a connection error, got {:?}", other.err()),
     }
@@ -257,11 +271,15 @@ async fn wait_clock_accumulates_model_time() {
     let fake = FakeProvider::start().await.unwrap();
     fake.set_slow_first_token_delay(Duration::from_millis(50));
     let router = anthropic_router(&fake);
-    let clock = ModelWaitClock::new();
+    let clock = ModelWaitClock::default();
     let mut c = call(ProviderKind::Anthropic, "fake-slow-first-token");
     c.wait_clock = Some(clock.clone());
     collect(&router, c).await.unwrap();
-    assert!(clock.total() >= Duration::from_millis(50), "{:?}", clock.total());
+    assert!(
+        clock.total() >= Duration::from_millis(50),
+        "{:?}",
+        clock.total()
+    );
 }
 
 #[tokio::test]

@@ -28,7 +28,10 @@ pub(crate) async fn listen(
             }
         }
     });
-    let sql: String = channels.iter().map(|c| format!("LISTEN \"{c}\";")).collect();
+    let sql: String = channels
+        .iter()
+        .map(|c| format!("LISTEN \"{c}\";"))
+        .collect();
     client.batch_execute(&sql).await?;
     Ok((client, rx))
 }

@@ -5,8 +5,8 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio_postgres::GenericClient;
 
-use crate::worker::Job;
 use crate::QueueError;
+use crate::worker::Job;
 
 /// Options of one enqueue.
 #[derive(Debug, Clone)]
@@ -177,7 +177,10 @@ pub struct JobRow {
 }
 
 /// Reads one job.
-pub async fn job_by_id<C: GenericClient>(client: &C, id: i64) -> Result<Option<JobRow>, QueueError> {
+pub async fn job_by_id<C: GenericClient>(
+    client: &C,
+    id: i64,
+) -> Result<Option<JobRow>, QueueError> {
     let row = client
         .query_opt(
             "SELECT id, queue, kind, payload, state, attempts, max_attempts, last_error,

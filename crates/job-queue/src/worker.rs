@@ -304,7 +304,10 @@ async fn run_claimed(shared: &Shared, job: Claimed, stop: watch::Receiver<bool>)
         }
     };
     let Ok(client) = shared.pool.get().await else {
-        tracing::warn!(job_id = job.id, "no connection to record the outcome; the lease will expire");
+        tracing::warn!(
+            job_id = job.id,
+            "no connection to record the outcome; the lease will expire"
+        );
         return;
     };
     let recorded = match outcome {
@@ -317,16 +320,41 @@ async fn run_claimed(shared: &Shared, job: Claimed, stop: watch::Receiver<bool>)
         Some(Ok(Err(e))) => {
             let permanent = matches!(e, JobError::Permanent(_));
             tracing::info!(job_id = job.id, kind = %job.kind, attempt = job.attempt, error = %e, "job failed");
-            store::fail(&**client, job.id, &config.worker_id, &e.to_string(), permanent, config.backoff_base, config.backoff_max).await
+            store::fail(
+                &**client,
+                job.id,
+                &config.worker_id,
+                &e.to_string(),
+                permanent,
+                config.backoff_base,
+                config.backoff_max,
+            )
+            .await
         }
         Some(Err(join_error)) => {
-            let message = if join_error.is_panic() { "handler panicked" } else { "handler cancelled" };
-            store::fail(&**client, job.id, &config.worker_id, message, false, config.backoff_base, config.backoff_max).await
+            let message = if join_error.is_panic() {
+                "handler panicked"
+            } else {
+                "handler cancelled"
+            };
+            store::fail(
+                &**client,
+                job.id,
+                &config.worker_id,
+                message,
+                false,
+                config.backoff_base,
+                config.backoff_max,
+            )
+            .await
         }
     };
     match recorded {
         Ok(true) => {}
-        Ok(false) => tracing::warn!(job_id = job.id, "job was taken over before its outcome was recorded"),
+        Ok(false) => tracing::warn!(
+            job_id = job.id,
+            "job was taken over before its outcome was recorded"
+        ),
         Err(e) => tracing::warn!(job_id = job.id, error = %e, "recording a job outcome failed"),
     }
 }
@@ -376,14 +404,18 @@ async fn schedule_periodic(shared: Arc<Shared>) {
     let mut interval = tokio::time::interval(tick);
     loop {
         interval.tick().await;
-        let Ok(client) = shared.pool.get().await else { continue };
+        let Ok(client) = shared.pool.get().await else {
+            continue;
+        };
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis());
         for p in &shared.config.periodic {
             let period = now_ms / p.every.as_millis().max(1);
             let key = format!("periodic:{}:{period}", p.kind);
-            if let Err(e) = store::enqueue_once(&**client, &p.kind, &p.queue, &p.payload, &key).await {
+            if let Err(e) =
+                store::enqueue_once(&**client, &p.kind, &p.queue, &p.payload, &key).await
+            {
                 tracing::warn!(error = %e, kind = %p.kind, "enqueueing a periodic job failed");
             }
         }

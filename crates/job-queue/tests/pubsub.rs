@@ -1,5 +1,11 @@
 //! Pub/sub across two listener connections (two "replicas").
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failed fixture fails the test"
+)]
+
 use std::time::Duration;
 
 use devdb::TestDb;
@@ -38,7 +44,10 @@ async fn small_and_large_messages_reach_both_replicas_in_order() {
             assert_eq!(&got, expected);
         }
     }
-    assert!(other.try_recv().is_err(), "a message leaked to another topic");
+    assert!(
+        other.try_recv().is_err(),
+        "a message leaked to another topic"
+    );
 
     let stored: i64 = publisher
         .query_one("SELECT count(*) FROM pubsub_messages", &[])

@@ -1,5 +1,11 @@
 //! Queue semantics against a real PostgreSQL (devdb).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failed fixture fails the test"
+)]
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -100,7 +106,10 @@ async fn concurrent_workers_in_two_processes_never_run_a_job_twice() {
     eventually("all jobs done", || async {
         let c = pool.get().await.unwrap();
         let done: i64 = c
-            .query_one("SELECT count(*) FROM background_jobs WHERE state = 'done'", &[])
+            .query_one(
+                "SELECT count(*) FROM background_jobs WHERE state = 'done'",
+                &[],
+            )
             .await
             .unwrap()
             .get(0);
@@ -132,7 +141,9 @@ async fn enqueueing_a_duplicate_returns_the_live_job() {
         .get(0);
     assert_eq!(n, 1);
     // Once finished, the key is free again.
-    c.execute("UPDATE background_jobs SET state = 'done'", &[]).await.unwrap();
+    c.execute("UPDATE background_jobs SET state = 'done'", &[])
+        .await
+        .unwrap();
     let third = enqueue(&**c, &Count { n: 3 }, opts()).await.unwrap();
     assert!(third.created);
     assert_ne!(third.id, first.id);
@@ -164,7 +175,10 @@ async fn a_job_whose_worker_stops_heartbeating_is_claimed_again_after_its_lease(
     let (db, pool) = database().await;
     let id = {
         let c = pool.get().await.unwrap();
-        enqueue(&**c, &Block, EnqueueOptions::default()).await.unwrap().id
+        enqueue(&**c, &Block, EnqueueOptions::default())
+            .await
+            .unwrap()
+            .id
     };
     let (tx_a, mut started_a) = mpsc::unbounded_channel();
     let mut reg_a = Registry::new();
@@ -202,7 +216,10 @@ async fn a_job_whose_worker_stops_heartbeating_is_claimed_again_after_its_lease(
         .unwrap();
     assert_eq!((got, attempt), (id, 2));
     release_b.notify_one();
-    eventually("job done", || async { state_of(&pool, id).await.state == JobState::Done }).await;
+    eventually("job done", || async {
+        state_of(&pool, id).await.state == JobState::Done
+    })
+    .await;
     // The stale worker cannot touch a job that is no longer its own.
     crashed.shutdown().await;
     assert_eq!(state_of(&pool, id).await.state, JobState::Done);
@@ -241,7 +258,10 @@ async fn failures_back_off_exponentially_then_die() {
             max_attempts: 3,
             ..EnqueueOptions::default()
         };
-        enqueue(&**c, &Flaky { permanent: false }, opts).await.unwrap().id
+        enqueue(&**c, &Flaky { permanent: false }, opts)
+            .await
+            .unwrap()
+            .id
     };
     let (tx, mut attempts) = mpsc::unbounded_channel();
     let mut registry = Registry::new();
@@ -281,7 +301,10 @@ async fn failures_back_off_exponentially_then_die() {
     );
 
     assert_eq!(attempts.recv().await.unwrap(), 3);
-    eventually("dead", || async { state_of(&pool, id).await.state == JobState::Dead }).await;
+    eventually("dead", || async {
+        state_of(&pool, id).await.state == JobState::Dead
+    })
+    .await;
     let dead = state_of(&pool, id).await;
     assert_eq!(dead.attempts, 3);
     assert_eq!(dead.last_error.as_deref(), Some("boom 3"));
@@ -304,7 +327,10 @@ async fn a_permanent_failure_goes_to_the_dead_set_at_once() {
     registry.register(FlakyHandler { attempts: tx });
     let worker = Worker::new(pool.clone(), db.url(), registry, fast_config()).spawn();
     assert_eq!(attempts.recv().await.unwrap(), 1);
-    eventually("dead", || async { state_of(&pool, id).await.state == JobState::Dead }).await;
+    eventually("dead", || async {
+        state_of(&pool, id).await.state == JobState::Dead
+    })
+    .await;
     worker.shutdown().await;
     assert_eq!(state_of(&pool, id).await.attempts, 1);
 }
@@ -314,8 +340,14 @@ async fn shutdown_finishes_quick_jobs_and_releases_slow_ones() {
     let (db, pool) = database().await;
     let (quick, slow) = {
         let c = pool.get().await.unwrap();
-        let a = enqueue(&**c, &Block, EnqueueOptions::default()).await.unwrap().id;
-        let b = enqueue(&**c, &Block, EnqueueOptions::default()).await.unwrap().id;
+        let a = enqueue(&**c, &Block, EnqueueOptions::default())
+            .await
+            .unwrap()
+            .id;
+        let b = enqueue(&**c, &Block, EnqueueOptions::default())
+            .await
+            .unwrap()
+            .id;
         (a, b)
     };
     let (tx, mut started) = mpsc::unbounded_channel();
@@ -331,7 +363,10 @@ async fn shutdown_finishes_quick_jobs_and_releases_slow_ones() {
         ..fast_config()
     };
     let worker = Worker::new(pool.clone(), db.url(), registry, config).spawn();
-    let mut ids = vec![started.recv().await.unwrap().0, started.recv().await.unwrap().0];
+    let mut ids = vec![
+        started.recv().await.unwrap().0,
+        started.recv().await.unwrap().0,
+    ];
     ids.sort();
     assert_eq!(ids, vec![quick, slow]);
 
@@ -342,7 +377,10 @@ async fn shutdown_finishes_quick_jobs_and_releases_slow_ones() {
 
     let rows = [state_of(&pool, quick).await, state_of(&pool, slow).await];
     let done = rows.iter().filter(|r| r.state == JobState::Done).count();
-    let released: Vec<_> = rows.iter().filter(|r| r.state == JobState::Pending).collect();
+    let released: Vec<_> = rows
+        .iter()
+        .filter(|r| r.state == JobState::Pending)
+        .collect();
     assert_eq!(done, 1);
     assert_eq!(released.len(), 1);
     assert_eq!(released[0].attempts, 0, "a release is not an attempt");
@@ -373,7 +411,10 @@ async fn notify_wakes_an_idle_worker_long_before_the_poll_interval() {
             .unwrap();
         let id: i64 = row.get(0);
         let start = Instant::now();
-        eventually("job ran", || async { runs.lock().unwrap().contains_key(&id) }).await;
+        eventually("job ran", || async {
+            runs.lock().unwrap().contains_key(&id)
+        })
+        .await;
         assert!(
             start.elapsed() < Duration::from_secs(5),
             "woken after {:?}",
@@ -437,7 +478,12 @@ async fn inline_mode_runs_the_handler_at_once_without_the_table() {
     let runs = Arc::new(Mutex::new(HashMap::new()));
     let mut registry = Registry::new();
     registry.register(AnyCount { runs: runs.clone() });
-    assert!(registry.run_inline(pool.clone(), &Count { n: 7 }).await.unwrap());
+    assert!(
+        registry
+            .run_inline(pool.clone(), &Count { n: 7 })
+            .await
+            .unwrap()
+    );
     assert_eq!(runs.lock().unwrap().get(&0), Some(&1));
     assert!(!registry.run_inline(pool.clone(), &Block).await.unwrap());
     let c = pool.get().await.unwrap();

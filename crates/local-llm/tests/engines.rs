@@ -1,5 +1,10 @@
 //! Engine-level tests against the real weights.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failed fixture fails the test"
+)]
 // Helpers outside #[test] functions are test code too.
 #![allow(clippy::expect_used)]
 

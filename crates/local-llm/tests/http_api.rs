@@ -1,5 +1,10 @@
 //! The HTTP API against a real server with real weights on 127.0.0.1.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failed fixture fails the test"
+)]
 // Helpers outside #[test] functions are test code too.
 #![allow(clippy::expect_used)]
 

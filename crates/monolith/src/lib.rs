@@ -5,6 +5,7 @@
 pub mod add_ons;
 pub mod api;
 pub mod chat;
+pub mod completion;
 pub mod config;
 pub mod db;
 pub mod gid;

@@ -13,8 +13,8 @@ use crate::chat::agent::{self, ClientInfo};
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::prompts::PromptRegistry;
-use crate::providers::ChatModel;
-use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
+use crate::providers::{ChatModel, ModelWaitClock};
+use actix_web::{HttpRequest, HttpResponse, web};
 use bytes::Bytes;
 use contracts::{AgentRequest, headers};
 use futures::StreamExt;
@@ -36,18 +36,16 @@ async fn chat_agent(
     config: web::Data<Config>,
     registry: web::Data<PromptRegistry>,
     model: web::Data<dyn ChatModel>,
+    user: GatewayUser,
+    clock: ModelWaitClock,
 ) -> Result<HttpResponse, ApiError> {
-    let user = req
-        .extensions()
-        .get::<GatewayUser>()
-        .cloned()
-        .ok_or_else(|| ApiError::Unauthorized("No authorization header presented".into()))?;
     let request: AgentRequest = serde_json::from_slice(&body).map_err(ApiError::invalid_body)?;
     let client = ClientInfo {
         gitlab_version: header(&req, headers::VERSION),
         feature_flags: header(&req, headers::ENABLED_FEATURE_FLAGS),
     };
-    let prepared = agent::prepare(&registry, &config, &user, client, &request)?;
+    let mut prepared = agent::prepare(&registry, &config, &user, client, &request)?;
+    prepared.call.wait_clock = Some(clock);
     let events = agent::run(model.into_inner(), prepared)
         .map(|event| Ok::<_, Infallible>(Bytes::from(event.to_ndjson_line())));
     Ok(HttpResponse::Ok().content_type(NDJSON).streaming(events))

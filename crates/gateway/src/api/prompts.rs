@@ -20,12 +20,11 @@ use crate::auth::GatewayUser;
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::prompts::{PromptInvocation, PromptRegistry, prepare};
-use crate::providers::{ChatModel, ProviderError, ProviderKind};
-use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
+use crate::providers::{ChatModel, ModelWaitClock, ProviderError, ProviderKind};
+use actix_web::{HttpResponse, web};
 use bytes::Bytes;
 use contracts::PromptRequest;
 use futures::StreamExt;
-use std::sync::Arc;
 
 /// What mock mode (`AIGW_MOCK_MODEL_RESPONSES`) answers.
 pub const MOCK_RESPONSE: &str = "mock";
@@ -48,21 +47,17 @@ fn upstream_error(err: &ProviderError) -> ApiError {
 }
 
 pub async fn invoke_prompt(
-    req: HttpRequest,
     prompt_id: web::Path<String>,
     body: Bytes,
-    registry: web::Data<Arc<PromptRegistry>>,
-    model: web::Data<Arc<dyn ChatModel>>,
+    registry: web::Data<PromptRegistry>,
+    model: web::Data<dyn ChatModel>,
     config: web::Data<Config>,
+    user: GatewayUser,
+    clock: ModelWaitClock,
 ) -> Result<HttpResponse, ApiError> {
     let request: PromptRequest = serde_json::from_slice(&body).map_err(ApiError::invalid_body)?;
-    let user = req
-        .extensions()
-        .get::<GatewayUser>()
-        .cloned()
-        .ok_or_else(|| ApiError::Internal("no authenticated user on the request".into()))?;
     let prompt_id = prompt_id.into_inner();
-    let prepared = prepare(
+    let mut prepared = prepare(
         &registry,
         &config,
         PromptInvocation {
@@ -72,6 +67,7 @@ pub async fn invoke_prompt(
         },
     )?;
 
+    prepared.call.wait_clock = Some(clock);
     if prepared.call.target.kind == ProviderKind::Mock {
         return Ok(respond_with_text(request.stream, MOCK_RESPONSE.to_owned()));
     }

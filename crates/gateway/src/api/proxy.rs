@@ -5,7 +5,7 @@ use crate::auth::GatewayUser;
 use crate::error::ApiError;
 use crate::observability::ModelWaitClock;
 use crate::proxy::{self, IncomingCall, ProxyKind};
-use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
+use actix_web::{HttpRequest, HttpResponse, web};
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use serde_json::json;
@@ -13,13 +13,15 @@ use serde_json::json;
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route(
         "/v1/proxy/anthropic/{path:.*}",
-        web::post()
-            .to(|req, body, state, clock| handle(ProxyKind::Anthropic, req, body, state, clock)),
+        web::post().to(|req, body, state, clock, user| {
+            handle(ProxyKind::Anthropic, req, body, state, clock, user)
+        }),
     )
     .route(
         "/v1/proxy/vertex-ai/{path:.*}",
-        web::post()
-            .to(|req, body, state, clock| handle(ProxyKind::VertexAi, req, body, state, clock)),
+        web::post().to(|req, body, state, clock, user| {
+            handle(ProxyKind::VertexAi, req, body, state, clock, user)
+        }),
     );
 }
 
@@ -29,13 +31,8 @@ async fn handle(
     body: web::Payload,
     state: web::Data<AppState>,
     clock: ModelWaitClock,
+    user: GatewayUser,
 ) -> Result<HttpResponse, ApiError> {
-    // MERGE(gw-auth): take `GatewayUser` as an extractor instead.
-    let user = req
-        .extensions()
-        .get::<GatewayUser>()
-        .cloned()
-        .ok_or_else(|| ApiError::Unauthorized("No authorization header presented".into()))?;
     let purpose = proxy::check_purpose(kind, req.headers(), &user)?;
     tracing::debug!(event = %format!("request_{purpose}"), proxy = kind.name(), "proxy request");
     if state.config.providers.mock_model_responses {

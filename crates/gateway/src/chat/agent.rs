@@ -281,14 +281,19 @@ mod tests {
 
     #[test]
     fn validation_cases() {
-        let ok = request(r#"{"messages":[{"role":"assistant","content":"a"},{"role":"user","content":"q"}]}"#);
+        let ok = request(
+            r#"{"messages":[{"role":"assistant","content":"a"},{"role":"user","content":"q"}]}"#,
+        );
         assert_eq!(validate(&ok), Ok(()));
         for bad in [
             r#"{"messages":[]}"#,
             r#"{"messages":[{"role":"user","content":"q"},{"role":"assistant","content":"a"}]}"#,
             r#"{"messages":[{"role":"system","content":"s"},{"role":"user","content":"q"}]}"#,
         ] {
-            assert!(matches!(validate(&request(bad)), Err(AgentError::Invalid(_))), "{bad}");
+            assert!(
+                matches!(validate(&request(bad)), Err(AgentError::Invalid(_))),
+                "{bad}"
+            );
         }
     }
 

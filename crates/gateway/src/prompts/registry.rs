@@ -358,6 +358,7 @@ impl PromptDefinition {
             system: (!system.is_empty()).then(|| system.join("\n\n")),
             messages: chat,
             params: self.model_params(),
+            wait_clock: None,
         }
     }
 

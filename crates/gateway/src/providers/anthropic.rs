@@ -75,7 +75,10 @@ impl EventDecoder for Decoder {
             .map_err(|e| ProviderError::Malformed(format!("bad event data: {e}")))?;
         match json["type"].as_str().or(event.event.as_deref()) {
             Some("content_block_delta") => Ok(Step::Text(
-                json["delta"]["text"].as_str().unwrap_or_default().to_owned(),
+                json["delta"]["text"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
             )),
             Some("message_stop") => Ok(Step::Done),
             Some("error") => {

@@ -9,11 +9,10 @@ mod router;
 mod sse;
 mod streaming;
 
+pub use crate::observability::ModelWaitClock;
 pub use router::{ModelRouter, ProbeResult};
 
 use futures::stream::BoxStream;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Which wire protocol a call uses.
@@ -114,33 +113,6 @@ impl ModelCall {
             params: ModelParams::default(),
             wait_clock: None,
         }
-    }
-}
-
-/// Nanoseconds spent waiting on models during one request; cheap to clone
-/// and share between the request and its model calls.
-#[derive(Debug, Clone, Default)]
-pub struct ModelWaitClock(Arc<AtomicU64>);
-
-impl ModelWaitClock {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    pub fn add(&self, waited: Duration) {
-        let nanos = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
-        self.0.fetch_add(nanos, Ordering::Relaxed);
-    }
-
-    pub fn total(&self) -> Duration {
-        Duration::from_nanos(self.0.load(Ordering::Relaxed))
-    }
-}
-
-/// Two clocks are equal when they are the same accumulator.
-impl PartialEq for ModelWaitClock {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
     }
 }
 

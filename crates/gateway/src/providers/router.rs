@@ -3,8 +3,8 @@
 //! model-wait clock.
 
 use super::{
-    ChatModel, ModelCall, ModelWaitClock, ProviderError, ProviderKind, TextStream, anthropic,
-    mock, openai,
+    ChatModel, ModelCall, ModelWaitClock, ProviderError, ProviderKind, TextStream, anthropic, mock,
+    openai,
 };
 use crate::config::ProvidersConfig;
 use futures::StreamExt;
@@ -63,9 +63,8 @@ impl ModelRouter {
     fn route(&self, call: &ModelCall) -> Result<Route, ProviderError> {
         let target = &call.target;
         let config = &self.config;
-        let secret = |s: &Option<secrecy::SecretString>| {
-            s.as_ref().map(|s| s.expose_secret().to_owned())
-        };
+        let secret =
+            |s: &Option<secrecy::SecretString>| s.as_ref().map(|s| s.expose_secret().to_owned());
         if target.kind == ProviderKind::Mock
             || (config.mock_model_responses && target.kind == ProviderKind::Anthropic)
         {
@@ -147,8 +146,7 @@ impl ModelRouter {
         if config.uses_local_default() {
             results.push(ProbeResult {
                 provider: "local",
-                result: openai::probe(&self.http, &config.local_llm_url, None, PROBE_TIMEOUT)
-                    .await,
+                result: openai::probe(&self.http, &config.local_llm_url, None, PROBE_TIMEOUT).await,
             });
             return results;
         }

@@ -64,7 +64,8 @@ impl SseParser {
 mod tests {
     use super::*;
 
-    const INPUT: &str = "event: a\ndata: {\"t\":\"héllo\"}\n\n: comment\r\ndata: x\r\ndata: y\r\n\r\n";
+    const INPUT: &str =
+        "event: a\ndata: {\"t\":\"héllo\"}\n\n: comment\r\ndata: x\r\ndata: y\r\n\r\n";
 
     fn expected() -> Vec<SseEvent> {
         vec![

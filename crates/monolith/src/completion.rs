@@ -1,0 +1,79 @@
+//! The seam between the job worker (which claims completion jobs, streams
+//! chunks to subscribers and stores the answer exactly once) and whatever
+//! produces the answer (the agent loop and slash commands in `crate::agent`).
+//!
+//! The worker owns transport and durability; a [`ChatResponder`] owns the
+//! answer. A responder never writes the assistant message itself: it returns a
+//! [`ChatAnswer`] and the worker stores and broadcasts it, so a retried job can
+//! check "already answered" in one place.
+
+use async_trait::async_trait;
+use contracts::DuoErrorCode;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+pub use crate::chat::CompletionJob;
+
+/// Text deltas of the answer as they arrive. The worker numbers them
+/// (`chunkId` from 1) and publishes each to the request's
+/// `clientSubscriptionId`. Send errors mean nobody listens any more; ignore them.
+pub type ChunkSender = mpsc::UnboundedSender<String>;
+
+/// What a responder produced for one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatAnswer {
+    /// The full answer in Markdown (the concatenation of the chunks, or the
+    /// whole text when nothing was streamed). Empty when `error` is set.
+    pub content: String,
+    /// `{"sources": [...]}` when a tool supplied sources; `{"sources": []}` otherwise.
+    pub extras: Value,
+    /// A coded failure: the worker stores the user-facing text with its
+    /// documentation link in the message's `errors`.
+    pub error: Option<AnswerError>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct AnswerError {
+    pub code: DuoErrorCode,
+    /// Extra detail for logs at DEBUG; never shown to the user verbatim.
+    pub detail: String,
+}
+
+impl ChatAnswer {
+    pub fn text(content: impl Into<String>) -> Self {
+        Self {
+            content: content.into(),
+            extras: serde_json::json!({ "sources": [] }),
+            error: None,
+        }
+    }
+
+    pub fn failed(code: DuoErrorCode, detail: impl Into<String>) -> Self {
+        Self {
+            content: String::new(),
+            extras: serde_json::json!({ "sources": [] }),
+            error: Some(AnswerError {
+                code,
+                detail: detail.into(),
+            }),
+        }
+    }
+}
+
+/// Why a responder could not produce any answer, not even a coded one. The
+/// worker retries these (a crashed database, say), then stores A9999.
+#[derive(Debug, thiserror::Error)]
+pub enum ResponderError {
+    #[error("transient failure: {0}")]
+    Transient(String),
+}
+
+/// Produces the answer to one stored user question.
+#[async_trait]
+pub trait ChatResponder: Send + Sync {
+    async fn respond(
+        &self,
+        job: &CompletionJob,
+        chunks: ChunkSender,
+    ) -> Result<ChatAnswer, ResponderError>;
+}
