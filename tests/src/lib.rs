@@ -1,7 +1,422 @@
-//! End-to-end tests live in tests/.
+//! Harness for the end-to-end tests: starts the real `duo-gateway` and
+//! `duo-monolith` (web and worker) processes on a database of their own, with
+//! the fake model provider (in this process, so tests can script answers and
+//! read the requests the gateway made) standing in for Anthropic.
+//!
+//! Everything is driven through public interfaces only: GraphQL over HTTP.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a failed fixture fails the test"
-)]
+use fake_provider::FakeProvider;
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// How long a service may take to start, and an answer to arrive.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(90);
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Debug, thiserror::Error)]
+pub enum HarnessError {
+    #[error("database: {0}")]
+    Db(#[from] devdb::DevDbError),
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("http: {0}")]
+    Http(#[from] reqwest::Error),
+    #[error("json: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("{0}")]
+    Failed(String),
+}
+
+pub type Result<T> = std::result::Result<T, HarnessError>;
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+/// The directory cargo put this test binary's sibling executables in
+/// (`target/<profile>`). `./dev test` builds every package's binaries
+/// (each has integration tests); a missing one is built here.
+fn binary(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .ok_or_else(|| HarnessError::Failed("test binary has no target directory".into()))?;
+    let path = profile_dir.join(name);
+    if !path.exists() {
+        let package = match name {
+            "duo-gateway" => "gateway",
+            "duo-monolith" => "monolith",
+            other => other,
+        };
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = std::process::Command::new(cargo)
+            .args(["build", "-p", package, "--bin", name])
+            .current_dir(repo_root())
+            .status()?;
+        if !status.success() || !path.exists() {
+            return Err(HarnessError::Failed(format!(
+                "{name} is not built and `cargo build -p {package}` failed"
+            )));
+        }
+    }
+    Ok(path)
+}
+
+/// A free loopback port (bound, read, released).
+fn free_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// One running child process, its stderr kept for diagnostics.
+pub struct Service {
+    pub name: &'static str,
+    child: Child,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Service {
+    fn spawn(
+        name: &'static str,
+        program: &Path,
+        args: &[&str],
+        env: &[(String, String)],
+    ) -> Result<Self> {
+        let mut command = Command::new(program);
+        command
+            .args(args)
+            .current_dir(repo_root())
+            .env_remove("OPENAI_BASE_URL")
+            .env_remove("ANTHROPIC_API_KEY")
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = command.spawn()?;
+        let log = Arc::new(Mutex::new(Vec::new()));
+        if let Some(stderr) = child.stderr.take() {
+            let log = log.clone();
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(stderr).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if let Ok(mut log) = log.lock() {
+                        log.push(line);
+                    }
+                }
+            });
+        }
+        Ok(Self { name, child, log })
+    }
+
+    /// The last lines this process wrote to stderr.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let log = self.log.lock().map(|l| l.clone()).unwrap_or_default();
+        log[log.len().saturating_sub(lines)..].join("\n")
+    }
+
+    pub fn log_contains(&self, needle: &str) -> bool {
+        self.log
+            .lock()
+            .map(|l| l.iter().any(|line| line.contains(needle)))
+            .unwrap_or(false)
+    }
+
+    fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Polls `url` until it answers 2xx; fails early if the process exits.
+    async fn wait_ready(&mut self, http: &reqwest::Client, url: &str) -> Result<()> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Ok(resp) = http.get(url).send().await
+                && resp.status().is_success()
+            {
+                return Ok(());
+            }
+            if let Some(status) = self.exited() {
+                return Err(HarnessError::Failed(format!(
+                    "{} exited ({status}) before it was ready:\n{}",
+                    self.name,
+                    self.log_tail(30)
+                )));
+            }
+            if Instant::now() > deadline {
+                return Err(HarnessError::Failed(format!(
+                    "{} not ready at {url}:\n{}",
+                    self.name,
+                    self.log_tail(30)
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Kills the process at once, as a crash would (SIGKILL).
+    pub async fn kill(&mut self) -> Result<()> {
+        self.child.kill().await?;
+        Ok(())
+    }
+}
+
+/// A seeded demo user (`duo-monolith seed --json`).
+#[derive(Debug, Clone)]
+pub struct DemoUser {
+    pub username: String,
+    pub token: String,
+}
+
+/// The whole system for one test.
+pub struct System {
+    pub db: devdb::TestDb,
+    pub fake: FakeProvider,
+    pub gateway: Service,
+    pub web: Service,
+    pub worker: Service,
+    pub gateway_url: String,
+    pub web_url: String,
+    pub users: Vec<DemoUser>,
+    pub http: reqwest::Client,
+    monolith_env: Vec<(String, String)>,
+    _scratch: ScratchDir,
+}
+
+/// A directory removed on drop (signing keys of one system).
+struct ScratchDir(PathBuf);
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+static SYSTEM_COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// Extra settings for one system.
+#[derive(Debug, Default, Clone)]
+pub struct Options {
+    pub gateway_env: Vec<(String, String)>,
+    pub monolith_env: Vec<(String, String)>,
+}
+
+impl System {
+    pub async fn start() -> Result<Self> {
+        Self::start_with(Options::default()).await
+    }
+
+    pub async fn start_with(options: Options) -> Result<Self> {
+        let gateway_bin = binary("duo-gateway")?;
+        let monolith_bin = binary("duo-monolith")?;
+        let db = devdb::TestDb::with_sql("SELECT 1").await?;
+        let fake = FakeProvider::start().await?;
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()?;
+
+        let scratch = std::env::temp_dir().join(format!(
+            "duo-e2e-{}-{}",
+            std::process::id(),
+            SYSTEM_COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&scratch)?;
+        let scratch = ScratchDir(scratch);
+
+        let web_port = free_port()?;
+        let gateway_port = free_port()?;
+        let web_url = format!("http://127.0.0.1:{web_port}");
+        let gateway_url = format!("http://127.0.0.1:{gateway_port}");
+        let root = repo_root();
+
+        let mut gateway_env: Vec<(String, String)> = vec![
+            ("AIGW_FASTAPI__API_HOST".into(), "127.0.0.1".into()),
+            ("AIGW_FASTAPI__API_PORT".into(), gateway_port.to_string()),
+            ("AIGW_GITLAB_URL".into(), web_url.clone()),
+            ("ANTHROPIC_API_KEY".into(), "e2e-test-key".into()),
+            ("ANTHROPIC_BASE_URL".into(), fake.url()),
+            (
+                "AIGW_PROMPTS_DIR".into(),
+                root.join("prompts").display().to_string(),
+            ),
+            (
+                "AIGW_DOCS__DIR".into(),
+                root.join("docs").display().to_string(),
+            ),
+            ("AIGW_LOGGING__LEVEL".into(), "debug".into()),
+        ];
+        gateway_env.extend(options.gateway_env);
+
+        let mut monolith_env: Vec<(String, String)> = vec![
+            ("DATABASE_URL".into(), db.url().to_owned()),
+            ("DUO_WEB_ADDR".into(), format!("127.0.0.1:{web_port}")),
+            ("AI_GATEWAY_URL".into(), gateway_url.clone()),
+            (
+                "DUO_SIGNING_KEY_DIR".into(),
+                scratch.0.join("keys").display().to_string(),
+            ),
+            ("RUST_LOG".into(), "info,monolith=debug".into()),
+        ];
+        monolith_env.extend(options.monolith_env);
+
+        // Seed first (it migrates): the web and worker roles start on a ready schema.
+        let seed = tokio::process::Command::new(&monolith_bin)
+            .args(["seed", "--json"])
+            .current_dir(&root)
+            .envs(monolith_env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .output()
+            .await?;
+        if !seed.status.success() {
+            return Err(HarnessError::Failed(format!(
+                "seed failed: {}",
+                String::from_utf8_lossy(&seed.stderr)
+            )));
+        }
+        let report: Value = serde_json::from_slice(&seed.stdout)?;
+        let users = report["users"]
+            .as_array()
+            .map(|users| {
+                users
+                    .iter()
+                    .filter_map(|u| {
+                        Some(DemoUser {
+                            username: u["username"].as_str()?.to_owned(),
+                            token: u["token"].as_str()?.to_owned(),
+                        })
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default();
+
+        let mut gateway = Service::spawn("gateway", &gateway_bin, &[], &gateway_env)?;
+        let mut web = Service::spawn("web", &monolith_bin, &["web"], &monolith_env)?;
+        let worker = Service::spawn("worker", &monolith_bin, &["worker"], &monolith_env)?;
+        gateway
+            .wait_ready(&http, &format!("{gateway_url}/monitoring/healthz"))
+            .await?;
+        web.wait_ready(
+            &http,
+            &format!("{web_url}/.well-known/openid-configuration"),
+        )
+        .await?;
+
+        Ok(Self {
+            db,
+            fake,
+            gateway,
+            web,
+            worker,
+            gateway_url,
+            web_url,
+            users,
+            http,
+            monolith_env,
+            _scratch: scratch,
+        })
+    }
+
+    /// A seeded user's token.
+    pub fn token(&self, username: &str) -> Result<String> {
+        self.users
+            .iter()
+            .find(|u| u.username == username)
+            .map(|u| u.token.clone())
+            .ok_or_else(|| HarnessError::Failed(format!("no seeded user {username}")))
+    }
+
+    /// Starts another worker process (after killing one, say).
+    pub async fn restart_worker(&mut self) -> Result<()> {
+        let monolith_bin = binary("duo-monolith")?;
+        self.worker = Service::spawn("worker", &monolith_bin, &["worker"], &self.monolith_env)?;
+        Ok(())
+    }
+
+    /// Runs a GraphQL operation; returns the whole response body.
+    pub async fn graphql(&self, token: &str, query: &str, variables: Value) -> Result<Value> {
+        let resp = self
+            .http
+            .post(format!("{}/api/graphql", self.web_url))
+            .bearer_auth(token)
+            .json(&json!({ "query": query, "variables": variables }))
+            .send()
+            .await?;
+        Ok(resp.json().await?)
+    }
+
+    /// Sends a chat question; returns `aiAction`'s payload.
+    pub async fn ask(&self, token: &str, chat: Value) -> Result<Value> {
+        let body = self
+            .graphql(
+                token,
+                "mutation($input: AiActionInput!) { aiAction(input: $input) { requestId threadId errors } }",
+                json!({ "input": { "chat": chat } }),
+            )
+            .await?;
+        Ok(body["data"]["aiAction"].clone())
+    }
+
+    /// The messages of the user's chat (default thread), oldest first.
+    pub async fn messages(&self, token: &str) -> Result<Vec<Value>> {
+        let body = self
+            .graphql(
+                token,
+                "{ aiMessages { nodes { id requestId content errors role extras { sources } } } }",
+                json!({}),
+            )
+            .await?;
+        Ok(body["data"]["aiMessages"]["nodes"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default())
+    }
+
+    /// Waits for the assistant's answer to `request_id`.
+    pub async fn answer(&self, token: &str, request_id: &str) -> Result<Value> {
+        let deadline = Instant::now() + ANSWER_TIMEOUT;
+        loop {
+            let messages = self.messages(token).await?;
+            if let Some(answer) = messages
+                .iter()
+                .find(|m| m["requestId"] == request_id && m["role"] == "ASSISTANT")
+            {
+                return Ok(answer.clone());
+            }
+            if Instant::now() > deadline {
+                return Err(HarnessError::Failed(format!(
+                    "no answer to {request_id} within {ANSWER_TIMEOUT:?}\nworker:\n{}\ngateway:\n{}",
+                    self.worker.log_tail(30),
+                    self.gateway.log_tail(30)
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Asks and waits for the answer in one go.
+    pub async fn ask_and_wait(&self, token: &str, chat: Value) -> Result<Value> {
+        let accepted = self.ask(token, chat).await?;
+        let request_id = accepted["requestId"]
+            .as_str()
+            .ok_or_else(|| HarnessError::Failed(format!("aiAction refused: {accepted}")))?
+            .to_owned();
+        self.answer(token, &request_id).await
+    }
+
+    /// Every request body the fake provider received, as one string each.
+    pub fn provider_bodies(&self) -> Vec<String> {
+        self.fake
+            .requests()
+            .iter()
+            .map(|r| r.body.to_string())
+            .collect()
+    }
+}

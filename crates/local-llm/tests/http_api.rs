@@ -5,8 +5,6 @@
     clippy::expect_used,
     reason = "a failed fixture fails the test"
 )]
-// Helpers outside #[test] functions are test code too.
-#![allow(clippy::expect_used)]
 
 mod common;
 

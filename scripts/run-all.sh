@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# `./dev run`: the whole system on this machine with embedded defaults.
+#
+# Starts, in order: a private PostgreSQL (unless DATABASE_URL is set), the bundled
+# local model server (after fetching its weights once), the AI gateway, and the
+# monolith's web and worker roles; seeds the demo instance; prints a token and a
+# GraphQL request to paste. Ctrl-C stops everything, the database included when
+# this script started it.
+#
+# Ports: gateway 5052, monolith 3000, local model server 5053, PostgreSQL 54329.
+# Any provider configured in the environment (ANTHROPIC_API_KEY, OPENAI_BASE_URL)
+# is passed through to the gateway and replaces the local model server.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+RUN_DIR="$ROOT/.cache/run"
+mkdir -p "$RUN_DIR"
+BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release"
+pids=()
+started_pg=0
+
+say() { echo "duo: $*" >&2; }
+
+stop_all() {
+  trap - INT TERM EXIT
+  if [ ${#pids[@]} -gt 0 ]; then
+    say "stopping services"
+    # Newest first: the monolith before the gateway before the model server.
+    for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[i]}" 2>/dev/null || true; done
+    for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  fi
+  if [ "$started_pg" = 1 ]; then
+    scripts/postgres.sh stop >/dev/null 2>&1 || true
+  fi
+  say "stopped"
+}
+trap 'stop_all; exit 130' INT TERM
+trap stop_all EXIT
+
+# Polls an HTTP URL until it answers 2xx, or fails after $2 seconds.
+wait_http() {
+  local url="$1" limit="$2" name="$3" started=$SECONDS
+  until curl -fsS -o /dev/null "$url" 2>/dev/null; do
+    if ((SECONDS - started > limit)); then
+      say "$name did not become ready at $url within ${limit}s; its log: $RUN_DIR/$name.log"
+      tail -n 20 "$RUN_DIR/$name.log" >&2 || true
+      exit 1
+    fi
+    # A dead process will never answer: fail fast with its log.
+    for pid in "${pids[@]}"; do
+      if ! kill -0 "$pid" 2>/dev/null; then
+        say "a service exited early; last lines of $RUN_DIR/$name.log:"
+        tail -n 20 "$RUN_DIR/$name.log" >&2 || true
+        exit 1
+      fi
+    done
+    sleep 0.2
+  done
+}
+
+start() {
+  local name="$1"
+  shift
+  "$@" >"$RUN_DIR/$name.log" 2>&1 &
+  pids+=($!)
+}
+
+scripts/install-build-deps.sh
+say "building (release)"
+cargo build --release --locked --bin duo-gateway --bin duo-monolith --bin duo-local-llm
+
+if [ -z "${DATABASE_URL:-}" ]; then
+  scripts/postgres.sh status >/dev/null 2>&1 || started_pg=1
+  eval "$(scripts/postgres.sh env)"
+  scripts/postgres.sh psql -tAc "SELECT 1 FROM pg_database WHERE datname = 'duo'" | grep -q 1 ||
+    scripts/postgres.sh psql -c "CREATE DATABASE duo" >/dev/null
+  export DATABASE_URL="${DATABASE_URL%/*}/duo"
+fi
+
+export DUO_WEB_ADDR="${DUO_WEB_ADDR:-127.0.0.1:3000}"
+export AIGW_GITLAB_URL="${AIGW_GITLAB_URL:-http://$DUO_WEB_ADDR}"
+export AI_GATEWAY_URL="${AI_GATEWAY_URL:-http://127.0.0.1:5052}"
+
+if [ -z "${ANTHROPIC_API_KEY:-}${OPENAI_BASE_URL:-}" ]; then
+  "$BIN/duo-local-llm" fetch-models
+  start local-llm "$BIN/duo-local-llm" serve
+  wait_http "http://${DUO_LOCAL_LLM_ADDR:-127.0.0.1:5053}/health" 120 local-llm
+fi
+
+start gateway "$BIN/duo-gateway"
+wait_http "$AI_GATEWAY_URL/monitoring/healthz" 60 gateway
+
+"$BIN/duo-monolith" migrate >"$RUN_DIR/migrate.log" 2>&1
+"$BIN/duo-monolith" seed --json >"$RUN_DIR/seed.json" 2>"$RUN_DIR/seed.log"
+start web "$BIN/duo-monolith" web
+start worker "$BIN/duo-monolith" worker
+wait_http "http://$DUO_WEB_ADDR/.well-known/openid-configuration" 60 web
+
+token="$(python3 -c '
+import json, sys
+users = json.load(open(sys.argv[1]))["users"]
+best = next((u for u in users if u.get("duo_seat") and not u.get("admin")), users[0])
+print(best["username"], best["token"])
+' "$RUN_DIR/seed.json")"
+user="${token%% *}"
+token="${token#* }"
+
+cat <<EOF
+
+Duo Chat is running (logs in $RUN_DIR):
+  monolith   http://$DUO_WEB_ADDR   (GraphQL at /api/graphql)
+  gateway    $AI_GATEWAY_URL
+  database   $DATABASE_URL
+
+Demo users and tokens: $RUN_DIR/seed.json. Ask a question as $user:
+
+curl -s http://$DUO_WEB_ADDR/api/graphql -H 'Authorization: Bearer $token' -H 'Content-Type: application/json' \\
+  -d '{"query":"mutation { aiAction(input: {chat: {content: \"What can you do?\"}}) { requestId threadId errors } }"}'
+
+then read the answer:
+
+curl -s http://$DUO_WEB_ADDR/api/graphql -H 'Authorization: Bearer $token' -H 'Content-Type: application/json' \\
+  -d '{"query":"{ aiMessages { nodes { role content errors } } }"}'
+
+Press Ctrl-C to stop everything.
+EOF
+
+# Stay in the foreground until a service dies or the user interrupts.
+wait -n "${pids[@]}" || true
+say "a service exited; see the logs in $RUN_DIR"
+exit 1
