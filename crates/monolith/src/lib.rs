@@ -3,6 +3,7 @@
 //! `seed`).
 
 pub mod add_ons;
+pub mod agent;
 pub mod api;
 pub mod chat;
 pub mod completion;

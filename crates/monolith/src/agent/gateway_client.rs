@@ -1,0 +1,459 @@
+//! The monolith's client of the AI gateway: `POST /v2/chat/agent` (one ReAct
+//! step as NDJSON events), `POST /v1/prompts/chat/<name>` (a named prompt,
+//! streamed or not) and `POST /v1/search/gitlab-docs`.
+//!
+//! Every request carries GitLab's Cloud Connector headers and a short-lived
+//! RS256 token for the user, signed with the instance's key ring; the
+//! gateway verifies it against the instance's JWKS.
+
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use contracts::docs_search::{
+    SearchDocsRequest, SearchDocsResponse, SearchMetadata, SearchPayload,
+};
+use contracts::events::parse_event_line;
+use contracts::{AgentEvent, AgentRequest, DuoErrorCode, PromptRequest, headers};
+use futures::{Stream, StreamExt};
+use serde_json::{Map, Value};
+use uuid::Uuid;
+
+use crate::jwt::{GatewayClaims, KeyRing, TokenSubject};
+
+/// How long a gateway call may stay silent before it counts as timed out.
+pub const GATEWAY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The GitLab version this monolith speaks to the gateway as. The gateway
+/// offers the build and merge request readers only from 17.5 on.
+pub const GITLAB_VERSION: &str = "17.6.0";
+
+/// The answer text the gateway and the providers use when the conversation
+/// does not fit the model's context window.
+const PROMPT_TOO_LONG: &str = "prompt is too long";
+
+/// Why a gateway call failed, and the Duo error code the user sees for it.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("the AI gateway is unreachable: {0}")]
+    Connect(String),
+    #[error("the AI gateway did not answer in time")]
+    Timeout,
+    #[error("the AI gateway sent no events")]
+    NoEvents,
+    #[error("the AI gateway refused the request (403)")]
+    Forbidden,
+    #[error("the AI gateway answered HTTP {status}")]
+    Status { status: u16 },
+    #[error("the conversation is too long for the model")]
+    PromptTooLong,
+    #[error("the AI gateway does not offer the tool")]
+    ToolNotAvailable,
+    #[error("the AI gateway reported an error: {0}")]
+    Event(String),
+    #[error("the AI gateway answer could not be read: {0}")]
+    Body(String),
+    #[error("signing the gateway token failed: {0}")]
+    Token(String),
+}
+
+impl GatewayError {
+    pub fn code(&self) -> DuoErrorCode {
+        match self {
+            Self::Connect(_) => DuoErrorCode::A1001,
+            Self::Timeout => DuoErrorCode::A1000,
+            Self::NoEvents => DuoErrorCode::A1002,
+            Self::Forbidden => DuoErrorCode::M3006,
+            Self::PromptTooLong => DuoErrorCode::A1005,
+            Self::ToolNotAvailable => DuoErrorCode::G3001,
+            Self::Event(_) => DuoErrorCode::A1004,
+            Self::Status { .. } | Self::Body(_) | Self::Token(_) => DuoErrorCode::A9999,
+        }
+    }
+
+    fn from_reqwest(err: &reqwest::Error) -> Self {
+        if err.is_timeout() {
+            Self::Timeout
+        } else if err.is_connect() {
+            Self::Connect(err.to_string())
+        } else {
+            Self::Body(err.to_string())
+        }
+    }
+}
+
+/// Who a gateway call is made for: the token's subject and scopes.
+#[derive(Debug, Clone)]
+pub struct GatewayAuth {
+    pub user_id: i64,
+    /// Unit primitives of the user's seats.
+    pub scopes: Vec<String>,
+    /// `saas` or `self-managed`, as stored in the instance settings.
+    pub realm: String,
+    /// Sent as `X-Request-ID` so gateway logs join the monolith's.
+    pub request_id: Uuid,
+}
+
+/// Settings of [`GatewayClient`].
+#[derive(Debug, Clone)]
+pub struct GatewaySettings {
+    pub base_url: url::Url,
+    pub instance_id: String,
+    /// The JWT issuer: this instance's external URL.
+    pub issuer: String,
+    pub audience: String,
+    pub timeout: Duration,
+    /// Sent as `x-gitlab-enabled-feature-flags`.
+    pub enabled_feature_flags: Vec<String>,
+}
+
+#[derive(Clone)]
+pub struct GatewayClient {
+    http: reqwest::Client,
+    keys: KeyRing,
+    settings: GatewaySettings,
+}
+
+impl std::fmt::Debug for GatewayClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatewayClient")
+            .field("base_url", &self.settings.base_url.as_str())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The events of one agent step, decoded as they arrive.
+pub type EventStream =
+    std::pin::Pin<Box<dyn Stream<Item = Result<AgentEvent, GatewayError>> + Send>>;
+
+/// Text deltas of a streamed prompt answer.
+pub type TextStream = std::pin::Pin<Box<dyn Stream<Item = Result<String, GatewayError>> + Send>>;
+
+impl GatewayClient {
+    pub fn new(keys: KeyRing, settings: GatewaySettings) -> Result<Self, reqwest::Error> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10).min(settings.timeout))
+            .read_timeout(settings.timeout)
+            .pool_max_idle_per_host(32)
+            .build()?;
+        Ok(Self {
+            http,
+            keys,
+            settings,
+        })
+    }
+
+    pub fn settings(&self) -> &GatewaySettings {
+        &self.settings
+    }
+
+    /// GitLab's headers for a call made on behalf of `auth`.
+    pub fn headers(&self, auth: &GatewayAuth) -> Result<Vec<(&'static str, String)>, GatewayError> {
+        let mut claims: GatewayClaims = crate::jwt::claims_for(TokenSubject {
+            user_id: auth.user_id,
+            scopes: auth.scopes.clone(),
+            realm: &auth.realm,
+            instance_id: &self.settings.instance_id,
+            issuer: &self.settings.issuer,
+            audience: &self.settings.audience,
+        });
+        // Instance-issued Cloud Connector tokens name the instance as subject;
+        // the user travels in X-Gitlab-Global-User-Id (the gateway checks both).
+        let global_user_id = std::mem::replace(&mut claims.sub, self.settings.instance_id.clone());
+        let token = self
+            .keys
+            .sign(&claims)
+            .map_err(|e| GatewayError::Token(e.to_string()))?;
+        let host = self
+            .settings
+            .issuer
+            .parse::<url::Url>()
+            .ok()
+            .and_then(|u| u.host_str().map(str::to_owned))
+            .unwrap_or_default();
+        Ok(vec![
+            (headers::AUTHORIZATION, format!("Bearer {token}")),
+            (
+                headers::AUTHENTICATION_TYPE,
+                headers::AUTHENTICATION_TYPE_OIDC.to_owned(),
+            ),
+            (headers::REALM, auth.realm.clone()),
+            (headers::INSTANCE_ID, self.settings.instance_id.clone()),
+            (headers::GLOBAL_USER_ID, global_user_id),
+            (headers::HOST_NAME, host),
+            (headers::VERSION, GITLAB_VERSION.to_owned()),
+            (headers::REQUEST_ID, auth.request_id.to_string()),
+            (
+                headers::RAILS_SEND_START,
+                format!(
+                    "{:.3}",
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_secs_f64())
+                        .unwrap_or(0.0)
+                ),
+            ),
+            (
+                headers::ENABLED_FEATURE_FLAGS,
+                self.settings.enabled_feature_flags.join(","),
+            ),
+        ])
+    }
+
+    fn url(&self, path: &str) -> Result<url::Url, GatewayError> {
+        self.settings
+            .base_url
+            .join(path.trim_start_matches('/'))
+            .map_err(|e| GatewayError::Body(e.to_string()))
+    }
+
+    async fn post(
+        &self,
+        auth: &GatewayAuth,
+        path: &str,
+        body: &impl serde::Serialize,
+    ) -> Result<reqwest::Response, GatewayError> {
+        let mut request = self.http.post(self.url(path)?).json(body);
+        for (name, value) in self.headers(auth)? {
+            request = request.header(name, value);
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|e| GatewayError::from_reqwest(&e))?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        if status.as_u16() == 403 {
+            return Err(GatewayError::Forbidden);
+        }
+        let text = response.text().await.unwrap_or_default();
+        tracing::debug!(status = status.as_u16(), body = %text, "gateway refused a request");
+        if text.contains(PROMPT_TOO_LONG) {
+            return Err(GatewayError::PromptTooLong);
+        }
+        Err(GatewayError::Status {
+            status: status.as_u16(),
+        })
+    }
+
+    /// Runs one ReAct step; the stream ends after the gateway's last event.
+    pub async fn agent_step(
+        &self,
+        auth: &GatewayAuth,
+        body: &AgentRequest,
+    ) -> Result<EventStream, GatewayError> {
+        let response = self.post(auth, "/v2/chat/agent", body).await?;
+        let mut bytes = response.bytes_stream();
+        let stream = async_stream::stream! {
+            let mut decoder = NdjsonDecoder::default();
+            while let Some(chunk) = bytes.next().await {
+                match chunk {
+                    Ok(chunk) => {
+                        for event in decoder.push(&chunk) {
+                            yield Ok(event);
+                        }
+                    }
+                    Err(err) => {
+                        yield Err(GatewayError::from_reqwest(&err));
+                        return;
+                    }
+                }
+            }
+            for event in decoder.finish() {
+                yield Ok(event);
+            }
+        };
+        Ok(Box::pin(stream))
+    }
+
+    /// Runs `/v1/prompts/<prompt_id>` and returns the whole answer text.
+    pub async fn prompt(
+        &self,
+        auth: &GatewayAuth,
+        prompt_id: &str,
+        inputs: Map<String, Value>,
+    ) -> Result<String, GatewayError> {
+        let body = PromptRequest {
+            inputs,
+            prompt_version: None,
+            stream: false,
+            model_metadata: None,
+        };
+        let response = self
+            .post(auth, &format!("/v1/prompts/{prompt_id}"), &body)
+            .await?;
+        let text = response
+            .text()
+            .await
+            .map_err(|e| GatewayError::from_reqwest(&e))?;
+        // The gateway answers a JSON string; accept plain text too.
+        Ok(serde_json::from_str::<String>(&text).unwrap_or(text))
+    }
+
+    /// Runs `/v1/prompts/<prompt_id>` with `stream: true`: plain text deltas.
+    pub async fn prompt_stream(
+        &self,
+        auth: &GatewayAuth,
+        prompt_id: &str,
+        inputs: Map<String, Value>,
+    ) -> Result<TextStream, GatewayError> {
+        let body = PromptRequest {
+            inputs,
+            prompt_version: None,
+            stream: true,
+            model_metadata: None,
+        };
+        let response = self
+            .post(auth, &format!("/v1/prompts/{prompt_id}"), &body)
+            .await?;
+        let mut bytes = response.bytes_stream();
+        let stream = async_stream::stream! {
+            let mut text = Utf8Decoder::default();
+            while let Some(chunk) = bytes.next().await {
+                match chunk {
+                    Ok(chunk) => {
+                        let piece = text.push(&chunk);
+                        if !piece.is_empty() {
+                            yield Ok(piece);
+                        }
+                    }
+                    Err(err) => {
+                        yield Err(GatewayError::from_reqwest(&err));
+                        return;
+                    }
+                }
+            }
+        };
+        Ok(Box::pin(stream))
+    }
+
+    /// Searches the GitLab documentation through the gateway.
+    pub async fn search_docs(
+        &self,
+        auth: &GatewayAuth,
+        query: &str,
+    ) -> Result<SearchDocsResponse, GatewayError> {
+        let body = SearchDocsRequest {
+            request_type: "search-docs".to_owned(),
+            metadata: SearchMetadata {
+                source: "GitLab EE".to_owned(),
+                version: GITLAB_VERSION.to_owned(),
+            },
+            payload: SearchPayload {
+                query: query.to_owned(),
+                page_size: contracts::docs_search::default_page_size(),
+            },
+        };
+        let response = self.post(auth, "/v1/search/gitlab-docs", &body).await?;
+        response
+            .json()
+            .await
+            .map_err(|e| GatewayError::Body(e.to_string()))
+    }
+}
+
+/// Cuts NDJSON events out of a byte stream. Reads may end anywhere, even
+/// inside a UTF-8 character; lines are only decoded once complete. Lines that
+/// are not an event we know are logged at DEBUG and skipped.
+#[derive(Debug, Default)]
+pub struct NdjsonDecoder {
+    buffer: BytesMut,
+}
+
+impl NdjsonDecoder {
+    pub fn push(&mut self, bytes: &[u8]) -> Vec<AgentEvent> {
+        self.buffer.extend_from_slice(bytes);
+        let mut events = Vec::new();
+        while let Some(end) = self.buffer.iter().position(|b| *b == b'\n') {
+            let line = self.buffer.split_to(end);
+            self.buffer.advance(1);
+            decode_line(&line, &mut events);
+        }
+        events
+    }
+
+    /// The last line, when the stream ended without a newline.
+    pub fn finish(&mut self) -> Vec<AgentEvent> {
+        let rest = self.buffer.split();
+        let mut events = Vec::new();
+        decode_line(&rest, &mut events);
+        events
+    }
+}
+
+fn decode_line(line: &[u8], events: &mut Vec<AgentEvent>) {
+    let text = String::from_utf8_lossy(line);
+    match parse_event_line(&text) {
+        None => {}
+        Some(Ok(event)) => events.push(event),
+        Some(Err(err)) => {
+            tracing::debug!(error = %err, line = %text, "skipping an agent event we do not know");
+        }
+    }
+}
+
+/// Turns byte chunks into text without breaking characters split across reads.
+#[derive(Debug, Default)]
+struct Utf8Decoder {
+    pending: Vec<u8>,
+}
+
+impl Utf8Decoder {
+    fn push(&mut self, bytes: &[u8]) -> String {
+        self.pending.extend_from_slice(bytes);
+        let valid = match std::str::from_utf8(&self.pending) {
+            Ok(_) => self.pending.len(),
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            // Invalid bytes (not just an unfinished character): replace them.
+            Err(_) => self.pending.len(),
+        };
+        let done: Vec<u8> = self.pending.drain(..valid).collect();
+        String::from_utf8_lossy(&done).into_owned()
+    }
+}
+
+/// Maps an `error` event of the agent stream to the failure it stands for.
+pub fn error_event_failure(message: &str) -> GatewayError {
+    if message.contains(TOOL_NOT_AVAILABLE) {
+        GatewayError::ToolNotAvailable
+    } else if message.contains(PROMPT_TOO_LONG) {
+        GatewayError::PromptTooLong
+    } else {
+        GatewayError::Event(message.to_owned())
+    }
+}
+
+/// The gateway's message for an action naming a tool it did not offer.
+const TOOL_NOT_AVAILABLE: &str = "tool not available";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utf8_split_inside_a_character_is_kept_whole() {
+        let mut d = Utf8Decoder::default();
+        let bytes = "héllo".as_bytes();
+        let a = d.push(&bytes[..2]);
+        let b = d.push(&bytes[2..]);
+        assert_eq!(format!("{a}{b}"), "héllo");
+        assert_eq!(a, "h");
+    }
+
+    #[test]
+    fn error_events_map_to_codes() {
+        assert_eq!(
+            error_event_failure("tool not available").code(),
+            DuoErrorCode::G3001
+        );
+        assert_eq!(
+            error_event_failure("prompt is too long: 300000 tokens").code(),
+            DuoErrorCode::A1005
+        );
+        assert_eq!(
+            error_event_failure("overloaded_error").code(),
+            DuoErrorCode::A1004
+        );
+    }
+}

@@ -1,0 +1,371 @@
+//! Duo Chat answers: the agent loop, its resource tools and the slash
+//! commands. See `docs/chat-agent.md` for the whole path of a question.
+//!
+//! [`AgentResponder`] is the [`ChatResponder`] the worker calls for each
+//! stored question. It loads the user, checks `access_duo_chat`, resolves the
+//! page resource (dropped when the user cannot read it), loads the history,
+//! then either runs a slash command or the ReAct loop against the AI gateway.
+
+pub mod gateway_client;
+pub mod history;
+pub mod react_executor;
+pub mod slash_commands;
+pub mod tools;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use contracts::{
+    AdditionalContext, AgentMessage, CurrentFile, DuoErrorCode, ResourceContext, UnitPrimitive,
+};
+use deadpool_postgres::Pool;
+use serde_json::Value;
+use tokio_postgres::GenericClient;
+use uuid::Uuid;
+
+use crate::add_ons::AddOnCatalogue;
+use crate::completion::{ChatAnswer, ChatResponder, ChunkSender, CompletionJob, ResponderError};
+use crate::config::Config;
+use crate::gid::{self, ChatResource};
+use crate::policy::{Ability, Actor, ChatAuthError, Policy, PolicyError, Subject};
+
+use gateway_client::{GatewayAuth, GatewayClient, GatewaySettings};
+
+/// Why the responder could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("signing keys: {0}")]
+    Keys(#[from] crate::jwt::JwtError),
+    #[error("add-on catalogue: {0}")]
+    AddOns(#[from] crate::add_ons::AddOnConfigError),
+    #[error("HTTP client: {0}")]
+    Http(#[from] reqwest::Error),
+}
+
+/// What every part of an answer shares: the database, the permission rules
+/// and the gateway.
+#[derive(Clone)]
+pub struct Services {
+    pub pool: Pool,
+    pub policy: Policy,
+    pub gateway: GatewayClient,
+    /// This instance's URL: links to its resources start with it.
+    pub external_url: url::Url,
+}
+
+impl std::fmt::Debug for Services {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Services")
+            .field("gateway", &self.gateway)
+            .field("external_url", &self.external_url.as_str())
+            .finish_non_exhaustive()
+    }
+}
+
+/// One question with everything known about it, already authorized.
+#[derive(Debug, Clone)]
+pub struct RequestContext {
+    pub actor: Actor,
+    pub request_id: Uuid,
+    pub question: String,
+    /// The page resource, only when the user may read it.
+    pub resource: Option<Subject>,
+    pub current_file: Option<CurrentFile>,
+    /// The text around the selection, when the client sent it.
+    pub file_content: String,
+    pub additional_context: Vec<AdditionalContext>,
+    pub history: Vec<AgentMessage>,
+    /// Unit primitives of the user's seats.
+    pub scopes: BTreeSet<UnitPrimitive>,
+    pub auth: GatewayAuth,
+}
+
+impl RequestContext {
+    pub fn has_scope(&self, primitive: UnitPrimitive) -> bool {
+        self.scopes.contains(&primitive)
+    }
+}
+
+/// A question to answer, with the editor state the client sent along.
+#[derive(Debug, Clone)]
+pub struct Question {
+    pub request_id: Uuid,
+    pub user_id: i64,
+    pub thread_id: i64,
+    pub content: String,
+    pub resource_id: Option<String>,
+    pub current_file: Option<crate::chat::CurrentFile>,
+    pub additional_context: Vec<AdditionalContext>,
+}
+
+pub struct AgentResponder {
+    services: Arc<Services>,
+}
+
+impl AgentResponder {
+    pub fn from_config(config: &Config, pool: Pool) -> Result<Self, AgentError> {
+        let catalogue = AddOnCatalogue::load(&config.add_ons_file)?;
+        let keys = crate::jwt::KeyRing::load_or_create(&config.signing_key_dir)?;
+        let settings = GatewaySettings {
+            base_url: config.ai_gateway_url.clone(),
+            instance_id: config.instance_id.clone(),
+            issuer: config.external_url.to_string(),
+            audience: config.gateway_audience.clone(),
+            timeout: gateway_client::GATEWAY_TIMEOUT,
+            enabled_feature_flags: Vec::new(),
+        };
+        Ok(Self::new(Services {
+            pool,
+            policy: Policy::new(Arc::new(catalogue)),
+            gateway: GatewayClient::new(keys, settings)?,
+            external_url: config.external_url.clone(),
+        }))
+    }
+
+    pub fn new(services: Services) -> Self {
+        Self {
+            services: Arc::new(services),
+        }
+    }
+
+    pub fn services(&self) -> &Services {
+        &self.services
+    }
+
+    /// Answers one question. Coded failures come back as a failed
+    /// [`ChatAnswer`]; only infrastructure failures are errors.
+    pub async fn answer(
+        &self,
+        question: Question,
+        chunks: ChunkSender,
+    ) -> Result<ChatAnswer, ResponderError> {
+        let ctx = match self.prepare(&question).await {
+            Ok(ctx) => ctx,
+            Err(Refusal::Code(code, detail)) => return Ok(ChatAnswer::failed(code, detail)),
+            Err(Refusal::Transient(e)) => return Err(ResponderError::Transient(e)),
+        };
+        if let Some(command) = slash_commands::SlashCommand::parse(&ctx.question) {
+            return Ok(slash_commands::run(&self.services, &ctx, command, &chunks).await);
+        }
+        Ok(
+            react_executor::ReactExecutor::new(&self.services, &ctx, tools::ToolBox::standard())
+                .run(&chunks)
+                .await,
+        )
+    }
+
+    async fn prepare(&self, question: &Question) -> Result<RequestContext, Refusal> {
+        let services = &self.services;
+        let db = services.pool.get().await.map_err(Refusal::transient)?;
+        let actor = load_actor(&**db, question.user_id)
+            .await
+            .map_err(Refusal::transient)?
+            .ok_or_else(|| Refusal::Code(DuoErrorCode::M3004, "unknown or inactive user".into()))?;
+        services
+            .policy
+            .authorize_chat_user(&**db, Some(actor))
+            .await
+            .map_err(Refusal::from_auth)?;
+
+        let resource = match question.resource_id.as_deref() {
+            Some(text) => readable_resource(&services.policy, &**db, actor, text)
+                .await
+                .map_err(Refusal::transient)?,
+            None => None,
+        };
+        let history = history::load(&**db, question.thread_id, question.request_id)
+            .await
+            .map_err(Refusal::transient)?;
+        let scopes = services
+            .policy
+            .seat_unit_primitives(&**db, actor.id)
+            .await
+            .map_err(Refusal::transient)?;
+        let realm: String = db
+            .query_one("SELECT realm FROM instance_settings", &[])
+            .await
+            .map_err(Refusal::transient)?
+            .get(0);
+        let (current_file, file_content) = match &question.current_file {
+            Some(f) => (
+                Some(CurrentFile {
+                    file_path: f.file_name.clone(),
+                    data: f.selected_text.clone(),
+                    selected_code: true,
+                }),
+                format!(
+                    "{}{}{}",
+                    f.content_above_cursor.as_deref().unwrap_or(""),
+                    f.selected_text,
+                    f.content_below_cursor.as_deref().unwrap_or("")
+                ),
+            ),
+            None => (None, String::new()),
+        };
+        Ok(RequestContext {
+            actor,
+            request_id: question.request_id,
+            question: question.content.clone(),
+            resource,
+            current_file,
+            file_content,
+            additional_context: question.additional_context.clone(),
+            history,
+            auth: GatewayAuth {
+                user_id: actor.id,
+                scopes: scopes.iter().map(|s| s.as_str().to_owned()).collect(),
+                realm,
+                request_id: question.request_id,
+            },
+            scopes,
+        })
+    }
+
+    /// The question of a queued job, with the editor state stored alongside
+    /// the user message (`extras.current_file`, `extras.additional_context`).
+    async fn question_for(&self, job: &CompletionJob) -> Result<Question, ResponderError> {
+        let db = self
+            .services
+            .pool
+            .get()
+            .await
+            .map_err(|e| ResponderError::Transient(e.to_string()))?;
+        let extras: Option<Value> = db
+            .query_opt(
+                "SELECT extras FROM ai_conversation_messages
+                 WHERE thread_id = $1 AND request_xid = $2 AND role = 1 ORDER BY id LIMIT 1",
+                &[&job.thread_id, &job.request_id],
+            )
+            .await
+            .map_err(|e| ResponderError::Transient(e.to_string()))?
+            .and_then(|r| r.get::<_, Option<Value>>(0));
+        let extras = extras.unwrap_or(Value::Null);
+        Ok(Question {
+            request_id: job.request_id,
+            user_id: job.user_id,
+            thread_id: job.thread_id,
+            content: job.content.clone(),
+            resource_id: job.resource_id.clone(),
+            current_file: stored_current_file(&extras),
+            additional_context: stored_additional_context(&extras),
+        })
+    }
+}
+
+#[async_trait]
+impl ChatResponder for AgentResponder {
+    async fn respond(
+        &self,
+        job: &CompletionJob,
+        chunks: ChunkSender,
+    ) -> Result<ChatAnswer, ResponderError> {
+        let question = self.question_for(job).await?;
+        self.answer(question, chunks).await
+    }
+}
+
+/// Why a question is not even started.
+enum Refusal {
+    Code(DuoErrorCode, String),
+    Transient(String),
+}
+
+impl Refusal {
+    fn transient(e: impl std::fmt::Display) -> Self {
+        Self::Transient(e.to_string())
+    }
+
+    fn from_auth(e: ChatAuthError) -> Self {
+        match e {
+            ChatAuthError::Denied(code) => Self::Code(code, "chat access denied".into()),
+            ChatAuthError::Policy(p) => Self::transient(p),
+        }
+    }
+}
+
+async fn load_actor(
+    db: &impl GenericClient,
+    user_id: i64,
+) -> Result<Option<Actor>, tokio_postgres::Error> {
+    Ok(db
+        .query_opt(
+            "SELECT id, admin FROM users WHERE id = $1 AND state = 'active'",
+            &[&user_id],
+        )
+        .await?
+        .map(|r| Actor {
+            id: r.get(0),
+            admin: r.get(1),
+        }))
+}
+
+/// The page resource named by `resourceId`, or `None` when it is the user,
+/// unknown, or not readable by the user (GitLab silently drops it).
+pub async fn readable_resource(
+    policy: &Policy,
+    db: &impl GenericClient,
+    actor: Actor,
+    gid_text: &str,
+) -> Result<Option<Subject>, PolicyError> {
+    let Some(ChatResource::Item(subject)) = gid::parse_chat_resource(gid_text) else {
+        return Ok(None);
+    };
+    let ability = match subject {
+        Subject::Issue(_) => Ability::ReadIssue,
+        Subject::Epic(_) => Ability::ReadEpic,
+        Subject::MergeRequest(_) => Ability::ReadMergeRequest,
+        Subject::Project(_) => Ability::ReadProject,
+        Subject::Group(_) => Ability::ReadGroup,
+        Subject::Build(_) => Ability::ReadBuild,
+        Subject::Note(_) | Subject::Global => return Ok(None),
+    };
+    Ok(policy
+        .can(db, Some(actor), ability, subject)
+        .await?
+        .then_some(subject))
+}
+
+fn stored_current_file(extras: &Value) -> Option<crate::chat::CurrentFile> {
+    let file = extras.get("current_file")?;
+    let text = |key: &str| file.get(key).and_then(Value::as_str).map(str::to_owned);
+    Some(crate::chat::CurrentFile {
+        file_name: text("file_name").unwrap_or_default(),
+        selected_text: text("selected_text").unwrap_or_default(),
+        content_above_cursor: text("content_above_cursor"),
+        content_below_cursor: text("content_below_cursor"),
+    })
+}
+
+/// Stored additional context items; categories this version does not know
+/// are skipped rather than failing the answer.
+fn stored_additional_context(extras: &Value) -> Vec<AdditionalContext> {
+    extras
+        .get("additional_context")
+        .and_then(Value::as_array)
+        .map(|items| {
+            items
+                .iter()
+                .filter_map(|item| serde_json::from_value(item.clone()).ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The page resource as the gateway's `context` of the user message.
+pub async fn page_context(
+    services: &Services,
+    ctx: &RequestContext,
+) -> Result<Option<ResourceContext>, tokio_postgres::Error> {
+    let Some(subject) = ctx.resource else {
+        return Ok(None);
+    };
+    let db = match services.pool.get().await {
+        Ok(db) => db,
+        Err(e) => {
+            tracing::debug!(error = %e, "no database connection for the page context");
+            return Ok(None);
+        }
+    };
+    tools::resource_identifier::serialize_subject(&**db, subject, &services.external_url).await
+}

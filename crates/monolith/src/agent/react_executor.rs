@@ -1,0 +1,269 @@
+//! The ReAct loop: ask the gateway for the next step, run the tool it names,
+//! feed the observation back, until the model gives a final answer.
+//!
+//! - At most [`MAX_STEPS`] steps, then A1006.
+//! - A step ending in a retryable `error` event before any answer text was
+//!   forwarded is retried at most [`MAX_STEP_RETRIES`] times.
+//! - `final_answer_delta` texts go to the chunk sender as they arrive.
+//! - A tool the monolith does not implement ends the request with A9999 (the
+//!   gateway offered a tool this monolith is too old for); the gateway's own
+//!   "tool not available" error event ends it with G3001.
+//! - A tool used a second time in one request is not run again: the model is
+//!   told it already has that answer.
+
+use std::collections::HashSet;
+
+use contracts::{
+    AgentMessage, AgentOptions, AgentRequest, AgentScratchpad, AgentStep, MessageRole,
+};
+use futures::StreamExt;
+
+use super::gateway_client::{GatewayError, error_event_failure};
+use super::tools::{ToolBox, ToolEnv, ToolInput, ToolOutcome};
+use super::{RequestContext, Services};
+use crate::completion::{ChatAnswer, ChunkSender};
+use contracts::{AgentEvent, DuoErrorCode};
+
+pub const MAX_STEPS: usize = 10;
+pub const MAX_STEP_RETRIES: usize = 2;
+
+/// Resources the monolith cannot serve to the agent.
+const UNAVAILABLE_RESOURCES: [&str; 2] = ["Pipelines", "Vulnerabilities"];
+
+/// How one step of the model ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepOutcome {
+    /// Answer text (already forwarded to the chunk sender).
+    Final(String),
+    Action {
+        tool: String,
+        tool_input: String,
+        thought: String,
+    },
+    /// The model followed neither format; its text is the answer.
+    Unknown(String),
+}
+
+/// The observation for a tool the model already used in this request.
+pub fn already_used_observation(tool: &str) -> String {
+    format!("You already have the answer from the {tool} tool, read it carefully.")
+}
+
+pub struct ReactExecutor<'a> {
+    services: &'a Services,
+    ctx: &'a RequestContext,
+    tools: ToolBox,
+}
+
+impl<'a> ReactExecutor<'a> {
+    pub fn new(services: &'a Services, ctx: &'a RequestContext, tools: ToolBox) -> Self {
+        Self {
+            services,
+            ctx,
+            tools,
+        }
+    }
+
+    pub async fn run(&self, chunks: &ChunkSender) -> ChatAnswer {
+        let context = match super::page_context(self.services, self.ctx).await {
+            Ok(context) => context,
+            Err(e) => {
+                tracing::debug!(error = %e, "page resource could not be serialised");
+                None
+            }
+        };
+        let mut question = AgentMessage::new(MessageRole::User, self.ctx.question.clone());
+        question.context = context;
+        question.current_file = self.ctx.current_file.clone();
+        if !self.ctx.additional_context.is_empty() {
+            question.additional_context = Some(self.ctx.additional_context.clone());
+        }
+
+        let mut steps: Vec<AgentStep> = Vec::new();
+        let mut used: HashSet<String> = HashSet::new();
+        for _ in 0..MAX_STEPS {
+            let outcome = match self.step_with_retries(&question, &steps, chunks).await {
+                Ok(outcome) => outcome,
+                Err(err) => return ChatAnswer::failed(err.code(), err.to_string()),
+            };
+            match outcome {
+                StepOutcome::Final(text) => return ChatAnswer::text(text),
+                StepOutcome::Unknown(text) => {
+                    let _ = chunks.send(text.clone());
+                    return ChatAnswer::text(text);
+                }
+                StepOutcome::Action {
+                    tool,
+                    tool_input,
+                    thought,
+                } => {
+                    let Some(implementation) = self.tools.find(&tool) else {
+                        // Version skew: the gateway offered a tool this monolith lacks.
+                        return ChatAnswer::failed(
+                            DuoErrorCode::A9999,
+                            format!(
+                                "the gateway chose the tool {tool:?}, which this monolith does not implement"
+                            ),
+                        );
+                    };
+                    let observation = if used.contains(&tool) {
+                        already_used_observation(&tool)
+                    } else {
+                        used.insert(tool.clone());
+                        let env = ToolEnv {
+                            services: self.services,
+                            ctx: self.ctx,
+                            chunks,
+                        };
+                        let input = ToolInput {
+                            input: tool_input.clone(),
+                            suggestions: thought.clone(),
+                        };
+                        match self.tools.run(implementation, &env, &input).await {
+                            ToolOutcome::Observation(text) => text,
+                            ToolOutcome::Final(answer) => return answer,
+                            ToolOutcome::Failed { code, detail } => {
+                                return ChatAnswer::failed(code, detail);
+                            }
+                        }
+                    };
+                    steps.push(AgentStep {
+                        thought,
+                        tool,
+                        tool_input,
+                        observation,
+                    });
+                }
+            }
+        }
+        ChatAnswer::failed(
+            DuoErrorCode::A1006,
+            format!("no final answer after {MAX_STEPS} steps"),
+        )
+    }
+
+    fn request(&self, question: &AgentMessage, steps: &[AgentStep]) -> AgentRequest {
+        let mut messages = self.ctx.history.clone();
+        messages.push(question.clone());
+        AgentRequest {
+            messages,
+            options: (!steps.is_empty()).then(|| AgentOptions {
+                agent_scratchpad: Some(AgentScratchpad::react(steps.to_vec())),
+            }),
+            model_metadata: None,
+            unavailable_resources: Some(
+                UNAVAILABLE_RESOURCES
+                    .iter()
+                    .map(|s| (*s).to_owned())
+                    .collect(),
+            ),
+        }
+    }
+
+    async fn step_with_retries(
+        &self,
+        question: &AgentMessage,
+        steps: &[AgentStep],
+        chunks: &ChunkSender,
+    ) -> Result<StepOutcome, GatewayError> {
+        let request = self.request(question, steps);
+        let mut attempt = 0;
+        loop {
+            match self.step(&request, chunks).await {
+                Err(StepError::Retryable(message)) if attempt < MAX_STEP_RETRIES => {
+                    attempt += 1;
+                    tracing::debug!(attempt, %message, "retrying an agent step");
+                }
+                Err(StepError::Retryable(message)) => return Err(error_event_failure(&message)),
+                Err(StepError::Failed(err)) => return Err(err),
+                Ok(outcome) => return Ok(outcome),
+            }
+        }
+    }
+
+    async fn step(
+        &self,
+        request: &AgentRequest,
+        chunks: &ChunkSender,
+    ) -> Result<StepOutcome, StepError> {
+        let mut events = self
+            .services
+            .gateway
+            .agent_step(&self.ctx.auth, request)
+            .await
+            .map_err(StepError::Failed)?;
+        collect_step(&mut events, chunks).await
+    }
+}
+
+#[derive(Debug)]
+pub enum StepError {
+    /// A retryable `error` event arrived before any answer text was forwarded.
+    Retryable(String),
+    Failed(GatewayError),
+}
+
+/// Reads one step's events: forwards answer text live and decides how the
+/// step ended.
+pub async fn collect_step<S>(events: &mut S, chunks: &ChunkSender) -> Result<StepOutcome, StepError>
+where
+    S: futures::Stream<Item = Result<AgentEvent, GatewayError>> + Unpin,
+{
+    let mut answer = String::new();
+    let mut action = None;
+    let mut unknown: Option<String> = None;
+    let mut any_event = false;
+    while let Some(event) = events.next().await {
+        any_event = true;
+        match event.map_err(StepError::Failed)? {
+            AgentEvent::FinalAnswerDelta { text, .. } => {
+                if !text.is_empty() {
+                    let _ = chunks.send(text.clone());
+                    answer.push_str(&text);
+                }
+            }
+            AgentEvent::Action {
+                tool,
+                tool_input,
+                thought,
+            } => {
+                if action.is_none() {
+                    action = Some(StepOutcome::Action {
+                        tool,
+                        tool_input,
+                        thought,
+                    });
+                }
+            }
+            AgentEvent::Unknown { text } => {
+                unknown.get_or_insert_with(String::new).push_str(&text);
+            }
+            AgentEvent::Error { message, retryable } => {
+                if retryable && answer.is_empty() {
+                    return Err(StepError::Retryable(message));
+                }
+                if !answer.is_empty() && !retryable {
+                    tracing::debug!(%message, "the answer stream ended with an error");
+                }
+                return Err(StepError::Failed(if answer.is_empty() {
+                    error_event_failure(&message)
+                } else {
+                    GatewayError::Event(message)
+                }));
+            }
+        }
+    }
+    if !any_event {
+        return Err(StepError::Failed(GatewayError::NoEvents));
+    }
+    if !answer.is_empty() {
+        return Ok(StepOutcome::Final(answer));
+    }
+    if let Some(action) = action {
+        return Ok(action);
+    }
+    match unknown {
+        Some(text) if !text.trim().is_empty() => Ok(StepOutcome::Unknown(text)),
+        _ => Err(StepError::Failed(GatewayError::NoEvents)),
+    }
+}

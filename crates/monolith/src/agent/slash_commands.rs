@@ -1,0 +1,374 @@
+//! Slash commands: answered by one gateway prompt (or, for `/help`, by no
+//! model at all), without the agent loop. Each checks the user's permission
+//! on what it reads and the unit primitive of its seat before calling the
+//! gateway, and streams the answer.
+
+use contracts::{DuoErrorCode, UnitPrimitive};
+use futures::StreamExt;
+use serde_json::{Map, Value, json};
+
+use super::tools::resource_identifier::tail;
+use super::{RequestContext, Services};
+use crate::completion::{ChatAnswer, ChunkSender};
+use crate::policy::{Ability, ChatAuthError, Subject};
+
+/// The most of a job log `/troubleshoot` sends: its last characters.
+pub const MAX_LOG_CHARS: usize = 100_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommandName {
+    Explain,
+    Tests,
+    Refactor,
+    Fix,
+    Troubleshoot,
+    SummarizeComments,
+    Help,
+}
+
+/// A question of the form `/name rest`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlashCommand {
+    pub name: CommandName,
+    /// What the user wrote after the command.
+    pub input: String,
+}
+
+impl SlashCommand {
+    /// Commands this monolith knows; anything else goes to the agent.
+    pub fn parse(content: &str) -> Option<Self> {
+        let content = content.trim_start();
+        let rest = content.strip_prefix('/')?;
+        if !rest.starts_with(|c: char| c.is_alphanumeric() || c == '_') {
+            return None;
+        }
+        let (word, input) = match rest.split_once(char::is_whitespace) {
+            Some((word, input)) => (word, input.trim()),
+            None => (rest, ""),
+        };
+        let name = match word {
+            "explain" => CommandName::Explain,
+            "tests" => CommandName::Tests,
+            "refactor" => CommandName::Refactor,
+            "fix" => CommandName::Fix,
+            "troubleshoot" => CommandName::Troubleshoot,
+            "summarize_comments" => CommandName::SummarizeComments,
+            "help" => CommandName::Help,
+            _ => return None,
+        };
+        Some(Self {
+            name,
+            input: input.to_owned(),
+        })
+    }
+}
+
+pub const HELP_TEXT: &str = "I'm GitLab Duo Chat. Ask me about GitLab, about the issue, epic, merge request or CI job you are looking at, or about code.\n\n\
+Commands:\n\n\
+- `/explain`: explain the selected code\n\
+- `/tests`: write tests for the selected code\n\
+- `/refactor`: refactor the selected code\n\
+- `/fix`: fix problems in the selected code\n\
+- `/troubleshoot`: find why the CI job you are looking at failed\n\
+- `/summarize_comments`: summarize the comments of the issue, epic or merge request you are looking at\n\
+- `/reset`: start the conversation afresh in this thread\n\
+- `/clear`: clear the conversation\n\
+- `/help`: show this text";
+
+pub async fn run(
+    services: &Services,
+    ctx: &RequestContext,
+    command: SlashCommand,
+    chunks: &ChunkSender,
+) -> ChatAnswer {
+    match prepare(services, ctx, &command).await {
+        Ok(Prepared::Static(text)) => {
+            let _ = chunks.send(text.clone());
+            ChatAnswer::text(text)
+        }
+        Ok(Prepared::Prompt { id, inputs }) => {
+            stream_prompt(services, ctx, &id, inputs, chunks).await
+        }
+        Err((code, detail)) => ChatAnswer::failed(code, detail),
+    }
+}
+
+enum Prepared {
+    Static(String),
+    Prompt {
+        id: String,
+        inputs: Map<String, Value>,
+    },
+}
+
+type Refused = (DuoErrorCode, String);
+
+async fn prepare(
+    services: &Services,
+    ctx: &RequestContext,
+    command: &SlashCommand,
+) -> Result<Prepared, Refused> {
+    let need = |primitive: UnitPrimitive| {
+        if ctx.has_scope(primitive) {
+            Ok(())
+        } else {
+            Err((
+                DuoErrorCode::M3005,
+                format!("the seat does not grant {primitive}"),
+            ))
+        }
+    };
+    match command.name {
+        CommandName::Help => Ok(Prepared::Static(HELP_TEXT.to_owned())),
+        CommandName::Explain | CommandName::Tests | CommandName::Refactor | CommandName::Fix => {
+            let (prompt, primitive) = match command.name {
+                CommandName::Explain => ("explain_code", UnitPrimitive::ExplainCode),
+                CommandName::Tests => ("write_tests", UnitPrimitive::WriteTests),
+                CommandName::Refactor => ("refactor_code", UnitPrimitive::RefactorCode),
+                _ => ("fix_code", UnitPrimitive::FixCode),
+            };
+            need(primitive)?;
+            authorize_context(services, ctx).await?;
+            let file = ctx
+                .current_file
+                .as_ref()
+                .filter(|f| !f.data.trim().is_empty())
+                .ok_or((DuoErrorCode::M4000, "no code is selected".to_owned()))?;
+            let mut inputs = Map::new();
+            inputs.insert("selected_text".into(), json!(file.data));
+            inputs.insert("file_content".into(), json!(ctx.file_content));
+            inputs.insert("file_name".into(), json!(file.file_path));
+            inputs.insert(
+                "language_info".into(),
+                json!(language_info(&file.file_path)),
+            );
+            inputs.insert("input".into(), json!(command.input));
+            inputs.insert("libraries".into(), json!(""));
+            inputs.insert("file_content_reuse".into(), json!(""));
+            Ok(Prepared::Prompt {
+                id: format!("chat/{prompt}"),
+                inputs,
+            })
+        }
+        CommandName::Troubleshoot => {
+            need(UnitPrimitive::TroubleshootJob)?;
+            let Some(Subject::Build(id)) = ctx.resource else {
+                return Err((DuoErrorCode::M4005, "no CI job in context".into()));
+            };
+            authorize_resource(services, ctx, Subject::Build(id)).await?;
+            let db = services
+                .pool
+                .get()
+                .await
+                .map_err(|e| (DuoErrorCode::M4002, e.to_string()))?;
+            let row = db
+                .query_opt("SELECT status, log FROM ci_builds WHERE id = $1", &[&id])
+                .await
+                .map_err(|e| (DuoErrorCode::M4002, e.to_string()))?
+                .ok_or((DuoErrorCode::M4005, "job not found".to_owned()))?;
+            let status: String = row.get(0);
+            let log: String = row.get(1);
+            if status != "failed" || log.trim().is_empty() {
+                return Err((
+                    DuoErrorCode::M4005,
+                    "the job did not fail or has no log".into(),
+                ));
+            }
+            let mut inputs = Map::new();
+            inputs.insert("selected_text".into(), json!(tail(&log, MAX_LOG_CHARS)));
+            inputs.insert("language_info".into(), json!(""));
+            Ok(Prepared::Prompt {
+                id: "chat/troubleshoot_job".into(),
+                inputs,
+            })
+        }
+        CommandName::SummarizeComments => {
+            need(UnitPrimitive::SummarizeComments)?;
+            let (noteable_type, noteable_id) = match ctx.resource {
+                Some(Subject::Issue(id)) => ("Issue", id),
+                Some(Subject::Epic(id)) => ("Epic", id),
+                Some(Subject::MergeRequest(id)) => ("MergeRequest", id),
+                _ => {
+                    return Err((
+                        DuoErrorCode::M4004,
+                        "no issue, epic or merge request in context".into(),
+                    ));
+                }
+            };
+            let resource = ctx.resource.ok_or((DuoErrorCode::M4004, String::new()))?;
+            authorize_resource(services, ctx, resource).await?;
+            let notes = readable_notes(services, ctx, noteable_type, noteable_id).await?;
+            if notes.is_empty() {
+                return Err((DuoErrorCode::M4004, "no comments to summarize".into()));
+            }
+            let mut inputs = Map::new();
+            inputs.insert("notes_content".into(), json!(notes.join("\n")));
+            Ok(Prepared::Prompt {
+                id: "chat/summarize_comments".into(),
+                inputs,
+            })
+        }
+    }
+}
+
+/// GitLab's `ChatAuthorizer.context`: the page resource when there is one,
+/// else the user (already checked before any command runs).
+async fn authorize_context(services: &Services, ctx: &RequestContext) -> Result<(), Refused> {
+    match ctx.resource {
+        Some(resource) => authorize_resource(services, ctx, resource).await,
+        None => Ok(()),
+    }
+}
+
+async fn authorize_resource(
+    services: &Services,
+    ctx: &RequestContext,
+    resource: Subject,
+) -> Result<(), Refused> {
+    let db = services
+        .pool
+        .get()
+        .await
+        .map_err(|e| (DuoErrorCode::M4000, e.to_string()))?;
+    services
+        .policy
+        .authorize_chat_resource(&**db, Some(ctx.actor), resource)
+        .await
+        .map_err(|e| match e {
+            ChatAuthError::Denied(code) => (code, "not readable".to_owned()),
+            ChatAuthError::Policy(p) => (DuoErrorCode::M4000, p.to_string()),
+        })
+}
+
+/// The user-written notes of an item that the user may read, oldest first,
+/// each in a `<comment>` element.
+async fn readable_notes(
+    services: &Services,
+    ctx: &RequestContext,
+    noteable_type: &str,
+    noteable_id: i64,
+) -> Result<Vec<String>, Refused> {
+    let db = services
+        .pool
+        .get()
+        .await
+        .map_err(|e| (DuoErrorCode::M4000, e.to_string()))?;
+    let rows = db
+        .query(
+            "SELECT n.id, u.username, n.body FROM notes n JOIN users u ON u.id = n.author_id
+             WHERE n.noteable_type = $1 AND n.noteable_id = $2 AND NOT n.system ORDER BY n.id",
+            &[&noteable_type, &noteable_id],
+        )
+        .await
+        .map_err(|e| (DuoErrorCode::M4000, e.to_string()))?;
+    let mut notes = Vec::new();
+    for row in rows {
+        let id: i64 = row.get(0);
+        let readable = services
+            .policy
+            .can(&**db, Some(ctx.actor), Ability::ReadNote, Subject::Note(id))
+            .await
+            .map_err(|e| (DuoErrorCode::M4000, e.to_string()))?;
+        if readable {
+            let author: String = row.get(1);
+            let body: String = row.get(2);
+            notes.push(format!(
+                "<comment author=\"@{author}\">{}</comment>",
+                body.replace('<', "&lt;").replace('>', "&gt;")
+            ));
+        }
+    }
+    Ok(notes)
+}
+
+async fn stream_prompt(
+    services: &Services,
+    ctx: &RequestContext,
+    prompt_id: &str,
+    inputs: Map<String, Value>,
+    chunks: &ChunkSender,
+) -> ChatAnswer {
+    let mut stream = match services
+        .gateway
+        .prompt_stream(&ctx.auth, prompt_id, inputs)
+        .await
+    {
+        Ok(stream) => stream,
+        Err(err) => return ChatAnswer::failed(err.code(), err.to_string()),
+    };
+    let mut answer = String::new();
+    while let Some(piece) = stream.next().await {
+        match piece {
+            Ok(text) => {
+                let _ = chunks.send(text.clone());
+                answer.push_str(&text);
+            }
+            Err(err) => {
+                let code = if answer.is_empty() {
+                    err.code()
+                } else {
+                    DuoErrorCode::A1003
+                };
+                return ChatAnswer::failed(code, err.to_string());
+            }
+        }
+    }
+    if answer.trim().is_empty() {
+        return ChatAnswer::failed(DuoErrorCode::A1002, "the prompt answered nothing");
+    }
+    ChatAnswer::text(answer)
+}
+
+/// A sentence naming the language of a file, from its extension.
+pub fn language_info(file_name: &str) -> String {
+    let extension = file_name
+        .rsplit_once('.')
+        .map(|(_, e)| e.to_ascii_lowercase());
+    let language = match extension.as_deref() {
+        Some("rs") => "Rust",
+        Some("rb") => "Ruby",
+        Some("py") => "Python",
+        Some("js" | "mjs" | "cjs") => "JavaScript",
+        Some("ts" | "tsx") => "TypeScript",
+        Some("go") => "Go",
+        Some("java") => "Java",
+        Some("kt") => "Kotlin",
+        Some("c" | "h") => "C",
+        Some("cc" | "cpp" | "hpp") => "C++",
+        Some("cs") => "C#",
+        Some("php") => "PHP",
+        Some("sh") => "shell",
+        Some("yml" | "yaml") => "YAML",
+        _ => return String::new(),
+    };
+    format!("The code is written in {language}.")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_parse() {
+        assert_eq!(
+            SlashCommand::parse("/explain  what does it do"),
+            Some(SlashCommand {
+                name: CommandName::Explain,
+                input: "what does it do".into()
+            })
+        );
+        assert_eq!(
+            SlashCommand::parse("/help").map(|c| c.name),
+            Some(CommandName::Help)
+        );
+        assert_eq!(SlashCommand::parse("/unknown x"), None);
+        assert_eq!(SlashCommand::parse("explain /explain"), None);
+        assert_eq!(SlashCommand::parse("/ explain"), None);
+    }
+
+    #[test]
+    fn language_from_extension() {
+        assert_eq!(language_info("src/main.rs"), "The code is written in Rust.");
+        assert_eq!(language_info("Makefile"), "");
+    }
+}

@@ -1,0 +1,91 @@
+//! `build_reader`: reads one CI job, named by a link of this instance
+//! (`<project path>/-/jobs/<id>`) or the job the user is looking at.
+
+use async_trait::async_trait;
+use contracts::{DuoErrorCode, UnitPrimitive};
+
+use super::resource_identifier::serialize_subject;
+use super::{Tool, ToolEnv, ToolInput, ToolOutcome};
+use crate::policy::{ChatAuthError, Subject};
+
+pub struct BuildReader;
+
+/// The job id of a job link of this instance found in `text`.
+pub fn job_id_in(text: &str, base: &url::Url) -> Option<i64> {
+    text.split_whitespace().find_map(|raw| {
+        let token =
+            raw.trim_matches(|c: char| matches!(c, ',' | '.' | '?' | '!' | ')' | '(' | '"' | '\''));
+        let url = url::Url::parse(token).ok()?;
+        if url.host_str() != base.host_str()
+            || url.port_or_known_default() != base.port_or_known_default()
+        {
+            return None;
+        }
+        let (_, rest) = url.path().split_once("/-/jobs/")?;
+        rest.trim_end_matches('/').parse().ok().filter(|id| *id > 0)
+    })
+}
+
+#[async_trait]
+impl Tool for BuildReader {
+    fn name(&self) -> &'static str {
+        "build_reader"
+    }
+
+    fn unit_primitive(&self) -> UnitPrimitive {
+        UnitPrimitive::AskBuild
+    }
+
+    async fn execute(&self, env: &ToolEnv<'_>, input: &ToolInput) -> ToolOutcome {
+        let id = job_id_in(&input.input, &env.services.external_url).or(match env.ctx.resource {
+            Some(Subject::Build(id)) => Some(id),
+            _ => None,
+        });
+        let Some(id) = id else {
+            return ToolOutcome::failed(DuoErrorCode::M3003, "no job identified");
+        };
+        let db = match env.services.pool.get().await {
+            Ok(db) => db,
+            Err(e) => return ToolOutcome::failed(DuoErrorCode::M4002, e.to_string()),
+        };
+        let subject = Subject::Build(id);
+        match env
+            .services
+            .policy
+            .authorize_chat_resource(&**db, Some(env.ctx.actor), subject)
+            .await
+        {
+            Ok(()) => {}
+            Err(ChatAuthError::Denied(code)) => {
+                return ToolOutcome::failed(code, "job not readable");
+            }
+            Err(ChatAuthError::Policy(e)) => {
+                return ToolOutcome::failed(DuoErrorCode::M4002, e.to_string());
+            }
+        }
+        match serialize_subject(&**db, subject, &env.services.external_url).await {
+            Ok(Some(context)) => ToolOutcome::Observation(format!(
+                "Please use this information about the identified CI job: {}",
+                context.content
+            )),
+            Ok(None) => ToolOutcome::failed(DuoErrorCode::M3003, "job not found"),
+            Err(e) => ToolOutcome::failed(DuoErrorCode::M4002, e.to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_links_of_this_instance_only() {
+        let base = url::Url::parse("http://gitlab.test/").unwrap();
+        assert_eq!(
+            job_id_in("why did http://gitlab.test/g/p/-/jobs/42 fail?", &base),
+            Some(42)
+        );
+        assert_eq!(job_id_in("http://evil.test/g/p/-/jobs/42", &base), None);
+        assert_eq!(job_id_in("job 42", &base), None);
+    }
+}
