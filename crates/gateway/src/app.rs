@@ -14,6 +14,7 @@ use crate::observability::readiness::Readiness;
 use crate::observability::{Metrics, request_telemetry};
 use crate::prompts::{PromptLoadError, PromptRegistry};
 use crate::providers::{ChatModel, ModelRouter, ProviderError};
+use crate::search::{DocsIndex, DocsIndexError};
 use actix_web::dev::Server;
 use actix_web::middleware::from_fn;
 use actix_web::{App, HttpServer, web};
@@ -33,6 +34,8 @@ pub struct AppState {
     /// One connection pool for proxies and readiness probes.
     pub http: reqwest::Client,
     pub readiness: Arc<Readiness>,
+    /// The documentation search index, built once at start-up.
+    pub docs: Arc<DocsIndex>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -58,6 +61,8 @@ pub enum AppError {
     Keys(#[from] KeyStoreError),
     #[error("model providers: {0}")]
     Providers(#[from] ProviderError),
+    #[error(transparent)]
+    Docs(#[from] DocsIndexError),
     #[error("server error: {0}")]
     Server(#[from] std::io::Error),
 }
@@ -72,6 +77,7 @@ impl AppState {
         let prompts = Arc::new(PromptRegistry::load(&config.prompts.dir)?);
         let authenticator = Arc::new(Authenticator::from_config(&config.auth)?);
         let model: Arc<dyn ChatModel> = Arc::new(ModelRouter::new(&config.providers)?);
+        let docs = Arc::new(DocsIndex::build(&config.docs.dir, &config.docs.base_url)?);
         Ok(Self {
             prompts,
             authenticator,
@@ -80,6 +86,7 @@ impl AppState {
             config: Arc::new(config),
             metrics: Metrics::global(),
             http,
+            docs,
         })
     }
 }

@@ -23,8 +23,7 @@ pub struct Config {
     pub auth: AuthConfig,
     pub providers: ProvidersConfig,
     pub prompts: PromptsConfig,
-    /// `AIGW_DOCS__DIR`: Markdown served by the documentation search (`docs/`).
-    pub docs_dir: PathBuf,
+    pub docs: DocsConfig,
     /// `AIGW_LOGGING__LEVEL` (info): a tracing env-filter directive.
     pub log_level: String,
     /// `AIGW_LOGGING__FORMAT_JSON`: log JSON lines.
@@ -110,6 +109,17 @@ pub struct PromptsConfig {
     pub default_family: String,
 }
 
+#[derive(Debug, Clone)]
+pub struct DocsConfig {
+    /// `AIGW_DOCS__DIR`: the Markdown the documentation search indexes:
+    /// `./docs`, else `docs/` next to the prompts directory, else the source
+    /// tree's `docs/`.
+    pub dir: PathBuf,
+    /// `AIGW_DOCS__BASE_URL`: prefix of each result's `source_url`; unset
+    /// gives relative links (`docs/error-codes.md#error-a1000`).
+    pub base_url: String,
+}
+
 #[derive(Debug, thiserror::Error)]
 #[error("invalid configuration: {name}: {reason}")]
 pub struct ConfigError {
@@ -126,6 +136,23 @@ fn project_dir(sub: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../..")
         .join(sub)
+}
+
+/// `./docs` when present, else `docs/` beside an explicit prompts directory
+/// (an unpacked release), else the source tree's.
+fn docs_dir_beside(prompts_dir: Option<String>) -> PathBuf {
+    let local = PathBuf::from("docs");
+    if local.is_dir() {
+        return local;
+    }
+    if let Some(sibling) = prompts_dir
+        .map(PathBuf::from)
+        .and_then(|p| p.parent().map(|parent| parent.join("docs")))
+        .filter(|d| d.is_dir())
+    {
+        return sibling;
+    }
+    project_dir("docs")
 }
 
 struct Env<'a>(&'a BTreeMap<String, String>);
@@ -248,10 +275,13 @@ impl Config {
                 default_families,
                 default_family: env.string("AIGW_PROMPTS__DEFAULT_FAMILY", default_family),
             },
-            docs_dir: env
-                .get("AIGW_DOCS__DIR")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| project_dir("docs")),
+            docs: DocsConfig {
+                dir: env
+                    .get("AIGW_DOCS__DIR")
+                    .map(PathBuf::from)
+                    .unwrap_or_else(|| docs_dir_beside(env.get("AIGW_PROMPTS_DIR"))),
+                base_url: env.string("AIGW_DOCS__BASE_URL", ""),
+            },
             log_level: env.string("AIGW_LOGGING__LEVEL", "info"),
             log_json: env.flag("AIGW_LOGGING__FORMAT_JSON")?,
             providers,

@@ -10,6 +10,7 @@ pub mod observability;
 pub mod prompts;
 pub mod providers;
 pub mod proxy;
+pub mod search;
 
 pub use config::Config;
 pub use error::ApiError;

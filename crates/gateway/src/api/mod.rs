@@ -6,6 +6,7 @@ pub mod health;
 pub mod metrics;
 pub mod prompts;
 pub mod proxy;
+pub mod search;
 
 use actix_web::web;
 
@@ -15,5 +16,6 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .configure(metrics::configure)
         .configure(proxy::configure)
         .configure(prompts::configure)
-        .configure(agent::configure);
+        .configure(agent::configure)
+        .configure(search::configure);
 }
