@@ -114,6 +114,14 @@ impl Subscriber {
             .or_insert_with(|| broadcast::channel(self.capacity).0)
             .subscribe()
     }
+
+    /// How many in-process receivers `topic` has now (readiness probes in tests).
+    pub fn receiver_count(&self, topic: &str) -> usize {
+        let topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
+        topics
+            .get(topic)
+            .map_or(0, broadcast::Sender::receiver_count)
+    }
 }
 
 async fn run(

@@ -85,11 +85,19 @@ async fn concurrent_workers_in_two_processes_never_run_a_job_twice() {
     {
         let c = pool.get().await.unwrap();
         // The payload repeats the id so the handler can check it got the right row.
+        // currval() inside the same INSERT is not defined before the first
+        // nextval() of the session, so the ids are copied in a second statement.
         c.execute(
-            "INSERT INTO background_jobs (kind, payload)
-             SELECT 'count', jsonb_build_object('n', currval('background_jobs_id_seq'))
-             FROM generate_series(1, $1)",
+            "INSERT INTO background_jobs (kind, payload, run_at)
+             SELECT 'count', '{}'::jsonb, now() + interval '1 hour' FROM generate_series(1, $1)",
             &[&(total as i32)],
+        )
+        .await
+        .unwrap();
+        c.execute(
+            "UPDATE background_jobs SET payload = jsonb_build_object('n', id), run_at = now()
+             WHERE kind = 'count'",
+            &[],
         )
         .await
         .unwrap();

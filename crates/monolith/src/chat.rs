@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use contracts::DuoErrorCode;
 use deadpool_postgres::Pool;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio_postgres::GenericClient;
 use uuid::Uuid;
@@ -41,13 +42,14 @@ impl ConversationType {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Role {
     User = 1,
     Assistant = 2,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AdditionalContext {
     pub id: String,
     pub category: String,
@@ -55,7 +57,7 @@ pub struct AdditionalContext {
     pub metadata: Option<Value>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CurrentFile {
     pub file_name: String,
     pub selected_text: String,
@@ -81,15 +83,29 @@ pub struct ChatAccepted {
     pub thread_id: i64,
 }
 
-/// A completion to run for a stored user message.
-#[derive(Debug, Clone, PartialEq)]
+/// A completion to run for a stored user message: the payload of a
+/// `chat_completion` job in the PostgreSQL queue. New fields must default
+/// (`#[serde(default)]`) so jobs enqueued by an older release still run.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct CompletionJob {
     pub request_id: Uuid,
     pub user_id: i64,
     pub thread_id: i64,
     pub content: String,
+    /// Global ID of the page's resource (`gid://gitlab/Issue/1`, or the user's own GID).
     pub resource_id: Option<String>,
+    /// Where streamed chunks go; `None` means nobody waits for chunks.
     pub client_subscription_id: Option<String>,
+    #[serde(default)]
+    pub current_file: Option<CurrentFile>,
+    #[serde(default)]
+    pub additional_context: Vec<AdditionalContext>,
+    #[serde(default)]
+    pub platform_origin: Option<String>,
+}
+
+impl job_queue::Job for CompletionJob {
+    const KIND: &'static str = "chat_completion";
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -139,48 +155,52 @@ impl From<crate::policy::PolicyError> for ChatError {
     }
 }
 
-/// Where completion jobs go: the PostgreSQL queue in production, or an inline
-/// answerer while the agent loop is not available.
+impl From<job_queue::QueueError> for ChatError {
+    fn from(e: job_queue::QueueError) -> Self {
+        ChatError::Internal(e.to_string())
+    }
+}
+
+/// Where completion jobs go. The job is written in the transaction that stores
+/// the user's message, so a question is never stored without its job (or the
+/// other way round).
 #[async_trait]
 pub trait CompletionQueue: Send + Sync {
-    async fn enqueue(&self, job: CompletionJob) -> Result<(), ChatError>;
+    async fn enqueue(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        job: &CompletionJob,
+    ) -> Result<(), ChatError>;
 }
 
-/// Answers every request at once with a coded "not yet available" error, stored and
-/// readable like any answer, so a client never waits for nothing.
-pub struct NotYetAvailable {
-    pub pool: Pool,
-    pub docs_base_url: String,
-}
-
-pub fn not_yet_available_text(docs_base_url: &str) -> String {
-    let code = DuoErrorCode::A9999;
-    format!(
-        "Duo Chat answers are not yet available on this instance. Error code: [{code}]({})",
-        code.doc_url(docs_base_url)
-    )
+/// The production queue: a `chat_completion` job in `background_jobs`, deduplicated
+/// by request id, run by the `worker` role.
+pub struct PgCompletionQueue {
+    pub max_attempts: i32,
 }
 
 #[async_trait]
-impl CompletionQueue for NotYetAvailable {
-    async fn enqueue(&self, job: CompletionJob) -> Result<(), ChatError> {
-        let client = self.pool.get().await?;
-        let text = not_yet_available_text(&self.docs_base_url);
-        store_message(
-            &**client,
-            job.thread_id,
-            Role::Assistant,
-            "",
-            Some(job.request_id),
-            Some(json!({ "errors": [text], "code": DuoErrorCode::A9999.to_string() })),
-            json!({ "sources": [] }),
-        )
-        .await?;
+impl CompletionQueue for PgCompletionQueue {
+    async fn enqueue(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        job: &CompletionJob,
+    ) -> Result<(), ChatError> {
+        let options = job_queue::EnqueueOptions {
+            max_attempts: self.max_attempts.max(1),
+            ..Default::default()
+        }
+        .queue(COMPLETION_QUEUE)
+        .dedupe(format!("chat_completion:{}", job.request_id));
+        job_queue::enqueue(tx, job, options).await?;
         Ok(())
     }
 }
 
-#[derive(Debug, Clone, PartialEq)]
+/// The queue completion jobs go to.
+pub const COMPLETION_QUEUE: &str = "default";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StoredMessage {
     pub id: i64,
     pub thread_id: i64,
@@ -226,6 +246,56 @@ pub async fn store_message(
         )
         .await?;
     Ok(message_from_row(&row))
+}
+
+/// Stores the assistant's answer to `request_xid` unless one is stored already
+/// (a unique index allows one per request); `None` when it was already there.
+pub async fn store_answer_once(
+    db: &impl GenericClient,
+    thread_id: i64,
+    request_xid: Uuid,
+    content: &str,
+    error_details: Option<Value>,
+    extras: Value,
+) -> Result<Option<StoredMessage>, ChatError> {
+    let row = db
+        .query_opt(
+            "WITH m AS (
+                 INSERT INTO ai_conversation_messages (thread_id, role, content, message_xid, request_xid, error_details, extras)
+                 VALUES ($1, 2, $2, $3, $4, $5, $6)
+                 ON CONFLICT (request_xid) WHERE role = 2 AND request_xid IS NOT NULL DO NOTHING
+                 RETURNING *
+             ), t AS (
+                 UPDATE ai_conversation_threads SET last_updated_at = now()
+                 WHERE id = $1 AND EXISTS (SELECT 1 FROM m)
+             )
+             SELECT id, thread_id, role, content, message_xid, request_xid, error_details, extras, has_feedback, created_at FROM m",
+            &[&thread_id, &content, &Uuid::new_v4(), &request_xid, &error_details, &extras],
+        )
+        .await?;
+    Ok(row.as_ref().map(message_from_row))
+}
+
+/// Whether the request already has a stored assistant answer.
+pub async fn answer_exists(db: &impl GenericClient, request_xid: Uuid) -> Result<bool, ChatError> {
+    Ok(db
+        .query_opt(
+            "SELECT 1 FROM ai_conversation_messages WHERE request_xid = $1 AND role = 2",
+            &[&request_xid],
+        )
+        .await?
+        .is_some())
+}
+
+/// Whether the thread still exists (retention or `/clear` may have removed it).
+pub async fn thread_exists(db: &impl GenericClient, thread_id: i64) -> Result<bool, ChatError> {
+    Ok(db
+        .query_opt(
+            "SELECT 1 FROM ai_conversation_threads WHERE id = $1",
+            &[&thread_id],
+        )
+        .await?
+        .is_some())
 }
 
 fn message_from_row(row: &tokio_postgres::Row) -> StoredMessage {
@@ -321,7 +391,7 @@ impl ChatService {
                 "id": c.id, "category": c.category, "content": c.content, "metadata": c.metadata,
             })).collect::<Vec<_>>(),
         });
-        store_message(
+        let question = store_message(
             &*tx,
             thread.id,
             Role::User,
@@ -331,27 +401,39 @@ impl ChatService {
             extras,
         )
         .await?;
+        if command != "/reset" {
+            let job = CompletionJob {
+                request_id,
+                user_id: user.id,
+                thread_id: thread.id,
+                content: request.content,
+                resource_id: request.resource_id,
+                client_subscription_id: request.client_subscription_id,
+                current_file: request.current_file,
+                additional_context: request.additional_context,
+                platform_origin: request.platform_origin,
+            };
+            self.queue.enqueue(&tx, &job).await?;
+        }
+        // GitLab echoes the question to the user's open chats; NOTIFY inside the
+        // transaction is delivered at commit, so nobody sees an unsaved question.
+        crate::subscriptions::publish_to_user(
+            &*tx,
+            user.id,
+            &crate::subscriptions::LiveMessage::stored(question),
+        )
+        .await?;
         tx.commit().await?;
 
-        if command != "/reset" {
-            self.queue
-                .enqueue(CompletionJob {
-                    request_id,
-                    user_id: user.id,
-                    thread_id: thread.id,
-                    content: request.content.clone(),
-                    resource_id: request.resource_id.clone(),
-                    client_subscription_id: request.client_subscription_id.clone(),
-                })
-                .await?;
-        }
         Ok(ChatAccepted {
             request_id,
             thread_id: thread.id,
         })
     }
 
-    async fn authorize_resource(
+    /// Whether `user` may name `gid_text` as the chat's resource; unknown and
+    /// unreadable resources are both `ResourceNotFound`.
+    pub async fn authorize_resource(
         &self,
         db: &impl GenericClient,
         user: Actor,

@@ -23,7 +23,9 @@ pub type ChunkSender = mpsc::UnboundedSender<String>;
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChatAnswer {
     /// The full answer in Markdown (the concatenation of the chunks, or the
-    /// whole text when nothing was streamed). Empty when `error` is set.
+    /// whole text when nothing was streamed). When `error` is set, this is the
+    /// user-facing sentence put before "Error code: [CODE](link)"; leave it empty
+    /// to use the code's own message. Error answers are stored with empty content.
     pub content: String,
     /// `{"sources": [...]}` when a tool supplied sources; `{"sources": []}` otherwise.
     pub extras: Value,

@@ -15,6 +15,9 @@
 //! | `DUO_AI_ACTION_RATE_LIMIT` | 160 | `aiAction` requests per user per window |
 //! | `DUO_AI_ACTION_RATE_WINDOW_SECS` | 28800 | length of that window (8 hours) |
 //! | `DUO_DOCS_BASE_URL` | `https://docs.gitlab.com` | base of the links in error answers |
+//! | `DUO_WORKER_CONCURRENCY` | 4 | completion jobs one `worker` process runs at once |
+//! | `DUO_COMPLETION_MAX_ATTEMPTS` | 3 | runs of a completion job before the user gets an A9999 answer |
+//! | `DUO_THREAD_RETENTION_INTERVAL_SECS` | 3600 | how often idle threads are deleted |
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -47,6 +50,9 @@ pub struct Config {
     pub ai_action_rate_limit: u32,
     pub ai_action_rate_window: Duration,
     pub docs_base_url: url::Url,
+    pub worker_concurrency: usize,
+    pub completion_max_attempts: i32,
+    pub thread_retention_interval: Duration,
 }
 
 impl Config {
@@ -108,6 +114,15 @@ impl Config {
                 "DUO_DOCS_BASE_URL",
                 &get("DUO_DOCS_BASE_URL").unwrap_or_else(|| "https://docs.gitlab.com".into()),
             )?,
+            worker_concurrency: parse_or(&get, "DUO_WORKER_CONCURRENCY", 4)?,
+            completion_max_attempts: positive(
+                parse_or(&get, "DUO_COMPLETION_MAX_ATTEMPTS", 3)?,
+                "DUO_COMPLETION_MAX_ATTEMPTS",
+            )?,
+            thread_retention_interval: Duration::from_secs(positive(
+                parse_or(&get, "DUO_THREAD_RETENTION_INTERVAL_SECS", 3600)?,
+                "DUO_THREAD_RETENTION_INTERVAL_SECS",
+            )?),
         })
     }
 }
@@ -116,6 +131,17 @@ fn invalid<E: std::fmt::Display>(name: &'static str) -> impl Fn(E) -> ConfigErro
     move |e| ConfigError::Invalid {
         name,
         reason: e.to_string(),
+    }
+}
+
+fn positive<T: PartialOrd + Default>(value: T, name: &'static str) -> Result<T, ConfigError> {
+    if value > T::default() {
+        Ok(value)
+    } else {
+        Err(ConfigError::Invalid {
+            name,
+            reason: "must be greater than zero".into(),
+        })
     }
 }
 
@@ -161,6 +187,19 @@ mod tests {
         assert_eq!(c.ai_action_rate_limit, 160);
         assert_eq!(c.ai_action_rate_window, Duration::from_secs(28800));
         assert_eq!(c.external_url.as_str(), "http://127.0.0.1:3000/");
+        assert_eq!(c.worker_concurrency, 4);
+        assert_eq!(c.completion_max_attempts, 3);
+        assert_eq!(c.thread_retention_interval, Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn zero_attempts_are_refused() {
+        let err = from(&[
+            ("DATABASE_URL", "postgres://x/y"),
+            ("DUO_COMPLETION_MAX_ATTEMPTS", "0"),
+        ])
+        .unwrap_err();
+        assert!(err.to_string().contains("DUO_COMPLETION_MAX_ATTEMPTS"));
     }
 
     #[test]

@@ -1,18 +1,22 @@
 //! GitLab's Duo Chat GraphQL API at `/api/graphql` (juniper), with GitLab's type
 //! names so GitLab's own clients validate against it.
 
+use std::pin::Pin;
 use std::sync::Arc;
 
 use actix_web::{HttpRequest, HttpResponse, web};
+use futures::{Stream, StreamExt};
 use juniper::{
-    EmptySubscription, FieldError, FieldResult, GraphQLEnum, GraphQLInputObject, GraphQLObject,
-    GraphQLScalar, RootNode, graphql_object, graphql_value,
+    FieldError, FieldResult, GraphQLEnum, GraphQLInputObject, GraphQLObject, GraphQLScalar,
+    RootNode, graphql_object, graphql_subscription, graphql_value,
 };
 
 use crate::api::{self, ApiError};
 use crate::chat::{self, ChatError, ChatService, ConversationType, Role, StoredMessage};
 use crate::gid;
 use crate::policy::{Actor, Policy};
+use crate::subscriptions::{self, LiveHub, LiveMessage};
+use crate::tokens::AuthenticatedUser;
 use crate::web::AppState;
 
 /// Deepest selection nesting accepted.
@@ -29,9 +33,23 @@ pub struct GqlContext {
     pub pool: deadpool_postgres::Pool,
     pub user: Option<Actor>,
     pub username: Option<String>,
+    pub live: Arc<LiveHub>,
 }
 
 impl juniper::Context for GqlContext {}
+
+impl GqlContext {
+    fn new(state: &AppState, user: Option<AuthenticatedUser>) -> Self {
+        GqlContext {
+            chat: state.chat.clone(),
+            policy: state.policy.clone(),
+            pool: state.pool.clone(),
+            user: user.as_ref().map(Actor::from),
+            username: user.map(|u| u.username),
+            live: state.live.clone(),
+        }
+    }
+}
 
 macro_rules! id_scalar {
     ($rust:ident, $name:literal) => {
@@ -210,6 +228,17 @@ pub struct AiMessageExtras {
 #[derive(Debug, Clone)]
 pub struct AiMessage {
     pub stored: StoredMessage,
+    /// Set on streamed chunks (1, 2, 3…), which are never stored.
+    pub chunk_id: Option<i32>,
+}
+
+impl From<LiveMessage> for AiMessage {
+    fn from(live: LiveMessage) -> Self {
+        AiMessage {
+            stored: live.message,
+            chunk_id: live.chunk_id,
+        }
+    }
 }
 
 #[graphql_object]
@@ -225,7 +254,7 @@ impl AiMessage {
         Some(self.stored.content.clone())
     }
     fn content_html(&self) -> Option<String> {
-        if !self.stored.errors.is_empty() {
+        if !self.stored.errors.is_empty() || self.chunk_id.is_some() {
             return None;
         }
         Some(chat::render_markdown(&self.stored.content))
@@ -244,7 +273,7 @@ impl AiMessage {
         )
     }
     fn chunk_id(&self) -> Option<i32> {
-        None
+        self.chunk_id
     }
     fn errors(&self) -> Vec<String> {
         self.stored.errors.clone()
@@ -435,7 +464,10 @@ impl Query {
         Ok(AiMessageConnection {
             nodes: messages
                 .into_iter()
-                .map(|stored| AiMessage { stored })
+                .map(|stored| AiMessage {
+                    stored,
+                    chunk_id: None,
+                })
                 .collect(),
             page_info: PageInfo::single_page(),
         })
@@ -547,10 +579,67 @@ impl GqlContext {
     }
 }
 
-pub type Schema = RootNode<Query, Mutation, EmptySubscription<GqlContext>>;
+type AiMessageStream = Pin<Box<dyn Stream<Item = Result<AiMessage, FieldError>> + Send>>;
+
+pub struct Subscription;
+
+#[graphql_subscription]
+#[graphql(context = GqlContext)]
+impl Subscription {
+    /// Chat messages of the signed-in user as they happen: with a
+    /// `clientSubscriptionId`, the streamed chunks and then the full answer of that
+    /// request; otherwise every full message (questions and answers) of `aiAction`.
+    async fn ai_completion_response(
+        ctx: &GqlContext,
+        user_id: Option<UserId>,
+        resource_id: Option<AiModelId>,
+        agent_version_id: Option<AiAgentVersionId>,
+        client_subscription_id: Option<String>,
+        ai_action: Option<AiActionEnum>,
+    ) -> FieldResult<AiMessageStream> {
+        let _ = (agent_version_id, ai_action);
+        let Some(user) = ctx.user else {
+            return Err(coded("Unauthorized", "UNAUTHENTICATED"));
+        };
+        let own_id = gid::format("User", user.id);
+        if user_id.as_ref().map(|u| u.0.as_str()) != Some(own_id.as_str()) {
+            return Err(coded(
+                "The resource that you are attempting to access does not exist or you don't have permission to perform this action",
+                "RESOURCE_NOT_AVAILABLE",
+            ));
+        }
+        if let Some(resource) = &resource_id {
+            let db = ctx.pool.get().await.map_err(internal)?;
+            ctx.chat
+                .authorize_resource(&**db, user, &resource.0)
+                .await
+                .map_err(chat_field_error)?;
+        }
+        let topic = match client_subscription_id.as_deref() {
+            Some(client_id) => subscriptions::client_topic(user.id, client_id),
+            None => subscriptions::user_topic(user.id),
+        };
+        let receiver = ctx.live.subscribe(&topic).await.map_err(internal)?;
+        let stream =
+            tokio_stream::wrappers::BroadcastStream::new(receiver).filter_map(|item| async move {
+                // A lagging receiver skips ahead; the stored answer stays readable.
+                let value = item.ok()?;
+                match serde_json::from_value::<LiveMessage>(value) {
+                    Ok(live) => Some(Ok(AiMessage::from(live))),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "ignoring a malformed live message");
+                        None
+                    }
+                }
+            });
+        Ok(Box::pin(stream))
+    }
+}
+
+pub type Schema = RootNode<Query, Mutation, Subscription>;
 
 pub fn schema() -> Schema {
-    Schema::new(Query, Mutation, EmptySubscription::new())
+    Schema::new(Query, Mutation, Subscription)
 }
 
 /// Rough but safe limits on a document before it is executed: nesting depth of
@@ -660,15 +749,105 @@ pub async fn handle(
             return Ok(error_body(code, &message));
         }
     }
-    let ctx = GqlContext {
-        chat: state.chat.clone(),
-        policy: state.policy.clone(),
-        pool: state.pool.clone(),
-        user: user.as_ref().map(Actor::from),
-        username: user.map(|u| u.username),
-    };
+    let ctx = GqlContext::new(&state, user);
     let response = batch.execute(&schema, &ctx).await;
     Ok(HttpResponse::Ok().json(response))
+}
+
+/// `GET /api/graphql`: a WebSocket upgrade opens a subscription socket; anything
+/// else is an ordinary request.
+pub async fn handle_get(
+    state: web::Data<AppState>,
+    schema: web::Data<Schema>,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, actix_web::Error> {
+    let upgrade = req
+        .headers()
+        .get(actix_web::http::header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    if upgrade {
+        return open_socket(state, schema, req, payload).await;
+    }
+    let body = payload.to_bytes().await?;
+    Ok(handle(state, schema, req, body).await?)
+}
+
+/// Why a subscription socket was refused at `connection_init`; the text is what
+/// the client reads.
+#[derive(Debug, thiserror::Error)]
+pub enum SocketAuthError {
+    #[error("Unauthorized: send a personal access token as Authorization: Bearer <token>")]
+    Unauthorized,
+    #[error("Forbidden: the token needs the api, read_api or ai_features scope")]
+    InsufficientScope,
+    #[error("Forbidden: the user is blocked")]
+    Blocked,
+    #[error("Internal server error")]
+    Internal,
+}
+
+/// The token in a `connection_init` payload: `{"Authorization": "Bearer <t>"}`
+/// (any case), or `{"PRIVATE-TOKEN": "<t>"}`.
+fn token_from_init(params: &juniper::Variables) -> Option<String> {
+    use juniper::ScalarValue;
+    let text = |name: &str| {
+        params
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .and_then(|(_, v)| v.as_scalar())
+            .and_then(|v| v.try_to_string())
+    };
+    if let Some(token) = text("private-token") {
+        return Some(token.trim().to_owned());
+    }
+    let auth = text("authorization")?;
+    let (scheme, rest) = auth.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| rest.trim().to_owned())
+}
+
+/// Opens a `graphql-transport-ws` (or legacy `graphql-ws`) socket. The user is the
+/// owner of the token in the upgrade request's headers, or else of the one in
+/// the `connection_init` payload; a socket without a valid token is refused.
+async fn open_socket(
+    state: web::Data<AppState>,
+    schema: web::Data<Schema>,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, actix_web::Error> {
+    let header_user = api::optional_user(&state, &req).await?;
+    let state = state.get_ref().clone();
+    let init = move |params: juniper::Variables| async move {
+        let user = match header_user {
+            Some(user) => user,
+            None => {
+                let token = token_from_init(&params).ok_or(SocketAuthError::Unauthorized)?;
+                let db = state
+                    .pool
+                    .get()
+                    .await
+                    .map_err(|_| SocketAuthError::Internal)?;
+                crate::tokens::authenticate(&**db, &token)
+                    .await
+                    .map_err(|e| match e {
+                        crate::tokens::TokenError::Invalid => SocketAuthError::Unauthorized,
+                        crate::tokens::TokenError::Blocked => SocketAuthError::Blocked,
+                        _ => SocketAuthError::Internal,
+                    })?
+            }
+        };
+        if !user.has_any_scope(&["api", "read_api", "ai_features"]) {
+            return Err(SocketAuthError::InsufficientScope);
+        }
+        Ok(
+            juniper_graphql_ws::ConnectionConfig::new(GqlContext::new(&state, Some(user)))
+                .with_keep_alive_interval(std::time::Duration::from_secs(15)),
+        )
+    };
+    juniper_actix::subscriptions::ws_handler(req, payload, schema.into_inner(), init).await
 }
 
 #[cfg(test)]
@@ -723,10 +902,7 @@ mod tests {
             chat: Arc::new(ChatService {
                 pool: pool.clone(),
                 policy: policy.clone(),
-                queue: Arc::new(chat::NotYetAvailable {
-                    pool: pool.clone(),
-                    docs_base_url: String::new(),
-                }),
+                queue: Arc::new(chat::PgCompletionQueue { max_attempts: 1 }),
                 rate_limit: 1,
                 rate_window: std::time::Duration::from_secs(1),
                 docs_base_url: String::new(),
@@ -735,6 +911,7 @@ mod tests {
             pool,
             user: None,
             username: None,
+            live: LiveHub::new("postgres://nobody@127.0.0.1:1/none"),
         }
     }
 }

@@ -15,5 +15,7 @@ pub mod instance;
 pub mod jwt;
 pub mod policy;
 pub mod seed;
+pub mod subscriptions;
 pub mod tokens;
 pub mod web;
+pub mod worker;

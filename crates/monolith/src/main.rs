@@ -1,8 +1,12 @@
 //! `duo-monolith web | worker | migrate | seed [--json]`
 
+use std::sync::Arc;
+
 use anyhow::Context;
 use monolith::add_ons::AddOnCatalogue;
+use monolith::completion::ChatResponder;
 use monolith::config::Config;
+use monolith::worker::NotYetAvailableResponder;
 use monolith::{db, web};
 
 const USAGE: &str = "usage: duo-monolith <web|worker|migrate|seed [--json]>";
@@ -56,24 +60,28 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         "worker" => {
-            // Completions are answered inline by the web role until the queue-backed
-            // agent loop lands; the worker runs the periodic thread retention.
             let pool = db::pool(&config)?;
-            db::migrate(&pool).await.context("migrating the database")?;
-            let mut tick = tokio::time::interval(std::time::Duration::from_secs(3600));
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => match monolith::chat::apply_retention(&pool).await {
-                        Ok(deleted) => tracing::info!(deleted, "idle conversation threads removed"),
-                        Err(e) => tracing::warn!(error = %e, "thread retention failed"),
-                    },
-                    _ = tokio::signal::ctrl_c() => {
-                        tracing::info!("worker stopping");
-                        return Ok(());
-                    }
+            let responder = chat_responder(&config, &pool)?;
+            let shutdown = async {
+                if let Err(e) = tokio::signal::ctrl_c().await {
+                    tracing::warn!(error = %e, "cannot wait for Ctrl-C; stopping");
                 }
-            }
+            };
+            monolith::worker::run(&config, pool, responder, shutdown)
+                .await
+                .context("running the worker role")?;
+            Ok(())
         }
         _ => anyhow::bail!("{USAGE}"),
     }
+}
+
+/// The responder the worker answers questions with.
+fn chat_responder(
+    _config: &Config,
+    _pool: &deadpool_postgres::Pool,
+) -> anyhow::Result<Arc<dyn ChatResponder>> {
+    // TODO(lead): once `monolith::agent` lands, return
+    // `Arc::new(monolith::agent::AgentResponder::from_config(config, pool.clone())?)`.
+    Ok(Arc::new(NotYetAvailableResponder))
 }

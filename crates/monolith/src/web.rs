@@ -7,10 +7,13 @@ use actix_web::{App, HttpResponse, HttpServer, web};
 use deadpool_postgres::Pool;
 
 use crate::add_ons::AddOnCatalogue;
-use crate::chat::{ChatService, CompletionQueue, NotYetAvailable};
+use secrecy::ExposeSecret;
+
+use crate::chat::{ChatService, CompletionQueue, PgCompletionQueue};
 use crate::config::Config;
 use crate::jwt::{JwtError, KeyRing};
 use crate::policy::Policy;
+use crate::subscriptions::LiveHub;
 
 #[derive(Clone)]
 pub struct AppState {
@@ -19,14 +22,15 @@ pub struct AppState {
     pub config: Arc<Config>,
     pub chat: Arc<ChatService>,
     pub keys: Arc<std::sync::RwLock<KeyRing>>,
+    /// Live messages for `aiCompletionResponse` subscribers on this process.
+    pub live: Arc<LiveHub>,
 }
 
 impl AppState {
-    /// State whose completions are answered inline with "not yet available".
+    /// State whose completions go to the PostgreSQL queue (run by `worker`).
     pub fn new(pool: Pool, config: Config, catalogue: AddOnCatalogue) -> Result<Self, JwtError> {
-        let queue = Arc::new(NotYetAvailable {
-            pool: pool.clone(),
-            docs_base_url: config.docs_base_url.to_string(),
+        let queue = Arc::new(PgCompletionQueue {
+            max_attempts: config.completion_max_attempts,
         });
         Self::with_queue(pool, config, catalogue, queue)
     }
@@ -49,12 +53,14 @@ impl AppState {
             rate_window: config.ai_action_rate_window,
             docs_base_url: config.docs_base_url.to_string(),
         });
+        let live = LiveHub::new(config.database_url.expose_secret());
         Ok(Self {
             pool,
             policy,
             config: Arc::new(config),
             chat,
             keys,
+            live,
         })
     }
 }
@@ -108,7 +114,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         web::get().to(crate::api::oidc::jwks),
     )
     .route("/api/graphql", web::post().to(crate::graphql::handle))
-    .route("/api/graphql", web::get().to(crate::graphql::handle))
+    // GET with `Upgrade: websocket` opens a subscription socket.
+    .route("/api/graphql", web::get().to(crate::graphql::handle_get))
     .service(
         web::scope("/api/v4")
             .configure(crate::api::users::routes)

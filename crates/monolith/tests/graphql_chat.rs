@@ -66,7 +66,7 @@ async fn world() -> (Fx, Server, Actor, Client) {
 
 #[tokio::test]
 async fn chat_question_is_stored_and_answered_with_a_coded_error() {
-    let (_fx, _server, user, client) = world().await;
+    let (fx, _server, user, client) = world().await;
     let res = client
         .gql(CHAT_MUTATION, json!({ "question": "What is **Duo**?", "resourceId": format!("gid://gitlab/User/{}", user.id) }))
         .await;
@@ -76,13 +76,36 @@ async fn chat_question_is_stored_and_answered_with_a_coded_error() {
     let thread_id = payload["threadId"].as_str().unwrap().to_string();
     assert!(thread_id.starts_with("gid://gitlab/Ai::Conversation::Thread/"));
 
-    let res = client
-        .gql(MESSAGES_QUERY, json!({ "threadId": thread_id }))
-        .await;
-    let nodes = res["data"]["aiMessages"]["nodes"]
-        .as_array()
-        .unwrap()
-        .clone();
+    // The answer comes from a worker (here in-process, with the default responder).
+    let worker = monolith::worker::spawn(
+        fx.pool.clone(),
+        fx.db.url(),
+        std::sync::Arc::new(monolith::worker::NotYetAvailableResponder),
+        "https://docs.gitlab.com".into(),
+        monolith::worker::WorkerSettings {
+            queue: job_queue::WorkerConfig {
+                poll_interval: std::time::Duration::from_millis(100),
+                ..Default::default()
+            },
+            retention_every: std::time::Duration::from_secs(3600),
+        },
+    )
+    .unwrap();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    let (res, nodes) = loop {
+        let res = client
+            .gql(MESSAGES_QUERY, json!({ "threadId": thread_id }))
+            .await;
+        let nodes = res["data"]["aiMessages"]["nodes"]
+            .as_array()
+            .unwrap()
+            .clone();
+        if nodes.len() >= 2 || tokio::time::Instant::now() > deadline {
+            break (res, nodes);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    worker.shutdown().await;
     assert_eq!(nodes.len(), 2, "{res}");
     assert_eq!(nodes[0]["role"], "USER");
     assert_eq!(nodes[0]["content"], "What is **Duo**?");

@@ -1,0 +1,148 @@
+//! Live chat messages: what the worker and the web role publish through
+//! PostgreSQL NOTIFY (`job_queue::pubsub`) and what `aiCompletionResponse`
+//! subscribers receive, on whichever `web` process their socket is open.
+//!
+//! Two kinds of topic, both scoped by user id so guessing another user's
+//! `clientSubscriptionId` gets nothing:
+//! - [`user_topic`]: full messages (the echoed question, the stored answer) for
+//!   subscribers that passed `aiAction: CHAT` without a `clientSubscriptionId`;
+//! - [`client_topic`]: the streamed chunks and then the full answer of one request.
+
+use std::sync::Arc;
+
+use chrono::Utc;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{OnceCell, broadcast};
+use tokio_postgres::GenericClient;
+use uuid::Uuid;
+
+use crate::chat::{Role, StoredMessage};
+
+/// Broadcast buffer per topic in one process; a subscriber that falls this far
+/// behind skips ahead (it still reads the stored answer through `aiMessages`).
+const TOPIC_CAPACITY: usize = 1024;
+
+pub fn user_topic(user_id: i64) -> String {
+    format!("ai_completion:user:{user_id}")
+}
+
+pub fn client_topic(user_id: i64, client_subscription_id: &str) -> String {
+    format!("ai_completion:client:{user_id}:{client_subscription_id}")
+}
+
+/// One `AiMessage` as it travels between processes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LiveMessage {
+    pub message: StoredMessage,
+    /// 1, 2, 3… for streamed chunks; `None` for full messages.
+    pub chunk_id: Option<i32>,
+}
+
+impl LiveMessage {
+    pub fn stored(message: StoredMessage) -> Self {
+        Self {
+            message,
+            chunk_id: None,
+        }
+    }
+
+    /// A streamed piece of the answer to `request_id`; never stored.
+    pub fn chunk(thread_id: i64, request_id: Uuid, chunk_id: i32, content: String) -> Self {
+        Self {
+            message: StoredMessage {
+                id: 0,
+                thread_id,
+                role: Role::Assistant,
+                content,
+                message_xid: Uuid::new_v4(),
+                request_xid: Some(request_id),
+                errors: Vec::new(),
+                error_code: None,
+                extras: serde_json::json!({ "sources": [] }),
+                has_feedback: false,
+                created_at: Utc::now(),
+            },
+            chunk_id: Some(chunk_id),
+        }
+    }
+}
+
+/// Publishes to the user's `aiAction` subscribers. Inside a transaction the
+/// message goes out at commit.
+pub async fn publish_to_user(
+    db: &impl GenericClient,
+    user_id: i64,
+    message: &LiveMessage,
+) -> Result<(), job_queue::QueueError> {
+    let payload = serde_json::to_value(message)?;
+    job_queue::pubsub::publish(db, &user_topic(user_id), &payload).await
+}
+
+/// Publishes to the subscribers of one request's `clientSubscriptionId`.
+pub async fn publish_to_client(
+    db: &impl GenericClient,
+    user_id: i64,
+    client_subscription_id: &str,
+    message: &LiveMessage,
+) -> Result<(), job_queue::QueueError> {
+    let payload = serde_json::to_value(message)?;
+    job_queue::pubsub::publish(db, &client_topic(user_id, client_subscription_id), &payload).await
+}
+
+/// This process's one LISTEN connection for live messages, opened on the first
+/// subscription (so the web role starts even while the database is still coming up).
+pub struct LiveHub {
+    database_url: String,
+    subscriber: OnceCell<job_queue::pubsub::Subscriber>,
+}
+
+impl LiveHub {
+    pub fn new(database_url: impl Into<String>) -> Arc<Self> {
+        Arc::new(Self {
+            database_url: database_url.into(),
+            subscriber: OnceCell::new(),
+        })
+    }
+
+    async fn subscriber(&self) -> Result<&job_queue::pubsub::Subscriber, job_queue::QueueError> {
+        self.subscriber
+            .get_or_try_init(|| {
+                job_queue::pubsub::Subscriber::connect(&self.database_url, TOPIC_CAPACITY)
+            })
+            .await
+    }
+
+    /// Receives every message published on `topic` from now on (by any process).
+    pub async fn subscribe(
+        &self,
+        topic: &str,
+    ) -> Result<broadcast::Receiver<serde_json::Value>, job_queue::QueueError> {
+        Ok(self.subscriber().await?.subscribe(topic))
+    }
+
+    /// How many receivers in this process listen to `topic` (readiness probes in tests).
+    pub fn receiver_count(&self, topic: &str) -> usize {
+        self.subscriber.get().map_or(0, |s| s.receiver_count(topic))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn live_messages_round_trip_through_json() {
+        let chunk = LiveMessage::chunk(7, Uuid::new_v4(), 2, "par".into());
+        let json = serde_json::to_value(&chunk).unwrap();
+        assert_eq!(json["chunk_id"], 2);
+        assert_eq!(json["message"]["role"], "assistant");
+        let back: LiveMessage = serde_json::from_value(json).unwrap();
+        assert_eq!(back, chunk);
+    }
+
+    #[test]
+    fn topics_are_scoped_by_user() {
+        assert_ne!(client_topic(1, "abc"), client_topic(2, "abc"));
+        assert_ne!(user_topic(1), client_topic(1, ""));
+    }
+}
