@@ -6,7 +6,6 @@ use anyhow::Context;
 use monolith::add_ons::AddOnCatalogue;
 use monolith::completion::ChatResponder;
 use monolith::config::Config;
-use monolith::worker::NotYetAvailableResponder;
 use monolith::{db, web};
 
 const USAGE: &str = "usage: duo-monolith <web|worker|migrate|seed [--json]>";
@@ -76,12 +75,13 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
-/// The responder the worker answers questions with.
+/// The responder the worker answers questions with: the agent loop.
+/// (`monolith::worker::NotYetAvailableResponder` is the stand-in when no agent is wanted.)
 fn chat_responder(
-    _config: &Config,
-    _pool: &deadpool_postgres::Pool,
+    config: &Config,
+    pool: &deadpool_postgres::Pool,
 ) -> anyhow::Result<Arc<dyn ChatResponder>> {
-    // TODO(lead): once `monolith::agent` lands, return
-    // `Arc::new(monolith::agent::AgentResponder::from_config(config, pool.clone())?)`.
-    Ok(Arc::new(NotYetAvailableResponder))
+    let agent = monolith::agent::AgentResponder::from_config(config, pool.clone())
+        .context("setting up the chat agent")?;
+    Ok(Arc::new(agent))
 }
