@@ -387,3 +387,42 @@ async fn a_socket_without_a_valid_token_is_refused() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_question_asked_on_one_replica_reaches_a_socket_on_another() {
+    let (fx, user, token, web_a) = world().await;
+    let web_b = Web::start(&fx).await;
+    let mut socket = transport_socket(&web_b, &token).await;
+    send(
+        &mut socket,
+        json!({ "id": "chat", "type": "subscribe", "payload": {
+            "query": SUBSCRIPTION,
+            "variables": { "userId": format!("gid://gitlab/User/{}", user.id), "aiAction": "CHAT" },
+        }}),
+    )
+    .await;
+    web_b
+        .wait_for_listener(&subscriptions::user_topic(user.id))
+        .await;
+    // Replica A has never had a subscriber: it only publishes.
+    assert_eq!(
+        web_a
+            .state
+            .live
+            .receiver_count(&subscriptions::user_topic(user.id)),
+        0
+    );
+    let res = web_a
+        .gql(
+            &token,
+            CHAT_MUTATION,
+            json!({ "question": "Across replicas?" }),
+        )
+        .await;
+    assert_eq!(res["data"]["aiAction"]["errors"], json!([]), "{res}");
+    let echo = next(&mut socket).await.unwrap();
+    let data = &echo["payload"]["data"]["aiCompletionResponse"];
+    assert_eq!(data["role"], "USER", "{echo}");
+    assert_eq!(data["content"], "Across replicas?");
+    assert_eq!(data["requestId"], res["data"]["aiAction"]["requestId"]);
+}

@@ -434,3 +434,40 @@ async fn a_run_whose_lease_expired_cannot_store_a_second_answer() {
     assert_eq!(stored.len(), 1, "{stored:?}");
     assert_eq!(stored[0].0, "rescued answer");
 }
+
+#[tokio::test]
+async fn the_worker_deletes_idle_threads_periodically() {
+    let (fx, user, chat) = world(3).await;
+    ask(&chat, user, "an old conversation").await;
+    let db = fx.pool.get().await.unwrap();
+    db.execute(
+        "UPDATE ai_conversation_threads SET last_updated_at = now() - interval '31 days'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let mut every_tick = fast();
+    every_tick.retention_every = Duration::from_millis(200);
+    // The question's own completion would refresh the thread: drop that job.
+    db.execute("DELETE FROM background_jobs", &[])
+        .await
+        .unwrap();
+    let worker = start(&fx, Fixed::new("unused"), every_tick);
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let threads: i64 = db
+            .query_one("SELECT count(*) FROM ai_conversation_threads", &[])
+            .await
+            .unwrap()
+            .get(0);
+        if threads == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "idle thread never deleted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    worker.shutdown().await;
+}
