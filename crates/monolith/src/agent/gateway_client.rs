@@ -142,6 +142,12 @@ impl GatewayClient {
         })
     }
 
+    /// Sends these names as `x-gitlab-enabled-feature-flags` on every call.
+    pub fn with_enabled_feature_flags(mut self, flags: Vec<String>) -> Self {
+        self.settings.enabled_feature_flags = flags;
+        self
+    }
+
     pub fn settings(&self) -> &GatewaySettings {
         &self.settings
     }

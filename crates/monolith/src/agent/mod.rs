@@ -99,6 +99,7 @@ pub struct Question {
     pub additional_context: Vec<AdditionalContext>,
 }
 
+#[derive(Clone)]
 pub struct AgentResponder {
     services: Arc<Services>,
 }
@@ -127,6 +128,13 @@ impl AgentResponder {
         Self {
             services: Arc::new(services),
         }
+    }
+
+    /// Sends these feature flags to the gateway (which gates some tools on them).
+    pub fn with_enabled_feature_flags(self, flags: Vec<String>) -> Self {
+        let mut services = (*self.services).clone();
+        services.gateway = services.gateway.with_enabled_feature_flags(flags);
+        Self::new(services)
     }
 
     pub fn services(&self) -> &Services {
