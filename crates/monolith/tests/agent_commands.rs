@@ -256,3 +256,43 @@ async fn the_documentation_tool_answers_with_sources() {
     // One model call: the documentation answer itself needs none.
     assert_eq!(bench.provider_bodies().len(), 1);
 }
+
+#[tokio::test]
+async fn the_worker_seam_reads_the_selection_from_the_job() {
+    use monolith::completion::{ChatResponder, CompletionJob};
+    let bench = Bench::start().await;
+    let world = bench.world().await;
+    let thread = bench
+        .fx
+        .id(
+            "INSERT INTO ai_conversation_threads (user_id, conversation_type) VALUES ($1, 1) RETURNING id",
+            &[&world.user.id],
+        )
+        .await;
+    let request_id = uuid::Uuid::new_v4();
+    bench
+        .fx
+        .exec(
+            "INSERT INTO ai_conversation_messages (thread_id, role, content, message_xid, request_xid)
+             VALUES ($1, 1, '/explain', $2, $3)",
+            &[&thread, &uuid::Uuid::new_v4(), &request_id],
+        )
+        .await;
+    bench.fake.push_text("It does nothing.");
+    let job = CompletionJob {
+        request_id,
+        user_id: world.user.id,
+        thread_id: thread,
+        content: "/explain".into(),
+        current_file: selection("fn job_marker_fn() {}"),
+        ..Default::default()
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+
+    let answer = bench.responder.respond(&job, tx).await.unwrap();
+
+    assert_eq!(answer.error, None, "{answer:?}");
+    assert_eq!(answer.content, "It does nothing.");
+    assert_eq!(rx.recv().await.as_deref(), Some("It does nothing."));
+    assert!(bench.provider_bodies()[0].contains("job_marker_fn"));
+}

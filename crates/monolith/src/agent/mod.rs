@@ -230,33 +230,51 @@ impl AgentResponder {
         })
     }
 
-    /// The question of a queued job, with the editor state stored alongside
-    /// the user message (`extras.current_file`, `extras.additional_context`).
+    /// The question of a queued job. The editor state travels in the job;
+    /// jobs from before it did fall back to the stored message's `extras`.
     async fn question_for(&self, job: &CompletionJob) -> Result<Question, ResponderError> {
-        let db = self
-            .services
-            .pool
-            .get()
-            .await
-            .map_err(|e| ResponderError::Transient(e.to_string()))?;
-        let extras: Option<Value> = db
-            .query_opt(
-                "SELECT extras FROM ai_conversation_messages
-                 WHERE thread_id = $1 AND request_xid = $2 AND role = 1 ORDER BY id LIMIT 1",
-                &[&job.thread_id, &job.request_id],
-            )
-            .await
-            .map_err(|e| ResponderError::Transient(e.to_string()))?
-            .and_then(|r| r.get::<_, Option<Value>>(0));
-        let extras = extras.unwrap_or(Value::Null);
+        let mut current_file = job.current_file.clone();
+        let mut additional_context: Vec<AdditionalContext> = job
+            .additional_context
+            .iter()
+            .filter_map(|c| {
+                serde_json::from_value(serde_json::json!({
+                    "category": c.category,
+                    "id": c.id,
+                    "content": c.content,
+                    "metadata": c.metadata,
+                }))
+                .ok()
+            })
+            .collect();
+        if current_file.is_none() && additional_context.is_empty() {
+            let db = self
+                .services
+                .pool
+                .get()
+                .await
+                .map_err(|e| ResponderError::Transient(e.to_string()))?;
+            let extras: Value = db
+                .query_opt(
+                    "SELECT extras FROM ai_conversation_messages
+                     WHERE thread_id = $1 AND request_xid = $2 AND role = 1 ORDER BY id LIMIT 1",
+                    &[&job.thread_id, &job.request_id],
+                )
+                .await
+                .map_err(|e| ResponderError::Transient(e.to_string()))?
+                .and_then(|r| r.get::<_, Option<Value>>(0))
+                .unwrap_or(Value::Null);
+            current_file = stored_current_file(&extras);
+            additional_context = stored_additional_context(&extras);
+        }
         Ok(Question {
             request_id: job.request_id,
             user_id: job.user_id,
             thread_id: job.thread_id,
             content: job.content.clone(),
             resource_id: job.resource_id.clone(),
-            current_file: stored_current_file(&extras),
-            additional_context: stored_additional_context(&extras),
+            current_file,
+            additional_context,
         })
     }
 }

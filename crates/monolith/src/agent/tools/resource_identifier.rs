@@ -112,14 +112,16 @@ pub enum Identifier {
 pub fn direct_candidates(kind: ReaderKind, text: &str, base: &url::Url) -> Vec<Identifier> {
     let mut found: Vec<Identifier> = Vec::new();
     for raw in text.split_whitespace() {
-        let token = raw.trim_matches(|c: char| {
-            matches!(
-                c,
-                ',' | '.' | '?' | '!' | ')' | '(' | '"' | '\'' | ':' | ';' | '`'
-            )
-        });
-        // A trailing '!' is punctuation, but a merge request reference ends in
-        // digits, so trimming it loses nothing.
+        // Leading '#', '&' and '!' belong to references; trailing punctuation
+        // does not (a reference ends in digits, so trimming loses nothing).
+        let token = raw
+            .trim_start_matches(['(', '"', '\'', '`'])
+            .trim_end_matches(|c: char| {
+                matches!(
+                    c,
+                    ',' | '.' | '?' | '!' | ')' | '"' | '\'' | ':' | ';' | '`'
+                )
+            });
         if token.is_empty() {
             continue;
         }
