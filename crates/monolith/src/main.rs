@@ -33,6 +33,7 @@ async fn main() -> anyhow::Result<()> {
             let pool = db::pool(&config)?;
             db::migrate(&pool).await.context("migrating the database")?;
             monolith::instance::apply_config(&pool, &config).await?;
+            ensure_signing_key(&pool, &config).await?;
             let catalogue = AddOnCatalogue::load(&config.add_ons_file)?;
             let listener = std::net::TcpListener::bind(config.web_addr)
                 .with_context(|| format!("binding {}", config.web_addr))?;
@@ -60,6 +61,7 @@ async fn main() -> anyhow::Result<()> {
         }
         "worker" => {
             let pool = db::pool(&config)?;
+            ensure_signing_key(&pool, &config).await?;
             let responder = chat_responder(&config, &pool)?;
             let shutdown = async {
                 if let Err(e) = tokio::signal::ctrl_c().await {
@@ -84,4 +86,29 @@ fn chat_responder(
     let agent = monolith::agent::AgentResponder::from_config(config, pool.clone())
         .context("setting up the chat agent")?;
     Ok(Arc::new(agent))
+}
+
+/// Creates the first signing key under a database-wide lock: `web` and `worker`
+/// starting together on an empty key directory would otherwise each create their
+/// own key, and the worker would sign with a key the web role's JWKS lacks.
+async fn ensure_signing_key(pool: &deadpool_postgres::Pool, config: &Config) -> anyhow::Result<()> {
+    const LOCK: &str = "SELECT pg_advisory_lock(hashtextextended('duo_signing_keys', 0))";
+    const UNLOCK: &str = "SELECT pg_advisory_unlock(hashtextextended('duo_signing_keys', 0))";
+    let client = pool.get().await.context("connecting to the database")?;
+    client
+        .execute(LOCK, &[])
+        .await
+        .context("locking the key directory")?;
+    let loaded = monolith::jwt::KeyRing::load_or_create(&config.signing_key_dir);
+    client
+        .execute(UNLOCK, &[])
+        .await
+        .context("unlocking the key directory")?;
+    loaded.with_context(|| {
+        format!(
+            "loading signing keys from {}",
+            config.signing_key_dir.display()
+        )
+    })?;
+    Ok(())
 }
