@@ -1,16 +1,16 @@
 //! `duo-bench`: how much latency and memory the gateway adds on top of its
 //! model provider.
 //!
-//! Starts a minimal provider in-process and `duo-gateway` as a child process
-//! (so its peak RSS can be read), both on loopback. For each target it sends
+//! Starts the fake provider (the `fake-provider` crate) in-process on its own
+//! thread and `duo-gateway` as a child process (so its peak RSS can be read),
+//! both on loopback. For each target it sends
 //! requests at a fixed rate, first straight to the provider and then through
 //! the gateway, and reports the difference. Rates step up until a request
 //! fails; the best rate is the highest whose added p99 stayed under 1 ms with
 //! no errors. The whole run stays well under 3 minutes.
 
-mod upstream;
-
 use anyhow::{Context, bail};
+use fake_provider::{FakeProvider, FakeProviderOptions};
 use futures::StreamExt;
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -46,7 +46,7 @@ fn targets() -> Vec<Target> {
             gateway_path: "/v1/prompts/chat/explain_code",
             direct_path: "/v1/chat/completions",
             direct_body: chat.clone(),
-            gateway_body: serde_json::json!({"inputs": {"code": "fn main() {}", "file_name": "main.rs", "language": "rust"}, "stream": true}),
+            gateway_body: serde_json::json!({"inputs": {"selected_text": "fn main() {}", "file_content": "fn main() {}", "language_info": "The code is written in Rust.", "input": ""}, "stream": true}),
             unit_primitive: "explain_code",
         },
         Target {
@@ -151,6 +151,42 @@ async fn run_at(client: &reqwest::Client, call: &Call, rate: u32, duration: Dura
     sample
 }
 
+/// What the fake model answers: a finished ReAct step, so `/v2/chat/agent`
+/// streams a final answer, in a few SSE events as a real provider would.
+const MODEL_ANSWER: &str = "Thought: I know this.\nFinal Answer: It prints hello.";
+
+/// Starts the fake provider on its own thread and actix system, so that its
+/// work never shares a scheduler with the load generator. Returns its URL.
+fn start_provider() -> anyhow::Result<String> {
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("fake-provider".into())
+        .spawn(move || {
+            actix_web::rt::System::new().block_on(async move {
+                match FakeProvider::start_with(FakeProviderOptions::default()).await {
+                    Ok(provider) => {
+                        // The bench sends hundreds of thousands of requests:
+                        // recording them would only cost time and memory.
+                        provider.set_recording(false);
+                        provider.set_default_text(MODEL_ANSWER);
+                        provider.set_chunk_size(24);
+                        let _ = ready_tx.send(Ok(provider.url()));
+                        // Serve until the process exits.
+                        std::future::pending::<()>().await;
+                        drop(provider);
+                    }
+                    Err(err) => {
+                        let _ = ready_tx.send(Err(err));
+                    }
+                }
+            });
+        })?;
+    let url = ready_rx
+        .recv_timeout(Duration::from_secs(10))
+        .context("the fake provider did not start")??;
+    Ok(url)
+}
+
 fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
@@ -232,7 +268,7 @@ fn added(gateway: Duration, direct: Duration) -> Duration {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let started = Instant::now();
-    let provider = upstream::spawn()?;
+    let provider = start_provider()?;
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(1024)
         .timeout(Duration::from_secs(10))
