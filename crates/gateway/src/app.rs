@@ -131,6 +131,9 @@ pub fn build_server(state: AppState, listener: TcpListener) -> Result<Server, Ap
             .wrap(from_fn(request_telemetry))
             .configure(|cfg| configure_app(cfg, &state))
     })
+    // Streamed answers are many small writes; with Nagle's algorithm each one
+    // after the first waits for the client's delayed ACK (~40 ms on Linux).
+    .tcp_nodelay(true)
     .listen(listener)?
     .run();
     Ok(server)
