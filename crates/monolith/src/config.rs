@@ -18,6 +18,7 @@
 //! | `DUO_WORKER_CONCURRENCY` | 4 | completion jobs one `worker` process runs at once |
 //! | `DUO_COMPLETION_MAX_ATTEMPTS` | 3 | runs of a completion job before the user gets an A9999 answer |
 //! | `DUO_THREAD_RETENTION_INTERVAL_SECS` | 3600 | how often idle threads are deleted |
+//! | `DUO_JOB_LEASE_SECS` | 15 | how long a claimed job stays with a worker that stopped renewing it (crash recovery time) |
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -53,6 +54,7 @@ pub struct Config {
     pub worker_concurrency: usize,
     pub completion_max_attempts: i32,
     pub thread_retention_interval: Duration,
+    pub job_lease: Duration,
 }
 
 impl Config {
@@ -123,6 +125,10 @@ impl Config {
                 parse_or(&get, "DUO_THREAD_RETENTION_INTERVAL_SECS", 3600)?,
                 "DUO_THREAD_RETENTION_INTERVAL_SECS",
             )?),
+            job_lease: Duration::from_secs(positive(
+                parse_or(&get, "DUO_JOB_LEASE_SECS", 15)?,
+                "DUO_JOB_LEASE_SECS",
+            )?),
         })
     }
 }
@@ -190,6 +196,7 @@ mod tests {
         assert_eq!(c.worker_concurrency, 4);
         assert_eq!(c.completion_max_attempts, 3);
         assert_eq!(c.thread_retention_interval, Duration::from_secs(3600));
+        assert_eq!(c.job_lease, Duration::from_secs(15));
     }
 
     #[test]

@@ -238,6 +238,9 @@ impl WorkerSettings {
         Self {
             queue: WorkerConfig {
                 concurrency: config.worker_concurrency,
+                lease: config.job_lease,
+                // Three renewals per lease: one lost heartbeat does not lose the job.
+                heartbeat: (config.job_lease / 3).max(Duration::from_millis(100)),
                 ..WorkerConfig::default()
             },
             retention_every: config.thread_retention_interval,
