@@ -409,3 +409,21 @@ async fn history_after_reset_reaches_the_model() {
     assert!(bodies[1].contains("Otters hold hands while sleeping."));
     assert!(!bodies.last().unwrap().contains("Otters hold hands"));
 }
+
+#[tokio::test]
+async fn a_silent_gateway_is_a1000() {
+    let bench = Bench::start().await;
+    let world = bench.world().await;
+    let responder = bench
+        .responder
+        .clone()
+        .with_gateway_timeout(std::time::Duration::from_millis(500))
+        .unwrap();
+    bench.fake.push_failure(Failure::Hang);
+
+    let answered = bench
+        .ask_with(world.user, "Are you there?", None, None, &responder)
+        .await;
+
+    assert_eq!(code(&answered), Some(DuoErrorCode::A1000));
+}

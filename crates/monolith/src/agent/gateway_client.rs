@@ -142,6 +142,13 @@ impl GatewayClient {
         })
     }
 
+    /// The same client with another silence limit (tests use short ones).
+    pub fn with_timeout(self, timeout: Duration) -> Result<Self, reqwest::Error> {
+        let mut settings = self.settings;
+        settings.timeout = timeout;
+        Self::new(self.keys, settings)
+    }
+
     /// Sends these names as `x-gitlab-enabled-feature-flags` on every call.
     pub fn with_enabled_feature_flags(mut self, flags: Vec<String>) -> Self {
         self.settings.enabled_feature_flags = flags;

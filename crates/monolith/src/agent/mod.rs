@@ -137,6 +137,13 @@ impl AgentResponder {
         Self::new(services)
     }
 
+    /// Gives up on a gateway that stays silent for `timeout` (A1000).
+    pub fn with_gateway_timeout(self, timeout: std::time::Duration) -> Result<Self, AgentError> {
+        let mut services = (*self.services).clone();
+        services.gateway = services.gateway.with_timeout(timeout)?;
+        Ok(Self::new(services))
+    }
+
     pub fn services(&self) -> &Services {
         &self.services
     }

@@ -461,7 +461,7 @@ pub async fn serialize_subject(
                 .query_opt(
                     &format!(
                         "{FULL_PATHS} SELECT i.iid, i.title, i.description, i.state, i.labels, i.confidential,
-                                u.username, paths.full_path || '/' || p.path, i.created_at::text
+                                u.username, paths.full_path || '/' || p.path, to_char(i.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
                          FROM issues i JOIN projects p ON p.id = i.project_id JOIN paths ON paths.id = p.group_id
                          JOIN users u ON u.id = i.author_id WHERE i.id = $1"
                     ),
@@ -493,7 +493,7 @@ pub async fn serialize_subject(
                 .query_opt(
                     &format!(
                         "{FULL_PATHS} SELECT e.iid, e.title, e.description, e.state, e.labels, e.confidential,
-                                u.username, paths.full_path, e.created_at::text
+                                u.username, paths.full_path, to_char(e.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
                          FROM epics e JOIN paths ON paths.id = e.group_id
                          JOIN users u ON u.id = e.author_id WHERE e.id = $1"
                     ),
