@@ -266,6 +266,11 @@ async fn a_question_streams_chunks_then_the_full_answer_to_the_socket() {
         assert!(data.get("contentHtml").is_none(), "{msg}");
     }
     let full = next(&mut stream_socket).await.unwrap();
+    insta::assert_json_snapshot!("full_answer_on_the_client_subscription", full, {
+        ".payload.data.aiCompletionResponse.id" => "[uuid]",
+        ".payload.data.aiCompletionResponse.requestId" => "[uuid]",
+        ".payload.data.aiCompletionResponse.timestamp" => "[timestamp]",
+    });
     let data = &full["payload"]["data"]["aiCompletionResponse"];
     assert_eq!(data["chunkId"], Value::Null, "{full}");
     assert_eq!(data["content"], "Pipelines run jobs.");
@@ -279,6 +284,11 @@ async fn a_question_streams_chunks_then_the_full_answer_to_the_socket() {
     assert_eq!(data["content"], "What do pipelines do?");
     assert_eq!(data["requestId"], request_id.as_str());
     let answer = next(&mut chat_socket).await.unwrap();
+    insta::assert_json_snapshot!("stored_answer_on_the_chat_subscription", answer, {
+        ".payload.data.aiCompletionResponse.id" => "[uuid]",
+        ".payload.data.aiCompletionResponse.requestId" => "[uuid]",
+        ".payload.data.aiCompletionResponse.timestamp" => "[timestamp]",
+    });
     let data = &answer["payload"]["data"]["aiCompletionResponse"];
     assert_eq!(data["role"], "ASSISTANT", "{answer}");
     assert_eq!(data["chunkId"], Value::Null);
