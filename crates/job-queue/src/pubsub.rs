@@ -6,6 +6,7 @@
 //! is stored in `pubsub_messages` and the notification carries `{"topic", "id"}`.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -74,6 +75,9 @@ pub async fn publish<C: GenericClient>(
     Ok(())
 }
 
+/// Abandoned topics are cleaned up from this many topics on.
+const MIN_PRUNE_AT: usize = 64;
+
 type Topics = Arc<Mutex<HashMap<String, broadcast::Sender<Value>>>>;
 
 /// Listens on one connection (reconnecting when it drops) and fans messages out to
@@ -81,6 +85,7 @@ type Topics = Arc<Mutex<HashMap<String, broadcast::Sender<Value>>>>;
 pub struct Subscriber {
     topics: Topics,
     capacity: usize,
+    prune_at: AtomicUsize,
     _stop: oneshot::Sender<()>,
 }
 
@@ -102,6 +107,7 @@ impl Subscriber {
         Ok(Self {
             topics,
             capacity,
+            prune_at: AtomicUsize::new(MIN_PRUNE_AT),
             _stop: stop_tx,
         })
     }
@@ -109,10 +115,23 @@ impl Subscriber {
     /// A receiver of every message published on `topic` from now on.
     pub fn subscribe(&self, topic: &str) -> broadcast::Receiver<Value> {
         let mut topics = self.topics.lock().unwrap_or_else(|p| p.into_inner());
+        // Topics are often single-use (one per chat request): forget those nobody
+        // listens to any more once the map has doubled since the last clean-up.
+        if topics.len() >= self.prune_at.load(Ordering::Relaxed) {
+            topics.retain(|_, sender| sender.receiver_count() > 0);
+            self.prune_at
+                .store((topics.len() * 2).max(MIN_PRUNE_AT), Ordering::Relaxed);
+        }
         topics
             .entry(topic.to_owned())
             .or_insert_with(|| broadcast::channel(self.capacity).0)
             .subscribe()
+    }
+
+    /// How many topics this subscriber currently tracks (including abandoned ones
+    /// not yet cleaned up).
+    pub fn topic_count(&self) -> usize {
+        self.topics.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     /// How many in-process receivers `topic` has now (readiness probes in tests).

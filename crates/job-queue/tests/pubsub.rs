@@ -82,3 +82,32 @@ async fn a_subscriber_reconnects_after_its_connection_is_killed() {
         assert!(tokio::time::Instant::now() < deadline, "never reconnected");
     }
 }
+
+#[tokio::test]
+async fn abandoned_topics_are_forgotten() {
+    let db = TestDb::with_sql(job_queue::MIGRATION_SQL).await.unwrap();
+    let subscriber = Subscriber::connect(db.url(), 4).await.unwrap();
+    let kept = subscriber.subscribe("kept");
+    for n in 0..1000 {
+        // One topic per request, dropped when the request is over.
+        drop(subscriber.subscribe(&format!("request:{n}")));
+    }
+    assert!(
+        subscriber.topic_count() < 200,
+        "{} topics tracked",
+        subscriber.topic_count()
+    );
+    assert_eq!(subscriber.receiver_count("kept"), 1);
+
+    // A topic that survived a clean-up still delivers.
+    let publisher = db.client().await.unwrap();
+    publish(&publisher, "kept", &json!({"still": "here"}))
+        .await
+        .unwrap();
+    let mut kept = kept;
+    let got = timeout(Duration::from_secs(5), kept.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(got, json!({"still": "here"}));
+}
