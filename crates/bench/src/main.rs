@@ -3,9 +3,9 @@
 //!
 //! Starts the fake provider (the `fake-provider` crate) in-process on its own
 //! thread and `duo-gateway` as a child process (so its peak RSS can be read),
-//! both on loopback. For each target it sends
-//! requests at a fixed rate, first straight to the provider and then through
-//! the gateway, and reports the difference. Rates step up until a request
+//! both on loopback. For each target it sends requests at a fixed rate
+//! straight to the provider and, interleaved with them at the same rate,
+//! through the gateway, and reports the difference. Rates step up until a request
 //! fails; the best rate is the highest whose added p99 stayed under 1 ms with
 //! no errors. The whole run stays well under 3 minutes.
 
@@ -14,10 +14,12 @@ use fake_provider::{FakeProvider, FakeProviderOptions};
 use futures::StreamExt;
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 const RATES: &[u32] = &[250, 500, 1000, 2000];
-const STEP: Duration = Duration::from_secs(2);
+const STEP: Duration = Duration::from_secs(3);
 const TTFB_RATE: u32 = 100;
 const ADDED_P99_BUDGET: Duration = Duration::from_millis(1);
 
@@ -127,19 +129,30 @@ async fn one(
     Some((first.unwrap_or(total), total))
 }
 
-/// Open-loop load: one request every 1/rate seconds for `duration`.
-async fn run_at(client: &reqwest::Client, call: &Call, rate: u32, duration: Duration) -> Sample {
+/// Open-loop load on both paths at once: `rate` requests per second to the
+/// provider directly and `rate` through the gateway, alternating, for
+/// `duration`. Interleaving makes both samples see the same background noise
+/// (other processes on the machine), so their difference is the gateway's.
+async fn run_pair(
+    client: &reqwest::Client,
+    direct: &Call,
+    via: &Call,
+    rate: u32,
+    duration: Duration,
+) -> (Sample, Sample) {
     let count = (u64::from(rate) * duration.as_millis() as u64 / 1000).max(1);
-    let period = Duration::from_secs(1) / rate;
+    let period = Duration::from_secs(1) / (rate * 2);
     let start = Instant::now();
-    let mut tasks = Vec::with_capacity(count as usize);
-    for i in 0..count {
+    let mut tasks = Vec::with_capacity(2 * count as usize);
+    for i in 0..2 * count {
         let scheduled = start + period * i as u32;
         tokio::time::sleep_until(scheduled.into()).await;
+        let call = if i % 2 == 0 { direct } else { via };
         tasks.push(tokio::spawn(one(client.clone(), call.clone(), scheduled)));
     }
-    let mut sample = Sample::default();
-    for task in tasks {
+    let (mut d, mut g) = (Sample::default(), Sample::default());
+    for (i, task) in tasks.into_iter().enumerate() {
+        let sample = if i % 2 == 0 { &mut d } else { &mut g };
         match task.await {
             Ok(Some((first, total))) => {
                 sample.first_byte.push(first);
@@ -148,7 +161,7 @@ async fn run_at(client: &reqwest::Client, call: &Call, rate: u32, duration: Dura
             _ => sample.errors += 1,
         }
     }
-    sample
+    (d, g)
 }
 
 /// What the fake model answers: a finished ReAct step, so `/v2/chat/agent`
@@ -244,10 +257,58 @@ impl Gateway {
 
     /// Peak resident set size (VmHWM) in KiB.
     fn peak_rss_kib(&self) -> Option<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
-        let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-        line.split_whitespace().nth(1)?.parse().ok()
+        read_status_kib(&format!("/proc/{}/status", self.child.id()), "VmHWM:")
     }
+}
+
+/// Reads a process's resident set size every few milliseconds and keeps the
+/// highest value since the last [`RssSampler::take_peak`], so the memory
+/// used at one load level can be told apart from the peak of the whole run.
+struct RssSampler {
+    peak_kib: Arc<AtomicU64>,
+}
+
+impl RssSampler {
+    fn start(pid: u32) -> Self {
+        let peak_kib = Arc::new(AtomicU64::new(0));
+        let peak = peak_kib.clone();
+        tokio::spawn(async move {
+            let path = format!("/proc/{pid}/status");
+            let mut tick = tokio::time::interval(Duration::from_millis(10));
+            loop {
+                tick.tick().await;
+                let Some(kib) = read_status_kib(&path, "VmRSS:") else {
+                    break;
+                };
+                peak.fetch_max(kib, Ordering::Relaxed);
+            }
+        });
+        Self { peak_kib }
+    }
+
+    fn take_peak(&self) -> u64 {
+        self.peak_kib.swap(0, Ordering::Relaxed)
+    }
+}
+
+fn read_status_kib(path: &str, key: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(path).ok()?;
+    let line = status.lines().find(|l| l.starts_with(key))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| {
+            let parts: Vec<&str> = l.split_whitespace().take(3).collect();
+            (parts.len() == 3).then(|| parts.join(" "))
+        })
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+fn mb(kib: u64) -> String {
+    format!("{:.1} MB", kib as f64 / 1024.0)
 }
 
 impl Drop for Gateway {
@@ -281,9 +342,17 @@ async fn main() -> anyhow::Result<()> {
         gateway.child.id()
     );
     println!(
-        "auth: development bypass (AIGW_AUTH__BYPASS_EXTERNAL); step {} s per rate\n",
-        STEP.as_secs()
+        "auth: development bypass (AIGW_AUTH__BYPASS_EXTERNAL); step {} s per rate; {} CPUs, load average {} (other processes add noise)\n",
+        STEP.as_secs(),
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        load_average()
     );
+    let rss = RssSampler::start(gateway.child.id());
+    // Highest RSS seen while the offered load was at most 1000 req/s per path.
+    // Each target gets a fresh gateway: memory taken during an overload step
+    // is not given back to the system, and would hide the next target's figure.
+    let mut rss_upto_1000 = 0;
+    let mut rss_whole_run = 0;
     println!(
         "{:<32} {:>6} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>6}",
         "target",
@@ -299,13 +368,16 @@ async fn main() -> anyhow::Result<()> {
 
     let mut summary = Vec::new();
     for target in targets() {
+        let mut target_gateway = Gateway::start(&provider)?;
+        target_gateway.wait_healthy(&client).await?;
+        let rss = RssSampler::start(target_gateway.child.id());
         let direct = Call {
             url: format!("{provider}{}", target.direct_path),
             body: target.direct_body.to_string().into(),
             unit_primitive: target.unit_primitive,
         };
         let via = Call {
-            url: format!("{}{}", gateway.url, target.gateway_path),
+            url: format!("{}{}", target_gateway.url, target.gateway_path),
             body: target.gateway_body.to_string().into(),
             unit_primitive: target.unit_primitive,
         };
@@ -331,13 +403,16 @@ async fn main() -> anyhow::Result<()> {
             continue;
         }
         // Warm connection pools on both paths.
-        run_at(&client, &direct, 200, Duration::from_millis(500)).await;
-        run_at(&client, &via, 200, Duration::from_millis(500)).await;
+        run_pair(&client, &direct, &via, 200, Duration::from_millis(500)).await;
+        rss_upto_1000 = rss_upto_1000.max(rss.take_peak());
         let mut best: Option<u32> = None;
         let mut at_1000 = None;
         for &rate in RATES {
-            let d = run_at(&client, &direct, rate, STEP).await;
-            let g = run_at(&client, &via, rate, STEP).await;
+            let (d, g) = run_pair(&client, &direct, &via, rate, STEP).await;
+            let step_rss = rss.take_peak();
+            if rate <= 1000 {
+                rss_upto_1000 = rss_upto_1000.max(step_rss);
+            }
             let (a50, a99) = (added(g.p(0.5), d.p(0.5)), added(g.p(0.99), d.p(0.99)));
             println!(
                 "{:<32} {:>6} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>6}",
@@ -379,6 +454,7 @@ async fn main() -> anyhow::Result<()> {
             "{}: max rate with added p99 < 1 ms and no errors: {best}; at 1000 req/s: {at_1000}",
             target.name
         ));
+        rss_whole_run = rss_whole_run.max(target_gateway.peak_rss_kib().unwrap_or(0));
     }
 
     let direct = Call {
@@ -390,8 +466,8 @@ async fn main() -> anyhow::Result<()> {
         url: format!("{}{STREAM_GATEWAY}", gateway.url),
         ..direct.clone()
     };
-    let d = run_at(&client, &direct, TTFB_RATE, STEP).await;
-    let g = run_at(&client, &via, TTFB_RATE, STEP).await;
+    let (d, g) = run_pair(&client, &direct, &via, TTFB_RATE, STEP).await;
+    rss_upto_1000 = rss_upto_1000.max(rss.take_peak());
     summary.push(format!(
         "time to first streamed byte (vertex-ai serverStreamingPredict, {TTFB_RATE} req/s): direct p50 {} / p99 {} ms, gateway p50 {} / p99 {} ms, added p50 {} / p99 {} ms, errors {}",
         ms(d.ttfb(0.5)), ms(d.ttfb(0.99)), ms(g.ttfb(0.5)), ms(g.ttfb(0.99)),
@@ -399,8 +475,9 @@ async fn main() -> anyhow::Result<()> {
     ));
     match gateway.peak_rss_kib() {
         Some(kib) => summary.push(format!(
-            "gateway peak RSS (VmHWM): {:.1} MB (goal < 50 MB)",
-            kib as f64 / 1024.0
+            "gateway peak RSS: {} at up to 1000 req/s (goal < 50 MB); {} over the whole run (VmHWM, includes the 2000 req/s overload steps)",
+            mb(rss_upto_1000),
+            mb(kib.max(rss_whole_run))
         )),
         None => summary.push("gateway peak RSS: unavailable (no /proc)".to_owned()),
     }
@@ -409,6 +486,10 @@ async fn main() -> anyhow::Result<()> {
     for line in summary {
         println!("- {line}");
     }
-    println!("- whole run: {:.0} s", started.elapsed().as_secs_f64());
+    println!(
+        "- whole run: {:.0} s; load average at the end {}",
+        started.elapsed().as_secs_f64(),
+        load_average()
+    );
     Ok(())
 }
