@@ -24,14 +24,16 @@ async fn main() -> anyhow::Result<()> {
     match role {
         "migrate" => {
             let pool = db::pool(&config)?;
-            let applied = db::migrate(&pool).await?;
+            let applied = monolith::worker::migrate_exclusively(&pool).await?;
             monolith::instance::apply_config(&pool, &config).await?;
             tracing::info!(applied, "migrations applied");
             Ok(())
         }
         "web" => {
             let pool = db::pool(&config)?;
-            db::migrate(&pool).await.context("migrating the database")?;
+            monolith::worker::migrate_exclusively(&pool)
+                .await
+                .context("migrating the database")?;
             monolith::instance::apply_config(&pool, &config).await?;
             ensure_signing_key(&pool, &config).await?;
             let catalogue = AddOnCatalogue::load(&config.add_ons_file)?;
@@ -44,7 +46,7 @@ async fn main() -> anyhow::Result<()> {
         "seed" => {
             let json = args.iter().any(|a| a == "--json");
             let pool = db::pool(&config)?;
-            db::migrate(&pool).await?;
+            monolith::worker::migrate_exclusively(&pool).await?;
             monolith::instance::apply_config(&pool, &config).await?;
             let report = monolith::seed::run(&pool).await?;
             let out = if json {

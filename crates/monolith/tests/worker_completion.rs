@@ -471,3 +471,16 @@ async fn the_worker_deletes_idle_threads_periodically() {
     }
     worker.shutdown().await;
 }
+
+#[tokio::test]
+async fn two_roles_migrating_a_fresh_database_at_once_both_succeed() {
+    let db = devdb::TestDb::with_sql("SELECT 1").await.unwrap();
+    let web = monolith::db::pool_for_url(db.url(), 4).unwrap();
+    let worker_pool = monolith::db::pool_for_url(db.url(), 4).unwrap();
+    let (a, b) = tokio::join!(
+        worker::migrate_exclusively(&web),
+        worker::migrate_exclusively(&worker_pool)
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert!(a.min(b) == 0 && a.max(b) > 0, "applied {a} and {b}");
+}
