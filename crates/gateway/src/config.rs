@@ -322,6 +322,33 @@ mod tests {
     }
 
     #[test]
+    fn docs_search_settings() {
+        let c = Config::for_tests(&[]).unwrap();
+        assert!(c.docs.dir.ends_with("docs") && c.docs.dir.is_dir());
+        assert_eq!(c.docs.base_url, "");
+        let c = Config::for_tests(&[
+            ("AIGW_DOCS__DIR", "/srv/docs"),
+            ("AIGW_DOCS__BASE_URL", "https://gitlab.example"),
+        ])
+        .unwrap();
+        assert_eq!(c.docs.dir, PathBuf::from("/srv/docs"));
+        assert_eq!(c.docs.base_url, "https://gitlab.example");
+    }
+
+    #[test]
+    fn docs_sit_beside_an_explicit_prompts_dir() {
+        let root = std::env::temp_dir().join(format!("aigw-docs-beside-{}", std::process::id()));
+        std::fs::create_dir_all(root.join("docs")).unwrap();
+        let prompts = root.join("prompts").display().to_string();
+        let found = docs_dir_beside(Some(prompts));
+        std::fs::remove_dir_all(&root).unwrap();
+        // `./docs` wins when the tests run from a directory that has one.
+        if !PathBuf::from("docs").is_dir() {
+            assert_eq!(found, root.join("docs"));
+        }
+    }
+
+    #[test]
     fn bad_values_name_the_variable() {
         let err = Config::for_tests(&[("AIGW_AUTH__BYPASS_EXTERNAL", "maybe")]).unwrap_err();
         assert_eq!(err.name, "AIGW_AUTH__BYPASS_EXTERNAL");
