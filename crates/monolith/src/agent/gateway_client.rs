@@ -50,6 +50,8 @@ pub enum GatewayError {
     ToolNotAvailable,
     #[error("the AI gateway reported an error: {0}")]
     Event(String),
+    #[error("the answer broke off: {0}")]
+    Interrupted(String),
     #[error("the AI gateway answer could not be read: {0}")]
     Body(String),
     #[error("signing the gateway token failed: {0}")]
@@ -66,6 +68,7 @@ impl GatewayError {
             Self::PromptTooLong => DuoErrorCode::A1005,
             Self::ToolNotAvailable => DuoErrorCode::G3001,
             Self::Event(_) => DuoErrorCode::A1004,
+            Self::Interrupted(_) => DuoErrorCode::A1003,
             Self::Status { .. } | Self::Body(_) | Self::Token(_) => DuoErrorCode::A9999,
         }
     }

@@ -215,7 +215,16 @@ where
     let mut any_event = false;
     while let Some(event) = events.next().await {
         any_event = true;
-        match event.map_err(StepError::Failed)? {
+        let event = match event {
+            Ok(event) => event,
+            Err(err) if !answer.is_empty() => {
+                return Err(StepError::Failed(GatewayError::Interrupted(
+                    err.to_string(),
+                )));
+            }
+            Err(err) => return Err(StepError::Failed(err)),
+        };
+        match event {
             AgentEvent::FinalAnswerDelta { text, .. } => {
                 if !text.is_empty() {
                     let _ = chunks.send(text.clone());
@@ -239,17 +248,15 @@ where
                 unknown.get_or_insert_with(String::new).push_str(&text);
             }
             AgentEvent::Error { message, retryable } => {
-                if retryable && answer.is_empty() {
-                    return Err(StepError::Retryable(message));
+                if answer.is_empty() {
+                    return Err(if retryable {
+                        StepError::Retryable(message)
+                    } else {
+                        StepError::Failed(error_event_failure(&message))
+                    });
                 }
-                if !answer.is_empty() && !retryable {
-                    tracing::debug!(%message, "the answer stream ended with an error");
-                }
-                return Err(StepError::Failed(if answer.is_empty() {
-                    error_event_failure(&message)
-                } else {
-                    GatewayError::Event(message)
-                }));
+                // Part of the answer already reached the user.
+                return Err(StepError::Failed(GatewayError::Interrupted(message)));
             }
         }
     }
@@ -265,5 +272,72 @@ where
     match unknown {
         Some(text) if !text.trim().is_empty() => Ok(StepOutcome::Unknown(text)),
         _ => Err(StepError::Failed(GatewayError::NoEvents)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn collect(events: Vec<AgentEvent>) -> (Result<StepOutcome, StepError>, Vec<String>) {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut stream = futures::stream::iter(events.into_iter().map(Ok));
+        let outcome = collect_step(&mut stream, &tx).await;
+        let mut chunks = Vec::new();
+        while let Ok(c) = rx.try_recv() {
+            chunks.push(c);
+        }
+        (outcome, chunks)
+    }
+
+    fn error(retryable: bool) -> AgentEvent {
+        AgentEvent::Error {
+            message: "overloaded_error".into(),
+            retryable,
+        }
+    }
+
+    #[tokio::test]
+    async fn step_outcomes() {
+        let (outcome, chunks) = collect(vec![AgentEvent::delta("a"), AgentEvent::delta("b")]).await;
+        assert_eq!(outcome.unwrap(), StepOutcome::Final("ab".into()));
+        assert_eq!(chunks, vec!["a", "b"]);
+
+        let action = AgentEvent::Action {
+            tool: "issue_reader".into(),
+            tool_input: "#1".into(),
+            thought: "t".into(),
+        };
+        let (outcome, _) = collect(vec![action, AgentEvent::Unknown { text: "x".into() }]).await;
+        assert!(matches!(outcome.unwrap(), StepOutcome::Action { .. }));
+
+        let (outcome, _) = collect(vec![AgentEvent::Unknown {
+            text: "plain".into(),
+        }])
+        .await;
+        assert_eq!(outcome.unwrap(), StepOutcome::Unknown("plain".into()));
+
+        let (outcome, _) = collect(vec![]).await;
+        assert!(matches!(
+            outcome,
+            Err(StepError::Failed(GatewayError::NoEvents))
+        ));
+
+        let (outcome, _) = collect(vec![error(true)]).await;
+        assert!(matches!(outcome, Err(StepError::Retryable(_))));
+
+        let (outcome, _) = collect(vec![error(false)]).await;
+        match outcome {
+            Err(StepError::Failed(e)) => assert_eq!(e.code(), DuoErrorCode::A1004),
+            other => panic!("{other:?}"),
+        }
+
+        // Once text reached the user, a failure is never retried: A1003.
+        let (outcome, chunks) = collect(vec![AgentEvent::delta("partial"), error(true)]).await;
+        match outcome {
+            Err(StepError::Failed(e)) => assert_eq!(e.code(), DuoErrorCode::A1003),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(chunks, vec!["partial"]);
     }
 }
