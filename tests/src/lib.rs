@@ -265,6 +265,8 @@ impl System {
                 scratch.0.join("keys").display().to_string(),
             ),
             ("RUST_LOG".into(), "info,monolith=debug".into()),
+            // A killed worker's job is picked up again quickly in the crash test.
+            ("DUO_JOB_LEASE_SECS".into(), "2".into()),
         ];
         monolith_env.extend(options.monolith_env);
 

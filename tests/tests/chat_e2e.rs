@@ -44,9 +44,13 @@ async fn the_issue_reader_observation_reaches_the_next_model_call() {
     system
         .fake
         .set_default_text("Thought: I have it.\nFinal Answer: Old sessions break the login.");
-    let bob = system.token("bob").unwrap();
+    // alice holds a Duo Enterprise seat (issue_reader needs ask_issue) and owns acme.
+    let alice = system.token("alice").unwrap();
     let answer = system
-        .ask_and_wait(&bob, json!({ "content": "Summarise acme/platform/api#1" }))
+        .ask_and_wait(
+            &alice,
+            json!({ "content": "Summarise acme/platform/api#1" }),
+        )
         .await
         .unwrap();
     assert_eq!(

@@ -60,12 +60,9 @@ impl FromRequest for GatewayUser {
             req.extensions()
                 .get::<GatewayUser>()
                 .cloned()
-                // Only a wiring mistake gets here: the middleware always runs first.
-                .ok_or_else(|| {
-                    ApiError::Internal(
-                        "GatewayUser requested but authentication did not run".into(),
-                    )
-                }),
+                // Fail closed: a route mounted without the middleware has no
+                // authenticated caller, which is a 401, never a pass.
+                .ok_or_else(|| ApiError::Unauthorized("No authorization header presented".into())),
         )
     }
 }
