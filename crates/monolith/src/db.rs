@@ -55,6 +55,26 @@ pub async fn migrate(pool: &Pool) -> Result<usize, DbError> {
     Ok(report.applied_migrations().len())
 }
 
+/// Applies pending migrations while holding a database-wide advisory lock, so a
+/// `web` and a `worker` starting together on a fresh database do not both try
+/// to create the same tables.
+pub async fn migrate_exclusively(pool: &Pool) -> Result<usize, DbError> {
+    const LOCK: &str = "SELECT pg_advisory_lock(hashtextextended('duo_migrations', 0))";
+    const UNLOCK: &str = "SELECT pg_advisory_unlock(hashtextextended('duo_migrations', 0))";
+    if pool.status().max_size < 2 {
+        // The lock needs a second connection; a one-connection pool migrates unguarded.
+        return migrate(pool).await;
+    }
+    let guard = pool.get().await?;
+    guard.execute(LOCK, &[]).await?;
+    let applied = migrate(pool).await;
+    // Unlock even when migrating failed: the guard goes back to the pool.
+    let unlocked = guard.execute(UNLOCK, &[]).await;
+    let applied = applied?;
+    unlocked?;
+    Ok(applied)
+}
+
 /// A key that changes whenever the embedded migrations change; test templates use it.
 pub fn migrations_fingerprint() -> String {
     let mut parts: Vec<String> = embedded::migrations::runner()

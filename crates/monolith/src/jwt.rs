@@ -211,12 +211,19 @@ pub struct TokenSubject<'a> {
     pub audience: &'a str,
 }
 
+/// The global user id sent to the gateway: stable per instance and user,
+/// and reveals nothing else about the user.
+pub fn global_user_id(instance_id: &str, user_id: i64) -> String {
+    stable_uuid(&format!("{instance_id}:{user_id}")).to_string()
+}
+
 pub fn claims_for(subject: TokenSubject<'_>) -> GatewayClaims {
     let now = now_secs();
     GatewayClaims {
         iss: subject.issuer.trim_end_matches('/').to_owned(),
-        // Global user id: stable per instance and user, reveals nothing else.
-        sub: stable_uuid(&format!("{}:{}", subject.instance_id, subject.user_id)).to_string(),
+        // Instance-issued Cloud Connector tokens name the instance as subject;
+        // the user travels in `X-Gitlab-Global-User-Id` (see `global_user_id`).
+        sub: subject.instance_id.to_owned(),
         aud: subject.audience.to_owned(),
         iat: now,
         nbf: now.saturating_sub(5),

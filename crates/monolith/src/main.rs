@@ -24,14 +24,14 @@ async fn main() -> anyhow::Result<()> {
     match role {
         "migrate" => {
             let pool = db::pool(&config)?;
-            let applied = monolith::worker::migrate_exclusively(&pool).await?;
+            let applied = monolith::db::migrate_exclusively(&pool).await?;
             monolith::instance::apply_config(&pool, &config).await?;
             tracing::info!(applied, "migrations applied");
             Ok(())
         }
         "web" => {
             let pool = db::pool(&config)?;
-            monolith::worker::migrate_exclusively(&pool)
+            monolith::db::migrate_exclusively(&pool)
                 .await
                 .context("migrating the database")?;
             monolith::instance::apply_config(&pool, &config).await?;
@@ -46,7 +46,7 @@ async fn main() -> anyhow::Result<()> {
         "seed" => {
             let json = args.iter().any(|a| a == "--json");
             let pool = db::pool(&config)?;
-            monolith::worker::migrate_exclusively(&pool).await?;
+            monolith::db::migrate_exclusively(&pool).await?;
             monolith::instance::apply_config(&pool, &config).await?;
             let report = monolith::seed::run(&pool).await?;
             let out = if json {

@@ -279,7 +279,7 @@ pub async fn run(
     responder: Arc<dyn ChatResponder>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), WorkerError> {
-    migrate_exclusively(&pool).await?;
+    crate::db::migrate_exclusively(&pool).await?;
     let handle = spawn(
         pool,
         config.database_url.expose_secret(),
@@ -295,23 +295,6 @@ pub async fn run(
     tracing::info!("worker stopping");
     handle.shutdown().await;
     Ok(())
-}
-
-/// Applies pending migrations while holding a database-wide advisory lock, so a
-/// `web` and a `worker` starting together on a fresh database do not both try to
-/// create the same tables. (Candidate for `db.rs`.)
-pub async fn migrate_exclusively(pool: &Pool) -> Result<usize, crate::db::DbError> {
-    const LOCK: &str = "SELECT pg_advisory_lock(hashtextextended('duo_migrations', 0))";
-    const UNLOCK: &str = "SELECT pg_advisory_unlock(hashtextextended('duo_migrations', 0))";
-    if pool.status().max_size < 2 {
-        // The lock needs a second connection; a one-connection pool migrates unguarded.
-        return crate::db::migrate(pool).await;
-    }
-    let guard = pool.get().await?;
-    guard.execute(LOCK, &[]).await?;
-    let applied = crate::db::migrate(pool).await;
-    guard.execute(UNLOCK, &[]).await?;
-    applied
 }
 
 #[cfg(test)]

@@ -155,5 +155,8 @@ async fn user_tokens_carry_the_seats_unit_primitives() {
         .await
         .unwrap();
     assert!(empty.scopes.is_empty());
-    assert_ne!(claims.sub, empty.sub);
+    // Instance-issued: the subject is the instance, never the user.
+    assert_eq!(claims.sub, state.config.instance_id);
+    assert_eq!(empty.sub, state.config.instance_id);
+    assert_ne!(claims.jti, empty.jti);
 }

@@ -478,8 +478,8 @@ async fn two_roles_migrating_a_fresh_database_at_once_both_succeed() {
     let web = monolith::db::pool_for_url(db.url(), 4).unwrap();
     let worker_pool = monolith::db::pool_for_url(db.url(), 4).unwrap();
     let (a, b) = tokio::join!(
-        worker::migrate_exclusively(&web),
-        worker::migrate_exclusively(&worker_pool)
+        monolith::db::migrate_exclusively(&web),
+        monolith::db::migrate_exclusively(&worker_pool)
     );
     let (a, b) = (a.unwrap(), b.unwrap());
     assert!(a.min(b) == 0 && a.max(b) > 0, "applied {a} and {b}");

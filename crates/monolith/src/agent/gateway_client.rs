@@ -164,7 +164,7 @@ impl GatewayClient {
 
     /// GitLab's headers for a call made on behalf of `auth`.
     pub fn headers(&self, auth: &GatewayAuth) -> Result<Vec<(&'static str, String)>, GatewayError> {
-        let mut claims: GatewayClaims = crate::jwt::claims_for(TokenSubject {
+        let claims: GatewayClaims = crate::jwt::claims_for(TokenSubject {
             user_id: auth.user_id,
             scopes: auth.scopes.clone(),
             realm: &auth.realm,
@@ -172,9 +172,7 @@ impl GatewayClient {
             issuer: &self.settings.issuer,
             audience: &self.settings.audience,
         });
-        // Instance-issued Cloud Connector tokens name the instance as subject;
-        // the user travels in X-Gitlab-Global-User-Id (the gateway checks both).
-        let global_user_id = std::mem::replace(&mut claims.sub, self.settings.instance_id.clone());
+        let global_user_id = crate::jwt::global_user_id(&self.settings.instance_id, auth.user_id);
         let token = self
             .keys
             .sign(&claims)
