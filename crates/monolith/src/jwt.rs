@@ -31,6 +31,8 @@ pub enum JwtError {
     Sign(#[from] jsonwebtoken::errors::Error),
     #[error("no signing key")]
     NoKey,
+    #[error("key ring lock poisoned")]
+    Lock,
 }
 
 #[derive(Clone)]
@@ -46,6 +48,58 @@ pub struct KeyRing {
     dir: PathBuf,
     /// Oldest first; the last one signs.
     keys: Vec<SigningKey>,
+}
+
+/// Key ids (file stems) of the `*.pem` files in `dir`, oldest first.
+fn key_names(dir: &Path) -> Result<Vec<String>, JwtError> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+        .filter_map(|n| n.strip_suffix(".pem").map(str::to_owned))
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// A key ring shared by a process's request handlers that follows the key
+/// directory: `duo-monolith rotate-keys` (or another replica) adds a key, and
+/// the next JWKS request publishes it and the next token is signed with it,
+/// without a restart. A directory listing per use is cheap next to an RSA
+/// signature.
+#[derive(Clone)]
+pub struct SharedKeyRing(std::sync::Arc<std::sync::RwLock<KeyRing>>);
+
+impl SharedKeyRing {
+    pub fn new(ring: KeyRing) -> Self {
+        Self(std::sync::Arc::new(std::sync::RwLock::new(ring)))
+    }
+
+    fn refresh(&self) -> Result<(), JwtError> {
+        let (dir, current) = {
+            let ring = self.0.read().map_err(|_| JwtError::Lock)?;
+            (
+                ring.dir.clone(),
+                ring.kids().map(str::to_owned).collect::<Vec<_>>(),
+            )
+        };
+        let names = key_names(&dir)?;
+        if names != current {
+            self.0.write().map_err(|_| JwtError::Lock)?.reload(&names)?;
+        }
+        Ok(())
+    }
+
+    /// Signs with the newest key in the directory.
+    pub fn sign(&self, claims: &GatewayClaims) -> Result<String, JwtError> {
+        self.refresh()?;
+        self.0.read().map_err(|_| JwtError::Lock)?.sign(claims)
+    }
+
+    /// Every key in the directory, as a JWKS.
+    pub fn jwks(&self) -> Result<Value, JwtError> {
+        self.refresh()?;
+        Ok(self.0.read().map_err(|_| JwtError::Lock)?.jwks())
+    }
 }
 
 /// Claims of a gateway token.
@@ -76,23 +130,36 @@ impl KeyRing {
         std::fs::create_dir_all(dir)?;
         let mut ring = KeyRing {
             dir: dir.to_path_buf(),
-            keys: Vec::new(),
+            keys: Self::read_keys(dir, &key_names(dir)?)?,
         };
-        let mut names: Vec<String> = std::fs::read_dir(dir)?
-            .filter_map(|e| e.ok())
-            .filter_map(|e| e.file_name().to_str().map(str::to_owned))
-            .filter(|n| n.ends_with(".pem"))
-            .collect();
-        names.sort();
-        for name in names {
-            let pem = std::fs::read_to_string(dir.join(&name))?;
-            let kid = name.trim_end_matches(".pem").to_owned();
-            ring.keys.push(Self::key_from_pem(&kid, &pem)?);
-        }
         if ring.keys.is_empty() {
             ring.rotate()?;
         }
         Ok(ring)
+    }
+
+    fn read_keys(dir: &Path, names: &[String]) -> Result<Vec<SigningKey>, JwtError> {
+        names
+            .iter()
+            .map(|kid| {
+                let pem = std::fs::read_to_string(dir.join(format!("{kid}.pem")))?;
+                Self::key_from_pem(kid, &pem)
+            })
+            .collect()
+    }
+
+    fn kids(&self) -> impl Iterator<Item = &str> {
+        self.keys.iter().map(|k| k.kid.as_str())
+    }
+
+    /// Re-reads the directory when another process added or retired a key.
+    /// An emptied directory keeps the keys in memory: signing must not stop.
+    fn reload(&mut self, names: &[String]) -> Result<(), JwtError> {
+        let keys = Self::read_keys(&self.dir, names)?;
+        if !keys.is_empty() {
+            self.keys = keys;
+        }
+        Ok(())
     }
 
     fn key_from_pem(kid: &str, pem: &str) -> Result<SigningKey, JwtError> {
@@ -120,8 +187,10 @@ impl KeyRing {
         let pem = private
             .to_pkcs8_pem(LineEnding::LF)
             .map_err(|e| JwtError::Key(e.to_string()))?;
-        let created_at = now_secs();
-        // Zero-padded so that names sort by creation time.
+        // Strictly after the newest key, even within one second, so that the
+        // name order (zero-padded) is the signing order.
+        let newest = self.keys.last().map(|k| k.created_at + 1).unwrap_or(0);
+        let created_at = now_secs().max(newest);
         let kid = format!(
             "{created_at:012}-{}",
             &uuid::Uuid::new_v4().simple().to_string()[..8]

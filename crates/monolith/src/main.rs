@@ -1,4 +1,4 @@
-//! `duo-monolith web | worker | migrate | seed [--json]`
+//! `duo-monolith web | worker | migrate | seed [--json] | rotate-keys`
 
 use std::sync::Arc;
 
@@ -8,7 +8,7 @@ use monolith::completion::ChatResponder;
 use monolith::config::Config;
 use monolith::{db, web};
 
-const USAGE: &str = "usage: duo-monolith <web|worker|migrate|seed [--json]>";
+const USAGE: &str = "usage: duo-monolith <web|worker|migrate|seed [--json]|rotate-keys>";
 
 #[actix_web::main]
 async fn main() -> anyhow::Result<()> {
@@ -75,6 +75,18 @@ async fn main() -> anyhow::Result<()> {
                 .context("running the worker role")?;
             Ok(())
         }
+        "rotate-keys" => {
+            let pool = db::pool(&config)?;
+            let kid = rotate_signing_key(&pool, &config).await?;
+            #[expect(
+                clippy::print_stdout,
+                reason = "the new key id is the command's output"
+            )]
+            {
+                println!("{kid}");
+            }
+            Ok(())
+        }
         _ => anyhow::bail!("{USAGE}"),
     }
 }
@@ -94,6 +106,41 @@ fn chat_responder(
 /// starting together on an empty key directory would otherwise each create their
 /// own key, and the worker would sign with a key the web role's JWKS lacks.
 async fn ensure_signing_key(pool: &deadpool_postgres::Pool, config: &Config) -> anyhow::Result<()> {
+    with_signing_key_lock(pool, || {
+        monolith::jwt::KeyRing::load_or_create(&config.signing_key_dir).map(|_| ())
+    })
+    .await
+    .with_context(|| {
+        format!(
+            "loading signing keys from {}",
+            config.signing_key_dir.display()
+        )
+    })
+}
+
+/// Adds a signing key. Running `web` and `worker` processes pick it up from the
+/// key directory on their next token or JWKS request; the retired key stays
+/// published for one token lifetime, so tokens in flight keep verifying.
+async fn rotate_signing_key(
+    pool: &deadpool_postgres::Pool,
+    config: &Config,
+) -> anyhow::Result<String> {
+    with_signing_key_lock(pool, || {
+        monolith::jwt::KeyRing::load_or_create(&config.signing_key_dir)?.rotate()
+    })
+    .await
+    .with_context(|| {
+        format!(
+            "rotating the signing key in {}",
+            config.signing_key_dir.display()
+        )
+    })
+}
+
+async fn with_signing_key_lock<T>(
+    pool: &deadpool_postgres::Pool,
+    change: impl FnOnce() -> Result<T, monolith::jwt::JwtError>,
+) -> anyhow::Result<T> {
     const LOCK: &str = "SELECT pg_advisory_lock(hashtextextended('duo_signing_keys', 0))";
     const UNLOCK: &str = "SELECT pg_advisory_unlock(hashtextextended('duo_signing_keys', 0))";
     let client = pool.get().await.context("connecting to the database")?;
@@ -101,16 +148,10 @@ async fn ensure_signing_key(pool: &deadpool_postgres::Pool, config: &Config) -> 
         .execute(LOCK, &[])
         .await
         .context("locking the key directory")?;
-    let loaded = monolith::jwt::KeyRing::load_or_create(&config.signing_key_dir);
+    let outcome = change();
     client
         .execute(UNLOCK, &[])
         .await
         .context("unlocking the key directory")?;
-    loaded.with_context(|| {
-        format!(
-            "loading signing keys from {}",
-            config.signing_key_dir.display()
-        )
-    })?;
-    Ok(())
+    Ok(outcome?)
 }

@@ -11,7 +11,7 @@ use secrecy::ExposeSecret;
 
 use crate::chat::{ChatService, CompletionQueue, PgCompletionQueue};
 use crate::config::Config;
-use crate::jwt::{JwtError, KeyRing};
+use crate::jwt::{JwtError, KeyRing, SharedKeyRing};
 use crate::policy::Policy;
 use crate::subscriptions::LiveHub;
 
@@ -21,7 +21,7 @@ pub struct AppState {
     pub policy: Policy,
     pub config: Arc<Config>,
     pub chat: Arc<ChatService>,
-    pub keys: Arc<std::sync::RwLock<KeyRing>>,
+    pub keys: SharedKeyRing,
     /// Live messages for `aiCompletionResponse` subscribers on this process.
     pub live: Arc<LiveHub>,
 }
@@ -41,9 +41,7 @@ impl AppState {
         catalogue: AddOnCatalogue,
         queue: Arc<dyn CompletionQueue>,
     ) -> Result<Self, JwtError> {
-        let keys = Arc::new(std::sync::RwLock::new(KeyRing::load_or_create(
-            &config.signing_key_dir,
-        )?));
+        let keys = SharedKeyRing::new(KeyRing::load_or_create(&config.signing_key_dir)?);
         let policy = Policy::new(Arc::new(catalogue));
         let chat = Arc::new(ChatService {
             pool: pool.clone(),
@@ -73,8 +71,6 @@ pub enum GatewayTokenError {
     Db(#[from] deadpool_postgres::PoolError),
     #[error(transparent)]
     Jwt(#[from] JwtError),
-    #[error("key ring lock poisoned")]
-    Lock,
 }
 
 impl AppState {
@@ -95,8 +91,7 @@ impl AppState {
             issuer: self.config.external_url.as_str(),
             audience: &self.config.gateway_audience,
         });
-        let keys = self.keys.read().map_err(|_| GatewayTokenError::Lock)?;
-        Ok(keys.sign(&claims)?)
+        Ok(self.keys.sign(&claims)?)
     }
 }
 

@@ -94,6 +94,9 @@ async fn tokens_verify_against_the_served_jwks_across_rotation() {
     let old_kid = ring.active_kid().unwrap().to_string();
     let new_kid = ring.rotate().unwrap();
     assert_ne!(old_kid, new_kid);
+    // A server started before the rotation picks the new key up from the directory.
+    let from_running = ring.sign(&claims_for(subject(&issuer))).unwrap();
+    assert!(verify(&server, &from_running).await.is_ok());
     let served = Server::start(&fx).await;
     let new = ring
         .sign(&claims_for(subject(&(served.base.clone() + "/"))))
@@ -159,4 +162,45 @@ async fn user_tokens_carry_the_seats_unit_primitives() {
     assert_eq!(claims.sub, state.config.instance_id);
     assert_eq!(empty.sub, state.config.instance_id);
     assert_ne!(claims.jti, empty.jti);
+}
+
+#[tokio::test]
+async fn a_running_web_role_signs_with_a_key_rotated_by_another_process() {
+    let fx = Fx::new().await;
+    let pro = fx.user("pro").await;
+    fx.seat(pro, "duo_pro", false).await;
+    let dir = std::env::temp_dir().join(format!("duo-jwt-rotate-{}", uuid::Uuid::new_v4()));
+    let url = fx.db.url().to_string();
+    let key_dir = dir.display().to_string();
+    let config = monolith::config::Config::from_lookup(|k| match k {
+        "DATABASE_URL" => Some(url.clone()),
+        "DUO_SIGNING_KEY_DIR" => Some(key_dir.clone()),
+        _ => None,
+    })
+    .unwrap();
+    let state = monolith::web::AppState::new(
+        fx.pool.clone(),
+        config,
+        monolith::add_ons::AddOnCatalogue::built_in().unwrap(),
+    )
+    .unwrap();
+    let kid_of = |token: &str| decode_header(token).unwrap().kid.unwrap();
+    let before = kid_of(&state.gateway_token(pro.id).await.unwrap());
+    let published = |jwks: Value| -> Vec<String> {
+        jwks["keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| k["kid"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(published(state.keys.jwks().unwrap()), vec![before.clone()]);
+
+    // What `duo-monolith rotate-keys` does, from another process's point of view.
+    let rotated = KeyRing::load_or_create(&dir).unwrap().rotate().unwrap();
+    let after = kid_of(&state.gateway_token(pro.id).await.unwrap());
+    assert_eq!(after, rotated);
+    // Both keys are published: tokens signed before the rotation still verify.
+    assert_eq!(published(state.keys.jwks().unwrap()), vec![before, rotated]);
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -18,7 +18,7 @@ use futures::{Stream, StreamExt};
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
-use crate::jwt::{GatewayClaims, KeyRing, TokenSubject};
+use crate::jwt::{GatewayClaims, KeyRing, SharedKeyRing, TokenSubject};
 
 /// How long a gateway call may stay silent before it counts as timed out.
 pub const GATEWAY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -112,7 +112,7 @@ pub struct GatewaySettings {
 #[derive(Clone)]
 pub struct GatewayClient {
     http: reqwest::Client,
-    keys: KeyRing,
+    keys: SharedKeyRing,
     settings: GatewaySettings,
 }
 
@@ -133,6 +133,13 @@ pub type TextStream = std::pin::Pin<Box<dyn Stream<Item = Result<String, Gateway
 
 impl GatewayClient {
     pub fn new(keys: KeyRing, settings: GatewaySettings) -> Result<Self, reqwest::Error> {
+        Self::with_shared_keys(SharedKeyRing::new(keys), settings)
+    }
+
+    fn with_shared_keys(
+        keys: SharedKeyRing,
+        settings: GatewaySettings,
+    ) -> Result<Self, reqwest::Error> {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10).min(settings.timeout))
             .read_timeout(settings.timeout)
@@ -149,7 +156,7 @@ impl GatewayClient {
     pub fn with_timeout(self, timeout: Duration) -> Result<Self, reqwest::Error> {
         let mut settings = self.settings;
         settings.timeout = timeout;
-        Self::new(self.keys, settings)
+        Self::with_shared_keys(self.keys, settings)
     }
 
     /// Sends these names as `x-gitlab-enabled-feature-flags` on every call.

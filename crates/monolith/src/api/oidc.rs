@@ -12,9 +12,9 @@ pub async fn openid_configuration(state: web::Data<AppState>) -> HttpResponse {
 }
 
 pub async fn jwks(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let keys = state
+    let jwks = state
         .keys
-        .read()
-        .map_err(|_| ApiError::Internal("key ring lock poisoned".into()))?;
-    Ok(HttpResponse::Ok().json(keys.jwks()))
+        .jwks()
+        .map_err(|e| ApiError::Internal(e.to_string()))?;
+    Ok(HttpResponse::Ok().json(jwks))
 }
