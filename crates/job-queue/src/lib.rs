@@ -1,7 +1,8 @@
 //! A job queue and a pub/sub bus on PostgreSQL alone.
 //!
-//! **Jobs** live in `background_jobs` ([`MIGRATION_SQL`]; include it in your
-//! migrations, or call [`migrate`]). A job has a queue, a kind, a JSONB payload, a
+//! **Jobs** live in `background_jobs` ([`MIGRATION_SQL`], or call [`migrate`];
+//! versioned migrations include the steps [`SCHEMA_V1_SQL`], [`CLAIM_ORDER_SQL`]
+//! one migration each). A job has a queue, a kind, a JSONB payload, a
 //! priority (higher runs first), a `run_at`, attempts and a dedupe key.
 //!
 //! ```ignore
@@ -50,8 +51,19 @@ pub use worker::{
     Job, JobContext, JobHandler, Periodic, Registry, Worker, WorkerConfig, WorkerHandle,
 };
 
-/// SQL creating the queue and pub/sub tables; idempotent.
-pub const MIGRATION_SQL: &str = include_str!("schema.sql");
+/// The whole current schema of the queue and pub/sub tables; idempotent. For
+/// new databases (tests, standalone use).
+pub const MIGRATION_SQL: &str = concat!(
+    include_str!("schema.sql"),
+    "\n",
+    include_str!("claim_order.sql")
+);
+
+/// The schema in the steps it grew by, for applications that keep versioned
+/// migrations (each step is frozen once released; each is idempotent).
+pub const SCHEMA_V1_SQL: &str = include_str!("schema.sql");
+/// Step 2: pending jobs indexed in claim order.
+pub const CLAIM_ORDER_SQL: &str = include_str!("claim_order.sql");
 
 /// The NOTIFY channel that wakes workers.
 pub const JOBS_CHANNEL: &str = "background_jobs";

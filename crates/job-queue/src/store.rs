@@ -239,14 +239,25 @@ pub(crate) async fn claim<C: GenericClient>(
 ) -> Result<Option<Claimed>, QueueError> {
     let row = client
         .query_opt(
-            "WITH next AS (
+            // Two index-backed lookups instead of one `OR`, which made every
+            // claim scan the whole table (finished jobs included). A job whose
+            // worker died (lease expired) goes before new work.
+            "WITH expired AS (
                  SELECT id FROM background_jobs
-                 WHERE queue = ANY($1) AND kind = ANY($2)
-                   AND ((state = 'pending' AND run_at <= now())
-                        OR (state = 'running' AND lease_expires_at < now()))
+                 WHERE state = 'running' AND lease_expires_at < now()
+                   AND queue = ANY($1) AND kind = ANY($2)
+                 ORDER BY lease_expires_at
+                 LIMIT 1
+                 FOR UPDATE SKIP LOCKED),
+             pending AS (
+                 SELECT id FROM background_jobs
+                 WHERE state = 'pending' AND run_at <= now()
+                   AND queue = ANY($1) AND kind = ANY($2)
+                   AND NOT EXISTS (SELECT 1 FROM expired)
                  ORDER BY priority DESC, run_at, id
                  LIMIT 1
-                 FOR UPDATE SKIP LOCKED)
+                 FOR UPDATE SKIP LOCKED),
+             next AS (SELECT id FROM expired UNION ALL SELECT id FROM pending)
              UPDATE background_jobs j
              SET state = 'running', locked_by = $3, attempts = j.attempts + 1,
                  lease_expires_at = now() + $4 * interval '1 millisecond', updated_at = now()

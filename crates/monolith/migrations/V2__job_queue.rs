@@ -2,5 +2,5 @@
 //! defines them (its SQL is idempotent).
 
 pub fn migration() -> String {
-    job_queue::MIGRATION_SQL.to_owned()
+    job_queue::SCHEMA_V1_SQL.to_owned()
 }
