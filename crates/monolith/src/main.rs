@@ -65,11 +65,7 @@ async fn main() -> anyhow::Result<()> {
             let pool = db::pool(&config)?;
             ensure_signing_key(&pool, &config).await?;
             let responder = chat_responder(&config, &pool)?;
-            let shutdown = async {
-                if let Err(e) = tokio::signal::ctrl_c().await {
-                    tracing::warn!(error = %e, "cannot wait for Ctrl-C; stopping");
-                }
-            };
+            let shutdown = stop_requested();
             monolith::worker::run(&config, pool, responder, shutdown)
                 .await
                 .context("running the worker role")?;
@@ -100,6 +96,32 @@ fn chat_responder(
     let agent = monolith::agent::AgentResponder::from_config(config, pool.clone())
         .context("setting up the chat agent")?;
     Ok(Arc::new(agent))
+}
+
+/// Ctrl-C, or SIGTERM from systemd, Kubernetes or `docker stop`.
+async fn stop_requested() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::warn!(error = %e, "cannot wait for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot wait for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+    tracing::info!("stop requested");
 }
 
 /// Creates the first signing key under a database-wide lock: `web` and `worker`
