@@ -33,7 +33,7 @@ struct Target {
 }
 
 fn targets() -> Vec<Target> {
-    let chat = serde_json::json!({"model": "smollm2", "stream": true, "messages": [{"role": "user", "content": "explain"}]});
+    let chat = serde_json::json!({"model": "smollm2-135m-instruct", "stream": true, "messages": [{"role": "user", "content": "explain"}]});
     vec![
         Target {
             name: "vertex-ai proxy (predict)",

@@ -8,7 +8,11 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 
 /// Models listed by `GET /v1/models`; any model name is accepted anyway.
-const MODELS: [&str; 3] = ["fake-model", "smollm2", "claude-3-5-sonnet-20241022"];
+const MODELS: [&str; 3] = [
+    "fake-model",
+    "smollm2-135m-instruct",
+    "claude-3-5-sonnet-20241022",
+];
 const EMBEDDING_DIMS: usize = 16;
 
 fn error_response(status: u16, kind: &str, message: &str) -> HttpResponse {

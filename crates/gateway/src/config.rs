@@ -71,7 +71,7 @@ pub struct ProvidersConfig {
     pub openai_api_key: Option<SecretString>,
     /// `AIGW_LOCAL_LLM__URL` (http://127.0.0.1:5053/v1): the bundled local model server.
     pub local_llm_url: String,
-    /// `AIGW_LOCAL_LLM__MODEL` (smollm2).
+    /// `AIGW_LOCAL_LLM__MODEL` (smollm2-135m-instruct, the local server's default id).
     pub local_llm_model: String,
     /// `AIGW_LOCAL_LLM__EMBEDDING_MODEL` (all-minilm-l6-v2): allowed through
     /// the Vertex AI proxy as an embedding model.
@@ -230,7 +230,7 @@ impl Config {
                         .to_owned()
                 }),
             local_llm_url,
-            local_llm_model: env.string("AIGW_LOCAL_LLM__MODEL", "smollm2"),
+            local_llm_model: env.string("AIGW_LOCAL_LLM__MODEL", "smollm2-135m-instruct"),
             local_embedding_model: env
                 .string("AIGW_LOCAL_LLM__EMBEDDING_MODEL", "all-minilm-l6-v2"),
             vertex_project: env.string("AIGW_GOOGLE_CLOUD_PLATFORM__PROJECT", "local"),

@@ -91,7 +91,7 @@ fn shipped_prompts_match_the_reference_table() {
                 ModelClassProvider::Anthropic,
                 "claude-3-5-sonnet-20241022",
             ),
-            ("openai", ModelClassProvider::Litellm, "smollm2"),
+            ("openai", ModelClassProvider::Litellm, "smollm2-135m-instruct"),
         ] {
             let def = registry
                 .resolve(id, family, None)
@@ -483,7 +483,7 @@ fn model_targets() {
     assert_eq!(target.model, "claude-3-5-sonnet-20241022");
     let target = openai.model_target(&cfg.providers, None).unwrap();
     assert_eq!(target.kind, ProviderKind::OpenAiCompatible);
-    assert_eq!(target.model, "smollm2");
+    assert_eq!(target.model, "smollm2-135m-instruct");
 
     assert_eq!(
         base.model_target(&cfg.providers, Some(&metadata("mistral")))

@@ -252,7 +252,7 @@ async fn local_default_sends_everything_to_the_local_server() {
     assert_eq!(text, "local answer");
     let request = &fake.requests()[0];
     assert_eq!(request.path, "/v1/chat/completions");
-    assert_eq!(request.body["model"], "smollm2");
+    assert_eq!(request.body["model"], "smollm2-135m-instruct");
     assert!(router.probe().await.is_ok());
 }
 
@@ -295,4 +295,17 @@ async fn probes_report_each_configured_provider() {
         router.probe().await,
         Err(ProviderError::Connection(_))
     ));
+}
+
+#[tokio::test]
+async fn readiness_fails_when_the_local_server_lacks_the_configured_model() {
+    let fake = FakeProvider::start().await.unwrap();
+    let config = Config::for_tests(&[
+        ("AIGW_LOCAL_LLM__URL", &fake.openai_base_url()),
+        ("AIGW_LOCAL_LLM__MODEL", "no-such-model"),
+    ])
+    .unwrap();
+    let router = ModelRouter::new(&config.providers).unwrap();
+    let err = router.probe().await.unwrap_err();
+    assert!(err.to_string().contains("no-such-model"), "{err}");
 }

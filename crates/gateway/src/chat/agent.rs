@@ -220,6 +220,8 @@ fn message_input(message: &AgentMessage) -> Value {
 }
 
 fn error_event(err: &ProviderError) -> AgentEvent {
+    // Provider messages carry no prompt text or credentials, so WARN is safe.
+    tracing::warn!(error = %err, retryable = err.retryable(), "model call failed during an agent step");
     AgentEvent::Error {
         message: err.to_string(),
         retryable: err.retryable(),

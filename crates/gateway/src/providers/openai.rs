@@ -94,11 +94,13 @@ pub(crate) async fn stream(
     streaming::start(request, &call.params, Decoder, error_for_status).await
 }
 
-/// Readiness: `GET {base}/models`.
+/// Readiness: `GET {base}/models`; with `expect_model`, that model must be
+/// listed too (a misnamed model would otherwise fail every chat call).
 pub(crate) async fn probe(
     http: &reqwest::Client,
     base_url: &str,
     api_key: Option<&str>,
+    expect_model: Option<&str>,
     timeout: std::time::Duration,
 ) -> Result<(), ProviderError> {
     let mut request = http.get(endpoint(base_url, "models")).timeout(timeout);
@@ -110,9 +112,26 @@ pub(crate) async fn probe(
         .await
         .map_err(|e| streaming::transport_error(&e))?;
     let status = response.status().as_u16();
-    if response.status().is_success() {
-        return Ok(());
+    if !response.status().is_success() {
+        let body = response.text().await.unwrap_or_default();
+        return Err(error_for_status(status, &body));
     }
-    let body = response.text().await.unwrap_or_default();
-    Err(error_for_status(status, &body))
+    let Some(expected) = expect_model else {
+        return Ok(());
+    };
+    let listed: serde_json::Value = response
+        .json()
+        .await
+        .map_err(|e| ProviderError::Malformed(format!("model list: {e}")))?;
+    let served: Vec<&str> = listed["data"]
+        .as_array()
+        .map(|models| models.iter().filter_map(|m| m["id"].as_str()).collect())
+        .unwrap_or_default();
+    if served.contains(&expected) {
+        Ok(())
+    } else {
+        Err(ProviderError::NotConfigured(format!(
+            "the model server does not serve {expected:?} (it serves {served:?})"
+        )))
+    }
 }

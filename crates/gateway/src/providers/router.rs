@@ -146,7 +146,14 @@ impl ModelRouter {
         if config.uses_local_default() {
             results.push(ProbeResult {
                 provider: "local",
-                result: openai::probe(&self.http, &config.local_llm_url, None, PROBE_TIMEOUT).await,
+                result: openai::probe(
+                    &self.http,
+                    &config.local_llm_url,
+                    None,
+                    Some(&config.local_llm_model),
+                    PROBE_TIMEOUT,
+                )
+                .await,
             });
             return results;
         }
@@ -166,7 +173,7 @@ impl ModelRouter {
             let key = config.openai_api_key.as_ref().map(|k| k.expose_secret());
             results.push(ProbeResult {
                 provider: "openai_compatible",
-                result: openai::probe(&self.http, base_url, key, PROBE_TIMEOUT).await,
+                result: openai::probe(&self.http, base_url, key, None, PROBE_TIMEOUT).await,
             });
         }
         results
