@@ -91,7 +91,11 @@ fn shipped_prompts_match_the_reference_table() {
                 ModelClassProvider::Anthropic,
                 "claude-3-5-sonnet-20241022",
             ),
-            ("openai", ModelClassProvider::Litellm, "smollm2-135m-instruct"),
+            (
+                "openai",
+                ModelClassProvider::Litellm,
+                "smollm2-135m-instruct",
+            ),
         ] {
             let def = registry
                 .resolve(id, family, None)
