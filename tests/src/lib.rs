@@ -3,7 +3,10 @@
 //! the fake model provider (in this process, so tests can script answers and
 //! read the requests the gateway made) standing in for Anthropic.
 //!
-//! Everything is driven through public interfaces only: GraphQL over HTTP.
+//! Everything is driven through public interfaces only: GraphQL over HTTP and
+//! WebSocket ([`live`]), and the REST API for fixtures.
+
+pub mod live;
 
 use fake_provider::FakeProvider;
 use serde_json::{Value, json};
@@ -35,7 +38,7 @@ pub enum HarnessError {
 
 pub type Result<T> = std::result::Result<T, HarnessError>;
 
-fn repo_root() -> PathBuf {
+pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .map(Path::to_path_buf)
@@ -45,7 +48,7 @@ fn repo_root() -> PathBuf {
 /// The directory cargo put this test binary's sibling executables in
 /// (`target/<profile>`). `./dev test` builds every package's binaries
 /// (each has integration tests); a missing one is built here.
-fn binary(name: &str) -> Result<PathBuf> {
+pub fn binary(name: &str) -> Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let profile_dir = exe
         .parent()
@@ -56,6 +59,7 @@ fn binary(name: &str) -> Result<PathBuf> {
         let package = match name {
             "duo-gateway" => "gateway",
             "duo-monolith" => "monolith",
+            "duo-local-llm" => "local-llm",
             other => other,
         };
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -73,7 +77,7 @@ fn binary(name: &str) -> Result<PathBuf> {
 }
 
 /// A free loopback port (bound, read, released).
-fn free_port() -> Result<u16> {
+pub fn free_port() -> Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?.port())
 }
@@ -86,7 +90,7 @@ pub struct Service {
 }
 
 impl Service {
-    fn spawn(
+    pub fn spawn(
         name: &'static str,
         program: &Path,
         args: &[&str],
@@ -137,7 +141,7 @@ impl Service {
     }
 
     /// Polls `url` until it answers 2xx; fails early if the process exits.
-    async fn wait_ready(&mut self, http: &reqwest::Client, url: &str) -> Result<()> {
+    pub async fn wait_ready(&mut self, http: &reqwest::Client, url: &str) -> Result<()> {
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
             if let Ok(resp) = http.get(url).send().await
@@ -186,6 +190,8 @@ pub struct System {
     pub worker: Service,
     pub gateway_url: String,
     pub web_url: String,
+    /// The extra `web` replicas and their URLs ([`Options::extra_web_replicas`]).
+    pub replicas: Vec<(Service, String)>,
     pub users: Vec<DemoUser>,
     pub http: reqwest::Client,
     monolith_env: Vec<(String, String)>,
@@ -208,6 +214,11 @@ static SYSTEM_COUNTER: AtomicU32 = AtomicU32::new(0);
 pub struct Options {
     pub gateway_env: Vec<(String, String)>,
     pub monolith_env: Vec<(String, String)>,
+    /// `web` processes beyond the first, each on its own port, one database.
+    pub extra_web_replicas: usize,
+    /// Point the gateway at this OpenAI-compatible base URL (the real local
+    /// model server) instead of the fake provider's Anthropic endpoint.
+    pub local_model_url: Option<String>,
 }
 
 impl System {
@@ -242,8 +253,6 @@ impl System {
             ("AIGW_FASTAPI__API_HOST".into(), "127.0.0.1".into()),
             ("AIGW_FASTAPI__API_PORT".into(), gateway_port.to_string()),
             ("AIGW_GITLAB_URL".into(), web_url.clone()),
-            ("ANTHROPIC_API_KEY".into(), "e2e-test-key".into()),
-            ("ANTHROPIC_BASE_URL".into(), fake.url()),
             (
                 "AIGW_PROMPTS_DIR".into(),
                 root.join("prompts").display().to_string(),
@@ -254,6 +263,14 @@ impl System {
             ),
             ("AIGW_LOGGING__LEVEL".into(), "debug".into()),
         ];
+        match &options.local_model_url {
+            // No provider configured: the gateway's local default.
+            Some(url) => gateway_env.push(("AIGW_LOCAL_LLM__URL".into(), url.clone())),
+            None => gateway_env.extend([
+                ("ANTHROPIC_API_KEY".into(), "e2e-test-key".into()),
+                ("ANTHROPIC_BASE_URL".into(), fake.url()),
+            ]),
+        }
         gateway_env.extend(options.gateway_env);
 
         let mut monolith_env: Vec<(String, String)> = vec![
@@ -310,6 +327,20 @@ impl System {
             &format!("{web_url}/.well-known/openid-configuration"),
         )
         .await?;
+        let mut replicas = Vec::new();
+        for _ in 0..options.extra_web_replicas {
+            let port = free_port()?;
+            let url = format!("http://127.0.0.1:{port}");
+            let mut env = monolith_env.clone();
+            env.push(("DUO_WEB_ADDR".into(), format!("127.0.0.1:{port}")));
+            // One instance: tokens keep the first replica's issuer.
+            env.push(("DUO_EXTERNAL_URL".into(), web_url.clone()));
+            let mut replica = Service::spawn("web-replica", &monolith_bin, &["web"], &env)?;
+            replica
+                .wait_ready(&http, &format!("{url}/.well-known/openid-configuration"))
+                .await?;
+            replicas.push((replica, url));
+        }
 
         Ok(Self {
             db,
@@ -319,6 +350,7 @@ impl System {
             worker,
             gateway_url,
             web_url,
+            replicas,
             users,
             http,
             monolith_env,
@@ -354,6 +386,106 @@ impl System {
         Ok(resp.json().await?)
     }
 
+    /// The caller's global id (`gid://gitlab/User/N`).
+    pub async fn user_gid(&self, token: &str) -> Result<String> {
+        let body = self
+            .graphql(token, "{ currentUser { id } }", json!({}))
+            .await?;
+        body["data"]["currentUser"]["id"]
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| HarnessError::Failed(format!("no currentUser: {body}")))
+    }
+
+    /// A REST call under `/api/v4` as the token's owner; returns status and JSON body.
+    pub async fn rest(
+        &self,
+        token: &str,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<(u16, Value)> {
+        let mut request = self
+            .http
+            .request(method, format!("{}/api/v4{path}", self.web_url))
+            .header("PRIVATE-TOKEN", token);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await?;
+        let status = response.status().as_u16();
+        let text = response.text().await?;
+        Ok((
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        ))
+    }
+
+    /// Opens one subscription to `client_subscription_id` on each web URL and
+    /// returns once every one of them is live: subscribing has no
+    /// acknowledgement, so `/help` (answered without a model) is asked with
+    /// that id until each socket has seen an answer.
+    pub async fn subscribe_everywhere(
+        &self,
+        token: &str,
+        client_subscription_id: &str,
+        web_urls: &[&str],
+    ) -> Result<Vec<live::Subscription>> {
+        let gid = self.user_gid(token).await?;
+        let mut subscriptions = Vec::new();
+        for url in web_urls {
+            subscriptions.push(
+                live::Subscription::open(
+                    url,
+                    token,
+                    &gid,
+                    live::Topic::Client(client_subscription_id.to_owned()),
+                )
+                .await?,
+            );
+        }
+        let mut live = vec![false; subscriptions.len()];
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while live.contains(&false) {
+            if Instant::now() > deadline {
+                return Err(HarnessError::Failed("subscriptions never went live".into()));
+            }
+            let accepted = self
+                .ask_with_subscription(token, json!({ "content": "/help" }), client_subscription_id)
+                .await?;
+            let request_id = accepted["requestId"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            for (subscription, seen) in subscriptions.iter_mut().zip(live.iter_mut()) {
+                if !*seen {
+                    *seen = subscription
+                        .collect_answer(&request_id, Duration::from_secs(3))
+                        .await
+                        .is_ok();
+                }
+            }
+        }
+        Ok(subscriptions)
+    }
+
+    /// Sends a chat question whose chunks go to `client_subscription_id`.
+    pub async fn ask_with_subscription(
+        &self,
+        token: &str,
+        chat: Value,
+        client_subscription_id: &str,
+    ) -> Result<Value> {
+        let body = self
+            .graphql(
+                token,
+                "mutation($input: AiActionInput!) { aiAction(input: $input) { requestId threadId errors } }",
+                json!({ "input": { "chat": chat, "clientSubscriptionId": client_subscription_id } }),
+            )
+            .await?;
+        Ok(body["data"]["aiAction"].clone())
+    }
+
     /// Sends a chat question; returns `aiAction`'s payload.
     pub async fn ask(&self, token: &str, chat: Value) -> Result<Value> {
         let body = self
@@ -383,7 +515,17 @@ impl System {
 
     /// Waits for the assistant's answer to `request_id`.
     pub async fn answer(&self, token: &str, request_id: &str) -> Result<Value> {
-        let deadline = Instant::now() + ANSWER_TIMEOUT;
+        self.answer_within(token, request_id, ANSWER_TIMEOUT).await
+    }
+
+    /// Waits up to `within` for the assistant's answer to `request_id`.
+    pub async fn answer_within(
+        &self,
+        token: &str,
+        request_id: &str,
+        within: Duration,
+    ) -> Result<Value> {
+        let deadline = Instant::now() + within;
         loop {
             let messages = self.messages(token).await?;
             if let Some(answer) = messages
@@ -394,7 +536,7 @@ impl System {
             }
             if Instant::now() > deadline {
                 return Err(HarnessError::Failed(format!(
-                    "no answer to {request_id} within {ANSWER_TIMEOUT:?}\nworker:\n{}\ngateway:\n{}",
+                    "no answer to {request_id} within {within:?}\nworker:\n{}\ngateway:\n{}",
                     self.worker.log_tail(30),
                     self.gateway.log_tail(30)
                 )));

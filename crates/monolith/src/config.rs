@@ -19,6 +19,7 @@
 //! | `DUO_COMPLETION_MAX_ATTEMPTS` | 3 | runs of a completion job before the user gets an A9999 answer |
 //! | `DUO_THREAD_RETENTION_INTERVAL_SECS` | 3600 | how often idle threads are deleted |
 //! | `DUO_JOB_LEASE_SECS` | 15 | how long a claimed job stays with a worker that stopped renewing it (crash recovery time) |
+//! | `DUO_AI_GATEWAY_TIMEOUT_SECS` | 60 | how long a gateway call may stay silent before the answer is A1000 |
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -55,6 +56,7 @@ pub struct Config {
     pub completion_max_attempts: i32,
     pub thread_retention_interval: Duration,
     pub job_lease: Duration,
+    pub ai_gateway_timeout: Duration,
 }
 
 impl Config {
@@ -129,6 +131,10 @@ impl Config {
                 parse_or(&get, "DUO_JOB_LEASE_SECS", 15)?,
                 "DUO_JOB_LEASE_SECS",
             )?),
+            ai_gateway_timeout: Duration::from_secs(positive(
+                parse_or(&get, "DUO_AI_GATEWAY_TIMEOUT_SECS", 60)?,
+                "DUO_AI_GATEWAY_TIMEOUT_SECS",
+            )?),
         })
     }
 }
@@ -197,6 +203,7 @@ mod tests {
         assert_eq!(c.completion_max_attempts, 3);
         assert_eq!(c.thread_retention_interval, Duration::from_secs(3600));
         assert_eq!(c.job_lease, Duration::from_secs(15));
+        assert_eq!(c.ai_gateway_timeout, Duration::from_secs(60));
     }
 
     #[test]

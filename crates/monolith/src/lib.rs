@@ -13,6 +13,7 @@ pub mod gid;
 pub mod graphql;
 pub mod instance;
 pub mod jwt;
+pub mod namespaces;
 pub mod policy;
 pub mod seed;
 pub mod subscriptions;

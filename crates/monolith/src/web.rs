@@ -140,6 +140,9 @@ pub fn serve(state: AppState, listener: TcpListener) -> std::io::Result<actix_we
                         .into()
                     }),
             )
+            .wrap(actix_web::middleware::from_fn(
+                crate::api::path_ids::resolve_path_ids,
+            ))
             .configure(configure)
     })
     .listen(listener)?

@@ -147,6 +147,70 @@ async fn projects_issues_and_pagination() {
 }
 
 #[tokio::test]
+async fn projects_and_groups_are_addressed_by_url_encoded_path_too() {
+    let fx = Fx::new().await;
+    let owner = fx.user("owner").await;
+    let outsider = fx.user("outsider").await;
+    let group = fx.group(None, "acme", "private", "ultimate").await;
+    let sub = fx
+        .group(Some(group), "platform", "private", "ultimate")
+        .await;
+    fx.group_member(group, owner, access::OWNER).await;
+    let project = fx.project(sub, "api", "private").await;
+    fx.issue(project, owner, false).await;
+    let owner_token = fx.token(owner, &["api"]).await;
+    let outsider_token = fx.token(outsider, &["api"]).await;
+    let server = Server::start(&fx).await;
+    let http = reqwest::Client::new();
+    let get = |path: &str, token: &str| {
+        http.get(server.url(path))
+            .bearer_auth(token.to_owned())
+            .send()
+    };
+
+    let res = get("/api/v4/projects/acme%2Fplatform%2Fapi", &owner_token)
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["id"], project);
+    assert_eq!(body["path_with_namespace"], "acme/platform/api");
+    // Nested routes, any case, and the query string survive the rewrite.
+    let res = get(
+        "/api/v4/projects/ACME%2Fplatform%2Fapi/issues?per_page=1",
+        &owner_token,
+    )
+    .await
+    .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["x-per-page"], "1");
+    assert_eq!(res.json::<Vec<Value>>().await.unwrap().len(), 1);
+    let res = get("/api/v4/groups/acme%2Fplatform", &owner_token)
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.json::<Value>().await.unwrap()["id"], sub);
+    let res = get("/api/v4/groups/acme", &owner_token).await.unwrap();
+    assert_eq!(res.json::<Value>().await.unwrap()["id"], group);
+
+    // Private or missing: the same 404 either way.
+    let private = get("/api/v4/projects/acme%2Fplatform%2Fapi", &outsider_token)
+        .await
+        .unwrap();
+    let missing = get("/api/v4/projects/acme%2Fnope", &outsider_token)
+        .await
+        .unwrap();
+    assert_eq!(private.status(), 404);
+    assert_eq!(missing.status(), 404);
+    assert_eq!(
+        private.json::<Value>().await.unwrap(),
+        missing.json::<Value>().await.unwrap()
+    );
+    let broken = get("/api/v4/projects/acme%2", &owner_token).await.unwrap();
+    assert_eq!(broken.status(), 404);
+}
+
+#[tokio::test]
 async fn ci_job_import_settings_and_seats() {
     let fx = Fx::new().await;
     let root = fx.admin("root").await;

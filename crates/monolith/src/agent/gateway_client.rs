@@ -20,9 +20,6 @@ use uuid::Uuid;
 
 use crate::jwt::{GatewayClaims, KeyRing, SharedKeyRing, TokenSubject};
 
-/// How long a gateway call may stay silent before it counts as timed out.
-pub const GATEWAY_TIMEOUT: Duration = Duration::from_secs(60);
-
 /// The GitLab version this monolith speaks to the gateway as. The gateway
 /// offers the build and merge request readers only from 17.5 on.
 pub const GITLAB_VERSION: &str = "17.6.0";

@@ -113,7 +113,7 @@ impl AgentResponder {
             instance_id: config.instance_id.clone(),
             issuer: config.external_url.to_string(),
             audience: config.gateway_audience.clone(),
-            timeout: gateway_client::GATEWAY_TIMEOUT,
+            timeout: config.ai_gateway_timeout,
             enabled_feature_flags: Vec::new(),
         };
         Ok(Self::new(Services {

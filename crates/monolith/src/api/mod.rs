@@ -3,6 +3,7 @@
 mod error;
 pub mod oidc;
 pub mod pagination;
+pub mod path_ids;
 pub mod resources;
 pub mod users;
 

@@ -215,26 +215,16 @@ pub fn parse_identifier_json(kind: ReaderKind, text: &str, base: &url::Url) -> O
     }
 }
 
-const FULL_PATHS: &str = "WITH RECURSIVE paths(id, full_path) AS (
-        SELECT id, path FROM groups WHERE parent_id IS NULL
-        UNION ALL
-        SELECT g.id, p.full_path || '/' || g.path FROM groups g JOIN paths p ON g.parent_id = p.id
-    )";
-
 async fn container_by_path(
     db: &impl GenericClient,
     kind: ReaderKind,
     path: &str,
 ) -> Result<Option<i64>, tokio_postgres::Error> {
-    let sql = if kind.in_group() {
-        format!("{FULL_PATHS} SELECT id FROM paths WHERE lower(full_path) = lower($1)")
+    if kind.in_group() {
+        crate::namespaces::group_id_by_full_path(db, path).await
     } else {
-        format!(
-            "{FULL_PATHS} SELECT pr.id FROM projects pr JOIN paths ON paths.id = pr.group_id
-             WHERE lower(paths.full_path || '/' || pr.path) = lower($1)"
-        )
-    };
-    Ok(db.query_opt(&sql, &[&path]).await?.map(|r| r.get(0)))
+        crate::namespaces::project_id_by_full_path(db, path).await
+    }
 }
 
 async fn item_by_iid(
@@ -460,10 +450,11 @@ pub async fn serialize_subject(
             let Some(r) = db
                 .query_opt(
                     &format!(
-                        "{FULL_PATHS} SELECT i.iid, i.title, i.description, i.state, i.labels, i.confidential,
+                        "{} SELECT i.iid, i.title, i.description, i.state, i.labels, i.confidential,
                                 u.username, paths.full_path || '/' || p.path, to_char(i.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
                          FROM issues i JOIN projects p ON p.id = i.project_id JOIN paths ON paths.id = p.group_id
-                         JOIN users u ON u.id = i.author_id WHERE i.id = $1"
+                         JOIN users u ON u.id = i.author_id WHERE i.id = $1",
+                        crate::namespaces::FULL_PATHS
                     ),
                     &[&id],
                 )
@@ -492,10 +483,11 @@ pub async fn serialize_subject(
             let Some(r) = db
                 .query_opt(
                     &format!(
-                        "{FULL_PATHS} SELECT e.iid, e.title, e.description, e.state, e.labels, e.confidential,
+                        "{} SELECT e.iid, e.title, e.description, e.state, e.labels, e.confidential,
                                 u.username, paths.full_path, to_char(e.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
                          FROM epics e JOIN paths ON paths.id = e.group_id
-                         JOIN users u ON u.id = e.author_id WHERE e.id = $1"
+                         JOIN users u ON u.id = e.author_id WHERE e.id = $1",
+                        crate::namespaces::FULL_PATHS
                     ),
                     &[&id],
                 )
@@ -524,10 +516,11 @@ pub async fn serialize_subject(
             let Some(r) = db
                 .query_opt(
                     &format!(
-                        "{FULL_PATHS} SELECT m.iid, m.title, m.description, m.state, m.labels, m.source_branch,
+                        "{} SELECT m.iid, m.title, m.description, m.state, m.labels, m.source_branch,
                                 m.target_branch, u.username, paths.full_path || '/' || p.path, m.diff
                          FROM merge_requests m JOIN projects p ON p.id = m.project_id JOIN paths ON paths.id = p.group_id
-                         JOIN users u ON u.id = m.author_id WHERE m.id = $1"
+                         JOIN users u ON u.id = m.author_id WHERE m.id = $1",
+                        crate::namespaces::FULL_PATHS
                     ),
                     &[&id],
                 )
@@ -557,9 +550,10 @@ pub async fn serialize_subject(
             let Some(r) = db
                 .query_opt(
                     &format!(
-                        "{FULL_PATHS} SELECT b.name, b.stage, b.status, pl.ref, paths.full_path || '/' || p.path, b.log
+                        "{} SELECT b.name, b.stage, b.status, pl.ref, paths.full_path || '/' || p.path, b.log
                          FROM ci_builds b JOIN ci_pipelines pl ON pl.id = b.pipeline_id
-                         JOIN projects p ON p.id = b.project_id JOIN paths ON paths.id = p.group_id WHERE b.id = $1"
+                         JOIN projects p ON p.id = b.project_id JOIN paths ON paths.id = p.group_id WHERE b.id = $1",
+                        crate::namespaces::FULL_PATHS
                     ),
                     &[&id],
                 )
