@@ -30,7 +30,7 @@ pub(crate) async fn messages(
     let stop = stop_list(json.get("stop_sequences"));
     let input_tokens = script::token_count(&json["messages"].to_string());
 
-    match state.plan(&model) {
+    match state.plan(&model, &json) {
         Plan::Fail(failure) => fail(&state, failure, streaming, &model).await,
         Plan::Answer {
             pieces,

@@ -76,6 +76,9 @@ impl Default for FakeProviderOptions {
 
 struct Script {
     queue: VecDeque<Scripted>,
+    /// When no answer is queued: the first rule whose needle occurs in the
+    /// request body answers, else `default_text`.
+    rules: Vec<(String, String)>,
     default_text: String,
     chunk_size: usize,
     wire_split: Option<usize>,
@@ -129,7 +132,7 @@ impl State {
 
     /// Decides what a model request gets: a failure chosen by model name, or
     /// the next scripted answer, or the default answer.
-    pub(crate) fn plan(&self, model: &str) -> Plan {
+    pub(crate) fn plan(&self, model: &str, body: &serde_json::Value) -> Plan {
         let mode = ModelMode::from_model(model);
         let fail = |f| Plan::Fail(f);
         match mode {
@@ -149,7 +152,19 @@ impl State {
             Some(Scripted::Fail(failure)) => return Plan::Fail(failure),
             Some(Scripted::Chunks(pieces)) => pieces,
             Some(Scripted::Text(text)) => script::split_text(&text, script.chunk_size),
-            None => script::split_text(&script.default_text, script.chunk_size),
+            None => {
+                let text = if script.rules.is_empty() {
+                    &script.default_text
+                } else {
+                    let body = body.to_string();
+                    script
+                        .rules
+                        .iter()
+                        .find(|(needle, _)| body.contains(needle.as_str()))
+                        .map_or(&script.default_text, |(_, text)| text)
+                };
+                script::split_text(text, script.chunk_size)
+            }
         };
         Plan::Answer {
             pieces,
@@ -213,6 +228,7 @@ impl FakeProvider {
         let state = Arc::new(State {
             script: Mutex::new(Script {
                 queue: VecDeque::new(),
+                rules: Vec::new(),
                 default_text: "Hello from the fake provider.".to_owned(),
                 chunk_size: 16,
                 wire_split: None,
@@ -287,7 +303,14 @@ impl FakeProvider {
         self.state.lock().queue.push_back(scripted);
     }
 
-    /// The answer given when the queue is empty.
+    /// Answers `text` (when nothing is queued) to requests whose body
+    /// contains `needle`; concurrent conversations can so be scripted by what
+    /// they have already seen. Earlier rules win.
+    pub fn reply_when(&self, needle: impl Into<String>, text: impl Into<String>) {
+        self.state.lock().rules.push((needle.into(), text.into()));
+    }
+
+    /// The answer given when the queue is empty and no rule matches.
     pub fn set_default_text(&self, text: impl Into<String>) {
         self.state.lock().default_text = text.into();
     }
@@ -323,6 +346,7 @@ impl FakeProvider {
         let mut script = self.state.lock();
         script.requests.clear();
         script.queue.clear();
+        script.rules.clear();
     }
 
     /// Stops the server, ending hanging responses, and waits for it.

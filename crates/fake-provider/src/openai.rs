@@ -56,7 +56,7 @@ pub(crate) async fn chat_completions(
     let stop = stop_list(json.get("stop"));
     let prompt_tokens = script::token_count(&json["messages"].to_string());
 
-    match state.plan(&model) {
+    match state.plan(&model, &json) {
         Plan::Fail(failure) => fail(&state, failure, streaming, &model).await,
         Plan::Answer {
             pieces,

@@ -52,7 +52,7 @@ pub(crate) async fn model_action(
         }
         "predict" | "serverStreamingPredict" => {
             let streaming = action == "serverStreamingPredict";
-            let pieces = match state.plan(model) {
+            let pieces = match state.plan(model, &serde_json::Value::Null) {
                 Plan::Answer {
                     pieces,
                     first_byte_delay,

@@ -309,3 +309,26 @@ async fn readiness_fails_when_the_local_server_lacks_the_configured_model() {
     let err = router.probe().await.unwrap_err();
     assert!(err.to_string().contains("no-such-model"), "{err}");
 }
+
+#[tokio::test]
+async fn the_fake_provider_answers_by_what_the_request_contains() {
+    let fake = FakeProvider::start().await.unwrap();
+    let config = Config::for_tests(&[("AIGW_LOCAL_LLM__URL", &fake.openai_base_url())]).unwrap();
+    let router = ModelRouter::new(&config.providers).unwrap();
+    fake.set_default_text("default");
+    fake.reply_when("no such needle", "never");
+    fake.reply_when("hello", "matched");
+    let matched = collect(&router, call(ProviderKind::Anthropic, "m"))
+        .await
+        .unwrap();
+    assert_eq!(matched, "matched");
+    // A queued answer still comes first.
+    fake.push_text("queued");
+    let queued = collect(&router, call(ProviderKind::Anthropic, "m"))
+        .await
+        .unwrap();
+    assert_eq!(queued, "queued");
+    let mut other = call(ProviderKind::Anthropic, "m");
+    other.messages[0].content = "bye".to_owned();
+    assert_eq!(collect(&router, other).await.unwrap(), "default");
+}
