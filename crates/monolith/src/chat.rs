@@ -13,7 +13,7 @@ use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
 use crate::gid::{self, ChatResource};
-use crate::policy::{Ability, Actor, ChatAuthError, Policy, Subject};
+use crate::policy::{Ability, Actor, ChatAuthError, Policy};
 
 /// GitLab's limits on chat input.
 pub const MAX_CONTENT_CHARS: usize = 100_000;
@@ -122,6 +122,8 @@ pub enum ChatError {
         "The resource that you are attempting to access does not exist or you don't have permission to perform this action"
     )]
     ResourceNotFound,
+    #[error("AI features are not enabled or resource is not permitted to be sent.")]
+    ResourceNotPermitted,
     #[error("{}", .0.user_message())]
     Denied(DuoErrorCode),
     #[error("internal error: {0}")]
@@ -360,8 +362,9 @@ impl ChatService {
         request: ChatRequest,
     ) -> Result<ChatAccepted, ChatError> {
         let user = user.ok_or(ChatError::Unauthenticated)?;
-        validate(&request)?;
+        // GitLab counts every attempt, valid or not, before looking at it.
         self.check_rate_limit(user.id).await?;
+        validate(&request)?;
 
         let mut client = self.pool.get().await?;
         self.policy
@@ -377,6 +380,16 @@ impl ChatService {
                 .await?;
         let command = request.content.trim();
         let request_id = Uuid::new_v4();
+        if command == "/new" {
+            // What GitLab's clients do for `/new` (they drop the thread id):
+            // a fresh multi-thread conversation; the old one stays listed.
+            let fresh = create_thread(&*tx, user.id, ConversationType::DuoChat).await?;
+            tx.commit().await?;
+            return Ok(ChatAccepted {
+                request_id,
+                thread_id: fresh.id,
+            });
+        }
         if command == "/clear" {
             // Nothing is stored: the conversation continues in a fresh thread.
             let fresh = create_thread(&*tx, user.id, thread.conversation_type).await?;
@@ -431,34 +444,33 @@ impl ChatService {
         })
     }
 
-    /// Whether `user` may name `gid_text` as the chat's resource; unknown and
-    /// unreadable resources are both `ResourceNotFound`.
+    /// Whether `user` may name `gid_text` as the chat's resource: unknown and
+    /// unreadable resources are both `ResourceNotFound`; a readable one in a
+    /// group or project with Duo features off is `ResourceNotPermitted`.
     pub async fn authorize_resource(
         &self,
         db: &impl GenericClient,
         user: Actor,
         gid_text: &str,
     ) -> Result<(), ChatError> {
-        match gid::parse_chat_resource(gid_text) {
-            Some(ChatResource::User(id)) if id == user.id => Ok(()),
-            Some(ChatResource::Item(subject)) => {
-                let ability = match subject {
-                    Subject::Issue(_) => Ability::ReadIssue,
-                    Subject::Epic(_) => Ability::ReadEpic,
-                    Subject::MergeRequest(_) => Ability::ReadMergeRequest,
-                    Subject::Project(_) => Ability::ReadProject,
-                    Subject::Group(_) => Ability::ReadGroup,
-                    Subject::Build(_) => Ability::ReadBuild,
-                    _ => return Err(ChatError::ResourceNotFound),
-                };
-                // Unknown and unreadable resources look the same.
-                if !self.policy.can(db, Some(user), ability, subject).await? {
-                    return Err(ChatError::ResourceNotFound);
-                }
-                Ok(())
+        let subject = match gid::parse_chat_resource(gid_text) {
+            Some(ChatResource::User(id)) if id == user.id => return Ok(()),
+            Some(ChatResource::Item(subject)) => subject,
+            _ => return Err(ChatError::ResourceNotFound),
+        };
+        let readable = match Ability::to_read(subject) {
+            Some(ability) if ability != Ability::ReadNote => {
+                self.policy.can(db, Some(user), ability, subject).await?
             }
-            _ => Err(ChatError::ResourceNotFound),
+            _ => false,
+        };
+        if !readable {
+            return Err(ChatError::ResourceNotFound);
         }
+        if !self.policy.may_send_to_ai(db, user, subject).await? {
+            return Err(ChatError::ResourceNotPermitted);
+        }
+        Ok(())
     }
 
     async fn check_rate_limit(&self, user_id: i64) -> Result<(), ChatError> {

@@ -33,6 +33,9 @@ pub struct GqlContext {
     pub pool: deadpool_postgres::Pool,
     pub user: Option<Actor>,
     pub username: Option<String>,
+    /// Whether the token may run mutations: GitLab lets `read_api` tokens
+    /// query only; `aiAction` needs `api` or `ai_features`.
+    pub may_mutate: bool,
     pub live: Arc<LiveHub>,
 }
 
@@ -45,6 +48,9 @@ impl GqlContext {
             policy: state.policy.clone(),
             pool: state.pool.clone(),
             user: user.as_ref().map(Actor::from),
+            may_mutate: user
+                .as_ref()
+                .is_some_and(|u| u.has_any_scope(&["api", "ai_features"])),
             username: user.map(|u| u.username),
             live: state.live.clone(),
         }
@@ -507,6 +513,7 @@ fn chat_field_error(e: ChatError) -> FieldError {
         ChatError::Invalid(msg) => coded(msg, "ARGUMENT_ERROR"),
         ChatError::ThreadNotFound => coded(e.to_string(), "THREAD_NOT_FOUND"),
         ChatError::ResourceNotFound => coded(e.to_string(), "RESOURCE_NOT_AVAILABLE"),
+        ChatError::ResourceNotPermitted => coded(e.to_string(), "AI_NOT_PERMITTED"),
         ChatError::Denied(code) => coded(code.user_message(), &code.to_string()),
         ChatError::Internal(detail) => internal(detail),
     }
@@ -519,6 +526,12 @@ pub struct Mutation;
 impl Mutation {
     async fn ai_action(ctx: &GqlContext, input: AiActionInput) -> FieldResult<AiActionPayload> {
         let client_mutation_id = input.client_mutation_id.clone();
+        if ctx.user.is_some() && !ctx.may_mutate {
+            return Err(coded(
+                "The token needs the api or ai_features scope to send chat questions",
+                "INSUFFICIENT_SCOPE",
+            ));
+        }
         let Some(chat_input) = input.chat else {
             return Err(coded(
                 "Only one method argument is required",
@@ -566,6 +579,13 @@ impl Mutation {
                 request_id: None,
                 thread_id: None,
                 errors: vec![code.error_text(&ctx.chat_docs_base())],
+                client_mutation_id,
+            }),
+            // GitLab answers this one from the service, not as a GraphQL error.
+            Err(e @ ChatError::ResourceNotPermitted) => Ok(AiActionPayload {
+                request_id: None,
+                thread_id: None,
+                errors: vec![e.to_string()],
                 client_mutation_id,
             }),
             Err(e) => Err(chat_field_error(e)),
@@ -878,6 +898,9 @@ mod tests {
             "AiConversationsThreadsConversationType",
             "AiMessageRole",
             "ProjectID",
+            "UserID",
+            "AiAction",
+            "AiAgentVersionID",
         ] {
             let query = format!("{{ __type(name: \"{name}\") {{ name }} }}");
             let vars = juniper::Variables::new();
@@ -911,6 +934,7 @@ mod tests {
             pool,
             user: None,
             username: None,
+            may_mutate: false,
             live: LiveHub::new("postgres://nobody@127.0.0.1:1/none"),
         }
     }

@@ -114,6 +114,9 @@ pub struct GatewayClaims {
     pub jti: String,
     pub gitlab_realm: String,
     pub gitlab_instance_id: String,
+    /// The user the token was minted for ([`global_user_id`]); the gateway
+    /// can match it against `X-Gitlab-Global-User-Id`.
+    pub gitlab_global_user_id: String,
     pub scopes: Vec<String>,
 }
 
@@ -300,6 +303,7 @@ pub fn claims_for(subject: TokenSubject<'_>) -> GatewayClaims {
         jti: uuid::Uuid::new_v4().to_string(),
         gitlab_realm: subject.realm.to_owned(),
         gitlab_instance_id: subject.instance_id.to_owned(),
+        gitlab_global_user_id: global_user_id(subject.instance_id, subject.user_id),
         scopes: subject.scopes,
     }
 }

@@ -64,6 +64,22 @@ pub enum Ability {
     AccessDuoChat,
 }
 
+impl Ability {
+    /// The ability that reads `subject` (`None` for the global subject).
+    pub fn to_read(subject: Subject) -> Option<Ability> {
+        Some(match subject {
+            Subject::Group(_) => Ability::ReadGroup,
+            Subject::Project(_) => Ability::ReadProject,
+            Subject::Issue(_) => Ability::ReadIssue,
+            Subject::Epic(_) => Ability::ReadEpic,
+            Subject::MergeRequest(_) => Ability::ReadMergeRequest,
+            Subject::Build(_) => Ability::ReadBuild,
+            Subject::Note(_) => Ability::ReadNote,
+            Subject::Global => return None,
+        })
+    }
+}
+
 /// What an ability is asked about. `Global` means "outside any group or project".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Subject {
@@ -188,6 +204,7 @@ impl Policy {
             (ReadBuild, Subject::Build(id)) => {
                 self.read_project_code_item(db, user, "ci_builds", id).await
             }
+            (ReadBuild, Subject::Project(id)) => self.read_project_builds(db, user, id).await,
             (ReadNote, Subject::Note(id)) => self.read_note(db, user, id).await,
             (AccessDuoFeatures, Subject::Group(id)) => {
                 self.access_duo_features_group(db, user, id).await
@@ -420,12 +437,7 @@ impl Policy {
         let Some(project) = self.project_facts(db, user, row.get(0)).await? else {
             return Ok(false);
         };
-        if !Self::project_readable(&project, user) {
-            return Ok(false);
-        }
-        Ok(project.visibility != "private"
-            || user.is_some_and(|u| u.admin)
-            || project.access >= access::REPORTER)
+        Ok(Self::project_code_readable(&project, user))
     }
 
     async fn read_note(
@@ -747,15 +759,8 @@ impl Policy {
         user: Option<Actor>,
         resource: Subject,
     ) -> Result<(), ChatAuthError> {
-        let ability = match resource {
-            Subject::Group(_) => Ability::ReadGroup,
-            Subject::Project(_) => Ability::ReadProject,
-            Subject::Issue(_) => Ability::ReadIssue,
-            Subject::Epic(_) => Ability::ReadEpic,
-            Subject::MergeRequest(_) => Ability::ReadMergeRequest,
-            Subject::Build(_) => Ability::ReadBuild,
-            Subject::Note(_) => Ability::ReadNote,
-            Subject::Global => return self.authorize_chat_user(db, user).await,
+        let Some(ability) = Ability::to_read(resource) else {
+            return self.authorize_chat_user(db, user).await;
         };
         if !self.can(db, user, ability, resource).await? {
             return Err(ChatAuthError::Denied(DuoErrorCode::M3003));
@@ -763,6 +768,31 @@ impl Policy {
         match self.container_of(db, resource).await? {
             Some(container) => self.authorize_chat_container(db, user, container).await,
             None => self.authorize_chat_user(db, user).await,
+        }
+    }
+
+    /// Whether `resource` may go into a prompt for `user`: they can read it and
+    /// Duo features are on for its group or project (GitLab's
+    /// `Utils::Authorizer.resource`). Notes and the global subject never go
+    /// in as page context.
+    pub async fn may_send_to_ai(
+        &self,
+        db: &impl GenericClient,
+        user: Actor,
+        resource: Subject,
+    ) -> Result<bool, PolicyError> {
+        let Some(ability) = Ability::to_read(resource).filter(|a| *a != Ability::ReadNote) else {
+            return Ok(false);
+        };
+        if !self.can(db, Some(user), ability, resource).await? {
+            return Ok(false);
+        }
+        match self.container_of(db, resource).await? {
+            Some(container) => {
+                self.can(db, Some(user), Ability::AccessDuoFeatures, container)
+                    .await
+            }
+            None => Ok(false),
         }
     }
 
@@ -815,3 +845,165 @@ const INCLUDE_CONTEXT_PRIMITIVES: &[UnitPrimitive] = &[
     UnitPrimitive::IncludeDirectoryContext,
     UnitPrimitive::IncludeUserRuleContext,
 ];
+
+// ---- project code and REST write rules -----------------------------------------
+
+/// Changes made through the REST API, each granted from the role GitLab requires
+/// for it on the group or project (admins may make them all).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteAbility {
+    /// Edit a group's settings (`admin_group`): owners.
+    AdminGroup,
+    /// Add, change or remove group members (`admin_group_member`): owners.
+    AdminGroupMember,
+    /// Create a project in a group (`create_projects`): maintainers.
+    CreateProject,
+    /// Create an epic in a group: planners and above.
+    CreateEpic,
+    /// Edit a project's settings (`admin_project`): maintainers.
+    AdminProject,
+    /// Rename a project (`rename_project`): owners.
+    RenameProject,
+    /// Change a project's visibility (`change_visibility_level`): owners.
+    ChangeProjectVisibility,
+    /// Add, change or remove project members (`admin_project_member`): maintainers,
+    /// for roles up to their own (see [`Policy::may_manage_role`]).
+    AdminProjectMember,
+    /// Open a merge request (`create_merge_request_in`): developers.
+    CreateMergeRequest,
+    /// Import a finished CI job (our addition): maintainers.
+    ImportJob,
+    /// Write an internal note on an issue or epic: reporters.
+    CreateInternalNote,
+}
+
+impl WriteAbility {
+    /// The least access level that grants the ability.
+    pub fn min_access(self) -> i32 {
+        use WriteAbility::*;
+        match self {
+            AdminGroup | AdminGroupMember | RenameProject | ChangeProjectVisibility => {
+                access::OWNER
+            }
+            CreateProject | AdminProject | AdminProjectMember | ImportJob => access::MAINTAINER,
+            CreateMergeRequest => access::DEVELOPER,
+            CreateInternalNote => access::REPORTER,
+            CreateEpic => access::PLANNER,
+        }
+    }
+
+    fn applies_to(self, container: Subject) -> bool {
+        use WriteAbility::*;
+        match container {
+            Subject::Group(_) => matches!(
+                self,
+                AdminGroup | AdminGroupMember | CreateProject | CreateEpic | CreateInternalNote
+            ),
+            Subject::Project(_) => matches!(
+                self,
+                AdminProject
+                    | RenameProject
+                    | ChangeProjectVisibility
+                    | AdminProjectMember
+                    | CreateMergeRequest
+                    | ImportJob
+                    | CreateInternalNote
+            ),
+            _ => false,
+        }
+    }
+}
+
+impl Policy {
+    /// Merge requests and CI show code: in a private project they need reporter
+    /// access, elsewhere whoever reads the project reads them.
+    fn project_code_readable(project: &ProjectFacts, user: Option<Actor>) -> bool {
+        Self::project_readable(project, user)
+            && (project.visibility != "private"
+                || user.is_some_and(|u| u.admin)
+                || project.access >= access::REPORTER)
+    }
+
+    /// `read_build` on a project: its pipelines and jobs as a whole.
+    async fn read_project_builds(
+        &self,
+        db: &impl GenericClient,
+        user: Option<Actor>,
+        id: i64,
+    ) -> Result<bool, PolicyError> {
+        Ok(self
+            .project_facts(db, user, id)
+            .await?
+            .is_some_and(|f| Self::project_code_readable(&f, user)))
+    }
+
+    /// The user's effective access level on a group or project: their own
+    /// membership or one inherited from an ancestor group, whichever is higher.
+    /// `NO_ACCESS` for anonymous users, strangers and other subjects.
+    pub async fn access_level(
+        &self,
+        db: &impl GenericClient,
+        user: Option<Actor>,
+        container: Subject,
+    ) -> Result<i32, PolicyError> {
+        if user.is_none() {
+            return Ok(access::NO_ACCESS);
+        }
+        Ok(match container {
+            Subject::Group(id) => self
+                .group_facts(db, user, id)
+                .await?
+                .map_or(access::NO_ACCESS, |f| f.access),
+            Subject::Project(id) => self
+                .project_facts(db, user, id)
+                .await?
+                .map_or(access::NO_ACCESS, |f| f.access),
+            _ => access::NO_ACCESS,
+        })
+    }
+
+    /// Whether the signed-in user may make the change on the group or project:
+    /// they can read it and either are an admin or hold the role the change needs.
+    pub async fn can_write(
+        &self,
+        db: &impl GenericClient,
+        user: Option<Actor>,
+        ability: WriteAbility,
+        container: Subject,
+    ) -> Result<bool, PolicyError> {
+        let Some(actor) = user else { return Ok(false) };
+        if !ability.applies_to(container) {
+            return Ok(false);
+        }
+        let (readable, level) = match container {
+            Subject::Group(id) => match self.group_facts(db, user, id).await? {
+                Some(f) => (Self::group_readable(&f, user), f.access),
+                None => return Ok(false),
+            },
+            Subject::Project(id) => match self.project_facts(db, user, id).await? {
+                Some(f) => (Self::project_readable(&f, user), f.access),
+                None => return Ok(false),
+            },
+            _ => return Ok(false),
+        };
+        Ok(readable && (actor.admin || level >= ability.min_access()))
+    }
+
+    /// Whether the user may grant, change or take away the role `level` in the
+    /// group or project: admins and owners manage every role, anyone else only
+    /// roles up to their own (a maintainer cannot make or touch an owner).
+    pub async fn may_manage_role(
+        &self,
+        db: &impl GenericClient,
+        user: Option<Actor>,
+        container: Subject,
+        level: i32,
+    ) -> Result<bool, PolicyError> {
+        let Some(actor) = user else { return Ok(false) };
+        if actor.admin {
+            return Ok(true);
+        }
+        let own = self.access_level(db, user, container).await?;
+        Ok(own >= access::OWNER || own >= level)
+    }
+}

@@ -173,6 +173,20 @@ async fn threads_clear_and_reset_follow_gitlab() {
         .to_string();
     assert_ne!(cleared, legacy);
     assert_eq!(count_messages(&fx).await, before + 1);
+    // /new stores nothing either and opens a new multi-thread conversation.
+    let new = client
+        .gql(
+            CHAT_MUTATION,
+            json!({ "question": "/new", "threadId": cleared }),
+        )
+        .await;
+    let newest = new["data"]["aiAction"]["threadId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(new["data"]["aiAction"]["requestId"].is_string(), "{new}");
+    assert!(newest != cleared && newest != legacy && newest != fresh_id);
+    assert_eq!(count_messages(&fx).await, before + 1);
 
     let threads = client
         .gql("{ aiConversationThreads { nodes { id lastUpdatedAt createdAt conversationType title } pageInfo { endCursor hasNextPage } } }", json!({}))
@@ -180,7 +194,15 @@ async fn threads_clear_and_reset_follow_gitlab() {
     let nodes = threads["data"]["aiConversationThreads"]["nodes"]
         .as_array()
         .unwrap();
-    assert_eq!(nodes.len(), 3, "{threads}");
+    assert_eq!(nodes.len(), 4, "{threads}");
+    assert_eq!(
+        nodes
+            .iter()
+            .filter(|t| t["conversationType"] == "DUO_CHAT")
+            .count(),
+        2,
+        "{threads}"
+    );
     assert!(
         nodes
             .iter()
@@ -375,4 +397,80 @@ async fn idle_threads_are_deleted_by_retention() {
         .collect();
     assert_eq!(left.len(), 1);
     assert!(fresh_id.ends_with(&format!("/{}", left[0])));
+}
+
+#[tokio::test]
+async fn read_api_tokens_query_but_cannot_ask() {
+    let (fx, server, user, _client) = world().await;
+    let reader = Client {
+        http: reqwest::Client::new(),
+        url: server.url("/api/graphql"),
+        token: fx.token(user, &["read_api"]).await,
+    };
+    let res = reader
+        .gql("{ currentUser { duoChatAvailable } }", json!({}))
+        .await;
+    assert_eq!(
+        res["data"]["currentUser"]["duoChatAvailable"], true,
+        "{res}"
+    );
+    let res = reader.gql(CHAT_MUTATION, json!({ "question": "hi" })).await;
+    assert_eq!(
+        res["errors"][0]["extensions"]["code"], "INSUFFICIENT_SCOPE",
+        "{res}"
+    );
+    assert_eq!(count_messages(&fx).await, 0, "nothing may be stored");
+}
+
+#[tokio::test]
+async fn resources_where_duo_is_off_are_never_sent() {
+    let (fx, _server, user, client) = world().await;
+    let group = fx.group(None, "g", "private", "ultimate").await;
+    let on = fx.project(group, "on", "private").await;
+    let off = fx.project(group, "off", "private").await;
+    fx.project_duo(off, false).await;
+    fx.group_member(group, user, access::DEVELOPER).await;
+    let readable_on = fx.issue(on, user, false).await;
+    let readable_off = fx.issue(off, user, false).await;
+
+    let res = client
+        .gql(
+            CHAT_MUTATION,
+            json!({ "question": "hi", "resourceId": format!("gid://gitlab/Issue/{readable_off}") }),
+        )
+        .await;
+    assert_eq!(
+        res["data"]["aiAction"]["errors"],
+        json!(["AI features are not enabled or resource is not permitted to be sent."]),
+        "{res}"
+    );
+    assert!(res["data"]["aiAction"]["requestId"].is_null());
+    assert_eq!(count_messages(&fx).await, 0);
+
+    let res = client
+        .gql(
+            CHAT_MUTATION,
+            json!({ "question": "hi", "resourceId": format!("gid://gitlab/Issue/{readable_on}") }),
+        )
+        .await;
+    assert_eq!(res["data"]["aiAction"]["errors"], json!([]), "{res}");
+
+    // The worker's check: Duo switched off after the question was accepted.
+    let policy = fx.policy();
+    let db = fx.pool.get().await.unwrap();
+    let on_gid = format!("gid://gitlab/Issue/{readable_on}");
+    assert!(
+        monolith::agent::readable_resource(&policy, &**db, user, &on_gid)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    fx.project_duo(on, false).await;
+    assert!(
+        monolith::agent::readable_resource(&policy, &**db, user, &on_gid)
+            .await
+            .unwrap()
+            .is_none(),
+        "a resource in a project with Duo off must not become page context"
+    );
 }

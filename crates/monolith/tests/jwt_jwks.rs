@@ -204,3 +204,115 @@ async fn a_running_web_role_signs_with_a_key_rotated_by_another_process() {
     assert_eq!(published(state.keys.jwks().unwrap()), vec![before, rotated]);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Checks an RS256 token with nothing but the RSA primitive and the JWKS
+/// numbers (no JWT library): PKCS#1 v1.5 over SHA-256 of `header.payload`.
+/// Returns the payload's claims as plain JSON.
+fn verify_independently(jwks: &Value, token: &str) -> Result<Value, String> {
+    use base64::Engine;
+    use rsa::{BigUint, Pkcs1v15Sign, RsaPublicKey};
+    use sha2::Digest;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let mut parts = token.split('.');
+    let (Some(header), Some(payload), Some(signature), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err("not three parts".into());
+    };
+    let header: Value = serde_json::from_slice(&b64.decode(header).map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    if header["alg"] != "RS256" {
+        return Err(format!("alg {}", header["alg"]));
+    }
+    let jwk = jwks["keys"]
+        .as_array()
+        .and_then(|keys| keys.iter().find(|k| k["kid"] == header["kid"]))
+        .ok_or("kid not published")?;
+    let number = |field: &str| -> Result<BigUint, String> {
+        let text = jwk[field].as_str().ok_or(format!("no {field}"))?;
+        Ok(BigUint::from_bytes_be(
+            &b64.decode(text).map_err(|e| e.to_string())?,
+        ))
+    };
+    let key = RsaPublicKey::new(number("n")?, number("e")?).map_err(|e| e.to_string())?;
+    let signed = &token[..token.rfind('.').ok_or("no signature")?];
+    // EMSA-PKCS1-v1_5 signs DigestInfo(SHA-256, digest): RFC 8017's fixed
+    // ASN.1 prefix followed by the 32-byte hash.
+    const SHA256_DIGEST_INFO: [u8; 19] = [
+        0x30, 0x31, 0x30, 0x0d, 0x06, 0x09, 0x60, 0x86, 0x48, 0x01, 0x65, 0x03, 0x04, 0x02, 0x01,
+        0x05, 0x00, 0x04, 0x20,
+    ];
+    let mut digest_info = SHA256_DIGEST_INFO.to_vec();
+    digest_info.extend_from_slice(&sha2::Sha256::digest(signed.as_bytes()));
+    let signature = b64.decode(signature).map_err(|e| e.to_string())?;
+    key.verify(Pkcs1v15Sign::new_unprefixed(), &digest_info, &signature)
+        .map_err(|e| e.to_string())?;
+    serde_json::from_slice(&b64.decode(payload).map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())
+}
+
+#[tokio::test]
+async fn tokens_verify_with_the_bare_rsa_primitive() {
+    let fx = Fx::new().await;
+    let user = fx.user("pro").await;
+    fx.seat(user, "duo_pro", false).await;
+    let server = Server::start(&fx).await;
+    let url = fx.db.url().to_string();
+    let config = monolith::config::Config::from_lookup(|k| match k {
+        "DATABASE_URL" => Some(url.clone()),
+        "DUO_EXTERNAL_URL" => Some(server.base.clone()),
+        "DUO_SIGNING_KEY_DIR" => Some(support::test_key_dir()),
+        _ => None,
+    })
+    .unwrap();
+    let state = monolith::web::AppState::new(
+        fx.pool.clone(),
+        config,
+        monolith::add_ons::AddOnCatalogue::built_in().unwrap(),
+    )
+    .unwrap();
+    let token = state.gateway_token(user.id).await.unwrap();
+    let jwks: Value = reqwest::get(server.url("/oauth/discovery/keys"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+
+    let claims = verify_independently(&jwks, &token).unwrap();
+    assert_eq!(claims["aud"], "gitlab-ai-gateway");
+    assert_eq!(claims["iss"], server.base.trim_end_matches('/'));
+    assert_eq!(claims["sub"], state.config.instance_id.as_str());
+    assert_eq!(
+        claims["gitlab_instance_id"],
+        state.config.instance_id.as_str()
+    );
+    assert_eq!(claims["gitlab_realm"], "self-managed");
+    assert_eq!(
+        claims["gitlab_global_user_id"],
+        monolith::jwt::global_user_id(&state.config.instance_id, user.id).as_str()
+    );
+    let scopes: Vec<&str> = claims["scopes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(scopes.contains(&"duo_chat"), "{scopes:?}");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let exp = claims["exp"].as_u64().unwrap();
+    assert!(
+        exp > now && exp <= now + 3600,
+        "short expiry: {exp} vs {now}"
+    );
+
+    // One flipped bit in the payload breaks the signature.
+    let mut parts: Vec<String> = token.split('.').map(str::to_owned).collect();
+    let mut payload = parts[1].clone().into_bytes();
+    payload[5] = if payload[5] == b'A' { b'B' } else { b'A' };
+    parts[1] = String::from_utf8(payload).unwrap();
+    assert!(verify_independently(&jwks, &parts.join(".")).is_err());
+}

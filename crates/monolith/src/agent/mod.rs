@@ -28,7 +28,7 @@ use crate::add_ons::AddOnCatalogue;
 use crate::completion::{ChatAnswer, ChatResponder, ChunkSender, CompletionJob, ResponderError};
 use crate::config::Config;
 use crate::gid::{self, ChatResource};
-use crate::policy::{Ability, Actor, ChatAuthError, Policy, PolicyError, Subject};
+use crate::policy::{Actor, ChatAuthError, Policy, PolicyError, Subject};
 
 use gateway_client::{GatewayAuth, GatewayClient, GatewaySettings};
 
@@ -334,7 +334,8 @@ async fn load_actor(
 }
 
 /// The page resource named by `resourceId`, or `None` when it is the user,
-/// unknown, or not readable by the user (GitLab silently drops it).
+/// unknown, not readable by the user, or in a group or project with Duo
+/// features off (GitLab silently drops it; nothing of it reaches a prompt).
 pub async fn readable_resource(
     policy: &Policy,
     db: &impl GenericClient,
@@ -344,17 +345,8 @@ pub async fn readable_resource(
     let Some(ChatResource::Item(subject)) = gid::parse_chat_resource(gid_text) else {
         return Ok(None);
     };
-    let ability = match subject {
-        Subject::Issue(_) => Ability::ReadIssue,
-        Subject::Epic(_) => Ability::ReadEpic,
-        Subject::MergeRequest(_) => Ability::ReadMergeRequest,
-        Subject::Project(_) => Ability::ReadProject,
-        Subject::Group(_) => Ability::ReadGroup,
-        Subject::Build(_) => Ability::ReadBuild,
-        Subject::Note(_) | Subject::Global => return Ok(None),
-    };
     Ok(policy
-        .can(db, Some(actor), ability, subject)
+        .may_send_to_ai(db, actor, subject)
         .await?
         .then_some(subject))
 }

@@ -73,6 +73,7 @@ Commands:\n\n\
 - `/summarize_comments`: summarize the comments of the issue, epic or merge request you are looking at\n\
 - `/reset`: start the conversation afresh in this thread\n\
 - `/clear`: clear the conversation\n\
+- `/new`: start a new conversation (the current one stays in your list)\n\
 - `/help`: show this text";
 
 pub async fn run(

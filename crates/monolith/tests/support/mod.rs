@@ -3,6 +3,8 @@
 // Test support panics on setup failures by design; not every test binary uses every helper.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod chaos_proxy;
+
 use std::sync::Arc;
 
 use deadpool_postgres::Pool;
@@ -223,6 +225,12 @@ pub struct Server {
 
 impl Server {
     pub async fn start(fx: &Fx) -> Server {
+        Self::start_with_pool(fx, fx.pool.clone()).await
+    }
+
+    /// A server whose requests use `pool` (e.g. one reaching the database
+    /// through a [`chaos_proxy::ChaosProxy`]).
+    pub async fn start_with_pool(fx: &Fx, pool: Pool) -> Server {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let url = fx.db.url().to_string();
@@ -233,12 +241,8 @@ impl Server {
             _ => None,
         })
         .unwrap();
-        let state = monolith::web::AppState::new(
-            fx.pool.clone(),
-            config,
-            AddOnCatalogue::built_in().unwrap(),
-        )
-        .unwrap();
+        let state = monolith::web::AppState::new(pool, config, AddOnCatalogue::built_in().unwrap())
+            .unwrap();
         let server = monolith::web::serve(state, listener).unwrap();
         let handle = server.handle();
         tokio::spawn(server);
