@@ -35,18 +35,21 @@ pub(crate) async fn messages(
         Plan::Answer {
             pieces,
             first_byte_delay,
+            held,
         } => {
             if let Some(delay) = first_byte_delay {
                 tokio::time::sleep(delay).await;
             }
-            let answer = script::apply_stop(pieces, &stop);
-            let stop_reason = if answer.stop_sequence.is_some() {
+            let (answer, after) =
+                script::Answer::held(pieces, held.clone().unwrap_or_default(), &stop);
+            let stop_sequence = script::Answer::stopped_by(&answer, &after);
+            let stop_reason = if stop_sequence.is_some() {
                 "stop_sequence"
             } else {
                 "end_turn"
             };
+            let text = answer.text() + &after.text();
             if !streaming {
-                let text = answer.text();
                 return HttpResponse::Ok().json(json!({
                     "id": "msg_fake",
                     "type": "message",
@@ -54,30 +57,36 @@ pub(crate) async fn messages(
                     "model": model,
                     "content": [{"type": "text", "text": text}],
                     "stop_reason": stop_reason,
-                    "stop_sequence": answer.stop_sequence,
+                    "stop_sequence": stop_sequence,
                     "usage": {"input_tokens": input_tokens, "output_tokens": script::token_count(&text)},
                 }));
             }
-            let output_tokens = script::token_count(&answer.text());
+            let output_tokens = script::token_count(&text);
             let mut events = opening_events(&model, input_tokens);
             events.extend(answer.pieces.iter().map(|p| text_delta(p)));
-            events.push(sse_event(
+            let mut closing: Vec<Bytes> = after.pieces.iter().map(|p| text_delta(p)).collect();
+            closing.push(sse_event(
                 Some("content_block_stop"),
                 &json!({"type": "content_block_stop", "index": 0}),
             ));
-            events.push(sse_event(
+            closing.push(sse_event(
                 Some("message_delta"),
                 &json!({
                     "type": "message_delta",
-                    "delta": {"stop_reason": stop_reason, "stop_sequence": answer.stop_sequence},
+                    "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
                     "usage": {"output_tokens": output_tokens},
                 }),
             ));
-            events.push(sse_event(
+            closing.push(sse_event(
                 Some("message_stop"),
                 &json!({"type": "message_stop"}),
             ));
-            sse_response(state.sse_body(events))
+            if held.is_some() {
+                sse_response(state.held_sse_body(events, Some(closing)))
+            } else {
+                events.extend(closing);
+                sse_response(state.sse_body(events))
+            }
         }
     }
 }

@@ -8,9 +8,11 @@
 //!   and `:serverStreamingPredict`.
 //!
 //! Tests queue answers ([`FakeProvider::push_text`], [`FakeProvider::push`]),
-//! read what was sent ([`FakeProvider::requests`]), and pick failure modes by
-//! model name (`fake-slow-first-token`, `fake-error-mid-stream`,
-//! `fake-overloaded`, `fake-500`, `fake-malformed`, `fake-hang`).
+//! hold a streamed answer open until they release it ([`Scripted::Held`],
+//! [`FakeProvider::release`]), read what was sent
+//! ([`FakeProvider::requests`]), and pick failure modes by model name
+//! (`fake-slow-first-token`, `fake-error-mid-stream`, `fake-overloaded`,
+//! `fake-500`, `fake-malformed`, `fake-hang`).
 
 mod anthropic;
 mod openai;
@@ -28,7 +30,7 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 
 /// How many requests are kept for [`FakeProvider::requests`]; older ones are
 /// dropped so a benchmark run does not grow memory without bound.
@@ -91,6 +93,8 @@ pub(crate) struct State {
     script: Mutex<Script>,
     /// Flips to true when the server stops, ending hanging responses.
     shutdown: watch::Receiver<bool>,
+    /// One permit per [`FakeProvider::release`]; each held answer takes one.
+    releases: Arc<Semaphore>,
 }
 
 impl State {
@@ -148,9 +152,14 @@ impl State {
             Some(ModelMode::SlowFirstToken) | None => {}
         }
         let mut script = self.lock();
+        let mut held = None;
         let pieces = match script.queue.pop_front() {
             Some(Scripted::Fail(failure)) => return Plan::Fail(failure),
             Some(Scripted::Chunks(pieces)) => pieces,
+            Some(Scripted::Held { before, after }) => {
+                held = Some(after);
+                before
+            }
             Some(Scripted::Text(text)) => script::split_text(&text, script.chunk_size),
             None => {
                 let text = if script.rules.is_empty() {
@@ -170,24 +179,60 @@ impl State {
             pieces,
             first_byte_delay: (mode == Some(ModelMode::SlowFirstToken))
                 .then_some(script.slow_first_token),
+            held,
         }
     }
 
-    /// Wraps an SSE body: splits it into raw pieces of `wire_split` bytes when
-    /// set (to exercise clients' parsers), and ends it on shutdown.
-    pub(crate) fn sse_body(
-        &self,
-        events: Vec<Bytes>,
-    ) -> impl Stream<Item = Result<Bytes, actix_web::Error>> + use<> {
-        let split = self.lock().wire_split;
-        let items: Vec<Bytes> = match split {
+    /// Splits events into raw pieces of `wire_split` bytes when set (to
+    /// exercise clients' parsers).
+    fn wire_pieces(&self, events: Vec<Bytes>) -> Vec<Bytes> {
+        match self.lock().wire_split {
             None => events,
             Some(n) => {
                 let all: Vec<u8> = events.iter().flat_map(|b| b.iter().copied()).collect();
                 all.chunks(n.max(1)).map(Bytes::copy_from_slice).collect()
             }
-        };
-        futures::stream::iter(items.into_iter().map(Ok))
+        }
+    }
+
+    /// An SSE body, split on the wire as configured.
+    pub(crate) fn sse_body(
+        &self,
+        events: Vec<Bytes>,
+    ) -> impl Stream<Item = Result<Bytes, actix_web::Error>> + use<> {
+        futures::stream::iter(self.wire_pieces(events).into_iter().map(Ok))
+    }
+
+    /// An SSE body sending `before`, then, once released, `after`
+    /// (`after: None` sends everything at once). A server stopping while the
+    /// body is held ends it there, as a cut connection.
+    pub(crate) fn held_sse_body(
+        &self,
+        before: Vec<Bytes>,
+        after: Option<Vec<Bytes>>,
+    ) -> impl Stream<Item = Result<Bytes, actix_web::Error>> + use<> {
+        let before = self.wire_pieces(before);
+        let after = after.map(|events| self.wire_pieces(events));
+        let releases = self.releases.clone();
+        let mut shutdown = self.shutdown.clone();
+        async_stream::stream! {
+            for piece in before {
+                yield Ok(piece);
+            }
+            let Some(after) = after else { return };
+            let released = tokio::select! {
+                permit = releases.acquire() => {
+                    // The permit is spent: one release lets one answer go on.
+                    permit.map(|p| p.forget()).is_ok()
+                }
+                _ = shutdown.wait_for(|stopped| *stopped) => false,
+            };
+            if released {
+                for piece in after {
+                    yield Ok(piece);
+                }
+            }
+        }
     }
 
     /// A body that sends nothing until the server stops.
@@ -237,6 +282,7 @@ impl FakeProvider {
                 requests: VecDeque::new(),
             }),
             shutdown: shutdown_rx,
+            releases: Arc::new(Semaphore::new(0)),
         });
         let data = web::Data::from(state.clone());
         let server = HttpServer::new(move || {
@@ -292,6 +338,12 @@ impl FakeProvider {
     /// Queues a text answer for the next model request.
     pub fn push_text(&self, text: impl Into<String>) {
         self.push(Scripted::Text(text.into()));
+    }
+
+    /// Lets one held answer ([`Scripted::Held`]) go on; a release before
+    /// the answer is held is kept for it.
+    pub fn release(&self) {
+        self.state.releases.add_permits(1);
     }
 
     /// Queues a failure for the next model request ("fail once, then succeed").

@@ -61,13 +61,15 @@ pub(crate) async fn chat_completions(
         Plan::Answer {
             pieces,
             first_byte_delay,
+            held,
         } => {
             if let Some(delay) = first_byte_delay {
                 tokio::time::sleep(delay).await;
             }
-            let answer = script::apply_stop(pieces, &stop);
+            let (answer, after) =
+                script::Answer::held(pieces, held.clone().unwrap_or_default(), &stop);
             if !streaming {
-                let text = answer.text();
+                let text = answer.text() + &after.text();
                 return HttpResponse::Ok().json(json!({
                     "id": "chatcmpl-fake",
                     "object": "chat.completion",
@@ -96,9 +98,19 @@ pub(crate) async fn chat_completions(
                     .iter()
                     .map(|p| chunk(&model, json!({"content": p}), None)),
             );
-            events.push(chunk(&model, json!({}), Some("stop")));
-            events.push(Bytes::from_static(b"data: [DONE]\n\n"));
-            sse_response(state.sse_body(events))
+            let mut closing: Vec<Bytes> = after
+                .pieces
+                .iter()
+                .map(|p| chunk(&model, json!({"content": p}), None))
+                .collect();
+            closing.push(chunk(&model, json!({}), Some("stop")));
+            closing.push(Bytes::from_static(b"data: [DONE]\n\n"));
+            if held.is_some() {
+                sse_response(state.held_sse_body(events, Some(closing)))
+            } else {
+                events.extend(closing);
+                sse_response(state.sse_body(events))
+            }
         }
     }
 }

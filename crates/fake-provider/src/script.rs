@@ -10,6 +10,15 @@ pub enum Scripted {
     Text(String),
     /// Text streamed exactly in these pieces (one delta each).
     Chunks(Vec<String>),
+    /// Streams `before`, then holds the stream open until
+    /// `FakeProvider::release` is called, then streams `after` and ends it:
+    /// tests can see what a client does while a model is still answering.
+    /// Stop sequences are applied to each part on its own; a one-shot
+    /// (non-streaming) request gets the whole text at once.
+    Held {
+        before: Vec<String>,
+        after: Vec<String>,
+    },
     /// Fail this request.
     Fail(Failure),
 }
@@ -70,6 +79,8 @@ pub(crate) enum Plan {
     Answer {
         pieces: Vec<String>,
         first_byte_delay: Option<Duration>,
+        /// Pieces sent only after a release (see [`Scripted::Held`]).
+        held: Option<Vec<String>>,
     },
     Fail(Failure),
 }
@@ -121,6 +132,31 @@ pub(crate) fn apply_stop(pieces: Vec<String>, stop: &[String]) -> Answer {
     Answer {
         pieces: kept,
         stop_sequence: Some(stop_string.clone()),
+    }
+}
+
+impl Answer {
+    /// Applies stop sequences to a held answer: `after` is dropped when
+    /// `before` was already cut.
+    pub(crate) fn held(before: Vec<String>, after: Vec<String>, stop: &[String]) -> (Self, Self) {
+        let before = apply_stop(before, stop);
+        let after = if before.stop_sequence.is_some() {
+            Answer {
+                pieces: Vec::new(),
+                stop_sequence: None,
+            }
+        } else {
+            apply_stop(after, stop)
+        };
+        (before, after)
+    }
+
+    /// The stop sequence that cut either part.
+    pub(crate) fn stopped_by(before: &Self, after: &Self) -> Option<String> {
+        before
+            .stop_sequence
+            .clone()
+            .or_else(|| after.stop_sequence.clone())
     }
 }
 
@@ -191,6 +227,21 @@ mod tests {
         let answer = apply_stop(s(&["one two three"]), &s(&["three", "two"]));
         assert_eq!(answer.text(), "one ");
         assert_eq!(answer.stop_sequence.as_deref(), Some("two"));
+    }
+
+    #[test]
+    fn a_held_answer_cut_early_drops_its_second_part() {
+        let (before, after) = Answer::held(s(&["a Obs"]), s(&["b"]), &s(&["Obs"]));
+        assert_eq!(
+            (before.text(), after.text()),
+            ("a ".to_owned(), String::new())
+        );
+        let (before, after) = Answer::held(s(&["a"]), s(&["b Obs c"]), &s(&["Obs"]));
+        assert_eq!(
+            (before.text(), after.text()),
+            ("a".to_owned(), "b ".to_owned())
+        );
+        assert_eq!(Answer::stopped_by(&before, &after).as_deref(), Some("Obs"));
     }
 
     #[test]

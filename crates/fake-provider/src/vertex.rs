@@ -3,14 +3,19 @@
 //!
 //! Models whose name contains `embedding` or `gecko` answer text embeddings
 //! (`instances[].content` → `predictions[].embeddings.values`); others answer
-//! text (`predictions[].content`). The streaming form sends one
-//! `{"predictions": [{"content": piece}]}` per SSE event with `?alt=sse`, or a
-//! JSON array of those objects without it.
+//! text (`predictions[].content`). The streaming form answers in the shape it
+//! was asked in: a body with `instances` gets one
+//! `{"predictions": [{"content": piece}]}` per piece, a body with Vertex's
+//! tensor `inputs` gets `{"outputs": [{"structVal": {"content": {"stringVal":
+//! [piece]}}}]}`; one per SSE event with `?alt=sse`, or a JSON array of those
+//! objects without it. An error in the middle of an SSE stream is an
+//! `{"error": {...}}` event.
 
 use crate::script::{self, Failure, Plan};
 use crate::{State, sse_event};
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
+use bytes::Bytes;
 use serde_json::{Value, json};
 
 const EMBEDDING_DIMS: usize = 16;
@@ -20,6 +25,14 @@ fn error_response(status: u16, message: &str) -> HttpResponse {
     HttpResponse::build(code).json(json!({
         "error": {"code": status, "message": message, "status": code.canonical_reason().unwrap_or("UNKNOWN")}
     }))
+}
+
+fn sse_response(
+    body: impl futures::Stream<Item = Result<Bytes, actix_web::Error>> + 'static,
+) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/event-stream")
+        .streaming(body)
 }
 
 pub(crate) async fn model_action(
@@ -33,8 +46,11 @@ pub(crate) async fn model_action(
     let Some((model, action)) = model_action.rsplit_once(':') else {
         return error_response(404, "unknown model action");
     };
-    let Some(instances) = json["instances"].as_array() else {
-        return error_response(400, "instances must be a list");
+    let tensors = action == "serverStreamingPredict" && json["inputs"].is_array();
+    let instances = match json["instances"].as_array() {
+        Some(instances) => instances.as_slice(),
+        None if tensors => &[],
+        None => return error_response(400, "instances must be a list"),
     };
     match action {
         "predict" if model.contains("embedding") || model.contains("gecko") => {
@@ -52,15 +68,24 @@ pub(crate) async fn model_action(
         }
         "predict" | "serverStreamingPredict" => {
             let streaming = action == "serverStreamingPredict";
-            let pieces = match state.plan(model, &serde_json::Value::Null) {
+            let sse = req.query_string().contains("alt=sse");
+            let item = |piece: &str| {
+                if tensors {
+                    json!({"outputs": [{"structVal": {"content": {"stringVal": [piece]}}}]})
+                } else {
+                    json!({"predictions": [{"content": piece}]})
+                }
+            };
+            let (pieces, held) = match state.plan(model, &json) {
                 Plan::Answer {
                     pieces,
                     first_byte_delay,
+                    held,
                 } => {
                     if let Some(delay) = first_byte_delay {
                         tokio::time::sleep(delay).await;
                     }
-                    pieces
+                    (pieces, held)
                 }
                 Plan::Fail(Failure::Hang) => {
                     state.wait_until_shutdown().await;
@@ -72,23 +97,34 @@ pub(crate) async fn model_action(
                 Plan::Fail(Failure::Status {
                     status, message, ..
                 }) => return error_response(status, &message),
+                Plan::Fail(Failure::ErrorMidStream { text }) if streaming && sse => {
+                    let events = vec![
+                        sse_event(None, &item(&text)),
+                        sse_event(
+                            None,
+                            &json!({"error": {"code": 500, "message": "Internal error", "status": "INTERNAL"}}),
+                        ),
+                    ];
+                    return sse_response(state.sse_body(events));
+                }
                 Plan::Fail(_) => return error_response(500, "Internal error"),
             };
             if !streaming {
-                let text = pieces.concat();
+                let text = pieces.concat() + &held.unwrap_or_default().concat();
                 return HttpResponse::Ok().json(json!({"predictions": [{"content": text}]}));
             }
-            let sse = req.query_string().contains("alt=sse");
-            let items: Vec<Value> = pieces
-                .iter()
-                .map(|p| json!({"predictions": [{"content": p}]}))
-                .collect();
+            let events = |pieces: &[String]| -> Vec<Bytes> {
+                pieces.iter().map(|p| sse_event(None, &item(p))).collect()
+            };
             if sse {
-                let events = items.iter().map(|item| sse_event(None, item)).collect();
-                HttpResponse::Ok()
-                    .content_type("text/event-stream")
-                    .streaming(state.sse_body(events))
+                let after = held.as_deref().map(events);
+                sse_response(state.held_sse_body(events(&pieces), after))
             } else {
+                let items: Vec<Value> = pieces
+                    .iter()
+                    .chain(held.iter().flatten())
+                    .map(|p| item(p))
+                    .collect();
                 HttpResponse::Ok().json(items)
             }
         }
