@@ -113,7 +113,7 @@ fn json_error(err: actix_web::error::JsonPayloadError) -> ApiError {
     use actix_web::error::JsonPayloadError as E;
     match err {
         E::Overflow { .. } | E::OverflowKnownLength { .. } => {
-            ApiError::PayloadTooLarge("Request body too large".into())
+            ApiError::PayloadTooLarge(api::body::TOO_LARGE.into())
         }
         other => ApiError::invalid_body(other),
     }

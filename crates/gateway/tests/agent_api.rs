@@ -386,3 +386,63 @@ async fn missing_user_is_401() {
     let resp = test::call_service(&app, req).await;
     assert_eq!(resp.status().as_u16(), 401);
 }
+
+#[actix_web::test]
+async fn the_body_is_validated_before_any_scope_check() {
+    let long_metadata = json!({
+        "name": "mistral",
+        "provider": "openai",
+        "endpoint": "http://127.0.0.1:1/v1",
+        "identifier": "x".repeat(256),
+    });
+    let invalid = [
+        (
+            json!({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}),
+            "messages",
+        ),
+        (
+            json!({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]}),
+            "messages",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "q"}], "model_metadata": long_metadata}),
+            "model_metadata",
+        ),
+    ];
+    // No scope at all, and a context item the caller may not include either:
+    // the body is still what is reported, in FastAPI's list shape.
+    for (mut body, field) in invalid {
+        body["messages"][0]["additional_context"] = json!([{"category": "file", "id": "f"}]);
+        let reply = call(model(&[]), "", body.clone(), &[], &[]).await;
+        assert_eq!(reply.status, 422, "{body}");
+        let detail = &reply.json()["detail"];
+        assert_eq!(detail[0]["loc"], json!(["body", field]), "{body}");
+        assert_eq!(detail[0]["type"], "value_error", "{body}");
+    }
+    // A valid body from the same caller is refused on scope.
+    let reply = call(model(&[]), "", question("q"), &[], &[]).await;
+    assert_eq!(reply.status, 403);
+    assert_eq!(
+        reply.json(),
+        json!({"detail": "Unauthorized to access duo chat"})
+    );
+}
+
+#[actix_web::test]
+async fn a_missing_caller_is_401_before_the_body_is_validated() {
+    let chat_model: Arc<dyn ChatModel> = model(&[]);
+    let app = test::init_service(
+        App::new()
+            .app_data(web::Data::new(config(&[])))
+            .app_data(web::Data::new(registry()))
+            .app_data(web::Data::from(chat_model))
+            .configure(gateway::api::agent::configure),
+    )
+    .await;
+    let req = test::TestRequest::post()
+        .uri("/v2/chat/agent")
+        .set_payload(json!({"messages": []}).to_string())
+        .to_request();
+    let resp = test::call_service(&app, req).await;
+    assert_eq!(resp.status().as_u16(), 401);
+}

@@ -8,6 +8,7 @@
 //! and a [`GatewayUser`] in the request extensions, put there by the
 //! authentication middleware before the handler runs.
 
+use super::body::RawBody;
 use crate::auth::GatewayUser;
 use crate::chat::agent::{self, ClientInfo};
 use crate::config::Config;
@@ -30,13 +31,15 @@ fn header<'a>(req: &'a HttpRequest, name: &str) -> Option<&'a str> {
     req.headers().get(name).and_then(|v| v.to_str().ok())
 }
 
+// The caller comes first: extractors run in order, so a missing identity is
+// 401 before the body is read (413).
 async fn chat_agent(
+    user: GatewayUser,
     req: HttpRequest,
-    body: Bytes,
+    RawBody(body): RawBody,
     config: web::Data<Config>,
     registry: web::Data<PromptRegistry>,
     model: web::Data<dyn ChatModel>,
-    user: GatewayUser,
     clock: ModelWaitClock,
 ) -> Result<HttpResponse, ApiError> {
     let request: AgentRequest = serde_json::from_slice(&body).map_err(ApiError::invalid_body)?;

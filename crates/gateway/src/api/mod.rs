@@ -2,6 +2,7 @@
 //! handlers stay thin and call into the plain modules.
 
 pub mod agent;
+pub mod body;
 pub mod health;
 pub mod metrics;
 pub mod prompts;

@@ -16,6 +16,7 @@
 //! A streamed answer is committed to 200 only once the first text arrives;
 //! a failure after that just ends the body and is logged.
 
+use super::body::RawBody;
 use crate::auth::GatewayUser;
 use crate::config::Config;
 use crate::error::ApiError;
@@ -47,12 +48,12 @@ fn upstream_error(err: &ProviderError) -> ApiError {
 }
 
 pub async fn invoke_prompt(
+    user: GatewayUser,
     prompt_id: web::Path<String>,
-    body: Bytes,
+    RawBody(body): RawBody,
     registry: web::Data<PromptRegistry>,
     model: web::Data<dyn ChatModel>,
     config: web::Data<Config>,
-    user: GatewayUser,
     clock: ModelWaitClock,
 ) -> Result<HttpResponse, ApiError> {
     let request: PromptRequest = serde_json::from_slice(&body).map_err(ApiError::invalid_body)?;

@@ -62,7 +62,7 @@ async fn read_body(mut payload: web::Payload, limit: usize) -> Result<Bytes, Api
         let chunk =
             chunk.map_err(|err| ApiError::BadRequest(format!("Could not read body: {err}")))?;
         if body.len() + chunk.len() > limit {
-            return Err(ApiError::PayloadTooLarge("Request body too large".into()));
+            return Err(ApiError::PayloadTooLarge(super::body::TOO_LARGE.into()));
         }
         body.extend_from_slice(&chunk);
     }

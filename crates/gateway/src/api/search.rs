@@ -7,12 +7,12 @@
 //! is a 422 in FastAPI's shape. The answer holds at most [`MAX_RESULTS`]
 //! sections, best first; no match is a 200 with no results.
 
+use super::body::RawBody;
 use crate::app::AppState;
 use crate::auth::GatewayUser;
 use crate::error::{ApiError, ValidationIssue};
 use crate::search::{DocsHit, MAX_QUERY_CHARS, MAX_RESULTS};
 use actix_web::{HttpResponse, web};
-use bytes::Bytes;
 use contracts::UnitPrimitive;
 use contracts::docs_search::{
     SearchDocsRequest, SearchDocsResponse, SearchResponseMetadata, SearchResult, SearchResults,
@@ -27,9 +27,9 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 }
 
 pub async fn search_docs(
-    body: Bytes,
-    state: web::Data<AppState>,
     user: GatewayUser,
+    RawBody(body): RawBody,
+    state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     if !user.can(UnitPrimitive::DocumentationSearch) {
         return Err(ApiError::Forbidden(format!(

@@ -11,7 +11,7 @@ use super::react_parser::{ReactOutcome, ReactParser};
 use super::tools_registry::{DuoChatToolsRegistry, ToolDefinition, parse_feature_flags};
 use crate::auth::GatewayUser;
 use crate::config::Config;
-use crate::error::ApiError;
+use crate::error::{ApiError, ValidationIssue};
 use crate::prompts::{PromptError, PromptRegistry, TemplateRole, choose_families};
 use crate::providers::{ChatMessage, ChatModel, ChatRole, ModelCall, ProviderError, ProviderKind};
 use contracts::{AgentEvent, AgentMessage, AgentRequest, MessageRole, UnitPrimitive};
@@ -29,9 +29,14 @@ pub enum AgentError {
     /// 403 `{"detail": "Unauthorized to access ..."}`.
     #[error("Unauthorized to access {0}")]
     Unauthorized(String),
-    /// 422 `{"detail": msg}`.
-    #[error("{0}")]
-    Invalid(String),
+    /// 422 in FastAPI's list shape: `{"detail": [{loc, msg, type}]}`, as
+    /// GitLab's gateway answers for a body its request model rejects.
+    #[error("{message}")]
+    Invalid {
+        /// The body field at fault, e.g. `messages`.
+        field: &'static str,
+        message: String,
+    },
     #[error(transparent)]
     Prompt(#[from] PromptError),
 }
@@ -40,7 +45,11 @@ impl From<AgentError> for ApiError {
     fn from(err: AgentError) -> Self {
         match err {
             AgentError::Unauthorized(_) => Self::Forbidden(err.to_string()),
-            AgentError::Invalid(msg) => Self::Unprocessable(msg),
+            AgentError::Invalid { field, message } => Self::Validation(vec![ValidationIssue {
+                loc: vec!["body".into(), field.into()],
+                msg: message,
+                kind: "value_error".into(),
+            }]),
             AgentError::Prompt(e) => e.into(),
         }
     }
@@ -72,13 +81,30 @@ pub fn authorize(user: &GatewayUser, request: &AgentRequest) -> Result<(), Agent
     Ok(())
 }
 
-/// Body checks that serde cannot express.
+impl AgentError {
+    fn invalid(field: &'static str, message: impl Into<String>) -> Self {
+        Self::Invalid {
+            field,
+            message: message.into(),
+        }
+    }
+}
+
+/// Body checks that serde cannot express. They belong to body validation,
+/// so they run before any scope check (GitLab's request model rejects these
+/// bodies before the handler looks at the caller).
 pub fn validate(request: &AgentRequest) -> Result<(), AgentError> {
     match request.messages.last() {
-        None => return Err(AgentError::Invalid("messages must not be empty".into())),
+        None => {
+            return Err(AgentError::invalid(
+                "messages",
+                "messages must not be empty",
+            ));
+        }
         Some(last) if last.role != MessageRole::User => {
-            return Err(AgentError::Invalid(
-                "the last message must be from the user".into(),
+            return Err(AgentError::invalid(
+                "messages",
+                "the last message must be from the user",
             ));
         }
         Some(_) => {}
@@ -88,8 +114,22 @@ pub fn validate(request: &AgentRequest) -> Result<(), AgentError> {
         .iter()
         .any(|m| m.role == MessageRole::System)
     {
-        return Err(AgentError::Invalid(
-            "messages may only have the roles user and assistant".into(),
+        return Err(AgentError::invalid(
+            "messages",
+            "messages may only have the roles user and assistant",
+        ));
+    }
+    if let Some(field) = request
+        .model_metadata
+        .as_ref()
+        .and_then(|m| m.oversized_field())
+    {
+        return Err(AgentError::invalid(
+            "model_metadata",
+            format!(
+                "model_metadata.{field} is longer than {} characters",
+                contracts::ModelMetadata::MAX_FIELD_LEN
+            ),
         ));
     }
     Ok(())
@@ -102,7 +142,8 @@ pub struct PreparedAgent {
     pub tools: Vec<&'static ToolDefinition>,
 }
 
-/// Runs every check and renders the prompt.
+/// Runs every check, in GitLab's order (body, then scopes), and renders
+/// the prompt.
 pub fn prepare(
     registry: &PromptRegistry,
     config: &Config,
@@ -110,8 +151,8 @@ pub fn prepare(
     client: ClientInfo<'_>,
     request: &AgentRequest,
 ) -> Result<PreparedAgent, AgentError> {
-    authorize(user, request)?;
     validate(request)?;
+    authorize(user, request)?;
     let flags = parse_feature_flags(client.feature_flags);
     let tools = DuoChatToolsRegistry.tools_for(user, client.gitlab_version, &flags);
 
@@ -124,7 +165,12 @@ pub fn prepare(
 
     let (history, question) = match request.messages.split_last() {
         Some((question, history)) => (history, question),
-        None => return Err(AgentError::Invalid("messages must not be empty".into())),
+        None => {
+            return Err(AgentError::invalid(
+                "messages",
+                "messages must not be empty",
+            ));
+        }
     };
     let mut inputs = prompt_inputs(&tools, request, question);
     let rendered = definition.render(registry, &inputs)?;
@@ -293,7 +339,7 @@ mod tests {
             r#"{"messages":[{"role":"system","content":"s"},{"role":"user","content":"q"}]}"#,
         ] {
             assert!(
-                matches!(validate(&request(bad)), Err(AgentError::Invalid(_))),
+                matches!(validate(&request(bad)), Err(AgentError::Invalid { .. })),
                 "{bad}"
             );
         }
