@@ -86,9 +86,21 @@ pub struct ProvidersConfig {
     pub vertex_access_token: Option<SecretString>,
     /// `AIGW_PROXY__TIMEOUT_SECONDS` (60).
     pub proxy_timeout: Duration,
+    /// `AIGW_MODELS__FIRST_TOKEN_TIMEOUT_SECONDS` (30): the longest wait for
+    /// a model's first token (a prompt's own `params.timeout` still caps it).
+    pub first_token_timeout: Duration,
+    /// `AIGW_MODEL_ENGINE_CONCURRENCY_LIMITS`: JSON `{engine: {model: limit}}`,
+    /// exported as `model_inferences_max_concurrent`, not enforced.
+    pub concurrency_limits: BTreeMap<String, BTreeMap<String, u32>>,
 }
 
 impl ProvidersConfig {
+    /// The configured concurrency limit of a model (`model_engine` label and
+    /// model name), if any.
+    pub fn concurrency_limit(&self, engine: &str, model: &str) -> Option<u32> {
+        self.concurrency_limits.get(engine)?.get(model).copied()
+    }
+
     /// True when no model provider is configured: calls go to the bundled
     /// local model server.
     pub fn uses_local_default(&self) -> bool {
@@ -197,6 +209,34 @@ impl Env<'_> {
     fn seconds(&self, name: &'static str, default: u64) -> Result<Duration, ConfigError> {
         self.number(name, default).map(Duration::from_secs)
     }
+    /// Seconds with a fraction (`0.5`); must be positive.
+    fn fractional_seconds(
+        &self,
+        name: &'static str,
+        default: f64,
+    ) -> Result<Duration, ConfigError> {
+        let value: f64 = self.number(name, default)?;
+        Duration::try_from_secs_f64(value)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| ConfigError {
+                name,
+                reason: format!("expected a positive number of seconds, got {value}"),
+            })
+    }
+    fn json<T: serde::de::DeserializeOwned + Default>(
+        &self,
+        name: &'static str,
+        what: &str,
+    ) -> Result<T, ConfigError> {
+        match self.get(name) {
+            None => Ok(T::default()),
+            Some(json) => serde_json::from_str(&json).map_err(|e| ConfigError {
+                name,
+                reason: format!("expected {what}: {e}"),
+            }),
+        }
+    }
 }
 
 impl Config {
@@ -206,13 +246,10 @@ impl Config {
 
     pub fn from_map(vars: &BTreeMap<String, String>) -> Result<Self, ConfigError> {
         let env = Env(vars);
-        let default_families: HashMap<String, String> = match env.get("AIGW_DEFAULT_PROMPTS") {
-            None => HashMap::new(),
-            Some(json) => serde_json::from_str(&json).map_err(|e| ConfigError {
-                name: "AIGW_DEFAULT_PROMPTS",
-                reason: format!("expected a JSON object of prompt id to family: {e}"),
-            })?,
-        };
+        let default_families: HashMap<String, String> = env.json(
+            "AIGW_DEFAULT_PROMPTS",
+            "a JSON object of prompt id to family",
+        )?;
         let local_llm_url = env.string("AIGW_LOCAL_LLM__URL", "http://127.0.0.1:5053/v1");
         let providers = ProvidersConfig {
             mock_model_responses: env.flag("AIGW_MOCK_MODEL_RESPONSES")?,
@@ -237,6 +274,12 @@ impl Config {
             vertex_location: env.string("AIGW_GOOGLE_CLOUD_PLATFORM__LOCATION", "us-central1"),
             vertex_access_token: env.secret("AIGW_GOOGLE_CLOUD_PLATFORM__ACCESS_TOKEN"),
             proxy_timeout: env.seconds("AIGW_PROXY__TIMEOUT_SECONDS", 60)?,
+            first_token_timeout: env
+                .fractional_seconds("AIGW_MODELS__FIRST_TOKEN_TIMEOUT_SECONDS", 30.0)?,
+            concurrency_limits: env.json(
+                "AIGW_MODEL_ENGINE_CONCURRENCY_LIMITS",
+                "a JSON object of model engine to {model name: limit}",
+            )?,
         };
         let default_family = if providers.uses_local_default()
             || (providers.anthropic_api_key.is_none() && providers.openai_base_url.is_some())
@@ -354,5 +397,42 @@ mod tests {
         assert_eq!(err.name, "AIGW_AUTH__BYPASS_EXTERNAL");
         let err = Config::for_tests(&[("AIGW_DEFAULT_PROMPTS", "[1]")]).unwrap_err();
         assert_eq!(err.name, "AIGW_DEFAULT_PROMPTS");
+        for bad in ["0", "-1", "soon"] {
+            let err = Config::for_tests(&[("AIGW_MODELS__FIRST_TOKEN_TIMEOUT_SECONDS", bad)])
+                .unwrap_err();
+            assert_eq!(
+                err.name, "AIGW_MODELS__FIRST_TOKEN_TIMEOUT_SECONDS",
+                "{bad}"
+            );
+        }
+        let err = Config::for_tests(&[("AIGW_MODEL_ENGINE_CONCURRENCY_LIMITS", r#"{"a": 1}"#)])
+            .unwrap_err();
+        assert_eq!(err.name, "AIGW_MODEL_ENGINE_CONCURRENCY_LIMITS");
+    }
+
+    #[test]
+    fn model_limits_and_first_token_timeout() {
+        let c = Config::for_tests(&[]).unwrap();
+        assert_eq!(c.providers.first_token_timeout, Duration::from_secs(30));
+        assert_eq!(c.providers.concurrency_limit("anthropic", "m"), None);
+        let c = Config::for_tests(&[
+            ("AIGW_MODELS__FIRST_TOKEN_TIMEOUT_SECONDS", "0.25"),
+            (
+                "AIGW_MODEL_ENGINE_CONCURRENCY_LIMITS",
+                r#"{"anthropic": {"claude-3-5-sonnet-20241022": 40}}"#,
+            ),
+        ])
+        .unwrap();
+        assert_eq!(c.providers.first_token_timeout, Duration::from_millis(250));
+        assert_eq!(
+            c.providers
+                .concurrency_limit("anthropic", "claude-3-5-sonnet-20241022"),
+            Some(40)
+        );
+        assert_eq!(
+            c.providers
+                .concurrency_limit("vertex_ai", "claude-3-5-sonnet-20241022"),
+            None
+        );
     }
 }

@@ -30,12 +30,7 @@ fn anthropic_router(fake: &FakeProvider) -> ModelRouter {
 
 fn call(kind: ProviderKind, model: &str) -> ModelCall {
     let mut call = ModelCall::new(
-        ModelTarget {
-            kind,
-            model: model.to_owned(),
-            base_url: None,
-            api_key: None,
-        },
+        ModelTarget::new(kind, model),
         vec![ChatMessage {
             role: ChatRole::User,
             content: "hello".to_owned(),

@@ -21,6 +21,8 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 
 pub const PROMPT_ID: &str = "chat/react";
+/// The `feature_category` of the agent's model calls (GitLab's category for chat).
+pub const FEATURE_CATEGORY: &str = "duo_chat";
 pub const TOOL_NOT_AVAILABLE: &str = "tool not available";
 
 /// Why an agent request is refused before streaming starts.
@@ -200,6 +202,7 @@ pub fn prepare(
     let mut call = definition.model_call(rendered, target);
     messages.append(&mut call.messages);
     call.messages = messages;
+    call.feature_category = FEATURE_CATEGORY;
     Ok(PreparedAgent { call, tools })
 }
 

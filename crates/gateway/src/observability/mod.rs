@@ -3,11 +3,15 @@
 //! Every response carries `X-Request-ID`, `X-Process-Time` (seconds spent on
 //! the request until the response head was ready) and `X-Gateway-Overhead-Time`
 //! (the same minus the time spent waiting on a model or a proxied provider, as
-//! measured by the request's [`ModelWaitClock`]).
+//! measured by the request's [`ModelWaitClock`]). Headers cannot wait for a
+//! streamed body, so the request metrics are recorded when the body ends
+//! instead, covering the whole stream.
 
+mod inference;
 pub mod readiness;
 mod telemetry;
 
+pub use inference::{InferenceLabels, InferenceRecorder, UNKNOWN_FEATURE_CATEGORY};
 pub use telemetry::{RequestId, request_telemetry};
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -15,18 +19,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-/// `http_request_duration_seconds{handler,method,status}`.
+/// `http_request_duration_seconds{handler,method,status}`: until the last
+/// byte of the body was handed to the connection.
 pub const HTTP_REQUEST_DURATION: &str = "http_request_duration_seconds";
-/// `gateway_overhead_seconds{handler}`: request time minus model wait time.
+/// `gateway_overhead_seconds{handler}`: the same minus model wait time.
 pub const GATEWAY_OVERHEAD: &str = "gateway_overhead_seconds";
-/// Recorded by the model clients (`providers`).
+/// Recorded per model call by [`InferenceRecorder`].
 pub const MODEL_INFERENCES_IN_FLIGHT: &str = "model_inferences_in_flight";
+pub const MODEL_INFERENCES_MAX_CONCURRENT: &str = "model_inferences_max_concurrent";
 pub const MODEL_INFERENCES_TOTAL: &str = "model_inferences_total";
 pub const INFERENCE_REQUEST_DURATION: &str = "inference_request_duration_seconds";
 
 /// Time one request spent waiting on models or proxied providers. Cloned
-/// handles share one total, so a model client can add to the clock the
-/// request telemetry reads when the response head is written.
+/// handles share one total, so model clients add to the clock as they wait
+/// (connecting, then before each chunk) and the request telemetry reads it
+/// when the response head is written and again when the body ends.
 #[derive(Debug, Clone, Default)]
 pub struct ModelWaitClock(Arc<AtomicU64>);
 
@@ -46,6 +53,12 @@ impl ModelWaitClock {
 
     pub fn total(&self) -> Duration {
         Duration::from_nanos(self.0.load(Ordering::Relaxed))
+    }
+
+    /// Awaits `fut`, counting the time as waiting.
+    pub async fn time<F: std::future::Future>(&self, fut: F) -> F::Output {
+        let _waiting = self.start();
+        fut.await
     }
 }
 
@@ -144,7 +157,7 @@ fn describe() {
     metrics::describe_histogram!(
         HTTP_REQUEST_DURATION,
         metrics::Unit::Seconds,
-        "Time to answer an HTTP request, until the response head"
+        "Time to answer an HTTP request, until the end of its body"
     );
     metrics::describe_histogram!(
         GATEWAY_OVERHEAD,
@@ -152,6 +165,10 @@ fn describe() {
         "Request time minus time spent waiting on models or proxied providers"
     );
     metrics::describe_gauge!(MODEL_INFERENCES_IN_FLIGHT, "Model calls in progress");
+    metrics::describe_gauge!(
+        MODEL_INFERENCES_MAX_CONCURRENT,
+        "Configured concurrency limit of a model (exported, not enforced)"
+    );
     metrics::describe_counter!(MODEL_INFERENCES_TOTAL, "Model calls made");
     metrics::describe_histogram!(
         INFERENCE_REQUEST_DURATION,
@@ -190,5 +207,19 @@ mod tests {
         }
         assert!(clock.total() >= Duration::from_millis(5));
         assert_eq!(clock.total(), other.total());
+    }
+
+    #[tokio::test]
+    async fn timed_futures_add_their_wait() {
+        let clock = ModelWaitClock::default();
+        let (tx, rx) = tokio::sync::oneshot::channel::<u8>();
+        let waiter = tokio::spawn({
+            let clock = clock.clone();
+            async move { clock.time(rx).await }
+        });
+        tx.send(7).unwrap();
+        assert_eq!(waiter.await.unwrap().unwrap(), 7);
+        // The wait was short but real: the clock moved.
+        assert!(clock.total() > Duration::ZERO);
     }
 }

@@ -1,12 +1,19 @@
 //! The outermost middleware: correlation id, timing headers and request metrics.
+//!
+//! The headers describe the request up to its response head (nothing later
+//! can be put in a header); the metrics are recorded when the body has been
+//! sent, so a streamed answer is counted whole.
 
 use super::{GATEWAY_OVERHEAD, HTTP_REQUEST_DURATION, ModelWaitClock};
-use actix_web::body::MessageBody;
+use actix_web::body::{BodySize, BoxBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::middleware::Next;
 use actix_web::{Error, HttpMessage};
+use bytes::Bytes;
 use contracts::headers;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
 /// The correlation id of a request (`X-Request-ID`), in request extensions.
@@ -30,7 +37,7 @@ fn accepted_request_id(value: Option<&HeaderValue>) -> Option<String> {
 /// so that it times everything, authentication failures included.
 pub async fn request_telemetry(
     req: ServiceRequest,
-    next: Next<impl MessageBody>,
+    next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<impl MessageBody>, Error> {
     let started = Instant::now();
     let request_id = accepted_request_id(req.headers().get(headers::REQUEST_ID))
@@ -49,9 +56,13 @@ pub async fn request_telemetry(
         .match_pattern()
         .unwrap_or_else(|| UNMATCHED_HANDLER.to_owned());
     let status = res.status().as_u16().to_string();
-    metrics::histogram!(HTTP_REQUEST_DURATION, "handler" => handler.clone(), "method" => method, "status" => status)
-        .record(elapsed.as_secs_f64());
-    metrics::histogram!(GATEWAY_OVERHEAD, "handler" => handler).record(overhead.as_secs_f64());
+    let finish = RecordOnEnd {
+        started,
+        clock,
+        handler,
+        method,
+        status,
+    };
 
     let out = res.headers_mut();
     for (name, value) in [
@@ -69,7 +80,82 @@ pub async fn request_telemetry(
             out.insert(HeaderName::from_static(name), value);
         }
     }
-    Ok(res)
+    Ok(res.map_into_boxed_body().map_body(|_, body| TimedBody {
+        inner: body,
+        finish: Some(finish),
+    }))
+}
+
+/// The request metrics, recorded once the body is done.
+struct RecordOnEnd {
+    started: Instant,
+    clock: ModelWaitClock,
+    handler: String,
+    method: String,
+    status: String,
+}
+
+impl RecordOnEnd {
+    fn record(self) {
+        let elapsed = self.started.elapsed();
+        let overhead = elapsed.saturating_sub(self.clock.total());
+        metrics::histogram!(HTTP_REQUEST_DURATION, "handler" => self.handler.clone(), "method" => self.method, "status" => self.status)
+            .record(elapsed.as_secs_f64());
+        metrics::histogram!(GATEWAY_OVERHEAD, "handler" => self.handler)
+            .record(overhead.as_secs_f64());
+    }
+}
+
+/// A response body that records the request metrics when it ends: at its
+/// last chunk, on a failure, or when dropped (the client went away).
+struct TimedBody {
+    inner: BoxBody,
+    finish: Option<RecordOnEnd>,
+}
+
+impl TimedBody {
+    fn finish(&mut self) {
+        if let Some(finish) = self.finish.take() {
+            finish.record();
+        }
+    }
+}
+
+impl Drop for TimedBody {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+impl MessageBody for TimedBody {
+    type Error = Box<dyn std::error::Error>;
+
+    fn size(&self) -> BodySize {
+        self.inner.size()
+    }
+
+    fn poll_next(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, Self::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_next(cx);
+        if matches!(polled, Poll::Ready(None | Some(Err(_)))) {
+            self.finish();
+        }
+        polled
+    }
+
+    /// Keeps actix's shortcut for bodies that are already complete.
+    fn try_into_bytes(mut self) -> Result<Bytes, Self> {
+        let inner = std::mem::replace(&mut self.inner, BoxBody::new(()));
+        match inner.try_into_bytes() {
+            Ok(bytes) => Ok(bytes),
+            Err(inner) => {
+                self.inner = inner;
+                Err(self)
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -16,6 +16,10 @@ use std::sync::Arc;
 const CUSTOM_MODEL_FALLBACK_FAMILY: &str = "openai";
 const DEFAULT_FALLBACK_FAMILY: &str = "base";
 
+/// The `feature_category` of `/v1/prompts` model calls, as GitLab labels
+/// that endpoint.
+pub const FEATURE_CATEGORY: &str = "ai_abstraction_layer";
+
 /// The prompt ids served by the agent endpoint, not by `/v1/prompts`.
 fn is_agent_prompt(prompt_id: &str) -> bool {
     prompt_id == "chat/react" || prompt_id.starts_with("chat/react/")
@@ -111,6 +115,8 @@ pub fn prepare(
     let target = definition.model_target(&config.providers, request.model_metadata.as_ref())?;
     let inputs = serde_json::Value::Object(request.inputs.clone());
     let messages = definition.render(registry, &inputs)?;
-    let call = definition.model_call(messages, target);
+    let mut call = definition.model_call(messages, target);
+    call.streaming = request.stream;
+    call.feature_category = FEATURE_CATEGORY;
     Ok(PreparedPrompt { definition, call })
 }

@@ -53,6 +53,9 @@ pub struct RenderedMessage {
     pub content: String,
 }
 
+/// `custom_llm_provider` (and `model_metadata.provider`) naming Vertex AI.
+const VERTEX_AI: &str = "vertex_ai";
+
 /// Timeout for prompts that set none (GitLab's tool prompts use 60 s).
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -353,13 +356,10 @@ impl PromptDefinition {
                 content: message.content,
             });
         }
-        ModelCall {
-            target,
-            system: (!system.is_empty()).then(|| system.join("\n\n")),
-            messages: chat,
-            params: self.model_params(),
-            wait_clock: None,
-        }
+        let mut call = ModelCall::new(target, chat);
+        call.system = (!system.is_empty()).then(|| system.join("\n\n"));
+        call.params = self.model_params();
+        call
     }
 
     /// Sampling parameters, stop sequences and timeouts from the definition.
@@ -378,7 +378,8 @@ impl PromptDefinition {
             top_k: settings.top_k,
             max_tokens: settings.max_tokens.unwrap_or(defaults.max_tokens),
             stop: self.params.stop.clone(),
-            first_token_timeout: defaults.first_token_timeout.min(timeout),
+            // The router caps this with AIGW_MODELS__FIRST_TOKEN_TIMEOUT_SECONDS.
+            first_token_timeout: timeout,
             timeout,
             max_retries: settings.max_retries,
         }
@@ -403,12 +404,10 @@ impl PromptDefinition {
             }
         }
         if cfg.mock_model_responses {
-            return Ok(ModelTarget {
-                kind: ProviderKind::Mock,
-                model: self.model.name.clone(),
-                base_url: None,
-                api_key: None,
-            });
+            return Ok(ModelTarget::new(
+                ProviderKind::Mock,
+                self.model.name.clone(),
+            ));
         }
         if let Some(metadata) = model_metadata {
             // `identifier` names the served model, optionally as `provider/model`.
@@ -421,6 +420,8 @@ impl PromptDefinition {
             };
             let kind = if metadata.provider.eq_ignore_ascii_case("anthropic") {
                 ProviderKind::Anthropic
+            } else if metadata.provider.eq_ignore_ascii_case(VERTEX_AI) {
+                ProviderKind::VertexAi
             } else {
                 ProviderKind::OpenAiCompatible
             };
@@ -430,18 +431,25 @@ impl PromptDefinition {
                 base_url: Some(metadata.endpoint.trim_end_matches('/').to_owned())
                     .filter(|u| !u.is_empty()),
                 api_key: metadata.api_key.clone().filter(|k| !k.is_empty()),
+                location: None,
             });
         }
-        let kind = match self.model.params.model_class_provider {
+        let settings = &self.model.params;
+        let kind = match settings.model_class_provider {
             super::ModelClassProvider::Anthropic => ProviderKind::Anthropic,
+            // litellm's name for Vertex AI, as GitLab's prompt files write it.
+            super::ModelClassProvider::Litellm
+                if settings.custom_llm_provider.as_deref() == Some(VERTEX_AI) =>
+            {
+                ProviderKind::VertexAi
+            }
             super::ModelClassProvider::Litellm => ProviderKind::OpenAiCompatible,
         };
-        Ok(ModelTarget {
-            kind,
-            model: self.model.name.clone(),
-            base_url: None,
-            api_key: None,
-        })
+        let mut target = ModelTarget::new(kind, self.model.name.clone());
+        if kind == ProviderKind::VertexAi {
+            target.location = self.params.vertex_location.clone();
+        }
+        Ok(target)
     }
 
     /// Whether `user` holds every unit primitive this prompt needs.

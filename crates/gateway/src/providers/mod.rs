@@ -1,6 +1,7 @@
 //! Calls to models. Every model call in the gateway goes through [`ChatModel`];
 //! concrete clients speak the Anthropic Messages API, OpenAI-compatible chat
-//! completions (vLLM, Ollama, the bundled local model server) and Vertex AI.
+//! completions (vLLM, Ollama, the bundled local model server) and Vertex AI
+//! text-model predict.
 
 mod anthropic;
 mod mock;
@@ -8,6 +9,7 @@ mod openai;
 mod router;
 mod sse;
 mod streaming;
+mod vertex;
 
 pub use crate::observability::ModelWaitClock;
 pub use router::{ModelRouter, ProbeResult};
@@ -21,6 +23,8 @@ pub enum ProviderKind {
     Anthropic,
     /// OpenAI-compatible chat completions (self-hosted models, local default).
     OpenAiCompatible,
+    /// Vertex AI text models (`:predict` / `:serverStreamingPredict`).
+    VertexAi,
     /// Deterministic answers for `AIGW_MOCK_MODEL_RESPONSES`.
     Mock,
 }
@@ -31,6 +35,7 @@ impl ProviderKind {
         match self {
             Self::Anthropic => "anthropic",
             Self::OpenAiCompatible => "openai_compatible",
+            Self::VertexAi => "vertex_ai",
             Self::Mock => "mock",
         }
     }
@@ -57,7 +62,8 @@ pub struct ModelParams {
     pub stop: Vec<String>,
     /// The whole call, including the time to the first token.
     pub timeout: Duration,
-    /// How long to wait for the first token.
+    /// How long to wait for the first token; the router lowers it to
+    /// `AIGW_MODELS__FIRST_TOKEN_TIMEOUT_SECONDS` when that is shorter.
     pub first_token_timeout: Duration,
     /// Retries on connection errors and overload (GitLab uses 1).
     pub max_retries: u32,
@@ -88,6 +94,22 @@ pub struct ModelTarget {
     pub base_url: Option<String>,
     /// Overrides the configured API key (custom models' `api_key`).
     pub api_key: Option<String>,
+    /// Vertex AI only: overrides `AIGW_GOOGLE_CLOUD_PLATFORM__LOCATION`
+    /// (a prompt's `params.vertex_location`).
+    pub location: Option<String>,
+}
+
+impl ModelTarget {
+    /// A target with no overrides.
+    pub fn new(kind: ProviderKind, model: impl Into<String>) -> Self {
+        Self {
+            kind,
+            model: model.into(),
+            base_url: None,
+            api_key: None,
+            location: None,
+        }
+    }
 }
 
 /// One model call: a system prompt, the conversation, and the sampling
@@ -101,10 +123,17 @@ pub struct ModelCall {
     /// Accumulates the time spent waiting on the model, for the gateway's
     /// own-overhead figure. `None` when the caller does not measure it.
     pub wait_clock: Option<ModelWaitClock>,
+    /// Whether the caller streams the answer on. Providers with separate
+    /// streaming and one-shot calls (Vertex AI) pick by it; the others always
+    /// stream, and the answer arrives the same way either way.
+    pub streaming: bool,
+    /// The `feature_category` label of the call's metrics.
+    pub feature_category: &'static str,
 }
 
 impl ModelCall {
-    /// A call with default parameters, no system prompt and no wait clock.
+    /// A streamed call with default parameters, no system prompt, no wait
+    /// clock and no feature category.
     pub fn new(target: ModelTarget, messages: Vec<ChatMessage>) -> Self {
         Self {
             target,
@@ -112,6 +141,8 @@ impl ModelCall {
             messages,
             params: ModelParams::default(),
             wait_clock: None,
+            streaming: true,
+            feature_category: crate::observability::UNKNOWN_FEATURE_CATEGORY,
         }
     }
 }

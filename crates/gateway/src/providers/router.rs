@@ -2,14 +2,17 @@
 //! provider over one shared HTTP client, with retries, metrics and the
 //! model-wait clock.
 
+use super::vertex::{self, VertexModel};
 use super::{
-    ChatModel, ModelCall, ModelWaitClock, ProviderError, ProviderKind, TextStream, anthropic, mock,
+    ChatModel, ModelCall, ModelTarget, ProviderError, ProviderKind, TextStream, anthropic, mock,
     openai,
 };
 use crate::config::ProvidersConfig;
+use crate::observability::{InferenceLabels, InferenceRecorder};
+use crate::proxy::vertex_base_url;
 use futures::StreamExt;
 use secrecy::ExposeSecret;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -26,6 +29,22 @@ enum Route {
         api_key: Option<String>,
         model: String,
     },
+    Vertex {
+        base_url: String,
+        location: String,
+        access_token: Option<String>,
+    },
+}
+
+impl Route {
+    fn kind(&self) -> ProviderKind {
+        match self {
+            Self::Mock => ProviderKind::Mock,
+            Self::Anthropic { .. } => ProviderKind::Anthropic,
+            Self::OpenAi { .. } => ProviderKind::OpenAiCompatible,
+            Self::Vertex { .. } => ProviderKind::VertexAi,
+        }
+    }
 }
 
 /// The outcome of one provider's readiness probe.
@@ -70,6 +89,11 @@ impl ModelRouter {
         {
             return Ok(Route::Mock);
         }
+        if target.kind == ProviderKind::VertexAi {
+            // A prompt written for Vertex AI goes there even when nothing
+            // else is configured: the local model server cannot serve it.
+            return Ok(self.vertex_route(target));
+        }
         if config.uses_local_default() {
             // Nothing configured: everything goes to the bundled local model
             // server, except a custom model that names its own endpoint.
@@ -90,6 +114,7 @@ impl ModelRouter {
         }
         match target.kind {
             ProviderKind::Mock => Ok(Route::Mock),
+            ProviderKind::VertexAi => Ok(self.vertex_route(target)),
             ProviderKind::Anthropic => Ok(Route::Anthropic {
                 base_url: target
                     .base_url
@@ -122,6 +147,31 @@ impl ModelRouter {
         }
     }
 
+    /// `AIGW_VERTEX_TEXT_MODEL__ENDPOINT` and the Google Cloud settings, with
+    /// the target's overrides (a custom model's endpoint and key, a prompt's
+    /// location).
+    fn vertex_route(&self, target: &ModelTarget) -> Route {
+        let config = &self.config;
+        Route::Vertex {
+            base_url: vertex_base_url(
+                target
+                    .base_url
+                    .as_deref()
+                    .unwrap_or(&config.vertex_endpoint),
+            ),
+            location: target
+                .location
+                .clone()
+                .unwrap_or_else(|| config.vertex_location.clone()),
+            access_token: target.api_key.clone().or_else(|| {
+                config
+                    .vertex_access_token
+                    .as_ref()
+                    .map(|s| s.expose_secret().to_owned())
+            }),
+        }
+    }
+
     async fn attempt(&self, route: &Route, call: &ModelCall) -> Result<TextStream, ProviderError> {
         match route {
             Route::Mock => Ok(mock::stream()),
@@ -133,6 +183,20 @@ impl ModelRouter {
                 api_key,
                 model,
             } => openai::stream(&self.http, base_url, api_key.as_deref(), model, call).await,
+            Route::Vertex {
+                base_url,
+                location,
+                access_token,
+            } => {
+                let target = VertexModel {
+                    base_url,
+                    project: &self.config.vertex_project,
+                    location,
+                    model: &call.target.model,
+                    access_token: access_token.as_deref(),
+                };
+                vertex::stream(&self.http, &target, call).await
+            }
         }
     }
 
@@ -190,86 +254,66 @@ impl ModelRouter {
 
 #[async_trait::async_trait]
 impl ChatModel for ModelRouter {
-    async fn stream(&self, call: ModelCall) -> Result<TextStream, ProviderError> {
+    async fn stream(&self, mut call: ModelCall) -> Result<TextStream, ProviderError> {
         let route = self.route(&call)?;
-        let engine = match &route {
-            Route::Mock => ProviderKind::Mock.engine(),
-            Route::Anthropic { .. } => ProviderKind::Anthropic.engine(),
-            Route::OpenAi { .. } => ProviderKind::OpenAiCompatible.engine(),
-        };
+        let engine = route.kind().engine();
         let model = match &route {
             Route::OpenAi { model, .. } => model.clone(),
             _ => call.target.model.clone(),
         };
-        let mut recorder = CallRecorder::start(engine, model, call.wait_clock.clone());
+        // Only Vertex AI has a one-shot call; the others always stream.
+        let streaming = !matches!(route, Route::Vertex { .. }) || call.streaming;
+        let limit = self.config.concurrency_limit(engine, &model);
+        let mut recorder = InferenceRecorder::start(
+            InferenceLabels {
+                engine,
+                model,
+                feature_category: call.feature_category,
+                streaming,
+            },
+            limit,
+        );
+        call.params.first_token_timeout = call
+            .params
+            .first_token_timeout
+            .min(self.config.first_token_timeout);
+        let clock = call.wait_clock.clone().unwrap_or_default();
         let mut retries_left = call.params.max_retries;
-        let stream = loop {
-            match self.attempt(&route, &call).await {
-                Ok(stream) => break stream,
-                Err(err @ (ProviderError::Overloaded { .. } | ProviderError::Connection(_)))
-                    if retries_left > 0 =>
-                {
-                    retries_left -= 1;
-                    tracing::debug!(engine, error = %err, "retrying the model call");
+        // Connecting and waiting for the first token is all model time.
+        let stream = clock
+            .time(async {
+                loop {
+                    match self.attempt(&route, &call).await {
+                        Ok(stream) => break Ok(stream),
+                        Err(
+                            err @ (ProviderError::Overloaded { .. } | ProviderError::Connection(_)),
+                        ) if retries_left > 0 => {
+                            retries_left -= 1;
+                            tracing::debug!(engine, error = %err, "retrying the model call");
+                        }
+                        Err(err) => break Err(err),
+                    }
                 }
-                Err(err) => {
-                    recorder.failed = true;
-                    return Err(err);
-                }
+            })
+            .await;
+        let mut stream = match stream {
+            Ok(stream) => stream,
+            Err(err) => {
+                recorder.fail();
+                return Err(err);
             }
         };
         Ok(async_stream::stream! {
-            let mut stream = stream;
-            while let Some(item) = stream.next().await {
+            // Time spent here waiting for the next chunk is model time; time
+            // between yields belongs to whoever consumes the stream.
+            while let Some(item) = clock.time(stream.next()).await {
                 if item.is_err() {
-                    recorder.failed = true;
+                    recorder.fail();
                 }
                 yield item;
             }
             drop(recorder);
         }
         .boxed())
-    }
-}
-
-/// Records one call's metrics and model-wait time when it ends (finished,
-/// failed or dropped by the caller).
-struct CallRecorder {
-    engine: &'static str,
-    model: String,
-    started: Instant,
-    wait_clock: Option<ModelWaitClock>,
-    failed: bool,
-}
-
-impl CallRecorder {
-    fn start(engine: &'static str, model: String, wait_clock: Option<ModelWaitClock>) -> Self {
-        metrics::gauge!("model_inferences_in_flight", "model_engine" => engine, "model_name" => model.clone())
-            .increment(1.0);
-        Self {
-            engine,
-            model,
-            started: Instant::now(),
-            wait_clock,
-            failed: false,
-        }
-    }
-}
-
-impl Drop for CallRecorder {
-    fn drop(&mut self) {
-        let elapsed = self.started.elapsed();
-        let engine = self.engine;
-        let model = self.model.clone();
-        let error = if self.failed { "yes" } else { "no" };
-        metrics::gauge!("model_inferences_in_flight", "model_engine" => engine, "model_name" => model.clone())
-            .decrement(1.0);
-        metrics::counter!("model_inferences_total", "model_engine" => engine, "model_name" => model.clone(), "error" => error, "streaming" => "yes")
-            .increment(1);
-        metrics::histogram!("inference_request_duration_seconds", "model_engine" => engine, "model_name" => model, "error" => error, "streaming" => "yes")
-            .record(elapsed.as_secs_f64());
-        if let Some(clock) = &self.wait_clock {
-            clock.add(elapsed);
-        }
     }
 }

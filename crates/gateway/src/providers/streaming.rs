@@ -19,6 +19,12 @@ pub(crate) enum Step {
 /// Reads one protocol's events.
 pub(crate) trait EventDecoder: Send + 'static {
     fn decode(&mut self, event: SseEvent) -> Result<Step, ProviderError>;
+
+    /// Whether the body ending is the normal end of the stream. Protocols
+    /// with a closing event say no, so a cut connection is an error.
+    fn ends_at_eof(&self) -> bool {
+        false
+    }
 }
 
 /// Maps a transport error; the message never contains request headers, so
@@ -86,6 +92,15 @@ impl<D: EventDecoder> EventReader<D> {
                 Some(Err(err)) => {
                     self.finished = true;
                     return Some(Err(transport_error(&err)));
+                }
+                None if self.decoder.ends_at_eof() => {
+                    // A last event without its blank line still counts.
+                    self.pending.extend(self.parser.push(b"\n\n"));
+                    self.finished = self.pending.is_empty();
+                    if self.finished {
+                        return None;
+                    }
+                    self.body = futures::stream::empty().boxed();
                 }
                 None => {
                     self.finished = true;

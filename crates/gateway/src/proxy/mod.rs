@@ -9,14 +9,15 @@ pub mod rules;
 use crate::auth::GatewayUser;
 use crate::config::ProvidersConfig;
 use crate::error::ApiError;
-use crate::observability::ModelWaitClock;
+use crate::observability::{InferenceLabels, InferenceRecorder, ModelWaitClock};
+use crate::providers::ProviderKind;
 use actix_web::HttpResponse;
 use actix_web::http::StatusCode;
 use actix_web::http::header::HeaderMap;
 use bytes::Bytes;
 use contracts::UnitPrimitive;
 use contracts::headers;
-use futures::TryStreamExt;
+use futures::StreamExt;
 use reqwest::header::{HeaderMap as UpstreamHeaders, HeaderName, HeaderValue};
 use rules::VertexAction;
 use secrecy::ExposeSecret;
@@ -71,6 +72,9 @@ pub struct UpstreamCall {
     pub body: Bytes,
     /// Pass the answer through chunk by chunk instead of reading it whole.
     pub streaming: bool,
+    /// For the model metrics: `model_engine` and `model_name`.
+    pub engine: &'static str,
+    pub model: String,
 }
 
 /// The request as the proxy sees it: the part of the path after the proxy
@@ -126,6 +130,8 @@ pub fn plan(
                 headers: upstream_headers,
                 body: call.body,
                 streaming: json.get("stream").and_then(|s| s.as_bool()) == Some(true),
+                engine: ProviderKind::Anthropic.engine(),
+                model: model.to_owned(),
             })
         }
         ProxyKind::VertexAi => {
@@ -160,6 +166,8 @@ pub fn plan(
                 headers: upstream_headers,
                 body: call.body,
                 streaming,
+                engine: ProviderKind::VertexAi.engine(),
+                model,
             })
         }
     }
@@ -191,26 +199,39 @@ fn copy_headers(from: &HeaderMap, allowed: &[&str]) -> UpstreamHeaders {
 }
 
 /// Makes the upstream call and relays status, allowed headers and body.
-/// Time until the answer's head (or, unstreamed, its whole body) counts as
-/// waiting on the model.
+/// Time spent waiting on the upstream (for its head, then for each chunk of
+/// the body) counts as waiting on the model; the call is counted in the
+/// model metrics under `feature_category`.
 pub async fn forward(
     client: &reqwest::Client,
     call: UpstreamCall,
     clock: &ModelWaitClock,
+    feature_category: &'static str,
 ) -> Result<HttpResponse, ApiError> {
-    let waiting = clock.start();
-    let upstream = client
+    let mut recorder = InferenceRecorder::start(
+        InferenceLabels {
+            engine: call.engine,
+            model: call.model,
+            feature_category,
+            streaming: call.streaming,
+        },
+        None,
+    );
+    let sent = client
         .post(&call.url)
         .headers(call.headers)
         .body(call.body)
-        .send()
-        .await
-        .map_err(|err| {
-            tracing::warn!(error = %err, "proxy upstream unreachable");
-            ApiError::BadGateway
-        })?;
+        .send();
+    let upstream = clock.time(sent).await.map_err(|err| {
+        recorder.fail();
+        tracing::warn!(error = %err, "proxy upstream unreachable");
+        ApiError::BadGateway
+    })?;
     let status =
         StatusCode::from_u16(upstream.status().as_u16()).map_err(|_| ApiError::BadGateway)?;
+    if !status.is_success() {
+        recorder.fail();
+    }
     let mut response = HttpResponse::build(status);
     for name in rules::RESPONSE_HEADERS {
         if let Some(value) = upstream.headers().get(*name)
@@ -220,17 +241,25 @@ pub async fn forward(
         }
     }
     if call.streaming {
-        drop(waiting);
-        let body = upstream.bytes_stream().inspect_err(|err| {
-            tracing::warn!(error = %err, "proxy upstream stream broke");
-        });
+        let clock = clock.clone();
+        let body = async_stream::stream! {
+            let mut chunks = upstream.bytes_stream();
+            while let Some(chunk) = clock.time(chunks.next()).await {
+                if let Err(err) = &chunk {
+                    recorder.fail();
+                    tracing::warn!(error = %err, "proxy upstream stream broke");
+                }
+                yield chunk;
+            }
+            drop(recorder);
+        };
         Ok(response.streaming(body))
     } else {
-        let body = upstream.bytes().await.map_err(|err| {
+        let body = clock.time(upstream.bytes()).await.map_err(|err| {
+            recorder.fail();
             tracing::warn!(error = %err, "proxy upstream body failed");
             ApiError::BadGateway
         })?;
-        drop(waiting);
         Ok(response.body(body))
     }
 }
