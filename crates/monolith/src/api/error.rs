@@ -17,14 +17,34 @@ pub enum ApiError {
     InsufficientScope(String),
     #[error("403 Forbidden")]
     Forbidden,
+    /// GitLab's `forbidden!(reason)`.
+    #[error("403 Forbidden - {0}")]
+    ForbiddenBecause(&'static str),
     #[error("404 {0} Not Found")]
     NotFound(&'static str),
+    /// A record looked up by a key that does not exist (GitLab's answer to
+    /// `find_by!` failing, e.g. a member that is not one).
+    #[error("404 Not found")]
+    RecordNotFound,
     #[error("{0}")]
     BadRequest(String),
-    #[error("409 {0}")]
+    /// A failed model validation: 400 with `{"message": {field: [errors]}}`.
+    #[error("400 Bad request: {0}")]
+    Invalid(serde_json::Value),
+    /// 409 with the reason as the message, as GitLab's `conflict!` answers.
+    #[error("{0}")]
     Conflict(String),
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+impl ApiError {
+    /// A validation failure of one field, in GitLab's `{"message": {field: [..]}}` shape.
+    pub fn invalid(field: &str, message: impl Into<String>) -> Self {
+        let mut errors = serde_json::Map::new();
+        errors.insert(field.to_owned(), json!([message.into()]));
+        ApiError::Invalid(serde_json::Value::Object(errors))
+    }
 }
 
 impl From<DbError> for ApiError {
@@ -69,11 +89,12 @@ impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
-            ApiError::Blocked | ApiError::InsufficientScope(_) | ApiError::Forbidden => {
-                StatusCode::FORBIDDEN
-            }
-            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::Blocked
+            | ApiError::InsufficientScope(_)
+            | ApiError::Forbidden
+            | ApiError::ForbiddenBecause(_) => StatusCode::FORBIDDEN,
+            ApiError::NotFound(_) | ApiError::RecordNotFound => StatusCode::NOT_FOUND,
+            ApiError::BadRequest(_) | ApiError::Invalid(_) => StatusCode::BAD_REQUEST,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -87,6 +108,7 @@ impl ResponseError for ApiError {
                 "scope": scope,
             }),
             ApiError::BadRequest(msg) => json!({ "error": msg }),
+            ApiError::Invalid(errors) => json!({ "message": errors }),
             ApiError::Internal(detail) => {
                 // The detail goes to the log only; clients get GitLab's generic body.
                 tracing::error!(error = %detail, "request failed");

@@ -1,6 +1,13 @@
 //! REST API under `/api/v4` in GitLab's shapes.
 
+mod ci;
+mod common;
+mod diffs;
+mod epics;
 mod error;
+mod members;
+mod merge_requests;
+mod notes;
 pub mod oidc;
 pub mod pagination;
 pub mod path_ids;

@@ -1,28 +1,32 @@
-//! Groups, projects and the items in them, in GitLab's REST shapes. Every read goes
-//! through the policy; what a user may not read answers 404, as if it did not exist.
+//! Groups, projects and issues in GitLab's REST shapes, plus instance settings and
+//! seats; the other resources live in sibling modules whose routes are mounted
+//! here. Every read goes through the policy; what a user may not read answers
+//! 404, as if it did not exist.
 
 use actix_web::{HttpRequest, HttpResponse, web};
-use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::common::{
+    AUTHOR_COLUMNS, actor, author, check_visibility, on_constraint, paged, project_full_path,
+    readable_group, readable_project, references, require_write, split_labels, ts, visibility_rank,
+};
+use super::notes::{self, NewNote, NoteListParams, Noteable};
 use super::pagination::PageParams;
-use super::{ApiError, READ_SCOPES, WRITE_SCOPES, optional_user, require_admin, require_user};
-use crate::policy::{Ability, Actor, Subject, access};
+use super::{ApiError, READ_SCOPES, WRITE_SCOPES, ci, epics, members, merge_requests};
+use super::{optional_user, require_admin, require_user};
+use crate::policy::{Ability, Actor, Subject, WriteAbility};
 use crate::web::AppState;
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/groups", web::get().to(list_groups))
         .route("/groups", web::post().to(create_group))
         .route("/groups/{id}", web::get().to(show_group))
-        .route("/groups/{id}/members", web::get().to(list_group_members))
-        .route("/groups/{id}/members", web::post().to(add_group_member))
-        .route("/groups/{id}/epics", web::get().to(list_epics))
-        .route("/groups/{id}/epics/{iid}", web::get().to(show_epic))
+        .route("/groups/{id}", web::put().to(update_group))
         .route("/projects", web::get().to(list_projects))
         .route("/projects", web::post().to(create_project))
         .route("/projects/{id}", web::get().to(show_project))
-        .route("/projects/{id}/members", web::post().to(add_project_member))
+        .route("/projects/{id}", web::put().to(update_project))
         .route("/projects/{id}/issues", web::get().to(list_issues))
         .route("/projects/{id}/issues", web::post().to(create_issue))
         .route("/projects/{id}/issues/{iid}", web::get().to(show_issue))
@@ -34,52 +38,16 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             "/projects/{id}/issues/{iid}/notes",
             web::post().to(create_issue_note),
         )
-        .route(
-            "/projects/{id}/merge_requests",
-            web::get().to(list_merge_requests),
-        )
-        .route(
-            "/projects/{id}/merge_requests/{iid}",
-            web::get().to(show_merge_request),
-        )
-        .route("/projects/{id}/jobs/import", web::post().to(import_job))
-        .route("/projects/{id}/jobs/{job_id}", web::get().to(show_job))
-        .route(
-            "/projects/{id}/jobs/{job_id}/trace",
-            web::get().to(job_trace),
-        )
         .route("/application/settings", web::get().to(show_settings))
         .route("/application/settings", web::put().to(update_settings))
         .route(
             "/add_on_purchases/{add_on}/assignments",
             web::post().to(assign_seat),
-        );
-}
-
-fn actor(user: &Option<crate::tokens::AuthenticatedUser>) -> Option<Actor> {
-    user.as_ref().map(Actor::from)
-}
-
-async fn can(
-    state: &AppState,
-    user: Option<Actor>,
-    ability: Ability,
-    subject: Subject,
-) -> Result<bool, ApiError> {
-    let db = state.pool.get().await?;
-    Ok(state.policy.can(&**db, user, ability, subject).await?)
-}
-
-fn paged(req: &HttpRequest, params: PageParams, items: Vec<Value>) -> HttpResponse {
-    let page = params.resolve();
-    let total = items.len();
-    let mut builder = HttpResponse::Ok();
-    page.headers(&mut builder, req, total);
-    builder.json(page.slice(items))
-}
-
-fn ts(row: &tokio_postgres::Row, col: &str) -> DateTime<Utc> {
-    row.get(col)
+        )
+        .configure(members::routes)
+        .configure(epics::routes)
+        .configure(merge_requests::routes)
+        .configure(ci::routes);
 }
 
 // ---- groups -------------------------------------------------------------------
@@ -89,10 +57,12 @@ const GROUP_SQL: &str = "WITH RECURSIVE chain(id, parent_id, full_path, root) AS
         UNION ALL
         SELECT g.id, g.parent_id, c.full_path || '/' || g.path, c.root FROM groups g JOIN chain c ON g.parent_id = c.id
     )
-    SELECT g.id, g.name, g.path, g.description, g.visibility, g.parent_id, g.plan, g.duo_features_enabled,
+    SELECT g.id, g.name, g.path, g.description, g.visibility, g.parent_id, g.duo_features_enabled,
            g.experiment_and_beta_features, g.created_at, c.full_path
     FROM groups g JOIN chain c ON c.id = g.id";
 
+/// GitLab's group entity. The plan is not part of it (GitLab shows plans on
+/// namespaces, to admins); ours is set on creation only.
 fn group_json(row: &tokio_postgres::Row, base: &url::Url) -> Value {
     let full_path: String = row.get("full_path");
     json!({
@@ -104,8 +74,8 @@ fn group_json(row: &tokio_postgres::Row, base: &url::Url) -> Value {
         "description": row.get::<_, String>("description"),
         "visibility": row.get::<_, String>("visibility"),
         "parent_id": row.get::<_, Option<i64>>("parent_id"),
+        "avatar_url": Value::Null,
         "web_url": format!("{}groups/{full_path}", base.as_str()),
-        "plan": row.get::<_, String>("plan"),
         "duo_features_enabled": row.get::<_, bool>("duo_features_enabled"),
         "experiment_features_enabled": row.get::<_, bool>("experiment_and_beta_features"),
         "created_at": ts(row, "created_at"),
@@ -138,21 +108,23 @@ async fn list_groups(
     Ok(paged(&req, q.into_inner(), items))
 }
 
+async fn group_response(state: &AppState, id: i64) -> Result<Value, ApiError> {
+    let db = state.pool.get().await?;
+    let row = db
+        .query_opt(&format!("{GROUP_SQL} WHERE g.id = $1"), &[&id])
+        .await?
+        .ok_or(ApiError::NotFound("Group"))?;
+    Ok(group_json(&row, &state.config.external_url))
+}
+
 async fn show_group(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
-    let user = actor(&optional_user(&state, &req).await?);
     let id = path.into_inner();
-    if !can(&state, user, Ability::ReadGroup, Subject::Group(id)).await? {
-        return Err(ApiError::NotFound("Group"));
-    }
-    let db = state.pool.get().await?;
-    let row = db
-        .query_one(&format!("{GROUP_SQL} WHERE g.id = $1"), &[&id])
-        .await?;
-    Ok(HttpResponse::Ok().json(group_json(&row, &state.config.external_url)))
+    readable_group(&state, &req, id).await?;
+    Ok(HttpResponse::Ok().json(group_response(&state, id).await?))
 }
 
 #[derive(Deserialize)]
@@ -161,21 +133,12 @@ struct NewGroup {
     path: String,
     parent_id: Option<i64>,
     visibility: Option<String>,
+    /// Our addition: the GitLab.com plan of a root group (`free`, `premium`,
+    /// `ultimate`), which the Duo rules read.
     plan: Option<String>,
     description: Option<String>,
     duo_features_enabled: Option<bool>,
     experiment_features_enabled: Option<bool>,
-}
-
-fn check_visibility(v: &Option<String>) -> Result<String, ApiError> {
-    let v = v.clone().unwrap_or_else(|| "private".into());
-    if ["private", "internal", "public"].contains(&v.as_str()) {
-        Ok(v)
-    } else {
-        Err(ApiError::BadRequest(
-            "visibility does not have a valid value".into(),
-        ))
-    }
 }
 
 async fn create_group(
@@ -185,7 +148,7 @@ async fn create_group(
 ) -> Result<HttpResponse, ApiError> {
     let me = require_admin(&state, &req, WRITE_SCOPES).await?;
     let b = body.into_inner();
-    let visibility = check_visibility(&b.visibility)?;
+    let visibility = check_visibility(b.visibility.as_deref())?;
     let plan = b.plan.unwrap_or_else(|| "free".into());
     if !["free", "premium", "ultimate"].contains(&plan.as_str()) {
         return Err(ApiError::BadRequest(
@@ -210,7 +173,7 @@ async fn create_group(
             ],
         )
         .await
-        .map_err(|e| if e.code().is_some() { ApiError::BadRequest("parent_id is invalid".into()) } else { e.into() })?
+        .map_err(on_constraint(ApiError::BadRequest("parent_id is invalid".into())))?
         .ok_or_else(|| ApiError::BadRequest("Failed to save group {:path=>[\"has already been taken\"]}".into()))?;
     let id: i64 = row.get(0);
     tx.execute(
@@ -219,151 +182,112 @@ async fn create_group(
     )
     .await?;
     tx.commit().await?;
-    let row = db
-        .query_one(&format!("{GROUP_SQL} WHERE g.id = $1"), &[&id])
-        .await?;
-    Ok(HttpResponse::Created().json(group_json(&row, &state.config.external_url)))
+    Ok(HttpResponse::Created().json(group_response(&state, id).await?))
 }
 
-#[derive(Deserialize)]
-struct NewMember {
-    user_id: i64,
-    access_level: i32,
+#[derive(Debug, Deserialize)]
+struct GroupUpdate {
+    name: Option<String>,
+    path: Option<String>,
+    description: Option<String>,
+    visibility: Option<String>,
+    duo_features_enabled: Option<bool>,
+    /// Only on top-level groups, as in GitLab.
+    experiment_features_enabled: Option<bool>,
 }
 
-fn member_json(row: &tokio_postgres::Row, base: &url::Url) -> Value {
-    let username: String = row.get("username");
-    json!({
-        "id": row.get::<_, i64>("id"),
-        "username": username,
-        "name": row.get::<_, String>("name"),
-        "state": row.get::<_, String>("state"),
-        "web_url": format!("{}{username}", base.as_str()),
-        "access_level": row.get::<_, i32>("access_level"),
-        "created_at": ts(row, "created_at"),
-    })
-}
-
-/// Only owners (and admins) manage members.
-async fn require_owner(
-    state: &AppState,
-    me: &crate::tokens::AuthenticatedUser,
-    group: Option<i64>,
-    project: Option<i64>,
-) -> Result<(), ApiError> {
-    if me.admin {
-        return Ok(());
-    }
-    let db = state.pool.get().await?;
-    let level: Option<i32> = match (group, project) {
-        (Some(g), _) => db
-            .query_one(
-                "WITH RECURSIVE anc(id, parent_id) AS (SELECT id, parent_id FROM groups WHERE id = $1
-                 UNION ALL SELECT g.id, g.parent_id FROM groups g JOIN anc ON g.id = anc.parent_id)
-                 SELECT max(access_level) FROM group_members WHERE user_id = $2 AND group_id IN (SELECT id FROM anc)",
-                &[&g, &me.id],
-            )
-            .await?
-            .get(0),
-        (None, Some(p)) => db
-            .query_one(
-                "SELECT greatest(
-                    (SELECT access_level FROM project_members WHERE project_id = $1 AND user_id = $2),
-                    (WITH RECURSIVE anc(id, parent_id) AS (
-                        SELECT id, parent_id FROM groups WHERE id = (SELECT group_id FROM projects WHERE id = $1)
-                        UNION ALL SELECT g.id, g.parent_id FROM groups g JOIN anc ON g.id = anc.parent_id)
-                     SELECT max(access_level) FROM group_members WHERE user_id = $2 AND group_id IN (SELECT id FROM anc)))",
-                &[&p, &me.id],
-            )
-            .await?
-            .get(0),
-        _ => None,
-    };
-    if level.unwrap_or(0) >= access::OWNER {
-        Ok(())
-    } else {
-        Err(ApiError::Forbidden)
-    }
-}
-
-async fn list_group_members(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<i64>,
-    q: web::Query<PageParams>,
-) -> Result<HttpResponse, ApiError> {
-    let user = actor(&Some(require_user(&state, &req, READ_SCOPES).await?));
-    let id = path.into_inner();
-    if !can(&state, user, Ability::ReadGroup, Subject::Group(id)).await? {
-        return Err(ApiError::NotFound("Group"));
-    }
-    let db = state.pool.get().await?;
+/// The most open visibility among a group's direct subgroups and projects.
+async fn widest_child_visibility(
+    db: &impl tokio_postgres::GenericClient,
+    group: i64,
+) -> Result<usize, ApiError> {
     let rows = db
         .query(
-            "SELECT u.id, u.username, u.name, u.state, m.access_level, m.created_at
-             FROM group_members m JOIN users u ON u.id = m.user_id WHERE m.group_id = $1 ORDER BY u.id",
-            &[&id],
+            "SELECT visibility FROM groups WHERE parent_id = $1
+             UNION SELECT visibility FROM projects WHERE group_id = $1",
+            &[&group],
         )
         .await?;
-    let items = rows
+    Ok(rows
         .iter()
-        .map(|r| member_json(r, &state.config.external_url))
-        .collect();
-    Ok(paged(&req, q.into_inner(), items))
+        .map(|r| visibility_rank(r.get::<_, &str>(0)))
+        .max()
+        .unwrap_or(0))
 }
 
-fn check_level(level: i32) -> Result<(), ApiError> {
-    if [5, 10, 15, 20, 30, 40, 50].contains(&level) {
-        Ok(())
-    } else {
-        Err(ApiError::BadRequest(
-            "access_level does not have a valid value".into(),
-        ))
-    }
-}
-
-async fn add_group_member(
+/// Owners (and admins) edit a group.
+async fn update_group(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<i64>,
-    body: web::Json<NewMember>,
+    body: web::Json<GroupUpdate>,
 ) -> Result<HttpResponse, ApiError> {
     let me = require_user(&state, &req, WRITE_SCOPES).await?;
     let id = path.into_inner();
-    if !can(
-        &state,
-        Some(Actor::from(&me)),
-        Ability::ReadGroup,
-        Subject::Group(id),
-    )
-    .await?
-    {
-        return Err(ApiError::NotFound("Group"));
-    }
-    require_owner(&state, &me, Some(id), None).await?;
-    check_level(body.access_level)?;
-    let db = state.pool.get().await?;
-    db.execute(
-        "INSERT INTO group_members (group_id, user_id, access_level) VALUES ($1, $2, $3)
-         ON CONFLICT (group_id, user_id) DO UPDATE SET access_level = EXCLUDED.access_level",
-        &[&id, &body.user_id, &body.access_level],
-    )
-    .await
-    .map_err(|e| {
-        if e.code().is_some() {
-            ApiError::NotFound("User")
-        } else {
-            e.into()
+    readable_group(&state, &req, id).await?;
+    require_write(&state, &me, WriteAbility::AdminGroup, Subject::Group(id)).await?;
+    let b = body.into_inner();
+    for (field, value) in [("name", &b.name), ("path", &b.path)] {
+        if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
+            return Err(ApiError::BadRequest(format!("{field} is empty")));
         }
-    })?;
-    let row = db
+    }
+    let db = state.pool.get().await?;
+    let current = db
         .query_one(
-            "SELECT u.id, u.username, u.name, u.state, m.access_level, m.created_at
-             FROM group_members m JOIN users u ON u.id = m.user_id WHERE m.group_id = $1 AND m.user_id = $2",
-            &[&id, &body.user_id],
+            "SELECT g.parent_id, p.visibility FROM groups g LEFT JOIN groups p ON p.id = g.parent_id WHERE g.id = $1",
+            &[&id],
         )
         .await?;
-    Ok(HttpResponse::Created().json(member_json(&row, &state.config.external_url)))
+    let parent: Option<i64> = current.get(0);
+    let parent_visibility: Option<String> = current.get(1);
+    if b.experiment_features_enabled.is_some() && parent.is_some() {
+        return Err(ApiError::invalid(
+            "experiment_features_enabled",
+            "can only be changed on a top-level group",
+        ));
+    }
+    if let Some(v) = b.visibility.as_deref() {
+        let v = check_visibility(Some(v))?;
+        if let Some(pv) = parent_visibility.as_deref()
+            && visibility_rank(&v) > visibility_rank(pv)
+        {
+            return Err(ApiError::invalid(
+                "visibility_level",
+                format!("{v} is not allowed since the parent group has a {pv} visibility."),
+            ));
+        }
+        if widest_child_visibility(&**db, id).await? > visibility_rank(&v) {
+            return Err(ApiError::invalid(
+                "visibility_level",
+                format!(
+                    "{v} is not allowed since this group contains projects or subgroups with higher visibility."
+                ),
+            ));
+        }
+    }
+    db.execute(
+        "UPDATE groups SET name = coalesce($2, name), path = coalesce($3, path),
+            description = coalesce($4, description), visibility = coalesce($5, visibility),
+            duo_features_enabled = coalesce($6, duo_features_enabled),
+            experiment_and_beta_features = coalesce($7, experiment_and_beta_features)
+         WHERE id = $1",
+        &[
+            &id,
+            &b.name,
+            &b.path,
+            &b.description,
+            &b.visibility,
+            &b.duo_features_enabled,
+            &b.experiment_features_enabled,
+        ],
+    )
+    .await
+    .map_err(on_constraint(ApiError::invalid(
+        "path",
+        "has already been taken",
+    )))?;
+    Ok(HttpResponse::Ok().json(group_response(&state, id).await?))
 }
 
 // ---- projects -----------------------------------------------------------------
@@ -423,16 +347,13 @@ async fn list_projects(
     Ok(paged(&req, q.into_inner(), items))
 }
 
-async fn readable_project(
-    state: &AppState,
-    req: &HttpRequest,
-    id: i64,
-) -> Result<Option<Actor>, ApiError> {
-    let user = actor(&optional_user(state, req).await?);
-    if !can(state, user, Ability::ReadProject, Subject::Project(id)).await? {
-        return Err(ApiError::NotFound("Project"));
-    }
-    Ok(user)
+async fn project_response(state: &AppState, id: i64) -> Result<Value, ApiError> {
+    let db = state.pool.get().await?;
+    let row = db
+        .query_opt(&format!("{PROJECT_SQL} WHERE p.id = $1"), &[&id])
+        .await?
+        .ok_or(ApiError::NotFound("Project"))?;
+    Ok(project_json(&row, &state.config.external_url))
 }
 
 async fn show_project(
@@ -442,11 +363,7 @@ async fn show_project(
 ) -> Result<HttpResponse, ApiError> {
     let id = path.into_inner();
     readable_project(&state, &req, id).await?;
-    let db = state.pool.get().await?;
-    let row = db
-        .query_one(&format!("{PROJECT_SQL} WHERE p.id = $1"), &[&id])
-        .await?;
-    Ok(HttpResponse::Ok().json(project_json(&row, &state.config.external_url)))
+    Ok(HttpResponse::Ok().json(project_response(&state, id).await?))
 }
 
 #[derive(Deserialize)]
@@ -459,6 +376,7 @@ struct NewProject {
     duo_features_enabled: Option<bool>,
 }
 
+/// Maintainers and owners of the group (and admins) create projects in it.
 async fn create_project(
     state: web::Data<AppState>,
     req: HttpRequest,
@@ -466,7 +384,7 @@ async fn create_project(
 ) -> Result<HttpResponse, ApiError> {
     let me = require_user(&state, &req, WRITE_SCOPES).await?;
     let b = body.into_inner();
-    if !can(
+    if !super::common::can(
         &state,
         Some(Actor::from(&me)),
         Ability::ReadGroup,
@@ -476,8 +394,14 @@ async fn create_project(
     {
         return Err(ApiError::NotFound("Namespace"));
     }
-    require_owner(&state, &me, Some(b.namespace_id), None).await?;
-    let visibility = check_visibility(&b.visibility)?;
+    require_write(
+        &state,
+        &me,
+        WriteAbility::CreateProject,
+        Subject::Group(b.namespace_id),
+    )
+    .await?;
+    let visibility = check_visibility(b.visibility.as_deref())?;
     let path = b
         .path
         .unwrap_or_else(|| b.name.to_lowercase().replace(' ', "-"));
@@ -491,93 +415,178 @@ async fn create_project(
         .await?
         .ok_or_else(|| ApiError::BadRequest("path has already been taken".into()))?;
     let id: i64 = row.get(0);
-    let row = db
-        .query_one(&format!("{PROJECT_SQL} WHERE p.id = $1"), &[&id])
-        .await?;
-    Ok(HttpResponse::Created().json(project_json(&row, &state.config.external_url)))
+    Ok(HttpResponse::Created().json(project_response(&state, id).await?))
 }
 
-async fn add_project_member(
+#[derive(Debug, Deserialize)]
+struct ProjectUpdate {
+    name: Option<String>,
+    description: Option<String>,
+    visibility: Option<String>,
+    duo_features_enabled: Option<bool>,
+}
+
+/// Maintainers edit a project; renaming it or changing its visibility takes an
+/// owner (GitLab's `rename_project` and `change_visibility_level`).
+async fn update_project(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<i64>,
-    body: web::Json<NewMember>,
+    body: web::Json<ProjectUpdate>,
 ) -> Result<HttpResponse, ApiError> {
     let me = require_user(&state, &req, WRITE_SCOPES).await?;
     let id = path.into_inner();
     readable_project(&state, &req, id).await?;
-    require_owner(&state, &me, None, Some(id)).await?;
-    check_level(body.access_level)?;
+    let subject = Subject::Project(id);
+    require_write(&state, &me, WriteAbility::AdminProject, subject).await?;
+    let b = body.into_inner();
     let db = state.pool.get().await?;
-    db.execute(
-        "INSERT INTO project_members (project_id, user_id, access_level) VALUES ($1, $2, $3)
-         ON CONFLICT (project_id, user_id) DO UPDATE SET access_level = EXCLUDED.access_level",
-        &[&id, &body.user_id, &body.access_level],
-    )
-    .await
-    .map_err(|e| {
-        if e.code().is_some() {
-            ApiError::NotFound("User")
-        } else {
-            e.into()
-        }
-    })?;
-    let row = db
+    let current = db
         .query_one(
-            "SELECT u.id, u.username, u.name, u.state, m.access_level, m.created_at
-             FROM project_members m JOIN users u ON u.id = m.user_id WHERE m.project_id = $1 AND m.user_id = $2",
-            &[&id, &body.user_id],
+            "SELECT p.name, p.visibility, g.visibility FROM projects p JOIN groups g ON g.id = p.group_id WHERE p.id = $1",
+            &[&id],
         )
         .await?;
-    Ok(HttpResponse::Created().json(member_json(&row, &state.config.external_url)))
+    let (name, visibility, group_visibility): (String, String, String) =
+        (current.get(0), current.get(1), current.get(2));
+    if let Some(new_name) = b.name.as_deref() {
+        if new_name.trim().is_empty() {
+            return Err(ApiError::BadRequest("name is empty".into()));
+        }
+        if new_name != name {
+            require_write(&state, &me, WriteAbility::RenameProject, subject).await?;
+        }
+    }
+    if let Some(v) = b.visibility.as_deref() {
+        let v = check_visibility(Some(v))?;
+        if v != visibility {
+            require_write(&state, &me, WriteAbility::ChangeProjectVisibility, subject).await?;
+        }
+        if visibility_rank(&v) > visibility_rank(&group_visibility) {
+            return Err(ApiError::invalid(
+                "visibility_level",
+                format!("{v} is not allowed in a {group_visibility} group."),
+            ));
+        }
+    }
+    db.execute(
+        "UPDATE projects SET name = coalesce($2, name), description = coalesce($3, description),
+            visibility = coalesce($4, visibility), duo_features_enabled = coalesce($5, duo_features_enabled)
+         WHERE id = $1",
+        &[&id, &b.name, &b.description, &b.visibility, &b.duo_features_enabled],
+    )
+    .await?;
+    Ok(HttpResponse::Ok().json(project_response(&state, id).await?))
 }
 
 // ---- issues -------------------------------------------------------------------
 
-const ISSUE_SQL: &str = "SELECT i.id, i.iid, i.project_id, i.title, i.description, i.state, i.confidential, i.labels,
-        i.created_at, i.updated_at, u.id AS author_id, u.username AS author_username, u.name AS author_name,
-        coalesce((SELECT array_agg(a.user_id ORDER BY a.user_id) FROM issue_assignees a WHERE a.issue_id = i.id), '{}') AS assignee_ids
-    FROM issues i JOIN users u ON u.id = i.author_id";
-
-fn author(row: &tokio_postgres::Row) -> Value {
-    json!({
-        "id": row.get::<_, i64>("author_id"),
-        "username": row.get::<_, String>("author_username"),
-        "name": row.get::<_, String>("author_name"),
-    })
+fn issue_sql() -> String {
+    format!(
+        "SELECT i.id, i.iid, i.project_id, i.title, i.description, i.state, i.confidential, i.labels,
+            i.created_at, i.updated_at, {AUTHOR_COLUMNS},
+            coalesce((SELECT json_agg(json_build_object('id', au.id, 'username', au.username, 'name', au.name,
+                                                        'state', au.state) ORDER BY au.id)
+                      FROM issue_assignees a JOIN users au ON au.id = a.user_id WHERE a.issue_id = i.id),
+                     '[]'::json) AS assignees
+         FROM issues i JOIN users u ON u.id = i.author_id"
+    )
 }
 
-fn issue_json(row: &tokio_postgres::Row) -> Value {
-    let assignees: Vec<i64> = row.get("assignee_ids");
+fn issue_json(row: &tokio_postgres::Row, base: &url::Url, full_path: &str) -> Value {
+    let iid: i32 = row.get("iid");
+    let state: String = row.get("state");
+    let assignees: Vec<Value> = match row.get::<_, Value>("assignees") {
+        Value::Array(list) => list
+            .into_iter()
+            .map(|mut a| {
+                let web_url = a["username"]
+                    .as_str()
+                    .map(|u| format!("{}{u}", base.as_str()));
+                if let Some(obj) = a.as_object_mut() {
+                    obj.insert("avatar_url".into(), Value::Null);
+                    obj.insert("web_url".into(), json!(web_url));
+                }
+                a
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    // No state history is kept: a closed issue was closed at its last update.
+    let closed_at = (state == "closed").then(|| ts(row, "updated_at"));
     json!({
         "id": row.get::<_, i64>("id"),
-        "iid": row.get::<_, i32>("iid"),
+        "iid": iid,
         "project_id": row.get::<_, i64>("project_id"),
         "title": row.get::<_, String>("title"),
         "description": row.get::<_, String>("description"),
-        "state": row.get::<_, String>("state"),
+        "state": state,
         "confidential": row.get::<_, bool>("confidential"),
         "labels": row.get::<_, Vec<String>>("labels"),
-        "author": author(row),
-        "assignees": assignees.iter().map(|id| json!({ "id": id })).collect::<Vec<_>>(),
+        "author": author(row, base),
+        "assignee": assignees.first().cloned().unwrap_or(Value::Null),
+        "assignees": assignees,
+        "references": references(full_path, '#', iid),
+        "web_url": format!("{}{full_path}/-/issues/{iid}", base.as_str()),
         "created_at": ts(row, "created_at"),
         "updated_at": ts(row, "updated_at"),
+        "closed_at": closed_at,
     })
+}
+
+#[derive(Debug, Deserialize)]
+struct IssueListParams {
+    page: Option<usize>,
+    per_page: Option<usize>,
+    /// `opened`, `closed` or `all` (the default).
+    state: Option<String>,
+    /// Comma-separated labels an issue must all carry; `None` for issues without
+    /// labels, `Any` for issues with at least one.
+    labels: Option<String>,
+}
+
+/// GitLab's `labels` filter as a mode for the query (`none`, `any` or `all`) and
+/// the labels `all` requires (none: every issue matches).
+fn labels_filter(labels: Option<&str>) -> (&'static str, Vec<String>) {
+    match labels.map(str::trim) {
+        Some(l) if l.eq_ignore_ascii_case("none") => ("none", Vec::new()),
+        Some(l) if l.eq_ignore_ascii_case("any") => ("any", Vec::new()),
+        other => ("all", split_labels(other)),
+    }
 }
 
 async fn list_issues(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<i64>,
-    q: web::Query<PageParams>,
+    q: web::Query<IssueListParams>,
 ) -> Result<HttpResponse, ApiError> {
     let id = path.into_inner();
     let user = readable_project(&state, &req, id).await?;
+    let q = q.into_inner();
+    let wanted_state = match q.state.as_deref() {
+        None | Some("all") => None,
+        Some(s @ ("opened" | "closed")) => Some(s.to_owned()),
+        Some(_) => {
+            return Err(ApiError::BadRequest(
+                "state does not have a valid value".into(),
+            ));
+        }
+    };
+    let (label_mode, label_list) = labels_filter(q.labels.as_deref());
     let db = state.pool.get().await?;
+    let full_path = project_full_path(&**db, id).await?;
     let rows = db
         .query(
-            &format!("{ISSUE_SQL} WHERE i.project_id = $1 ORDER BY i.id DESC"),
-            &[&id],
+            &format!(
+                "{} WHERE i.project_id = $1 AND ($2::text IS NULL OR i.state = $2)
+                 AND CASE $3::text WHEN 'none' THEN cardinality(i.labels) = 0
+                                   WHEN 'any' THEN cardinality(i.labels) > 0
+                                   ELSE i.labels @> $4::text[] END
+                 ORDER BY i.id DESC",
+                issue_sql()
+            ),
+            &[&id, &wanted_state, &label_mode, &label_list],
         )
         .await?;
     let mut items = Vec::new();
@@ -592,23 +601,28 @@ async fn list_issues(
             )
             .await?
         {
-            items.push(issue_json(&row));
+            items.push(issue_json(&row, &state.config.external_url, &full_path));
         }
     }
-    Ok(paged(&req, q.into_inner(), items))
+    let page = PageParams {
+        page: q.page,
+        per_page: q.per_page,
+    };
+    Ok(paged(&req, page, items))
 }
 
+/// An issue the caller may read, with its project's full path; 404 otherwise.
 async fn find_issue(
     state: &AppState,
     req: &HttpRequest,
     project: i64,
     iid: i32,
-) -> Result<(Option<Actor>, tokio_postgres::Row), ApiError> {
+) -> Result<(Option<Actor>, tokio_postgres::Row, String), ApiError> {
     let user = readable_project(state, req, project).await?;
     let db = state.pool.get().await?;
     let row = db
         .query_opt(
-            &format!("{ISSUE_SQL} WHERE i.project_id = $1 AND i.iid = $2"),
+            &format!("{} WHERE i.project_id = $1 AND i.iid = $2", issue_sql()),
             &[&project, &iid],
         )
         .await?
@@ -625,7 +639,8 @@ async fn find_issue(
     {
         return Err(ApiError::NotFound("Issue"));
     }
-    Ok((user, row))
+    let full_path = project_full_path(&**db, project).await?;
+    Ok((user, row, full_path))
 }
 
 async fn show_issue(
@@ -634,8 +649,8 @@ async fn show_issue(
     path: web::Path<(i64, i32)>,
 ) -> Result<HttpResponse, ApiError> {
     let (project, iid) = path.into_inner();
-    let (_, row) = find_issue(&state, &req, project, iid).await?;
-    Ok(HttpResponse::Ok().json(issue_json(&row)))
+    let (_, row, full_path) = find_issue(&state, &req, project, iid).await?;
+    Ok(HttpResponse::Ok().json(issue_json(&row, &state.config.external_url, &full_path)))
 }
 
 #[derive(Deserialize)]
@@ -660,14 +675,7 @@ async fn create_issue(
     if b.title.trim().is_empty() {
         return Err(ApiError::BadRequest("title is missing".into()));
     }
-    let labels: Vec<String> = b
-        .labels
-        .unwrap_or_default()
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
-        .collect();
+    let labels = split_labels(b.labels.as_deref());
     let mut db = state.pool.get().await?;
     let tx = db.transaction().await?;
     // Serialise iid allocation per project.
@@ -688,66 +696,26 @@ async fn create_issue(
     for assignee in b.assignee_ids.unwrap_or_default() {
         tx.execute("INSERT INTO issue_assignees (issue_id, user_id) VALUES ($1, $2) ON CONFLICT DO NOTHING", &[&id, &assignee])
             .await
-            .map_err(|e| if e.code().is_some() { ApiError::BadRequest("assignee_ids is invalid".into()) } else { e.into() })?;
+            .map_err(on_constraint(ApiError::BadRequest("assignee_ids is invalid".into())))?;
     }
     tx.commit().await?;
     let row = db
-        .query_one(&format!("{ISSUE_SQL} WHERE i.id = $1"), &[&id])
+        .query_one(&format!("{} WHERE i.id = $1", issue_sql()), &[&id])
         .await?;
-    Ok(HttpResponse::Created().json(issue_json(&row)))
+    let full_path = project_full_path(&**db, project).await?;
+    Ok(HttpResponse::Created().json(issue_json(&row, &state.config.external_url, &full_path)))
 }
-
-// ---- notes --------------------------------------------------------------------
-
-fn note_json(row: &tokio_postgres::Row) -> Value {
-    json!({
-        "id": row.get::<_, i64>("id"),
-        "body": row.get::<_, String>("body"),
-        "author": author(row),
-        "noteable_type": row.get::<_, String>("noteable_type"),
-        "noteable_id": row.get::<_, i64>("noteable_id"),
-        "internal": row.get::<_, bool>("internal"),
-        "confidential": row.get::<_, bool>("internal"),
-        "system": row.get::<_, bool>("system"),
-        "created_at": ts(row, "created_at"),
-        "updated_at": ts(row, "updated_at"),
-    })
-}
-
-const NOTE_SQL: &str = "SELECT n.id, n.body, n.noteable_type, n.noteable_id, n.internal, n.system, n.created_at, n.updated_at,
-        u.id AS author_id, u.username AS author_username, u.name AS author_name
-    FROM notes n JOIN users u ON u.id = n.author_id";
 
 async fn list_issue_notes(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<(i64, i32)>,
-    q: web::Query<PageParams>,
+    q: web::Query<NoteListParams>,
 ) -> Result<HttpResponse, ApiError> {
     let (project, iid) = path.into_inner();
-    let (user, issue) = find_issue(&state, &req, project, iid).await?;
-    let issue_id: i64 = issue.get("id");
-    let db = state.pool.get().await?;
-    let rows = db
-        .query(&format!("{NOTE_SQL} WHERE n.noteable_type = 'Issue' AND n.noteable_id = $1 ORDER BY n.id DESC"), &[&issue_id])
-        .await?;
-    let mut items = Vec::new();
-    for row in rows {
-        if state
-            .policy
-            .can(&**db, user, Ability::ReadNote, Subject::Note(row.get("id")))
-            .await?
-        {
-            items.push(note_json(&row));
-        }
-    }
-    Ok(paged(&req, q.into_inner(), items))
-}
-
-#[derive(Deserialize)]
-struct NewNote {
-    body: String,
-    internal: Option<bool>,
+    let (user, issue, _) = find_issue(&state, &req, project, iid).await?;
+    let noteable = Noteable::issue(issue.get("id"), iid, project);
+    notes::list(&state, &req, user, noteable, q.into_inner()).await
 }
 
 async fn create_issue_note(
@@ -758,331 +726,9 @@ async fn create_issue_note(
 ) -> Result<HttpResponse, ApiError> {
     let me = require_user(&state, &req, WRITE_SCOPES).await?;
     let (project, iid) = path.into_inner();
-    let (_, issue) = find_issue(&state, &req, project, iid).await?;
-    if body.body.trim().is_empty() {
-        return Err(ApiError::BadRequest("body is missing".into()));
-    }
-    let issue_id: i64 = issue.get("id");
-    let db = state.pool.get().await?;
-    let id: i64 = db
-        .query_one(
-            "INSERT INTO notes (noteable_type, noteable_id, author_id, body, internal) VALUES ('Issue', $1, $2, $3, $4) RETURNING id",
-            &[&issue_id, &me.id, &body.body, &body.internal.unwrap_or(false)],
-        )
-        .await?
-        .get(0);
-    let row = db
-        .query_one(&format!("{NOTE_SQL} WHERE n.id = $1"), &[&id])
-        .await?;
-    Ok(HttpResponse::Created().json(note_json(&row)))
-}
-
-// ---- epics --------------------------------------------------------------------
-
-const EPIC_SQL: &str = "SELECT e.id, e.iid, e.group_id, e.title, e.description, e.state, e.confidential, e.labels,
-        e.created_at, e.updated_at, u.id AS author_id, u.username AS author_username, u.name AS author_name
-    FROM epics e JOIN users u ON u.id = e.author_id";
-
-fn epic_json(row: &tokio_postgres::Row) -> Value {
-    json!({
-        "id": row.get::<_, i64>("id"),
-        "iid": row.get::<_, i32>("iid"),
-        "group_id": row.get::<_, i64>("group_id"),
-        "title": row.get::<_, String>("title"),
-        "description": row.get::<_, String>("description"),
-        "state": row.get::<_, String>("state"),
-        "confidential": row.get::<_, bool>("confidential"),
-        "labels": row.get::<_, Vec<String>>("labels"),
-        "author": author(row),
-        "created_at": ts(row, "created_at"),
-        "updated_at": ts(row, "updated_at"),
-    })
-}
-
-async fn list_epics(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<i64>,
-    q: web::Query<PageParams>,
-) -> Result<HttpResponse, ApiError> {
-    let group = path.into_inner();
-    let user = actor(&optional_user(&state, &req).await?);
-    if !can(&state, user, Ability::ReadGroup, Subject::Group(group)).await? {
-        return Err(ApiError::NotFound("Group"));
-    }
-    let db = state.pool.get().await?;
-    let rows = db
-        .query(
-            &format!("{EPIC_SQL} WHERE e.group_id = $1 ORDER BY e.id DESC"),
-            &[&group],
-        )
-        .await?;
-    let mut items = Vec::new();
-    for row in rows {
-        if state
-            .policy
-            .can(&**db, user, Ability::ReadEpic, Subject::Epic(row.get("id")))
-            .await?
-        {
-            items.push(epic_json(&row));
-        }
-    }
-    Ok(paged(&req, q.into_inner(), items))
-}
-
-async fn show_epic(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<(i64, i32)>,
-) -> Result<HttpResponse, ApiError> {
-    let (group, iid) = path.into_inner();
-    let user = actor(&optional_user(&state, &req).await?);
-    let db = state.pool.get().await?;
-    let row = db
-        .query_opt(
-            &format!("{EPIC_SQL} WHERE e.group_id = $1 AND e.iid = $2"),
-            &[&group, &iid],
-        )
-        .await?
-        .ok_or(ApiError::NotFound("Epic"))?;
-    if !state
-        .policy
-        .can(&**db, user, Ability::ReadEpic, Subject::Epic(row.get("id")))
-        .await?
-    {
-        return Err(ApiError::NotFound("Epic"));
-    }
-    Ok(HttpResponse::Ok().json(epic_json(&row)))
-}
-
-// ---- merge requests -------------------------------------------------------------
-
-const MR_SQL: &str = "SELECT m.id, m.iid, m.project_id, m.title, m.description, m.state, m.source_branch, m.target_branch,
-        m.labels, m.created_at, m.updated_at, u.id AS author_id, u.username AS author_username, u.name AS author_name
-    FROM merge_requests m JOIN users u ON u.id = m.author_id";
-
-fn mr_json(row: &tokio_postgres::Row) -> Value {
-    json!({
-        "id": row.get::<_, i64>("id"),
-        "iid": row.get::<_, i32>("iid"),
-        "project_id": row.get::<_, i64>("project_id"),
-        "title": row.get::<_, String>("title"),
-        "description": row.get::<_, String>("description"),
-        "state": row.get::<_, String>("state"),
-        "source_branch": row.get::<_, String>("source_branch"),
-        "target_branch": row.get::<_, String>("target_branch"),
-        "labels": row.get::<_, Vec<String>>("labels"),
-        "author": author(row),
-        "created_at": ts(row, "created_at"),
-        "updated_at": ts(row, "updated_at"),
-    })
-}
-
-async fn list_merge_requests(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<i64>,
-    q: web::Query<PageParams>,
-) -> Result<HttpResponse, ApiError> {
-    let project = path.into_inner();
-    let user = readable_project(&state, &req, project).await?;
-    let db = state.pool.get().await?;
-    let rows = db
-        .query(
-            &format!("{MR_SQL} WHERE m.project_id = $1 ORDER BY m.id DESC"),
-            &[&project],
-        )
-        .await?;
-    let mut items = Vec::new();
-    for row in rows {
-        if state
-            .policy
-            .can(
-                &**db,
-                user,
-                Ability::ReadMergeRequest,
-                Subject::MergeRequest(row.get("id")),
-            )
-            .await?
-        {
-            items.push(mr_json(&row));
-        }
-    }
-    Ok(paged(&req, q.into_inner(), items))
-}
-
-async fn show_merge_request(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<(i64, i32)>,
-) -> Result<HttpResponse, ApiError> {
-    let (project, iid) = path.into_inner();
-    let user = readable_project(&state, &req, project).await?;
-    let db = state.pool.get().await?;
-    let row = db
-        .query_opt(
-            &format!("{MR_SQL} WHERE m.project_id = $1 AND m.iid = $2"),
-            &[&project, &iid],
-        )
-        .await?
-        .ok_or(ApiError::NotFound("Merge Request"))?;
-    if !state
-        .policy
-        .can(
-            &**db,
-            user,
-            Ability::ReadMergeRequest,
-            Subject::MergeRequest(row.get("id")),
-        )
-        .await?
-    {
-        return Err(ApiError::NotFound("Merge Request"));
-    }
-    Ok(HttpResponse::Ok().json(mr_json(&row)))
-}
-
-// ---- CI jobs --------------------------------------------------------------------
-
-#[derive(Deserialize)]
-struct ImportedJob {
-    name: String,
-    stage: String,
-    status: String,
-    #[serde(rename = "ref")]
-    git_ref: Option<String>,
-    sha: Option<String>,
-    log: Option<String>,
-}
-
-const JOB_STATUSES: &[&str] = &[
-    "created", "pending", "running", "success", "failed", "canceled", "skipped", "manual",
-];
-
-fn job_json(row: &tokio_postgres::Row) -> Value {
-    json!({
-        "id": row.get::<_, i64>("id"),
-        "name": row.get::<_, String>("name"),
-        "stage": row.get::<_, String>("stage"),
-        "status": row.get::<_, String>("status"),
-        "ref": row.get::<_, String>("ref"),
-        "pipeline": { "id": row.get::<_, i64>("pipeline_id"), "project_id": row.get::<_, i64>("project_id"), "sha": row.get::<_, String>("sha") },
-        "created_at": ts(row, "created_at"),
-        "finished_at": row.get::<_, Option<DateTime<Utc>>>("finished_at"),
-    })
-}
-
-const JOB_SQL: &str = "SELECT b.id, b.name, b.stage, b.status, b.project_id, b.pipeline_id, b.created_at, b.finished_at, b.log,
-        p.ref, p.sha FROM ci_builds b JOIN ci_pipelines p ON p.id = b.pipeline_id";
-
-/// GitLab has no API to create CI jobs; this documented endpoint imports a finished
-/// job and its log (a pipeline is created for it). Maintainers and admins only.
-async fn import_job(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<i64>,
-    body: web::Json<ImportedJob>,
-) -> Result<HttpResponse, ApiError> {
-    let me = require_user(&state, &req, WRITE_SCOPES).await?;
-    let project = path.into_inner();
-    readable_project(&state, &req, project).await?;
-    let b = body.into_inner();
-    if !JOB_STATUSES.contains(&b.status.as_str()) {
-        return Err(ApiError::BadRequest(
-            "status does not have a valid value".into(),
-        ));
-    }
-    let mut db = state.pool.get().await?;
-    if !me.admin {
-        let level: Option<i32> = db
-            .query_one(
-                "SELECT access_level FROM project_members WHERE project_id = $1 AND user_id = $2",
-                &[&project, &me.id],
-            )
-            .await
-            .ok()
-            .and_then(|r| r.get(0));
-        let owner_ok = require_owner(&state, &me, None, Some(project))
-            .await
-            .is_ok();
-        if level.unwrap_or(0) < access::MAINTAINER && !owner_ok {
-            return Err(ApiError::Forbidden);
-        }
-    }
-    let tx = db.transaction().await?;
-    let pipeline: i64 = tx
-        .query_one(
-            "INSERT INTO ci_pipelines (project_id, ref, sha, status) VALUES ($1, $2, $3, $4) RETURNING id",
-            &[&project, &b.git_ref.unwrap_or_else(|| "main".into()), &b.sha.unwrap_or_else(|| "0000000".into()), &b.status],
-        )
-        .await?
-        .get(0);
-    let id: i64 = tx
-        .query_one(
-            "INSERT INTO ci_builds (project_id, pipeline_id, name, stage, status, log, finished_at)
-             VALUES ($1, $2, $3, $4, $5, $6, now()) RETURNING id",
-            &[
-                &project,
-                &pipeline,
-                &b.name,
-                &b.stage,
-                &b.status,
-                &b.log.unwrap_or_default(),
-            ],
-        )
-        .await?
-        .get(0);
-    tx.commit().await?;
-    let row = db
-        .query_one(&format!("{JOB_SQL} WHERE b.id = $1"), &[&id])
-        .await?;
-    Ok(HttpResponse::Created().json(job_json(&row)))
-}
-
-async fn find_job(
-    state: &AppState,
-    req: &HttpRequest,
-    project: i64,
-    job: i64,
-) -> Result<tokio_postgres::Row, ApiError> {
-    let user = readable_project(state, req, project).await?;
-    let db = state.pool.get().await?;
-    let row = db
-        .query_opt(
-            &format!("{JOB_SQL} WHERE b.id = $1 AND b.project_id = $2"),
-            &[&job, &project],
-        )
-        .await?
-        .ok_or(ApiError::NotFound("Job"))?;
-    if !state
-        .policy
-        .can(&**db, user, Ability::ReadBuild, Subject::Build(job))
-        .await?
-    {
-        return Err(ApiError::NotFound("Job"));
-    }
-    Ok(row)
-}
-
-async fn show_job(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<(i64, i64)>,
-) -> Result<HttpResponse, ApiError> {
-    let (project, job) = path.into_inner();
-    let row = find_job(&state, &req, project, job).await?;
-    Ok(HttpResponse::Ok().json(job_json(&row)))
-}
-
-async fn job_trace(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<(i64, i64)>,
-) -> Result<HttpResponse, ApiError> {
-    let (project, job) = path.into_inner();
-    let row = find_job(&state, &req, project, job).await?;
-    Ok(HttpResponse::Ok()
-        .content_type("text/plain; charset=utf-8")
-        .body(row.get::<_, String>("log")))
+    let (_, issue, _) = find_issue(&state, &req, project, iid).await?;
+    let noteable = Noteable::issue(issue.get("id"), iid, project);
+    notes::create(&state, &me, noteable, body.into_inner()).await
 }
 
 // ---- application settings and seats ---------------------------------------------
@@ -1227,4 +873,20 @@ async fn assign_seat(
     Ok(HttpResponse::Created().json(
         json!({ "add_on": add_on.as_str(), "user_id": body.user_id, "purchase_id": purchase }),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_filter_modes() {
+        assert_eq!(labels_filter(None), ("all", Vec::new()));
+        assert_eq!(labels_filter(Some("None")), ("none", Vec::new()));
+        assert_eq!(labels_filter(Some("any")), ("any", Vec::new()));
+        assert_eq!(
+            labels_filter(Some("bug, p1")),
+            ("all", vec!["bug".to_owned(), "p1".to_owned()])
+        );
+    }
 }

@@ -5,24 +5,39 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::common::{like_pattern, paged};
+use super::pagination::PageParams;
 use super::{ApiError, READ_SCOPES, WRITE_SCOPES, require_admin, require_user};
-use crate::tokens;
+use crate::tokens::{self, AuthenticatedUser};
 use crate::web::AppState;
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/user", web::get().to(current_user))
+        .route("/users", web::get().to(list_users))
         .route("/users", web::post().to(create_user))
         .route("/users/{id}", web::get().to(show_user))
+        .route("/users/{id}", web::put().to(update_user))
+        .route("/users/{id}/block", web::post().to(block_user))
+        .route("/users/{id}/unblock", web::post().to(unblock_user))
         .route(
             "/users/{id}/personal_access_tokens",
             web::post().to(create_token),
         )
+        .route("/personal_access_tokens", web::get().to(list_tokens))
         .route("/personal_access_tokens/self", web::get().to(token_self))
+        .route(
+            "/personal_access_tokens/self",
+            web::delete().to(revoke_token_self),
+        )
+        .route("/personal_access_tokens/{id}", web::get().to(show_token))
         .route(
             "/personal_access_tokens/{id}",
             web::delete().to(revoke_token),
         );
 }
+
+/// Reading users also works with a `read_user` token, as in GitLab.
+const USER_READ_SCOPES: &[&str] = &["api", "read_api", "read_user"];
 
 fn user_json(row: &tokio_postgres::Row, base: &url::Url, with_admin: bool) -> Value {
     let username: String = row.get("username");
@@ -49,9 +64,7 @@ async fn current_user(
     state: web::Data<AppState>,
     req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
-    let mut scopes: Vec<&'static str> = READ_SCOPES.to_vec();
-    scopes.push("read_user");
-    let me = require_user(&state, &req, &scopes).await?;
+    let me = require_user(&state, &req, USER_READ_SCOPES).await?;
     let client = state.pool.get().await?;
     let row = client
         .query_one(
@@ -62,12 +75,70 @@ async fn current_user(
     Ok(HttpResponse::Ok().json(user_json(&row, &state.config.external_url, true)))
 }
 
+#[derive(Debug, Deserialize)]
+struct UserListParams {
+    page: Option<usize>,
+    per_page: Option<usize>,
+    /// Exact username, case-insensitive.
+    username: Option<String>,
+    /// Part of a username or name (and, for admins, of an email address).
+    search: Option<String>,
+    #[serde(default)]
+    active: bool,
+    #[serde(default)]
+    blocked: bool,
+}
+
+/// Everyone signed in may list users; only admins see `is_admin` and `email`
+/// (and may search by email).
+async fn list_users(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    q: web::Query<UserListParams>,
+) -> Result<HttpResponse, ApiError> {
+    let me = require_user(&state, &req, USER_READ_SCOPES).await?;
+    let q = q.into_inner();
+    let pattern = like_pattern(q.search.as_deref());
+    let state_filter = match (q.active, q.blocked) {
+        (true, true) => return Ok(paged_users(&req, &q, Vec::new())),
+        (true, false) => Some("active"),
+        (false, true) => Some("blocked"),
+        (false, false) => None,
+    };
+    let client = state.pool.get().await?;
+    let rows = client
+        .query(
+            &format!(
+                "SELECT {USER_COLUMNS} FROM users
+                 WHERE ($1::text IS NULL OR lower(username) = lower($1))
+                   AND ($2::text IS NULL OR username ILIKE $2 OR name ILIKE $2 OR ($3 AND email ILIKE $2))
+                   AND ($4::text IS NULL OR state = $4)
+                 ORDER BY id DESC"
+            ),
+            &[&q.username, &pattern, &me.admin, &state_filter],
+        )
+        .await?;
+    let items = rows
+        .iter()
+        .map(|r| user_json(r, &state.config.external_url, me.admin))
+        .collect();
+    Ok(paged_users(&req, &q, items))
+}
+
+fn paged_users(req: &HttpRequest, q: &UserListParams, items: Vec<Value>) -> HttpResponse {
+    let page = PageParams {
+        page: q.page,
+        per_page: q.per_page,
+    };
+    paged(req, page, items)
+}
+
 async fn show_user(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
-    let me = require_user(&state, &req, READ_SCOPES).await?;
+    let me = require_user(&state, &req, USER_READ_SCOPES).await?;
     let client = state.pool.get().await?;
     let row = client
         .query_opt(
@@ -112,6 +183,138 @@ async fn create_user(
         .await?
         .ok_or_else(|| ApiError::Conflict("Username or email has already been taken".into()))?;
     Ok(HttpResponse::Created().json(user_json(&row, &state.config.external_url, true)))
+}
+
+#[derive(Debug, Deserialize)]
+struct UserUpdate {
+    username: Option<String>,
+    name: Option<String>,
+    email: Option<String>,
+    admin: Option<bool>,
+}
+
+/// Admins change a user's username, name, email or admin flag.
+async fn update_user(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<i64>,
+    body: web::Json<UserUpdate>,
+) -> Result<HttpResponse, ApiError> {
+    require_admin(&state, &req, WRITE_SCOPES).await?;
+    let id = path.into_inner();
+    let b = body.into_inner();
+    for (field, value) in [
+        ("username", &b.username),
+        ("email", &b.email),
+        ("name", &b.name),
+    ] {
+        if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
+            return Err(ApiError::BadRequest(format!("{field} is empty")));
+        }
+    }
+    let client = state.pool.get().await?;
+    if client
+        .query_opt("SELECT 1 FROM users WHERE id = $1", &[&id])
+        .await?
+        .is_none()
+    {
+        return Err(ApiError::NotFound("User"));
+    }
+    if let Some(email) = &b.email
+        && client
+            .query_opt(
+                "SELECT 1 FROM users WHERE lower(email) = lower($1) AND id <> $2",
+                &[email, &id],
+            )
+            .await?
+            .is_some()
+    {
+        return Err(ApiError::Conflict("Email has already been taken".into()));
+    }
+    if let Some(username) = &b.username
+        && client
+            .query_opt(
+                "SELECT 1 FROM users WHERE lower(username) = lower($1) AND id <> $2",
+                &[username, &id],
+            )
+            .await?
+            .is_some()
+    {
+        return Err(ApiError::Conflict("Username has already been taken".into()));
+    }
+    let row = client
+        .query_one(
+            &format!(
+                "UPDATE users SET username = coalesce($2, username), name = coalesce($3, name),
+                    email = coalesce($4, email), admin = coalesce($5, admin)
+                 WHERE id = $1 RETURNING {USER_COLUMNS}"
+            ),
+            &[&id, &b.username, &b.name, &b.email, &b.admin],
+        )
+        .await
+        .map_err(|e| {
+            // A concurrent update took the name or address between check and write.
+            if e.code().is_some() {
+                ApiError::Conflict("Username or email has already been taken".into())
+            } else {
+                e.into()
+            }
+        })?;
+    Ok(HttpResponse::Ok().json(user_json(&row, &state.config.external_url, true)))
+}
+
+async fn user_state(state: &AppState, id: i64) -> Result<String, ApiError> {
+    let client = state.pool.get().await?;
+    Ok(client
+        .query_opt("SELECT state FROM users WHERE id = $1", &[&id])
+        .await?
+        .ok_or(ApiError::NotFound("User"))?
+        .get(0))
+}
+
+/// Blocks a user (admins only): their tokens then answer 403. GitLab answers 201
+/// with `true`, also for an already blocked user.
+async fn block_user(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<i64>,
+) -> Result<HttpResponse, ApiError> {
+    let me = require_admin(&state, &req, WRITE_SCOPES).await?;
+    let id = path.into_inner();
+    user_state(&state, id).await?;
+    if id == me.id {
+        return Err(ApiError::ForbiddenBecause(
+            "The API initiating user cannot be blocked by the API",
+        ));
+    }
+    set_state(&state, id, "blocked").await
+}
+
+/// Unblocks a blocked user (admins only); deactivated users stay deactivated.
+async fn unblock_user(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<i64>,
+) -> Result<HttpResponse, ApiError> {
+    require_admin(&state, &req, WRITE_SCOPES).await?;
+    let id = path.into_inner();
+    if user_state(&state, id).await? == "deactivated" {
+        return Err(ApiError::ForbiddenBecause(
+            "Deactivated users cannot be unblocked by the API",
+        ));
+    }
+    set_state(&state, id, "active").await
+}
+
+async fn set_state(state: &AppState, id: i64, new_state: &str) -> Result<HttpResponse, ApiError> {
+    let client = state.pool.get().await?;
+    client
+        .execute(
+            "UPDATE users SET state = $2 WHERE id = $1",
+            &[&id, &new_state],
+        )
+        .await?;
+    Ok(HttpResponse::Created().json(true))
 }
 
 #[derive(Deserialize)]
@@ -193,6 +396,97 @@ async fn token_self(
         )
         .await?;
     Ok(HttpResponse::Ok().json(token_json(&row)))
+}
+
+#[derive(Debug, Deserialize)]
+struct TokenListParams {
+    page: Option<usize>,
+    per_page: Option<usize>,
+    /// Admins only; ignored for everyone else, who always see their own.
+    user_id: Option<i64>,
+    revoked: Option<bool>,
+    /// `active` or `inactive`.
+    state: Option<String>,
+    /// Part of the token's name.
+    search: Option<String>,
+}
+
+/// The caller's own tokens; admins see every user's (or one user's with `user_id`).
+async fn list_tokens(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    q: web::Query<TokenListParams>,
+) -> Result<HttpResponse, ApiError> {
+    let me = require_user(&state, &req, READ_SCOPES).await?;
+    let q = q.into_inner();
+    let owner = if me.admin { q.user_id } else { Some(me.id) };
+    let active = match q.state.as_deref() {
+        None => None,
+        Some("active") => Some(true),
+        Some("inactive") => Some(false),
+        Some(_) => {
+            return Err(ApiError::BadRequest(
+                "state does not have a valid value".into(),
+            ));
+        }
+    };
+    let pattern = like_pattern(q.search.as_deref());
+    let client = state.pool.get().await?;
+    let rows = client
+        .query(
+            &format!(
+                "SELECT {TOKEN_COLUMNS} FROM personal_access_tokens
+                 WHERE ($1::bigint IS NULL OR user_id = $1)
+                   AND ($2::boolean IS NULL OR revoked = $2)
+                   AND ($3::boolean IS NULL
+                        OR $3 = (NOT revoked AND (expires_at IS NULL OR expires_at > current_date)))
+                   AND ($4::text IS NULL OR name ILIKE $4)
+                 ORDER BY id DESC"
+            ),
+            &[&owner, &q.revoked, &active, &pattern],
+        )
+        .await?;
+    let items = rows.iter().map(token_json).collect();
+    let page = PageParams {
+        page: q.page,
+        per_page: q.per_page,
+    };
+    Ok(paged(&req, page, items))
+}
+
+/// One token: its owner and admins see it. Others get 401 whether or not it
+/// exists, so ids cannot be probed (GitLab's answer).
+async fn show_token(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<i64>,
+) -> Result<HttpResponse, ApiError> {
+    let me = require_user(&state, &req, READ_SCOPES).await?;
+    let client = state.pool.get().await?;
+    let row = client
+        .query_opt(
+            &format!("SELECT {TOKEN_COLUMNS} FROM personal_access_tokens WHERE id = $1"),
+            &[&path.into_inner()],
+        )
+        .await?;
+    match row {
+        Some(row) if me.admin || row.get::<_, i64>("user_id") == me.id => {
+            Ok(HttpResponse::Ok().json(token_json(&row)))
+        }
+        None if me.admin => Err(ApiError::NotFound("Personal Access Token")),
+        _ => Err(ApiError::Unauthorized),
+    }
+}
+
+/// Revokes the token the request is made with.
+async fn revoke_token_self(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
+    let me: AuthenticatedUser = require_user(&state, &req, tokens::KNOWN_SCOPES).await?;
+    let client = state.pool.get().await?;
+    tokens::revoke(&**client, me.token_id).await?;
+    Ok(HttpResponse::NoContent().finish())
 }
 
 async fn revoke_token(

@@ -1,0 +1,214 @@
+//! Pieces every REST resource module shares: who is asking, what the policy says,
+//! pagination, and the small JSON fragments GitLab repeats (users, references).
+
+use actix_web::{HttpRequest, HttpResponse};
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
+use tokio_postgres::GenericClient;
+
+use super::pagination::PageParams;
+use super::{ApiError, optional_user};
+use crate::namespaces::FULL_PATHS;
+use crate::policy::{Ability, Actor, Subject, WriteAbility};
+use crate::tokens::AuthenticatedUser;
+use crate::web::AppState;
+
+pub(super) fn actor(user: &Option<AuthenticatedUser>) -> Option<Actor> {
+    user.as_ref().map(Actor::from)
+}
+
+pub(super) async fn can(
+    state: &AppState,
+    user: Option<Actor>,
+    ability: Ability,
+    subject: Subject,
+) -> Result<bool, ApiError> {
+    let db = state.pool.get().await?;
+    Ok(state.policy.can(&**db, user, ability, subject).await?)
+}
+
+/// 403 unless the policy grants the change on the group or project.
+pub(super) async fn require_write(
+    state: &AppState,
+    user: &AuthenticatedUser,
+    ability: WriteAbility,
+    container: Subject,
+) -> Result<(), ApiError> {
+    let db = state.pool.get().await?;
+    if state
+        .policy
+        .can_write(&**db, Some(Actor::from(user)), ability, container)
+        .await?
+    {
+        Ok(())
+    } else {
+        Err(ApiError::Forbidden)
+    }
+}
+
+/// The caller (if any), after checking they may read the project; 404 otherwise.
+pub(super) async fn readable_project(
+    state: &AppState,
+    req: &HttpRequest,
+    id: i64,
+) -> Result<Option<Actor>, ApiError> {
+    let user = actor(&optional_user(state, req).await?);
+    if !can(state, user, Ability::ReadProject, Subject::Project(id)).await? {
+        return Err(ApiError::NotFound("Project"));
+    }
+    Ok(user)
+}
+
+/// The caller (if any), after checking they may read the group; 404 otherwise.
+pub(super) async fn readable_group(
+    state: &AppState,
+    req: &HttpRequest,
+    id: i64,
+) -> Result<Option<Actor>, ApiError> {
+    let user = actor(&optional_user(state, req).await?);
+    if !can(state, user, Ability::ReadGroup, Subject::Group(id)).await? {
+        return Err(ApiError::NotFound("Group"));
+    }
+    Ok(user)
+}
+
+/// One page of an already filtered list, with GitLab's pagination headers.
+pub(super) fn paged(req: &HttpRequest, params: PageParams, items: Vec<Value>) -> HttpResponse {
+    let page = params.resolve();
+    let total = items.len();
+    let mut builder = HttpResponse::Ok();
+    page.headers(&mut builder, req, total);
+    builder.json(page.slice(items))
+}
+
+pub(super) fn ts(row: &tokio_postgres::Row, col: &str) -> DateTime<Utc> {
+    row.get(col)
+}
+
+/// GitLab's basic user fragment from `<prefix>_id`, `<prefix>_username`,
+/// `<prefix>_name` and `<prefix>_state` columns.
+pub(super) fn user_basic(row: &tokio_postgres::Row, prefix: &str, base: &url::Url) -> Value {
+    let username: String = row.get(format!("{prefix}_username").as_str());
+    json!({
+        "id": row.get::<_, i64>(format!("{prefix}_id").as_str()),
+        "username": username,
+        "name": row.get::<_, String>(format!("{prefix}_name").as_str()),
+        "state": row.get::<_, String>(format!("{prefix}_state").as_str()),
+        "avatar_url": Value::Null,
+        "web_url": format!("{}{username}", base.as_str()),
+    })
+}
+
+/// The `author` of an item selected with `AUTHOR_COLUMNS`.
+pub(super) fn author(row: &tokio_postgres::Row, base: &url::Url) -> Value {
+    user_basic(row, "author", base)
+}
+
+/// Author columns for a query joining `users u`.
+pub(super) const AUTHOR_COLUMNS: &str = "u.id AS author_id, u.username AS author_username, u.name AS author_name, u.state AS author_state";
+
+/// GitLab's `references` of an item: `short` (`#1`), `relative` (the same inside
+/// its own project or group) and `full` (`acme/api#1`).
+pub(super) fn references(full_path: &str, sigil: char, iid: i32) -> Value {
+    json!({
+        "short": format!("{sigil}{iid}"),
+        "relative": format!("{sigil}{iid}"),
+        "full": format!("{full_path}{sigil}{iid}"),
+    })
+}
+
+pub(super) async fn project_full_path(
+    db: &impl GenericClient,
+    project: i64,
+) -> Result<String, ApiError> {
+    let sql = format!(
+        "{FULL_PATHS} SELECT paths.full_path || '/' || p.path FROM projects p JOIN paths ON paths.id = p.group_id
+         WHERE p.id = $1"
+    );
+    let row = db
+        .query_opt(&sql, &[&project])
+        .await?
+        .ok_or(ApiError::NotFound("Project"))?;
+    Ok(row.get(0))
+}
+
+pub(super) async fn group_full_path(
+    db: &impl GenericClient,
+    group: i64,
+) -> Result<String, ApiError> {
+    let sql = format!("{FULL_PATHS} SELECT full_path FROM paths WHERE id = $1");
+    let row = db
+        .query_opt(&sql, &[&group])
+        .await?
+        .ok_or(ApiError::NotFound("Group"))?;
+    Ok(row.get(0))
+}
+
+/// GitLab takes labels as one comma-separated string.
+pub(super) fn split_labels(labels: Option<&str>) -> Vec<String> {
+    labels
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// An `ILIKE` pattern matching text that contains `search` literally; `None` for
+/// an absent or blank search.
+pub(super) fn like_pattern(search: Option<&str>) -> Option<String> {
+    let s = search.map(str::trim).filter(|s| !s.is_empty())?;
+    let escaped = s
+        .replace('\\', "\\\\")
+        .replace('%', "\\%")
+        .replace('_', "\\_");
+    Some(format!("%{escaped}%"))
+}
+
+pub(super) const VISIBILITIES: &[&str] = &["private", "internal", "public"];
+
+/// `private` < `internal` < `public`.
+pub(super) fn visibility_rank(v: &str) -> usize {
+    VISIBILITIES.iter().position(|x| *x == v).unwrap_or(0)
+}
+
+pub(super) fn check_visibility(v: Option<&str>) -> Result<String, ApiError> {
+    let v = v.unwrap_or("private");
+    if VISIBILITIES.contains(&v) {
+        Ok(v.to_owned())
+    } else {
+        Err(ApiError::BadRequest(
+            "visibility does not have a valid value".into(),
+        ))
+    }
+}
+
+/// A constraint violation (unknown foreign key, duplicate) becomes `err`; other
+/// database failures stay internal errors.
+pub(super) fn on_constraint(err: ApiError) -> impl FnOnce(tokio_postgres::Error) -> ApiError {
+    move |e| {
+        if e.code().is_some() { err } else { e.into() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_and_visibility() {
+        assert_eq!(split_labels(Some(" bug, ,p1 ")), vec!["bug", "p1"]);
+        assert!(split_labels(None).is_empty());
+        assert_eq!(like_pattern(Some(" 50%_a\\ ")).unwrap(), "%50\\%\\_a\\\\%");
+        assert_eq!(like_pattern(Some("  ")), None);
+        assert!(visibility_rank("public") > visibility_rank("internal"));
+        assert!(visibility_rank("internal") > visibility_rank("private"));
+        assert_eq!(check_visibility(None).unwrap(), "private");
+        assert!(check_visibility(Some("secret")).is_err());
+        assert_eq!(
+            references("acme/api", '#', 3),
+            json!({"short": "#3", "relative": "#3", "full": "acme/api#3"})
+        );
+    }
+}
