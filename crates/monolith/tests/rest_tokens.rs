@@ -193,3 +193,370 @@ async fn expired_tokens_and_blocked_users_are_refused() {
         .unwrap();
     assert_eq!(res.status(), 403);
 }
+
+/// Status and JSON body (`Null` when empty) of one REST call.
+async fn call(
+    server: &Server,
+    method: reqwest::Method,
+    path: &str,
+    token: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut req = reqwest::Client::new()
+        .request(method, server.url(&format!("/api/v4{path}")))
+        .bearer_auth(token);
+    if let Some(body) = body {
+        req = req.json(&body);
+    }
+    let res = req.send().await.unwrap();
+    let status = res.status().as_u16();
+    let text = res.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+fn usernames(list: &Value) -> Vec<&str> {
+    list.as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["username"].as_str().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn everyone_lists_users_but_only_admins_see_private_fields() {
+    let fx = Fx::new().await;
+    let root = fx.admin("root").await;
+    let alice = fx.user("alice").await;
+    fx.user("bob").await;
+    let root_t = fx.token(root, &["api"]).await;
+    let alice_t = fx.token(alice, &["read_user"]).await;
+    let server = Server::start(&fx).await;
+    use reqwest::Method;
+
+    let (status, list) = call(&server, Method::GET, "/users", &alice_t, None).await;
+    assert_eq!(status, 200);
+    assert_eq!(usernames(&list), vec!["bob", "alice", "root"]);
+    for user in list.as_array().unwrap() {
+        assert!(user.get("email").is_none(), "{user}");
+        assert!(user.get("is_admin").is_none(), "{user}");
+        assert_eq!(user["state"], "active");
+    }
+    let (_, list) = call(
+        &server,
+        Method::GET,
+        "/users?username=ALICE",
+        &alice_t,
+        None,
+    )
+    .await;
+    assert_eq!(usernames(&list), vec!["alice"]);
+    // Email addresses are searchable by admins only.
+    let (_, list) = call(
+        &server,
+        Method::GET,
+        "/users?search=example.com",
+        &alice_t,
+        None,
+    )
+    .await;
+    assert!(usernames(&list).is_empty());
+    let (_, list) = call(
+        &server,
+        Method::GET,
+        "/users?search=example.com",
+        &root_t,
+        None,
+    )
+    .await;
+    assert_eq!(usernames(&list).len(), 3);
+    let (_, list) = call(&server, Method::GET, "/users?search=li", &alice_t, None).await;
+    assert_eq!(usernames(&list), vec!["alice"]);
+    let (_, list) = call(&server, Method::GET, "/users", &root_t, None).await;
+    assert_eq!(list[2]["is_admin"], true);
+    assert_eq!(list[1]["email"], "alice@example.com");
+    let (status, user) = call(
+        &server,
+        Method::GET,
+        &format!("/users/{}", alice.id),
+        &alice_t,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(user.get("email").is_none());
+}
+
+#[tokio::test]
+async fn admins_update_block_and_unblock_users() {
+    let fx = Fx::new().await;
+    let root = fx.admin("root").await;
+    let alice = fx.user("alice").await;
+    let bob = fx.user("bob").await;
+    let root_t = fx.token(root, &["api"]).await;
+    let alice_t = fx.token(alice, &["api"]).await;
+    let bob_t = fx.token(bob, &["api"]).await;
+    let server = Server::start(&fx).await;
+    use reqwest::Method;
+    let bob_path = format!("/users/{}", bob.id);
+
+    let (status, _) = call(
+        &server,
+        Method::PUT,
+        &bob_path,
+        &alice_t,
+        Some(json!({"name": "x"})),
+    )
+    .await;
+    assert_eq!(status, 403);
+    let (status, body) = call(
+        &server,
+        Method::PUT,
+        &bob_path,
+        &root_t,
+        Some(json!({"name": "Bobby", "admin": true})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        (&body["name"], &body["is_admin"]),
+        (&json!("Bobby"), &json!(true))
+    );
+    assert_eq!(body["username"], "bob", "fields not sent stay");
+    let (status, body) = call(
+        &server,
+        Method::PUT,
+        &bob_path,
+        &root_t,
+        Some(json!({"email": "ALICE@example.com"})),
+    )
+    .await;
+    assert_eq!(
+        (status, body),
+        (409, json!({"message": "Email has already been taken"}))
+    );
+    let (status, body) = call(
+        &server,
+        Method::PUT,
+        "/users/999999",
+        &root_t,
+        Some(json!({"name": "x"})),
+    )
+    .await;
+    assert_eq!(
+        (status, body),
+        (404, json!({"message": "404 User Not Found"}))
+    );
+
+    // A blocked user's tokens answer 403 until the user is unblocked.
+    let (status, body) = call(
+        &server,
+        Method::POST,
+        &format!("{bob_path}/block"),
+        &root_t,
+        None,
+    )
+    .await;
+    assert_eq!((status, body), (201, json!(true)));
+    let (status, body) = call(&server, Method::GET, "/user", &bob_t, None).await;
+    assert_eq!(
+        (status, body),
+        (
+            403,
+            json!({"message": "403 Forbidden - Your account has been blocked."})
+        )
+    );
+    let (_, list) = call(&server, Method::GET, "/users?blocked=true", &root_t, None).await;
+    assert_eq!(usernames(&list), vec!["bob"]);
+    let (status, body) = call(
+        &server,
+        Method::POST,
+        &format!("/users/{}/block", root.id),
+        &root_t,
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, body),
+        (
+            403,
+            json!({"message": "403 Forbidden - The API initiating user cannot be blocked by the API"})
+        )
+    );
+    let (status, _) = call(
+        &server,
+        Method::POST,
+        &format!("{bob_path}/unblock"),
+        &alice_t,
+        None,
+    )
+    .await;
+    assert_eq!(status, 403);
+    let (status, _) = call(
+        &server,
+        Method::POST,
+        &format!("{bob_path}/unblock"),
+        &root_t,
+        None,
+    )
+    .await;
+    assert_eq!(status, 201);
+    let (status, body) = call(&server, Method::GET, "/user", &bob_t, None).await;
+    assert_eq!((status, &body["username"]), (200, &json!("bob")));
+
+    fx.exec(
+        "UPDATE users SET state = 'deactivated' WHERE id = $1",
+        &[&alice.id],
+    )
+    .await;
+    let (status, body) = call(
+        &server,
+        Method::POST,
+        &format!("/users/{}/unblock", alice.id),
+        &root_t,
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, body),
+        (
+            403,
+            json!({"message": "403 Forbidden - Deactivated users cannot be unblocked by the API"})
+        )
+    );
+}
+
+#[tokio::test]
+async fn personal_access_tokens_are_listed_shown_and_revoked() {
+    let fx = Fx::new().await;
+    let root = fx.admin("root").await;
+    let alice = fx.user("alice").await;
+    let bob = fx.user("bob").await;
+    let root_t = fx.token(root, &["api"]).await;
+    let alice_t = fx.token(alice, &["api"]).await;
+    let alice_ro = fx.token(alice, &["read_api"]).await;
+    let bob_t = fx.token(bob, &["api"]).await;
+    let server = Server::start(&fx).await;
+    use reqwest::Method;
+    let id_of = |token: String| {
+        let server = &server;
+        async move {
+            let (_, me) = call(
+                server,
+                Method::GET,
+                "/personal_access_tokens/self",
+                &token,
+                None,
+            )
+            .await;
+            me["id"].as_i64().unwrap()
+        }
+    };
+    let bob_token_id = id_of(bob_t.clone()).await;
+    let alice_ro_id = id_of(alice_ro.clone()).await;
+
+    // Non-admins see their own tokens, whatever user_id they ask for.
+    for path in [
+        "/personal_access_tokens",
+        &format!("/personal_access_tokens?user_id={}", bob.id),
+    ] {
+        let (status, list) = call(&server, Method::GET, path, &alice_t, None).await;
+        assert_eq!(status, 200);
+        let owners: Vec<i64> = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["user_id"].as_i64().unwrap())
+            .collect();
+        assert_eq!(owners, vec![alice.id, alice.id], "{path}");
+    }
+    let (_, list) = call(
+        &server,
+        Method::GET,
+        &format!("/personal_access_tokens?user_id={}", bob.id),
+        &root_t,
+        None,
+    )
+    .await;
+    assert_eq!(list.as_array().unwrap().len(), 1);
+    assert_eq!(list[0]["id"], bob_token_id);
+    let (_, list) = call(
+        &server,
+        Method::GET,
+        "/personal_access_tokens",
+        &root_t,
+        None,
+    )
+    .await;
+    assert_eq!(list.as_array().unwrap().len(), 4);
+
+    // One token: owners and admins; others cannot even learn it exists.
+    let bob_token = format!("/personal_access_tokens/{bob_token_id}");
+    let (status, body) = call(&server, Method::GET, &bob_token, &alice_t, None).await;
+    assert_eq!(
+        (status, body),
+        (401, json!({"message": "401 Unauthorized"}))
+    );
+    let (status, body) = call(&server, Method::GET, &bob_token, &bob_t, None).await;
+    assert_eq!((status, &body["user_id"]), (200, &json!(bob.id)));
+    let (status, _) = call(
+        &server,
+        Method::GET,
+        "/personal_access_tokens/999999",
+        &root_t,
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
+    let (status, _) = call(
+        &server,
+        Method::GET,
+        "/personal_access_tokens/999999",
+        &alice_t,
+        None,
+    )
+    .await;
+    assert_eq!(status, 401);
+
+    // Revoking the token in use.
+    let (status, _) = call(
+        &server,
+        Method::DELETE,
+        "/personal_access_tokens/self",
+        &alice_ro,
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (status, _) = call(&server, Method::GET, "/user", &alice_ro, None).await;
+    assert_eq!(status, 401);
+    let (_, revoked) = call(
+        &server,
+        Method::GET,
+        "/personal_access_tokens?revoked=true",
+        &alice_t,
+        None,
+    )
+    .await;
+    assert_eq!(revoked.as_array().unwrap().len(), 1);
+    assert_eq!(revoked[0]["id"], alice_ro_id);
+    assert_eq!(revoked[0]["active"], false);
+    let (_, active) = call(
+        &server,
+        Method::GET,
+        "/personal_access_tokens?state=active",
+        &alice_t,
+        None,
+    )
+    .await;
+    assert_eq!(active.as_array().unwrap().len(), 1);
+    assert_ne!(active[0]["id"], alice_ro_id);
+    let (status, _) = call(
+        &server,
+        Method::GET,
+        "/personal_access_tokens?state=odd",
+        &alice_t,
+        None,
+    )
+    .await;
+    assert_eq!(status, 400);
+}
