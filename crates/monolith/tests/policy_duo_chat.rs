@@ -28,8 +28,12 @@ struct World {
     subgroup_duo: bool,
     project_duo: bool,
     project_visibility: &'static str,
+    /// Visibility of the root group and the subgroup.
+    group_visibility: &'static str,
     /// The user's membership in the root group (None: not a member).
     membership: Option<i32>,
+    /// The user's membership in the subgroup only (None: not a member).
+    subgroup_membership: Option<i32>,
     /// The user is also a member of an unrelated paid group with Duo and
     /// experiment features on (isolates the container's own conditions on GitLab.com).
     paid_elsewhere: bool,
@@ -47,7 +51,9 @@ const SM: World = World {
     subgroup_duo: true,
     project_duo: true,
     project_visibility: "private",
+    group_visibility: "private",
     membership: Some(access::GUEST),
+    subgroup_membership: None,
     paid_elsewhere: false,
     seat: Some("duo_pro"),
     seat_expired: false,
@@ -63,7 +69,9 @@ const SAAS: World = World {
     subgroup_duo: true,
     project_duo: true,
     project_visibility: "private",
+    group_visibility: "private",
     membership: Some(access::GUEST),
+    subgroup_membership: None,
     paid_elsewhere: false,
     seat: Some("duo_pro"),
     seat_expired: false,
@@ -73,12 +81,16 @@ async fn allowed(world: World, context: Context) -> bool {
     let fx = Fx::new().await;
     fx.instance(world.realm, world.instance_tier, world.instance_duo)
         .await;
-    let root = fx.group(None, "root", "private", world.root_plan).await;
+    let root = fx
+        .group(None, "root", world.group_visibility, world.root_plan)
+        .await;
     fx.group_flag(root, "duo_features_enabled", world.root_duo)
         .await;
     fx.group_flag(root, "experiment_and_beta_features", world.root_experiments)
         .await;
-    let sub = fx.group(Some(root), "sub", "private", "free").await;
+    let sub = fx
+        .group(Some(root), "sub", world.group_visibility, "free")
+        .await;
     fx.group_flag(sub, "duo_features_enabled", world.subgroup_duo)
         .await;
     let project = fx.project(sub, "proj", world.project_visibility).await;
@@ -86,6 +98,9 @@ async fn allowed(world: World, context: Context) -> bool {
     let user = fx.user("u").await;
     if let Some(level) = world.membership {
         fx.group_member(root, user, level).await;
+    }
+    if let Some(level) = world.subgroup_membership {
+        fx.group_member(sub, user, level).await;
     }
     if world.paid_elsewhere {
         let other = fx.group(None, "elsewhere", "private", "ultimate").await;
@@ -306,6 +321,41 @@ async fn self_managed_rows() {
             context: Project,
             expected: false,
         },
+        Row {
+            name: "group, ultimate instance",
+            world: SM,
+            context: Group,
+            expected: true,
+        },
+        Row {
+            name: "group, instance duo off",
+            world: World {
+                instance_duo: false,
+                ..SM
+            },
+            context: Group,
+            expected: false,
+        },
+        Row {
+            name: "public group, no membership",
+            world: World {
+                membership: None,
+                group_visibility: "public",
+                ..SM
+            },
+            context: Group,
+            expected: true,
+        },
+        Row {
+            name: "member of the subgroup only",
+            world: World {
+                membership: None,
+                subgroup_membership: Some(access::GUEST),
+                ..SM
+            },
+            context: Project,
+            expected: true,
+        },
     ])
     .await;
 }
@@ -485,6 +535,116 @@ async fn saas_rows() {
             world: World { seat: None, ..SAAS },
             context: Project,
             expected: false,
+        },
+        Row {
+            name: "project: experiments off everywhere",
+            world: World {
+                root_experiments: false,
+                ..SAAS
+            },
+            context: Project,
+            expected: false,
+        },
+        Row {
+            name: "project: experiments only elsewhere",
+            world: World {
+                root_experiments: false,
+                paid_elsewhere: true,
+                ..SAAS
+            },
+            context: Project,
+            expected: true,
+        },
+        Row {
+            // Paid elsewhere keeps the user-level rule true: only the ancestor's
+            // switch can deny here.
+            name: "group: ancestor duo off",
+            world: World {
+                root_duo: false,
+                paid_elsewhere: true,
+                ..SAAS
+            },
+            context: Group,
+            expected: false,
+        },
+        Row {
+            name: "project: ancestor duo off",
+            world: World {
+                root_duo: false,
+                paid_elsewhere: true,
+                ..SAAS
+            },
+            context: Project,
+            expected: false,
+        },
+        Row {
+            name: "group: ultimate root",
+            world: World {
+                root_plan: "ultimate",
+                ..SAAS
+            },
+            context: Group,
+            expected: true,
+        },
+        Row {
+            name: "project: ultimate root",
+            world: World {
+                root_plan: "ultimate",
+                ..SAAS
+            },
+            context: Project,
+            expected: true,
+        },
+        Row {
+            name: "group: public, no membership, paid elsewhere",
+            world: World {
+                membership: None,
+                paid_elsewhere: true,
+                group_visibility: "public",
+                ..SAAS
+            },
+            context: Group,
+            expected: true,
+        },
+        Row {
+            name: "group: public, no paid membership anywhere",
+            world: World {
+                membership: None,
+                group_visibility: "public",
+                ..SAAS
+            },
+            context: Group,
+            expected: false,
+        },
+        Row {
+            name: "only paid membership is in a subgroup",
+            world: World {
+                membership: None,
+                subgroup_membership: Some(access::GUEST),
+                ..SAAS
+            },
+            context: Global,
+            expected: true,
+        },
+        Row {
+            name: "group: only paid membership is in the subgroup",
+            world: World {
+                membership: None,
+                subgroup_membership: Some(access::GUEST),
+                ..SAAS
+            },
+            context: Group,
+            expected: true,
+        },
+        Row {
+            name: "project: only paid membership is in its subgroup",
+            world: World {
+                membership: None,
+                subgroup_membership: Some(access::GUEST),
+                ..SAAS
+            },
+            context: Project,
+            expected: true,
         },
     ])
     .await;
