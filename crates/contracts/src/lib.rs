@@ -5,6 +5,7 @@
 
 pub mod agent;
 pub mod docs_search;
+pub mod duo_workflow;
 pub mod error_codes;
 pub mod events;
 pub mod headers;
