@@ -310,7 +310,9 @@ pub fn run(model: Arc<dyn ChatModel>, prepared: PreparedAgent) -> BoxStream<'sta
         match parser.finish() {
             ReactOutcome::FinalAnswer(_) => {}
             ReactOutcome::Action { tool, tool_input, thought } => {
-                if tools.iter().any(|t| t.name == tool) {
+                if let Some(permitted) = tools.iter().find(|t| t.name == tool) {
+                    // GitLab tracks each permitted tool call as an event.
+                    tracing::debug!(event = %format!("request_{}", permitted.unit_primitive), tool = %tool, "agent chose a tool");
                     yield AgentEvent::Action { tool, tool_input, thought };
                 } else {
                     yield AgentEvent::Error { message: TOOL_NOT_AVAILABLE.into(), retryable: false };

@@ -170,6 +170,18 @@ impl DuoChatToolsRegistry {
     pub fn find(&self, name: &str) -> Option<&'static ToolDefinition> {
         TOOLS.iter().find(|tool| tool.name == name)
     }
+
+    /// Looks a tool up by the unit primitive that grants it, as GitLab's
+    /// registry is keyed. Each tool has its own unit primitive (the catalogue
+    /// test checks it), so there is at most one.
+    pub fn find_by_unit_primitive(
+        &self,
+        unit_primitive: UnitPrimitive,
+    ) -> Option<&'static ToolDefinition> {
+        TOOLS
+            .iter()
+            .find(|tool| tool.unit_primitive == unit_primitive)
+    }
 }
 
 /// Splits `x-gitlab-enabled-feature-flags` (comma-separated) into names.
@@ -337,6 +349,26 @@ mod tests {
         let flags = parse_feature_flags(header);
         let with = DuoChatToolsRegistry.tools_for(&user, Some("17.6.0"), &flags);
         assert_eq!(names(&with).last(), Some(&"commit_reader"));
+    }
+
+    #[test]
+    fn each_tool_is_found_by_its_own_unit_primitive() {
+        for tool in TOOLS {
+            assert_eq!(
+                DuoChatToolsRegistry
+                    .find_by_unit_primitive(tool.unit_primitive)
+                    .map(|t| t.name),
+                Some(tool.name),
+                "{} must be the only tool granted by {}",
+                tool.name,
+                tool.unit_primitive
+            );
+        }
+        assert!(
+            DuoChatToolsRegistry
+                .find_by_unit_primitive(UnitPrimitive::DuoChat)
+                .is_none()
+        );
     }
 
     #[test]
