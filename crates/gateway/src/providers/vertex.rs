@@ -210,10 +210,24 @@ pub(crate) async fn stream(
     if !(200..300).contains(&status) {
         return Err(error_for_status(status, &body));
     }
-    let json: Value = serde_json::from_str(&body)
-        .map_err(|e| ProviderError::Malformed(format!("bad predict response: {e}")))?;
-    let text = answer_text(&json);
+    let text = predicted_text(&body)?;
     Ok(futures::stream::iter((!text.is_empty()).then_some(Ok(text))).boxed())
+}
+
+/// The text of a `:predict` answer. An answer without any text field (an
+/// embedding model's, say) is an error rather than an empty answer.
+fn predicted_text(body: &str) -> Result<String, ProviderError> {
+    let json: Value = serde_json::from_str(body)
+        .map_err(|e| ProviderError::Malformed(format!("bad predict response: {e}")))?;
+    let has_text = json["predictions"]
+        .as_array()
+        .is_some_and(|p| p.iter().any(|p| p["content"].is_string()));
+    if !has_text {
+        return Err(ProviderError::Malformed(
+            "the predict response has no predictions[].content (is this a text model?)".into(),
+        ));
+    }
+    Ok(answer_text(&json))
 }
 
 #[cfg(test)]
@@ -284,6 +298,23 @@ mod tests {
         assert_eq!(answer_text(&tensor), "Hel");
         let instance = json!({"predictions": [{"content": "lo"}]});
         assert_eq!(answer_text(&instance), "lo");
+    }
+
+    #[test]
+    fn a_predict_answer_without_text_is_an_error() {
+        assert_eq!(
+            predicted_text(r#"{"predictions": [{"content": "hi"}]}"#),
+            Ok("hi".to_owned())
+        );
+        assert_eq!(
+            predicted_text(r#"{"predictions": [{"content": ""}]}"#),
+            Ok(String::new())
+        );
+        let embeddings = r#"{"predictions": [{"embeddings": {"values": [0.1]}}]}"#;
+        assert!(matches!(
+            predicted_text(embeddings),
+            Err(ProviderError::Malformed(_))
+        ));
     }
 
     #[test]
