@@ -193,8 +193,13 @@ impl Policy {
     ) -> Result<bool, PolicyError> {
         use Ability::*;
         match (ability, subject) {
-            (ReadGroup, Subject::Group(id)) => self.read_group(db, user, id).await,
-            (ReadProject, Subject::Project(id)) => self.read_project(db, user, id).await,
+            (ReadGroup, Subject::Group(id)) => {
+                self.group_allows(db, user, id, Self::group_readable).await
+            }
+            (ReadProject, Subject::Project(id)) => {
+                self.project_allows(db, user, id, Self::project_readable)
+                    .await
+            }
             (ReadIssue, Subject::Issue(id)) => self.read_issue(db, user, id).await,
             (ReadEpic, Subject::Epic(id)) => self.read_epic(db, user, id).await,
             (ReadMergeRequest, Subject::MergeRequest(id)) => {
@@ -204,13 +209,19 @@ impl Policy {
             (ReadBuild, Subject::Build(id)) => {
                 self.read_project_code_item(db, user, "ci_builds", id).await
             }
-            (ReadBuild, Subject::Project(id)) => self.read_project_builds(db, user, id).await,
+            // `read_build` on a project: its pipelines and jobs as a whole.
+            (ReadBuild, Subject::Project(id)) => {
+                self.project_allows(db, user, id, Self::project_code_readable)
+                    .await
+            }
             (ReadNote, Subject::Note(id)) => self.read_note(db, user, id).await,
             (AccessDuoFeatures, Subject::Group(id)) => {
-                self.access_duo_features_group(db, user, id).await
+                self.group_allows(db, user, id, Self::group_duo_features)
+                    .await
             }
             (AccessDuoFeatures, Subject::Project(id)) => {
-                self.access_duo_features_project(db, user, id).await
+                self.project_allows(db, user, id, Self::project_duo_features)
+                    .await
             }
             (AccessDuoChat, Subject::Global) => self.duo_chat_global(db, user).await,
             (AccessDuoChat, Subject::Group(id)) => self.duo_chat_group(db, user, id).await,
@@ -331,28 +342,28 @@ impl Policy {
             || facts.access >= access::GUEST
     }
 
-    async fn read_group(
+    /// Whether the group exists and `rule` holds for the user on it.
+    async fn group_allows(
         &self,
         db: &impl GenericClient,
         user: Option<Actor>,
         id: i64,
+        rule: fn(&GroupFacts, Option<Actor>) -> bool,
     ) -> Result<bool, PolicyError> {
-        Ok(self
-            .group_facts(db, user, id)
-            .await?
-            .is_some_and(|f| Self::group_readable(&f, user)))
+        let facts = self.group_facts(db, user, id).await?;
+        Ok(facts.is_some_and(|f| rule(&f, user)))
     }
 
-    async fn read_project(
+    /// Whether the project exists and `rule` holds for the user on it.
+    async fn project_allows(
         &self,
         db: &impl GenericClient,
         user: Option<Actor>,
         id: i64,
+        rule: fn(&ProjectFacts, Option<Actor>) -> bool,
     ) -> Result<bool, PolicyError> {
-        Ok(self
-            .project_facts(db, user, id)
-            .await?
-            .is_some_and(|f| Self::project_readable(&f, user)))
+        let facts = self.project_facts(db, user, id).await?;
+        Ok(facts.is_some_and(|f| rule(&f, user)))
     }
 
     async fn read_issue(
@@ -519,27 +530,14 @@ impl Policy {
 
     // ---- Duo ---------------------------------------------------------------
 
-    async fn access_duo_features_group(
-        &self,
-        db: &impl GenericClient,
-        user: Option<Actor>,
-        id: i64,
-    ) -> Result<bool, PolicyError> {
-        Ok(self
-            .group_facts(db, user, id)
-            .await?
-            .is_some_and(|f| Self::group_readable(&f, user) && f.duo_chain_enabled))
+    fn group_duo_features(group: &GroupFacts, user: Option<Actor>) -> bool {
+        Self::group_readable(group, user) && group.duo_chain_enabled
     }
 
-    async fn access_duo_features_project(
-        &self,
-        db: &impl GenericClient,
-        user: Option<Actor>,
-        id: i64,
-    ) -> Result<bool, PolicyError> {
-        Ok(self.project_facts(db, user, id).await?.is_some_and(|f| {
-            Self::project_readable(&f, user) && f.duo_features_enabled && f.group.duo_chain_enabled
-        }))
+    fn project_duo_features(project: &ProjectFacts, user: Option<Actor>) -> bool {
+        Self::project_readable(project, user)
+            && project.duo_features_enabled
+            && project.group.duo_chain_enabled
     }
 
     /// The add-ons whose seats are assigned to the user and currently valid.
@@ -922,19 +920,6 @@ impl Policy {
             && (project.visibility != "private"
                 || user.is_some_and(|u| u.admin)
                 || project.access >= access::REPORTER)
-    }
-
-    /// `read_build` on a project: its pipelines and jobs as a whole.
-    async fn read_project_builds(
-        &self,
-        db: &impl GenericClient,
-        user: Option<Actor>,
-        id: i64,
-    ) -> Result<bool, PolicyError> {
-        Ok(self
-            .project_facts(db, user, id)
-            .await?
-            .is_some_and(|f| Self::project_code_readable(&f, user)))
     }
 
     /// The user's effective access level on a group or project: their own
