@@ -7,9 +7,10 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::common::{paged, project_full_path, readable_project, require_write, ts};
+use super::ApiError;
+use super::common::{Container, paged, project_full_path, readable_project, sort_order, ts};
+use super::items::{Found, Item, created, find_readable};
 use super::pagination::PageParams;
-use super::{ApiError, WRITE_SCOPES, require_user};
 use crate::policy::{Ability, Subject, WriteAbility};
 use crate::web::AppState;
 
@@ -113,15 +114,7 @@ async fn list_pipelines(
     let full_path = readable_ci(&state, &req, project).await?;
     let q = q.into_inner();
     check_status(q.status.as_deref())?;
-    let order = match q.sort.as_deref() {
-        None | Some("desc") => "DESC",
-        Some("asc") => "ASC",
-        Some(_) => {
-            return Err(ApiError::BadRequest(
-                "sort does not have a valid value".into(),
-            ));
-        }
-    };
+    let order = sort_order(q.sort.as_deref())?;
     let db = state.pool.get().await?;
     let rows = db
         .query(
@@ -137,11 +130,7 @@ async fn list_pipelines(
         .iter()
         .map(|r| pipeline_json(r, &state.config.external_url, &full_path))
         .collect();
-    let page = PageParams {
-        page: q.page,
-        per_page: q.per_page,
-    };
-    Ok(paged(&req, page, items))
+    Ok(paged(&req, PageParams::new(q.page, q.per_page), items))
 }
 
 async fn show_pipeline(
@@ -245,11 +234,7 @@ async fn jobs_where(
         .iter()
         .map(|r| job_json(r, &state.config.external_url, &full_path))
         .collect();
-    let page = PageParams {
-        page: q.page,
-        per_page: q.per_page,
-    };
-    Ok(paged(req, page, items))
+    Ok(paged(req, PageParams::new(q.page, q.per_page), items))
 }
 
 async fn list_jobs(
@@ -290,16 +275,10 @@ async fn import_job(
     path: web::Path<i64>,
     body: web::Json<ImportedJob>,
 ) -> Result<HttpResponse, ApiError> {
-    let me = require_user(&state, &req, WRITE_SCOPES).await?;
     let project = path.into_inner();
-    readable_project(&state, &req, project).await?;
-    require_write(
-        &state,
-        &me,
-        WriteAbility::ImportJob,
-        Subject::Project(project),
-    )
-    .await?;
+    Container::Project(project)
+        .writer(&state, &req, WriteAbility::ImportJob)
+        .await?;
     let b = body.into_inner();
     if !STATUSES.contains(&b.status.as_str()) {
         return Err(ApiError::BadRequest(
@@ -331,11 +310,16 @@ async fn import_job(
         .await?
         .get(0);
     tx.commit().await?;
-    let row = db
-        .query_one(&format!("{JOB_SQL} WHERE b.id = $1"), &[&id])
-        .await?;
-    let full_path = project_full_path(&**db, project).await?;
-    Ok(HttpResponse::Created().json(job_json(&row, &state.config.external_url, &full_path)))
+    let sql = format!("{JOB_SQL} WHERE b.id = $1");
+    created(
+        &state,
+        &**db,
+        Container::Project(project),
+        &sql,
+        id,
+        job_json,
+    )
+    .await
 }
 
 /// A job of the project the caller may read; 404 otherwise.
@@ -344,25 +328,10 @@ async fn find_job(
     req: &HttpRequest,
     project: i64,
     job: i64,
-) -> Result<(tokio_postgres::Row, String), ApiError> {
-    let user = readable_project(state, req, project).await?;
-    let db = state.pool.get().await?;
-    let row = db
-        .query_opt(
-            &format!("{JOB_SQL} WHERE b.id = $1 AND b.project_id = $2"),
-            &[&job, &project],
-        )
-        .await?
-        .ok_or(ApiError::NotFound("Job"))?;
-    if !state
-        .policy
-        .can(&**db, user, Ability::ReadBuild, Subject::Build(job))
-        .await?
-    {
-        return Err(ApiError::NotFound("Job"));
-    }
-    let full_path = project_full_path(&**db, project).await?;
-    Ok((row, full_path))
+) -> Result<Found, ApiError> {
+    let sql = format!("{JOB_SQL} WHERE b.project_id = $1 AND b.id = $2");
+    let project = Container::Project(project);
+    find_readable(state, req, project, Item::JOB, &sql, &job).await
 }
 
 async fn show_job(
@@ -371,8 +340,8 @@ async fn show_job(
     path: web::Path<(i64, i64)>,
 ) -> Result<HttpResponse, ApiError> {
     let (project, job) = path.into_inner();
-    let (row, full_path) = find_job(&state, &req, project, job).await?;
-    Ok(HttpResponse::Ok().json(job_json(&row, &state.config.external_url, &full_path)))
+    let job = find_job(&state, &req, project, job).await?;
+    Ok(HttpResponse::Ok().json(job.json(&state, job_json)))
 }
 
 async fn job_trace(
@@ -381,10 +350,10 @@ async fn job_trace(
     path: web::Path<(i64, i64)>,
 ) -> Result<HttpResponse, ApiError> {
     let (project, job) = path.into_inner();
-    let (row, _) = find_job(&state, &req, project, job).await?;
+    let job = find_job(&state, &req, project, job).await?;
     Ok(HttpResponse::Ok()
         .content_type("text/plain; charset=utf-8")
-        .body(row.get::<_, String>("log")))
+        .body(job.row.get::<_, String>("log")))
 }
 
 #[cfg(test)]

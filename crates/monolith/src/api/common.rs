@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use tokio_postgres::GenericClient;
 
 use super::pagination::PageParams;
-use super::{ApiError, optional_user};
+use super::{ApiError, WRITE_SCOPES, optional_user, require_user};
 use crate::namespaces::FULL_PATHS;
 use crate::policy::{Ability, Actor, Subject, WriteAbility};
 use crate::tokens::AuthenticatedUser;
@@ -46,17 +46,76 @@ pub(super) async fn require_write(
     }
 }
 
+/// A group or project: what holds issues, merge requests, epics and CI, and what
+/// a caller must be able to read before anything in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Container {
+    Group(i64),
+    Project(i64),
+}
+
+impl Container {
+    pub fn id(self) -> i64 {
+        match self {
+            Container::Group(id) | Container::Project(id) => id,
+        }
+    }
+
+    pub fn subject(self) -> Subject {
+        match self {
+            Container::Group(id) => Subject::Group(id),
+            Container::Project(id) => Subject::Project(id),
+        }
+    }
+
+    /// The caller (if any), after checking they may read the container; 404
+    /// otherwise, as if it did not exist.
+    pub async fn readable(
+        self,
+        state: &AppState,
+        req: &HttpRequest,
+    ) -> Result<Option<Actor>, ApiError> {
+        let (ability, name) = match self {
+            Container::Group(_) => (Ability::ReadGroup, "Group"),
+            Container::Project(_) => (Ability::ReadProject, "Project"),
+        };
+        let user = actor(&optional_user(state, req).await?);
+        if !can(state, user, ability, self.subject()).await? {
+            return Err(ApiError::NotFound(name));
+        }
+        Ok(user)
+    }
+
+    /// `acme/platform` for a group, `acme/platform/api` for a project.
+    pub async fn full_path(self, db: &impl GenericClient) -> Result<String, ApiError> {
+        match self {
+            Container::Group(id) => group_full_path(db, id).await,
+            Container::Project(id) => project_full_path(db, id).await,
+        }
+    }
+
+    /// The signed-in caller with an `api` token, after checking they may read the
+    /// container (404) and make the change `ability` in it (403).
+    pub async fn writer(
+        self,
+        state: &AppState,
+        req: &HttpRequest,
+        ability: WriteAbility,
+    ) -> Result<AuthenticatedUser, ApiError> {
+        let me = require_user(state, req, WRITE_SCOPES).await?;
+        self.readable(state, req).await?;
+        require_write(state, &me, ability, self.subject()).await?;
+        Ok(me)
+    }
+}
+
 /// The caller (if any), after checking they may read the project; 404 otherwise.
 pub(super) async fn readable_project(
     state: &AppState,
     req: &HttpRequest,
     id: i64,
 ) -> Result<Option<Actor>, ApiError> {
-    let user = actor(&optional_user(state, req).await?);
-    if !can(state, user, Ability::ReadProject, Subject::Project(id)).await? {
-        return Err(ApiError::NotFound("Project"));
-    }
-    Ok(user)
+    Container::Project(id).readable(state, req).await
 }
 
 /// The caller (if any), after checking they may read the group; 404 otherwise.
@@ -65,11 +124,7 @@ pub(super) async fn readable_group(
     req: &HttpRequest,
     id: i64,
 ) -> Result<Option<Actor>, ApiError> {
-    let user = actor(&optional_user(state, req).await?);
-    if !can(state, user, Ability::ReadGroup, Subject::Group(id)).await? {
-        return Err(ApiError::NotFound("Group"));
-    }
-    Ok(user)
+    Container::Group(id).readable(state, req).await
 }
 
 /// One page of an already filtered list, with GitLab's pagination headers.
@@ -164,6 +219,32 @@ pub(super) fn like_pattern(search: Option<&str>) -> Option<String> {
         .replace('%', "\\%")
         .replace('_', "\\_");
     Some(format!("%{escaped}%"))
+}
+
+/// The `sort` parameter as SQL: `desc` (the default) or `asc`.
+pub(super) fn sort_order(sort: Option<&str>) -> Result<&'static str, ApiError> {
+    match sort {
+        None | Some("desc") => Ok("DESC"),
+        Some("asc") => Ok("ASC"),
+        Some(_) => Err(ApiError::BadRequest(
+            "sort does not have a valid value".into(),
+        )),
+    }
+}
+
+/// The `state` filter of a list: `None` for `all` (the default), else one of
+/// `states`.
+pub(super) fn state_filter(
+    state: Option<&str>,
+    states: &[&str],
+) -> Result<Option<String>, ApiError> {
+    match state {
+        None | Some("all") => Ok(None),
+        Some(s) if states.contains(&s) => Ok(Some(s.to_owned())),
+        Some(_) => Err(ApiError::BadRequest(
+            "state does not have a valid value".into(),
+        )),
+    }
 }
 
 pub(super) const VISIBILITIES: &[&str] = &["private", "internal", "public"];

@@ -5,14 +5,14 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::ApiError;
 use super::common::{
-    AUTHOR_COLUMNS, author, group_full_path, paged, readable_group, references, require_write,
-    split_labels, ts,
+    AUTHOR_COLUMNS, Container, author, paged, readable_group, references, split_labels, ts,
 };
-use super::notes::{self, NewNote, NoteListParams, Noteable};
+use super::items::{Found, Item, created, find_readable, readable_rows};
+use super::notes::{self, NoteTarget, Noteable};
 use super::pagination::PageParams;
-use super::{ApiError, WRITE_SCOPES, require_user};
-use crate::policy::{Ability, Actor, Subject, WriteAbility};
+use crate::policy::{Actor, WriteAbility};
 use crate::web::AppState;
 
 pub(super) fn routes(cfg: &mut web::ServiceConfig) {
@@ -21,11 +21,11 @@ pub(super) fn routes(cfg: &mut web::ServiceConfig) {
         .route("/groups/{id}/epics/{iid}", web::get().to(show_epic))
         .route(
             "/groups/{id}/epics/{epic_id}/notes",
-            web::get().to(list_notes),
+            web::get().to(notes::list::<EpicNotes>),
         )
         .route(
             "/groups/{id}/epics/{epic_id}/notes",
-            web::post().to(create_note),
+            web::post().to(notes::create::<EpicNotes>),
         );
 }
 
@@ -68,23 +68,13 @@ async fn list_epics(
     let group = path.into_inner();
     let user = readable_group(&state, &req, group).await?;
     let db = state.pool.get().await?;
-    let full_path = group_full_path(&**db, group).await?;
-    let rows = db
-        .query(
-            &format!("{} WHERE e.group_id = $1 ORDER BY e.id DESC", epic_sql()),
-            &[&group],
-        )
-        .await?;
-    let mut items = Vec::new();
-    for row in rows {
-        if state
-            .policy
-            .can(&**db, user, Ability::ReadEpic, Subject::Epic(row.get("id")))
-            .await?
-        {
-            items.push(epic_json(&row, &state.config.external_url, &full_path));
-        }
-    }
+    let full_path = Container::Group(group).full_path(&**db).await?;
+    let sql = format!("{} WHERE e.group_id = $1 ORDER BY e.id DESC", epic_sql());
+    let rows = readable_rows(&state, &**db, user, Item::EPIC, &sql, &[&group]).await?;
+    let items = rows
+        .iter()
+        .map(|r| epic_json(r, &state.config.external_url, &full_path))
+        .collect();
     Ok(paged(&req, q.into_inner(), items))
 }
 
@@ -95,29 +85,13 @@ async fn find_epic(
     group: i64,
     column: &'static str,
     key: i64,
-) -> Result<(Option<Actor>, tokio_postgres::Row, String), ApiError> {
-    let user = readable_group(state, req, group).await?;
-    let db = state.pool.get().await?;
+) -> Result<Found, ApiError> {
     let filter = match column {
         "iid" => "e.iid::bigint = $2",
         _ => "e.id = $2",
     };
-    let row = db
-        .query_opt(
-            &format!("{} WHERE e.group_id = $1 AND {filter}", epic_sql()),
-            &[&group, &key],
-        )
-        .await?
-        .ok_or(ApiError::NotFound("Epic"))?;
-    if !state
-        .policy
-        .can(&**db, user, Ability::ReadEpic, Subject::Epic(row.get("id")))
-        .await?
-    {
-        return Err(ApiError::NotFound("Epic"));
-    }
-    let full_path = group_full_path(&**db, group).await?;
-    Ok((user, row, full_path))
+    let sql = format!("{} WHERE e.group_id = $1 AND {filter}", epic_sql());
+    find_readable(state, req, Container::Group(group), Item::EPIC, &sql, &key).await
 }
 
 async fn show_epic(
@@ -126,8 +100,8 @@ async fn show_epic(
     path: web::Path<(i64, i32)>,
 ) -> Result<HttpResponse, ApiError> {
     let (group, iid) = path.into_inner();
-    let (_, row, full_path) = find_epic(&state, &req, group, "iid", i64::from(iid)).await?;
-    Ok(HttpResponse::Ok().json(epic_json(&row, &state.config.external_url, &full_path)))
+    let epic = find_epic(&state, &req, group, "iid", i64::from(iid)).await?;
+    Ok(HttpResponse::Ok().json(epic.json(&state, epic_json)))
 }
 
 #[derive(Debug, Deserialize)]
@@ -145,10 +119,10 @@ async fn create_epic(
     path: web::Path<i64>,
     body: web::Json<NewEpic>,
 ) -> Result<HttpResponse, ApiError> {
-    let me = require_user(&state, &req, WRITE_SCOPES).await?;
     let group = path.into_inner();
-    readable_group(&state, &req, group).await?;
-    require_write(&state, &me, WriteAbility::CreateEpic, Subject::Group(group)).await?;
+    let me = Container::Group(group)
+        .writer(&state, &req, WriteAbility::CreateEpic)
+        .await?;
     let b = body.into_inner();
     if b.title.trim().is_empty() {
         return Err(ApiError::BadRequest("title is empty".into()));
@@ -176,45 +150,23 @@ async fn create_epic(
         .await?
         .get(0);
     tx.commit().await?;
-    let row = db
-        .query_one(&format!("{} WHERE e.id = $1", epic_sql()), &[&id])
-        .await?;
-    let full_path = group_full_path(&**db, group).await?;
-    Ok(HttpResponse::Created().json(epic_json(&row, &state.config.external_url, &full_path)))
+    let sql = format!("{} WHERE e.id = $1", epic_sql());
+    created(&state, &**db, Container::Group(group), &sql, id, epic_json).await
 }
 
-async fn list_notes(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<(i64, i64)>,
-    q: web::Query<NoteListParams>,
-) -> Result<HttpResponse, ApiError> {
-    let (group, epic_id) = path.into_inner();
-    let (user, _, _) = find_epic(&state, &req, group, "id", epic_id).await?;
-    notes::list(
-        &state,
-        &req,
-        user,
-        Noteable::epic(epic_id, group),
-        q.into_inner(),
-    )
-    .await
-}
+/// Notes of an epic, which GitLab addresses by the epic's global id:
+/// `/groups/{id}/epics/{epic_id}/notes`.
+struct EpicNotes;
 
-async fn create_note(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<(i64, i64)>,
-    body: web::Json<NewNote>,
-) -> Result<HttpResponse, ApiError> {
-    let me = require_user(&state, &req, WRITE_SCOPES).await?;
-    let (group, epic_id) = path.into_inner();
-    find_epic(&state, &req, group, "id", epic_id).await?;
-    notes::create(
-        &state,
-        &me,
-        Noteable::epic(epic_id, group),
-        body.into_inner(),
-    )
-    .await
+impl NoteTarget for EpicNotes {
+    type Path = (i64, i64);
+
+    async fn find(
+        state: &AppState,
+        req: &HttpRequest,
+        (group, epic_id): (i64, i64),
+    ) -> Result<(Option<Actor>, Noteable), ApiError> {
+        let epic = find_epic(state, req, group, "id", epic_id).await?;
+        Ok((epic.user, Noteable::epic(epic_id, group)))
+    }
 }

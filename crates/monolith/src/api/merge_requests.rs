@@ -7,44 +7,35 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::common::{
-    AUTHOR_COLUMNS, author, paged, project_full_path, readable_project, references, require_write,
-    split_labels, ts,
+    AUTHOR_COLUMNS, Container, author, paged, readable_project, references, split_labels,
+    state_filter, ts,
 };
-use super::notes::{self, NewNote, NoteListParams, Noteable};
+use super::items::{Found, Item, created, find_readable, readable_rows};
+use super::notes::{self, NoteTarget, Noteable};
 use super::pagination::PageParams;
-use super::{ApiError, WRITE_SCOPES, diffs, require_user};
-use crate::policy::{Ability, Actor, Subject, WriteAbility};
+use super::{ApiError, diffs};
+use crate::policy::{Actor, WriteAbility};
 use crate::web::AppState;
 
 pub(super) fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route(
-        "/projects/{id}/merge_requests",
-        web::get().to(list_merge_requests),
-    )
-    .route(
-        "/projects/{id}/merge_requests",
-        web::post().to(create_merge_request),
-    )
-    .route(
-        "/projects/{id}/merge_requests/{iid}",
-        web::get().to(show_merge_request),
-    )
-    .route(
-        "/projects/{id}/merge_requests/{iid}/changes",
-        web::get().to(merge_request_changes),
-    )
-    .route(
-        "/projects/{id}/merge_requests/{iid}/diffs",
-        web::get().to(merge_request_diffs),
-    )
-    .route(
-        "/projects/{id}/merge_requests/{iid}/notes",
-        web::get().to(list_notes),
-    )
-    .route(
-        "/projects/{id}/merge_requests/{iid}/notes",
-        web::post().to(create_note),
-    );
+    let all = "/projects/{id}/merge_requests";
+    let one = "/projects/{id}/merge_requests/{iid}";
+    cfg.route(all, web::get().to(list_merge_requests))
+        .route(all, web::post().to(create_merge_request))
+        .route(one, web::get().to(show_merge_request))
+        .route(
+            &format!("{one}/changes"),
+            web::get().to(merge_request_changes),
+        )
+        .route(&format!("{one}/diffs"), web::get().to(merge_request_diffs))
+        .route(
+            &format!("{one}/notes"),
+            web::get().to(notes::list::<MergeRequestNotes>),
+        )
+        .route(
+            &format!("{one}/notes"),
+            web::post().to(notes::create::<MergeRequestNotes>),
+        );
 }
 
 fn mr_sql() -> String {
@@ -102,46 +93,30 @@ async fn list_merge_requests(
     let project = path.into_inner();
     let user = readable_project(&state, &req, project).await?;
     let q = q.into_inner();
-    let wanted = match q.state.as_deref() {
-        None | Some("all") => None,
-        Some(s @ ("opened" | "closed" | "merged" | "locked")) => Some(s.to_owned()),
-        Some(_) => {
-            return Err(ApiError::BadRequest(
-                "state does not have a valid value".into(),
-            ));
-        }
-    };
+    let wanted = state_filter(
+        q.state.as_deref(),
+        &["opened", "closed", "merged", "locked"],
+    )?;
     let db = state.pool.get().await?;
-    let full_path = project_full_path(&**db, project).await?;
-    let rows = db
-        .query(
-            &format!(
-                "{} WHERE m.project_id = $1 AND ($2::text IS NULL OR m.state = $2) ORDER BY m.id DESC",
-                mr_sql()
-            ),
-            &[&project, &wanted],
-        )
-        .await?;
-    let mut items = Vec::new();
-    for row in rows {
-        if state
-            .policy
-            .can(
-                &**db,
-                user,
-                Ability::ReadMergeRequest,
-                Subject::MergeRequest(row.get("id")),
-            )
-            .await?
-        {
-            items.push(mr_json(&row, &state.config.external_url, &full_path));
-        }
-    }
-    let page = PageParams {
-        page: q.page,
-        per_page: q.per_page,
-    };
-    Ok(paged(&req, page, items))
+    let full_path = Container::Project(project).full_path(&**db).await?;
+    let sql = format!(
+        "{} WHERE m.project_id = $1 AND ($2::text IS NULL OR m.state = $2) ORDER BY m.id DESC",
+        mr_sql()
+    );
+    let rows = readable_rows(
+        &state,
+        &**db,
+        user,
+        Item::MERGE_REQUEST,
+        &sql,
+        &[&project, &wanted],
+    )
+    .await?;
+    let items = rows
+        .iter()
+        .map(|r| mr_json(r, &state.config.external_url, &full_path))
+        .collect();
+    Ok(paged(&req, PageParams::new(q.page, q.per_page), items))
 }
 
 /// A merge request the caller may read, with its project's full path; 404 otherwise.
@@ -150,30 +125,10 @@ async fn find_merge_request(
     req: &HttpRequest,
     project: i64,
     iid: i32,
-) -> Result<(Option<Actor>, tokio_postgres::Row, String), ApiError> {
-    let user = readable_project(state, req, project).await?;
-    let db = state.pool.get().await?;
-    let row = db
-        .query_opt(
-            &format!("{} WHERE m.project_id = $1 AND m.iid = $2", mr_sql()),
-            &[&project, &iid],
-        )
-        .await?
-        .ok_or(ApiError::NotFound("Merge Request"))?;
-    if !state
-        .policy
-        .can(
-            &**db,
-            user,
-            Ability::ReadMergeRequest,
-            Subject::MergeRequest(row.get("id")),
-        )
-        .await?
-    {
-        return Err(ApiError::NotFound("Merge Request"));
-    }
-    let full_path = project_full_path(&**db, project).await?;
-    Ok((user, row, full_path))
+) -> Result<Found, ApiError> {
+    let sql = format!("{} WHERE m.project_id = $1 AND m.iid = $2", mr_sql());
+    let project = Container::Project(project);
+    find_readable(state, req, project, Item::MERGE_REQUEST, &sql, &iid).await
 }
 
 async fn show_merge_request(
@@ -182,8 +137,8 @@ async fn show_merge_request(
     path: web::Path<(i64, i32)>,
 ) -> Result<HttpResponse, ApiError> {
     let (project, iid) = path.into_inner();
-    let (_, row, full_path) = find_merge_request(&state, &req, project, iid).await?;
-    Ok(HttpResponse::Ok().json(mr_json(&row, &state.config.external_url, &full_path)))
+    let mr = find_merge_request(&state, &req, project, iid).await?;
+    Ok(HttpResponse::Ok().json(mr.json(&state, mr_json)))
 }
 
 #[derive(Debug, Deserialize)]
@@ -233,16 +188,10 @@ async fn create_merge_request(
     path: web::Path<i64>,
     body: web::Json<NewMergeRequest>,
 ) -> Result<HttpResponse, ApiError> {
-    let me = require_user(&state, &req, WRITE_SCOPES).await?;
     let project = path.into_inner();
-    readable_project(&state, &req, project).await?;
-    require_write(
-        &state,
-        &me,
-        WriteAbility::CreateMergeRequest,
-        Subject::Project(project),
-    )
-    .await?;
+    let me = Container::Project(project)
+        .writer(&state, &req, WriteAbility::CreateMergeRequest)
+        .await?;
     let b = body.into_inner();
     validate(&b)?;
     let labels = split_labels(b.labels.as_deref());
@@ -286,11 +235,16 @@ async fn create_merge_request(
         .await?
         .get(0);
     tx.commit().await?;
-    let row = db
-        .query_one(&format!("{} WHERE m.id = $1", mr_sql()), &[&id])
-        .await?;
-    let full_path = project_full_path(&**db, project).await?;
-    Ok(HttpResponse::Created().json(mr_json(&row, &state.config.external_url, &full_path)))
+    let sql = format!("{} WHERE m.id = $1", mr_sql());
+    created(
+        &state,
+        &**db,
+        Container::Project(project),
+        &sql,
+        id,
+        mr_json,
+    )
+    .await
 }
 
 /// The merge request with its `changes` (GitLab's older, unpaginated form).
@@ -300,9 +254,9 @@ async fn merge_request_changes(
     path: web::Path<(i64, i32)>,
 ) -> Result<HttpResponse, ApiError> {
     let (project, iid) = path.into_inner();
-    let (_, row, full_path) = find_merge_request(&state, &req, project, iid).await?;
-    let changes = diffs::parse(row.get::<_, &str>("diff"));
-    let mut body = mr_json(&row, &state.config.external_url, &full_path);
+    let mr = find_merge_request(&state, &req, project, iid).await?;
+    let changes = diffs::parse(mr.row.get::<_, &str>("diff"));
+    let mut body = mr.json(&state, mr_json);
     if let Some(obj) = body.as_object_mut() {
         obj.insert("changes_count".into(), json!(changes.len().to_string()));
         obj.insert("changes".into(), json!(changes));
@@ -325,39 +279,27 @@ async fn merge_request_diffs(
     q: web::Query<DiffParams>,
 ) -> Result<HttpResponse, ApiError> {
     let (project, iid) = path.into_inner();
-    let (_, row, _) = find_merge_request(&state, &req, project, iid).await?;
-    let items = diffs::parse(row.get::<_, &str>("diff"))
+    let mr = find_merge_request(&state, &req, project, iid).await?;
+    let items = diffs::parse(mr.row.get::<_, &str>("diff"))
         .into_iter()
         .map(|d| json!(d))
         .collect();
-    let page = PageParams {
-        page: q.page,
-        per_page: q.per_page,
-    };
-    Ok(paged(&req, page, items))
+    Ok(paged(&req, PageParams::new(q.page, q.per_page), items))
 }
 
-async fn list_notes(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<(i64, i32)>,
-    q: web::Query<NoteListParams>,
-) -> Result<HttpResponse, ApiError> {
-    let (project, iid) = path.into_inner();
-    let (user, row, _) = find_merge_request(&state, &req, project, iid).await?;
-    let noteable = Noteable::merge_request(row.get("id"), iid, project);
-    notes::list(&state, &req, user, noteable, q.into_inner()).await
-}
+/// Notes of a merge request: `/projects/{id}/merge_requests/{iid}/notes`.
+struct MergeRequestNotes;
 
-async fn create_note(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<(i64, i32)>,
-    body: web::Json<NewNote>,
-) -> Result<HttpResponse, ApiError> {
-    let me = require_user(&state, &req, WRITE_SCOPES).await?;
-    let (project, iid) = path.into_inner();
-    let (_, row, _) = find_merge_request(&state, &req, project, iid).await?;
-    let noteable = Noteable::merge_request(row.get("id"), iid, project);
-    notes::create(&state, &me, noteable, body.into_inner()).await
+impl NoteTarget for MergeRequestNotes {
+    type Path = (i64, i32);
+
+    async fn find(
+        state: &AppState,
+        req: &HttpRequest,
+        (project, iid): (i64, i32),
+    ) -> Result<(Option<Actor>, Noteable), ApiError> {
+        let mr = find_merge_request(state, req, project, iid).await?;
+        let noteable = Noteable::merge_request(mr.row.get("id"), iid, project);
+        Ok((mr.user, noteable))
+    }
 }

@@ -5,6 +5,7 @@ mod common;
 mod diffs;
 mod epics;
 mod error;
+mod items;
 mod members;
 mod merge_requests;
 mod notes;

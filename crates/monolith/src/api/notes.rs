@@ -1,15 +1,17 @@
-//! Notes (comments) on issues, merge requests and epics. The handlers of each
-//! noteable find and authorize the item; these functions list and create its notes.
+//! Notes (comments) on issues, merge requests and epics. Each noteable's module
+//! says how its item is found and authorized ([`NoteTarget`]); the handlers here
+//! list and create the notes of any of them.
 
-use actix_web::{HttpRequest, HttpResponse};
+use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use super::ApiError;
-use super::common::{author, paged, require_write, ts};
+use super::common::{author, paged, require_write, sort_order, ts};
+use super::items::{Item, readable_rows};
 use super::pagination::PageParams;
-use crate::policy::{Ability, Actor, Subject, WriteAbility};
-use crate::tokens::AuthenticatedUser;
+use super::{ApiError, WRITE_SCOPES, require_user};
+use crate::policy::{Actor, Subject, WriteAbility};
 use crate::web::AppState;
 
 /// The item notes belong to, as GitLab names its type.
@@ -92,48 +94,51 @@ pub(super) struct NoteListParams {
     sort: Option<String>,
 }
 
+/// An item notes hang on, found from its notes route's path.
+pub(super) trait NoteTarget: 'static {
+    /// The route's path parameters, e.g. `(project, iid)`.
+    type Path: DeserializeOwned;
+
+    /// The caller (if any) and the item, once they may read it; 404 otherwise.
+    async fn find(
+        state: &AppState,
+        req: &HttpRequest,
+        path: Self::Path,
+    ) -> Result<(Option<Actor>, Noteable), ApiError>;
+}
+
 /// The notes of an item the caller may read, newest first unless `sort=asc`;
 /// internal notes only for those who may read them.
-pub(super) async fn list(
-    state: &AppState,
-    req: &HttpRequest,
-    user: Option<Actor>,
-    noteable: Noteable,
-    params: NoteListParams,
+pub(super) async fn list<T: NoteTarget>(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<T::Path>,
+    params: web::Query<NoteListParams>,
 ) -> Result<HttpResponse, ApiError> {
-    let order = match params.sort.as_deref() {
-        None | Some("desc") => "DESC",
-        Some("asc") => "ASC",
-        Some(_) => {
-            return Err(ApiError::BadRequest(
-                "sort does not have a valid value".into(),
-            ));
-        }
-    };
+    let (user, noteable) = T::find(&state, &req, path.into_inner()).await?;
+    let order = sort_order(params.sort.as_deref())?;
     let db = state.pool.get().await?;
-    let rows = db
-        .query(
-            &format!(
-                "{NOTE_SQL} WHERE n.noteable_type = $1 AND n.noteable_id = $2 ORDER BY n.created_at {order}, n.id {order}"
-            ),
-            &[&noteable.kind, &noteable.id],
-        )
-        .await?;
-    let mut items = Vec::new();
-    for row in rows {
-        if state
-            .policy
-            .can(&**db, user, Ability::ReadNote, Subject::Note(row.get("id")))
-            .await?
-        {
-            items.push(note_json(&row, &noteable, &state.config.external_url));
-        }
-    }
-    let page = PageParams {
-        page: params.page,
-        per_page: params.per_page,
-    };
-    Ok(paged(req, page, items))
+    let sql = format!(
+        "{NOTE_SQL} WHERE n.noteable_type = $1 AND n.noteable_id = $2 ORDER BY n.created_at {order}, n.id {order}"
+    );
+    let rows = readable_rows(
+        &state,
+        &**db,
+        user,
+        Item::NOTE,
+        &sql,
+        &[&noteable.kind, &noteable.id],
+    )
+    .await?;
+    let items = rows
+        .iter()
+        .map(|r| note_json(r, &noteable, &state.config.external_url))
+        .collect();
+    Ok(paged(
+        &req,
+        PageParams::new(params.page, params.per_page),
+        items,
+    ))
 }
 
 #[derive(Debug, Deserialize)]
@@ -144,13 +149,16 @@ pub(super) struct NewNote {
     confidential: Option<bool>,
 }
 
-/// Adds a note by `me` to an item they may read (the caller checked that).
-pub(super) async fn create(
-    state: &AppState,
-    me: &AuthenticatedUser,
-    noteable: Noteable,
-    note: NewNote,
+/// Adds a note by the caller to an item they may read.
+pub(super) async fn create<T: NoteTarget>(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<T::Path>,
+    note: web::Json<NewNote>,
 ) -> Result<HttpResponse, ApiError> {
+    let me = require_user(&state, &req, WRITE_SCOPES).await?;
+    let (_, noteable) = T::find(&state, &req, path.into_inner()).await?;
+    let note = note.into_inner();
     if note.body.trim().is_empty() {
         return Err(ApiError::BadRequest("body is missing".into()));
     }
@@ -163,8 +171,8 @@ pub(super) async fn create(
             ));
         }
         require_write(
-            state,
-            me,
+            &state,
+            &me,
             WriteAbility::CreateInternalNote,
             noteable.container,
         )

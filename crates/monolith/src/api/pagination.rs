@@ -21,6 +21,11 @@ pub struct Page {
 }
 
 impl PageParams {
+    /// The page parameters of a list's own query parameters.
+    pub fn new(page: Option<usize>, per_page: Option<usize>) -> Self {
+        PageParams { page, per_page }
+    }
+
     pub fn resolve(self) -> Page {
         Page {
             page: self.page.filter(|p| *p > 0).unwrap_or(1),

@@ -8,10 +8,12 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::common::{
-    AUTHOR_COLUMNS, actor, author, check_visibility, on_constraint, paged, project_full_path,
-    readable_group, readable_project, references, require_write, split_labels, ts, visibility_rank,
+    AUTHOR_COLUMNS, Container, actor, author, check_visibility, on_constraint, paged,
+    readable_group, readable_project, references, require_write, split_labels, state_filter, ts,
+    visibility_rank,
 };
-use super::notes::{self, NewNote, NoteListParams, Noteable};
+use super::items::{Found, Item, created, find_readable, readable_rows};
+use super::notes::{self, NoteTarget, Noteable};
 use super::pagination::PageParams;
 use super::{ApiError, READ_SCOPES, WRITE_SCOPES, ci, epics, members, merge_requests};
 use super::{optional_user, require_admin, require_user};
@@ -32,11 +34,11 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .route("/projects/{id}/issues/{iid}", web::get().to(show_issue))
         .route(
             "/projects/{id}/issues/{iid}/notes",
-            web::get().to(list_issue_notes),
+            web::get().to(notes::list::<IssueNotes>),
         )
         .route(
             "/projects/{id}/issues/{iid}/notes",
-            web::post().to(create_issue_note),
+            web::post().to(notes::create::<IssueNotes>),
         )
         .route("/application/settings", web::get().to(show_settings))
         .route("/application/settings", web::put().to(update_settings))
@@ -89,22 +91,12 @@ async fn list_groups(
 ) -> Result<HttpResponse, ApiError> {
     let user = actor(&optional_user(&state, &req).await?);
     let db = state.pool.get().await?;
-    let rows = db.query(&format!("{GROUP_SQL} ORDER BY g.id"), &[]).await?;
-    let mut items = Vec::new();
-    for row in rows {
-        if state
-            .policy
-            .can(
-                &**db,
-                user,
-                Ability::ReadGroup,
-                Subject::Group(row.get("id")),
-            )
-            .await?
-        {
-            items.push(group_json(&row, &state.config.external_url));
-        }
-    }
+    let sql = format!("{GROUP_SQL} ORDER BY g.id");
+    let rows = readable_rows(&state, &**db, user, Item::GROUP, &sql, &[]).await?;
+    let items = rows
+        .iter()
+        .map(|r| group_json(r, &state.config.external_url))
+        .collect();
     Ok(paged(&req, q.into_inner(), items))
 }
 
@@ -222,10 +214,10 @@ async fn update_group(
     path: web::Path<i64>,
     body: web::Json<GroupUpdate>,
 ) -> Result<HttpResponse, ApiError> {
-    let me = require_user(&state, &req, WRITE_SCOPES).await?;
     let id = path.into_inner();
-    readable_group(&state, &req, id).await?;
-    require_write(&state, &me, WriteAbility::AdminGroup, Subject::Group(id)).await?;
+    Container::Group(id)
+        .writer(&state, &req, WriteAbility::AdminGroup)
+        .await?;
     let b = body.into_inner();
     for (field, value) in [("name", &b.name), ("path", &b.path)] {
         if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
@@ -326,24 +318,12 @@ async fn list_projects(
 ) -> Result<HttpResponse, ApiError> {
     let user = actor(&optional_user(&state, &req).await?);
     let db = state.pool.get().await?;
-    let rows = db
-        .query(&format!("{PROJECT_SQL} ORDER BY p.id DESC"), &[])
-        .await?;
-    let mut items = Vec::new();
-    for row in rows {
-        if state
-            .policy
-            .can(
-                &**db,
-                user,
-                Ability::ReadProject,
-                Subject::Project(row.get("id")),
-            )
-            .await?
-        {
-            items.push(project_json(&row, &state.config.external_url));
-        }
-    }
+    let sql = format!("{PROJECT_SQL} ORDER BY p.id DESC");
+    let rows = readable_rows(&state, &**db, user, Item::PROJECT, &sql, &[]).await?;
+    let items = rows
+        .iter()
+        .map(|r| project_json(r, &state.config.external_url))
+        .collect();
     Ok(paged(&req, q.into_inner(), items))
 }
 
@@ -434,11 +414,11 @@ async fn update_project(
     path: web::Path<i64>,
     body: web::Json<ProjectUpdate>,
 ) -> Result<HttpResponse, ApiError> {
-    let me = require_user(&state, &req, WRITE_SCOPES).await?;
     let id = path.into_inner();
-    readable_project(&state, &req, id).await?;
+    let me = Container::Project(id)
+        .writer(&state, &req, WriteAbility::AdminProject)
+        .await?;
     let subject = Subject::Project(id);
-    require_write(&state, &me, WriteAbility::AdminProject, subject).await?;
     let b = body.into_inner();
     let db = state.pool.get().await?;
     let current = db
@@ -564,51 +544,32 @@ async fn list_issues(
     let id = path.into_inner();
     let user = readable_project(&state, &req, id).await?;
     let q = q.into_inner();
-    let wanted_state = match q.state.as_deref() {
-        None | Some("all") => None,
-        Some(s @ ("opened" | "closed")) => Some(s.to_owned()),
-        Some(_) => {
-            return Err(ApiError::BadRequest(
-                "state does not have a valid value".into(),
-            ));
-        }
-    };
+    let wanted_state = state_filter(q.state.as_deref(), &["opened", "closed"])?;
     let (label_mode, label_list) = labels_filter(q.labels.as_deref());
     let db = state.pool.get().await?;
-    let full_path = project_full_path(&**db, id).await?;
-    let rows = db
-        .query(
-            &format!(
-                "{} WHERE i.project_id = $1 AND ($2::text IS NULL OR i.state = $2)
-                 AND CASE $3::text WHEN 'none' THEN cardinality(i.labels) = 0
-                                   WHEN 'any' THEN cardinality(i.labels) > 0
-                                   ELSE i.labels @> $4::text[] END
-                 ORDER BY i.id DESC",
-                issue_sql()
-            ),
-            &[&id, &wanted_state, &label_mode, &label_list],
-        )
-        .await?;
-    let mut items = Vec::new();
-    for row in rows {
-        if state
-            .policy
-            .can(
-                &**db,
-                user,
-                Ability::ReadIssue,
-                Subject::Issue(row.get("id")),
-            )
-            .await?
-        {
-            items.push(issue_json(&row, &state.config.external_url, &full_path));
-        }
-    }
-    let page = PageParams {
-        page: q.page,
-        per_page: q.per_page,
-    };
-    Ok(paged(&req, page, items))
+    let full_path = Container::Project(id).full_path(&**db).await?;
+    let sql = format!(
+        "{} WHERE i.project_id = $1 AND ($2::text IS NULL OR i.state = $2)
+         AND CASE $3::text WHEN 'none' THEN cardinality(i.labels) = 0
+                           WHEN 'any' THEN cardinality(i.labels) > 0
+                           ELSE i.labels @> $4::text[] END
+         ORDER BY i.id DESC",
+        issue_sql()
+    );
+    let rows = readable_rows(
+        &state,
+        &**db,
+        user,
+        Item::ISSUE,
+        &sql,
+        &[&id, &wanted_state, &label_mode, &label_list],
+    )
+    .await?;
+    let items = rows
+        .iter()
+        .map(|r| issue_json(r, &state.config.external_url, &full_path))
+        .collect();
+    Ok(paged(&req, PageParams::new(q.page, q.per_page), items))
 }
 
 /// An issue the caller may read, with its project's full path; 404 otherwise.
@@ -617,30 +578,10 @@ async fn find_issue(
     req: &HttpRequest,
     project: i64,
     iid: i32,
-) -> Result<(Option<Actor>, tokio_postgres::Row, String), ApiError> {
-    let user = readable_project(state, req, project).await?;
-    let db = state.pool.get().await?;
-    let row = db
-        .query_opt(
-            &format!("{} WHERE i.project_id = $1 AND i.iid = $2", issue_sql()),
-            &[&project, &iid],
-        )
-        .await?
-        .ok_or(ApiError::NotFound("Issue"))?;
-    if !state
-        .policy
-        .can(
-            &**db,
-            user,
-            Ability::ReadIssue,
-            Subject::Issue(row.get("id")),
-        )
-        .await?
-    {
-        return Err(ApiError::NotFound("Issue"));
-    }
-    let full_path = project_full_path(&**db, project).await?;
-    Ok((user, row, full_path))
+) -> Result<Found, ApiError> {
+    let sql = format!("{} WHERE i.project_id = $1 AND i.iid = $2", issue_sql());
+    let project = Container::Project(project);
+    find_readable(state, req, project, Item::ISSUE, &sql, &iid).await
 }
 
 async fn show_issue(
@@ -649,8 +590,8 @@ async fn show_issue(
     path: web::Path<(i64, i32)>,
 ) -> Result<HttpResponse, ApiError> {
     let (project, iid) = path.into_inner();
-    let (_, row, full_path) = find_issue(&state, &req, project, iid).await?;
-    Ok(HttpResponse::Ok().json(issue_json(&row, &state.config.external_url, &full_path)))
+    let issue = find_issue(&state, &req, project, iid).await?;
+    Ok(HttpResponse::Ok().json(issue.json(&state, issue_json)))
 }
 
 #[derive(Deserialize)]
@@ -699,36 +640,33 @@ async fn create_issue(
             .map_err(on_constraint(ApiError::BadRequest("assignee_ids is invalid".into())))?;
     }
     tx.commit().await?;
-    let row = db
-        .query_one(&format!("{} WHERE i.id = $1", issue_sql()), &[&id])
-        .await?;
-    let full_path = project_full_path(&**db, project).await?;
-    Ok(HttpResponse::Created().json(issue_json(&row, &state.config.external_url, &full_path)))
+    let sql = format!("{} WHERE i.id = $1", issue_sql());
+    created(
+        &state,
+        &**db,
+        Container::Project(project),
+        &sql,
+        id,
+        issue_json,
+    )
+    .await
 }
 
-async fn list_issue_notes(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<(i64, i32)>,
-    q: web::Query<NoteListParams>,
-) -> Result<HttpResponse, ApiError> {
-    let (project, iid) = path.into_inner();
-    let (user, issue, _) = find_issue(&state, &req, project, iid).await?;
-    let noteable = Noteable::issue(issue.get("id"), iid, project);
-    notes::list(&state, &req, user, noteable, q.into_inner()).await
-}
+/// Notes of an issue: `/projects/{id}/issues/{iid}/notes`.
+struct IssueNotes;
 
-async fn create_issue_note(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<(i64, i32)>,
-    body: web::Json<NewNote>,
-) -> Result<HttpResponse, ApiError> {
-    let me = require_user(&state, &req, WRITE_SCOPES).await?;
-    let (project, iid) = path.into_inner();
-    let (_, issue, _) = find_issue(&state, &req, project, iid).await?;
-    let noteable = Noteable::issue(issue.get("id"), iid, project);
-    notes::create(&state, &me, noteable, body.into_inner()).await
+impl NoteTarget for IssueNotes {
+    type Path = (i64, i32);
+
+    async fn find(
+        state: &AppState,
+        req: &HttpRequest,
+        (project, iid): (i64, i32),
+    ) -> Result<(Option<Actor>, Noteable), ApiError> {
+        let issue = find_issue(state, req, project, iid).await?;
+        let noteable = Noteable::issue(issue.row.get("id"), iid, project);
+        Ok((issue.user, noteable))
+    }
 }
 
 // ---- application settings and seats ---------------------------------------------

@@ -126,11 +126,7 @@ async fn list_users(
 }
 
 fn paged_users(req: &HttpRequest, q: &UserListParams, items: Vec<Value>) -> HttpResponse {
-    let page = PageParams {
-        page: q.page,
-        per_page: q.per_page,
-    };
-    paged(req, page, items)
+    paged(req, PageParams::new(q.page, q.per_page), items)
 }
 
 async fn show_user(
@@ -447,11 +443,7 @@ async fn list_tokens(
         )
         .await?;
     let items = rows.iter().map(token_json).collect();
-    let page = PageParams {
-        page: q.page,
-        per_page: q.per_page,
-    };
-    Ok(paged(&req, page, items))
+    Ok(paged(&req, PageParams::new(q.page, q.per_page), items))
 }
 
 /// One token: its owner and admins see it. Others get 401 whether or not it
