@@ -11,103 +11,78 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::common::{
-    like_pattern, on_constraint, paged, readable_group, readable_project, require_write, ts,
-};
+use super::common::{Container, like_pattern, on_constraint, paged, require_write, ts};
 use super::pagination::PageParams;
 use super::{ApiError, READ_SCOPES, WRITE_SCOPES, require_user};
-use crate::policy::{Actor, Subject, WriteAbility, access};
+use crate::policy::{Actor, WriteAbility, access};
 use crate::tokens::AuthenticatedUser;
 use crate::web::AppState;
 
 pub(super) fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/groups/{id}/members", web::get().to(list_group_members))
-        .route("/groups/{id}/members", web::post().to(add_group_member))
-        .route(
-            "/groups/{id}/members/{user_id}",
-            web::get().to(show_group_member),
-        )
-        .route(
-            "/groups/{id}/members/{user_id}",
-            web::put().to(update_group_member),
-        )
-        .route(
-            "/groups/{id}/members/{user_id}",
-            web::delete().to(remove_group_member),
-        )
-        .route(
-            "/projects/{id}/members",
-            web::get().to(list_project_members),
-        )
-        .route("/projects/{id}/members", web::post().to(add_project_member))
-        .route(
-            "/projects/{id}/members/{user_id}",
-            web::get().to(show_project_member),
-        )
-        .route(
-            "/projects/{id}/members/{user_id}",
-            web::put().to(update_project_member),
-        )
-        .route(
-            "/projects/{id}/members/{user_id}",
-            web::delete().to(remove_project_member),
-        );
+    member_routes::<OfGroup>(cfg, "/groups/{id}/members");
+    member_routes::<OfProject>(cfg, "/projects/{id}/members");
 }
 
-/// Where members live: the table and key column differ, the rules barely.
-#[derive(Debug, Clone, Copy)]
-enum Source {
-    Group(i64),
-    Project(i64),
+/// The same handlers serve group and project members; `K` tells them which.
+fn member_routes<K: SourceKind>(cfg: &mut web::ServiceConfig, members: &str) {
+    let member = format!("{members}/{{user_id}}");
+    cfg.route(members, web::get().to(list::<K>))
+        .route(members, web::post().to(add::<K>))
+        .route(&member, web::get().to(show::<K>))
+        .route(&member, web::put().to(update::<K>))
+        .route(&member, web::delete().to(remove::<K>));
 }
 
-impl Source {
-    fn id(self) -> i64 {
-        match self {
-            Source::Group(id) | Source::Project(id) => id,
-        }
-    }
+/// Which kind of container a members route's `{id}` names.
+trait SourceKind: 'static {
+    fn source(id: i64) -> Container;
+}
 
-    fn subject(self) -> Subject {
-        match self {
-            Source::Group(id) => Subject::Group(id),
-            Source::Project(id) => Subject::Project(id),
-        }
-    }
+struct OfGroup;
+struct OfProject;
 
+impl SourceKind for OfGroup {
+    fn source(id: i64) -> Container {
+        Container::Group(id)
+    }
+}
+
+impl SourceKind for OfProject {
+    fn source(id: i64) -> Container {
+        Container::Project(id)
+    }
+}
+
+/// Where a group's or project's members live and what managing them takes: the
+/// table and key column differ, the rules barely.
+trait MemberSource {
+    fn table(self) -> (&'static str, &'static str);
+    fn admin_ability(self) -> WriteAbility;
+    fn valid_level(self, level: i32) -> bool;
+}
+
+impl MemberSource for Container {
     fn table(self) -> (&'static str, &'static str) {
         match self {
-            Source::Group(_) => ("group_members", "group_id"),
-            Source::Project(_) => ("project_members", "project_id"),
+            Container::Group(_) => ("group_members", "group_id"),
+            Container::Project(_) => ("project_members", "project_id"),
         }
     }
 
     fn admin_ability(self) -> WriteAbility {
         match self {
-            Source::Group(_) => WriteAbility::AdminGroupMember,
-            Source::Project(_) => WriteAbility::AdminProjectMember,
+            Container::Group(_) => WriteAbility::AdminGroupMember,
+            Container::Project(_) => WriteAbility::AdminProjectMember,
         }
     }
 
     /// Minimal access exists only on groups.
     fn valid_level(self, level: i32) -> bool {
         let levels: &[i32] = match self {
-            Source::Group(_) => &[5, 10, 15, 20, 30, 40, 50],
-            Source::Project(_) => &[10, 15, 20, 30, 40, 50],
+            Container::Group(_) => &[5, 10, 15, 20, 30, 40, 50],
+            Container::Project(_) => &[10, 15, 20, 30, 40, 50],
         };
         levels.contains(&level)
-    }
-
-    /// 404 unless the caller may read the group or project.
-    async fn readable(
-        self,
-        state: &AppState,
-        req: &HttpRequest,
-    ) -> Result<Option<Actor>, ApiError> {
-        match self {
-            Source::Group(id) => readable_group(state, req, id).await,
-            Source::Project(id) => readable_project(state, req, id).await,
-        }
     }
 }
 
@@ -126,7 +101,7 @@ fn member_json(row: &tokio_postgres::Row, base: &url::Url) -> Value {
     })
 }
 
-fn member_sql(source: Source) -> String {
+fn member_sql(source: Container) -> String {
     let (table, key) = source.table();
     format!(
         "SELECT u.id, u.username, u.name, u.state, m.access_level, m.created_at
@@ -136,7 +111,7 @@ fn member_sql(source: Source) -> String {
 
 async fn find_member(
     state: &AppState,
-    source: Source,
+    source: Container,
     user_id: i64,
 ) -> Result<tokio_postgres::Row, ApiError> {
     let db = state.pool.get().await?;
@@ -156,14 +131,15 @@ struct MemberListParams {
     query: Option<String>,
 }
 
-async fn list(
-    state: &AppState,
-    req: &HttpRequest,
-    source: Source,
-    q: MemberListParams,
+async fn list<K: SourceKind>(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<i64>,
+    q: web::Query<MemberListParams>,
 ) -> Result<HttpResponse, ApiError> {
-    require_user(state, req, READ_SCOPES).await?;
-    source.readable(state, req).await?;
+    let source = K::source(path.into_inner());
+    require_user(&state, &req, READ_SCOPES).await?;
+    source.readable(&state, &req).await?;
     let db = state.pool.get().await?;
     let pattern = like_pattern(q.query.as_deref());
     let rows = db
@@ -179,30 +155,38 @@ async fn list(
         .iter()
         .map(|r| member_json(r, &state.config.external_url))
         .collect();
-    let page = PageParams {
-        page: q.page,
-        per_page: q.per_page,
-    };
-    Ok(paged(req, page, items))
+    Ok(paged(&req, PageParams::new(q.page, q.per_page), items))
 }
 
-async fn show(
-    state: &AppState,
-    req: &HttpRequest,
-    source: Source,
-    user_id: i64,
+async fn show<K: SourceKind>(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<(i64, i64)>,
 ) -> Result<HttpResponse, ApiError> {
-    require_user(state, req, READ_SCOPES).await?;
-    source.readable(state, req).await?;
-    let row = find_member(state, source, user_id).await?;
+    let (id, user_id) = path.into_inner();
+    let source = K::source(id);
+    require_user(&state, &req, READ_SCOPES).await?;
+    source.readable(&state, &req).await?;
+    let row = find_member(&state, source, user_id).await?;
     Ok(HttpResponse::Ok().json(member_json(&row, &state.config.external_url)))
+}
+
+/// 400 for an access level the group or project does not have.
+fn check_level(source: Container, level: i32) -> Result<(), ApiError> {
+    if source.valid_level(level) {
+        Ok(())
+    } else {
+        Err(ApiError::BadRequest(
+            "access_level does not have a valid value".into(),
+        ))
+    }
 }
 
 /// 403 unless `me` may manage members here and give or take away `level`.
 async fn require_manage(
     state: &AppState,
     me: &AuthenticatedUser,
-    source: Source,
+    source: Container,
     level: i32,
 ) -> Result<(), ApiError> {
     require_write(state, me, source.admin_ability(), source.subject()).await?;
@@ -220,8 +204,8 @@ async fn require_manage(
 
 /// 403 when taking `user_id`'s owner role away would leave a group without an
 /// owner (direct or inherited).
-async fn keep_an_owner(state: &AppState, source: Source, user_id: i64) -> Result<(), ApiError> {
-    let Source::Group(group) = source else {
+async fn keep_an_owner(state: &AppState, source: Container, user_id: i64) -> Result<(), ApiError> {
+    let Container::Group(group) = source else {
         return Ok(());
     };
     let db = state.pool.get().await?;
@@ -253,20 +237,18 @@ struct NewMember {
     access_level: i32,
 }
 
-async fn add(
-    state: &AppState,
-    req: &HttpRequest,
-    source: Source,
-    body: NewMember,
+async fn add<K: SourceKind>(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<i64>,
+    body: web::Json<NewMember>,
 ) -> Result<HttpResponse, ApiError> {
-    let me = require_user(state, req, WRITE_SCOPES).await?;
-    source.readable(state, req).await?;
-    require_manage(state, &me, source, body.access_level).await?;
-    if !source.valid_level(body.access_level) {
-        return Err(ApiError::BadRequest(
-            "access_level does not have a valid value".into(),
-        ));
-    }
+    let source = K::source(path.into_inner());
+    let body = body.into_inner();
+    let me = require_user(&state, &req, WRITE_SCOPES).await?;
+    source.readable(&state, &req).await?;
+    require_manage(&state, &me, source, body.access_level).await?;
+    check_level(source, body.access_level)?;
     let db = state.pool.get().await?;
     if db
         .query_opt("SELECT 1 FROM users WHERE id = $1", &[&body.user_id])
@@ -288,8 +270,24 @@ async fn add(
     if inserted == 0 {
         return Err(ApiError::Conflict("Member already exists".into()));
     }
-    let row = find_member(state, source, body.user_id).await?;
+    let row = find_member(&state, source, body.user_id).await?;
     Ok(HttpResponse::Created().json(member_json(&row, &state.config.external_url)))
+}
+
+/// The caller (with a write token) and the access level `user_id` holds now,
+/// once the caller may read the group or project.
+async fn current_level(
+    state: &AppState,
+    req: &HttpRequest,
+    source: Container,
+    user_id: i64,
+) -> Result<(AuthenticatedUser, i32), ApiError> {
+    let me = require_user(state, req, WRITE_SCOPES).await?;
+    source.readable(state, req).await?;
+    let current = find_member(state, source, user_id)
+        .await?
+        .get("access_level");
+    Ok((me, current))
 }
 
 #[derive(Debug, Deserialize)]
@@ -297,28 +295,21 @@ struct MemberUpdate {
     access_level: i32,
 }
 
-async fn update(
-    state: &AppState,
-    req: &HttpRequest,
-    source: Source,
-    user_id: i64,
-    body: MemberUpdate,
+async fn update<K: SourceKind>(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<(i64, i64)>,
+    body: web::Json<MemberUpdate>,
 ) -> Result<HttpResponse, ApiError> {
-    let me = require_user(state, req, WRITE_SCOPES).await?;
-    source.readable(state, req).await?;
-    let current: i32 = find_member(state, source, user_id)
-        .await?
-        .get("access_level");
+    let (id, user_id) = path.into_inner();
+    let source = K::source(id);
+    let (me, current) = current_level(&state, &req, source, user_id).await?;
     // Both the role taken away and the one given must be within the caller's reach.
-    require_manage(state, &me, source, current).await?;
-    require_manage(state, &me, source, body.access_level).await?;
-    if !source.valid_level(body.access_level) {
-        return Err(ApiError::BadRequest(
-            "access_level does not have a valid value".into(),
-        ));
-    }
+    require_manage(&state, &me, source, current).await?;
+    require_manage(&state, &me, source, body.access_level).await?;
+    check_level(source, body.access_level)?;
     if current == access::OWNER && body.access_level < access::OWNER {
-        keep_an_owner(state, source, user_id).await?;
+        keep_an_owner(&state, source, user_id).await?;
     }
     let (table, key) = source.table();
     let db = state.pool.get().await?;
@@ -327,27 +318,24 @@ async fn update(
         &[&source.id(), &user_id, &body.access_level],
     )
     .await?;
-    let row = find_member(state, source, user_id).await?;
+    let row = find_member(&state, source, user_id).await?;
     Ok(HttpResponse::Ok().json(member_json(&row, &state.config.external_url)))
 }
 
-async fn remove(
-    state: &AppState,
-    req: &HttpRequest,
-    source: Source,
-    user_id: i64,
+async fn remove<K: SourceKind>(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<(i64, i64)>,
 ) -> Result<HttpResponse, ApiError> {
-    let me = require_user(state, req, WRITE_SCOPES).await?;
-    source.readable(state, req).await?;
-    let current: i32 = find_member(state, source, user_id)
-        .await?
-        .get("access_level");
+    let (id, user_id) = path.into_inner();
+    let source = K::source(id);
+    let (me, current) = current_level(&state, &req, source, user_id).await?;
     // Leaving is always allowed (but for a group's last owner).
     if me.id != user_id {
-        require_manage(state, &me, source, current).await?;
+        require_manage(&state, &me, source, current).await?;
     }
     if current == access::OWNER {
-        keep_an_owner(state, source, user_id).await?;
+        keep_an_owner(&state, source, user_id).await?;
     }
     let (table, key) = source.table();
     let db = state.pool.get().await?;
@@ -359,140 +347,15 @@ async fn remove(
     Ok(HttpResponse::NoContent().finish())
 }
 
-// ---- handlers -------------------------------------------------------------------
-
-async fn list_group_members(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<i64>,
-    q: web::Query<MemberListParams>,
-) -> Result<HttpResponse, ApiError> {
-    list(
-        &state,
-        &req,
-        Source::Group(path.into_inner()),
-        q.into_inner(),
-    )
-    .await
-}
-
-async fn list_project_members(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<i64>,
-    q: web::Query<MemberListParams>,
-) -> Result<HttpResponse, ApiError> {
-    list(
-        &state,
-        &req,
-        Source::Project(path.into_inner()),
-        q.into_inner(),
-    )
-    .await
-}
-
-async fn show_group_member(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<(i64, i64)>,
-) -> Result<HttpResponse, ApiError> {
-    let (id, user_id) = path.into_inner();
-    show(&state, &req, Source::Group(id), user_id).await
-}
-
-async fn show_project_member(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<(i64, i64)>,
-) -> Result<HttpResponse, ApiError> {
-    let (id, user_id) = path.into_inner();
-    show(&state, &req, Source::Project(id), user_id).await
-}
-
-async fn add_group_member(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<i64>,
-    body: web::Json<NewMember>,
-) -> Result<HttpResponse, ApiError> {
-    add(
-        &state,
-        &req,
-        Source::Group(path.into_inner()),
-        body.into_inner(),
-    )
-    .await
-}
-
-async fn add_project_member(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<i64>,
-    body: web::Json<NewMember>,
-) -> Result<HttpResponse, ApiError> {
-    add(
-        &state,
-        &req,
-        Source::Project(path.into_inner()),
-        body.into_inner(),
-    )
-    .await
-}
-
-async fn update_group_member(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<(i64, i64)>,
-    body: web::Json<MemberUpdate>,
-) -> Result<HttpResponse, ApiError> {
-    let (id, user_id) = path.into_inner();
-    update(&state, &req, Source::Group(id), user_id, body.into_inner()).await
-}
-
-async fn update_project_member(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<(i64, i64)>,
-    body: web::Json<MemberUpdate>,
-) -> Result<HttpResponse, ApiError> {
-    let (id, user_id) = path.into_inner();
-    update(
-        &state,
-        &req,
-        Source::Project(id),
-        user_id,
-        body.into_inner(),
-    )
-    .await
-}
-
-async fn remove_group_member(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<(i64, i64)>,
-) -> Result<HttpResponse, ApiError> {
-    let (id, user_id) = path.into_inner();
-    remove(&state, &req, Source::Group(id), user_id).await
-}
-
-async fn remove_project_member(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<(i64, i64)>,
-) -> Result<HttpResponse, ApiError> {
-    let (id, user_id) = path.into_inner();
-    remove(&state, &req, Source::Project(id), user_id).await
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn minimal_access_is_for_groups_only() {
-        assert!(Source::Group(1).valid_level(5));
-        assert!(!Source::Project(1).valid_level(5));
-        assert!(Source::Project(1).valid_level(50));
-        assert!(!Source::Group(1).valid_level(60));
+        assert!(Container::Group(1).valid_level(5));
+        assert!(!Container::Project(1).valid_level(5));
+        assert!(Container::Project(1).valid_level(50));
+        assert!(!Container::Group(1).valid_level(60));
     }
 }
