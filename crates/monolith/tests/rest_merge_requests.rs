@@ -3,38 +3,14 @@
 // Helpers outside #[test] functions panic on failure too, like the tests.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod rest_support;
 mod support;
 
 use monolith::policy::access;
 use reqwest::Method;
-use serde_json::{Value, json};
+use rest_support::{api_tokens, get, get_with_headers, post, send, strings, users};
+use serde_json::json;
 use support::{Fx, Server};
-
-/// Status, headers and JSON body (`Null` when empty) of one REST call.
-async fn call(
-    server: &Server,
-    method: Method,
-    path: &str,
-    token: Option<&str>,
-    body: Option<Value>,
-) -> (u16, reqwest::header::HeaderMap, Value) {
-    let mut req = reqwest::Client::new().request(method, server.url(&format!("/api/v4{path}")));
-    if let Some(token) = token {
-        req = req.bearer_auth(token);
-    }
-    if let Some(body) = body {
-        req = req.json(&body);
-    }
-    let res = req.send().await.unwrap();
-    let status = res.status().as_u16();
-    let headers = res.headers().clone();
-    let text = res.text().await.unwrap();
-    (
-        status,
-        headers,
-        serde_json::from_str(&text).unwrap_or(Value::Null),
-    )
-}
 
 const TWO_FILES: &str = "\
 diff --git a/src/session.rs b/src/session.rs
@@ -58,43 +34,25 @@ index 0000000..3333333
 #[tokio::test]
 async fn merge_requests_carry_their_diff_and_notes() {
     let fx = Fx::new().await;
-    let dev = fx.user("dev").await;
-    let reporter = fx.user("reporter").await;
-    let guest = fx.user("guest").await;
+    let [dev, reporter, guest] = users(&fx, ["dev", "reporter", "guest"]).await;
     let group = fx.group(None, "acme", "private", "free").await;
     fx.group_member(group, dev, access::DEVELOPER).await;
     fx.group_member(group, reporter, access::REPORTER).await;
     fx.group_member(group, guest, access::GUEST).await;
     let project = fx.project(group, "api", "private").await;
-    let dev_t = fx.token(dev, &["api"]).await;
-    let reporter_t = fx.token(reporter, &["api"]).await;
-    let guest_t = fx.token(guest, &["api"]).await;
+    let [dev_t, reporter_t, guest_t] = api_tokens(&fx, [dev, reporter, guest]).await;
     let server = Server::start(&fx).await;
     let mrs = format!("/projects/{project}/merge_requests");
     let new_mr = |source: &str, target: &str, diff: &str| {
-        Some(json!({
+        json!({
             "source_branch": source, "target_branch": target, "title": "Refresh sessions",
             "description": "Fixes #1", "labels": "auth", "diff": diff,
-        }))
+        })
     };
 
-    let (status, _, _) = call(
-        &server,
-        Method::POST,
-        &mrs,
-        Some(&reporter_t),
-        new_mr("fix", "main", TWO_FILES),
-    )
-    .await;
+    let (status, _) = post(&server, &mrs, &reporter_t, new_mr("fix", "main", TWO_FILES)).await;
     assert_eq!(status, 403, "opening a merge request takes a developer");
-    let (status, _, mr) = call(
-        &server,
-        Method::POST,
-        &mrs,
-        Some(&dev_t),
-        new_mr("fix", "main", TWO_FILES),
-    )
-    .await;
+    let (status, mr) = post(&server, &mrs, &dev_t, new_mr("fix", "main", TWO_FILES)).await;
     assert_eq!(status, 201, "{mr}");
     assert_eq!(mr["iid"], 1);
     assert_eq!(mr["state"], "opened");
@@ -107,61 +65,26 @@ async fn merge_requests_carry_their_diff_and_notes() {
             .unwrap()
             .ends_with("/acme/api/-/merge_requests/1")
     );
-    let (status, _, body) = call(
-        &server,
-        Method::POST,
-        &mrs,
-        Some(&dev_t),
-        new_mr("fix", "main", ""),
-    )
-    .await;
+    let (status, body) = post(&server, &mrs, &dev_t, new_mr("fix", "main", "")).await;
     assert_eq!(status, 409);
     assert_eq!(
         body,
         json!({"message": "Another open merge request already exists for this source branch: !1"})
     );
-    let (status, _, body) = call(
-        &server,
-        Method::POST,
-        &mrs,
-        Some(&dev_t),
-        new_mr("main", "main", ""),
-    )
-    .await;
+    let (status, body) = post(&server, &mrs, &dev_t, new_mr("main", "main", "")).await;
     assert_eq!(status, 400);
     assert_eq!(
         body,
         json!({"message": {"validate_branches": ["You can't use same project/branch for source and target"]}})
     );
-    let (status, _, body) = call(
-        &server,
-        Method::POST,
-        &mrs,
-        Some(&dev_t),
-        new_mr("docs", "main", "not a diff"),
-    )
-    .await;
+    let (status, body) = post(&server, &mrs, &dev_t, new_mr("docs", "main", "not a diff")).await;
     assert_eq!(status, 400);
     assert!(body["message"]["diff"].is_array(), "{body}");
-    let (status, _, plain) = call(
-        &server,
-        Method::POST,
-        &mrs,
-        Some(&dev_t),
-        new_mr("docs", "main", ""),
-    )
-    .await;
+    let (status, plain) = post(&server, &mrs, &dev_t, new_mr("docs", "main", "")).await;
     assert_eq!((status, &plain["iid"]), (201, &json!(2)));
 
     // The stored diff, per file, in both of GitLab's forms.
-    let (status, _, changes) = call(
-        &server,
-        Method::GET,
-        &format!("{mrs}/1/changes"),
-        Some(&reporter_t),
-        None,
-    )
-    .await;
+    let (status, changes) = get(&server, &format!("{mrs}/1/changes"), &reporter_t).await;
     assert_eq!(status, 200, "{changes}");
     assert_eq!(changes["title"], "Refresh sessions");
     assert_eq!(changes["changes_count"], "2");
@@ -179,36 +102,20 @@ async fn merge_requests_carry_their_diff_and_notes() {
     assert_eq!(files[1]["new_file"], true);
     assert_eq!(files[1]["a_mode"], "0");
     assert_eq!(files[1]["diff"], "@@ -0,0 +1 @@\n+pub fn refresh() {}\n");
-    let (status, headers, page) = call(
+    let (status, headers, page) = get_with_headers(
         &server,
-        Method::GET,
         &format!("{mrs}/1/diffs?per_page=1&page=2"),
-        Some(&reporter_t),
-        None,
+        &reporter_t,
     )
     .await;
     assert_eq!(status, 200);
     assert_eq!(headers["x-total"], "2");
     assert_eq!(page.as_array().unwrap().len(), 1);
     assert_eq!(page[0]["new_path"], "src/refresh.rs");
-    let (_, _, empty) = call(
-        &server,
-        Method::GET,
-        &format!("{mrs}/2/changes"),
-        Some(&reporter_t),
-        None,
-    )
-    .await;
+    let (_, empty) = get(&server, &format!("{mrs}/2/changes"), &reporter_t).await;
     assert_eq!(empty["changes"], json!([]));
     // Guests do not read merge requests of a private project.
-    let (status, _, body) = call(
-        &server,
-        Method::GET,
-        &format!("{mrs}/1/changes"),
-        Some(&guest_t),
-        None,
-    )
-    .await;
+    let (status, body) = get(&server, &format!("{mrs}/1/changes"), &guest_t).await;
     assert_eq!(
         (status, body),
         (404, json!({"message": "404 Merge Request Not Found"}))
@@ -216,69 +123,38 @@ async fn merge_requests_carry_their_diff_and_notes() {
 
     // Notes.
     let notes = format!("{mrs}/1/notes");
-    let (status, _, note) = call(
-        &server,
-        Method::POST,
-        &notes,
-        Some(&reporter_t),
-        Some(json!({"body": "LGTM"})),
-    )
-    .await;
+    let (status, note) = post(&server, &notes, &reporter_t, json!({"body": "LGTM"})).await;
     assert_eq!(status, 201, "{note}");
     assert_eq!(note["noteable_type"], "MergeRequest");
     assert_eq!(note["noteable_iid"], 1);
     assert_eq!(note["project_id"], project);
-    let (status, _, body) = call(
+    let (status, body) = post(
         &server,
-        Method::POST,
         &notes,
-        Some(&dev_t),
-        Some(json!({"body": "psst", "internal": true})),
+        &dev_t,
+        json!({"body": "psst", "internal": true}),
     )
     .await;
     assert_eq!(status, 400, "no internal notes on merge requests: {body}");
-    let (status, _, _) = call(
-        &server,
-        Method::POST,
-        &notes,
-        Some(&guest_t),
-        Some(json!({"body": "hi"})),
-    )
-    .await;
+    let (status, _) = post(&server, &notes, &guest_t, json!({"body": "hi"})).await;
     assert_eq!(status, 404);
-    let (status, headers, list) = call(&server, Method::GET, &notes, Some(&dev_t), None).await;
+    let (status, headers, list) = get_with_headers(&server, &notes, &dev_t).await;
     assert_eq!(status, 200);
     assert_eq!(headers["x-total"], "1");
     assert_eq!(list[0]["body"], "LGTM");
     assert_eq!(list[0]["author"]["username"], "reporter");
 
-    let (_, _, opened) = call(
-        &server,
-        Method::GET,
-        &format!("{mrs}?state=opened"),
-        Some(&dev_t),
-        None,
-    )
-    .await;
+    let (_, opened) = get(&server, &format!("{mrs}?state=opened"), &dev_t).await;
     assert_eq!(opened.as_array().unwrap().len(), 2);
-    let (_, _, merged) = call(
-        &server,
-        Method::GET,
-        &format!("{mrs}?state=merged"),
-        Some(&dev_t),
-        None,
-    )
-    .await;
+    let (_, merged) = get(&server, &format!("{mrs}?state=merged"), &dev_t).await;
     assert_eq!(merged, json!([]));
 }
 
 #[tokio::test]
 async fn pipelines_and_jobs_need_read_build() {
     let fx = Fx::new().await;
-    let maint = fx.user("maint").await;
-    let reporter = fx.user("reporter").await;
-    let guest = fx.user("guest").await;
-    let outsider = fx.user("outsider").await;
+    let [maint, reporter, guest, outsider] =
+        users(&fx, ["maint", "reporter", "guest", "outsider"]).await;
     let group = fx.group(None, "acme", "private", "free").await;
     fx.group_member(group, maint, access::MAINTAINER).await;
     fx.group_member(group, reporter, access::REPORTER).await;
@@ -287,22 +163,17 @@ async fn pipelines_and_jobs_need_read_build() {
     let public_group = fx.group(None, "oss", "public", "free").await;
     let public = fx.project(public_group, "lib", "public").await;
     let public_build = fx.build(public).await;
-    let [maint_t, reporter_t, guest_t, outsider_t] = [
-        fx.token(maint, &["api"]).await,
-        fx.token(reporter, &["api"]).await,
-        fx.token(guest, &["api"]).await,
-        fx.token(outsider, &["api"]).await,
-    ];
+    let [maint_t, reporter_t, guest_t, outsider_t] =
+        api_tokens(&fx, [maint, reporter, guest, outsider]).await;
     let server = Server::start(&fx).await;
 
     let mut pipelines = Vec::new();
     for (name, status, git_ref) in [("rspec", "failed", "main"), ("lint", "success", "fix")] {
-        let (code, _, job) = call(
+        let (code, job) = post(
             &server,
-            Method::POST,
             &format!("/projects/{project}/jobs/import"),
-            Some(&maint_t),
-            Some(json!({"name": name, "stage": "test", "status": status, "ref": git_ref, "log": "..."})),
+            &maint_t,
+            json!({"name": name, "stage": "test", "status": status, "ref": git_ref, "log": "..."}),
         )
         .await;
         assert_eq!(code, 201, "{job}");
@@ -311,7 +182,7 @@ async fn pipelines_and_jobs_need_read_build() {
     }
 
     let list = format!("/projects/{project}/pipelines");
-    let (status, headers, all) = call(&server, Method::GET, &list, Some(&reporter_t), None).await;
+    let (status, headers, all) = get_with_headers(&server, &list, &reporter_t).await;
     assert_eq!(status, 200, "{all}");
     assert_eq!(headers["x-total"], "2");
     assert_eq!(all[0]["id"], pipelines[1], "newest first");
@@ -324,57 +195,22 @@ async fn pipelines_and_jobs_need_read_build() {
             .unwrap()
             .ends_with(&format!("/acme/api/-/pipelines/{}", pipelines[0]))
     );
-    let (_, _, failed) = call(
-        &server,
-        Method::GET,
-        &format!("{list}?status=failed"),
-        Some(&reporter_t),
-        None,
-    )
-    .await;
+    let (_, failed) = get(&server, &format!("{list}?status=failed"), &reporter_t).await;
     assert_eq!(failed.as_array().unwrap().len(), 1);
     assert_eq!(failed[0]["id"], pipelines[0]);
-    let (_, _, on_fix) = call(
-        &server,
-        Method::GET,
-        &format!("{list}?ref=fix&sort=asc"),
-        Some(&reporter_t),
-        None,
-    )
-    .await;
+    let (_, on_fix) = get(&server, &format!("{list}?ref=fix&sort=asc"), &reporter_t).await;
     assert_eq!(on_fix[0]["id"], pipelines[1]);
-    let (status, _, _) = call(
-        &server,
-        Method::GET,
-        &format!("{list}?status=exploded"),
-        Some(&reporter_t),
-        None,
-    )
-    .await;
+    let (status, _) = get(&server, &format!("{list}?status=exploded"), &reporter_t).await;
     assert_eq!(status, 400);
-    let (status, _, one) = call(
-        &server,
-        Method::GET,
-        &format!("{list}/{}", pipelines[0]),
-        Some(&reporter_t),
-        None,
-    )
-    .await;
+    let (status, one) = get(&server, &format!("{list}/{}", pipelines[0]), &reporter_t).await;
     assert_eq!((status, &one["status"]), (200, &json!("failed")));
 
     // Readable project without CI access: 403; unreadable project: 404.
-    let (status, _, body) = call(&server, Method::GET, &list, Some(&guest_t), None).await;
+    let (status, body) = get(&server, &list, &guest_t).await;
     assert_eq!((status, body), (403, json!({"message": "403 Forbidden"})));
-    let (status, _, _) = call(
-        &server,
-        Method::GET,
-        &format!("/projects/{project}/jobs"),
-        Some(&guest_t),
-        None,
-    )
-    .await;
+    let (status, _) = get(&server, &format!("/projects/{project}/jobs"), &guest_t).await;
     assert_eq!(status, 403);
-    let (status, _, body) = call(&server, Method::GET, &list, Some(&outsider_t), None).await;
+    let (status, body) = get(&server, &list, &outsider_t).await;
     assert_eq!(
         (status, body),
         (404, json!({"message": "404 Project Not Found"}))
@@ -382,48 +218,24 @@ async fn pipelines_and_jobs_need_read_build() {
 
     // Jobs, filtered by status with GitLab's `scope[]`.
     let jobs = format!("/projects/{project}/jobs");
-    let (_, headers, every) = call(&server, Method::GET, &jobs, Some(&reporter_t), None).await;
+    let (_, headers, every) = get_with_headers(&server, &jobs, &reporter_t).await;
     assert_eq!(headers["x-total"], "2");
     assert_eq!(every[0]["name"], "lint");
-    let (_, _, failed) = call(
+    let (_, failed) = get(&server, &format!("{jobs}?scope[]=failed"), &reporter_t).await;
+    assert_eq!(strings(&failed, "name"), vec!["rspec"]);
+    let (_, both) = get(
         &server,
-        Method::GET,
-        &format!("{jobs}?scope[]=failed"),
-        Some(&reporter_t),
-        None,
-    )
-    .await;
-    let names: Vec<&str> = failed
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|j| j["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(names, vec!["rspec"]);
-    let (_, _, both) = call(
-        &server,
-        Method::GET,
         &format!("{jobs}?scope[]=failed&scope[]=success"),
-        Some(&reporter_t),
-        None,
+        &reporter_t,
     )
     .await;
     assert_eq!(both.as_array().unwrap().len(), 2);
-    let (status, _, _) = call(
-        &server,
-        Method::GET,
-        &format!("{jobs}?scope=exploded"),
-        Some(&reporter_t),
-        None,
-    )
-    .await;
+    let (status, _) = get(&server, &format!("{jobs}?scope=exploded"), &reporter_t).await;
     assert_eq!(status, 400);
-    let (status, _, of_pipeline) = call(
+    let (status, of_pipeline) = get(
         &server,
-        Method::GET,
         &format!("{list}/{}/jobs", pipelines[1]),
-        Some(&reporter_t),
-        None,
+        &reporter_t,
     )
     .await;
     assert_eq!(status, 200);
@@ -436,37 +248,23 @@ async fn pipelines_and_jobs_need_read_build() {
             &[&public_build],
         )
         .await;
-    let (status, _, _) = call(
+    let (status, _) = get(
         &server,
-        Method::GET,
         &format!("{list}/{other_pipeline}/jobs"),
-        Some(&reporter_t),
-        None,
+        &reporter_t,
     )
     .await;
     assert_eq!(status, 404);
 
     // Public projects show their CI to anyone.
-    let (status, _, anonymous) = call(
-        &server,
-        Method::GET,
-        &format!("/projects/{public}/pipelines"),
-        None,
-        None,
-    )
-    .await;
-    assert_eq!(status, 200);
-    assert_eq!(anonymous.as_array().unwrap().len(), 1);
-    let (status, _, anonymous_jobs) = call(
-        &server,
-        Method::GET,
-        &format!("/projects/{public}/jobs"),
-        None,
-        None,
-    )
-    .await;
+    let pipelines = format!("/projects/{public}/pipelines");
+    let pipelines = send(&server, Method::GET, &pipelines, None, None).await;
+    assert_eq!(pipelines.status, 200);
+    assert_eq!(pipelines.body.as_array().unwrap().len(), 1);
+    let jobs = format!("/projects/{public}/jobs");
+    let jobs = send(&server, Method::GET, &jobs, None, None).await;
     assert_eq!(
-        (status, &anonymous_jobs[0]["id"]),
+        (jobs.status, &jobs.body[0]["id"]),
         (200, &json!(public_build))
     );
 }

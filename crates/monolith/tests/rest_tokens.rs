@@ -3,8 +3,13 @@
 // Helpers outside #[test] functions panic on failure too, like the tests.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod rest_support;
 mod support;
 
+use reqwest::Method;
+use rest_support::{
+    api_tokens, delete, get, integers, post, post_empty, put, send, strings, users,
+};
 use serde_json::{Value, json};
 use support::{Fx, Server};
 
@@ -40,11 +45,10 @@ async fn unauthorized_and_forbidden_are_told_apart() {
     let http = reqwest::Client::new();
 
     // No token and a wrong token: 401 with GitLab's body.
-    let res = http.get(server.url("/api/v4/user")).send().await.unwrap();
-    assert_eq!(res.status(), 401);
+    let anonymous = send(&server, Method::GET, "/user", None, None).await;
     assert_eq!(
-        res.json::<Value>().await.unwrap(),
-        json!({"message": "401 Unauthorized"})
+        (anonymous.status, anonymous.body),
+        (401, json!({"message": "401 Unauthorized"}))
     );
     let res = http
         .get(server.url("/api/v4/user"))
@@ -55,29 +59,14 @@ async fn unauthorized_and_forbidden_are_told_apart() {
     assert_eq!(res.status(), 401);
 
     // A valid token without a fitting scope: 403 insufficient_scope.
-    let res = http
-        .get(server.url("/api/v4/user"))
-        .bearer_auth(&ai_only)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 403);
-    let body: Value = res.json().await.unwrap();
+    let (status, body) = get(&server, "/user", &ai_only).await;
+    assert_eq!(status, 403);
     assert_eq!(body["error"], "insufficient_scope");
 
     // A non-admin on an admin endpoint: 403 Forbidden.
-    let res = http
-        .post(server.url("/api/v4/users"))
-        .bearer_auth(&api)
-        .json(&json!({"username": "x", "name": "x", "email": "x@example.com"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 403);
-    assert_eq!(
-        res.json::<Value>().await.unwrap(),
-        json!({"message": "403 Forbidden"})
-    );
+    let new_user = json!({"username": "x", "name": "x", "email": "x@example.com"});
+    let (status, body) = post(&server, "/users", &api, new_user).await;
+    assert_eq!((status, body), (403, json!({"message": "403 Forbidden"})));
 }
 
 #[tokio::test]
@@ -86,28 +75,16 @@ async fn admin_creates_users_and_tokens_that_can_be_revoked() {
     let root = fx.admin("root").await;
     let admin_token = fx.token(root, &["api"]).await;
     let server = Server::start(&fx).await;
-    let http = reqwest::Client::new();
 
-    let res = http
-        .post(server.url("/api/v4/users"))
-        .bearer_auth(&admin_token)
-        .json(&json!({"username": "bob", "name": "Bob", "email": "bob@example.com"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 201);
-    let bob: Value = res.json().await.unwrap();
+    let new_user = json!({"username": "bob", "name": "Bob", "email": "bob@example.com"});
+    let (status, bob) = post(&server, "/users", &admin_token, new_user).await;
+    assert_eq!(status, 201);
     let bob_id = bob["id"].as_i64().unwrap();
 
-    let res = http
-        .post(server.url(&format!("/api/v4/users/{bob_id}/personal_access_tokens")))
-        .bearer_auth(&admin_token)
-        .json(&json!({"name": "cli", "scopes": ["api", "ai_features"]}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 201);
-    let created: Value = res.json().await.unwrap();
+    let tokens = format!("/users/{bob_id}/personal_access_tokens");
+    let cli = json!({"name": "cli", "scopes": ["api", "ai_features"]});
+    let (status, created) = post(&server, &tokens, &admin_token, cli).await;
+    assert_eq!(status, 201);
     let bob_token = created["token"].as_str().unwrap().to_string();
     assert!(bob_token.starts_with("glpat-"));
     assert_eq!(created["scopes"], json!(["api", "ai_features"]));
@@ -125,37 +102,18 @@ async fn admin_creates_users_and_tokens_that_can_be_revoked() {
         .get(0);
     assert_eq!(stored, monolith::tokens::digest(&bob_token));
 
-    let res = http
-        .get(server.url("/api/v4/personal_access_tokens/self"))
-        .bearer_auth(&bob_token)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 200);
+    let (status, _) = get(&server, "/personal_access_tokens/self", &bob_token).await;
+    assert_eq!(status, 200);
 
-    let res = http
-        .delete(server.url(&format!("/api/v4/personal_access_tokens/{}", created["id"])))
-        .bearer_auth(&bob_token)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 204);
-    let res = http
-        .get(server.url("/api/v4/user"))
-        .bearer_auth(&bob_token)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 401, "revoked token");
+    let created_path = format!("/personal_access_tokens/{}", created["id"]);
+    let (status, _) = delete(&server, &created_path, &bob_token).await;
+    assert_eq!(status, 204);
+    let (status, _) = get(&server, "/user", &bob_token).await;
+    assert_eq!(status, 401, "revoked token");
 
-    let res = http
-        .post(server.url(&format!("/api/v4/users/{bob_id}/personal_access_tokens")))
-        .bearer_auth(&admin_token)
-        .json(&json!({"name": "bad", "scopes": ["everything"]}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 400);
+    let bad = json!({"name": "bad", "scopes": ["everything"]});
+    let (status, _) = post(&server, &tokens, &admin_token, bad).await;
+    assert_eq!(status, 400);
 }
 
 #[tokio::test]
@@ -170,56 +128,17 @@ async fn expired_tokens_and_blocked_users_are_refused() {
         .unwrap();
     let fresh = fx.token(alice, &["api"]).await;
     let server = Server::start(&fx).await;
-    let http = reqwest::Client::new();
 
-    let res = http
-        .get(server.url("/api/v4/user"))
-        .bearer_auth(&expired.token)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 401);
+    let (status, _) = get(&server, "/user", &expired.token).await;
+    assert_eq!(status, 401);
     db.execute(
         "UPDATE users SET state = 'blocked' WHERE id = $1",
         &[&alice.id],
     )
     .await
     .unwrap();
-    let res = http
-        .get(server.url("/api/v4/user"))
-        .bearer_auth(&fresh)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 403);
-}
-
-/// Status and JSON body (`Null` when empty) of one REST call.
-async fn call(
-    server: &Server,
-    method: reqwest::Method,
-    path: &str,
-    token: &str,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut req = reqwest::Client::new()
-        .request(method, server.url(&format!("/api/v4{path}")))
-        .bearer_auth(token);
-    if let Some(body) = body {
-        req = req.json(&body);
-    }
-    let res = req.send().await.unwrap();
-    let status = res.status().as_u16();
-    let text = res.text().await.unwrap();
-    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
-}
-
-fn usernames(list: &Value) -> Vec<&str> {
-    list.as_array()
-        .unwrap()
-        .iter()
-        .map(|u| u["username"].as_str().unwrap())
-        .collect()
+    let (status, _) = get(&server, "/user", &fresh).await;
+    assert_eq!(status, 403);
 }
 
 #[tokio::test]
@@ -231,57 +150,28 @@ async fn everyone_lists_users_but_only_admins_see_private_fields() {
     let root_t = fx.token(root, &["api"]).await;
     let alice_t = fx.token(alice, &["read_user"]).await;
     let server = Server::start(&fx).await;
-    use reqwest::Method;
 
-    let (status, list) = call(&server, Method::GET, "/users", &alice_t, None).await;
+    let (status, list) = get(&server, "/users", &alice_t).await;
     assert_eq!(status, 200);
-    assert_eq!(usernames(&list), vec!["bob", "alice", "root"]);
+    assert_eq!(strings(&list, "username"), vec!["bob", "alice", "root"]);
     for user in list.as_array().unwrap() {
         assert!(user.get("email").is_none(), "{user}");
         assert!(user.get("is_admin").is_none(), "{user}");
         assert_eq!(user["state"], "active");
     }
-    let (_, list) = call(
-        &server,
-        Method::GET,
-        "/users?username=ALICE",
-        &alice_t,
-        None,
-    )
-    .await;
-    assert_eq!(usernames(&list), vec!["alice"]);
+    let (_, list) = get(&server, "/users?username=ALICE", &alice_t).await;
+    assert_eq!(strings(&list, "username"), vec!["alice"]);
     // Email addresses are searchable by admins only.
-    let (_, list) = call(
-        &server,
-        Method::GET,
-        "/users?search=example.com",
-        &alice_t,
-        None,
-    )
-    .await;
-    assert!(usernames(&list).is_empty());
-    let (_, list) = call(
-        &server,
-        Method::GET,
-        "/users?search=example.com",
-        &root_t,
-        None,
-    )
-    .await;
-    assert_eq!(usernames(&list).len(), 3);
-    let (_, list) = call(&server, Method::GET, "/users?search=li", &alice_t, None).await;
-    assert_eq!(usernames(&list), vec!["alice"]);
-    let (_, list) = call(&server, Method::GET, "/users", &root_t, None).await;
+    let (_, list) = get(&server, "/users?search=example.com", &alice_t).await;
+    assert!(strings(&list, "username").is_empty());
+    let (_, list) = get(&server, "/users?search=example.com", &root_t).await;
+    assert_eq!(strings(&list, "username").len(), 3);
+    let (_, list) = get(&server, "/users?search=li", &alice_t).await;
+    assert_eq!(strings(&list, "username"), vec!["alice"]);
+    let (_, list) = get(&server, "/users", &root_t).await;
     assert_eq!(list[2]["is_admin"], true);
     assert_eq!(list[1]["email"], "alice@example.com");
-    let (status, user) = call(
-        &server,
-        Method::GET,
-        &format!("/users/{}", alice.id),
-        &alice_t,
-        None,
-    )
-    .await;
+    let (status, user) = get(&server, &format!("/users/{}", alice.id), &alice_t).await;
     assert_eq!(status, 200);
     assert!(user.get("email").is_none());
 }
@@ -290,30 +180,18 @@ async fn everyone_lists_users_but_only_admins_see_private_fields() {
 async fn admins_update_block_and_unblock_users() {
     let fx = Fx::new().await;
     let root = fx.admin("root").await;
-    let alice = fx.user("alice").await;
-    let bob = fx.user("bob").await;
-    let root_t = fx.token(root, &["api"]).await;
-    let alice_t = fx.token(alice, &["api"]).await;
-    let bob_t = fx.token(bob, &["api"]).await;
+    let [alice, bob] = users(&fx, ["alice", "bob"]).await;
+    let [root_t, alice_t, bob_t] = api_tokens(&fx, [root, alice, bob]).await;
     let server = Server::start(&fx).await;
-    use reqwest::Method;
     let bob_path = format!("/users/{}", bob.id);
 
-    let (status, _) = call(
-        &server,
-        Method::PUT,
-        &bob_path,
-        &alice_t,
-        Some(json!({"name": "x"})),
-    )
-    .await;
+    let (status, _) = put(&server, &bob_path, &alice_t, json!({"name": "x"})).await;
     assert_eq!(status, 403);
-    let (status, body) = call(
+    let (status, body) = put(
         &server,
-        Method::PUT,
         &bob_path,
         &root_t,
-        Some(json!({"name": "Bobby", "admin": true})),
+        json!({"name": "Bobby", "admin": true}),
     )
     .await;
     assert_eq!(status, 200, "{body}");
@@ -322,42 +200,27 @@ async fn admins_update_block_and_unblock_users() {
         (&json!("Bobby"), &json!(true))
     );
     assert_eq!(body["username"], "bob", "fields not sent stay");
-    let (status, body) = call(
+    let (status, body) = put(
         &server,
-        Method::PUT,
         &bob_path,
         &root_t,
-        Some(json!({"email": "ALICE@example.com"})),
+        json!({"email": "ALICE@example.com"}),
     )
     .await;
     assert_eq!(
         (status, body),
         (409, json!({"message": "Email has already been taken"}))
     );
-    let (status, body) = call(
-        &server,
-        Method::PUT,
-        "/users/999999",
-        &root_t,
-        Some(json!({"name": "x"})),
-    )
-    .await;
+    let (status, body) = put(&server, "/users/999999", &root_t, json!({"name": "x"})).await;
     assert_eq!(
         (status, body),
         (404, json!({"message": "404 User Not Found"}))
     );
 
     // A blocked user's tokens answer 403 until the user is unblocked.
-    let (status, body) = call(
-        &server,
-        Method::POST,
-        &format!("{bob_path}/block"),
-        &root_t,
-        None,
-    )
-    .await;
+    let (status, body) = post_empty(&server, &format!("{bob_path}/block"), &root_t).await;
     assert_eq!((status, body), (201, json!(true)));
-    let (status, body) = call(&server, Method::GET, "/user", &bob_t, None).await;
+    let (status, body) = get(&server, "/user", &bob_t).await;
     assert_eq!(
         (status, body),
         (
@@ -365,16 +228,9 @@ async fn admins_update_block_and_unblock_users() {
             json!({"message": "403 Forbidden - Your account has been blocked."})
         )
     );
-    let (_, list) = call(&server, Method::GET, "/users?blocked=true", &root_t, None).await;
-    assert_eq!(usernames(&list), vec!["bob"]);
-    let (status, body) = call(
-        &server,
-        Method::POST,
-        &format!("/users/{}/block", root.id),
-        &root_t,
-        None,
-    )
-    .await;
+    let (_, list) = get(&server, "/users?blocked=true", &root_t).await;
+    assert_eq!(strings(&list, "username"), vec!["bob"]);
+    let (status, body) = post_empty(&server, &format!("/users/{}/block", root.id), &root_t).await;
     assert_eq!(
         (status, body),
         (
@@ -382,25 +238,11 @@ async fn admins_update_block_and_unblock_users() {
             json!({"message": "403 Forbidden - The API initiating user cannot be blocked by the API"})
         )
     );
-    let (status, _) = call(
-        &server,
-        Method::POST,
-        &format!("{bob_path}/unblock"),
-        &alice_t,
-        None,
-    )
-    .await;
+    let (status, _) = post_empty(&server, &format!("{bob_path}/unblock"), &alice_t).await;
     assert_eq!(status, 403);
-    let (status, _) = call(
-        &server,
-        Method::POST,
-        &format!("{bob_path}/unblock"),
-        &root_t,
-        None,
-    )
-    .await;
+    let (status, _) = post_empty(&server, &format!("{bob_path}/unblock"), &root_t).await;
     assert_eq!(status, 201);
-    let (status, body) = call(&server, Method::GET, "/user", &bob_t, None).await;
+    let (status, body) = get(&server, "/user", &bob_t).await;
     assert_eq!((status, &body["username"]), (200, &json!("bob")));
 
     fx.exec(
@@ -408,14 +250,8 @@ async fn admins_update_block_and_unblock_users() {
         &[&alice.id],
     )
     .await;
-    let (status, body) = call(
-        &server,
-        Method::POST,
-        &format!("/users/{}/unblock", alice.id),
-        &root_t,
-        None,
-    )
-    .await;
+    let (status, body) =
+        post_empty(&server, &format!("/users/{}/unblock", alice.id), &root_t).await;
     assert_eq!(
         (status, body),
         (
@@ -429,25 +265,15 @@ async fn admins_update_block_and_unblock_users() {
 async fn personal_access_tokens_are_listed_shown_and_revoked() {
     let fx = Fx::new().await;
     let root = fx.admin("root").await;
-    let alice = fx.user("alice").await;
-    let bob = fx.user("bob").await;
-    let root_t = fx.token(root, &["api"]).await;
-    let alice_t = fx.token(alice, &["api"]).await;
+    let [alice, bob] = users(&fx, ["alice", "bob"]).await;
+    let [root_t, alice_t] = api_tokens(&fx, [root, alice]).await;
     let alice_ro = fx.token(alice, &["read_api"]).await;
     let bob_t = fx.token(bob, &["api"]).await;
     let server = Server::start(&fx).await;
-    use reqwest::Method;
     let id_of = |token: String| {
         let server = &server;
         async move {
-            let (_, me) = call(
-                server,
-                Method::GET,
-                "/personal_access_tokens/self",
-                &token,
-                None,
-            )
-            .await;
+            let (_, me) = get(server, "/personal_access_tokens/self", &token).await;
             me["id"].as_i64().unwrap()
         }
     };
@@ -459,104 +285,51 @@ async fn personal_access_tokens_are_listed_shown_and_revoked() {
         "/personal_access_tokens",
         &format!("/personal_access_tokens?user_id={}", bob.id),
     ] {
-        let (status, list) = call(&server, Method::GET, path, &alice_t, None).await;
+        let (status, list) = get(&server, path, &alice_t).await;
         assert_eq!(status, 200);
-        let owners: Vec<i64> = list
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t["user_id"].as_i64().unwrap())
-            .collect();
-        assert_eq!(owners, vec![alice.id, alice.id], "{path}");
+        assert_eq!(
+            integers(&list, "user_id"),
+            vec![alice.id, alice.id],
+            "{path}"
+        );
     }
-    let (_, list) = call(
+    let (_, list) = get(
         &server,
-        Method::GET,
         &format!("/personal_access_tokens?user_id={}", bob.id),
         &root_t,
-        None,
     )
     .await;
     assert_eq!(list.as_array().unwrap().len(), 1);
     assert_eq!(list[0]["id"], bob_token_id);
-    let (_, list) = call(
-        &server,
-        Method::GET,
-        "/personal_access_tokens",
-        &root_t,
-        None,
-    )
-    .await;
+    let (_, list) = get(&server, "/personal_access_tokens", &root_t).await;
     assert_eq!(list.as_array().unwrap().len(), 4);
 
     // One token: owners and admins; others cannot even learn it exists.
     let bob_token = format!("/personal_access_tokens/{bob_token_id}");
-    let (status, body) = call(&server, Method::GET, &bob_token, &alice_t, None).await;
+    let (status, body) = get(&server, &bob_token, &alice_t).await;
     assert_eq!(
         (status, body),
         (401, json!({"message": "401 Unauthorized"}))
     );
-    let (status, body) = call(&server, Method::GET, &bob_token, &bob_t, None).await;
+    let (status, body) = get(&server, &bob_token, &bob_t).await;
     assert_eq!((status, &body["user_id"]), (200, &json!(bob.id)));
-    let (status, _) = call(
-        &server,
-        Method::GET,
-        "/personal_access_tokens/999999",
-        &root_t,
-        None,
-    )
-    .await;
+    let (status, _) = get(&server, "/personal_access_tokens/999999", &root_t).await;
     assert_eq!(status, 404);
-    let (status, _) = call(
-        &server,
-        Method::GET,
-        "/personal_access_tokens/999999",
-        &alice_t,
-        None,
-    )
-    .await;
+    let (status, _) = get(&server, "/personal_access_tokens/999999", &alice_t).await;
     assert_eq!(status, 401);
 
     // Revoking the token in use.
-    let (status, _) = call(
-        &server,
-        Method::DELETE,
-        "/personal_access_tokens/self",
-        &alice_ro,
-        None,
-    )
-    .await;
+    let (status, _) = delete(&server, "/personal_access_tokens/self", &alice_ro).await;
     assert_eq!(status, 204);
-    let (status, _) = call(&server, Method::GET, "/user", &alice_ro, None).await;
+    let (status, _) = get(&server, "/user", &alice_ro).await;
     assert_eq!(status, 401);
-    let (_, revoked) = call(
-        &server,
-        Method::GET,
-        "/personal_access_tokens?revoked=true",
-        &alice_t,
-        None,
-    )
-    .await;
+    let (_, revoked) = get(&server, "/personal_access_tokens?revoked=true", &alice_t).await;
     assert_eq!(revoked.as_array().unwrap().len(), 1);
     assert_eq!(revoked[0]["id"], alice_ro_id);
     assert_eq!(revoked[0]["active"], false);
-    let (_, active) = call(
-        &server,
-        Method::GET,
-        "/personal_access_tokens?state=active",
-        &alice_t,
-        None,
-    )
-    .await;
+    let (_, active) = get(&server, "/personal_access_tokens?state=active", &alice_t).await;
     assert_eq!(active.as_array().unwrap().len(), 1);
     assert_ne!(active[0]["id"], alice_ro_id);
-    let (status, _) = call(
-        &server,
-        Method::GET,
-        "/personal_access_tokens?state=odd",
-        &alice_t,
-        None,
-    )
-    .await;
+    let (status, _) = get(&server, "/personal_access_tokens?state=odd", &alice_t).await;
     assert_eq!(status, 400);
 }
