@@ -83,90 +83,50 @@ async fn admins_strangers_and_mismatched_subjects() {
     fx.project_member(project, project_owner, access::OWNER)
         .await;
 
-    assert!(
-        can_write(
-            &fx,
-            Some(admin),
-            WriteAbility::AdminGroup,
-            Subject::Group(group)
-        )
-        .await
-    );
-    assert!(
-        can_write(
-            &fx,
-            Some(admin),
-            WriteAbility::RenameProject,
-            Subject::Project(project)
-        )
-        .await
-    );
-    assert!(
-        !can_write(
-            &fx,
-            None,
-            WriteAbility::CreateEpic,
-            Subject::Group(public_group)
-        )
-        .await
-    );
-    // Reading a public project grants no writes.
-    assert!(
-        !can_write(
-            &fx,
+    use WriteAbility::{
+        AdminGroup, AdminProjectMember, CreateEpic, CreateMergeRequest, CreateProject, ImportJob,
+        RenameProject,
+    };
+    // (who, change, where, granted)
+    let cases = [
+        // Admins make any change.
+        (Some(admin), AdminGroup, Subject::Group(group), true),
+        (Some(admin), RenameProject, Subject::Project(project), true),
+        // Anonymous visitors make none.
+        (None, CreateEpic, Subject::Group(public_group), false),
+        // Reading a public project grants no writes.
+        (
             Some(stranger),
-            WriteAbility::CreateMergeRequest,
-            Subject::Project(public_project)
-        )
-        .await
-    );
-    // A project role says nothing about the group above.
-    assert!(
-        can_write(
-            &fx,
+            CreateMergeRequest,
+            Subject::Project(public_project),
+            false,
+        ),
+        // A project role says nothing about the group above.
+        (
             Some(project_owner),
-            WriteAbility::AdminProjectMember,
-            Subject::Project(project)
-        )
-        .await
-    );
-    assert!(
-        !can_write(
-            &fx,
+            AdminProjectMember,
+            Subject::Project(project),
+            true,
+        ),
+        (
             Some(project_owner),
-            WriteAbility::CreateProject,
-            Subject::Group(group)
-        )
-        .await
-    );
-    // Group-only changes never apply to projects, and the reverse.
-    assert!(
-        !can_write(
-            &fx,
-            Some(admin),
-            WriteAbility::AdminGroup,
-            Subject::Project(project)
-        )
-        .await
-    );
-    assert!(
-        !can_write(
-            &fx,
-            Some(admin),
-            WriteAbility::ImportJob,
-            Subject::Group(group)
-        )
-        .await
-    );
-    assert!(
-        !can_write(
-            &fx,
-            Some(admin),
-            WriteAbility::AdminGroup,
-            Subject::Group(i64::MAX)
-        )
-        .await
-    );
+            CreateProject,
+            Subject::Group(group),
+            false,
+        ),
+        // Group-only changes never apply to projects, and the reverse.
+        (Some(admin), AdminGroup, Subject::Project(project), false),
+        (Some(admin), ImportJob, Subject::Group(group), false),
+        // Nor do changes to a group that does not exist.
+        (Some(admin), AdminGroup, Subject::Group(i64::MAX), false),
+    ];
+    for (user, ability, subject, granted) in cases {
+        assert_eq!(
+            can_write(&fx, user, ability, subject).await,
+            granted,
+            "{user:?} {ability:?} on {subject:?}"
+        );
+    }
 }
 
 #[tokio::test]
