@@ -45,14 +45,22 @@ pub fn repo_root() -> PathBuf {
         .unwrap_or_default()
 }
 
-/// The directory cargo put this test binary's sibling executables in
-/// (`target/<profile>`). `./dev test` builds every package's binaries
+/// The path of a workspace executable in the profile directory this program
+/// runs from (`target/<profile>`). `./dev test` builds every package's binaries
 /// (each has integration tests); a missing one is built here.
 pub fn binary(name: &str) -> Result<PathBuf> {
     let exe = std::env::current_exe()?;
+    // Test binaries live in `target/<profile>/deps`, programs (the benches)
+    // in `target/<profile>` itself.
     let profile_dir = exe
         .parent()
-        .and_then(Path::parent)
+        .and_then(|dir| {
+            if dir.file_name().is_some_and(|n| n == "deps") {
+                dir.parent()
+            } else {
+                Some(dir)
+            }
+        })
         .ok_or_else(|| HarnessError::Failed("test binary has no target directory".into()))?;
     let path = profile_dir.join(name);
     if !path.exists() {
@@ -63,8 +71,14 @@ pub fn binary(name: &str) -> Result<PathBuf> {
             other => other,
         };
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        // Build into the profile this program runs from (a release bench
+        // needs release services).
+        let mut args = vec!["build", "-p", package, "--bin", name];
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            args.push("--release");
+        }
         let status = std::process::Command::new(cargo)
-            .args(["build", "-p", package, "--bin", name])
+            .args(&args)
             .current_dir(repo_root())
             .status()?;
         if !status.success() || !path.exists() {
@@ -136,6 +150,11 @@ impl Service {
             .unwrap_or(false)
     }
 
+    /// The operating system's id of the process (while it runs).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     fn exited(&mut self) -> Option<std::process::ExitStatus> {
         self.child.try_wait().ok().flatten()
     }
@@ -187,7 +206,9 @@ pub struct System {
     pub fake: FakeProvider,
     pub gateway: Service,
     pub web: Service,
-    pub worker: Service,
+    /// The `worker` process; `None` when the web process runs the jobs
+    /// ([`Options::web_runs_jobs`]).
+    pub worker: Option<Service>,
     pub gateway_url: String,
     pub web_url: String,
     /// The extra `web` replicas and their URLs ([`Options::extra_web_replicas`]).
@@ -219,6 +240,9 @@ pub struct Options {
     /// Point the gateway at this OpenAI-compatible base URL (the real local
     /// model server) instead of the fake provider's Anthropic endpoint.
     pub local_model_url: Option<String>,
+    /// No `worker` process: the `web` process runs the jobs itself
+    /// (`DUO_WEB_RUNS_JOBS`).
+    pub web_runs_jobs: bool,
 }
 
 impl System {
@@ -285,6 +309,9 @@ impl System {
             // A killed worker's job is picked up again quickly in the crash test.
             ("DUO_JOB_LEASE_SECS".into(), "2".into()),
         ];
+        if options.web_runs_jobs {
+            monolith_env.push(("DUO_WEB_RUNS_JOBS".into(), "true".into()));
+        }
         monolith_env.extend(options.monolith_env);
 
         // Seed first (it migrates): the web and worker roles start on a ready schema.
@@ -318,7 +345,16 @@ impl System {
 
         let mut gateway = Service::spawn("gateway", &gateway_bin, &[], &gateway_env)?;
         let mut web = Service::spawn("web", &monolith_bin, &["web"], &monolith_env)?;
-        let worker = Service::spawn("worker", &monolith_bin, &["worker"], &monolith_env)?;
+        let worker = if options.web_runs_jobs {
+            None
+        } else {
+            Some(Service::spawn(
+                "worker",
+                &monolith_bin,
+                &["worker"],
+                &monolith_env,
+            )?)
+        };
         gateway
             .wait_ready(&http, &format!("{gateway_url}/monitoring/healthz"))
             .await?;
@@ -370,7 +406,12 @@ impl System {
     /// Starts another worker process (after killing one, say).
     pub async fn restart_worker(&mut self) -> Result<()> {
         let monolith_bin = binary("duo-monolith")?;
-        self.worker = Service::spawn("worker", &monolith_bin, &["worker"], &self.monolith_env)?;
+        self.worker = Some(Service::spawn(
+            "worker",
+            &monolith_bin,
+            &["worker"],
+            &self.monolith_env,
+        )?);
         Ok(())
     }
 
@@ -536,8 +577,12 @@ impl System {
             }
             if Instant::now() > deadline {
                 return Err(HarnessError::Failed(format!(
-                    "no answer to {request_id} within {within:?}\nworker:\n{}\ngateway:\n{}",
-                    self.worker.log_tail(30),
+                    "no answer to {request_id} within {within:?}\nworker:\n{}\nweb:\n{}\ngateway:\n{}",
+                    self.worker
+                        .as_ref()
+                        .map(|w| w.log_tail(30))
+                        .unwrap_or_default(),
+                    self.web.log_tail(30),
                     self.gateway.log_tail(30)
                 )));
             }

@@ -7,7 +7,7 @@
     reason = "a failed fixture fails the test"
 )]
 
-use e2e_tests::System;
+use e2e_tests::{Options, System};
 use serde_json::json;
 
 const LOGIN_ISSUE_TEXT: &str = "Users with a session older than 30 days";
@@ -244,7 +244,7 @@ async fn a_worker_killed_mid_request_answers_once_after_restart() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    system.worker.kill().await.unwrap();
+    system.worker.as_mut().unwrap().kill().await.unwrap();
     system.restart_worker().await.unwrap();
     let answer = system.answer(&alice, &request_id).await.unwrap();
     assert_eq!(answer["content"], "Answered after a restart.", "{answer}");
@@ -256,4 +256,25 @@ async fn a_worker_killed_mid_request_answers_once_after_restart() {
         .filter(|m| m["requestId"] == request_id.as_str() && m["role"] == "ASSISTANT")
         .count();
     assert_eq!(answers, 1);
+}
+
+#[tokio::test]
+async fn a_web_process_that_runs_jobs_answers_without_a_worker() {
+    let system = System::start_with(Options {
+        web_runs_jobs: true,
+        ..Options::default()
+    })
+    .await
+    .unwrap();
+    assert!(system.worker.is_none());
+    system
+        .fake
+        .push_text("Thought: Easy.\nFinal Answer: One process does it all.");
+    let alice = system.token("alice").unwrap();
+    let answer = system
+        .ask_and_wait(&alice, json!({ "content": "Can one process answer?" }))
+        .await
+        .unwrap();
+    assert_eq!(answer["content"], "One process does it all.", "{answer}");
+    assert!(system.web.log_contains("also runs queued jobs"));
 }

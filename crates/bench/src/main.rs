@@ -10,6 +10,7 @@
 //! no errors. The whole run stays well under 3 minutes.
 
 use anyhow::{Context, bail};
+use bench::{load_average, mb, ms, percentile, read_status_kib};
 use fake_provider::{FakeProvider, FakeProviderOptions};
 use futures::StreamExt;
 use std::net::TcpListener;
@@ -82,14 +83,6 @@ struct Sample {
     /// sensitive to machine noise than the difference of two latencies.
     overhead: Vec<Duration>,
     errors: usize,
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
 }
 
 impl Sample {
@@ -279,7 +272,7 @@ impl Gateway {
 
     /// Peak resident set size (VmHWM) in KiB.
     fn peak_rss_kib(&self) -> Option<u64> {
-        read_status_kib(&format!("/proc/{}/status", self.child.id()), "VmHWM:")
+        bench::peak_rss_kib(self.child.id())
     }
 }
 
@@ -313,35 +306,11 @@ impl RssSampler {
     }
 }
 
-fn read_status_kib(path: &str, key: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(path).ok()?;
-    let line = status.lines().find(|l| l.starts_with(key))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|l| {
-            let parts: Vec<&str> = l.split_whitespace().take(3).collect();
-            (parts.len() == 3).then(|| parts.join(" "))
-        })
-        .unwrap_or_else(|| "unknown".to_owned())
-}
-
-fn mb(kib: u64) -> String {
-    format!("{:.1} MB", kib as f64 / 1024.0)
-}
-
 impl Drop for Gateway {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.3}", d.as_secs_f64() * 1000.0)
 }
 
 fn added(gateway: Duration, direct: Duration) -> Duration {

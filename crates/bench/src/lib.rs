@@ -1,0 +1,130 @@
+//! Measuring helpers the bench programs share: percentiles, process memory
+//! and CPU time read from `/proc`, and the machine's load.
+
+use std::time::Duration;
+
+/// The `p` quantile (0..=1) of an ascending slice, by the nearest-rank method.
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+/// Latencies collected in one run, summarised on demand.
+#[derive(Debug, Default, Clone)]
+pub struct Latencies(Vec<Duration>);
+
+impl Latencies {
+    pub fn push(&mut self, d: Duration) {
+        self.0.push(d);
+    }
+
+    pub fn extend(&mut self, other: &Latencies) {
+        self.0.extend_from_slice(&other.0);
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn quantile(&self, p: f64) -> Duration {
+        let mut sorted = self.0.clone();
+        sorted.sort();
+        percentile(&sorted, p)
+    }
+
+    pub fn sum(&self) -> Duration {
+        self.0.iter().sum()
+    }
+}
+
+/// A duration in milliseconds with `decimals` places.
+pub fn ms(d: Duration) -> String {
+    format!("{:.3}", d.as_secs_f64() * 1000.0)
+}
+
+/// KiB as megabytes, one decimal.
+pub fn mb(kib: u64) -> String {
+    format!("{:.1} MB", kib as f64 / 1024.0)
+}
+
+/// A `kB` field of `/proc/<pid>/status` (`VmRSS:`, `VmHWM:`).
+pub fn read_status_kib(path: &str, key: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(path).ok()?;
+    let line = status.lines().find(|l| l.starts_with(key))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Peak resident set size (VmHWM) of a process, in KiB.
+pub fn peak_rss_kib(pid: u32) -> Option<u64> {
+    read_status_kib(&format!("/proc/{pid}/status"), "VmHWM:")
+}
+
+/// The kernel's clock ticks per second for `/proc/<pid>/stat` times. Linux
+/// reports them in USER_HZ, which is 100 on every architecture it exports.
+const USER_HZ: f64 = 100.0;
+
+/// CPU time (user + system) a process has used so far.
+pub fn cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may hold spaces: fields are
+    // counted after the last ')'. utime and stime are fields 14 and 15.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some(Duration::from_secs_f64((utime + stime) / USER_HZ))
+}
+
+/// The ids of every process whose command name is `comm` (e.g. `postgres`,
+/// whose server forks one process per connection).
+pub fn pids_named(comm: &str) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|name| name.trim_end() == comm)
+        })
+        .collect()
+}
+
+/// The 1, 5 and 15 minute load averages, as `/proc/loadavg` prints them.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| {
+            let parts: Vec<&str> = l.split_whitespace().take(3).collect();
+            (parts.len() == 3).then(|| parts.join(" "))
+        })
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+        assert_eq!(percentile(&v, 0.5), Duration::from_millis(50));
+        assert_eq!(percentile(&v, 0.99), Duration::from_millis(99));
+        assert_eq!(percentile(&v, 1.0), Duration::from_millis(100));
+        assert_eq!(percentile(&[], 0.5), Duration::ZERO);
+    }
+
+    #[test]
+    fn this_process_has_memory_and_cpu_time() {
+        let pid = std::process::id();
+        assert!(peak_rss_kib(pid).is_some_and(|kib| kib > 0));
+        assert!(cpu_time(pid).is_some());
+    }
+}
