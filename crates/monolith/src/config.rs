@@ -57,6 +57,9 @@ pub struct Config {
     pub thread_retention_interval: Duration,
     pub job_lease: Duration,
     pub ai_gateway_timeout: Duration,
+    /// The `web` role also runs the queue's jobs in its own process (one
+    /// process for development or a small instance).
+    pub web_runs_jobs: bool,
 }
 
 impl Config {
@@ -135,6 +138,7 @@ impl Config {
                 parse_or(&get, "DUO_AI_GATEWAY_TIMEOUT_SECS", 60)?,
                 "DUO_AI_GATEWAY_TIMEOUT_SECS",
             )?),
+            web_runs_jobs: parse_or(&get, "DUO_WEB_RUNS_JOBS", false)?,
         })
     }
 }

@@ -771,7 +771,43 @@ pub async fn handle(
     }
     let ctx = GqlContext::new(&state, user);
     let response = batch.execute(&schema, &ctx).await;
-    Ok(HttpResponse::Ok().json(response))
+    let mut body = serde_json::to_value(&response)
+        .map_err(|e| ApiError::Internal(format!("serialising a GraphQL response: {e}")))?;
+    add_missing_codes(&mut body);
+    Ok(HttpResponse::Ok().json(body))
+}
+
+/// Juniper's own parse and validation errors carry no `extensions.code`;
+/// every error we send must, so clients can branch on it. A response without
+/// `data` failed before execution.
+fn add_missing_codes(body: &mut serde_json::Value) {
+    let responses: Vec<&mut serde_json::Value> = match body {
+        serde_json::Value::Array(items) => items.iter_mut().collect(),
+        single => vec![single],
+    };
+    for response in responses {
+        let code = if response.get("data").is_some_and(|d| !d.is_null()) {
+            "INTERNAL_SERVER_ERROR"
+        } else {
+            "GRAPHQL_VALIDATION_FAILED"
+        };
+        let Some(errors) = response.get_mut("errors").and_then(|e| e.as_array_mut()) else {
+            continue;
+        };
+        for error in errors {
+            let Some(error) = error.as_object_mut() else {
+                continue;
+            };
+            let extensions = error
+                .entry("extensions")
+                .or_insert_with(|| serde_json::json!({}));
+            if let Some(extensions) = extensions.as_object_mut() {
+                extensions
+                    .entry("code")
+                    .or_insert_with(|| serde_json::json!(code));
+            }
+        }
+    }
 }
 
 /// `GET /api/graphql`: a WebSocket upgrade opens a subscription socket; anything

@@ -40,7 +40,28 @@ async fn main() -> anyhow::Result<()> {
             let listener = std::net::TcpListener::bind(config.web_addr)
                 .with_context(|| format!("binding {}", config.web_addr))?;
             tracing::info!(addr = %listener.local_addr()?, "web role listening");
-            web::serve(web::AppState::new(pool, config, catalogue)?, listener)?.await?;
+            let server = web::serve(
+                web::AppState::new(pool.clone(), config.clone(), catalogue)?,
+                listener,
+            )?;
+            if !config.web_runs_jobs {
+                server.await?;
+                return Ok(());
+            }
+            // Jobs in this process too: the worker loop stops with the server.
+            tracing::info!("DUO_WEB_RUNS_JOBS: this web process also runs queued jobs");
+            let responder = chat_responder(&config, &pool)?;
+            let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
+            let worker = tokio::spawn(async move {
+                let shutdown = async {
+                    let _ = stopped_rx.await;
+                };
+                monolith::worker::run(&config, pool, responder, shutdown).await
+            });
+            let served = server.await;
+            let _ = stopped_tx.send(());
+            worker.await.context("the in-process worker panicked")??;
+            served?;
             Ok(())
         }
         "seed" => {

@@ -73,6 +73,7 @@ fn auth() -> GatewayAuth {
         scopes: vec!["duo_chat".into(), "ask_issue".into()],
         realm: "self-managed".into(),
         request_id: uuid::Uuid::from_u128(7),
+        gateway_url: None,
     }
 }
 
@@ -165,5 +166,20 @@ async fn headers_token_and_failure_codes() {
             .unwrap_or_else(|| panic!("{path} should fail"));
         assert_eq!(err.code(), code, "{path}");
     }
+
+    // The instance setting wins over the configured URL (a base without a
+    // trailing slash keeps its last segment).
+    let overridden = GatewayAuth {
+        gateway_url: Some(url::Url::parse(&format!("{base}/ok")).unwrap()),
+        ..auth()
+    };
+    let texts: Vec<_> = client(&format!("{base}/broken/"), &key_dir)
+        .agent_step(&overridden, &body())
+        .await
+        .unwrap()
+        .collect()
+        .await;
+    assert_eq!(texts.len(), 2, "answered by the overriding URL");
+    assert!(texts.iter().all(Result::is_ok));
     handle.stop(false).await;
 }

@@ -323,6 +323,20 @@ async fn refusals_carry_codes() {
         json!([])
     );
 
+    // Documents juniper rejects before running them still carry a code.
+    for broken in ["{ currentUser { id ", "{ currentUser { noSuchField } }"] {
+        let res = client.gql(broken, json!({})).await;
+        assert_eq!(
+            res["errors"][0]["extensions"]["code"], "GRAPHQL_VALIDATION_FAILED",
+            "{res}"
+        );
+    }
+    let res = client.gql(CHAT_MUTATION, json!({ "question": 42 })).await;
+    assert_eq!(
+        res["errors"][0]["extensions"]["code"], "GRAPHQL_VALIDATION_FAILED",
+        "{res}"
+    );
+
     let deep = format!("query {}{}", "{ currentUser ".repeat(20), "}".repeat(20));
     let res = client.gql(&deep, json!({})).await;
     assert_eq!(res["errors"][0]["extensions"]["code"], "QUERY_TOO_DEEP");

@@ -91,6 +91,10 @@ pub struct GatewayAuth {
     pub realm: String,
     /// Sent as `X-Request-ID` so gateway logs join the monolith's.
     pub request_id: Uuid,
+    /// The instance setting `ai_gateway_url`, which wins over `AI_GATEWAY_URL`
+    /// (as GitLab's `Ai::Setting` does), so an admin can move the gateway
+    /// without restarting workers.
+    pub gateway_url: Option<url::Url>,
 }
 
 /// Settings of [`GatewayClient`].
@@ -217,10 +221,14 @@ impl GatewayClient {
         ])
     }
 
-    fn url(&self, path: &str) -> Result<url::Url, GatewayError> {
-        self.settings
-            .base_url
-            .join(path.trim_start_matches('/'))
+    fn url(&self, auth: &GatewayAuth, path: &str) -> Result<url::Url, GatewayError> {
+        let base = auth.gateway_url.as_ref().unwrap_or(&self.settings.base_url);
+        // `join` would drop the last segment of a base without a trailing slash.
+        let mut base = base.clone();
+        if !base.path().ends_with('/') {
+            base.set_path(&format!("{}/", base.path()));
+        }
+        base.join(path.trim_start_matches('/'))
             .map_err(|e| GatewayError::Body(e.to_string()))
     }
 
@@ -230,7 +238,7 @@ impl GatewayClient {
         path: &str,
         body: &impl serde::Serialize,
     ) -> Result<reqwest::Response, GatewayError> {
-        let mut request = self.http.post(self.url(path)?).json(body);
+        let mut request = self.http.post(self.url(auth, path)?).json(body);
         for (name, value) in self.headers(auth)? {
             request = request.header(name, value);
         }

@@ -197,11 +197,15 @@ impl AgentResponder {
             .seat_unit_primitives(&**db, actor.id)
             .await
             .map_err(Refusal::transient)?;
-        let realm: String = db
-            .query_one("SELECT realm FROM instance_settings", &[])
+        let settings = db
+            .query_one("SELECT realm, ai_gateway_url FROM instance_settings", &[])
             .await
-            .map_err(Refusal::transient)?
-            .get(0);
+            .map_err(Refusal::transient)?;
+        let realm: String = settings.get(0);
+        let gateway_url = settings
+            .get::<_, Option<String>>(1)
+            .filter(|u| !u.trim().is_empty())
+            .and_then(|u| url::Url::parse(u.trim()).ok());
         let (current_file, file_content) = match &question.current_file {
             Some(f) => (
                 Some(CurrentFile {
@@ -232,6 +236,7 @@ impl AgentResponder {
                 scopes: scopes.iter().map(|s| s.as_str().to_owned()).collect(),
                 realm,
                 request_id: question.request_id,
+                gateway_url,
             },
             scopes,
         })
