@@ -390,6 +390,29 @@ async fn self_signed_tokens_use_the_local_key_and_the_global_user_id() {
 }
 
 #[actix_web::test]
+async fn a_global_user_id_claim_must_match_its_header() {
+    let issuer = Issuer::start(jwks(&[(&KEY_A, "a")]));
+    let auth = for_issuer(&issuer);
+    let token = KEY_A.sign(
+        Some("a"),
+        &claims(json!({"gitlab_global_user_id": "user-uuid-1"})),
+    );
+    let mut h = headers(&token);
+    h.insert("x-gitlab-global-user-id", "user-uuid-1".parse().unwrap());
+    assert!(auth.authenticate(&h).await.is_ok());
+    h.insert("x-gitlab-global-user-id", "user-uuid-2".parse().unwrap());
+    assert_eq!(
+        message(&auth, &h).await,
+        "Header mismatch 'X-Gitlab-Global-User-Id'"
+    );
+    h.remove("x-gitlab-global-user-id");
+    assert_eq!(
+        message(&auth, &h).await,
+        "Header mismatch 'X-Gitlab-Global-User-Id'"
+    );
+}
+
+#[actix_web::test]
 async fn claims_must_match_headers() {
     let issuer = Issuer::start(jwks(&[(&KEY_A, "a")]));
     let auth = for_issuer(&issuer);

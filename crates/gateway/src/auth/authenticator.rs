@@ -180,6 +180,9 @@ impl Authenticator {
         } else if mismatch(&claims.sub, HEADER_INSTANCE_ID) {
             return Err(AuthError::HeaderMismatch("X-Gitlab-Instance-Id"));
         }
+        if mismatch(&claims.gitlab_global_user_id, HEADER_GLOBAL_USER_ID) {
+            return Err(AuthError::HeaderMismatch("X-Gitlab-Global-User-Id"));
+        }
         Ok(())
     }
 }

@@ -28,6 +28,11 @@ pub struct TokenClaims {
     pub gitlab_realm: Option<String>,
     #[serde(default)]
     pub gitlab_instance_id: Option<String>,
+    /// Our monolith's per-user claim (not in GitLab's tokens): when present it
+    /// must equal `X-Gitlab-Global-User-Id`, so a token minted for one user
+    /// cannot be replayed with another user's header.
+    #[serde(default)]
+    pub gitlab_global_user_id: Option<String>,
     /// Sent as a string by GitLab; numbers are accepted too.
     #[serde(default, deserialize_with = "string_or_number")]
     pub duo_seat_count: Option<String>,
