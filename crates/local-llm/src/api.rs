@@ -17,6 +17,14 @@ pub struct ChatCompletionRequest {
     pub max_completion_tokens: Option<u32>,
     pub stop: Option<StopField>,
     pub seed: Option<u32>,
+    pub stream_options: Option<StreamOptions>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct StreamOptions {
+    /// Send a last chunk with `usage` (and no choices) before `[DONE]`.
+    #[serde(default)]
+    pub include_usage: bool,
 }
 
 #[derive(Debug, Deserialize)]

@@ -34,6 +34,10 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// Most inputs in one embeddings request.
     pub max_embedding_inputs: usize,
+    /// Embedding requests computed at once (each uses every core already).
+    pub embed_concurrency: usize,
+    /// Embedding requests that may wait beyond those running.
+    pub embed_queue_capacity: usize,
 }
 
 impl Config {
@@ -51,6 +55,8 @@ impl Config {
             queue_capacity: 16,
             max_body_bytes: 1024 * 1024,
             max_embedding_inputs: 256,
+            embed_concurrency: 1,
+            embed_queue_capacity: 16,
         }
     }
 
@@ -85,6 +91,12 @@ impl Config {
         }
         if let Some(n) = var("DUO_LOCAL_LLM_QUEUE") {
             config.queue_capacity = parse_positive("DUO_LOCAL_LLM_QUEUE", &n)?;
+        }
+        if let Some(n) = var("DUO_LOCAL_LLM_EMBED_CONCURRENCY") {
+            config.embed_concurrency = parse_positive("DUO_LOCAL_LLM_EMBED_CONCURRENCY", &n)?;
+        }
+        if let Some(n) = var("DUO_LOCAL_LLM_EMBED_QUEUE") {
+            config.embed_queue_capacity = parse_positive("DUO_LOCAL_LLM_EMBED_QUEUE", &n)?;
         }
         if let Some(n) = var("DUO_LOCAL_LLM_CONTEXT") {
             config.context_tokens = parse_positive("DUO_LOCAL_LLM_CONTEXT", &n)?;

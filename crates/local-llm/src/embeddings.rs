@@ -19,6 +19,29 @@ pub enum EmbedError {
     Inference(String),
 }
 
+/// The vectors for one batch, with what the model saw of each input.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Embedded {
+    /// One unit-length vector per input, in order.
+    pub vectors: Vec<Vec<f32>>,
+    /// Word pieces per input, `[CLS]`/`[SEP]` included, after truncation.
+    pub token_counts: Vec<usize>,
+    /// Whether each input was cut at `MAX_SEQUENCE_TOKENS`.
+    pub truncated: Vec<bool>,
+}
+
+impl Embedded {
+    pub fn total_tokens(&self) -> usize {
+        self.token_counts.iter().sum()
+    }
+}
+
+/// The embedding seam: `Embedder` is the real model; tests plug in doubles.
+/// Calls are CPU-bound and blocking: the server runs them off its async threads.
+pub trait EmbedModel: Send + Sync {
+    fn embed(&self, texts: &[String]) -> Result<Embedded, EmbedError>;
+}
+
 fn inference(e: impl std::fmt::Display) -> EmbedError {
     EmbedError::Inference(e.to_string())
 }
@@ -81,10 +104,14 @@ impl Embedder {
         self.tokenizer.decode(ids, true).map_err(inference)
     }
 
-    /// Returns one unit-length vector per input, in order.
-    pub fn embed(&self, texts: &[String]) -> Result<(Vec<Vec<f32>>, usize), EmbedError> {
+    /// Returns one unit-length vector per input, in order, with token counts.
+    pub fn embed(&self, texts: &[String]) -> Result<Embedded, EmbedError> {
         if texts.is_empty() {
-            return Ok((Vec::new(), 0));
+            return Ok(Embedded {
+                vectors: Vec::new(),
+                token_counts: Vec::new(),
+                truncated: Vec::new(),
+            });
         }
         let encodings = self
             .tokenizer
@@ -94,15 +121,19 @@ impl Embedder {
         let cols = encodings.first().map_or(0, |e| e.get_ids().len());
         let mut ids = Vec::with_capacity(rows * cols);
         let mut mask = Vec::with_capacity(rows * cols);
-        let mut token_count = 0;
+        let mut token_counts = Vec::with_capacity(rows);
+        let mut truncated = Vec::with_capacity(rows);
         for encoding in &encodings {
             ids.extend_from_slice(encoding.get_ids());
             mask.extend_from_slice(encoding.get_attention_mask());
-            token_count += encoding
-                .get_attention_mask()
-                .iter()
-                .filter(|m| **m == 1)
-                .count();
+            token_counts.push(
+                encoding
+                    .get_attention_mask()
+                    .iter()
+                    .filter(|m| **m == 1)
+                    .count(),
+            );
+            truncated.push(!encoding.get_overflowing().is_empty());
         }
         let ids = Tensor::from_vec(ids, (rows, cols), &self.device).map_err(inference)?;
         let mask = Tensor::from_vec(mask, (rows, cols), &self.device).map_err(inference)?;
@@ -113,7 +144,17 @@ impl Embedder {
             .map_err(inference)?;
         let pooled = mean_pool(&hidden, &mask).map_err(inference)?;
         let normalised = l2_normalise(&pooled).map_err(inference)?;
-        Ok((normalised.to_vec2::<f32>().map_err(inference)?, token_count))
+        Ok(Embedded {
+            vectors: normalised.to_vec2::<f32>().map_err(inference)?,
+            token_counts,
+            truncated,
+        })
+    }
+}
+
+impl EmbedModel for Embedder {
+    fn embed(&self, texts: &[String]) -> Result<Embedded, EmbedError> {
+        Embedder::embed(self, texts)
     }
 }
 

@@ -15,8 +15,9 @@ pub enum ApiError {
     PayloadTooLarge(String),
     #[error("{0}")]
     Unprocessable(String),
-    #[error("the server is busy: the generation queue is full, retry later")]
-    QueueFull,
+    /// Names the full queue: `chat` or `embeddings`.
+    #[error("the server is busy: the {0} queue is full, retry later")]
+    QueueFull(&'static str),
     #[error("{0}")]
     Internal(String),
 }
@@ -29,7 +30,7 @@ impl ApiError {
             Self::NotFound(_) => ("invalid_request_error", "not_found"),
             Self::PayloadTooLarge(_) => ("invalid_request_error", "input_too_large"),
             Self::Unprocessable(_) => ("invalid_request_error", "invalid_value"),
-            Self::QueueFull => ("server_error", "queue_full"),
+            Self::QueueFull(_) => ("server_error", "queue_full"),
             Self::Internal(_) => ("server_error", "internal_error"),
         }
     }
@@ -52,7 +53,7 @@ impl ResponseError for ApiError {
             Self::ModelNotFound(_) | Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::QueueFull => StatusCode::SERVICE_UNAVAILABLE,
+            Self::QueueFull(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -61,6 +62,11 @@ impl ResponseError for ApiError {
         if let Self::Internal(detail) = self {
             tracing::error!(%detail, "request failed");
         }
-        HttpResponse::build(self.status_code()).json(self.body())
+        let mut response = HttpResponse::build(self.status_code());
+        if let Self::QueueFull(_) = self {
+            // Generations are seconds long; a second is a sensible first back-off.
+            response.insert_header(("Retry-After", "1"));
+        }
+        response.json(self.body())
     }
 }

@@ -259,10 +259,8 @@ mod tests {
 
     impl TempDir {
         fn new(name: &str) -> Self {
-            let dir = std::env::temp_dir().join(format!(
-                "local-llm-fetch-{}-{name}",
-                std::process::id()
-            ));
+            let dir =
+                std::env::temp_dir().join(format!("local-llm-fetch-{}-{name}", std::process::id()));
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::create_dir_all(&dir).expect("temp dir");
             Self(dir)
@@ -328,7 +326,9 @@ mod tests {
         let err = place_verified(&partial, &target, &expected).expect_err("rejected");
         match err {
             FetchError::Checksum {
-                actual, expected: e, ..
+                actual,
+                expected: e,
+                ..
             } => {
                 assert_eq!(actual, sha256_of(b"tampered"));
                 assert_eq!(e, expected);

@@ -2,6 +2,8 @@
 //! queue (fair: first come, first served) and stream their events back over a
 //! channel. A closed channel means the client went away, which halts decoding.
 
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
 
 use tokio::sync::mpsc;
@@ -59,24 +61,131 @@ struct Job {
     events: mpsc::UnboundedSender<GenerationEvent>,
 }
 
+impl Job {
+    /// The receiver is dropped when the client goes away (or the handler is cancelled).
+    fn abandoned(&self) -> bool {
+        self.events.is_closed()
+    }
+}
+
+/// A snapshot of the queue, for `/health` and for tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct QueueStats {
+    /// A generation is in progress.
+    pub running: bool,
+    /// Jobs waiting whose client is still there.
+    pub waiting: usize,
+    pub capacity: usize,
+    /// Jobs dropped unrun because their client left while they waited.
+    pub skipped: u64,
+    pub completed: u64,
+}
+
+#[derive(Default)]
+struct QueueState {
+    jobs: VecDeque<Job>,
+    running: bool,
+    /// The generator is gone (all handles dropped, or its thread ended).
+    stopped: bool,
+    skipped: u64,
+    completed: u64,
+}
+
+struct Shared {
+    state: Mutex<QueueState>,
+    wake: Condvar,
+    capacity: usize,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, QueueState> {
+        // The state stays consistent across a panic (no half-done updates), so
+        // a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn stop(&self) {
+        let mut state = self.lock();
+        state.stopped = true;
+        // Dropping the waiting jobs closes their channels: their handlers answer at once.
+        state.jobs.clear();
+        drop(state);
+        self.wake.notify_all();
+    }
+
+    /// Blocks until a live job is waiting; `None` once the queue has stopped.
+    fn next_job(&self) -> Option<Job> {
+        let mut state = self.lock();
+        loop {
+            if state.stopped {
+                return None;
+            }
+            while let Some(job) = state.jobs.pop_front() {
+                if job.abandoned() {
+                    state.skipped += 1;
+                    continue;
+                }
+                state.running = true;
+                return Some(job);
+            }
+            state = self
+                .wake
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    fn job_done(&self) {
+        let mut state = self.lock();
+        state.running = false;
+        state.completed += 1;
+    }
+}
+
+/// Stops the generator when the last queue handle goes away.
+struct Owner(Arc<Shared>);
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
+}
+
+/// Marks the queue stopped however the generator thread ends, a panic included,
+/// so requests get an error instead of waiting forever.
+struct GeneratorExit(Arc<Shared>);
+
+impl Drop for GeneratorExit {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
+}
+
 #[derive(Clone)]
 pub struct GenerationQueue {
-    jobs: mpsc::Sender<Job>,
+    owner: Arc<Owner>,
 }
 
 impl GenerationQueue {
     /// Starts the generator thread. `make_engine` runs on that thread, so an
-    /// engine that is not `Sync` (or slow to load) stays there.
+    /// engine that is slow to load (or tied to its thread) stays there.
+    /// `capacity` counts waiting jobs, not the running one.
     pub fn start<E, F>(capacity: usize, make_engine: F) -> Result<Self, EngineError>
     where
         E: ChatEngine + 'static,
         F: FnOnce() -> Result<E, EngineError> + Send + 'static,
     {
-        let (jobs, mut inbox) = mpsc::channel::<Job>(capacity.max(1));
+        let shared = Arc::new(Shared {
+            state: Mutex::new(QueueState::default()),
+            wake: Condvar::new(),
+            capacity: capacity.max(1),
+        });
+        let worker = shared.clone();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         thread::Builder::new()
             .name("chat-generator".into())
             .spawn(move || {
+                let _exit = GeneratorExit(worker.clone());
                 let mut engine = match make_engine() {
                     Ok(engine) => {
                         let _ = ready_tx.send(Ok(()));
@@ -87,11 +196,12 @@ impl GenerationQueue {
                         return;
                     }
                 };
-                while let Some(job) = inbox.blocking_recv() {
-                    if job.events.is_closed() {
-                        continue;
-                    }
-                    run_job(&mut engine, job);
+                while let Some(job) = worker.next_job() {
+                    let (events, last) = run_job(&mut engine, job);
+                    // Counted before the client hears the end, so `/health`
+                    // never lags behind what a client has seen.
+                    worker.job_done();
+                    let _ = events.send(last);
                 }
             })
             .map_err(|e| {
@@ -100,25 +210,54 @@ impl GenerationQueue {
         ready_rx.recv().map_err(|_| {
             EngineError::Inference("the generator thread exited while loading".into())
         })??;
-        Ok(Self { jobs })
+        Ok(Self {
+            owner: Arc::new(Owner(shared)),
+        })
     }
 
+    /// Queues a request, or refuses it at once when the queue is full. Jobs
+    /// whose client already left are dropped first: they hold no place.
     pub fn submit(
         &self,
         request: GenerationRequest,
     ) -> Result<mpsc::UnboundedReceiver<GenerationEvent>, SubmitError> {
+        let shared = &self.owner.0;
+        let mut state = shared.lock();
+        if state.stopped {
+            return Err(SubmitError::Stopped);
+        }
+        let before = state.jobs.len();
+        state.jobs.retain(|job| !job.abandoned());
+        state.skipped += (before - state.jobs.len()) as u64;
+        if state.jobs.len() >= shared.capacity {
+            return Err(SubmitError::QueueFull);
+        }
         let (events, receiver) = mpsc::unbounded_channel();
-        self.jobs
-            .try_send(Job { request, events })
-            .map_err(|e| match e {
-                mpsc::error::TrySendError::Full(_) => SubmitError::QueueFull,
-                mpsc::error::TrySendError::Closed(_) => SubmitError::Stopped,
-            })?;
+        state.jobs.push_back(Job { request, events });
+        drop(state);
+        shared.wake.notify_one();
         Ok(receiver)
+    }
+
+    pub fn stats(&self) -> QueueStats {
+        let shared = &self.owner.0;
+        let state = shared.lock();
+        QueueStats {
+            running: state.running,
+            waiting: state.jobs.iter().filter(|job| !job.abandoned()).count(),
+            capacity: shared.capacity,
+            skipped: state.skipped,
+            completed: state.completed,
+        }
     }
 }
 
-fn run_job<E: ChatEngine>(engine: &mut E, job: Job) {
+/// Runs one job, streaming its text; returns the channel with the final event
+/// still to send.
+fn run_job<E: ChatEngine>(
+    engine: &mut E,
+    job: Job,
+) -> (mpsc::UnboundedSender<GenerationEvent>, GenerationEvent) {
     let Job { request, events } = job;
     let prompt = engine.tokenize(&request.prompt);
     let mut stops = request.stop;
@@ -175,65 +314,17 @@ fn run_job<E: ChatEngine>(engine: &mut E, job: Job) {
         }
         Err(err) => GenerationEvent::Failed(err),
     };
-    let _ = events.send(event);
+    (events, event)
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::mpsc as std_mpsc;
-
     use super::*;
-    use crate::engine::EngineRun;
+    use crate::testing::{EngineGate, GateReport, gated_engine};
 
-    /// Emits `pieces` one by one; before each it waits for a permit, so the
-    /// test decides exactly how far generation gets.
-    struct GatedEngine {
-        pieces: Vec<&'static str>,
-        permits: std_mpsc::Receiver<()>,
-        emitted: std_mpsc::Sender<usize>,
-    }
-
-    impl ChatEngine for GatedEngine {
-        fn tokenize(&self, text: &str) -> Vec<i32> {
-            text.bytes().map(i32::from).collect()
-        }
-        fn detokenize(&self, _tokens: &[i32]) -> String {
-            String::new()
-        }
-        fn context_tokens(&self) -> u32 {
-            4096
-        }
-        fn generate(
-            &mut self,
-            _prompt: &[i32],
-            params: &SamplingParams,
-            on_piece: &mut dyn FnMut(&[u8]) -> Flow,
-        ) -> Result<EngineRun, EngineError> {
-            let mut produced = 0;
-            for piece in self.pieces.iter().take(params.max_tokens as usize) {
-                if self.permits.recv().is_err() {
-                    break;
-                }
-                produced += 1;
-                let flow = on_piece(piece.as_bytes());
-                let _ = self.emitted.send(produced);
-                if flow == Flow::Halt {
-                    return Ok(EngineRun {
-                        completion_tokens: produced,
-                        finish: EngineFinish::Halted,
-                    });
-                }
-            }
-            Ok(EngineRun {
-                completion_tokens: produced,
-                finish: EngineFinish::Length,
-            })
-        }
-    }
-
-    fn request(stop: &[&str]) -> GenerationRequest {
+    fn request(prompt: &str, stop: &[&str]) -> GenerationRequest {
         GenerationRequest {
-            prompt: "hi".into(),
+            prompt: prompt.into(),
             params: SamplingParams {
                 max_tokens: 100,
                 ..SamplingParams::default()
@@ -242,25 +333,10 @@ mod tests {
         }
     }
 
-    fn start(
-        pieces: Vec<&'static str>,
-        capacity: usize,
-    ) -> (
-        GenerationQueue,
-        std_mpsc::Sender<()>,
-        std_mpsc::Receiver<usize>,
-    ) {
-        let (permit_tx, permits) = std_mpsc::channel();
-        let (emitted, emitted_rx) = std_mpsc::channel();
-        let queue = GenerationQueue::start(capacity, move || {
-            Ok(GatedEngine {
-                pieces,
-                permits,
-                emitted,
-            })
-        })
-        .expect("queue starts");
-        (queue, permit_tx, emitted_rx)
+    fn start(pieces: &[&str], capacity: usize) -> (GenerationQueue, EngineGate) {
+        let (engine, gate) = gated_engine(pieces);
+        let queue = GenerationQueue::start(capacity, move || Ok(engine)).expect("queue starts");
+        (queue, gate)
     }
 
     async fn collect(
@@ -278,13 +354,24 @@ mod tests {
         (text, reason)
     }
 
+    /// Waits until the engine has begun generating `prompt`.
+    async fn started(gate: &mut EngineGate, prompt: &str) {
+        let report = gate.next().await.expect("a report");
+        assert_eq!(
+            report,
+            GateReport::Started {
+                prompt: prompt.to_owned()
+            }
+        );
+    }
+
     #[tokio::test]
     async fn stop_string_split_over_pieces_ends_generation_and_is_not_emitted() {
-        let (queue, permits, _emitted) = start(vec!["Thought", ": go\nObs", "ervation", ": 1"], 4);
-        for _ in 0..4 {
-            permits.send(()).expect("permit");
-        }
-        let events = queue.submit(request(&["Observation:"])).expect("accepted");
+        let (queue, gate) = start(&["Thought", ": go\nObs", "ervation", ": 1"], 4);
+        gate.allow(4);
+        let events = queue
+            .submit(request("hi", &["Observation:"]))
+            .expect("accepted");
         let (text, reason) = collect(events).await;
         assert_eq!(text, "Thought: go\n");
         assert_eq!(reason, Some(FinishReason::Stop));
@@ -292,63 +379,115 @@ mod tests {
 
     #[tokio::test]
     async fn end_of_turn_text_is_a_stop_too() {
-        let (queue, permits, _emitted) = start(vec!["Hi", "<|im_", "end|>", "junk"], 4);
-        for _ in 0..4 {
-            permits.send(()).expect("permit");
-        }
-        let (text, reason) = collect(queue.submit(request(&[])).expect("accepted")).await;
+        let (queue, gate) = start(&["Hi", "<|im_", "end|>", "junk"], 4);
+        gate.allow(4);
+        let (text, reason) = collect(queue.submit(request("hi", &[])).expect("accepted")).await;
         assert_eq!(text, "Hi");
         assert_eq!(reason, Some(FinishReason::Stop));
     }
 
     #[tokio::test]
-    async fn full_queue_is_refused_and_jobs_run_in_order() {
-        let (queue, permits, emitted) = start(vec!["a", "b"], 1);
-        let mut first = queue.submit(request(&[])).expect("first runs");
-        // Let the first job produce a piece so it is certainly off the queue.
-        permits.send(()).expect("permit");
-        assert!(matches!(
-            first.recv().await,
-            Some(GenerationEvent::Started { .. })
-        ));
-        assert_eq!(emitted.recv().expect("emitted"), 1);
+    async fn reaching_max_tokens_finishes_with_length() {
+        let (queue, gate) = start(&["a", "b", "c", "d"], 1);
+        gate.allow(4);
+        let mut short = request("hi", &[]);
+        short.params.max_tokens = 2;
+        let (text, reason) = collect(queue.submit(short).expect("accepted")).await;
+        assert_eq!(text, "ab");
+        assert_eq!(reason, Some(FinishReason::Length));
+    }
+
+    #[tokio::test]
+    async fn full_queue_is_refused_until_a_place_frees() {
+        let (queue, mut gate) = start(&["a", "b"], 1);
+        let first = queue.submit(request("first", &[])).expect("first runs");
+        started(&mut gate, "first").await;
         let second = queue
-            .submit(request(&[]))
+            .submit(request("second", &[]))
             .expect("second waits in the queue");
         assert!(matches!(
-            queue.submit(request(&[])),
+            queue.submit(request("third", &[])),
             Err(SubmitError::QueueFull)
         ));
-        for _ in 0..3 {
-            permits.send(()).expect("permit");
+        assert_eq!(queue.stats().waiting, 1);
+        assert!(queue.stats().running);
+        gate.allow(4);
+        assert_eq!(collect(first).await.0, "ab");
+        assert_eq!(collect(second).await.0, "ab");
+        assert_eq!(queue.stats().completed, 2);
+    }
+
+    #[tokio::test]
+    async fn several_waiting_jobs_run_in_arrival_order() {
+        let (queue, mut gate) = start(&["x"], 8);
+        let running = queue.submit(request("job-0", &[])).expect("accepted");
+        started(&mut gate, "job-0").await;
+        let waiting: Vec<_> = (1..=5)
+            .map(|i| {
+                queue
+                    .submit(request(&format!("job-{i}"), &[]))
+                    .expect("accepted")
+            })
+            .collect();
+        assert_eq!(queue.stats().waiting, 5);
+        gate.allow(6);
+        let mut order = Vec::new();
+        for _ in 0..6 {
+            order.push(gate.finished().await.expect("a run finishes").0);
         }
-        let (first_text, _) = collect(first).await;
-        assert_eq!(first_text, "ab");
-        let (second_text, _) = collect(second).await;
-        assert_eq!(second_text, "ab");
+        let expected: Vec<String> = (0..=5).map(|i| format!("job-{i}")).collect();
+        assert_eq!(order, expected);
+        drop((running, waiting));
     }
 
     #[tokio::test]
     async fn dropping_the_receiver_halts_generation() {
-        let (queue, permits, emitted) = start(vec!["a", "b", "c", "d"], 1);
-        let mut events = queue.submit(request(&[])).expect("accepted");
-        permits.send(()).expect("permit");
+        let (queue, mut gate) = start(&["a", "b", "c", "d"], 1);
+        let mut events = queue.submit(request("hi", &[])).expect("accepted");
+        gate.allow(1);
         assert!(matches!(
             events.recv().await,
             Some(GenerationEvent::Started { .. })
         ));
-        assert_eq!(emitted.recv().expect("emitted"), 1);
+        // The first piece is fully handed over before the client leaves.
+        while gate.next().await.expect("report") != (GateReport::Piece { count: 1 }) {}
         drop(events);
-        permits.send(()).expect("permit");
+        gate.allow(3);
         // The engine sees the closed channel at the next piece and stops there.
-        assert_eq!(emitted.recv().expect("emitted"), 2);
-        // A new job starts from its first piece: the old one did not go on.
-        let mut next = queue.submit(request(&[])).expect("accepted");
-        permits.send(()).expect("permit");
-        assert!(matches!(
-            next.recv().await,
-            Some(GenerationEvent::Started { .. })
-        ));
-        assert_eq!(emitted.recv().expect("emitted"), 1);
+        let (_, run) = gate.finished().await.expect("the run ends");
+        assert_eq!(run.finish, EngineFinish::Halted);
+        assert_eq!(run.completion_tokens, 2);
+    }
+
+    #[tokio::test]
+    async fn a_waiting_job_whose_client_left_is_skipped_and_frees_its_place() {
+        let (queue, mut gate) = start(&["a"], 1);
+        let running = queue.submit(request("running", &[])).expect("accepted");
+        started(&mut gate, "running").await;
+        let gone = queue.submit(request("gone", &[])).expect("accepted");
+        drop(gone);
+        assert_eq!(queue.stats().waiting, 0);
+        // The abandoned job holds no place: another request still fits.
+        let next = queue.submit(request("next", &[])).expect("accepted");
+        gate.allow(2);
+        assert_eq!(collect(running).await.0, "a");
+        assert_eq!(collect(next).await.0, "a");
+        assert_eq!(gate.finished().await.expect("finished").0, "running");
+        assert_eq!(gate.finished().await.expect("finished").0, "next");
+        assert_eq!(queue.stats().skipped, 1);
+        assert_eq!(queue.stats().completed, 2);
+    }
+
+    #[tokio::test]
+    async fn dropping_the_queue_stops_the_generator_and_fails_waiters() {
+        let (queue, mut gate) = start(&["a"], 2);
+        let running = queue.submit(request("running", &[])).expect("accepted");
+        started(&mut gate, "running").await;
+        let waiting = queue.submit(request("waiting", &[])).expect("accepted");
+        drop(queue);
+        // The waiting job's channel closes without any event.
+        assert_eq!(collect(waiting).await, (String::new(), None));
+        gate.allow(1);
+        assert_eq!(collect(running).await.0, "a");
     }
 }

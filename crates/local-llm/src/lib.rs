@@ -2,6 +2,7 @@
 //! `llama-cpp-2`) and a real embedding model (candle BERT) on the CPU, spoken
 //! to over the OpenAI and Vertex wire shapes the gateway already uses.
 
+pub mod admission;
 pub mod api;
 pub mod chat_template;
 pub mod config;
@@ -12,3 +13,5 @@ pub mod fetch;
 pub mod generation;
 pub mod server;
 pub mod stop;
+#[doc(hidden)]
+pub mod testing;

@@ -13,13 +13,14 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 use tokio::sync::mpsc::UnboundedReceiver;
 
+use crate::admission::{Admission, AdmitError};
 use crate::api::{
     ChatCompletionRequest, EmbeddingInput, EmbeddingsRequest, Usage, VertexPredictRequest,
     parse_json,
 };
 use crate::chat_template::{ChatMessage, render_chatml};
 use crate::config::Config;
-use crate::embeddings::{EmbedError, Embedder};
+use crate::embeddings::{EmbedError, EmbedModel, Embedded, Embedder};
 use crate::engine::{EngineError, LlamaEngine, SamplingParams};
 use crate::error::ApiError;
 use crate::generation::{GenerationEvent, GenerationQueue, GenerationRequest, SubmitError};
@@ -41,7 +42,9 @@ pub enum StartError {
 pub struct AppState {
     pub config: Arc<Config>,
     pub chat: GenerationQueue,
-    pub embedder: Arc<Embedder>,
+    pub embedder: Arc<dyn EmbedModel>,
+    /// Bounds embedding work the way the generation queue bounds chat.
+    pub embed_admission: Arc<Admission>,
 }
 
 impl AppState {
@@ -53,11 +56,26 @@ impl AppState {
             LlamaEngine::load(&path, threads, context)
         })?;
         let embedder = Arc::new(Embedder::load(&config.embed_model_dir)?);
-        Ok(Self {
+        Ok(Self::from_parts(config, chat, embedder))
+    }
+
+    /// Builds the app around any chat queue and embedder: the seam for other
+    /// engines and for tests with controllable doubles.
+    pub fn from_parts(
+        config: Config,
+        chat: GenerationQueue,
+        embedder: Arc<dyn EmbedModel>,
+    ) -> Self {
+        let embed_admission = Arc::new(Admission::new(
+            config.embed_concurrency,
+            config.embed_queue_capacity,
+        ));
+        Self {
             config: Arc::new(config),
             chat,
             embedder,
-        })
+            embed_admission,
+        }
     }
 }
 
@@ -66,6 +84,11 @@ pub fn bind(state: AppState, addr: SocketAddr) -> Result<(Server, SocketAddr), S
     let data = web::Data::new(state);
     let server = HttpServer::new(move || App::new().app_data(data.clone()).configure(routes))
         .workers(2)
+        // A client that closes its side has gone (HTTP clients do not half-close
+        // while awaiting an answer). Ending the connection at once drops the
+        // handler, which takes a waiting request out of the queue and halts a
+        // running generation; by default actix would keep serving nobody.
+        .h1_allow_half_closed(false)
         .bind(addr)
         .map_err(|source| StartError::Bind { addr, source })?;
     let bound = server.addrs().first().copied().unwrap_or(addr);
@@ -93,6 +116,8 @@ async fn health(state: web::Data<AppState>) -> HttpResponse {
         "status": "ok",
         "chat_model": state.config.chat_model_id,
         "embedding_model": state.config.embed_model_id,
+        "chat_queue": state.chat.stats(),
+        "embedding_queue": state.embed_admission.stats(),
     }))
 }
 
@@ -196,9 +221,19 @@ fn validated_generation(
             temperature,
             top_p,
             max_tokens,
-            seed: request.seed.unwrap_or(0x5eed),
+            seed: pick_seed(request.seed),
         },
         stop,
+    })
+}
+
+/// The client's seed keeps sampling reproducible; without one each request
+/// draws its own, so identical requests at temperature > 0 can differ, as
+/// OpenAI's do. (Greedy decoding ignores the seed.)
+fn pick_seed(requested: Option<u32>) -> u32 {
+    requested.unwrap_or_else(|| {
+        let bytes = uuid::Uuid::new_v4().into_bytes();
+        u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
     })
 }
 
@@ -228,9 +263,13 @@ async fn chat_completions(
     let body = read_body(payload, state.config.max_body_bytes).await?;
     let request: ChatCompletionRequest = parse_json(&body)?;
     let stream = request.stream;
+    let include_usage = request
+        .stream_options
+        .as_ref()
+        .is_some_and(|o| o.include_usage);
     let generation = validated_generation(&state, request)?;
     let mut events = state.chat.submit(generation).map_err(|e| match e {
-        SubmitError::QueueFull => ApiError::QueueFull,
+        SubmitError::QueueFull => ApiError::QueueFull("chat"),
         SubmitError::Stopped => ApiError::Internal(e.to_string()),
     })?;
     let prompt_tokens = await_start(&mut events).await?;
@@ -241,7 +280,16 @@ async fn chat_completions(
         return Ok(HttpResponse::Ok()
             .content_type("text/event-stream")
             .insert_header(("Cache-Control", "no-cache"))
-            .streaming(sse_stream(events, id, model, created)));
+            .streaming(sse_stream(
+                events,
+                SseMeta {
+                    id,
+                    model,
+                    created,
+                    prompt_tokens,
+                    include_usage,
+                },
+            )));
     }
     let mut content = String::new();
     loop {
@@ -280,35 +328,58 @@ async fn chat_completions(
     }
 }
 
-fn sse_stream(
-    mut events: UnboundedReceiver<GenerationEvent>,
+struct SseMeta {
     id: String,
     model: String,
     created: u64,
+    prompt_tokens: usize,
+    include_usage: bool,
+}
+
+/// Dropping this stream (actix does when the client disconnects) drops the
+/// event receiver, which halts generation at the next token.
+fn sse_stream(
+    mut events: UnboundedReceiver<GenerationEvent>,
+    meta: SseMeta,
 ) -> impl futures::Stream<Item = Result<Bytes, actix_web::Error>> {
-    let chunk = move |delta: Value, finish: Option<&str>| {
-        let payload = json!({
-            "id": id,
+    let frame = |payload: Value| Bytes::from(format!("data: {payload}\n\n"));
+    let chunk = move |choices: Value, usage: Option<Usage>| {
+        let mut payload = json!({
+            "id": meta.id,
             "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": [{ "index": 0, "delta": delta, "finish_reason": finish }],
+            "created": meta.created,
+            "model": meta.model,
+            "choices": choices,
         });
-        Bytes::from(format!("data: {payload}\n\n"))
+        if let Some(usage) = usage {
+            payload["usage"] = json!(usage);
+        }
+        frame(payload)
     };
+    let choice = |delta: Value, finish: Option<&str>| json!([{ "index": 0, "delta": delta, "finish_reason": finish }]);
+    let (prompt_tokens, include_usage) = (meta.prompt_tokens, meta.include_usage);
     async_stream::stream! {
-        yield Ok(chunk(json!({ "role": "assistant", "content": "" }), None));
+        yield Ok(chunk(choice(json!({ "role": "assistant", "content": "" }), None), None));
         while let Some(event) = events.recv().await {
             match event {
-                GenerationEvent::Delta(text) => yield Ok(chunk(json!({ "content": text }), None)),
-                GenerationEvent::Finished { reason, .. } => {
-                    yield Ok(chunk(json!({}), Some(reason.as_str())));
+                GenerationEvent::Delta(text) => {
+                    yield Ok(chunk(choice(json!({ "content": text }), None), None));
+                }
+                GenerationEvent::Finished { reason, completion_tokens } => {
+                    yield Ok(chunk(choice(json!({}), Some(reason.as_str())), None));
+                    if include_usage {
+                        let usage = Usage {
+                            prompt_tokens,
+                            completion_tokens,
+                            total_tokens: prompt_tokens + completion_tokens,
+                        };
+                        yield Ok(chunk(json!([]), Some(usage)));
+                    }
                     break;
                 }
                 GenerationEvent::Failed(err) => {
                     tracing::error!(error = %err, "generation failed mid-stream");
-                    let body = ApiError::Internal(err.to_string()).body();
-                    yield Ok(Bytes::from(format!("data: {body}\n\n")));
+                    yield Ok(frame(ApiError::Internal(err.to_string()).body()));
                     break;
                 }
                 GenerationEvent::Started { .. } => {}
@@ -336,12 +407,24 @@ fn check_inputs(state: &AppState, texts: &[String]) -> Result<(), ApiError> {
     Ok(())
 }
 
-async fn embed(state: &AppState, texts: Vec<String>) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
+/// Waits for an embedding slot (or is refused at once when too many wait),
+/// then runs tokenisation and the model on the blocking pool. The slot moves
+/// into the blocking call, so it stays taken until the CPU work really ends,
+/// even if the client has gone.
+async fn embed(state: &AppState, texts: Vec<String>) -> Result<Embedded, ApiError> {
+    let admitted = state.embed_admission.enter().await.map_err(|e| match e {
+        AdmitError::Full => ApiError::QueueFull("embeddings"),
+        AdmitError::Closed => ApiError::Internal(e.to_string()),
+    })?;
     let embedder = state.embedder.clone();
-    web::block(move || embedder.embed(&texts))
-        .await
-        .map_err(|e| ApiError::Internal(e.to_string()))?
-        .map_err(|e| ApiError::Internal(e.to_string()))
+    web::block(move || {
+        let result = embedder.embed(&texts);
+        drop(admitted);
+        result
+    })
+    .await
+    .map_err(|e| ApiError::Internal(e.to_string()))?
+    .map_err(|e| ApiError::Internal(e.to_string()))
 }
 
 async fn embeddings(
@@ -375,8 +458,10 @@ async fn embeddings(
         }
     };
     check_inputs(&state, &texts)?;
-    let (vectors, tokens) = embed(&state, texts).await?;
-    let data: Vec<Value> = vectors
+    let embedded = embed(&state, texts).await?;
+    let tokens = embedded.total_tokens();
+    let data: Vec<Value> = embedded
+        .vectors
         .into_iter()
         .enumerate()
         .map(|(index, vector)| {
@@ -414,27 +499,36 @@ async fn vertex_predict(
     let request: VertexPredictRequest = parse_json(&body)?;
     let texts: Vec<String> = request.instances.into_iter().map(|i| i.content).collect();
     check_inputs(&state, &texts)?;
-    let counts: Vec<usize> = texts
-        .iter()
-        .map(|t| {
-            state
-                .embedder
-                .token_ids(t)
-                .map(|ids| ids.len())
-                .unwrap_or(0)
-        })
-        .collect();
     let characters: usize = texts.iter().map(|t| t.chars().count()).sum();
-    let (vectors, _) = embed(&state, texts).await?;
-    let predictions: Vec<Value> = vectors
+    // Token counts come from the embedder's own tokenisation, on the blocking pool.
+    let embedded = embed(&state, texts).await?;
+    let predictions: Vec<Value> = embedded
+        .vectors
         .into_iter()
-        .zip(counts)
-        .map(|(values, count)| {
-            json!({ "embeddings": { "values": values, "statistics": { "token_count": count, "truncated": false } } })
+        .zip(embedded.token_counts)
+        .zip(embedded.truncated)
+        .map(|((values, count), truncated)| {
+            json!({ "embeddings": { "values": values, "statistics": { "token_count": count, "truncated": truncated } } })
         })
         .collect();
     Ok(HttpResponse::Ok().json(json!({
         "predictions": predictions,
         "metadata": { "billableCharacterCount": characters },
     })))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+
+    #[test]
+    fn a_given_seed_is_kept_and_a_missing_one_is_drawn_per_request() {
+        assert_eq!(pick_seed(Some(7)), 7);
+        assert_eq!(pick_seed(Some(0x5eed)), 0x5eed);
+        let drawn: HashSet<u32> = (0..8).map(|_| pick_seed(None)).collect();
+        // Eight draws from 2^32 values all colliding would mean a fixed seed.
+        assert!(drawn.len() > 1, "{drawn:?}");
+    }
 }

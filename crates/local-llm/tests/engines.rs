@@ -9,7 +9,7 @@
 mod common;
 
 use local_llm::chat_template::{ChatMessage, render_chatml};
-use local_llm::embeddings::Embedder;
+use local_llm::embeddings::{Embedder, MAX_SEQUENCE_TOKENS};
 use local_llm::engine::{ChatEngine, EngineFinish, Flow, LlamaEngine, SamplingParams};
 use serde_json::Value;
 
@@ -87,8 +87,8 @@ fn embeddings_match_reference_values() {
         .iter()
         .map(|s| s["text"].as_str().expect("text").to_owned())
         .collect();
-    let (vectors, _) = embedder.embed(&texts).expect("embeds");
-    for (sentence, vector) in sentences.iter().zip(&vectors) {
+    let embedded = embedder.embed(&texts).expect("embeds");
+    for (sentence, vector) in sentences.iter().zip(&embedded.vectors) {
         let ids: Vec<u64> = embedder
             .token_ids(sentence["text"].as_str().expect("text"))
             .expect("ids")
@@ -125,9 +125,25 @@ fn batched_embeddings_equal_single_ones_despite_padding() {
     let short = "Hi.".to_owned();
     let long =
         "A much longer sentence that forces the short one to be padded in the batch.".to_owned();
-    let (batch, _) = embedder.embed(&[short.clone(), long]).expect("batch");
-    let (single, _) = embedder.embed(&[short]).expect("single");
-    for (a, b) in batch[0].iter().zip(&single[0]) {
+    let batch = embedder.embed(&[short.clone(), long]).expect("batch");
+    let single = embedder.embed(&[short]).expect("single");
+    for (a, b) in batch.vectors[0].iter().zip(&single.vectors[0]) {
         assert!((a - b).abs() < 1e-4);
     }
+    // Padding is not counted: the short input keeps its own length.
+    assert_eq!(batch.token_counts[0], single.token_counts[0]);
+    assert!(batch.token_counts[1] > batch.token_counts[0]);
+}
+
+#[test]
+fn long_inputs_are_cut_at_the_sequence_limit_and_flagged() {
+    let embedder = Embedder::load(&common::test_config().embed_model_dir).expect("embedder loads");
+    let long = "merge request review ".repeat(200);
+    let embedded = embedder
+        .embed(&[long, "short one".to_owned()])
+        .expect("embeds");
+    assert_eq!(embedded.token_counts[0], MAX_SEQUENCE_TOKENS);
+    assert_eq!(embedded.truncated, vec![true, false]);
+    assert_eq!(embedded.token_counts[1], 4);
+    assert_eq!(embedded.total_tokens(), MAX_SEQUENCE_TOKENS + 4);
 }

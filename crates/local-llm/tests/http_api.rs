@@ -331,3 +331,157 @@ async fn bad_input_gets_clear_openai_errors() {
     assert_eq!(resp.status(), StatusCode::NOT_FOUND);
     assert_openai_error(&resp.json().await.expect("json"), "not_found");
 }
+
+/// The final chunk's finish reason and the usage chunk's completion tokens of a stream.
+async fn stream_outcome(base: &str, mut body: Value) -> (String, String, u64) {
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({ "include_usage": true });
+    let text = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .expect("request")
+        .text()
+        .await
+        .expect("body");
+    let chunks: Vec<Value> = text
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).expect("chunk json"))
+        .collect();
+    let content: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    let reason = chunks
+        .iter()
+        .find_map(|c| c["choices"][0]["finish_reason"].as_str())
+        .expect("a finish reason")
+        .to_owned();
+    let completion_tokens = chunks
+        .iter()
+        .find_map(|c| c["usage"]["completion_tokens"].as_u64())
+        .expect("a usage chunk");
+    (content, reason, completion_tokens)
+}
+
+#[actix_web::test]
+async fn finish_reason_is_length_at_max_tokens_and_stop_at_a_stop_sequence() {
+    let base = common::start_server(common::test_config()).await;
+    let mut body = greedy_request(None, false);
+    body["messages"][1]["content"] = json!("Write a long story about a lighthouse keeper.");
+    body["max_tokens"] = json!(3);
+    let (status, cut) = post(&base, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{cut}");
+    assert_eq!(cut["choices"][0]["finish_reason"], "length", "{cut}");
+    assert_eq!(cut["usage"]["completion_tokens"], 3, "{cut}");
+    let (streamed, reason, tokens) = stream_outcome(&base, body).await;
+    assert_eq!(reason, "length");
+    assert_eq!(tokens, 3);
+    assert_eq!(streamed, cut["choices"][0]["message"]["content"]);
+
+    // A stop string from the greedy answer's second word on ends it early.
+    let (_, full) = post(&base, "/v1/chat/completions", greedy_request(None, false)).await;
+    let text = full["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content");
+    let second_word = text.split_whitespace().nth(1).expect("two words");
+    let (streamed, reason, _) =
+        stream_outcome(&base, greedy_request(Some(second_word), false)).await;
+    assert_eq!(reason, "stop");
+    assert!(!streamed.contains(second_word), "{streamed:?}");
+    assert!(text.starts_with(&streamed), "{streamed:?} vs {text:?}");
+}
+
+#[actix_web::test]
+async fn greedy_answers_repeat_exactly_even_after_other_requests() {
+    let base = common::start_server(common::test_config()).await;
+    let answer = |body: Value| {
+        let base = base.clone();
+        async move {
+            let (status, reply) = post(&base, "/v1/chat/completions", body).await;
+            assert_eq!(status, StatusCode::OK, "{reply}");
+            reply["choices"][0]["message"]["content"]
+                .as_str()
+                .expect("content")
+                .to_owned()
+        }
+    };
+    let first = answer(greedy_request(None, false)).await;
+    // A different, longer conversation in between must leave nothing behind
+    // in the model's state.
+    let mut other = greedy_request(None, false);
+    other["messages"][1]["content"] =
+        json!("List the planets of the solar system in order, with one fact each.");
+    other["max_tokens"] = json!(40);
+    let between = answer(other).await;
+    let second = answer(greedy_request(None, false)).await;
+    assert_eq!(first, second);
+    assert_ne!(first, between);
+}
+
+#[actix_web::test]
+async fn sampling_follows_a_given_seed_and_draws_a_fresh_one_otherwise() {
+    let base = common::start_server(common::test_config()).await;
+    let sampled = |seed: Option<u32>| {
+        let base = base.clone();
+        async move {
+            let mut body = greedy_request(None, false);
+            body["temperature"] = json!(1.2);
+            body["max_tokens"] = json!(16);
+            if let Some(seed) = seed {
+                body["seed"] = json!(seed);
+            }
+            let (status, reply) = post(&base, "/v1/chat/completions", body).await;
+            assert_eq!(status, StatusCode::OK, "{reply}");
+            reply["choices"][0]["message"]["content"]
+                .as_str()
+                .expect("content")
+                .to_owned()
+        }
+    };
+    assert_eq!(sampled(Some(42)).await, sampled(Some(42)).await);
+    let mut unseeded = Vec::new();
+    for _ in 0..4 {
+        unseeded.push(sampled(None).await);
+    }
+    // Four 16-token samples at temperature 1.2 agreeing would mean a fixed seed.
+    assert!(
+        unseeded.iter().any(|text| *text != unseeded[0]),
+        "{unseeded:?}"
+    );
+}
+
+#[actix_web::test]
+async fn health_reports_the_queues() {
+    let base = common::start_server(common::test_config()).await;
+    let health: Value = reqwest::get(format!("{base}/health"))
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(health["status"], "ok");
+    assert_eq!(health["chat_queue"]["capacity"], 4, "{health}");
+    assert_eq!(health["chat_queue"]["waiting"], 0, "{health}");
+    assert_eq!(health["embedding_queue"]["concurrency"], 1, "{health}");
+    assert_eq!(health["embedding_queue"]["capacity"], 16, "{health}");
+}
+
+#[test]
+fn serving_without_weights_prints_one_line_and_exits_2() {
+    let dir = std::env::temp_dir().join(format!("local-llm-no-weights-{}", std::process::id()));
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_duo-local-llm"))
+        .env("DUO_MODELS_DIR", &dir)
+        .env_remove("DUO_LOCAL_LLM_CHAT_MODEL")
+        .env_remove("DUO_LOCAL_LLM_EMBED_MODEL")
+        .output()
+        .expect("run duo-local-llm");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(lines[0].contains("fetch-models"), "{stderr}");
+}

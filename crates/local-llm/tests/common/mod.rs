@@ -41,8 +41,12 @@ pub fn test_config() -> Config {
 
 /// Starts a real server on a free loopback port; returns its base URL.
 pub async fn start_server(config: Config) -> String {
-    let addr = config.addr;
-    let state = AppState::load(config).expect("models load");
+    start_app(AppState::load(config).expect("models load")).await
+}
+
+/// Serves any app state (real models or test doubles) on a free loopback port.
+pub async fn start_app(state: AppState) -> String {
+    let addr = state.config.addr;
     let (server, bound) = bind(state, addr).expect("bind");
     actix_web::rt::spawn(server);
     let base = format!("http://{bound}");
