@@ -5,6 +5,7 @@ use std::num::NonZeroU32;
 use std::path::Path;
 use std::sync::OnceLock;
 
+use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::context::params::LlamaContextParams;
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::llama_batch::LlamaBatch;
@@ -68,7 +69,7 @@ pub enum Flow {
     Halt,
 }
 
-pub trait ChatEngine: Send {
+pub trait ChatEngine {
     /// Tokenizes text, reading special markers such as `<|im_start|>` as control tokens.
     fn tokenize(&self, text: &str) -> Vec<i32>;
     fn detokenize(&self, tokens: &[i32]) -> String;
@@ -94,26 +95,42 @@ fn backend() -> Result<&'static LlamaBackend, EngineError> {
         .map_err(|e| EngineError::Inference(format!("llama.cpp backend: {e}")))
 }
 
+/// One model and one context whose KV cache is emptied between requests:
+/// creating a context allocates and clears the cache and reserves compute
+/// buffers, which is worth doing once rather than per request.
 pub struct LlamaEngine {
-    model: LlamaModel,
-    threads: i32,
+    model: &'static LlamaModel,
+    ctx: LlamaContext<'static>,
     context_tokens: u32,
 }
 
 const PROMPT_CHUNK: usize = 512;
 
 impl LlamaEngine {
+    /// The model stays loaded for the rest of the process (the context
+    /// borrows it, and safe Rust cannot keep both in one struct otherwise);
+    /// a server loads one engine for its whole life.
     pub fn load(path: &Path, threads: i32, context_tokens: u32) -> Result<Self, EngineError> {
         let backend = backend()?;
+        let load_error = |reason: String| EngineError::Load {
+            path: path.display().to_string(),
+            reason,
+        };
         let model = LlamaModel::load_from_file(backend, path, &LlamaModelParams::default())
-            .map_err(|e| EngineError::Load {
-                path: path.display().to_string(),
-                reason: e.to_string(),
-            })?;
+            .map_err(|e| load_error(e.to_string()))?;
+        let model: &'static LlamaModel = Box::leak(Box::new(model));
         let context_tokens = context_tokens.min(model.n_ctx_train().max(1));
+        let ctx_params = LlamaContextParams::default()
+            .with_n_ctx(NonZeroU32::new(context_tokens))
+            .with_n_batch(PROMPT_CHUNK as u32)
+            .with_n_threads(threads)
+            .with_n_threads_batch(threads);
+        let ctx = model
+            .new_context(backend, ctx_params)
+            .map_err(|e| load_error(format!("creating the context: {e}")))?;
         Ok(Self {
             model,
-            threads,
+            ctx,
             context_tokens,
         })
     }
@@ -175,15 +192,12 @@ impl ChatEngine for LlamaEngine {
                 context: self.context_tokens,
             });
         }
-        let ctx_params = LlamaContextParams::default()
-            .with_n_ctx(NonZeroU32::new(self.context_tokens))
-            .with_n_batch(PROMPT_CHUNK as u32)
-            .with_n_threads(self.threads)
-            .with_n_threads_batch(self.threads);
-        let mut ctx = self
-            .model
-            .new_context(backend()?, ctx_params)
+        // Forget the previous request's tokens; only the bookkeeping is reset,
+        // the cache memory is simply overwritten.
+        self.ctx
+            .clear_kv_cache_seq(None, None, None)
             .map_err(inference)?;
+        let ctx = &mut self.ctx;
         let vocab = self.model.vocab();
 
         let mut batch = LlamaBatch::new(PROMPT_CHUNK, 1);
@@ -211,7 +225,7 @@ impl ChatEngine for LlamaEngine {
                     finish: EngineFinish::Length,
                 });
             }
-            let token = sampler.sample(&ctx, batch.n_tokens() - 1);
+            let token = sampler.sample(ctx, batch.n_tokens() - 1);
             produced += 1;
             if vocab.is_eog(token) {
                 return Ok(EngineRun {
@@ -225,6 +239,13 @@ impl ChatEngine for LlamaEngine {
                 return Ok(EngineRun {
                     completion_tokens: produced,
                     finish: EngineFinish::Halted,
+                });
+            }
+            // The last allowed token needs no decode: nothing samples after it.
+            if produced >= budget {
+                return Ok(EngineRun {
+                    completion_tokens: produced,
+                    finish: EngineFinish::Length,
                 });
             }
             batch.clear();
