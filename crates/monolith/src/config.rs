@@ -60,6 +60,8 @@ pub struct Config {
     /// The `web` role also runs the queue's jobs in its own process (one
     /// process for development or a small instance).
     pub web_runs_jobs: bool,
+    /// How often subscription sockets get a keep-alive message (0: never).
+    pub ws_keep_alive: Duration,
 }
 
 impl Config {
@@ -139,6 +141,7 @@ impl Config {
                 "DUO_AI_GATEWAY_TIMEOUT_SECS",
             )?),
             web_runs_jobs: parse_or(&get, "DUO_WEB_RUNS_JOBS", false)?,
+            ws_keep_alive: Duration::from_secs(parse_or(&get, "DUO_WS_KEEP_ALIVE_SECS", 15)?),
         })
     }
 }

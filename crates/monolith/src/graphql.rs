@@ -876,6 +876,7 @@ async fn open_socket(
 ) -> Result<HttpResponse, actix_web::Error> {
     let header_user = api::optional_user(&state, &req).await?;
     let state = state.get_ref().clone();
+    let keep_alive = state.config.ws_keep_alive;
     let init = move |params: juniper::Variables| async move {
         let user = match header_user {
             Some(user) => user,
@@ -900,7 +901,12 @@ async fn open_socket(
         }
         Ok(
             juniper_graphql_ws::ConnectionConfig::new(GqlContext::new(&state, Some(user)))
-                .with_keep_alive_interval(std::time::Duration::from_secs(15)),
+                .with_keep_alive_interval(keep_alive)
+                // juniper would otherwise close a socket whose client sends no
+                // pings of its own within one interval; graphql-ws clients
+                // (GitLab's among them) do not ping by default, so open tabs
+                // would lose their subscription after 15 s of quiet.
+                .with_keep_alive_timeout(std::time::Duration::ZERO),
         )
     };
     juniper_actix::subscriptions::ws_handler(req, payload, schema.into_inner(), init).await

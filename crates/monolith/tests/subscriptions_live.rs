@@ -39,6 +39,10 @@ struct Web {
 
 impl Web {
     async fn start(fx: &Fx) -> Web {
+        Self::start_with(fx, &[]).await
+    }
+
+    async fn start_with(fx: &Fx, settings: &[(&str, &str)]) -> Web {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let url = fx.db.url().to_string();
@@ -46,7 +50,10 @@ impl Web {
             "DATABASE_URL" => Some(url.clone()),
             "DUO_WEB_ADDR" => Some(addr.to_string()),
             "DUO_SIGNING_KEY_DIR" => Some(support::test_key_dir()),
-            _ => None,
+            other => settings
+                .iter()
+                .find(|(name, _)| *name == other)
+                .map(|(_, v)| (*v).to_owned()),
         })
         .unwrap();
         let state =
@@ -435,4 +442,58 @@ async fn a_question_asked_on_one_replica_reaches_a_socket_on_another() {
     assert_eq!(data["role"], "USER", "{echo}");
     assert_eq!(data["content"], "Across replicas?");
     assert_eq!(data["requestId"], res["data"]["aiAction"]["requestId"]);
+}
+
+#[tokio::test]
+async fn a_quiet_client_that_never_pings_keeps_its_subscription() {
+    let fx = Fx::new().await;
+    fx.instance(Realm::SelfManaged, "ultimate", true).await;
+    let user = fx.user("alice").await;
+    fx.seat(user, "duo_pro", false).await;
+    let token = fx.token(user, &["api"]).await;
+    let web = Web::start_with(&fx, &[("DUO_WS_KEEP_ALIVE_SECS", "1")]).await;
+    let mut socket = transport_socket(&web, &token).await;
+    send(
+        &mut socket,
+        json!({ "id": "1", "type": "subscribe", "payload": {
+            "query": "subscription($userId: UserID) { aiCompletionResponse(userId: $userId, aiAction: CHAT) { content } }",
+            "variables": { "userId": format!("gid://gitlab/User/{}", user.id) },
+        }}),
+    )
+    .await;
+    web.wait_for_listener(&subscriptions::user_topic(user.id))
+        .await;
+
+    // Three keep-alive intervals pass (the server's own keep-alives count
+    // them) while the client stays silent, as graphql-ws clients do.
+    let mut keep_alives = 0;
+    while keep_alives < 3 {
+        let frame = tokio::time::timeout(DEADLINE, socket.next())
+            .await
+            .expect("no keep-alive in time");
+        match frame {
+            Some(Ok(Message::Text(text))) => {
+                let value: Value = serde_json::from_str(text.as_str()).unwrap();
+                assert!(
+                    matches!(value["type"].as_str(), Some("pong" | "ping")),
+                    "{value}"
+                );
+                keep_alives += 1;
+            }
+            Some(Ok(Message::Close(reason))) => panic!("the server closed the socket: {reason:?}"),
+            Some(Ok(_)) => {}
+            other => panic!("socket ended: {other:?}"),
+        }
+    }
+
+    let db = fx.pool.get().await.unwrap();
+    let live = subscriptions::LiveMessage::chunk(1, uuid::Uuid::new_v4(), 1, "still here".into());
+    subscriptions::publish_to_user(&**db, user.id, &live)
+        .await
+        .unwrap();
+    let msg = next(&mut socket).await.expect("the socket is still open");
+    assert_eq!(
+        msg["payload"]["data"]["aiCompletionResponse"]["content"], "still here",
+        "{msg}"
+    );
 }
