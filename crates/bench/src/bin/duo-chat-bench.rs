@@ -33,6 +33,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
+/// Set once the measurements are over and the services may go away.
+static FINISHED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 const USERS: usize = 50;
 const FANOUT_SUBSCRIBERS: usize = 100;
 const FANOUT_MESSAGES: usize = 200;
@@ -87,11 +90,11 @@ async fn main() -> anyhow::Result<()> {
         extra_web_replicas: 1,
         monolith_env: vec![
             ("DUO_AI_ACTION_RATE_LIMIT".into(), "100000000".into()),
-            ("RUST_LOG".into(), "warn".into()),
+            ("RUST_LOG".into(), log_level()),
             // The harness shortens leases for its crash test; use the default.
             ("DUO_JOB_LEASE_SECS".into(), "15".into()),
         ],
-        gateway_env: vec![("AIGW_LOGGING__LEVEL".into(), "warn".into())],
+        gateway_env: vec![("AIGW_LOGGING__LEVEL".into(), log_level())],
         ..Options::default()
     })
     .await
@@ -99,6 +102,50 @@ async fn main() -> anyhow::Result<()> {
     system.fake.set_recording(false);
     system.fake.set_chunk_size(16);
     let system = Arc::new(system);
+    let result = run(&system, started).await;
+    FINISHED.store(true, Ordering::Relaxed);
+    if result.is_err() {
+        if let Ok(db) = system.db.client().await
+            && let Ok(rows) = db
+                .query(
+                    "SELECT kind, state, attempts, coalesce(last_error, ''), payload::text FROM background_jobs ORDER BY id DESC LIMIT 5",
+                    &[],
+                )
+                .await
+        {
+            for row in rows {
+                let (kind, state, attempts, error, payload): (String, String, i32, String, String) =
+                    (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+                println!("job {kind} {state} attempts={attempts} error={error:?} {payload:.300}");
+            }
+        }
+        // What the services said last is usually why.
+        let services = [
+            Some(&system.gateway),
+            Some(&system.web),
+            system.worker.as_ref(),
+        ];
+        for service in services.into_iter().flatten() {
+            let path = std::env::temp_dir().join(format!("duo-chat-bench-{}.log", service.name));
+            let _ = std::fs::write(&path, service.log_tail(usize::MAX));
+            println!(
+                "--- {} (last lines; whole log in {}) ---\n{}",
+                service.name,
+                path.display(),
+                service.log_tail(20)
+            );
+        }
+    }
+    result
+}
+
+/// The services' log level: `DUO_BENCH_LOG` (e.g. `debug` to see why a run
+/// failed), `warn` by default so logging costs nothing measurable.
+fn log_level() -> String {
+    std::env::var("DUO_BENCH_LOG").unwrap_or_else(|_| "warn".into())
+}
+
+async fn run(system: &Arc<System>, started: Instant) -> anyhow::Result<()> {
     let web_urls: Vec<String> = std::iter::once(system.web_url.clone())
         .chain(system.replicas.iter().map(|(_, url)| url.clone()))
         .collect();
@@ -287,9 +334,20 @@ fn spawn_reader(
     keep: impl Fn(&Value) -> bool + Send + 'static,
 ) {
     tokio::spawn(async move {
-        while let Ok(message) = subscription.next_message(Duration::from_secs(3600)).await {
-            if keep(&message) && tx.send((Instant::now(), message)).is_err() {
-                break;
+        loop {
+            match subscription.next_message(Duration::from_secs(3600)).await {
+                Ok(message) => {
+                    if keep(&message) && tx.send((Instant::now(), message)).is_err() {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    // Sockets close when the services stop at the end.
+                    if !FINISHED.load(Ordering::Relaxed) {
+                        eprintln!("a subscription ended: {e}");
+                    }
+                    break;
+                }
             }
         }
     });
