@@ -156,12 +156,12 @@ async fn run(system: &Arc<System>, started: Instant) -> anyhow::Result<()> {
         std::env::var("DUO_WORKER_CONCURRENCY").unwrap_or_else(|_| "4".into())
     );
 
-    let mut users = create_users(&system, &web_urls).await?;
+    let mut users = create_users(system, &web_urls).await?;
     let integrity = Arc::new(Integrity::default());
     let mut summary = Vec::new();
 
     // 1. NOTIFY -> WebSocket fan-out.
-    summary.push(fanout(&system, &web_urls).await?);
+    summary.push(fanout(system, &web_urls).await?);
 
     // 2. Whole answers.
     println!(
@@ -185,7 +185,7 @@ async fn run(system: &Arc<System>, started: Instant) -> anyhow::Result<()> {
         (Kind::OneTool, USERS, 6),
     ] {
         let line;
-        (users, line) = answers(&system, users, &integrity, kind, concurrency, per_user).await?;
+        (users, line) = answers(system, users, &integrity, kind, concurrency, per_user).await?;
         summary.push(line);
     }
     println!(
@@ -193,7 +193,7 @@ async fn run(system: &Arc<System>, started: Instant) -> anyhow::Result<()> {
     );
 
     // 3. Mutations alone.
-    summary.push(mutations(&system, &users).await?);
+    summary.push(mutations(system, &users).await?);
 
     // 4. Memory.
     let mut rss = vec![
@@ -217,7 +217,7 @@ async fn run(system: &Arc<System>, started: Instant) -> anyhow::Result<()> {
     summary.push(format!("peak RSS (VmHWM): {}", rss.join(", ")));
 
     // Integrity: the database must hold exactly one answer per request.
-    let (stored_missing, stored_duplicated) = stored_answer_counts(&system).await?;
+    let (stored_missing, stored_duplicated) = stored_answer_counts(system).await?;
     let i = &integrity;
     let lost = stored_missing + i.missing_on_subscription.load(Ordering::Relaxed);
     let duplicated = stored_duplicated + i.duplicated_on_subscription.load(Ordering::Relaxed);
