@@ -58,6 +58,24 @@ async fn verify_with_issuer(
         .map_err(|e| e.to_string())
 }
 
+/// The web role's state (what signs gateway tokens) for `server`'s issuer.
+fn signing_state(fx: &Fx, server: &Server) -> monolith::web::AppState {
+    let url = fx.db.url().to_string();
+    let config = monolith::config::Config::from_lookup(|k| match k {
+        "DATABASE_URL" => Some(url.clone()),
+        "DUO_EXTERNAL_URL" => Some(server.base.clone()),
+        "DUO_SIGNING_KEY_DIR" => Some(support::test_key_dir()),
+        _ => None,
+    })
+    .unwrap();
+    monolith::web::AppState::new(
+        fx.pool.clone(),
+        config,
+        monolith::add_ons::AddOnCatalogue::built_in().unwrap(),
+    )
+    .unwrap()
+}
+
 fn subject(issuer: &str) -> TokenSubject<'_> {
     TokenSubject {
         user_id: 7,
@@ -134,20 +152,7 @@ async fn user_tokens_carry_the_seats_unit_primitives() {
     fx.seat(pro, "duo_pro", false).await;
     let nobody = fx.user("nobody").await;
     let server = Server::start(&fx).await;
-    let url = fx.db.url().to_string();
-    let config = monolith::config::Config::from_lookup(|k| match k {
-        "DATABASE_URL" => Some(url.clone()),
-        "DUO_EXTERNAL_URL" => Some(server.base.clone()),
-        "DUO_SIGNING_KEY_DIR" => Some(support::test_key_dir()),
-        _ => None,
-    })
-    .unwrap();
-    let state = monolith::web::AppState::new(
-        fx.pool.clone(),
-        config,
-        monolith::add_ons::AddOnCatalogue::built_in().unwrap(),
-    )
-    .unwrap();
+    let state = signing_state(&fx, &server);
     let token = state.gateway_token(pro.id).await.unwrap();
     let claims = verify(&server, &token).await.unwrap();
     assert!(claims.scopes.contains(&"duo_chat".to_string()));
@@ -257,20 +262,7 @@ async fn tokens_verify_with_the_bare_rsa_primitive() {
     let user = fx.user("pro").await;
     fx.seat(user, "duo_pro", false).await;
     let server = Server::start(&fx).await;
-    let url = fx.db.url().to_string();
-    let config = monolith::config::Config::from_lookup(|k| match k {
-        "DATABASE_URL" => Some(url.clone()),
-        "DUO_EXTERNAL_URL" => Some(server.base.clone()),
-        "DUO_SIGNING_KEY_DIR" => Some(support::test_key_dir()),
-        _ => None,
-    })
-    .unwrap();
-    let state = monolith::web::AppState::new(
-        fx.pool.clone(),
-        config,
-        monolith::add_ons::AddOnCatalogue::built_in().unwrap(),
-    )
-    .unwrap();
+    let state = signing_state(&fx, &server);
     let token = state.gateway_token(user.id).await.unwrap();
     let jwks: Value = reqwest::get(server.url("/oauth/discovery/keys"))
         .await
