@@ -77,6 +77,25 @@ fn spawn_post(
     })
 }
 
+type Pending = tokio::task::JoinHandle<(StatusCode, String)>;
+
+/// One chat request running in the gated engine and a second one (`waiting`)
+/// in the queue behind it.
+async fn one_running_one_waiting(app: &mut Gated, waiting: &str) -> (Pending, Pending) {
+    let running = spawn_post(
+        &app.base,
+        "/v1/chat/completions",
+        chat_body("running", false),
+    );
+    assert!(next_started(&mut app.engine).await.contains("running"));
+    let queued = spawn_post(&app.base, "/v1/chat/completions", chat_body(waiting, false));
+    until_health(&app.base, "one waiting chat job", |h| {
+        h["chat_queue"]["waiting"] == 1
+    })
+    .await;
+    (running, queued)
+}
+
 async fn health(base: &str) -> Value {
     reqwest::get(format!("{base}/health"))
         .await
@@ -128,21 +147,7 @@ fn assert_queue_full(status: StatusCode, body: &str, queue: &str) {
 #[actix_web::test]
 async fn a_full_chat_queue_answers_503_with_a_clear_json_body() {
     let mut app = gated_server(&["one", " two"], |c| c.queue_capacity = 1).await;
-    let running = spawn_post(
-        &app.base,
-        "/v1/chat/completions",
-        chat_body("running", false),
-    );
-    assert!(next_started(&mut app.engine).await.contains("running"));
-    let waiting = spawn_post(
-        &app.base,
-        "/v1/chat/completions",
-        chat_body("waiting", false),
-    );
-    until_health(&app.base, "one waiting chat job", |h| {
-        h["chat_queue"]["waiting"] == 1
-    })
-    .await;
+    let (running, waiting) = one_running_one_waiting(&mut app, "waiting").await;
 
     let refused = reqwest::Client::new()
         .post(format!("{}/v1/chat/completions", app.base))
@@ -249,21 +254,7 @@ async fn closing_a_stream_stops_its_generation() {
 #[actix_web::test]
 async fn a_queued_request_whose_client_left_is_skipped() {
     let mut app = gated_server(&["done"], |c| c.queue_capacity = 4).await;
-    let running = spawn_post(
-        &app.base,
-        "/v1/chat/completions",
-        chat_body("running", false),
-    );
-    assert!(next_started(&mut app.engine).await.contains("running"));
-    let leaver = spawn_post(
-        &app.base,
-        "/v1/chat/completions",
-        chat_body("leaver", false),
-    );
-    until_health(&app.base, "the leaver to queue", |h| {
-        h["chat_queue"]["waiting"] == 1
-    })
-    .await;
+    let (running, leaver) = one_running_one_waiting(&mut app, "leaver").await;
     // Aborting the task drops the connection, as a client that gives up does.
     leaver.abort();
     assert!(leaver.await.expect_err("aborted").is_cancelled());
