@@ -215,12 +215,7 @@ async fn vertex_predict_returns_embedding_values_per_instance() {
 #[actix_web::test]
 async fn models_and_health_describe_the_served_models() {
     let base = common::start_server(common::test_config()).await;
-    let models: Value = reqwest::get(format!("{base}/v1/models"))
-        .await
-        .expect("get")
-        .json()
-        .await
-        .expect("json");
+    let models: Value = common::get_json(&format!("{base}/v1/models")).await;
     let ids: Vec<&str> = models["data"]
         .as_array()
         .expect("data")
@@ -336,15 +331,7 @@ async fn bad_input_gets_clear_openai_errors() {
 async fn stream_outcome(base: &str, mut body: Value) -> (String, String, u64) {
     body["stream"] = json!(true);
     body["stream_options"] = json!({ "include_usage": true });
-    let text = reqwest::Client::new()
-        .post(format!("{base}/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .expect("request")
-        .text()
-        .await
-        .expect("body");
+    let text = common::post_text(&format!("{base}/v1/chat/completions"), &body).await;
     let chunks: Vec<Value> = text
         .split("\n\n")
         .filter_map(|e| e.strip_prefix("data: "))
@@ -457,12 +444,7 @@ async fn sampling_follows_a_given_seed_and_draws_a_fresh_one_otherwise() {
 #[actix_web::test]
 async fn health_reports_the_queues() {
     let base = common::start_server(common::test_config()).await;
-    let health: Value = reqwest::get(format!("{base}/health"))
-        .await
-        .expect("get")
-        .json()
-        .await
-        .expect("json");
+    let health: Value = common::get_json(&format!("{base}/health")).await;
     assert_eq!(health["status"], "ok");
     assert_eq!(health["chat_queue"]["capacity"], 4, "{health}");
     assert_eq!(health["chat_queue"]["waiting"], 0, "{health}");

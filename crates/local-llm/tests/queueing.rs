@@ -97,12 +97,7 @@ async fn one_running_one_waiting(app: &mut Gated, waiting: &str) -> (Pending, Pe
 }
 
 async fn health(base: &str) -> Value {
-    reqwest::get(format!("{base}/health"))
-        .await
-        .expect("health")
-        .json()
-        .await
-        .expect("health json")
+    common::get_json(&format!("{base}/health")).await
 }
 
 /// Polls `/health` until `done` holds: the server's own account of its queues
@@ -307,15 +302,7 @@ async fn streamed_usage_is_sent_when_asked_for() {
     let mut body = chat_body("count me", true);
     body["stream_options"] = json!({ "include_usage": true });
     body["max_tokens"] = json!(2);
-    let text = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", app.base))
-        .json(&body)
-        .send()
-        .await
-        .expect("request")
-        .text()
-        .await
-        .expect("body");
+    let text = common::post_text(&format!("{}/v1/chat/completions", app.base), &body).await;
     let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
     assert_eq!(events.last().copied(), Some("data: [DONE]"), "{text}");
     let chunks: Vec<Value> = events[..events.len() - 1]
@@ -332,15 +319,11 @@ async fn streamed_usage_is_sent_when_asked_for() {
     assert_eq!(usage_chunk["usage"]["total_tokens"], prompt_tokens + 2);
     // Without the option there is no usage chunk.
     app.engine.allow(3);
-    let plain = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", app.base))
-        .json(&chat_body("no usage", true))
-        .send()
-        .await
-        .expect("request")
-        .text()
-        .await
-        .expect("body");
+    let plain = common::post_text(
+        &format!("{}/v1/chat/completions", app.base),
+        &chat_body("no usage", true),
+    )
+    .await;
     assert!(!plain.contains("\"usage\""), "{plain}");
 }
 

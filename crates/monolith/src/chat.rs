@@ -467,7 +467,7 @@ impl ChatService {
         if !readable {
             return Err(ChatError::ResourceNotFound);
         }
-        if !self.policy.may_send_to_ai(db, user, subject).await? {
+        if !self.policy.duo_features_on_for(db, user, subject).await? {
             return Err(ChatError::ResourceNotPermitted);
         }
         Ok(())

@@ -771,6 +771,10 @@ pub async fn handle(
     }
     let ctx = GqlContext::new(&state, user);
     let response = batch.execute(&schema, &ctx).await;
+    // Successful responses go out as they are; only errors need patching.
+    if response.is_ok() {
+        return Ok(HttpResponse::Ok().json(response));
+    }
     let mut body = serde_json::to_value(&response)
         .map_err(|e| ApiError::Internal(format!("serialising a GraphQL response: {e}")))?;
     add_missing_codes(&mut body);

@@ -782,9 +782,19 @@ impl Policy {
         let Some(ability) = Ability::to_read(resource).filter(|a| *a != Ability::ReadNote) else {
             return Ok(false);
         };
-        if !self.can(db, Some(user), ability, resource).await? {
-            return Ok(false);
-        }
+        Ok(self.can(db, Some(user), ability, resource).await?
+            && self.duo_features_on_for(db, user, resource).await?)
+    }
+
+    /// Whether Duo features are on, for `user`, in the group or project that
+    /// holds `resource` (the second half of [`Policy::may_send_to_ai`], for
+    /// callers that already checked readability).
+    pub async fn duo_features_on_for(
+        &self,
+        db: &impl GenericClient,
+        user: Actor,
+        resource: Subject,
+    ) -> Result<bool, PolicyError> {
         match self.container_of(db, resource).await? {
             Some(container) => {
                 self.can(db, Some(user), Ability::AccessDuoFeatures, container)

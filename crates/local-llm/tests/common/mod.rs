@@ -65,3 +65,26 @@ pub async fn start_app(state: AppState) -> String {
         tokio::task::yield_now().await;
     }
 }
+
+/// `GET url`, its body as JSON.
+pub async fn get_json(url: &str) -> serde_json::Value {
+    reqwest::get(url)
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json")
+}
+
+/// `POST url` with a JSON body, the response body as text.
+pub async fn post_text(url: &str, body: &serde_json::Value) -> String {
+    reqwest::Client::new()
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .expect("request")
+        .text()
+        .await
+        .expect("body")
+}
