@@ -27,7 +27,29 @@ use std::time::Duration;
 
 use secrecy::SecretString;
 
-use crate::policy::Realm;
+/// Which kind of GitLab instance this is: GitLab.com-style or self-managed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Realm {
+    Saas,
+    SelfManaged,
+}
+
+impl Realm {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Realm::Saas => "saas",
+            Realm::SelfManaged => "self-managed",
+        }
+    }
+
+    pub(crate) fn parse(s: &str) -> Self {
+        if s == "saas" {
+            Realm::Saas
+        } else {
+            Realm::SelfManaged
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -93,7 +115,7 @@ impl Config {
             }
         };
         let instance_id = get("DUO_INSTANCE_ID")
-            .unwrap_or_else(|| crate::jwt::stable_uuid(external_url.as_str()).to_string());
+            .unwrap_or_else(|| crate::gid::stable_uuid(external_url.as_str()).to_string());
         Ok(Self {
             database_url: SecretString::from(database_url),
             database_pool_size: parse_or(&get, "DATABASE_POOL_SIZE", 16)?,

@@ -1,7 +1,5 @@
 //! GitLab global IDs: `gid://gitlab/<Model>/<id>`.
 
-use crate::policy::Subject;
-
 pub fn format(model: &str, id: i64) -> String {
     format!("gid://gitlab/{model}/{id}")
 }
@@ -17,25 +15,13 @@ pub fn parse(gid: &str) -> Option<(&str, i64)> {
     Some((model, id))
 }
 
-/// What a chat `resourceId` points at. A user's own GID means "no page resource".
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ChatResource {
-    User(i64),
-    Item(Subject),
-}
-
-pub fn parse_chat_resource(gid: &str) -> Option<ChatResource> {
-    let (model, id) = parse(gid)?;
-    Some(match model {
-        "User" => ChatResource::User(id),
-        "Issue" => ChatResource::Item(Subject::Issue(id)),
-        "Epic" => ChatResource::Item(Subject::Epic(id)),
-        "MergeRequest" => ChatResource::Item(Subject::MergeRequest(id)),
-        "Project" => ChatResource::Item(Subject::Project(id)),
-        "Group" => ChatResource::Item(Subject::Group(id)),
-        "Ci::Build" | "CommitStatus" => ChatResource::Item(Subject::Build(id)),
-        _ => return None,
-    })
+/// A UUID derived from `text` (SHA-256, first 16 bytes): stable, and reveals nothing.
+pub fn stable_uuid(text: &str) -> uuid::Uuid {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(text.as_bytes());
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    uuid::Uuid::from_bytes(bytes)
 }
 
 #[cfg(test)]
@@ -50,11 +36,6 @@ mod tests {
         assert_eq!(parse("gid://gitlab/Issue/-1"), None);
         assert_eq!(parse("gid://other/Issue/1"), None);
         assert_eq!(parse("gid://gitlab/../1"), None);
-        assert_eq!(
-            parse_chat_resource("gid://gitlab/User/7"),
-            Some(ChatResource::User(7))
-        );
-        assert_eq!(parse_chat_resource("gid://gitlab/Vulnerability/7"), None);
         assert_eq!(format("Issue", 5), "gid://gitlab/Issue/5");
     }
 }

@@ -1,22 +1,39 @@
 //! The Duo Chat monolith: users, groups, projects and their resources, permissions,
 //! GitLab's chat APIs, and the roles that run them (`web`, `worker`, `migrate`,
 //! `seed`).
+//!
+//! Modules are layered; a module uses only modules of its own layer or below
+//! (`tests/architecture.rs` checks it):
+//!
+//! 1. foundations: [`config`], [`db`], [`gid`], [`namespaces`], [`instance`]
+//! 2. who is calling: [`identity`] (personal access tokens, the signing keys of
+//!    gateway tokens)
+//! 3. who may do what: [`policy`] (abilities, Duo access, seats and add-ons)
+//! 4. domains: [`chat`] (threads, messages, the completion seam, live delivery),
+//!    [`agent`] (the agent loop, slash commands and tools)
+//! 5. the state the interfaces share: [`app_state`]
+//! 6. interfaces: [`rest`] (`/api/v4`), [`graphql`] (`/api/graphql`), [`worker`]
+//!    (the job-running role)
+//! 7. wiring: [`server`] (the `web` role's routes), [`seed`]
 
-pub mod add_ons;
-pub mod agent;
-pub mod api;
-pub mod chat;
-pub mod completion;
 pub mod config;
 pub mod db;
 pub mod gid;
-pub mod graphql;
 pub mod instance;
-pub mod jwt;
 pub mod namespaces;
+
+pub mod identity;
+
 pub mod policy;
-pub mod seed;
-pub mod subscriptions;
-pub mod tokens;
-pub mod web;
+
+pub mod agent;
+pub mod chat;
+
+pub mod app_state;
+
+pub mod graphql;
+pub mod rest;
 pub mod worker;
+
+pub mod seed;
+pub mod server;

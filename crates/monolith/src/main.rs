@@ -3,10 +3,10 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use monolith::add_ons::AddOnCatalogue;
-use monolith::completion::ChatResponder;
+use monolith::chat::completion::ChatResponder;
 use monolith::config::Config;
-use monolith::{db, web};
+use monolith::policy::add_ons::AddOnCatalogue;
+use monolith::{app_state::AppState, db, server};
 
 const USAGE: &str = "usage: duo-monolith <web|worker|migrate|seed [--json]|rotate-keys>";
 
@@ -40,8 +40,8 @@ async fn main() -> anyhow::Result<()> {
             let listener = std::net::TcpListener::bind(config.web_addr)
                 .with_context(|| format!("binding {}", config.web_addr))?;
             tracing::info!(addr = %listener.local_addr()?, "web role listening");
-            let server = web::serve(
-                web::AppState::new(pool.clone(), config.clone(), catalogue)?,
+            let server = server::serve(
+                AppState::new(pool.clone(), config.clone(), catalogue)?,
                 listener,
             )?;
             if !config.web_runs_jobs {
@@ -150,7 +150,7 @@ async fn stop_requested() {
 /// own key, and the worker would sign with a key the web role's JWKS lacks.
 async fn ensure_signing_key(pool: &deadpool_postgres::Pool, config: &Config) -> anyhow::Result<()> {
     with_signing_key_lock(pool, || {
-        monolith::jwt::KeyRing::load_or_create(&config.signing_key_dir).map(|_| ())
+        monolith::identity::jwt::KeyRing::load_or_create(&config.signing_key_dir).map(|_| ())
     })
     .await
     .with_context(|| {
@@ -169,7 +169,7 @@ async fn rotate_signing_key(
     config: &Config,
 ) -> anyhow::Result<String> {
     with_signing_key_lock(pool, || {
-        monolith::jwt::KeyRing::load_or_create(&config.signing_key_dir)?.rotate()
+        monolith::identity::jwt::KeyRing::load_or_create(&config.signing_key_dir)?.rotate()
     })
     .await
     .with_context(|| {
@@ -182,7 +182,7 @@ async fn rotate_signing_key(
 
 async fn with_signing_key_lock<T>(
     pool: &deadpool_postgres::Pool,
-    change: impl FnOnce() -> Result<T, monolith::jwt::JwtError>,
+    change: impl FnOnce() -> Result<T, monolith::identity::jwt::JwtError>,
 ) -> anyhow::Result<T> {
     const LOCK: &str = "SELECT pg_advisory_lock(hashtextextended('duo_signing_keys', 0))";
     const UNLOCK: &str = "SELECT pg_advisory_unlock(hashtextextended('duo_signing_keys', 0))";

@@ -7,7 +7,7 @@ use serde::Serialize;
 use tokio_postgres::GenericClient;
 
 use crate::db::DbError;
-use crate::tokens::{self, TokenError};
+use crate::identity::tokens::{self, TokenError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SeedError {

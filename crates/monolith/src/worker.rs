@@ -22,10 +22,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::mpsc;
 
+use crate::chat::completion::{ChatAnswer, ChatResponder, ResponderError};
+use crate::chat::live::{self, LiveMessage};
 use crate::chat::{self, ChatError, CompletionJob};
-use crate::completion::{ChatAnswer, ChatResponder, ResponderError};
 use crate::config::Config;
-use crate::subscriptions::{self, LiveMessage};
 
 /// How long the chunk publisher may keep draining after the responder returned
 /// (a responder that leaked its sender into a task must not hold the job forever).
@@ -51,7 +51,7 @@ impl ChatResponder for NotYetAvailableResponder {
     async fn respond(
         &self,
         _job: &CompletionJob,
-        _chunks: crate::completion::ChunkSender,
+        _chunks: crate::chat::completion::ChunkSender,
     ) -> Result<ChatAnswer, ResponderError> {
         let mut answer = ChatAnswer::failed(DuoErrorCode::A9999, "no chat responder configured");
         answer.content = NOT_YET_AVAILABLE.to_owned();
@@ -136,8 +136,7 @@ async fn stream_chunks(
             continue;
         };
         let message = LiveMessage::chunk(job.thread_id, job.request_id, chunk_id, text);
-        if let Err(e) =
-            subscriptions::publish_to_client(&***client, job.user_id, client_id, &message).await
+        if let Err(e) = live::publish_to_client(&***client, job.user_id, client_id, &message).await
         {
             // Chunks are a courtesy; the stored answer is what counts.
             tracing::debug!(error = %e, "publishing a chunk failed");
@@ -195,9 +194,9 @@ pub async fn store_and_broadcast(
         return Ok(());
     };
     let live = LiveMessage::stored(stored);
-    subscriptions::publish_to_user(&*tx, job.user_id, &live).await?;
+    live::publish_to_user(&*tx, job.user_id, &live).await?;
     if let Some(client_id) = job.client_subscription_id.as_deref() {
-        subscriptions::publish_to_client(&*tx, job.user_id, client_id, &live).await?;
+        live::publish_to_client(&*tx, job.user_id, client_id, &live).await?;
     }
     tx.commit().await?;
     Ok(())

@@ -259,7 +259,7 @@ async fn the_documentation_tool_answers_with_sources() {
 
 #[tokio::test]
 async fn the_worker_seam_reads_the_selection_from_the_job() {
-    use monolith::completion::{ChatResponder, CompletionJob};
+    use monolith::chat::completion::{ChatResponder, CompletionJob};
     let bench = Bench::start().await;
     let world = bench.world().await;
     let thread = bench

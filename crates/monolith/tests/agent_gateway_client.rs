@@ -16,7 +16,7 @@ use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
 use contracts::{AgentMessage, AgentRequest, DuoErrorCode, MessageRole};
 use futures::StreamExt;
 use monolith::agent::gateway_client::{GatewayAuth, GatewayClient, GatewaySettings};
-use monolith::jwt::KeyRing;
+use monolith::identity::jwt::KeyRing;
 
 type Seen = Arc<Mutex<Vec<Vec<(String, String)>>>>;
 
@@ -133,7 +133,7 @@ async fn headers_token_and_failure_codes() {
     let global_user = get("x-gitlab-global-user-id");
     assert_eq!(
         global_user,
-        monolith::jwt::stable_uuid("instance-1:42").to_string()
+        monolith::gid::stable_uuid("instance-1:42").to_string()
     );
     // The token: instance as subject, the user's scopes, our issuer.
     let token = get("authorization");

@@ -6,7 +6,7 @@
 
 mod support;
 
-use monolith::policy::Realm;
+use monolith::config::Realm;
 use serde_json::{Value, json};
 use support::chaos_proxy::ChaosProxy;
 use support::{Fx, Server};

@@ -5,7 +5,8 @@
 
 mod support;
 
-use monolith::policy::{Actor, Realm, access};
+use monolith::config::Realm;
+use monolith::policy::{Actor, access};
 use serde_json::{Value, json};
 use support::{Fx, Server};
 

@@ -7,7 +7,7 @@
 mod support;
 
 use jsonwebtoken::{Algorithm, DecodingKey, Validation, decode, decode_header};
-use monolith::jwt::{GatewayClaims, KeyRing, TokenSubject, claims_for};
+use monolith::identity::jwt::{GatewayClaims, KeyRing, TokenSubject, claims_for};
 use serde_json::Value;
 use support::{Fx, Server};
 
@@ -59,7 +59,7 @@ async fn verify_with_issuer(
 }
 
 /// The web role's state (what signs gateway tokens) for `server`'s issuer.
-fn signing_state(fx: &Fx, server: &Server) -> monolith::web::AppState {
+fn signing_state(fx: &Fx, server: &Server) -> monolith::app_state::AppState {
     let url = fx.db.url().to_string();
     let config = monolith::config::Config::from_lookup(|k| match k {
         "DATABASE_URL" => Some(url.clone()),
@@ -68,10 +68,10 @@ fn signing_state(fx: &Fx, server: &Server) -> monolith::web::AppState {
         _ => None,
     })
     .unwrap();
-    monolith::web::AppState::new(
+    monolith::app_state::AppState::new(
         fx.pool.clone(),
         config,
-        monolith::add_ons::AddOnCatalogue::built_in().unwrap(),
+        monolith::policy::add_ons::AddOnCatalogue::built_in().unwrap(),
     )
     .unwrap()
 }
@@ -183,10 +183,10 @@ async fn a_running_web_role_signs_with_a_key_rotated_by_another_process() {
         _ => None,
     })
     .unwrap();
-    let state = monolith::web::AppState::new(
+    let state = monolith::app_state::AppState::new(
         fx.pool.clone(),
         config,
-        monolith::add_ons::AddOnCatalogue::built_in().unwrap(),
+        monolith::policy::add_ons::AddOnCatalogue::built_in().unwrap(),
     )
     .unwrap();
     let kid_of = |token: &str| decode_header(token).unwrap().kid.unwrap();
@@ -282,7 +282,7 @@ async fn tokens_verify_with_the_bare_rsa_primitive() {
     assert_eq!(claims["gitlab_realm"], "self-managed");
     assert_eq!(
         claims["gitlab_global_user_id"],
-        monolith::jwt::global_user_id(&state.config.instance_id, user.id).as_str()
+        monolith::identity::jwt::global_user_id(&state.config.instance_id, user.id).as_str()
     );
     let scopes: Vec<&str> = claims["scopes"]
         .as_array()

@@ -6,7 +6,8 @@
 mod support;
 
 use contracts::DuoErrorCode;
-use monolith::policy::{Ability, Realm, Subject, access};
+use monolith::config::Realm;
+use monolith::policy::{Ability, Subject, access};
 use support::Fx;
 
 #[derive(Clone, Copy, Debug, PartialEq)]

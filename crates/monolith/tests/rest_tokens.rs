@@ -100,7 +100,7 @@ async fn admin_creates_users_and_tokens_that_can_be_revoked() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(stored, monolith::tokens::digest(&bob_token));
+    assert_eq!(stored, monolith::identity::tokens::digest(&bob_token));
 
     let (status, _) = get(&server, "/personal_access_tokens/self", &bob_token).await;
     assert_eq!(status, 200);
@@ -123,9 +123,10 @@ async fn expired_tokens_and_blocked_users_are_refused() {
     let db = fx.pool.get().await.unwrap();
     let scopes = vec!["api".to_string()];
     let yesterday = chrono::Utc::now().date_naive() - chrono::Days::new(1);
-    let expired = monolith::tokens::create(&**db, alice.id, "old", &scopes, Some(yesterday))
-        .await
-        .unwrap();
+    let expired =
+        monolith::identity::tokens::create(&**db, alice.id, "old", &scopes, Some(yesterday))
+            .await
+            .unwrap();
     let fresh = fx.token(alice, &["api"]).await;
     let server = Server::start(&fx).await;
 

@@ -15,11 +15,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::{SinkExt, StreamExt};
-use monolith::add_ons::AddOnCatalogue;
-use monolith::completion::{ChatAnswer, ChatResponder, ChunkSender, CompletionJob, ResponderError};
-use monolith::policy::{Actor, Realm};
-use monolith::subscriptions;
-use monolith::web::AppState;
+use monolith::app_state::AppState;
+use monolith::chat::completion::{
+    ChatAnswer, ChatResponder, ChunkSender, CompletionJob, ResponderError,
+};
+use monolith::chat::live;
+use monolith::config::Realm;
+use monolith::policy::Actor;
+use monolith::policy::add_ons::AddOnCatalogue;
 use serde_json::{Value, json};
 use support::Fx;
 use tokio_tungstenite::tungstenite::Message;
@@ -58,7 +61,7 @@ impl Web {
         .unwrap();
         let state =
             AppState::new(fx.pool.clone(), config, AddOnCatalogue::built_in().unwrap()).unwrap();
-        let server = monolith::web::serve(state.clone(), listener).unwrap();
+        let server = monolith::server::serve(state.clone(), listener).unwrap();
         let handle = server.handle();
         tokio::spawn(server);
         Web {
@@ -225,10 +228,9 @@ async fn a_question_streams_chunks_then_the_full_answer_to_the_socket() {
         }}),
     )
     .await;
-    web.wait_for_listener(&subscriptions::client_topic(user.id, "tab-42"))
+    web.wait_for_listener(&live::client_topic(user.id, "tab-42"))
         .await;
-    web.wait_for_listener(&subscriptions::user_topic(user.id))
-        .await;
+    web.wait_for_listener(&live::user_topic(user.id)).await;
 
     let worker = monolith::worker::spawn(
         fx.pool.clone(),
@@ -342,15 +344,12 @@ async fn the_legacy_protocol_delivers_messages_published_by_another_process() {
         }}),
     )
     .await;
-    web.wait_for_listener(&subscriptions::user_topic(user.id))
-        .await;
+    web.wait_for_listener(&live::user_topic(user.id)).await;
 
     // Published on a plain connection, as a worker process would.
     let db = fx.pool.get().await.unwrap();
-    let live = subscriptions::LiveMessage::chunk(1, uuid::Uuid::new_v4(), 1, "hello".into());
-    subscriptions::publish_to_user(&**db, user.id, &live)
-        .await
-        .unwrap();
+    let live = live::LiveMessage::chunk(1, uuid::Uuid::new_v4(), 1, "hello".into());
+    live::publish_to_user(&**db, user.id, &live).await.unwrap();
     let msg = next(&mut socket).await.unwrap();
     assert_eq!(msg["type"], "data", "{msg}");
     assert_eq!(msg["id"], "1");
@@ -381,9 +380,7 @@ async fn another_users_messages_are_refused() {
         "{msg}"
     );
     assert_eq!(
-        web.state
-            .live
-            .receiver_count(&subscriptions::user_topic(other.id)),
+        web.state.live.receiver_count(&live::user_topic(other.id)),
         0
     );
 }
@@ -418,15 +415,10 @@ async fn a_question_asked_on_one_replica_reaches_a_socket_on_another() {
         }}),
     )
     .await;
-    web_b
-        .wait_for_listener(&subscriptions::user_topic(user.id))
-        .await;
+    web_b.wait_for_listener(&live::user_topic(user.id)).await;
     // Replica A has never had a subscriber: it only publishes.
     assert_eq!(
-        web_a
-            .state
-            .live
-            .receiver_count(&subscriptions::user_topic(user.id)),
+        web_a.state.live.receiver_count(&live::user_topic(user.id)),
         0
     );
     let res = web_a
@@ -461,8 +453,7 @@ async fn a_quiet_client_that_never_pings_keeps_its_subscription() {
         }}),
     )
     .await;
-    web.wait_for_listener(&subscriptions::user_topic(user.id))
-        .await;
+    web.wait_for_listener(&live::user_topic(user.id)).await;
 
     // Three keep-alive intervals pass (the server's own keep-alives count
     // them) while the client stays silent, as graphql-ws clients do.
@@ -487,10 +478,8 @@ async fn a_quiet_client_that_never_pings_keeps_its_subscription() {
     }
 
     let db = fx.pool.get().await.unwrap();
-    let live = subscriptions::LiveMessage::chunk(1, uuid::Uuid::new_v4(), 1, "still here".into());
-    subscriptions::publish_to_user(&**db, user.id, &live)
-        .await
-        .unwrap();
+    let live = live::LiveMessage::chunk(1, uuid::Uuid::new_v4(), 1, "still here".into());
+    live::publish_to_user(&**db, user.id, &live).await.unwrap();
     let msg = next(&mut socket).await.expect("the socket is still open");
     assert_eq!(
         msg["payload"]["data"]["aiCompletionResponse"]["content"], "still here",

@@ -15,9 +15,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use monolith::chat::completion::{
+    ChatAnswer, ChatResponder, ChunkSender, CompletionJob, ResponderError,
+};
 use monolith::chat::{ChatRequest, ChatService, PgCompletionQueue};
-use monolith::completion::{ChatAnswer, ChatResponder, ChunkSender, CompletionJob, ResponderError};
-use monolith::policy::{Actor, Realm};
+use monolith::config::Realm;
+use monolith::policy::Actor;
 use monolith::worker::{self, WorkerSettings};
 use support::Fx;
 use tokio::sync::{Notify, mpsc};

@@ -25,7 +25,7 @@ use bench::{Latencies, cpu_time, load_average, mb, ms, peak_rss_kib, pids_named}
 use e2e_tests::live::Subscription;
 use e2e_tests::{Options, System};
 use futures::future::join_all;
-use monolith::subscriptions::{LiveMessage, publish_to_client};
+use monolith::chat::live::{LiveMessage, publish_to_client};
 use serde_json::{Value, json};
 use std::collections::HashSet;
 use std::sync::Arc;

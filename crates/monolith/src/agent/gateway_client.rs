@@ -18,7 +18,7 @@ use futures::{Stream, StreamExt};
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
-use crate::jwt::{GatewayClaims, KeyRing, SharedKeyRing, TokenSubject};
+use crate::identity::jwt::{GatewayClaims, KeyRing, SharedKeyRing, TokenSubject};
 
 /// The GitLab version this monolith speaks to the gateway as. The gateway
 /// offers the build and merge request readers only from 17.5 on.
@@ -172,7 +172,7 @@ impl GatewayClient {
 
     /// GitLab's headers for a call made on behalf of `auth`.
     pub fn headers(&self, auth: &GatewayAuth) -> Result<Vec<(&'static str, String)>, GatewayError> {
-        let claims: GatewayClaims = crate::jwt::claims_for(TokenSubject {
+        let claims: GatewayClaims = crate::identity::jwt::claims_for(TokenSubject {
             user_id: auth.user_id,
             scopes: auth.scopes.clone(),
             realm: &auth.realm,
@@ -180,7 +180,8 @@ impl GatewayClient {
             issuer: &self.settings.issuer,
             audience: &self.settings.audience,
         });
-        let global_user_id = crate::jwt::global_user_id(&self.settings.instance_id, auth.user_id);
+        let global_user_id =
+            crate::identity::jwt::global_user_id(&self.settings.instance_id, auth.user_id);
         let token = self
             .keys
             .sign(&claims)

@@ -24,10 +24,12 @@ use serde_json::Value;
 use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
-use crate::add_ons::AddOnCatalogue;
-use crate::completion::{ChatAnswer, ChatResponder, ChunkSender, CompletionJob, ResponderError};
+use crate::chat::completion::{
+    ChatAnswer, ChatResponder, ChunkSender, CompletionJob, ResponderError,
+};
+use crate::chat::resource::ChatResource;
 use crate::config::Config;
-use crate::gid::{self, ChatResource};
+use crate::policy::add_ons::AddOnCatalogue;
 use crate::policy::{Actor, ChatAuthError, Policy, PolicyError, Subject};
 
 use gateway_client::{GatewayAuth, GatewayClient, GatewaySettings};
@@ -36,9 +38,9 @@ use gateway_client::{GatewayAuth, GatewayClient, GatewaySettings};
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
     #[error("signing keys: {0}")]
-    Keys(#[from] crate::jwt::JwtError),
+    Keys(#[from] crate::identity::jwt::JwtError),
     #[error("add-on catalogue: {0}")]
-    AddOns(#[from] crate::add_ons::AddOnConfigError),
+    AddOns(#[from] crate::policy::add_ons::AddOnConfigError),
     #[error("HTTP client: {0}")]
     Http(#[from] reqwest::Error),
 }
@@ -107,7 +109,7 @@ pub struct AgentResponder {
 impl AgentResponder {
     pub fn from_config(config: &Config, pool: Pool) -> Result<Self, AgentError> {
         let catalogue = AddOnCatalogue::load(&config.add_ons_file)?;
-        let keys = crate::jwt::KeyRing::load_or_create(&config.signing_key_dir)?;
+        let keys = crate::identity::jwt::KeyRing::load_or_create(&config.signing_key_dir)?;
         let settings = GatewaySettings {
             base_url: config.ai_gateway_url.clone(),
             instance_id: config.instance_id.clone(),
@@ -347,7 +349,8 @@ pub async fn readable_resource(
     actor: Actor,
     gid_text: &str,
 ) -> Result<Option<Subject>, PolicyError> {
-    let Some(ChatResource::Item(subject)) = gid::parse_chat_resource(gid_text) else {
+    let Some(ChatResource::Item(subject)) = crate::chat::resource::parse_chat_resource(gid_text)
+    else {
         return Ok(None);
     };
     Ok(policy

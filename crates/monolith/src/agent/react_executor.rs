@@ -21,7 +21,7 @@ use futures::StreamExt;
 use super::gateway_client::{GatewayError, error_event_failure};
 use super::tools::{ToolBox, ToolEnv, ToolInput, ToolOutcome};
 use super::{RequestContext, Services};
-use crate::completion::{ChatAnswer, ChunkSender};
+use crate::chat::completion::{ChatAnswer, ChunkSender};
 use contracts::{AgentEvent, DuoErrorCode};
 
 pub const MAX_STEPS: usize = 10;

@@ -9,7 +9,7 @@ use serde_json::{Map, Value, json};
 
 use super::tools::resource_identifier::tail;
 use super::{RequestContext, Services};
-use crate::completion::{ChatAnswer, ChunkSender};
+use crate::chat::completion::{ChatAnswer, ChunkSender};
 use crate::policy::{Ability, ChatAuthError, Subject};
 
 /// The most of a job log `/troubleshoot` sends: its last characters.

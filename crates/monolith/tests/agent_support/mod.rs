@@ -10,9 +10,10 @@ use std::path::PathBuf;
 use actix_web::{App, HttpResponse, HttpServer, web};
 use fake_provider::FakeProvider;
 use monolith::agent::{AgentResponder, Question};
-use monolith::completion::ChatAnswer;
-use monolith::jwt::KeyRing;
-use monolith::policy::{Actor, Realm};
+use monolith::chat::completion::ChatAnswer;
+use monolith::config::Realm;
+use monolith::identity::jwt::KeyRing;
+use monolith::policy::Actor;
 use uuid::Uuid;
 
 use crate::support::Fx;
@@ -87,7 +88,7 @@ impl Bench {
         let ring = KeyRing::load_or_create(std::path::Path::new(&key_dir)).unwrap();
         let (oidc_listener, external_url) = listener();
         let issuer = external_url.clone();
-        let discovery = monolith::jwt::openid_configuration(&issuer);
+        let discovery = monolith::identity::jwt::openid_configuration(&issuer);
         let jwks = ring.jwks();
         let oidc = HttpServer::new(move || {
             let discovery = discovery.clone();

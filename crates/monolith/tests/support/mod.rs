@@ -8,8 +8,9 @@ pub mod chaos_proxy;
 use std::sync::Arc;
 
 use deadpool_postgres::Pool;
-use monolith::add_ons::AddOnCatalogue;
-use monolith::policy::{Actor, Policy, Realm};
+use monolith::config::Realm;
+use monolith::policy::add_ons::AddOnCatalogue;
+use monolith::policy::{Actor, Policy};
 
 pub struct Fx {
     pub pool: Pool,
@@ -241,9 +242,10 @@ impl Server {
             _ => None,
         })
         .unwrap();
-        let state = monolith::web::AppState::new(pool, config, AddOnCatalogue::built_in().unwrap())
-            .unwrap();
-        let server = monolith::web::serve(state, listener).unwrap();
+        let state =
+            monolith::app_state::AppState::new(pool, config, AddOnCatalogue::built_in().unwrap())
+                .unwrap();
+        let server = monolith::server::serve(state, listener).unwrap();
         let handle = server.handle();
         tokio::spawn(server);
         Server {
@@ -271,7 +273,7 @@ impl Fx {
     pub async fn token(&self, user: Actor, scopes: &[&str]) -> String {
         let c = self.pool.get().await.unwrap();
         let scopes: Vec<String> = scopes.iter().map(|s| s.to_string()).collect();
-        monolith::tokens::create(&**c, user.id, "test", &scopes, None)
+        monolith::identity::tokens::create(&**c, user.id, "test", &scopes, None)
             .await
             .unwrap()
             .token

@@ -11,7 +11,7 @@ use contracts::{DuoErrorCode, UnitPrimitive};
 use serde_json::{Value, json};
 
 use super::{Tool, ToolEnv, ToolInput, ToolOutcome};
-use crate::completion::ChatAnswer;
+use crate::chat::completion::ChatAnswer;
 
 pub struct GitlabDocumentation;
 

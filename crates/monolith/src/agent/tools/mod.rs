@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use contracts::{DuoErrorCode, UnitPrimitive};
 
 use super::{RequestContext, Services};
-use crate::completion::{ChatAnswer, ChunkSender};
+use crate::chat::completion::{ChatAnswer, ChunkSender};
 
 /// What the agent asked a tool.
 #[derive(Debug, Clone, PartialEq)]

@@ -11,8 +11,8 @@ use super::common::{author, paged, require_write, sort_order, ts};
 use super::items::{Item, readable_rows};
 use super::pagination::PageParams;
 use super::{ApiError, WRITE_SCOPES, require_user};
+use crate::app_state::AppState;
 use crate::policy::{Actor, Subject, WriteAbility};
-use crate::web::AppState;
 
 /// The item notes belong to, as GitLab names its type.
 #[derive(Debug, Clone, Copy)]

@@ -14,9 +14,9 @@ use serde_json::{Value, json};
 use super::common::{Container, like_pattern, on_constraint, paged, require_write, ts};
 use super::pagination::PageParams;
 use super::{ApiError, READ_SCOPES, WRITE_SCOPES, require_user};
+use crate::app_state::AppState;
+use crate::identity::tokens::AuthenticatedUser;
 use crate::policy::{Actor, WriteAbility, access};
-use crate::tokens::AuthenticatedUser;
-use crate::web::AppState;
 
 pub(super) fn routes(cfg: &mut web::ServiceConfig) {
     member_routes::<OfGroup>(cfg, "/groups/{id}/members");

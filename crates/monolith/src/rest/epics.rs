@@ -12,8 +12,8 @@ use super::common::{
 use super::items::{Found, Item, created, find_readable, readable_rows};
 use super::notes::{self, NoteTarget, Noteable};
 use super::pagination::PageParams;
+use crate::app_state::AppState;
 use crate::policy::{Actor, WriteAbility};
-use crate::web::AppState;
 
 pub(super) fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/groups/{id}/epics", web::get().to(list_epics))

@@ -9,8 +9,8 @@ use tokio_postgres::{GenericClient, Row};
 
 use super::ApiError;
 use super::common::Container;
+use crate::app_state::AppState;
 use crate::policy::{Ability, Actor, Subject};
-use crate::web::AppState;
 
 /// One kind of row as the policy knows it.
 #[derive(Debug, Clone, Copy)]

@@ -7,7 +7,7 @@ use contracts::UnitPrimitive;
 use serde::Deserialize;
 
 /// The copy shipped with the repository, used when no file is found at run time.
-const BUILT_IN: &str = include_str!("../../../config/duo_add_ons.yml");
+const BUILT_IN: &str = include_str!("../../../../config/duo_add_ons.yml");
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -11,7 +11,7 @@ use actix_web::middleware::Next;
 use actix_web::{ResponseError, web};
 
 use super::ApiError;
-use crate::web::AppState;
+use crate::app_state::AppState;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Container {

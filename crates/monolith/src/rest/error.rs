@@ -3,8 +3,8 @@ use actix_web::{HttpResponse, ResponseError};
 use serde_json::json;
 
 use crate::db::DbError;
+use crate::identity::tokens::TokenError;
 use crate::policy::PolicyError;
-use crate::tokens::TokenError;
 
 /// Every failure of a REST request, with the status and body GitLab answers.
 #[derive(Debug, thiserror::Error)]

@@ -19,36 +19,17 @@ pub use error::ApiError;
 
 use actix_web::HttpRequest;
 
-use crate::tokens::{self, AuthenticatedUser, TokenError};
-use crate::web::AppState;
-
-/// The token a request presents: `PRIVATE-TOKEN` or `Authorization: Bearer`.
-pub fn presented_token(req: &HttpRequest) -> Option<String> {
-    let headers = req.headers();
-    if let Some(v) = headers.get("private-token").and_then(|v| v.to_str().ok()) {
-        return Some(v.trim().to_owned());
-    }
-    let auth = headers
-        .get(actix_web::http::header::AUTHORIZATION)?
-        .to_str()
-        .ok()?;
-    let (scheme, rest) = auth.trim().split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| rest.trim().to_owned())
-}
+use crate::app_state::AppState;
+use crate::identity::request::request_user;
+use crate::identity::tokens::{AuthenticatedUser, TokenError};
 
 /// The signed-in user, `None` when no token was sent; a bad token is a 401.
 pub async fn optional_user(
     state: &AppState,
     req: &HttpRequest,
 ) -> Result<Option<AuthenticatedUser>, ApiError> {
-    let Some(token) = presented_token(req) else {
-        return Ok(None);
-    };
-    let client = state.pool.get().await.map_err(crate::db::DbError::from)?;
-    match tokens::authenticate(&**client, &token).await {
-        Ok(user) => Ok(Some(user)),
+    match request_user(&state.pool, req).await {
+        Ok(user) => Ok(user),
         Err(TokenError::Invalid) => Err(ApiError::Unauthorized),
         Err(TokenError::Blocked) => Err(ApiError::Blocked),
         Err(e) => Err(e.into()),

@@ -3,10 +3,10 @@
 use actix_web::{HttpResponse, web};
 
 use super::ApiError;
-use crate::web::AppState;
+use crate::app_state::AppState;
 
 pub async fn openid_configuration(state: web::Data<AppState>) -> HttpResponse {
-    HttpResponse::Ok().json(crate::jwt::openid_configuration(
+    HttpResponse::Ok().json(crate::identity::jwt::openid_configuration(
         state.config.external_url.as_str(),
     ))
 }

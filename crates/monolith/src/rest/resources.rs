@@ -17,8 +17,8 @@ use super::notes::{self, NoteTarget, Noteable};
 use super::pagination::PageParams;
 use super::{ApiError, READ_SCOPES, WRITE_SCOPES, ci, epics, members, merge_requests};
 use super::{optional_user, require_admin, require_user};
+use crate::app_state::AppState;
 use crate::policy::{Ability, Actor, Subject, WriteAbility};
-use crate::web::AppState;
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/groups", web::get().to(list_groups))
@@ -763,8 +763,8 @@ async fn assign_seat(
     body: web::Json<SeatAssignment>,
 ) -> Result<HttpResponse, ApiError> {
     require_admin(&state, &req, WRITE_SCOPES).await?;
-    let add_on =
-        crate::add_ons::AddOn::parse(&path.into_inner()).ok_or(ApiError::NotFound("Add-on"))?;
+    let add_on = crate::policy::add_ons::AddOn::parse(&path.into_inner())
+        .ok_or(ApiError::NotFound("Add-on"))?;
     let mut db = state.pool.get().await?;
     let tx = db.transaction().await?;
     let purchase: i64 = match tx

@@ -11,13 +11,13 @@ use juniper::{
     RootNode, graphql_object, graphql_subscription, graphql_value,
 };
 
-use crate::api::{self, ApiError};
+use crate::app_state::AppState;
+use crate::chat::live::{self, LiveHub, LiveMessage};
 use crate::chat::{self, ChatError, ChatService, ConversationType, Role, StoredMessage};
 use crate::gid;
+use crate::identity::tokens::AuthenticatedUser;
 use crate::policy::{Actor, Policy};
-use crate::subscriptions::{self, LiveHub, LiveMessage};
-use crate::tokens::AuthenticatedUser;
-use crate::web::AppState;
+use crate::rest::{self, ApiError};
 
 /// Deepest selection nesting accepted.
 pub const MAX_QUERY_DEPTH: usize = 12;
@@ -636,8 +636,8 @@ impl Subscription {
                 .map_err(chat_field_error)?;
         }
         let topic = match client_subscription_id.as_deref() {
-            Some(client_id) => subscriptions::client_topic(user.id, client_id),
-            None => subscriptions::user_topic(user.id),
+            Some(client_id) => live::client_topic(user.id, client_id),
+            None => live::user_topic(user.id),
         };
         let receiver = ctx.live.subscribe(&topic).await.map_err(internal)?;
         let stream =
@@ -741,7 +741,7 @@ pub async fn handle(
     req: HttpRequest,
     body: web::Bytes,
 ) -> Result<HttpResponse, ApiError> {
-    let user = api::optional_user(&state, &req).await?;
+    let user = rest::optional_user(&state, &req).await?;
     if let Some(u) = &user
         && !u.has_any_scope(&["api", "read_api", "ai_features"])
     {
@@ -878,7 +878,7 @@ async fn open_socket(
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, actix_web::Error> {
-    let header_user = api::optional_user(&state, &req).await?;
+    let header_user = rest::optional_user(&state, &req).await?;
     let state = state.get_ref().clone();
     let keep_alive = state.config.ws_keep_alive;
     let init = move |params: juniper::Variables| async move {
@@ -891,11 +891,13 @@ async fn open_socket(
                     .get()
                     .await
                     .map_err(|_| SocketAuthError::Internal)?;
-                crate::tokens::authenticate(&**db, &token)
+                crate::identity::tokens::authenticate(&**db, &token)
                     .await
                     .map_err(|e| match e {
-                        crate::tokens::TokenError::Invalid => SocketAuthError::Unauthorized,
-                        crate::tokens::TokenError::Blocked => SocketAuthError::Blocked,
+                        crate::identity::tokens::TokenError::Invalid => {
+                            SocketAuthError::Unauthorized
+                        }
+                        crate::identity::tokens::TokenError::Blocked => SocketAuthError::Blocked,
                         _ => SocketAuthError::Internal,
                     })?
             }
@@ -965,7 +967,7 @@ mod tests {
     fn test_context() -> GqlContext {
         let pool = crate::db::pool_for_url("postgres://nobody@127.0.0.1:1/none", 1).unwrap();
         let policy = Policy::new(Arc::new(
-            crate::add_ons::AddOnCatalogue::built_in().unwrap(),
+            crate::policy::add_ons::AddOnCatalogue::built_in().unwrap(),
         ));
         GqlContext {
             chat: Arc::new(ChatService {

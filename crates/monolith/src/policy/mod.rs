@@ -12,8 +12,11 @@ use std::sync::Arc;
 use contracts::{DuoErrorCode, UnitPrimitive};
 use tokio_postgres::GenericClient;
 
-use crate::add_ons::{AddOn, AddOnCatalogue};
+pub mod add_ons;
+
+use crate::config::Realm;
 use crate::db::DbError;
+use add_ons::{AddOn, AddOnCatalogue};
 
 /// GitLab's access levels.
 pub mod access {
@@ -25,29 +28,6 @@ pub mod access {
     pub const DEVELOPER: i32 = 30;
     pub const MAINTAINER: i32 = 40;
     pub const OWNER: i32 = 50;
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Realm {
-    Saas,
-    SelfManaged,
-}
-
-impl Realm {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Realm::Saas => "saas",
-            Realm::SelfManaged => "self-managed",
-        }
-    }
-
-    fn parse(s: &str) -> Self {
-        if s == "saas" {
-            Realm::Saas
-        } else {
-            Realm::SelfManaged
-        }
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,8 +80,8 @@ pub struct Actor {
     pub admin: bool,
 }
 
-impl From<&crate::tokens::AuthenticatedUser> for Actor {
-    fn from(u: &crate::tokens::AuthenticatedUser) -> Self {
+impl From<&crate::identity::tokens::AuthenticatedUser> for Actor {
+    fn from(u: &crate::identity::tokens::AuthenticatedUser) -> Self {
         Actor {
             id: u.id,
             admin: u.admin,

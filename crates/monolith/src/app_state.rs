@@ -1,19 +1,17 @@
-//! The `web` role: HTTP server wiring. Handlers live in `api`, `graphql` and friends.
+//! What every request handler shares: the pool, the policy, the configuration,
+//! the chat service, the signing keys and the live-message hub.
 
-use std::net::TcpListener;
 use std::sync::Arc;
 
-use actix_web::{App, HttpResponse, HttpServer, web};
 use deadpool_postgres::Pool;
-
-use crate::add_ons::AddOnCatalogue;
 use secrecy::ExposeSecret;
 
+use crate::chat::live::LiveHub;
 use crate::chat::{ChatService, CompletionQueue, PgCompletionQueue};
 use crate::config::Config;
-use crate::jwt::{JwtError, KeyRing, SharedKeyRing};
+use crate::identity::jwt::{JwtError, KeyRing, SharedKeyRing};
 use crate::policy::Policy;
-use crate::subscriptions::LiveHub;
+use crate::policy::add_ons::AddOnCatalogue;
 
 #[derive(Clone)]
 pub struct AppState {
@@ -83,7 +81,7 @@ impl AppState {
             .await
             .map_err(crate::policy::PolicyError::from)?
             .get(0);
-        let claims = crate::jwt::claims_for(crate::jwt::TokenSubject {
+        let claims = crate::identity::jwt::claims_for(crate::identity::jwt::TokenSubject {
             user_id,
             scopes: scopes.iter().map(|s| s.as_str().to_owned()).collect(),
             realm: &realm,
@@ -93,59 +91,4 @@ impl AppState {
         });
         Ok(self.keys.sign(&claims)?)
     }
-}
-
-pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route(
-        "/-/health",
-        web::get().to(|| async { HttpResponse::Ok().body("GitLab OK") }),
-    )
-    .route(
-        "/.well-known/openid-configuration",
-        web::get().to(crate::api::oidc::openid_configuration),
-    )
-    .route(
-        "/oauth/discovery/keys",
-        web::get().to(crate::api::oidc::jwks),
-    )
-    .route("/api/graphql", web::post().to(crate::graphql::handle))
-    // GET with `Upgrade: websocket` opens a subscription socket.
-    .route("/api/graphql", web::get().to(crate::graphql::handle_get))
-    .service(
-        web::scope("/api/v4")
-            .configure(crate::api::users::routes)
-            .configure(crate::api::resources::routes),
-    );
-}
-
-/// Serves on an already bound listener (tests bind port 0).
-pub fn serve(state: AppState, listener: TcpListener) -> std::io::Result<actix_web::dev::Server> {
-    let data = web::Data::new(state);
-    let schema = web::Data::new(crate::graphql::schema());
-    let server = HttpServer::new(move || {
-        App::new()
-            .app_data(data.clone())
-            .app_data(schema.clone())
-            .app_data(web::PayloadConfig::default().limit(8 * 1024 * 1024))
-            .app_data(
-                web::JsonConfig::default()
-                    .limit(4 * 1024 * 1024)
-                    .error_handler(|err, _req| {
-                        let message = err.to_string();
-                        actix_web::error::InternalError::from_response(
-                            err,
-                            HttpResponse::BadRequest()
-                                .json(serde_json::json!({ "error": message })),
-                        )
-                        .into()
-                    }),
-            )
-            .wrap(actix_web::middleware::from_fn(
-                crate::api::path_ids::resolve_path_ids,
-            ))
-            .configure(configure)
-    })
-    .listen(listener)?
-    .run();
-    Ok(server)
 }

@@ -14,8 +14,8 @@ use super::items::{Found, Item, created, find_readable, readable_rows};
 use super::notes::{self, NoteTarget, Noteable};
 use super::pagination::PageParams;
 use super::{ApiError, diffs};
+use crate::app_state::AppState;
 use crate::policy::{Actor, WriteAbility};
-use crate::web::AppState;
 
 pub(super) fn routes(cfg: &mut web::ServiceConfig) {
     let all = "/projects/{id}/merge_requests";

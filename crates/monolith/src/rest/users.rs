@@ -8,8 +8,8 @@ use serde_json::{Value, json};
 use super::common::{like_pattern, paged};
 use super::pagination::PageParams;
 use super::{ApiError, READ_SCOPES, WRITE_SCOPES, require_admin, require_user};
-use crate::tokens::{self, AuthenticatedUser};
-use crate::web::AppState;
+use crate::app_state::AppState;
+use crate::identity::tokens::{self, AuthenticatedUser};
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/user", web::get().to(current_user))

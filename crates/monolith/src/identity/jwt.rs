@@ -286,7 +286,7 @@ pub struct TokenSubject<'a> {
 /// The global user id sent to the gateway: stable per instance and user,
 /// and reveals nothing else about the user.
 pub fn global_user_id(instance_id: &str, user_id: i64) -> String {
-    stable_uuid(&format!("{instance_id}:{user_id}")).to_string()
+    crate::gid::stable_uuid(&format!("{instance_id}:{user_id}")).to_string()
 }
 
 pub fn claims_for(subject: TokenSubject<'_>) -> GatewayClaims {
@@ -318,13 +318,4 @@ pub fn openid_configuration(issuer: &str) -> Value {
         "response_types_supported": ["id_token"],
         "subject_types_supported": ["public"],
     })
-}
-
-/// A UUID derived from `text` (SHA-256, first 16 bytes): stable, and reveals nothing.
-pub fn stable_uuid(text: &str) -> uuid::Uuid {
-    use sha2::Digest;
-    let digest = sha2::Sha256::digest(text.as_bytes());
-    let mut bytes = [0u8; 16];
-    bytes.copy_from_slice(&digest[..16]);
-    uuid::Uuid::from_bytes(bytes)
 }

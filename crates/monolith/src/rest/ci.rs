@@ -11,8 +11,8 @@ use super::ApiError;
 use super::common::{Container, paged, project_full_path, readable_project, sort_order, ts};
 use super::items::{Found, Item, created, find_readable};
 use super::pagination::PageParams;
+use crate::app_state::AppState;
 use crate::policy::{Ability, Subject, WriteAbility};
-use crate::web::AppState;
 
 pub(super) fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/projects/{id}/pipelines", web::get().to(list_pipelines))

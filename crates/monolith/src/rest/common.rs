@@ -8,10 +8,10 @@ use tokio_postgres::GenericClient;
 
 use super::pagination::PageParams;
 use super::{ApiError, WRITE_SCOPES, optional_user, require_user};
+use crate::app_state::AppState;
+use crate::identity::tokens::AuthenticatedUser;
 use crate::namespaces::FULL_PATHS;
 use crate::policy::{Ability, Actor, Subject, WriteAbility};
-use crate::tokens::AuthenticatedUser;
-use crate::web::AppState;
 
 pub(super) fn actor(user: &Option<AuthenticatedUser>) -> Option<Actor> {
     user.as_ref().map(Actor::from)

@@ -1,0 +1,314 @@
+//! The chat service: validates, authorizes, rate-limits and stores questions,
+//! and reads threads and messages back for their owner.
+
+use std::sync::Arc;
+
+use deadpool_postgres::Pool;
+use serde_json::json;
+use tokio_postgres::GenericClient;
+use uuid::Uuid;
+
+use super::resource::ChatResource;
+use super::storage::{
+    create_thread, find_thread, latest_thread, message_from_row, resolve_thread_for_write,
+    thread_from_row,
+};
+use super::*;
+use crate::policy::{Ability, Actor, Policy};
+
+pub struct ChatService {
+    pub pool: Pool,
+    pub policy: Policy,
+    pub queue: Arc<dyn CompletionQueue>,
+    pub rate_limit: u32,
+    pub rate_window: std::time::Duration,
+    pub docs_base_url: String,
+}
+
+impl ChatService {
+    /// Validates, authorizes, rate-limits and stores a chat question, then enqueues
+    /// its completion (except for `/clear` and `/reset`).
+    pub async fn submit(
+        &self,
+        user: Option<Actor>,
+        request: ChatRequest,
+    ) -> Result<ChatAccepted, ChatError> {
+        let user = user.ok_or(ChatError::Unauthenticated)?;
+        // GitLab counts every attempt, valid or not, before looking at it.
+        self.check_rate_limit(user.id).await?;
+        validate(&request)?;
+
+        let mut client = self.pool.get().await?;
+        self.policy
+            .authorize_chat_user(&**client, Some(user))
+            .await?;
+        if let Some(resource) = &request.resource_id {
+            self.authorize_resource(&**client, user, resource).await?;
+        }
+
+        let tx = client.transaction().await?;
+        let thread =
+            resolve_thread_for_write(&*tx, user.id, request.thread_id, request.conversation_type)
+                .await?;
+        let command = request.content.trim();
+        let request_id = Uuid::new_v4();
+        if command == "/new" {
+            // What GitLab's clients do for `/new` (they drop the thread id):
+            // a fresh multi-thread conversation; the old one stays listed.
+            let fresh = create_thread(&*tx, user.id, ConversationType::DuoChat).await?;
+            tx.commit().await?;
+            return Ok(ChatAccepted {
+                request_id,
+                thread_id: fresh.id,
+            });
+        }
+        if command == "/clear" {
+            // Nothing is stored: the conversation continues in a fresh thread.
+            let fresh = create_thread(&*tx, user.id, thread.conversation_type).await?;
+            tx.commit().await?;
+            return Ok(ChatAccepted {
+                request_id,
+                thread_id: fresh.id,
+            });
+        }
+        let extras = json!({
+            "additional_context": request.additional_context.iter().map(|c| json!({
+                "id": c.id, "category": c.category, "content": c.content, "metadata": c.metadata,
+            })).collect::<Vec<_>>(),
+        });
+        let question = store_message(
+            &*tx,
+            thread.id,
+            Role::User,
+            &request.content,
+            Some(request_id),
+            None,
+            extras,
+        )
+        .await?;
+        if command != "/reset" {
+            let job = CompletionJob {
+                request_id,
+                user_id: user.id,
+                thread_id: thread.id,
+                content: request.content,
+                resource_id: request.resource_id,
+                client_subscription_id: request.client_subscription_id,
+                current_file: request.current_file,
+                additional_context: request.additional_context,
+                platform_origin: request.platform_origin,
+            };
+            self.queue.enqueue(&tx, &job).await?;
+        }
+        // GitLab echoes the question to the user's open chats; NOTIFY inside the
+        // transaction is delivered at commit, so nobody sees an unsaved question.
+        crate::chat::live::publish_to_user(
+            &*tx,
+            user.id,
+            &crate::chat::live::LiveMessage::stored(question),
+        )
+        .await?;
+        tx.commit().await?;
+
+        Ok(ChatAccepted {
+            request_id,
+            thread_id: thread.id,
+        })
+    }
+
+    /// Whether `user` may name `gid_text` as the chat's resource: unknown and
+    /// unreadable resources are both `ResourceNotFound`; a readable one in a
+    /// group or project with Duo features off is `ResourceNotPermitted`.
+    pub async fn authorize_resource(
+        &self,
+        db: &impl GenericClient,
+        user: Actor,
+        gid_text: &str,
+    ) -> Result<(), ChatError> {
+        let subject = match crate::chat::resource::parse_chat_resource(gid_text) {
+            Some(ChatResource::User(id)) if id == user.id => return Ok(()),
+            Some(ChatResource::Item(subject)) => subject,
+            _ => return Err(ChatError::ResourceNotFound),
+        };
+        let readable = match Ability::to_read(subject) {
+            Some(ability) if ability != Ability::ReadNote => {
+                self.policy.can(db, Some(user), ability, subject).await?
+            }
+            _ => false,
+        };
+        if !readable {
+            return Err(ChatError::ResourceNotFound);
+        }
+        if !self.policy.duo_features_on_for(db, user, subject).await? {
+            return Err(ChatError::ResourceNotPermitted);
+        }
+        Ok(())
+    }
+
+    async fn check_rate_limit(&self, user_id: i64) -> Result<(), ChatError> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        // Serialise one user's requests across every replica while counting.
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended('ai_action:' || $1::bigint::text, 0))",
+            &[&user_id],
+        )
+        .await?;
+        let window = self.rate_window.as_secs_f64();
+        let used: i64 = tx
+            .query_one(
+                "SELECT count(*) FROM rate_limit_events
+                 WHERE user_id = $1 AND action = 'ai_action' AND occurred_at > now() - make_interval(secs => $2)",
+                &[&user_id, &window],
+            )
+            .await?
+            .get(0);
+        if used >= i64::from(self.rate_limit) {
+            return Err(ChatError::RateLimited);
+        }
+        tx.execute(
+            "INSERT INTO rate_limit_events (user_id, action) VALUES ($1, 'ai_action')",
+            &[&user_id],
+        )
+        .await?;
+        tx.execute(
+            "DELETE FROM rate_limit_events WHERE user_id = $1 AND action = 'ai_action'
+               AND occurred_at <= now() - make_interval(secs => $2)",
+            &[&user_id, &window],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The last messages of a thread, oldest first; `None` thread means the user's
+    /// latest thread of the type (a legacy thread is created when missing).
+    pub async fn messages(
+        &self,
+        user: Option<Actor>,
+        thread_id: Option<i64>,
+        conversation_type: Option<ConversationType>,
+        request_ids: Option<&[String]>,
+        roles: Option<&[Role]>,
+    ) -> Result<Vec<StoredMessage>, ChatError> {
+        let Some(user) = user else {
+            return Ok(Vec::new());
+        };
+        let client = self.pool.get().await?;
+        let thread = match thread_id {
+            Some(id) => find_thread(&**client, user.id, id)
+                .await?
+                .ok_or(ChatError::ThreadNotFound)?,
+            None => {
+                let kind = conversation_type.unwrap_or(ConversationType::DuoChatLegacy);
+                match latest_thread(&**client, user.id, kind).await? {
+                    Some(t) => t,
+                    None => create_thread(&**client, user.id, kind).await?,
+                }
+            }
+        };
+        let rows = client
+            .query(
+                "SELECT * FROM (
+                     SELECT id, thread_id, role, content, message_xid, request_xid, error_details, extras, has_feedback, created_at
+                     FROM ai_conversation_messages WHERE thread_id = $1 ORDER BY id DESC LIMIT $2
+                 ) last ORDER BY id",
+                &[&thread.id, &THREAD_WINDOW],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(message_from_row)
+            .filter(|m| {
+                request_ids.is_none_or(|ids| {
+                    m.request_xid
+                        .is_some_and(|r| ids.iter().any(|i| *i == r.to_string()))
+                })
+            })
+            .filter(|m| roles.is_none_or(|rs| rs.contains(&m.role)))
+            .collect())
+    }
+
+    pub async fn threads(&self, user: Option<Actor>) -> Result<Vec<Thread>, ChatError> {
+        let Some(user) = user else {
+            return Ok(Vec::new());
+        };
+        let client = self.pool.get().await?;
+        let rows = client
+            .query(
+                "SELECT t.id, t.conversation_type, t.created_at, t.last_updated_at,
+                        (SELECT left(content, 80) FROM ai_conversation_messages m
+                          WHERE m.thread_id = t.id AND m.role = 1 ORDER BY m.id LIMIT 1)
+                 FROM ai_conversation_threads t WHERE t.user_id = $1 ORDER BY t.last_updated_at DESC, t.id DESC",
+                &[&user.id],
+            )
+            .await?;
+        Ok(rows.iter().map(thread_from_row).collect())
+    }
+}
+
+fn validate(request: &ChatRequest) -> Result<(), ChatError> {
+    if request.content.trim().is_empty() {
+        return Err(ChatError::Invalid("content can't be blank".into()));
+    }
+    if request.content.chars().count() > MAX_CONTENT_CHARS {
+        return Err(ChatError::Invalid(format!(
+            "content is too long (maximum is {MAX_CONTENT_CHARS} characters)"
+        )));
+    }
+    if let Some(file) = &request.current_file
+        && file.file_name.chars().count() > MAX_FILE_NAME_CHARS
+    {
+        return Err(ChatError::Invalid(format!(
+            "currentFile.fileName is too long (maximum is {MAX_FILE_NAME_CHARS} characters)"
+        )));
+    }
+    for item in &request.additional_context {
+        if item.id.chars().count() > MAX_CONTEXT_ID_CHARS {
+            return Err(ChatError::Invalid(format!(
+                "additionalContext.id is too long (maximum is {MAX_CONTEXT_ID_CHARS} characters)"
+            )));
+        }
+        if item.content.chars().count() > MAX_CONTEXT_CONTENT_CHARS {
+            return Err(ChatError::Invalid(format!(
+                "additionalContext.content is too long (maximum is {MAX_CONTEXT_CONTENT_CHARS} characters)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_rejects_blank_and_oversized_input() {
+        let ok = ChatRequest {
+            content: "hi".into(),
+            ..Default::default()
+        };
+        assert!(validate(&ok).is_ok());
+        let blank = ChatRequest {
+            content: "   ".into(),
+            ..Default::default()
+        };
+        assert!(matches!(validate(&blank), Err(ChatError::Invalid(_))));
+        let long = ChatRequest {
+            content: "x".repeat(MAX_CONTENT_CHARS + 1),
+            ..Default::default()
+        };
+        assert!(matches!(validate(&long), Err(ChatError::Invalid(_))));
+        let ctx = ChatRequest {
+            content: "hi".into(),
+            additional_context: vec![AdditionalContext {
+                id: "x".repeat(256),
+                category: "file".into(),
+                content: String::new(),
+                metadata: None,
+            }],
+            ..Default::default()
+        };
+        assert!(matches!(validate(&ctx), Err(ChatError::Invalid(_))));
+    }
+}

@@ -1,0 +1,217 @@
+//! Threads and messages in PostgreSQL (`ai_conversation_threads`,
+//! `ai_conversation_messages`), with GitLab's thread rules and retention.
+
+use deadpool_postgres::Pool;
+use serde_json::Value;
+use tokio_postgres::GenericClient;
+use uuid::Uuid;
+
+use super::{ChatError, ConversationType, Role, StoredMessage, Thread};
+
+pub async fn store_message(
+    db: &impl GenericClient,
+    thread_id: i64,
+    role: Role,
+    content: &str,
+    request_xid: Option<Uuid>,
+    error_details: Option<Value>,
+    extras: Value,
+) -> Result<StoredMessage, ChatError> {
+    let row = db
+        .query_one(
+            "WITH m AS (
+                 INSERT INTO ai_conversation_messages (thread_id, role, content, message_xid, request_xid, error_details, extras)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING *
+             ), t AS (
+                 UPDATE ai_conversation_threads SET last_updated_at = now() WHERE id = $1
+             )
+             SELECT id, thread_id, role, content, message_xid, request_xid, error_details, extras, has_feedback, created_at FROM m",
+            &[&thread_id, &(role as i16), &content, &Uuid::new_v4(), &request_xid, &error_details, &extras],
+        )
+        .await?;
+    Ok(message_from_row(&row))
+}
+
+/// Stores the assistant's answer to `request_xid` unless one is stored already
+/// (a unique index allows one per request); `None` when it was already there.
+pub async fn store_answer_once(
+    db: &impl GenericClient,
+    thread_id: i64,
+    request_xid: Uuid,
+    content: &str,
+    error_details: Option<Value>,
+    extras: Value,
+) -> Result<Option<StoredMessage>, ChatError> {
+    let row = db
+        .query_opt(
+            "WITH m AS (
+                 INSERT INTO ai_conversation_messages (thread_id, role, content, message_xid, request_xid, error_details, extras)
+                 VALUES ($1, 2, $2, $3, $4, $5, $6)
+                 ON CONFLICT (request_xid) WHERE role = 2 AND request_xid IS NOT NULL DO NOTHING
+                 RETURNING *
+             ), t AS (
+                 UPDATE ai_conversation_threads SET last_updated_at = now()
+                 WHERE id = $1 AND EXISTS (SELECT 1 FROM m)
+             )
+             SELECT id, thread_id, role, content, message_xid, request_xid, error_details, extras, has_feedback, created_at FROM m",
+            &[&thread_id, &content, &Uuid::new_v4(), &request_xid, &error_details, &extras],
+        )
+        .await?;
+    Ok(row.as_ref().map(message_from_row))
+}
+
+/// Whether the request already has a stored assistant answer.
+pub async fn answer_exists(db: &impl GenericClient, request_xid: Uuid) -> Result<bool, ChatError> {
+    Ok(db
+        .query_opt(
+            "SELECT 1 FROM ai_conversation_messages WHERE request_xid = $1 AND role = 2",
+            &[&request_xid],
+        )
+        .await?
+        .is_some())
+}
+
+/// Whether the thread still exists (retention or `/clear` may have removed it).
+pub async fn thread_exists(db: &impl GenericClient, thread_id: i64) -> Result<bool, ChatError> {
+    Ok(db
+        .query_opt(
+            "SELECT 1 FROM ai_conversation_threads WHERE id = $1",
+            &[&thread_id],
+        )
+        .await?
+        .is_some())
+}
+
+pub(crate) fn message_from_row(row: &tokio_postgres::Row) -> StoredMessage {
+    let details: Option<Value> = row.get(6);
+    let errors = details
+        .as_ref()
+        .and_then(|d| d.get("errors"))
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    let error_code = details
+        .as_ref()
+        .and_then(|d| d.get("code"))
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    StoredMessage {
+        id: row.get(0),
+        thread_id: row.get(1),
+        role: if row.get::<_, i16>(2) == 2 {
+            Role::Assistant
+        } else {
+            Role::User
+        },
+        content: row.get(3),
+        message_xid: row.get(4),
+        request_xid: row.get(5),
+        errors,
+        error_code,
+        extras: row.get::<_, Option<Value>>(7).unwrap_or(Value::Null),
+        has_feedback: row.get(8),
+        created_at: row.get(9),
+    }
+}
+
+/// Deletes threads (and their messages) idle for more than `days`; returns how many.
+pub async fn delete_idle_threads(db: &impl GenericClient, days: i32) -> Result<u64, ChatError> {
+    Ok(db
+        .execute(
+            "DELETE FROM ai_conversation_threads WHERE last_updated_at < now() - make_interval(days => $1)",
+            &[&days],
+        )
+        .await?)
+}
+
+/// Retention with the instance's configured number of days.
+pub async fn apply_retention(pool: &Pool) -> Result<u64, ChatError> {
+    let db = pool.get().await?;
+    let days: i32 = db
+        .query_one(
+            "SELECT duo_chat_expiration_days FROM instance_settings",
+            &[],
+        )
+        .await?
+        .get(0);
+    delete_idle_threads(&**db, days).await
+}
+
+pub(crate) fn thread_from_row(row: &tokio_postgres::Row) -> Thread {
+    Thread {
+        id: row.get(0),
+        conversation_type: ConversationType::from_db(row.get(1)),
+        created_at: row.get(2),
+        last_updated_at: row.get(3),
+        title: row.try_get::<_, Option<String>>(4).ok().flatten(),
+    }
+}
+
+pub(crate) async fn find_thread(
+    db: &impl GenericClient,
+    user_id: i64,
+    id: i64,
+) -> Result<Option<Thread>, ChatError> {
+    let row = db
+        .query_opt(
+            "SELECT id, conversation_type, created_at, last_updated_at FROM ai_conversation_threads
+             WHERE id = $1 AND user_id = $2",
+            &[&id, &user_id],
+        )
+        .await?;
+    Ok(row.as_ref().map(thread_from_row))
+}
+
+pub(crate) async fn latest_thread(
+    db: &impl GenericClient,
+    user_id: i64,
+    kind: ConversationType,
+) -> Result<Option<Thread>, ChatError> {
+    let row = db
+        .query_opt(
+            "SELECT id, conversation_type, created_at, last_updated_at FROM ai_conversation_threads
+             WHERE user_id = $1 AND conversation_type = $2 ORDER BY last_updated_at DESC, id DESC LIMIT 1",
+            &[&user_id, &(kind as i16)],
+        )
+        .await?;
+    Ok(row.as_ref().map(thread_from_row))
+}
+
+pub(crate) async fn create_thread(
+    db: &impl GenericClient,
+    user_id: i64,
+    kind: ConversationType,
+) -> Result<Thread, ChatError> {
+    let row = db
+        .query_one(
+            "INSERT INTO ai_conversation_threads (user_id, conversation_type) VALUES ($1, $2)
+             RETURNING id, conversation_type, created_at, last_updated_at",
+            &[&user_id, &(kind as i16)],
+        )
+        .await?;
+    Ok(thread_from_row(&row))
+}
+
+/// GitLab's write-mode thread rules: an explicit thread must be the user's; no
+/// thread and no type continues the legacy thread; a type alone starts a new one.
+pub(crate) async fn resolve_thread_for_write(
+    db: &impl GenericClient,
+    user_id: i64,
+    thread_id: Option<i64>,
+    conversation_type: Option<ConversationType>,
+) -> Result<Thread, ChatError> {
+    match (thread_id, conversation_type) {
+        (Some(id), _) => find_thread(db, user_id, id)
+            .await?
+            .ok_or(ChatError::ThreadNotFound),
+        (None, Some(kind)) => create_thread(db, user_id, kind).await,
+        (None, None) => match latest_thread(db, user_id, ConversationType::DuoChatLegacy).await? {
+            Some(t) => Ok(t),
+            None => create_thread(db, user_id, ConversationType::DuoChatLegacy).await,
+        },
+    }
+}
