@@ -1,10 +1,13 @@
 //! REST API under `/api/v4` in GitLab's shapes.
 
+mod admin;
 mod ci;
 mod common;
 mod diffs;
 mod epics;
 mod error;
+mod groups;
+mod issues;
 mod items;
 mod members;
 mod merge_requests;
@@ -12,6 +15,7 @@ mod notes;
 pub mod oidc;
 pub mod pagination;
 pub mod path_ids;
+mod projects;
 pub mod resources;
 pub mod users;
 

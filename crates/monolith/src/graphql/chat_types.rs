@@ -1,0 +1,338 @@
+//! The chat types in GitLab's names and shapes.
+
+use juniper::{FieldResult, GraphQLEnum, GraphQLInputObject, GraphQLObject, graphql_object};
+
+use super::*;
+use crate::chat;
+use crate::chat::live::LiveMessage;
+use crate::chat::{ConversationType, Role, StoredMessage};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, GraphQLEnum)]
+#[graphql(name = "AiConversationsThreadsConversationType")]
+pub enum ConversationTypeEnum {
+    DuoChatLegacy,
+    DuoCodeReview,
+    DuoQuickChat,
+    DuoChat,
+}
+
+impl From<ConversationTypeEnum> for ConversationType {
+    fn from(v: ConversationTypeEnum) -> Self {
+        match v {
+            ConversationTypeEnum::DuoChatLegacy => ConversationType::DuoChatLegacy,
+            ConversationTypeEnum::DuoCodeReview => ConversationType::DuoCodeReview,
+            ConversationTypeEnum::DuoQuickChat => ConversationType::DuoQuickChat,
+            ConversationTypeEnum::DuoChat => ConversationType::DuoChat,
+        }
+    }
+}
+
+impl From<ConversationType> for ConversationTypeEnum {
+    fn from(v: ConversationType) -> Self {
+        match v {
+            ConversationType::DuoChatLegacy => ConversationTypeEnum::DuoChatLegacy,
+            ConversationType::DuoCodeReview => ConversationTypeEnum::DuoCodeReview,
+            ConversationType::DuoQuickChat => ConversationTypeEnum::DuoQuickChat,
+            ConversationType::DuoChat => ConversationTypeEnum::DuoChat,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, GraphQLEnum)]
+#[graphql(name = "AiAdditionalContextCategory")]
+pub enum AdditionalContextCategory {
+    File,
+    Snippet,
+    MergeRequest,
+    Issue,
+    Dependency,
+    LocalGit,
+    Terminal,
+    UserRule,
+    Repository,
+    Directory,
+    AgentUserEnvironment,
+    Attachments,
+}
+
+impl AdditionalContextCategory {
+    pub(crate) fn wire(self) -> &'static str {
+        match self {
+            Self::File => "file",
+            Self::Snippet => "snippet",
+            Self::MergeRequest => "merge_request",
+            Self::Issue => "issue",
+            Self::Dependency => "dependency",
+            Self::LocalGit => "local_git",
+            Self::Terminal => "terminal",
+            Self::UserRule => "user_rule",
+            Self::Repository => "repository",
+            Self::Directory => "directory",
+            Self::AgentUserEnvironment => "agent_user_environment",
+            Self::Attachments => "attachments",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, GraphQLEnum)]
+#[graphql(name = "AiMessageRole")]
+pub enum AiMessageRole {
+    User,
+    Assistant,
+    System,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, GraphQLEnum)]
+#[graphql(name = "AiMessageType")]
+pub enum AiMessageType {
+    Tool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, GraphQLEnum)]
+#[graphql(name = "AiAction")]
+pub enum AiActionEnum {
+    Chat,
+}
+
+#[derive(Debug, Clone, GraphQLInputObject)]
+#[graphql(name = "AiCurrentFileInput")]
+pub struct AiCurrentFileInput {
+    pub file_name: String,
+    pub selected_text: String,
+    pub content_above_cursor: Option<String>,
+    pub content_below_cursor: Option<String>,
+}
+
+#[derive(Debug, Clone, GraphQLInputObject)]
+#[graphql(name = "AiAdditionalContextInput")]
+pub struct AiAdditionalContextInput {
+    pub id: String,
+    pub category: AdditionalContextCategory,
+    pub content: String,
+    pub metadata: Option<Json>,
+}
+
+#[derive(Debug, Clone, GraphQLInputObject)]
+#[graphql(name = "AiChatInput")]
+pub struct AiChatInput {
+    pub content: String,
+    pub resource_id: Option<AiModelId>,
+    pub namespace_id: Option<NamespaceId>,
+    pub agent_version_id: Option<AiAgentVersionId>,
+    pub current_file: Option<AiCurrentFileInput>,
+    pub additional_context: Option<Vec<AiAdditionalContextInput>>,
+}
+
+#[derive(Debug, Clone, GraphQLInputObject)]
+#[graphql(name = "AiActionInput")]
+pub struct AiActionInput {
+    pub chat: Option<AiChatInput>,
+    pub client_subscription_id: Option<String>,
+    pub platform_origin: Option<String>,
+    pub project_id: Option<ProjectId>,
+    pub root_namespace_id: Option<GroupId>,
+    pub thread_id: Option<AiConversationThreadId>,
+    pub conversation_type: Option<ConversationTypeEnum>,
+    pub client_mutation_id: Option<String>,
+}
+
+#[derive(Debug, Clone, GraphQLObject)]
+#[graphql(name = "AiActionPayload")]
+pub struct AiActionPayload {
+    pub request_id: Option<String>,
+    pub thread_id: Option<AiConversationThreadId>,
+    pub errors: Vec<String>,
+    pub client_mutation_id: Option<String>,
+}
+
+#[derive(Debug, Clone, GraphQLObject)]
+#[graphql(name = "AiAdditionalContext")]
+pub struct AiAdditionalContext {
+    pub id: String,
+    pub category: String,
+    pub content: String,
+    pub metadata: Option<Json>,
+}
+
+#[derive(Debug, Clone, GraphQLObject)]
+#[graphql(name = "AiMessageExtras")]
+pub struct AiMessageExtras {
+    pub sources: Option<Vec<Json>>,
+    pub has_feedback: bool,
+    pub additional_context: Option<Vec<AiAdditionalContext>>,
+}
+
+#[derive(Debug, Clone)]
+pub struct AiMessage {
+    pub stored: StoredMessage,
+    /// Set on streamed chunks (1, 2, 3…), which are never stored.
+    pub chunk_id: Option<i32>,
+}
+
+impl From<LiveMessage> for AiMessage {
+    fn from(live: LiveMessage) -> Self {
+        AiMessage {
+            stored: live.message,
+            chunk_id: live.chunk_id,
+        }
+    }
+}
+
+#[graphql_object]
+#[graphql(name = "AiMessage", context = GqlContext)]
+impl AiMessage {
+    fn id(&self) -> Option<String> {
+        Some(self.stored.message_xid.to_string())
+    }
+    fn request_id(&self) -> Option<String> {
+        self.stored.request_xid.map(|r| r.to_string())
+    }
+    fn content(&self) -> Option<String> {
+        Some(self.stored.content.clone())
+    }
+    fn content_html(&self) -> Option<String> {
+        if !self.stored.errors.is_empty() || self.chunk_id.is_some() {
+            return None;
+        }
+        Some(chat::render_markdown(&self.stored.content))
+    }
+    fn role(&self) -> AiMessageRole {
+        match self.stored.role {
+            Role::User => AiMessageRole::User,
+            Role::Assistant => AiMessageRole::Assistant,
+        }
+    }
+    fn timestamp(&self) -> Time {
+        Time(
+            self.stored
+                .created_at
+                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        )
+    }
+    fn chunk_id(&self) -> Option<i32> {
+        self.chunk_id
+    }
+    fn errors(&self) -> Vec<String> {
+        self.stored.errors.clone()
+    }
+    fn error_code(&self) -> Option<String> {
+        self.stored.error_code.clone()
+    }
+    #[graphql(name = "type")]
+    fn message_type(&self) -> Option<AiMessageType> {
+        None
+    }
+    fn extras(&self) -> AiMessageExtras {
+        let extras = &self.stored.extras;
+        let sources = extras
+            .get("sources")
+            .and_then(|s| s.as_array())
+            .map(|a| a.iter().map(|v| Json(v.to_string())).collect());
+        let additional_context = extras
+            .get("additional_context")
+            .and_then(|s| s.as_array())
+            .map(|items| {
+                items
+                    .iter()
+                    .map(|c| AiAdditionalContext {
+                        id: c["id"].as_str().unwrap_or_default().to_owned(),
+                        category: c["category"].as_str().unwrap_or_default().to_owned(),
+                        content: c["content"].as_str().unwrap_or_default().to_owned(),
+                        metadata: c
+                            .get("metadata")
+                            .filter(|m| !m.is_null())
+                            .map(|m| Json(m.to_string())),
+                    })
+                    .collect()
+            });
+        AiMessageExtras {
+            sources,
+            has_feedback: self.stored.has_feedback,
+            additional_context,
+        }
+    }
+    fn agent_version_id(&self) -> Option<AiAgentVersionId> {
+        None
+    }
+    fn thread_id(&self) -> Option<AiConversationThreadId> {
+        Some(AiConversationThreadId(gid::format(
+            "Ai::Conversation::Thread",
+            self.stored.thread_id,
+        )))
+    }
+}
+
+#[derive(Debug, Clone, GraphQLObject)]
+#[graphql(name = "PageInfo")]
+pub struct PageInfo {
+    pub end_cursor: Option<String>,
+    pub start_cursor: Option<String>,
+    pub has_next_page: bool,
+    pub has_previous_page: bool,
+}
+
+impl PageInfo {
+    pub(crate) fn single_page() -> Self {
+        PageInfo {
+            end_cursor: None,
+            start_cursor: None,
+            has_next_page: false,
+            has_previous_page: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, GraphQLObject)]
+#[graphql(name = "AiMessageConnection", context = GqlContext)]
+pub struct AiMessageConnection {
+    pub nodes: Vec<AiMessage>,
+    pub page_info: PageInfo,
+}
+
+#[derive(Debug, Clone, GraphQLObject)]
+#[graphql(name = "AiConversationsThread")]
+pub struct AiConversationsThread {
+    pub id: AiConversationThreadId,
+    pub conversation_type: ConversationTypeEnum,
+    pub created_at: Time,
+    pub last_updated_at: Time,
+    pub title: Option<String>,
+}
+
+#[derive(Debug, Clone, GraphQLObject)]
+#[graphql(name = "AiConversationsThreadConnection")]
+pub struct AiConversationsThreadConnection {
+    pub nodes: Vec<AiConversationsThread>,
+    pub page_info: PageInfo,
+}
+
+pub struct CurrentUser {
+    pub(crate) actor: Actor,
+    pub(crate) username: String,
+}
+
+#[graphql_object]
+#[graphql(name = "CurrentUser", context = GqlContext)]
+impl CurrentUser {
+    fn id(&self) -> UserId {
+        UserId(gid::format("User", self.actor.id))
+    }
+    fn username(&self) -> &str {
+        &self.username
+    }
+    async fn duo_chat_available(&self, ctx: &GqlContext) -> FieldResult<bool> {
+        let db = ctx.pool.get().await.map_err(internal)?;
+        Ok(ctx
+            .policy
+            .authorize_chat_user(&**db, Some(self.actor))
+            .await
+            .is_ok())
+    }
+    async fn duo_chat_available_features(&self, ctx: &GqlContext) -> FieldResult<Vec<String>> {
+        let db = ctx.pool.get().await.map_err(internal)?;
+        ctx.policy
+            .duo_chat_available_features(&**db, Some(self.actor))
+            .await
+            .map_err(internal)
+    }
+}

@@ -1,0 +1,86 @@
+//! The mutation root: `aiAction`.
+
+use juniper::{FieldResult, graphql_object};
+
+use super::*;
+use crate::chat;
+
+pub struct Mutation;
+
+#[graphql_object]
+#[graphql(context = GqlContext)]
+impl Mutation {
+    async fn ai_action(ctx: &GqlContext, input: AiActionInput) -> FieldResult<AiActionPayload> {
+        let client_mutation_id = input.client_mutation_id.clone();
+        if ctx.user.is_some() && !ctx.may_mutate {
+            return Err(coded(
+                "The token needs the api or ai_features scope to send chat questions",
+                "INSUFFICIENT_SCOPE",
+            ));
+        }
+        let Some(chat_input) = input.chat else {
+            return Err(coded(
+                "Only one method argument is required",
+                "ARGUMENT_ERROR",
+            ));
+        };
+        let thread_id = input.thread_id.as_ref().map(parse_thread_id).transpose()?;
+        let request = chat::ChatRequest {
+            content: chat_input.content,
+            resource_id: chat_input.resource_id.map(|r| r.0),
+            thread_id,
+            conversation_type: input.conversation_type.map(Into::into),
+            client_subscription_id: input.client_subscription_id,
+            current_file: chat_input.current_file.map(|f| chat::CurrentFile {
+                file_name: f.file_name,
+                selected_text: f.selected_text,
+                content_above_cursor: f.content_above_cursor,
+                content_below_cursor: f.content_below_cursor,
+            }),
+            additional_context: chat_input
+                .additional_context
+                .unwrap_or_default()
+                .into_iter()
+                .map(|c| chat::AdditionalContext {
+                    id: c.id,
+                    category: c.category.wire().to_owned(),
+                    content: c.content,
+                    metadata: c.metadata.and_then(|m| serde_json::from_str(&m.0).ok()),
+                })
+                .collect(),
+            platform_origin: input.platform_origin,
+        };
+        match ctx.chat.submit(ctx.user, request).await {
+            Ok(accepted) => Ok(AiActionPayload {
+                request_id: Some(accepted.request_id.to_string()),
+                thread_id: Some(AiConversationThreadId(gid::format(
+                    "Ai::Conversation::Thread",
+                    accepted.thread_id,
+                ))),
+                errors: Vec::new(),
+                client_mutation_id,
+            }),
+            // Refusals the user should read go into `errors`, with the code's text.
+            Err(ChatError::Denied(code)) => Ok(AiActionPayload {
+                request_id: None,
+                thread_id: None,
+                errors: vec![code.error_text(&ctx.chat_docs_base())],
+                client_mutation_id,
+            }),
+            // GitLab answers this one from the service, not as a GraphQL error.
+            Err(e @ ChatError::ResourceNotPermitted) => Ok(AiActionPayload {
+                request_id: None,
+                thread_id: None,
+                errors: vec![e.to_string()],
+                client_mutation_id,
+            }),
+            Err(e) => Err(chat_field_error(e)),
+        }
+    }
+}
+
+impl GqlContext {
+    fn chat_docs_base(&self) -> String {
+        self.chat.docs_base_url.clone()
+    }
+}

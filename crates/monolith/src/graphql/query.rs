@@ -1,0 +1,83 @@
+//! The query root: the signed-in user, chat messages and threads.
+
+use juniper::{FieldResult, graphql_object};
+
+use super::*;
+use crate::chat::Role;
+
+pub struct Query;
+
+#[graphql_object]
+#[graphql(context = GqlContext)]
+impl Query {
+    fn current_user(ctx: &GqlContext) -> Option<CurrentUser> {
+        Some(CurrentUser {
+            actor: ctx.user?,
+            username: ctx.username.clone()?,
+        })
+    }
+
+    async fn ai_messages(
+        ctx: &GqlContext,
+        request_ids: Option<Vec<String>>,
+        roles: Option<Vec<AiMessageRole>>,
+        conversation_type: Option<ConversationTypeEnum>,
+        thread_id: Option<AiConversationThreadId>,
+        agent_version_id: Option<AiAgentVersionId>,
+    ) -> FieldResult<AiMessageConnection> {
+        let _ = agent_version_id;
+        let thread = thread_id.as_ref().map(parse_thread_id).transpose()?;
+        let roles: Option<Vec<Role>> = roles.map(|rs| {
+            rs.into_iter()
+                .filter_map(|r| match r {
+                    AiMessageRole::User => Some(Role::User),
+                    AiMessageRole::Assistant => Some(Role::Assistant),
+                    AiMessageRole::System => None,
+                })
+                .collect()
+        });
+        let messages = ctx
+            .chat
+            .messages(
+                ctx.user,
+                thread,
+                conversation_type.map(Into::into),
+                request_ids.as_deref(),
+                roles.as_deref(),
+            )
+            .await
+            .map_err(chat_field_error)?;
+        Ok(AiMessageConnection {
+            nodes: messages
+                .into_iter()
+                .map(|stored| AiMessage {
+                    stored,
+                    chunk_id: None,
+                })
+                .collect(),
+            page_info: PageInfo::single_page(),
+        })
+    }
+
+    async fn ai_conversation_threads(
+        ctx: &GqlContext,
+    ) -> FieldResult<AiConversationsThreadConnection> {
+        let threads = ctx.chat.threads(ctx.user).await.map_err(chat_field_error)?;
+        let time = |t: chrono::DateTime<chrono::Utc>| {
+            Time(t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        };
+        Ok(AiConversationsThreadConnection {
+            nodes: threads
+                .into_iter()
+                .map(|t| AiConversationsThread {
+                    id: AiConversationThreadId(gid::format("Ai::Conversation::Thread", t.id)),
+                    conversation_type: t.conversation_type.into(),
+                    created_at: time(t.created_at),
+                    last_updated_at: time(t.last_updated_at),
+                    title: t.title,
+                })
+                .collect(),
+            page_info: PageInfo::single_page(),
+        })
+    }
+}

@@ -1,0 +1,196 @@
+//! `/api/graphql` over HTTP (POST, batches) and WebSocket (subscriptions).
+
+use actix_web::{HttpRequest, HttpResponse, web};
+
+use super::*;
+use crate::rest::{self, ApiError};
+
+pub(crate) fn error_body(code: &str, message: &str) -> HttpResponse {
+    HttpResponse::Ok().json(serde_json::json!({
+        "errors": [{ "message": message, "extensions": { "code": code } }]
+    }))
+}
+
+/// `POST /api/graphql`.
+pub async fn handle(
+    state: web::Data<AppState>,
+    schema: web::Data<Schema>,
+    req: HttpRequest,
+    body: web::Bytes,
+) -> Result<HttpResponse, ApiError> {
+    let user = rest::optional_user(&state, &req).await?;
+    if let Some(u) = &user
+        && !u.has_any_scope(&["api", "read_api", "ai_features"])
+    {
+        return Err(ApiError::InsufficientScope(
+            "api read_api ai_features".into(),
+        ));
+    }
+    let batch: juniper::http::GraphQLBatchRequest = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => {
+            return Ok(error_body(
+                "BAD_REQUEST",
+                &format!("Invalid JSON body: {e}"),
+            ));
+        }
+    };
+    let queries: Vec<&str> = match &batch {
+        juniper::http::GraphQLBatchRequest::Single(r) => vec![r.query.as_str()],
+        juniper::http::GraphQLBatchRequest::Batch(rs) => {
+            rs.iter().map(|r| r.query.as_str()).collect()
+        }
+    };
+    for q in queries {
+        if let Err((code, message)) = check_limits(q) {
+            return Ok(error_body(code, &message));
+        }
+    }
+    let ctx = GqlContext::new(&state, user);
+    let response = batch.execute(&schema, &ctx).await;
+    // Successful responses go out as they are; only errors need patching.
+    if response.is_ok() {
+        return Ok(HttpResponse::Ok().json(response));
+    }
+    let mut body = serde_json::to_value(&response)
+        .map_err(|e| ApiError::Internal(format!("serialising a GraphQL response: {e}")))?;
+    add_missing_codes(&mut body);
+    Ok(HttpResponse::Ok().json(body))
+}
+
+/// Juniper's own parse and validation errors carry no `extensions.code`;
+/// every error we send must, so clients can branch on it. A response without
+/// `data` failed before execution.
+pub(crate) fn add_missing_codes(body: &mut serde_json::Value) {
+    let responses: Vec<&mut serde_json::Value> = match body {
+        serde_json::Value::Array(items) => items.iter_mut().collect(),
+        single => vec![single],
+    };
+    for response in responses {
+        let code = if response.get("data").is_some_and(|d| !d.is_null()) {
+            "INTERNAL_SERVER_ERROR"
+        } else {
+            "GRAPHQL_VALIDATION_FAILED"
+        };
+        let Some(errors) = response.get_mut("errors").and_then(|e| e.as_array_mut()) else {
+            continue;
+        };
+        for error in errors {
+            let Some(error) = error.as_object_mut() else {
+                continue;
+            };
+            let extensions = error
+                .entry("extensions")
+                .or_insert_with(|| serde_json::json!({}));
+            if let Some(extensions) = extensions.as_object_mut() {
+                extensions
+                    .entry("code")
+                    .or_insert_with(|| serde_json::json!(code));
+            }
+        }
+    }
+}
+
+/// `GET /api/graphql`: a WebSocket upgrade opens a subscription socket; anything
+/// else is an ordinary request.
+pub async fn handle_get(
+    state: web::Data<AppState>,
+    schema: web::Data<Schema>,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, actix_web::Error> {
+    let upgrade = req
+        .headers()
+        .get(actix_web::http::header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    if upgrade {
+        return open_socket(state, schema, req, payload).await;
+    }
+    let body = payload.to_bytes().await?;
+    Ok(handle(state, schema, req, body).await?)
+}
+
+/// Why a subscription socket was refused at `connection_init`; the text is what
+/// the client reads.
+#[derive(Debug, thiserror::Error)]
+pub enum SocketAuthError {
+    #[error("Unauthorized: send a personal access token as Authorization: Bearer <token>")]
+    Unauthorized,
+    #[error("Forbidden: the token needs the api, read_api or ai_features scope")]
+    InsufficientScope,
+    #[error("Forbidden: the user is blocked")]
+    Blocked,
+    #[error("Internal server error")]
+    Internal,
+}
+
+/// The token in a `connection_init` payload: `{"Authorization": "Bearer <t>"}`
+/// (any case), or `{"PRIVATE-TOKEN": "<t>"}`.
+pub(crate) fn token_from_init(params: &juniper::Variables) -> Option<String> {
+    use juniper::ScalarValue;
+    let text = |name: &str| {
+        params
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .and_then(|(_, v)| v.as_scalar())
+            .and_then(|v| v.try_to_string())
+    };
+    if let Some(token) = text("private-token") {
+        return Some(token.trim().to_owned());
+    }
+    let auth = text("authorization")?;
+    let (scheme, rest) = auth.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| rest.trim().to_owned())
+}
+
+/// Opens a `graphql-transport-ws` (or legacy `graphql-ws`) socket. The user is the
+/// owner of the token in the upgrade request's headers, or else of the one in
+/// the `connection_init` payload; a socket without a valid token is refused.
+async fn open_socket(
+    state: web::Data<AppState>,
+    schema: web::Data<Schema>,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, actix_web::Error> {
+    let header_user = rest::optional_user(&state, &req).await?;
+    let state = state.get_ref().clone();
+    let keep_alive = state.config.ws_keep_alive;
+    let init = move |params: juniper::Variables| async move {
+        let user = match header_user {
+            Some(user) => user,
+            None => {
+                let token = token_from_init(&params).ok_or(SocketAuthError::Unauthorized)?;
+                let db = state
+                    .pool
+                    .get()
+                    .await
+                    .map_err(|_| SocketAuthError::Internal)?;
+                crate::identity::tokens::authenticate(&**db, &token)
+                    .await
+                    .map_err(|e| match e {
+                        crate::identity::tokens::TokenError::Invalid => {
+                            SocketAuthError::Unauthorized
+                        }
+                        crate::identity::tokens::TokenError::Blocked => SocketAuthError::Blocked,
+                        _ => SocketAuthError::Internal,
+                    })?
+            }
+        };
+        if !user.has_any_scope(&["api", "read_api", "ai_features"]) {
+            return Err(SocketAuthError::InsufficientScope);
+        }
+        Ok(
+            juniper_graphql_ws::ConnectionConfig::new(GqlContext::new(&state, Some(user)))
+                .with_keep_alive_interval(keep_alive)
+                // juniper would otherwise close a socket whose client sends no
+                // pings of its own within one interval; graphql-ws clients
+                // (GitLab's among them) do not ping by default, so open tabs
+                // would lose their subscription after 15 s of quiet.
+                .with_keep_alive_timeout(std::time::Duration::ZERO),
+        )
+    };
+    juniper_actix::subscriptions::ws_handler(req, payload, schema.into_inner(), init).await
+}

@@ -1,0 +1,332 @@
+//! Duo abilities: `access_duo_chat`, Duo feature switches, seats and the unit
+//! primitives they grant, and the chat authorizer's coded denials.
+
+use tokio_postgres::GenericClient;
+
+use super::facts::{GroupFacts, ProjectFacts, paid};
+use super::*;
+
+impl Policy {
+    pub(super) fn group_duo_features(group: &GroupFacts, user: Option<Actor>) -> bool {
+        Self::group_readable(group, user) && group.duo_chain_enabled
+    }
+
+    pub(super) fn project_duo_features(project: &ProjectFacts, user: Option<Actor>) -> bool {
+        Self::project_readable(project, user)
+            && project.duo_features_enabled
+            && project.group.duo_chain_enabled
+    }
+
+    /// The add-ons whose seats are assigned to the user and currently valid.
+    pub async fn assigned_add_ons(
+        &self,
+        db: &impl GenericClient,
+        user_id: i64,
+    ) -> Result<BTreeSet<AddOn>, PolicyError> {
+        let rows = db
+            .query(
+                "SELECT DISTINCT p.add_on FROM add_on_seat_assignments a
+                 JOIN add_on_purchases p ON p.id = a.purchase_id
+                 WHERE a.user_id = $1 AND p.started_on <= current_date AND p.expires_on >= current_date",
+                &[&user_id],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| AddOn::parse(r.get::<_, &str>(0)))
+            .collect())
+    }
+
+    /// Unit primitives the user's seats grant (the `scopes` of the gateway JWT).
+    pub async fn seat_unit_primitives(
+        &self,
+        db: &impl GenericClient,
+        user_id: i64,
+    ) -> Result<BTreeSet<UnitPrimitive>, PolicyError> {
+        let add_ons = self.assigned_add_ons(db, user_id).await?;
+        Ok(self.catalogue.union(&add_ons))
+    }
+
+    /// Memberships that count on GitLab.com: a group whose root is on a paid plan,
+    /// with Duo features (and, second value, experiment and beta features) on.
+    pub(super) async fn saas_memberships(
+        &self,
+        db: &impl GenericClient,
+        user_id: i64,
+    ) -> Result<(bool, bool), PolicyError> {
+        let row = db
+            .query_one(
+                "WITH RECURSIVE roots(id, root_id) AS (
+                     SELECT id, id FROM groups WHERE parent_id IS NULL
+                     UNION ALL
+                     SELECT g.id, r.root_id FROM groups g JOIN roots r ON g.parent_id = r.id
+                 ), mine AS (
+                     SELECT root.duo_features_enabled, root.experiment_and_beta_features
+                     FROM group_members m JOIN roots r ON r.id = m.group_id JOIN groups root ON root.id = r.root_id
+                     WHERE m.user_id = $1 AND m.access_level >= 10 AND root.plan IN ('premium', 'ultimate')
+                 )
+                 SELECT EXISTS (SELECT 1 FROM mine WHERE duo_features_enabled),
+                        EXISTS (SELECT 1 FROM mine WHERE experiment_and_beta_features)",
+                &[&user_id],
+            )
+            .await?;
+        Ok((row.get(0), row.get(1)))
+    }
+
+    pub(super) async fn duo_chat_global(
+        &self,
+        db: &impl GenericClient,
+        user: Option<Actor>,
+    ) -> Result<bool, PolicyError> {
+        let Some(user) = user else { return Ok(false) };
+        let instance = self.instance(db).await?;
+        let realm_allows = match instance.realm {
+            Realm::SelfManaged => paid(&instance.tier) && instance.duo_features_enabled,
+            Realm::Saas => self.saas_memberships(db, user.id).await?.0,
+        };
+        if !realm_allows {
+            return Ok(false);
+        }
+        Ok(self
+            .seat_unit_primitives(db, user.id)
+            .await?
+            .contains(&UnitPrimitive::DuoChat))
+    }
+
+    pub(super) async fn duo_chat_group(
+        &self,
+        db: &impl GenericClient,
+        user: Option<Actor>,
+        id: i64,
+    ) -> Result<bool, PolicyError> {
+        let Some(actor) = user else { return Ok(false) };
+        let Some(group) = self.group_facts(db, user, id).await? else {
+            return Ok(false);
+        };
+        if !Self::group_readable(&group, user) || !group.duo_chain_enabled {
+            return Ok(false);
+        }
+        if !self
+            .realm_allows_container(db, actor, &group.root_plan, false)
+            .await?
+        {
+            return Ok(false);
+        }
+        self.duo_chat_global(db, user).await
+    }
+
+    pub(super) async fn duo_chat_project(
+        &self,
+        db: &impl GenericClient,
+        user: Option<Actor>,
+        id: i64,
+    ) -> Result<bool, PolicyError> {
+        let Some(actor) = user else { return Ok(false) };
+        let Some(project) = self.project_facts(db, user, id).await? else {
+            return Ok(false);
+        };
+        if !Self::project_readable(&project, user)
+            || !project.duo_features_enabled
+            || !project.group.duo_chain_enabled
+        {
+            return Ok(false);
+        }
+        if !self
+            .realm_allows_container(db, actor, &project.group.root_plan, true)
+            .await?
+        {
+            return Ok(false);
+        }
+        self.duo_chat_global(db, user).await
+    }
+
+    /// The realm-specific column of the seed table for a group or project context.
+    pub(super) async fn realm_allows_container(
+        &self,
+        db: &impl GenericClient,
+        user: Actor,
+        root_plan: &str,
+        is_project: bool,
+    ) -> Result<bool, PolicyError> {
+        let instance = self.instance(db).await?;
+        Ok(match instance.realm {
+            Realm::Saas => paid(root_plan) && self.saas_memberships(db, user.id).await?.1,
+            Realm::SelfManaged => {
+                let tier_ok = if is_project {
+                    instance.tier == "ultimate"
+                } else {
+                    paid(&instance.tier)
+                };
+                tier_ok && instance.duo_features_enabled
+            }
+        })
+    }
+
+    /// `include_<category>_context` unit primitives the user may use in chat.
+    pub async fn duo_chat_available_features(
+        &self,
+        db: &impl GenericClient,
+        user: Option<Actor>,
+    ) -> Result<Vec<String>, PolicyError> {
+        let Some(actor) = user else {
+            return Ok(Vec::new());
+        };
+        if !self.duo_chat_global(db, user).await? {
+            return Ok(Vec::new());
+        }
+        let granted = self.seat_unit_primitives(db, actor.id).await?;
+        Ok(INCLUDE_CONTEXT_PRIMITIVES
+            .iter()
+            .filter(|up| granted.contains(up))
+            .map(|up| up.as_str().to_owned())
+            .collect())
+    }
+
+    // ---- chat authorizer -----------------------------------------------------
+
+    /// The user may use chat at all; otherwise M3004.
+    pub async fn authorize_chat_user(
+        &self,
+        db: &impl GenericClient,
+        user: Option<Actor>,
+    ) -> Result<(), ChatAuthError> {
+        if self
+            .can(db, user, Ability::AccessDuoChat, Subject::Global)
+            .await?
+        {
+            Ok(())
+        } else {
+            Err(ChatAuthError::Denied(DuoErrorCode::M3004))
+        }
+    }
+
+    /// Duo is usable in this group or project: M3002 when its owner switched Duo off
+    /// for a container the user can read, M3003 when the user cannot read it.
+    pub async fn authorize_chat_container(
+        &self,
+        db: &impl GenericClient,
+        user: Option<Actor>,
+        container: Subject,
+    ) -> Result<(), ChatAuthError> {
+        if !self
+            .can(db, user, Ability::AccessDuoFeatures, container)
+            .await?
+        {
+            let ability = match container {
+                Subject::Group(_) => Ability::ReadGroup,
+                _ => Ability::ReadProject,
+            };
+            let readable = self.can(db, user, ability, container).await?;
+            return Err(ChatAuthError::Denied(if readable {
+                DuoErrorCode::M3002
+            } else {
+                DuoErrorCode::M3003
+            }));
+        }
+        self.authorize_chat_user(db, user).await
+    }
+
+    /// The user may read the resource (else M3003, confidential items included) and
+    /// use Duo in its container.
+    pub async fn authorize_chat_resource(
+        &self,
+        db: &impl GenericClient,
+        user: Option<Actor>,
+        resource: Subject,
+    ) -> Result<(), ChatAuthError> {
+        let Some(ability) = Ability::to_read(resource) else {
+            return self.authorize_chat_user(db, user).await;
+        };
+        if !self.can(db, user, ability, resource).await? {
+            return Err(ChatAuthError::Denied(DuoErrorCode::M3003));
+        }
+        match self.container_of(db, resource).await? {
+            Some(container) => self.authorize_chat_container(db, user, container).await,
+            None => self.authorize_chat_user(db, user).await,
+        }
+    }
+
+    /// Whether `resource` may go into a prompt for `user`: they can read it and
+    /// Duo features are on for its group or project (GitLab's
+    /// `Utils::Authorizer.resource`). Notes and the global subject never go
+    /// in as page context.
+    pub async fn may_send_to_ai(
+        &self,
+        db: &impl GenericClient,
+        user: Actor,
+        resource: Subject,
+    ) -> Result<bool, PolicyError> {
+        let Some(ability) = Ability::to_read(resource).filter(|a| *a != Ability::ReadNote) else {
+            return Ok(false);
+        };
+        Ok(self.can(db, Some(user), ability, resource).await?
+            && self.duo_features_on_for(db, user, resource).await?)
+    }
+
+    /// Whether Duo features are on, for `user`, in the group or project that
+    /// holds `resource` (the second half of [`Policy::may_send_to_ai`], for
+    /// callers that already checked readability).
+    pub async fn duo_features_on_for(
+        &self,
+        db: &impl GenericClient,
+        user: Actor,
+        resource: Subject,
+    ) -> Result<bool, PolicyError> {
+        match self.container_of(db, resource).await? {
+            Some(container) => {
+                self.can(db, Some(user), Ability::AccessDuoFeatures, container)
+                    .await
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// The group or project a resource belongs to.
+    pub async fn container_of(
+        &self,
+        db: &impl GenericClient,
+        resource: Subject,
+    ) -> Result<Option<Subject>, PolicyError> {
+        let (sql, is_group) = match resource {
+            Subject::Group(_) | Subject::Project(_) => return Ok(Some(resource)),
+            Subject::Global => return Ok(None),
+            Subject::Issue(_) => ("SELECT project_id FROM issues WHERE id = $1", false),
+            Subject::MergeRequest(_) => {
+                ("SELECT project_id FROM merge_requests WHERE id = $1", false)
+            }
+            Subject::Build(_) => ("SELECT project_id FROM ci_builds WHERE id = $1", false),
+            Subject::Epic(_) => ("SELECT group_id FROM epics WHERE id = $1", true),
+            Subject::Note(_) => return Ok(None),
+        };
+        let id = match resource {
+            Subject::Issue(id)
+            | Subject::MergeRequest(id)
+            | Subject::Build(id)
+            | Subject::Epic(id) => id,
+            _ => return Ok(None),
+        };
+        let row = db.query_opt(sql, &[&id]).await?;
+        Ok(row.map(|r| {
+            let cid: i64 = r.get(0);
+            if is_group {
+                Subject::Group(cid)
+            } else {
+                Subject::Project(cid)
+            }
+        }))
+    }
+}
+
+/// The additional-context categories chat can receive, as unit primitives.
+const INCLUDE_CONTEXT_PRIMITIVES: &[UnitPrimitive] = &[
+    UnitPrimitive::IncludeFileContext,
+    UnitPrimitive::IncludeSnippetContext,
+    UnitPrimitive::IncludeMergeRequestContext,
+    UnitPrimitive::IncludeIssueContext,
+    UnitPrimitive::IncludeDependencyContext,
+    UnitPrimitive::IncludeLocalGitContext,
+    UnitPrimitive::IncludeTerminalContext,
+    UnitPrimitive::IncludeRepositoryContext,
+    UnitPrimitive::IncludeDirectoryContext,
+    UnitPrimitive::IncludeUserRuleContext,
+];

@@ -1,0 +1,155 @@
+//! Write abilities (REST changes, project code) by role.
+
+use tokio_postgres::GenericClient;
+
+use super::facts::ProjectFacts;
+use super::*;
+
+// ---- project code and REST write rules -----------------------------------------
+
+/// Changes made through the REST API, each granted from the role GitLab requires
+/// for it on the group or project (admins may make them all).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteAbility {
+    /// Edit a group's settings (`admin_group`): owners.
+    AdminGroup,
+    /// Add, change or remove group members (`admin_group_member`): owners.
+    AdminGroupMember,
+    /// Create a project in a group (`create_projects`): maintainers.
+    CreateProject,
+    /// Create an epic in a group: planners and above.
+    CreateEpic,
+    /// Edit a project's settings (`admin_project`): maintainers.
+    AdminProject,
+    /// Rename a project (`rename_project`): owners.
+    RenameProject,
+    /// Change a project's visibility (`change_visibility_level`): owners.
+    ChangeProjectVisibility,
+    /// Add, change or remove project members (`admin_project_member`): maintainers,
+    /// for roles up to their own (see [`Policy::may_manage_role`]).
+    AdminProjectMember,
+    /// Open a merge request (`create_merge_request_in`): developers.
+    CreateMergeRequest,
+    /// Import a finished CI job (our addition): maintainers.
+    ImportJob,
+    /// Write an internal note on an issue or epic: reporters.
+    CreateInternalNote,
+}
+
+impl WriteAbility {
+    /// The least access level that grants the ability.
+    pub fn min_access(self) -> i32 {
+        use WriteAbility::*;
+        match self {
+            AdminGroup | AdminGroupMember | RenameProject | ChangeProjectVisibility => {
+                access::OWNER
+            }
+            CreateProject | AdminProject | AdminProjectMember | ImportJob => access::MAINTAINER,
+            CreateMergeRequest => access::DEVELOPER,
+            CreateInternalNote => access::REPORTER,
+            CreateEpic => access::PLANNER,
+        }
+    }
+
+    pub(super) fn applies_to(self, container: Subject) -> bool {
+        use WriteAbility::*;
+        match container {
+            Subject::Group(_) => matches!(
+                self,
+                AdminGroup | AdminGroupMember | CreateProject | CreateEpic | CreateInternalNote
+            ),
+            Subject::Project(_) => matches!(
+                self,
+                AdminProject
+                    | RenameProject
+                    | ChangeProjectVisibility
+                    | AdminProjectMember
+                    | CreateMergeRequest
+                    | ImportJob
+                    | CreateInternalNote
+            ),
+            _ => false,
+        }
+    }
+}
+
+impl Policy {
+    /// Merge requests and CI show code: in a private project they need reporter
+    /// access, elsewhere whoever reads the project reads them.
+    pub(super) fn project_code_readable(project: &ProjectFacts, user: Option<Actor>) -> bool {
+        Self::project_readable(project, user)
+            && (project.visibility != "private"
+                || user.is_some_and(|u| u.admin)
+                || project.access >= access::REPORTER)
+    }
+
+    /// The user's effective access level on a group or project: their own
+    /// membership or one inherited from an ancestor group, whichever is higher.
+    /// `NO_ACCESS` for anonymous users, strangers and other subjects.
+    pub async fn access_level(
+        &self,
+        db: &impl GenericClient,
+        user: Option<Actor>,
+        container: Subject,
+    ) -> Result<i32, PolicyError> {
+        if user.is_none() {
+            return Ok(access::NO_ACCESS);
+        }
+        Ok(match container {
+            Subject::Group(id) => self
+                .group_facts(db, user, id)
+                .await?
+                .map_or(access::NO_ACCESS, |f| f.access),
+            Subject::Project(id) => self
+                .project_facts(db, user, id)
+                .await?
+                .map_or(access::NO_ACCESS, |f| f.access),
+            _ => access::NO_ACCESS,
+        })
+    }
+
+    /// Whether the signed-in user may make the change on the group or project:
+    /// they can read it and either are an admin or hold the role the change needs.
+    pub async fn can_write(
+        &self,
+        db: &impl GenericClient,
+        user: Option<Actor>,
+        ability: WriteAbility,
+        container: Subject,
+    ) -> Result<bool, PolicyError> {
+        let Some(actor) = user else { return Ok(false) };
+        if !ability.applies_to(container) {
+            return Ok(false);
+        }
+        let (readable, level) = match container {
+            Subject::Group(id) => match self.group_facts(db, user, id).await? {
+                Some(f) => (Self::group_readable(&f, user), f.access),
+                None => return Ok(false),
+            },
+            Subject::Project(id) => match self.project_facts(db, user, id).await? {
+                Some(f) => (Self::project_readable(&f, user), f.access),
+                None => return Ok(false),
+            },
+            _ => return Ok(false),
+        };
+        Ok(readable && (actor.admin || level >= ability.min_access()))
+    }
+
+    /// Whether the user may grant, change or take away the role `level` in the
+    /// group or project: admins and owners manage every role, anyone else only
+    /// roles up to their own (a maintainer cannot make or touch an owner).
+    pub async fn may_manage_role(
+        &self,
+        db: &impl GenericClient,
+        user: Option<Actor>,
+        container: Subject,
+        level: i32,
+    ) -> Result<bool, PolicyError> {
+        let Some(actor) = user else { return Ok(false) };
+        if actor.admin {
+            return Ok(true);
+        }
+        let own = self.access_level(db, user, container).await?;
+        Ok(own >= access::OWNER || own >= level)
+    }
+}

@@ -1,0 +1,192 @@
+//! Projects in GitLab's REST shapes: list, show, create, update.
+
+use actix_web::{HttpRequest, HttpResponse, web};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::common::{
+    Container, actor, check_visibility, paged, readable_project, require_write, ts, visibility_rank,
+};
+use super::items::{Item, readable_rows};
+use super::pagination::PageParams;
+use super::{ApiError, WRITE_SCOPES};
+use super::{optional_user, require_user};
+use crate::app_state::AppState;
+use crate::policy::{Ability, Actor, Subject, WriteAbility};
+
+// ---- projects -----------------------------------------------------------------
+
+pub(super) const PROJECT_SQL: &str = "WITH RECURSIVE chain(id, full_path) AS (
+        SELECT id, path FROM groups WHERE parent_id IS NULL
+        UNION ALL
+        SELECT g.id, c.full_path || '/' || g.path FROM groups g JOIN chain c ON g.parent_id = c.id
+    )
+    SELECT p.id, p.name, p.path, p.description, p.visibility, p.group_id, p.duo_features_enabled, p.created_at,
+           c.full_path || '/' || p.path AS full_path
+    FROM projects p JOIN chain c ON c.id = p.group_id";
+
+pub(super) fn project_json(row: &tokio_postgres::Row, base: &url::Url) -> Value {
+    let full_path: String = row.get("full_path");
+    json!({
+        "id": row.get::<_, i64>("id"),
+        "name": row.get::<_, String>("name"),
+        "path": row.get::<_, String>("path"),
+        "path_with_namespace": full_path,
+        "name_with_namespace": full_path.replace('/', " / "),
+        "description": row.get::<_, String>("description"),
+        "visibility": row.get::<_, String>("visibility"),
+        "namespace": { "id": row.get::<_, i64>("group_id"), "kind": "group" },
+        "web_url": format!("{}{full_path}", base.as_str()),
+        "duo_features_enabled": row.get::<_, bool>("duo_features_enabled"),
+        "default_branch": "main",
+        "created_at": ts(row, "created_at"),
+    })
+}
+
+pub(super) async fn list_projects(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    q: web::Query<PageParams>,
+) -> Result<HttpResponse, ApiError> {
+    let user = actor(&optional_user(&state, &req).await?);
+    let db = state.pool.get().await?;
+    let sql = format!("{PROJECT_SQL} ORDER BY p.id DESC");
+    let rows = readable_rows(&state, &**db, user, Item::PROJECT, &sql, &[]).await?;
+    let items = rows
+        .iter()
+        .map(|r| project_json(r, &state.config.external_url))
+        .collect();
+    Ok(paged(&req, q.into_inner(), items))
+}
+
+pub(super) async fn project_response(state: &AppState, id: i64) -> Result<Value, ApiError> {
+    let db = state.pool.get().await?;
+    let row = db
+        .query_opt(&format!("{PROJECT_SQL} WHERE p.id = $1"), &[&id])
+        .await?
+        .ok_or(ApiError::NotFound("Project"))?;
+    Ok(project_json(&row, &state.config.external_url))
+}
+
+pub(super) async fn show_project(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<i64>,
+) -> Result<HttpResponse, ApiError> {
+    let id = path.into_inner();
+    readable_project(&state, &req, id).await?;
+    Ok(HttpResponse::Ok().json(project_response(&state, id).await?))
+}
+
+#[derive(Deserialize)]
+pub(super) struct NewProject {
+    name: String,
+    path: Option<String>,
+    namespace_id: i64,
+    visibility: Option<String>,
+    description: Option<String>,
+    duo_features_enabled: Option<bool>,
+}
+
+/// Maintainers and owners of the group (and admins) create projects in it.
+pub(super) async fn create_project(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    body: web::Json<NewProject>,
+) -> Result<HttpResponse, ApiError> {
+    let me = require_user(&state, &req, WRITE_SCOPES).await?;
+    let b = body.into_inner();
+    if !super::common::can(
+        &state,
+        Some(Actor::from(&me)),
+        Ability::ReadGroup,
+        Subject::Group(b.namespace_id),
+    )
+    .await?
+    {
+        return Err(ApiError::NotFound("Namespace"));
+    }
+    require_write(
+        &state,
+        &me,
+        WriteAbility::CreateProject,
+        Subject::Group(b.namespace_id),
+    )
+    .await?;
+    let visibility = check_visibility(b.visibility.as_deref())?;
+    let path = b
+        .path
+        .unwrap_or_else(|| b.name.to_lowercase().replace(' ', "-"));
+    let db = state.pool.get().await?;
+    let row = db
+        .query_opt(
+            "INSERT INTO projects (group_id, name, path, visibility, description, duo_features_enabled)
+             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING RETURNING id",
+            &[&b.namespace_id, &b.name, &path, &visibility, &b.description.unwrap_or_default(), &b.duo_features_enabled.unwrap_or(true)],
+        )
+        .await?
+        .ok_or_else(|| ApiError::BadRequest("path has already been taken".into()))?;
+    let id: i64 = row.get(0);
+    Ok(HttpResponse::Created().json(project_response(&state, id).await?))
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct ProjectUpdate {
+    name: Option<String>,
+    description: Option<String>,
+    visibility: Option<String>,
+    duo_features_enabled: Option<bool>,
+}
+
+/// Maintainers edit a project; renaming it or changing its visibility takes an
+/// owner (GitLab's `rename_project` and `change_visibility_level`).
+pub(super) async fn update_project(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<i64>,
+    body: web::Json<ProjectUpdate>,
+) -> Result<HttpResponse, ApiError> {
+    let id = path.into_inner();
+    let me = Container::Project(id)
+        .writer(&state, &req, WriteAbility::AdminProject)
+        .await?;
+    let subject = Subject::Project(id);
+    let b = body.into_inner();
+    let db = state.pool.get().await?;
+    let current = db
+        .query_one(
+            "SELECT p.name, p.visibility, g.visibility FROM projects p JOIN groups g ON g.id = p.group_id WHERE p.id = $1",
+            &[&id],
+        )
+        .await?;
+    let (name, visibility, group_visibility): (String, String, String) =
+        (current.get(0), current.get(1), current.get(2));
+    if let Some(new_name) = b.name.as_deref() {
+        if new_name.trim().is_empty() {
+            return Err(ApiError::BadRequest("name is empty".into()));
+        }
+        if new_name != name {
+            require_write(&state, &me, WriteAbility::RenameProject, subject).await?;
+        }
+    }
+    if let Some(v) = b.visibility.as_deref() {
+        let v = check_visibility(Some(v))?;
+        if v != visibility {
+            require_write(&state, &me, WriteAbility::ChangeProjectVisibility, subject).await?;
+        }
+        if visibility_rank(&v) > visibility_rank(&group_visibility) {
+            return Err(ApiError::invalid(
+                "visibility_level",
+                format!("{v} is not allowed in a {group_visibility} group."),
+            ));
+        }
+    }
+    db.execute(
+        "UPDATE projects SET name = coalesce($2, name), description = coalesce($3, description),
+            visibility = coalesce($4, visibility), duo_features_enabled = coalesce($5, duo_features_enabled)
+         WHERE id = $1",
+        &[&id, &b.name, &b.description, &b.visibility, &b.duo_features_enabled],
+    )
+    .await?;
+    Ok(HttpResponse::Ok().json(project_response(&state, id).await?))
+}
