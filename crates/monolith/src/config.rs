@@ -19,6 +19,7 @@
 //! | `DUO_COMPLETION_MAX_ATTEMPTS` | 3 | runs of a completion job before the user gets an A9999 answer |
 //! | `DUO_THREAD_RETENTION_INTERVAL_SECS` | 3600 | how often idle threads are deleted |
 //! | `DUO_JOB_LEASE_SECS` | 15 | how long a claimed job stays with a worker that stopped renewing it (crash recovery time) |
+//! | `DUO_GRAPHQL_TIMEOUT_SECS` | 30 | how long one GraphQL request (a whole batch) may run |
 //! | `DUO_AI_GATEWAY_TIMEOUT_SECS` | 60 | how long a gateway call may stay silent before the answer is A1000 |
 
 use std::net::SocketAddr;
@@ -84,6 +85,8 @@ pub struct Config {
     pub web_runs_jobs: bool,
     /// How often subscription sockets get a keep-alive message (0: never).
     pub ws_keep_alive: Duration,
+    /// How long one GraphQL request (a whole batch) may run.
+    pub graphql_timeout: Duration,
 }
 
 impl Config {
@@ -164,6 +167,9 @@ impl Config {
             )?),
             web_runs_jobs: parse_or(&get, "DUO_WEB_RUNS_JOBS", false)?,
             ws_keep_alive: Duration::from_secs(parse_or(&get, "DUO_WS_KEEP_ALIVE_SECS", 15)?),
+            graphql_timeout: Duration::from_secs(
+                parse_or(&get, "DUO_GRAPHQL_TIMEOUT_SECS", 30)?.max(1),
+            ),
         })
     }
 }

@@ -55,6 +55,11 @@ pub fn serve(state: AppState, listener: TcpListener) -> std::io::Result<actix_we
             .wrap(actix_web::middleware::from_fn(
                 crate::rest::path_ids::resolve_path_ids,
             ))
+            // Registered last, so it runs first: nothing with a NUL reaches the
+            // path lookup above or any handler.
+            .wrap(actix_web::middleware::from_fn(
+                crate::rest::input_guard::reject_nul,
+            ))
             .configure(configure)
     })
     .listen(listener)?

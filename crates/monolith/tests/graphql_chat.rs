@@ -338,7 +338,7 @@ async fn refusals_carry_codes() {
         "{res}"
     );
 
-    let deep = format!("query {}{}", "{ currentUser ".repeat(20), "}".repeat(20));
+    let deep = format!("query {}{}", "{ currentUser ".repeat(25), "}".repeat(25));
     let res = client.gql(&deep, json!({})).await;
     assert_eq!(res["errors"][0]["extensions"]["code"], "QUERY_TOO_DEEP");
 }

@@ -248,6 +248,26 @@ impl ChatService {
 }
 
 fn validate(request: &ChatRequest) -> Result<(), ChatError> {
+    // The HTTP edges refuse NUL characters already; this keeps the database
+    // safe from any other caller of the service.
+    let texts = std::iter::once(request.content.as_str())
+        .chain(request.current_file.iter().flat_map(|f| {
+            [f.file_name.as_str(), f.selected_text.as_str()]
+                .into_iter()
+                .chain(f.content_above_cursor.as_deref())
+                .chain(f.content_below_cursor.as_deref())
+        }))
+        .chain(
+            request
+                .additional_context
+                .iter()
+                .flat_map(|c| [c.id.as_str(), c.category.as_str(), c.content.as_str()]),
+        );
+    if texts.into_iter().any(|t| t.contains('\0')) {
+        return Err(ChatError::Invalid(
+            "Invalid input: NUL characters are not allowed".into(),
+        ));
+    }
     if request.content.trim().is_empty() {
         return Err(ChatError::Invalid("content can't be blank".into()));
     }
@@ -310,5 +330,10 @@ mod tests {
             ..Default::default()
         };
         assert!(matches!(validate(&ctx), Err(ChatError::Invalid(_))));
+        let nul = ChatRequest {
+            content: "a\0b".into(),
+            ..Default::default()
+        };
+        assert!(matches!(validate(&nul), Err(ChatError::Invalid(_))));
     }
 }

@@ -2,6 +2,7 @@
 
 use actix_web::{HttpRequest, HttpResponse, web};
 
+use super::limits::{self, Caller};
 use super::*;
 use crate::rest::{self, ApiError};
 
@@ -26,7 +27,24 @@ pub async fn handle(
             "api read_api ai_features".into(),
         ));
     }
-    let batch: juniper::http::GraphQLBatchRequest = match serde_json::from_slice(&body) {
+    // Parsed as plain JSON first: NUL characters are refused wherever they are,
+    // before anything runs or counts against a rate limit.
+    let json: serde_json::Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => {
+            return Ok(error_body(
+                "BAD_REQUEST",
+                &format!("Invalid JSON body: {e}"),
+            ));
+        }
+    };
+    if limits::json_has_nul(&json) {
+        return Ok(error_body(
+            "GRAPHQL_VALIDATION_FAILED",
+            "Invalid input: NUL characters are not allowed",
+        ));
+    }
+    let batch: juniper::http::GraphQLBatchRequest = match serde_json::from_value(json) {
         Ok(b) => b,
         Err(e) => {
             return Ok(error_body(
@@ -35,27 +53,54 @@ pub async fn handle(
             ));
         }
     };
-    let queries: Vec<&str> = match &batch {
-        juniper::http::GraphQLBatchRequest::Single(r) => vec![r.query.as_str()],
-        juniper::http::GraphQLBatchRequest::Batch(rs) => {
-            rs.iter().map(|r| r.query.as_str()).collect()
-        }
+    let caller = match &user {
+        None => Caller::Anonymous,
+        Some(u) if u.admin => Caller::Admin,
+        Some(_) => Caller::User,
     };
-    for q in queries {
-        if let Err((code, message)) = check_limits(q) {
-            return Ok(error_body(code, &message));
+    let documents: Vec<(&str, Option<&str>)> = match &batch {
+        juniper::http::GraphQLBatchRequest::Single(r) => {
+            vec![(r.query.as_str(), r.operation_name.as_deref())]
         }
+        juniper::http::GraphQLBatchRequest::Batch(rs) => rs
+            .iter()
+            .map(|r| (r.query.as_str(), r.operation_name.as_deref()))
+            .collect(),
+    };
+    if let Err(e) = limits::check_batch(caller, &documents) {
+        return Ok(error_body(e.code, &e.message));
     }
     let ctx = GqlContext::new(&state, user);
-    let response = batch.execute(&schema, &ctx).await;
-    // Successful responses go out as they are; only errors need patching.
-    if response.is_ok() {
-        return Ok(HttpResponse::Ok().json(response));
+    let Ok(response) =
+        tokio::time::timeout(state.config.graphql_timeout, batch.execute(&schema, &ctx)).await
+    else {
+        return Ok(error_body(
+            "TIMEOUT",
+            "Request timed out. Please try a less complex query or a smaller date range.",
+        ));
+    };
+    // Successful responses need no patching, only a size check.
+    let bytes = if response.is_ok() {
+        serde_json::to_vec(&response)
+    } else {
+        let mut body = serde_json::to_value(&response)
+            .map_err(|e| ApiError::Internal(format!("serialising a GraphQL response: {e}")))?;
+        add_missing_codes(&mut body);
+        serde_json::to_vec(&body)
     }
-    let mut body = serde_json::to_value(&response)
-        .map_err(|e| ApiError::Internal(format!("serialising a GraphQL response: {e}")))?;
-    add_missing_codes(&mut body);
-    Ok(HttpResponse::Ok().json(body))
+    .map_err(|e| ApiError::Internal(format!("serialising a GraphQL response: {e}")))?;
+    if bytes.len() > caller.max_response_bytes() {
+        return Ok(error_body(
+            "RESPONSE_TOO_LARGE",
+            &format!(
+                "The response is larger than {} bytes; select fewer fields",
+                caller.max_response_bytes()
+            ),
+        ));
+    }
+    Ok(HttpResponse::Ok()
+        .content_type("application/json")
+        .body(bytes))
 }
 
 /// Juniper's own parse and validation errors carry no `extensions.code`;
@@ -192,5 +237,5 @@ async fn open_socket(
                 .with_keep_alive_timeout(std::time::Duration::ZERO),
         )
     };
-    juniper_actix::subscriptions::ws_handler(req, payload, schema.into_inner(), init).await
+    super::socket::serve(req, payload, schema.into_inner(), init).await
 }

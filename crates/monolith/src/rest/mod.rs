@@ -7,6 +7,7 @@ mod diffs;
 mod epics;
 mod error;
 mod groups;
+pub mod input_guard;
 mod issues;
 mod items;
 mod members;
