@@ -380,21 +380,50 @@ impl GatewayClient {
     }
 }
 
+/// Longest event line the decoder keeps; a longer one (no newline for this
+/// long) is dropped whole. The gateway's events are far smaller (text deltas and
+/// one action), so this only bounds what a broken or hostile peer can make the
+/// worker hold.
+pub const MAX_EVENT_LINE_BYTES: usize = 4 * 1024 * 1024;
+
 /// Cuts NDJSON events out of a byte stream. Reads may end anywhere, even
 /// inside a UTF-8 character; lines are only decoded once complete. Lines that
-/// are not an event we know are logged at DEBUG and skipped.
+/// are not an event we know are logged at DEBUG and skipped. Each byte is
+/// scanned once, and memory is bounded by [`MAX_EVENT_LINE_BYTES`].
 #[derive(Debug, Default)]
 pub struct NdjsonDecoder {
     buffer: BytesMut,
+    /// How much of `buffer` is known to hold no newline.
+    scanned: usize,
+    /// Inside an over-long line: skip bytes up to its newline.
+    discarding: bool,
 }
 
 impl NdjsonDecoder {
     pub fn push(&mut self, bytes: &[u8]) -> Vec<AgentEvent> {
         self.buffer.extend_from_slice(bytes);
         let mut events = Vec::new();
-        while let Some(end) = self.buffer.iter().position(|b| *b == b'\n') {
+        loop {
+            let Some(offset) = self.buffer[self.scanned..].iter().position(|b| *b == b'\n') else {
+                self.scanned = self.buffer.len();
+                if self.scanned > MAX_EVENT_LINE_BYTES {
+                    tracing::warn!(
+                        bytes = self.scanned,
+                        "dropping an over-long agent event line"
+                    );
+                    self.buffer.clear();
+                    self.scanned = 0;
+                    self.discarding = true;
+                }
+                break;
+            };
+            let end = self.scanned + offset;
             let line = self.buffer.split_to(end);
             self.buffer.advance(1);
+            self.scanned = 0;
+            if std::mem::take(&mut self.discarding) {
+                continue;
+            }
             decode_line(&line, &mut events);
         }
         events
@@ -403,8 +432,11 @@ impl NdjsonDecoder {
     /// The last line, when the stream ended without a newline.
     pub fn finish(&mut self) -> Vec<AgentEvent> {
         let rest = self.buffer.split();
+        self.scanned = 0;
         let mut events = Vec::new();
-        decode_line(&rest, &mut events);
+        if !std::mem::take(&mut self.discarding) {
+            decode_line(&rest, &mut events);
+        }
         events
     }
 }

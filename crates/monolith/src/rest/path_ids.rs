@@ -14,14 +14,14 @@ use super::ApiError;
 use crate::app_state::AppState;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Container {
+pub enum Container {
     Project,
     Group,
 }
 
 /// Where the id segment of a `/api/v4/projects/…` or `/api/v4/groups/…` path
 /// is, when it is a path rather than a number.
-fn path_segment(path: &str) -> Option<(Container, std::ops::Range<usize>)> {
+pub fn path_segment(path: &str) -> Option<(Container, std::ops::Range<usize>)> {
     for (prefix, container) in [
         ("/api/v4/projects/", Container::Project),
         ("/api/v4/groups/", Container::Group),
@@ -40,7 +40,7 @@ fn path_segment(path: &str) -> Option<(Container, std::ops::Range<usize>)> {
 }
 
 /// `%XX` decoding; `None` for malformed escapes or non-UTF-8 results.
-fn percent_decode(text: &str) -> Option<String> {
+pub fn percent_decode(text: &str) -> Option<String> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
