@@ -191,6 +191,32 @@ impl Service {
         self.child.kill().await?;
         Ok(())
     }
+
+    /// Asks the process to stop, as an orchestrator does (SIGTERM).
+    pub fn terminate(&self) -> Result<()> {
+        let pid = self
+            .pid()
+            .ok_or_else(|| HarnessError::Failed(format!("{} is not running", self.name)))?;
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()?;
+        if !status.success() {
+            return Err(HarnessError::Failed(format!("kill -TERM {pid} failed")));
+        }
+        Ok(())
+    }
+
+    /// Waits for the process to exit on its own; fails after `limit`.
+    pub async fn wait_exit(&mut self, limit: Duration) -> Result<std::process::ExitStatus> {
+        match tokio::time::timeout(limit, self.child.wait()).await {
+            Ok(status) => Ok(status?),
+            Err(_) => Err(HarnessError::Failed(format!(
+                "{} still running after {limit:?}:\n{}",
+                self.name,
+                self.log_tail(30)
+            ))),
+        }
+    }
 }
 
 /// A seeded demo user (`duo-monolith seed --json`).

@@ -110,6 +110,21 @@ impl Subscription {
         }
     }
 
+    /// Waits for the server to close the socket; returns the close code.
+    pub async fn closed(&mut self, within: Duration) -> Result<Option<u16>> {
+        let deadline = Instant::now() + within;
+        loop {
+            let frame = tokio::time::timeout_at(deadline, self.socket.next())
+                .await
+                .map_err(|_| HarnessError::Failed(format!("not closed within {within:?}")))?;
+            match frame {
+                Some(Ok(Message::Close(reason))) => return Ok(reason.map(|r| u16::from(r.code))),
+                Some(Ok(_)) => continue,
+                Some(Err(_)) | None => return Ok(None),
+            }
+        }
+    }
+
     /// The next `AiMessage` delivered on this subscription.
     pub async fn next_message(&mut self, within: Duration) -> Result<Value> {
         let frame = self.next_frame(within).await?;

@@ -45,7 +45,8 @@ mod store;
 mod worker;
 
 pub use store::{
-    EnqueueOptions, Enqueued, JobRow, JobState, enqueue, enqueue_raw, job_by_id, purge_finished,
+    EnqueueOptions, Enqueued, JobRow, JobState, QueueStats, enqueue, enqueue_raw, job_by_id,
+    purge_finished, queue_stats,
 };
 pub use worker::{
     Job, JobContext, JobHandler, Periodic, Registry, Worker, WorkerConfig, WorkerHandle,

@@ -362,3 +362,49 @@ pub(crate) async fn release<C: GenericClient>(
         .await?;
     Ok(n == 1)
 }
+
+/// How full one queue is: what an autoscaler and an operator watch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueStats {
+    pub queue: String,
+    /// Jobs waiting, due now or later.
+    pub pending: i64,
+    /// Jobs waiting and due now.
+    pub due: i64,
+    /// Jobs held by a worker.
+    pub running: i64,
+    /// Jobs that used all their attempts.
+    pub dead: i64,
+    /// How long the oldest due job has waited, in seconds (0 when none).
+    pub oldest_due_age_secs: f64,
+}
+
+/// Depth and age per queue, one row per queue that has live or dead jobs.
+pub async fn queue_stats<C: GenericClient>(client: &C) -> Result<Vec<QueueStats>, QueueError> {
+    let rows = client
+        .query(
+            "SELECT queue,
+                    count(*) FILTER (WHERE state = 'pending'),
+                    count(*) FILTER (WHERE state = 'pending' AND run_at <= now()),
+                    count(*) FILTER (WHERE state = 'running'),
+                    count(*) FILTER (WHERE state = 'dead'),
+                    COALESCE(EXTRACT(EPOCH FROM now() - min(run_at) FILTER
+                        (WHERE state = 'pending' AND run_at <= now())), 0)::float8
+             FROM background_jobs
+             WHERE state IN ('pending', 'running', 'dead')
+             GROUP BY queue ORDER BY queue",
+            &[],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| QueueStats {
+            queue: r.get(0),
+            pending: r.get(1),
+            due: r.get(2),
+            running: r.get(3),
+            dead: r.get(4),
+            oldest_due_age_secs: r.get(5),
+        })
+        .collect())
+}

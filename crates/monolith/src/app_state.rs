@@ -10,6 +10,7 @@ use crate::chat::live::LiveHub;
 use crate::chat::{ChatService, CompletionQueue, PgCompletionQueue};
 use crate::config::Config;
 use crate::identity::jwt::{JwtError, KeyRing, SharedKeyRing};
+use crate::lifecycle::Lifecycle;
 use crate::policy::Policy;
 use crate::policy::add_ons::AddOnCatalogue;
 
@@ -22,6 +23,8 @@ pub struct AppState {
     pub keys: SharedKeyRing,
     /// Live messages for `aiCompletionResponse` subscribers on this process.
     pub live: Arc<LiveHub>,
+    /// Serving or stopping (readiness, socket hand-off at shutdown).
+    pub lifecycle: Lifecycle,
 }
 
 impl AppState {
@@ -57,6 +60,7 @@ impl AppState {
             chat,
             keys,
             live,
+            lifecycle: Lifecycle::new(),
         })
     }
 }

@@ -19,6 +19,11 @@
 //! | `DUO_COMPLETION_MAX_ATTEMPTS` | 3 | runs of a completion job before the user gets an A9999 answer |
 //! | `DUO_THREAD_RETENTION_INTERVAL_SECS` | 3600 | how often idle threads are deleted |
 //! | `DUO_JOB_LEASE_SECS` | 15 | how long a claimed job stays with a worker that stopped renewing it (crash recovery time) |
+//! | `DUO_MONITORING_ALLOWLIST` | `127.0.0.0/8,::1/128` | addresses and networks that may read `/-/metrics` |
+//! | `DUO_SHUTDOWN_DRAIN_SECS` | 0 | after SIGTERM, keep serving while "not ready" this long |
+//! | `DUO_SHUTDOWN_GRACE_SECS` | 30 | then let in-flight requests and jobs finish this long |
+//! | `DUO_WORKER_PROBE_ADDR` | (none) | where the `worker` role serves `/-/liveness`, `/-/readiness`, `/-/metrics` |
+//! | `DUO_LOG_FORMAT` | `text` | `json` for one JSON object per line on stderr |
 //! | `DUO_GRAPHQL_TIMEOUT_SECS` | 30 | how long one GraphQL request (a whole batch) may run |
 //! | `DUO_AI_GATEWAY_TIMEOUT_SECS` | 60 | how long a gateway call may stay silent before the answer is A1000 |
 
@@ -87,6 +92,15 @@ pub struct Config {
     pub ws_keep_alive: Duration,
     /// How long one GraphQL request (a whole batch) may run.
     pub graphql_timeout: Duration,
+    /// Who may read `/-/metrics` (addresses and networks).
+    pub monitoring_allowlist: Vec<IpNet>,
+    /// After SIGTERM, how long a process keeps serving while reporting "not
+    /// ready", so load balancers stop sending it traffic first.
+    pub shutdown_drain: Duration,
+    /// After the drain, how long in-flight requests and jobs get to finish.
+    pub shutdown_grace: Duration,
+    /// Where the `worker` role serves its probes and metrics (none when unset).
+    pub worker_probe_addr: Option<SocketAddr>,
 }
 
 impl Config {
@@ -170,7 +184,75 @@ impl Config {
             graphql_timeout: Duration::from_secs(
                 parse_or(&get, "DUO_GRAPHQL_TIMEOUT_SECS", 30)?.max(1),
             ),
+            monitoring_allowlist: get("DUO_MONITORING_ALLOWLIST")
+                .unwrap_or_else(|| "127.0.0.0/8,::1/128".into())
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| s.parse().map_err(invalid("DUO_MONITORING_ALLOWLIST")))
+                .collect::<Result<_, _>>()?,
+            shutdown_drain: Duration::from_secs(parse_or(&get, "DUO_SHUTDOWN_DRAIN_SECS", 0)?),
+            shutdown_grace: Duration::from_secs(parse_or(&get, "DUO_SHUTDOWN_GRACE_SECS", 30)?),
+            worker_probe_addr: get("DUO_WORKER_PROBE_ADDR")
+                .filter(|v| !v.trim().is_empty())
+                .map(|v| v.trim().parse().map_err(invalid("DUO_WORKER_PROBE_ADDR")))
+                .transpose()?,
         })
+    }
+}
+
+/// An address with a prefix length (`10.0.0.0/8`, `::1/128`); a bare address
+/// means that one address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpNet {
+    addr: std::net::IpAddr,
+    prefix: u8,
+}
+
+impl IpNet {
+    pub fn contains(&self, ip: std::net::IpAddr) -> bool {
+        use std::net::IpAddr;
+        // An IPv4 client seen through an IPv6 socket is matched as IPv4.
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        match (self.addr, ip) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(net) & mask == u32::from(ip) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(net) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+impl std::str::FromStr for IpNet {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (addr, prefix) = match s.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s, None),
+        };
+        let addr: std::net::IpAddr = addr.parse().map_err(|e| format!("{s}: {e}"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            Some(p) => p.parse::<u8>().map_err(|e| format!("{s}: {e}"))?,
+            None => max,
+        };
+        if prefix > max {
+            return Err(format!("{s}: prefix longer than {max}"));
+        }
+        Ok(Self { addr, prefix })
     }
 }
 
@@ -214,6 +296,21 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn networks_match_their_addresses_only() {
+        let net: IpNet = "10.1.0.0/16".parse().unwrap();
+        assert!(net.contains("10.1.200.3".parse().unwrap()));
+        assert!(!net.contains("10.2.0.1".parse().unwrap()));
+        let one: IpNet = "::1".parse().unwrap();
+        assert!(one.contains("::1".parse().unwrap()));
+        assert!(!one.contains("::2".parse().unwrap()));
+        let all: IpNet = "0.0.0.0/0".parse().unwrap();
+        assert!(all.contains("192.0.2.1".parse().unwrap()));
+        assert!(all.contains("::ffff:192.0.2.1".parse().unwrap()));
+        assert!("10.0.0.0/33".parse::<IpNet>().is_err());
+        assert!("nonsense".parse::<IpNet>().is_err());
+    }
     use std::collections::HashMap;
 
     fn from(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {

@@ -85,3 +85,26 @@ pub fn migrations_fingerprint() -> String {
     parts.sort();
     format!("monolith:{}", parts.join(","))
 }
+
+/// Whether the database lacks some of the embedded migrations (a release newer
+/// than the schema is running, or migrating is still under way).
+pub async fn migrations_pending(
+    client: &impl tokio_postgres::GenericClient,
+) -> Result<bool, DbError> {
+    let latest = embedded::migrations::runner()
+        .get_migrations()
+        .iter()
+        .map(|m| m.version())
+        .max()
+        .unwrap_or_default();
+    let applied: Option<i32> = match client
+        .query_one("SELECT max(version) FROM refinery_schema_history", &[])
+        .await
+    {
+        Ok(row) => row.get(0),
+        // No history table yet: nothing is migrated.
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => None,
+        Err(e) => return Err(e.into()),
+    };
+    Ok(applied.is_none_or(|v| i64::from(v) < i64::from(latest)))
+}

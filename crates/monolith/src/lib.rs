@@ -5,21 +5,23 @@
 //! Modules are layered; a module uses only modules of its own layer or below
 //! (`tests/architecture.rs` checks it):
 //!
-//! 1. foundations: [`config`], [`db`], [`gid`], [`namespaces`], [`instance`]
+//! 1. foundations: [`config`], [`db`], [`gid`], [`namespaces`], [`instance`],
+//!    [`lifecycle`]
 //! 2. who is calling: [`identity`] (personal access tokens, the signing keys of
 //!    gateway tokens)
 //! 3. who may do what: [`policy`] (abilities, Duo access, seats and add-ons)
 //! 4. domains: [`chat`] (threads, messages, the completion seam, live delivery),
 //!    [`agent`] (the agent loop, slash commands and tools)
 //! 5. the state the interfaces share: [`app_state`]
-//! 6. interfaces: [`rest`] (`/api/v4`), [`graphql`] (`/api/graphql`), [`worker`]
-//!    (the job-running role)
+//! 6. interfaces: [`rest`] (`/api/v4`), [`graphql`] (`/api/graphql`), [`probes`]
+//!    (liveness, readiness, metrics), [`worker`] (the job-running role)
 //! 7. wiring: [`server`] (the `web` role's routes), [`seed`]
 
 pub mod config;
 pub mod db;
 pub mod gid;
 pub mod instance;
+pub mod lifecycle;
 pub mod namespaces;
 
 pub mod identity;
@@ -32,6 +34,7 @@ pub mod chat;
 pub mod app_state;
 
 pub mod graphql;
+pub mod probes;
 pub mod rest;
 pub mod worker;
 

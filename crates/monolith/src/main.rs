@@ -6,18 +6,28 @@ use anyhow::Context;
 use monolith::chat::completion::ChatResponder;
 use monolith::config::Config;
 use monolith::policy::add_ons::AddOnCatalogue;
+use monolith::probes::{ProbeState, Role};
 use monolith::{app_state::AppState, db, server};
 
 const USAGE: &str = "usage: duo-monolith <web|worker|migrate|seed [--json]|rotate-keys>";
 
 #[actix_web::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    // One JSON object per line for log collectors; text for people.
+    if std::env::var("DUO_LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json")) {
+        tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init();
+    } else {
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let role = args.first().map(String::as_str).unwrap_or("");
     let config = Config::from_env().context("reading configuration")?;
@@ -40,28 +50,35 @@ async fn main() -> anyhow::Result<()> {
             let listener = std::net::TcpListener::bind(config.web_addr)
                 .with_context(|| format!("binding {}", config.web_addr))?;
             tracing::info!(addr = %listener.local_addr()?, "web role listening");
-            let server = server::serve(
-                AppState::new(pool.clone(), config.clone(), catalogue)?,
-                listener,
-            )?;
+            let state = AppState::new(pool.clone(), config.clone(), catalogue)?;
+            let server = server::serve(state.clone(), listener)?;
+            let handle = server.handle();
+            let stopper = tokio::spawn({
+                let state = state.clone();
+                async move {
+                    stop_requested().await;
+                    server::stop_gracefully(&state, &handle).await;
+                }
+            });
             if !config.web_runs_jobs {
                 server.await?;
+                stopper.abort();
+                tracing::info!("web role stopped");
                 return Ok(());
             }
             // Jobs in this process too: the worker loop stops with the server.
             tracing::info!("DUO_WEB_RUNS_JOBS: this web process also runs queued jobs");
             let responder = chat_responder(&config, &pool)?;
-            let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
+            let lifecycle = state.lifecycle.clone();
             let worker = tokio::spawn(async move {
-                let shutdown = async {
-                    let _ = stopped_rx.await;
-                };
-                monolith::worker::run(&config, pool, responder, shutdown).await
+                monolith::worker::run(&config, pool, responder, lifecycle.stopped()).await
             });
             let served = server.await;
-            let _ = stopped_tx.send(());
+            state.lifecycle.begin_stopping();
+            stopper.abort();
             worker.await.context("the in-process worker panicked")??;
             served?;
+            tracing::info!("web role stopped");
             Ok(())
         }
         "seed" => {
@@ -86,10 +103,38 @@ async fn main() -> anyhow::Result<()> {
             let pool = db::pool(&config)?;
             ensure_signing_key(&pool, &config).await?;
             let responder = chat_responder(&config, &pool)?;
-            let shutdown = stop_requested();
-            monolith::worker::run(&config, pool, responder, shutdown)
+            let lifecycle = monolith::lifecycle::Lifecycle::new();
+            let probes = match config.worker_probe_addr {
+                Some(addr) => {
+                    let state = ProbeState::new(
+                        pool.clone(),
+                        std::sync::Arc::new(config.clone()),
+                        lifecycle.clone(),
+                        Role::Worker,
+                    );
+                    let server = monolith::probes::serve_probes(state, addr)
+                        .with_context(|| format!("binding the probe server to {addr}"))?;
+                    tracing::info!(%addr, "worker probes listening");
+                    let handle = server.handle();
+                    tokio::spawn(server);
+                    Some(handle)
+                }
+                None => None,
+            };
+            tokio::spawn({
+                let lifecycle = lifecycle.clone();
+                async move {
+                    stop_requested().await;
+                    lifecycle.begin_stopping();
+                }
+            });
+            monolith::worker::run(&config, pool, responder, lifecycle.stopped())
                 .await
                 .context("running the worker role")?;
+            if let Some(handle) = probes {
+                handle.stop(true).await;
+            }
+            tracing::info!("worker role stopped");
             Ok(())
         }
         "rotate-keys" => {

@@ -6,6 +6,7 @@ use std::net::TcpListener;
 use actix_web::{App, HttpResponse, HttpServer, web};
 
 use crate::app_state::AppState;
+use crate::probes::{ProbeState, Role};
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route(
@@ -20,6 +21,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         "/oauth/discovery/keys",
         web::get().to(crate::rest::oidc::jwks),
     )
+    .configure(crate::probes::routes)
     .route("/api/graphql", web::post().to(crate::graphql::handle))
     // GET with `Upgrade: websocket` opens a subscription socket.
     .route("/api/graphql", web::get().to(crate::graphql::handle_get))
@@ -30,13 +32,23 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     );
 }
 
-/// Serves on an already bound listener (tests bind port 0).
+/// Serves on an already bound listener (tests bind port 0). The server ignores
+/// signals: the `web` role stops it through [`stop_gracefully`] so that
+/// readiness turns false and sockets are handed off first.
 pub fn serve(state: AppState, listener: TcpListener) -> std::io::Result<actix_web::dev::Server> {
+    let probes = web::Data::new(ProbeState::new(
+        state.pool.clone(),
+        state.config.clone(),
+        state.lifecycle.clone(),
+        Role::Web,
+    ));
+    let grace = state.config.shutdown_grace;
     let data = web::Data::new(state);
     let schema = web::Data::new(crate::graphql::schema());
     let server = HttpServer::new(move || {
         App::new()
             .app_data(data.clone())
+            .app_data(probes.clone())
             .app_data(schema.clone())
             .app_data(web::PayloadConfig::default().limit(8 * 1024 * 1024))
             .app_data(
@@ -62,7 +74,24 @@ pub fn serve(state: AppState, listener: TcpListener) -> std::io::Result<actix_we
             ))
             .configure(configure)
     })
+    .disable_signals()
+    .shutdown_timeout(grace.as_secs())
     .listen(listener)?
     .run();
     Ok(server)
+}
+
+/// The `web` role's stop: report "not ready" (and tell subscription sockets to
+/// reconnect elsewhere), keep serving for the drain period so load balancers
+/// notice, then stop accepting and let in-flight requests finish within the
+/// grace period.
+pub async fn stop_gracefully(state: &AppState, server: &actix_web::dev::ServerHandle) {
+    state.lifecycle.begin_stopping();
+    tracing::info!(
+        drain_secs = state.config.shutdown_drain.as_secs(),
+        grace_secs = state.config.shutdown_grace.as_secs(),
+        "stopping: not ready any more"
+    );
+    tokio::time::sleep(state.config.shutdown_drain).await;
+    server.stop(true).await;
 }

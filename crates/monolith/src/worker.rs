@@ -240,6 +240,7 @@ impl WorkerSettings {
                 lease: config.job_lease,
                 // Three renewals per lease: one lost heartbeat does not lose the job.
                 heartbeat: (config.job_lease / 3).max(Duration::from_millis(100)),
+                shutdown_grace: config.shutdown_grace,
                 ..WorkerConfig::default()
             },
             retention_every: config.thread_retention_interval,

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 /// A new module must be added here, which is the point: its place is decided.
 const RANKS: &[(&str, u32)] = &[
     ("gid", 0),
+    ("lifecycle", 0),
     ("config", 1),
     ("namespaces", 1),
     ("db", 2),
@@ -23,6 +24,7 @@ const RANKS: &[(&str, u32)] = &[
     ("app_state", 8),
     ("rest", 9),
     ("worker", 9),
+    ("probes", 9),
     ("graphql", 10),
     ("server", 11),
     ("seed", 11),

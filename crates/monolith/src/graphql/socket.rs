@@ -173,6 +173,7 @@ pub(crate) async fn serve<I>(
     payload: web::Payload,
     schema: Arc<Schema>,
     init: I,
+    lifecycle: crate::lifecycle::Lifecycle,
 ) -> Result<HttpResponse, actix_web::Error>
 where
     I: Init<DefaultScalarValue, super::GqlContext> + Send,
@@ -214,7 +215,7 @@ where
             let outgoing = futures::stream::select(answers, refusals);
             actix_web::rt::spawn(async move {
                 let input = incoming.forward(sink.sink_map_err(|e| match e {}));
-                let output = pin!(send_all(&mut ws_tx, outgoing));
+                let output = pin!(send_all(&mut ws_tx, outgoing, lifecycle));
                 let _ = future::select(pin!(input), output).await;
             });
         }
@@ -226,7 +227,7 @@ where
             let outgoing = futures::stream::select(answers, refusals);
             actix_web::rt::spawn(async move {
                 let input = incoming.forward(sink.sink_map_err(|e| match e {}));
-                let output = pin!(send_all(&mut ws_tx, outgoing));
+                let output = pin!(send_all(&mut ws_tx, outgoing, lifecycle));
                 let _ = future::select(pin!(input), output).await;
             });
         }
@@ -238,9 +239,26 @@ where
     Ok(response)
 }
 
-async fn send_all(ws_tx: &mut actix_ws::Session, outgoing: impl futures::Stream<Item = Outgoing>) {
+/// Close code telling the client the server is restarting: reconnect (to
+/// another replica) and subscribe again.
+const SERVICE_RESTART: u16 = 1012;
+
+async fn send_all(
+    ws_tx: &mut actix_ws::Session,
+    outgoing: impl futures::Stream<Item = Outgoing>,
+    lifecycle: crate::lifecycle::Lifecycle,
+) {
     let mut outgoing = pin!(outgoing);
-    while let Some(frame) = outgoing.next().await {
+    let mut stopping = pin!(lifecycle.stopped());
+    loop {
+        let frame = tokio::select! {
+            frame = outgoing.next() => frame,
+            () = &mut stopping => Some(Outgoing::Close(
+                SERVICE_RESTART,
+                "Server restarting: reconnect".to_owned(),
+            )),
+        };
+        let Some(frame) = frame else { break };
         match frame {
             Outgoing::Text(text) => {
                 if ws_tx.text(text).await.is_err() {

@@ -202,6 +202,7 @@ async fn open_socket(
 ) -> Result<HttpResponse, actix_web::Error> {
     let header_user = rest::optional_user(&state, &req).await?;
     let state = state.get_ref().clone();
+    let state_lifecycle = state.lifecycle.clone();
     let keep_alive = state.config.ws_keep_alive;
     let init = move |params: juniper::Variables| async move {
         let user = match header_user {
@@ -237,5 +238,6 @@ async fn open_socket(
                 .with_keep_alive_timeout(std::time::Duration::ZERO),
         )
     };
-    super::socket::serve(req, payload, schema.into_inner(), init).await
+    let lifecycle = state_lifecycle;
+    super::socket::serve(req, payload, schema.into_inner(), init, lifecycle).await
 }

@@ -222,6 +222,8 @@ impl Fx {
 pub struct Server {
     pub base: String,
     handle: actix_web::dev::ServerHandle,
+    /// The server's lifecycle: tests begin its stop through it.
+    pub lifecycle: monolith::lifecycle::Lifecycle,
 }
 
 impl Server {
@@ -232,6 +234,11 @@ impl Server {
     /// A server whose requests use `pool` (e.g. one reaching the database
     /// through a [`chaos_proxy::ChaosProxy`]).
     pub async fn start_with_pool(fx: &Fx, pool: Pool) -> Server {
+        Self::start_with_settings(fx, pool, &[]).await
+    }
+
+    /// A server with extra configuration variables.
+    pub async fn start_with_settings(fx: &Fx, pool: Pool, settings: &[(&str, &str)]) -> Server {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let url = fx.db.url().to_string();
@@ -239,18 +246,23 @@ impl Server {
             "DATABASE_URL" => Some(url.clone()),
             "DUO_WEB_ADDR" => Some(addr.to_string()),
             "DUO_SIGNING_KEY_DIR" => Some(test_key_dir()),
-            _ => None,
+            other => settings
+                .iter()
+                .find(|(k, _)| *k == other)
+                .map(|(_, v)| (*v).to_owned()),
         })
         .unwrap();
         let state =
             monolith::app_state::AppState::new(pool, config, AddOnCatalogue::built_in().unwrap())
                 .unwrap();
+        let lifecycle = state.lifecycle.clone();
         let server = monolith::server::serve(state, listener).unwrap();
         let handle = server.handle();
         tokio::spawn(server);
         Server {
             base: format!("http://{addr}"),
             handle,
+            lifecycle,
         }
     }
 
