@@ -14,7 +14,8 @@
 //!    [`agent`] (the agent loop, slash commands and tools)
 //! 5. the state the interfaces share: [`app_state`]
 //! 6. interfaces: [`rest`] (`/api/v4`), [`graphql`] (`/api/graphql`), [`probes`]
-//!    (liveness, readiness, metrics), [`worker`] (the job-running role)
+//!    (liveness, readiness, metrics), [`web`] (pages for people), [`worker`] (the
+//!    job-running role)
 //! 7. wiring: [`server`] (the `web` role's routes), [`seed`]
 
 pub mod config;
@@ -36,6 +37,7 @@ pub mod app_state;
 pub mod graphql;
 pub mod probes;
 pub mod rest;
+pub mod web;
 pub mod worker;
 
 pub mod seed;

@@ -162,7 +162,11 @@ async fn metrics(state: web::Data<ProbeState>, req: HttpRequest) -> HttpResponse
 }
 
 /// A gauge family: name, help text, and the figure it reads from a queue's stats.
-type Family = (&'static str, &'static str, fn(&job_queue::QueueStats) -> f64);
+type Family = (
+    &'static str,
+    &'static str,
+    fn(&job_queue::QueueStats) -> f64,
+);
 
 /// The metrics page for `stats` (one gauge family per figure).
 pub fn render_metrics(stats: &[job_queue::QueueStats], stopping: bool) -> String {

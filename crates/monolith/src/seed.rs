@@ -15,6 +15,8 @@ pub enum SeedError {
     Db(#[from] DbError),
     #[error(transparent)]
     Token(#[from] TokenError),
+    #[error("setting a password failed: {0}")]
+    Password(String),
     #[error("rendering the report failed: {0}")]
     Render(#[from] serde_json::Error),
 }
@@ -35,6 +37,8 @@ impl From<deadpool_postgres::PoolError> for SeedError {
 pub struct SeededUser {
     pub username: String,
     pub token: String,
+    /// Password for the web pages.
+    pub password: String,
     pub admin: bool,
     pub duo_seat: Option<&'static str>,
     pub note: &'static str,
@@ -51,12 +55,13 @@ impl SeedReport {
     }
 
     pub fn to_text(&self) -> String {
-        let mut out = String::from("Demo instance ready. Personal access tokens:\n");
+        let mut out =
+            String::from("Demo instance ready. Users (web password, personal access token):\n");
         for u in &self.users {
             let seat = u.duo_seat.unwrap_or("no Duo seat");
             out.push_str(&format!(
-                "  {:<8} {}  ({seat}; {})\n",
-                u.username, u.token, u.note
+                "  {:<8} {}  {}  ({seat}; {})\n",
+                u.username, u.password, u.token, u.note
             ));
         }
         out
@@ -369,9 +374,21 @@ pub async fn run(pool: &Pool) -> Result<SeedReport, SeedError> {
         .await?;
         let scopes = vec!["api".to_string(), "ai_features".to_string()];
         let token = tokens::create(&*tx, *id, "seed", &scopes, None).await?;
+        // A fresh password each run, like the tokens: a demo instance never has
+        // a password anyone could guess from the source.
+        let password = format!("duo-{}", crate::identity::sessions::random_secret(6));
+        let hashed = crate::identity::passwords::hash(&password)
+            .map_err(|e| SeedError::Password(e.to_string()))?;
+        tx.execute(
+            "UPDATE users SET encrypted_password = $2 WHERE id = $1",
+            &[id, &hashed],
+        )
+        .await?;
+        crate::identity::sessions::destroy_all_for_user(&*tx, *id).await?;
         report.users.push(SeededUser {
             username: u.username.to_string(),
             token: token.token,
+            password,
             admin: u.admin,
             duo_seat: u.seat,
             note: u.note,

@@ -29,7 +29,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         web::scope("/api/v4")
             .configure(crate::rest::users::routes)
             .configure(crate::rest::resources::routes),
-    );
+    )
+    .configure(crate::web::routes)
+    // Any other path may be a project's page: matched last.
+    .configure(crate::web::resources::project_route);
 }
 
 /// Serves on an already bound listener (tests bind port 0). The server ignores

@@ -25,6 +25,7 @@ const RANKS: &[(&str, u32)] = &[
     ("rest", 9),
     ("worker", 9),
     ("probes", 9),
+    ("web", 9),
     ("graphql", 10),
     ("server", 11),
     ("seed", 11),

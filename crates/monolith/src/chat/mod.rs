@@ -11,8 +11,8 @@ mod storage;
 pub use markdown::render_markdown;
 pub use service::ChatService;
 pub use storage::{
-    answer_exists, apply_retention, delete_idle_threads, store_answer_once, store_message,
-    thread_exists,
+    MAX_FEEDBACK_REASON_CHARS, answer_exists, apply_retention, delete_idle_threads,
+    record_feedback, store_answer_once, store_message, thread_exists,
 };
 
 use async_trait::async_trait;

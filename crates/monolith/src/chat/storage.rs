@@ -215,3 +215,37 @@ pub(crate) async fn resolve_thread_for_write(
         },
     }
 }
+
+/// Longest feedback reason kept.
+pub const MAX_FEEDBACK_REASON_CHARS: usize = 2000;
+
+/// Records a user's verdict on an answer in one of their own threads; `false`
+/// when there is no such answer for them (someone else's, or unknown: the same
+/// answer, so nothing leaks). Feedback given twice keeps the last verdict.
+pub async fn record_feedback(
+    db: &impl GenericClient,
+    user_id: i64,
+    message_xid: Uuid,
+    helpful: bool,
+    reason: &str,
+) -> Result<bool, ChatError> {
+    let reason: String = reason.chars().take(MAX_FEEDBACK_REASON_CHARS).collect();
+    let row = db
+        .query_opt(
+            "WITH m AS (
+                 SELECT m.id FROM ai_conversation_messages m
+                 JOIN ai_conversation_threads t ON t.id = m.thread_id
+                 WHERE m.message_xid = $1 AND t.user_id = $2 AND m.role = 2
+             ), f AS (
+                 INSERT INTO ai_message_feedback (message_id, user_id, helpful, reason)
+                 SELECT id, $2, $3, $4 FROM m
+                 ON CONFLICT (message_id, user_id) DO UPDATE SET helpful = EXCLUDED.helpful, reason = EXCLUDED.reason
+                 RETURNING message_id
+             )
+             UPDATE ai_conversation_messages SET has_feedback = true
+             WHERE id IN (SELECT message_id FROM f) RETURNING id",
+            &[&message_xid, &user_id, &helpful, &reason],
+        )
+        .await?;
+    Ok(row.is_some())
+}

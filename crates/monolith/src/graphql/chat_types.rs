@@ -136,6 +136,23 @@ pub struct AiActionInput {
     pub client_mutation_id: Option<String>,
 }
 
+/// Our addition: a verdict on an answer (GitLab's clients send theirs as
+/// tracking events).
+#[derive(Debug, Clone, GraphQLInputObject)]
+#[graphql(name = "AiChatFeedbackInput")]
+pub struct AiChatFeedbackInput {
+    /// The answer's `AiMessage.id`.
+    pub message_id: juniper::ID,
+    pub helpful: bool,
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, GraphQLObject)]
+#[graphql(name = "AiChatFeedbackPayload")]
+pub struct AiChatFeedbackPayload {
+    pub errors: Vec<String>,
+}
+
 #[derive(Debug, Clone, GraphQLObject)]
 #[graphql(name = "AiActionPayload")]
 pub struct AiActionPayload {

@@ -10,6 +10,38 @@ pub struct Mutation;
 #[graphql_object]
 #[graphql(context = GqlContext)]
 impl Mutation {
+    /// Thumbs up or down on an answer, with an optional reason.
+    async fn ai_chat_feedback(
+        ctx: &GqlContext,
+        input: AiChatFeedbackInput,
+    ) -> FieldResult<AiChatFeedbackPayload> {
+        let Some(user) = ctx.user else {
+            return Err(coded("Unauthorized", "UNAUTHENTICATED"));
+        };
+        if !ctx.may_mutate {
+            return Err(coded(
+                "The token needs the api or ai_features scope",
+                "INSUFFICIENT_SCOPE",
+            ));
+        }
+        let not_found = || AiChatFeedbackPayload {
+            errors: vec!["Message not found".to_owned()],
+        };
+        let Ok(message_xid) = uuid::Uuid::parse_str(&input.message_id) else {
+            return Ok(not_found());
+        };
+        let db = ctx.pool.get().await.map_err(internal)?;
+        let reason = input.reason.unwrap_or_default();
+        let recorded = chat::record_feedback(&**db, user.id, message_xid, input.helpful, &reason)
+            .await
+            .map_err(chat_field_error)?;
+        Ok(if recorded {
+            AiChatFeedbackPayload { errors: vec![] }
+        } else {
+            not_found()
+        })
+    }
+
     async fn ai_action(ctx: &GqlContext, input: AiActionInput) -> FieldResult<AiActionPayload> {
         let client_mutation_id = input.client_mutation_id.clone();
         if ctx.user.is_some() && !ctx.may_mutate {

@@ -12,6 +12,33 @@ pub(crate) fn error_body(code: &str, message: &str) -> HttpResponse {
     }))
 }
 
+/// The user of a browser session, for requests from our own pages: same origin,
+/// and (for POSTs) the session's CSRF token in `X-CSRF-Token`, as GitLab's
+/// frontend sends it.
+async fn session_user(
+    state: &AppState,
+    req: &HttpRequest,
+    needs_csrf: bool,
+) -> Result<Option<AuthenticatedUser>, ApiError> {
+    use crate::identity::{request, sessions};
+    let Some(session) = request::request_session(&state.pool, req).await? else {
+        return Ok(None);
+    };
+    if !request::same_origin(req, &state.config.external_url) {
+        return Err(ApiError::ForbiddenBecause("cross-origin request"));
+    }
+    if needs_csrf {
+        let presented = req
+            .headers()
+            .get("x-csrf-token")
+            .and_then(|v| v.to_str().ok());
+        if !sessions::csrf_matches(&session.csrf_token, presented) {
+            return Err(ApiError::ForbiddenBecause("invalid CSRF token"));
+        }
+    }
+    Ok(Some(session.user))
+}
+
 /// `POST /api/graphql`.
 pub async fn handle(
     state: web::Data<AppState>,
@@ -19,7 +46,10 @@ pub async fn handle(
     req: HttpRequest,
     body: web::Bytes,
 ) -> Result<HttpResponse, ApiError> {
-    let user = rest::optional_user(&state, &req).await?;
+    let user = match rest::optional_user(&state, &req).await? {
+        Some(user) => Some(user),
+        None => session_user(&state, &req, true).await?,
+    };
     if let Some(u) = &user
         && !u.has_any_scope(&["api", "read_api", "ai_features"])
     {
@@ -200,7 +230,12 @@ async fn open_socket(
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, actix_web::Error> {
-    let header_user = rest::optional_user(&state, &req).await?;
+    let header_user = match rest::optional_user(&state, &req).await? {
+        Some(user) => Some(user),
+        // Browsers send the session cookie with the upgrade but cannot set
+        // headers; the Origin check stops other sites from riding on it.
+        None => session_user(&state, &req, false).await?,
+    };
     let state = state.get_ref().clone();
     let state_lifecycle = state.lifecycle.clone();
     let keep_alive = state.config.ws_keep_alive;

@@ -1,6 +1,9 @@
-//! Who is calling: personal access tokens (hashed at rest) and the RS256 keys the
+//! Who is calling: personal access tokens (hashed at rest), browser sessions and
+//! passwords of the web pages, the request's credentials, and the RS256 keys the
 //! monolith signs its gateway tokens with.
 
 pub mod jwt;
+pub mod passwords;
 pub mod request;
+pub mod sessions;
 pub mod tokens;

@@ -79,14 +79,15 @@ fn find_nul(path: &str, query: &str, content_type: &str, body: &[u8]) -> Option<
     body_has_nul.then_some(Place::Body)
 }
 
-/// Refuses requests under `/api/v4` that carry a NUL with 400
-/// `{"error": "<place> contains a NUL character"}`; GraphQL checks its own
-/// documents and variables (see `graphql::limits`).
+/// Refuses requests that carry a NUL with 400
+/// `{"error": "<place> contains a NUL character"}` (the REST API and the
+/// pages' forms alike); GraphQL checks its own documents and variables and
+/// answers in GraphQL's shape (see `graphql::limits`).
 pub async fn reject_nul<B: MessageBody>(
     mut req: ServiceRequest,
     next: Next<B>,
 ) -> Result<ServiceResponse<EitherBody<B>>, actix_web::Error> {
-    if !req.path().starts_with("/api/v4") && !encoded_has_nul(req.path()) {
+    if req.path() == "/api/graphql" {
         return Ok(next.call(req).await?.map_into_left_body());
     }
     let has_body = matches!(

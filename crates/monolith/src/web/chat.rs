@@ -1,0 +1,102 @@
+//! The chat page: threads on the side, the conversation, the question box with
+//! the slash-command menu. The page itself carries no data but the user and what
+//! to attach; `chat.js` reads and writes everything through the GraphQL API and
+//! its subscription, as any client would.
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
+use maud::html;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::PageError;
+use super::layout::{self, Page};
+use crate::app_state::AppState;
+use crate::gid;
+
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.route("/-/chat", web::get().to(page));
+}
+
+#[derive(Deserialize)]
+struct ChatQuery {
+    /// A thread to open (`gid://gitlab/Ai::Conversation::Thread/N`).
+    thread: Option<String>,
+    /// A resource to ask about (its global id), and how to show it.
+    resource: Option<String>,
+    resource_title: Option<String>,
+}
+
+/// The slash commands the menu offers, with what each does.
+pub const SLASH_COMMANDS: &[(&str, &str)] = &[
+    ("/help", "What Duo Chat can do"),
+    ("/explain", "Explain the selected code"),
+    ("/tests", "Write tests for the selected code"),
+    ("/refactor", "Refactor the selected code"),
+    ("/fix", "Fix the selected code"),
+    ("/troubleshoot", "Troubleshoot a failed CI job"),
+    (
+        "/summarize_comments",
+        "Summarize the comments of this issue or merge request",
+    ),
+    ("/clear", "Start over: clear this conversation"),
+    ("/reset", "Forget the earlier questions"),
+    ("/new", "Start a new conversation"),
+];
+
+async fn page(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    query: web::Query<ChatQuery>,
+) -> Result<HttpResponse, PageError> {
+    let session = super::signed_in(&state, &req).await?;
+    let query = query.into_inner();
+    // Only well-formed ids of the kinds chat accepts are passed on; the server
+    // checks access again when the question is asked.
+    let resource = query
+        .resource
+        .filter(|r| crate::chat::resource::parse_chat_resource(r).is_some());
+    let thread = query
+        .thread
+        .filter(|t| matches!(gid::parse(t), Some(("Ai::Conversation::Thread", _))));
+    let data = json!({
+        "userGid": gid::format("User", session.user.id),
+        "thread": thread,
+        "resource": resource,
+        "resourceTitle": query.resource_title.map(|t| t.chars().take(200).collect::<String>()),
+        "commands": SLASH_COMMANDS.iter().map(|(c, d)| json!({ "command": c, "description": d })).collect::<Vec<_>>(),
+    });
+    let body = html! {
+        div class="chat" {
+            aside class="threads" aria-label="Conversations" {
+                button id="new-chat" class="primary wide" type="button" { "New chat" }
+                ul id="thread-list" {}
+            }
+            section class="conversation" aria-label="Duo Chat" {
+                div id="availability" class="flash notice" hidden {}
+                div id="attached" class="attached" hidden {}
+                ol id="messages" aria-live="polite" {}
+                form id="ask" class="ask" autocomplete="off" {
+                    div id="slash-menu" class="slash-menu" role="listbox" hidden {}
+                    textarea id="question" name="question" rows="3" maxlength="100000"
+                        placeholder="Ask a question, or type / for commands"
+                        aria-label="Question" {}
+                    div class="ask-actions" {
+                        button id="stop" type="button" class="secondary" hidden { "Stop" }
+                        button id="send" type="submit" class="primary" { "Send" }
+                    }
+                }
+            }
+        }
+    };
+    let markup = layout::render(
+        Page {
+            title: "Duo Chat",
+            session: Some(&session),
+            scripts: &["chat.js"],
+            data,
+        },
+        body,
+    );
+    Ok(layout::html_response(StatusCode::OK, markup))
+}

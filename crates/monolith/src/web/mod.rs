@@ -1,0 +1,130 @@
+//! Pages for people, served by the `web` role itself: server-rendered HTML
+//! (maud) with a little JavaScript, assets embedded in the binary. Pages use the
+//! same GraphQL API and subscriptions as every other client; every read goes
+//! through the policy module.
+//!
+//! - [`assets`]: embedded CSS and JavaScript under content-hashed URLs;
+//! - [`layout`]: the page shell and the security headers every page carries;
+//! - [`sign_in`]: sign in and out (passwords, sessions, CSRF, rate limit);
+//! - [`chat`]: the chat page;
+//! - [`resources`]: project, issue, merge request and epic pages with "Ask Duo";
+//! - [`help`]: the error-code help page.
+
+pub mod assets;
+pub mod chat;
+pub mod help;
+pub mod layout;
+pub mod resources;
+pub mod sign_in;
+
+use actix_web::{HttpRequest, HttpResponse, web};
+
+use crate::app_state::AppState;
+use crate::identity::request;
+use crate::identity::sessions::SessionUser;
+
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.configure(assets::routes)
+        .configure(sign_in::routes)
+        .configure(chat::routes)
+        .configure(help::routes)
+        .configure(resources::routes);
+}
+
+/// Why a page could not be shown.
+#[derive(Debug, thiserror::Error)]
+pub enum PageError {
+    /// Not signed in: go to the sign-in page and come back.
+    #[error("sign in required")]
+    SignIn { back_to: String },
+    #[error("not found")]
+    NotFound,
+    #[error("forbidden: {0}")]
+    Forbidden(&'static str),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+macro_rules! internal_from {
+    ($($t:ty),*) => {$(
+        impl From<$t> for PageError {
+            fn from(e: $t) -> Self {
+                PageError::Internal(e.to_string())
+            }
+        }
+    )*};
+}
+
+internal_from!(
+    tokio_postgres::Error,
+    deadpool_postgres::PoolError,
+    crate::policy::PolicyError,
+    crate::identity::tokens::TokenError
+);
+
+impl actix_web::ResponseError for PageError {
+    fn status_code(&self) -> actix_web::http::StatusCode {
+        use actix_web::http::StatusCode;
+        match self {
+            PageError::SignIn { .. } => StatusCode::SEE_OTHER,
+            PageError::NotFound => StatusCode::NOT_FOUND,
+            PageError::Forbidden(_) => StatusCode::FORBIDDEN,
+            PageError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        match self {
+            PageError::SignIn { back_to } => {
+                let target = format!(
+                    "/users/sign_in?redirect_to={}",
+                    url::form_urlencoded::byte_serialize(back_to.as_bytes()).collect::<String>()
+                );
+                HttpResponse::SeeOther()
+                    .insert_header(("Location", target))
+                    .finish()
+            }
+            PageError::NotFound => layout::message_page(
+                actix_web::http::StatusCode::NOT_FOUND,
+                "Page not found",
+                "The page you are looking for does not exist, or you do not have access to it.",
+            ),
+            PageError::Forbidden(why) => {
+                layout::message_page(actix_web::http::StatusCode::FORBIDDEN, "Forbidden", why)
+            }
+            PageError::Internal(detail) => {
+                tracing::error!(error = %detail, "page failed");
+                layout::message_page(
+                    actix_web::http::StatusCode::INTERNAL_SERVER_ERROR,
+                    "Something went wrong",
+                    "Please try again.",
+                )
+            }
+        }
+    }
+}
+
+/// The signed-in user of the page request, or a redirect to sign in.
+pub async fn signed_in(state: &AppState, req: &HttpRequest) -> Result<SessionUser, PageError> {
+    match request::request_session(&state.pool, req).await {
+        Ok(Some(session)) => Ok(session),
+        Ok(None) => Err(PageError::SignIn {
+            back_to: req
+                .uri()
+                .path_and_query()
+                .map(|p| p.as_str().to_owned())
+                .unwrap_or_else(|| "/".into()),
+        }),
+        Err(e) => Err(PageError::Internal(e.to_string())),
+    }
+}
+
+/// The session of the request, if any (pages that work signed out too).
+pub async fn maybe_signed_in(
+    state: &AppState,
+    req: &HttpRequest,
+) -> Result<Option<SessionUser>, PageError> {
+    request::request_session(&state.pool, req)
+        .await
+        .map_err(|e| PageError::Internal(e.to_string()))
+}

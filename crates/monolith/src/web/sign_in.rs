@@ -1,0 +1,295 @@
+//! Signing in and out of the web pages.
+//!
+//! - The sign-in form is protected by a double-submit CSRF token (a cookie and a
+//!   form field that must match), so another site cannot sign a browser in.
+//! - Failed attempts are counted per username and per address; after
+//!   [`MAX_FAILURES`] within [`FAILURE_WINDOW_SECS`] further attempts are refused
+//!   without checking the password.
+//! - A successful sign-in always starts a new session (whatever session cookie
+//!   the browser had is ended), so a planted session id is worthless.
+//! - The session cookie is HttpOnly, SameSite=Lax, and Secure when the instance's
+//!   external URL is https.
+
+use actix_web::cookie::{Cookie, SameSite, time::Duration as CookieDuration};
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
+use maud::html;
+use serde::Deserialize;
+
+use super::PageError;
+use super::layout::{self, Page};
+use crate::app_state::AppState;
+use crate::identity::{passwords, request, sessions};
+
+/// Failed attempts allowed per username and per address within the window.
+pub const MAX_FAILURES: i64 = 5;
+pub const FAILURE_WINDOW_SECS: f64 = 600.0;
+/// The double-submit cookie of the sign-in form.
+const FORM_CSRF_COOKIE: &str = "_duo_signin_csrf";
+
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.route("/", web::get().to(start))
+        .route("/users/sign_in", web::get().to(form))
+        .route("/users/sign_in", web::post().to(sign_in))
+        .route("/users/sign_out", web::post().to(sign_out));
+}
+
+async fn start(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, PageError> {
+    let target = match super::maybe_signed_in(&state, &req).await? {
+        Some(_) => "/-/chat",
+        None => "/users/sign_in",
+    };
+    Ok(HttpResponse::SeeOther()
+        .insert_header(("Location", target))
+        .finish())
+}
+
+#[derive(Deserialize)]
+struct FormQuery {
+    redirect_to: Option<String>,
+}
+
+/// Only paths on this site: `/x`, never `//host` or `https://host`.
+fn local_path(target: Option<&str>) -> String {
+    match target {
+        Some(t) if t.starts_with('/') && !t.starts_with("//") && !t.contains('\\') => t.to_owned(),
+        _ => "/-/chat".to_owned(),
+    }
+}
+
+fn secure_cookies(state: &AppState) -> bool {
+    state.config.external_url.scheme() == "https"
+}
+
+fn form_page(
+    state: &AppState,
+    csrf: &str,
+    redirect_to: &str,
+    error: Option<&str>,
+    status: StatusCode,
+) -> HttpResponse {
+    let body = html! {
+        section class="card narrow" {
+            h1 { "Sign in" }
+            @if let Some(error) = error {
+                p class="flash error" role="alert" { (error) }
+            }
+            form method="post" action="/users/sign_in" class="stack" {
+                input type="hidden" name="authenticity_token" value=(csrf);
+                input type="hidden" name="redirect_to" value=(redirect_to);
+                label for="username" { "Username" }
+                input id="username" name="username" autocomplete="username" required autofocus maxlength="255";
+                label for="password" { "Password" }
+                input id="password" name="password" type="password" autocomplete="current-password" required maxlength="128";
+                button type="submit" class="primary" { "Sign in" }
+            }
+        }
+    };
+    let markup = layout::render(
+        Page {
+            title: "Sign in",
+            session: None,
+            scripts: &[],
+            data: serde_json::Value::Null,
+        },
+        body,
+    );
+    let mut response = layout::html_response(status, markup);
+    let cookie = Cookie::build(FORM_CSRF_COOKIE, csrf.to_owned())
+        .path("/users")
+        .http_only(true)
+        .same_site(SameSite::Strict)
+        .secure(secure_cookies(state))
+        .finish();
+    let _ = response.add_cookie(&cookie);
+    response
+}
+
+async fn form(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    query: web::Query<FormQuery>,
+) -> Result<HttpResponse, PageError> {
+    let redirect_to = local_path(query.redirect_to.as_deref());
+    if super::maybe_signed_in(&state, &req).await?.is_some() {
+        return Ok(HttpResponse::SeeOther()
+            .insert_header(("Location", redirect_to))
+            .finish());
+    }
+    let csrf = req
+        .cookie(FORM_CSRF_COOKIE)
+        .map(|c| c.value().to_owned())
+        .filter(|v| v.len() == 64)
+        .unwrap_or_else(|| sessions::random_secret(32));
+    Ok(form_page(&state, &csrf, &redirect_to, None, StatusCode::OK))
+}
+
+#[derive(Deserialize)]
+struct SignInForm {
+    #[serde(default)]
+    authenticity_token: String,
+    #[serde(default)]
+    username: String,
+    #[serde(default)]
+    password: String,
+    redirect_to: Option<String>,
+}
+
+/// Failures recorded for these keys within the window.
+async fn recent_failures(
+    db: &impl tokio_postgres::GenericClient,
+    keys: &[String],
+) -> Result<i64, tokio_postgres::Error> {
+    let row = db
+        .query_one(
+            "SELECT COALESCE(max(n), 0) FROM (
+                 SELECT count(*) AS n FROM sign_in_failures
+                 WHERE key = ANY($1) AND occurred_at > now() - make_interval(secs => $2)
+                 GROUP BY key) per_key",
+            &[&keys, &FAILURE_WINDOW_SECS],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+async fn sign_in(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    form: web::Form<SignInForm>,
+) -> Result<HttpResponse, PageError> {
+    let form = form.into_inner();
+    let redirect_to = local_path(form.redirect_to.as_deref());
+    let cookie_csrf = req.cookie(FORM_CSRF_COOKIE).map(|c| c.value().to_owned());
+    if cookie_csrf
+        .as_deref()
+        .is_none_or(|c| !sessions::csrf_matches(c, Some(&form.authenticity_token)))
+    {
+        // A fresh form, with a fresh token: the old one expired or was forged.
+        let csrf = sessions::random_secret(32);
+        return Ok(form_page(
+            &state,
+            &csrf,
+            &redirect_to,
+            Some("Your session expired. Please sign in again."),
+            StatusCode::FORBIDDEN,
+        ));
+    }
+    let csrf = form.authenticity_token.clone();
+    let username = form.username.trim().to_lowercase();
+    let address = req
+        .peer_addr()
+        .map(|a| a.ip().to_string())
+        .unwrap_or_default();
+    let keys = vec![format!("user:{username}"), format!("ip:{address}")];
+    let db = state.pool.get().await?;
+    if recent_failures(&**db, &keys).await? >= MAX_FAILURES {
+        return Ok(form_page(
+            &state,
+            &csrf,
+            &redirect_to,
+            Some("Too many sign-in attempts. Try again in a few minutes."),
+            StatusCode::TOO_MANY_REQUESTS,
+        ));
+    }
+    let found = db
+        .query_opt(
+            "SELECT id, encrypted_password FROM users WHERE lower(username) = $1 AND state = 'active'",
+            &[&username],
+        )
+        .await?;
+    let (user_id, stored): (Option<i64>, Option<String>) = match &found {
+        Some(row) => (Some(row.get(0)), row.get(1)),
+        None => (None, None),
+    };
+    let password = form.password;
+    // Hashing takes tens of milliseconds of CPU: off the async workers.
+    let matches = web::block(move || passwords::verify(&password, stored.as_deref()))
+        .await
+        .map_err(|e| PageError::Internal(e.to_string()))?;
+    let Some(user_id) = user_id.filter(|_| matches) else {
+        for key in &keys {
+            db.execute("INSERT INTO sign_in_failures (key) VALUES ($1)", &[key])
+                .await?;
+        }
+        tracing::info!("failed sign-in attempt");
+        return Ok(form_page(
+            &state,
+            &csrf,
+            &redirect_to,
+            Some("Invalid username or password."),
+            StatusCode::UNAUTHORIZED,
+        ));
+    };
+    db.execute(
+        "DELETE FROM sign_in_failures WHERE key = $1 OR occurred_at < now() - make_interval(secs => $2)",
+        &[&keys[0], &FAILURE_WINDOW_SECS],
+    )
+    .await?;
+    // Never reuse a session the browser brought along.
+    if let Some(old) = request::session_cookie(&req) {
+        sessions::destroy(&**db, &old).await?;
+    }
+    let session = sessions::create(&**db, user_id).await?;
+    let cookie = Cookie::build(sessions::SESSION_COOKIE, session.cookie_value)
+        .path("/")
+        .http_only(true)
+        .same_site(SameSite::Lax)
+        .secure(secure_cookies(&state))
+        .max_age(CookieDuration::seconds(sessions::SESSION_LIFETIME_SECS))
+        .finish();
+    let mut clear_form = Cookie::build(FORM_CSRF_COOKIE, "").path("/users").finish();
+    clear_form.make_removal();
+    Ok(HttpResponse::SeeOther()
+        .insert_header(("Location", redirect_to))
+        .cookie(cookie)
+        .cookie(clear_form)
+        .finish())
+}
+
+#[derive(Deserialize)]
+struct SignOutForm {
+    #[serde(default)]
+    authenticity_token: String,
+}
+
+async fn sign_out(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    form: web::Form<SignOutForm>,
+) -> Result<HttpResponse, PageError> {
+    let session = super::signed_in(&state, &req).await?;
+    if !sessions::csrf_matches(&session.csrf_token, Some(&form.authenticity_token)) {
+        return Err(PageError::Forbidden(
+            "Invalid form token. Reload the page and try again.",
+        ));
+    }
+    if let Some(cookie) = request::session_cookie(&req) {
+        let db = state.pool.get().await?;
+        sessions::destroy(&**db, &cookie).await?;
+    }
+    let mut removal = Cookie::build(sessions::SESSION_COOKIE, "")
+        .path("/")
+        .finish();
+    removal.make_removal();
+    Ok(HttpResponse::SeeOther()
+        .insert_header(("Location", "/users/sign_in"))
+        .cookie(removal)
+        .finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_local_paths_are_redirect_targets() {
+        assert_eq!(
+            local_path(Some("/acme/site/-/issues/1")),
+            "/acme/site/-/issues/1"
+        );
+        assert_eq!(local_path(Some("//evil.example")), "/-/chat");
+        assert_eq!(local_path(Some("https://evil.example")), "/-/chat");
+        assert_eq!(local_path(Some("/\\evil.example")), "/-/chat");
+        assert_eq!(local_path(None), "/-/chat");
+    }
+}
