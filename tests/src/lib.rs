@@ -6,6 +6,7 @@
 //! Everything is driven through public interfaces only: GraphQL over HTTP and
 //! WebSocket ([`live`]), and the REST API for fixtures.
 
+pub mod browser;
 pub mod live;
 
 use fake_provider::FakeProvider;
@@ -224,6 +225,8 @@ impl Service {
 pub struct DemoUser {
     pub username: String,
     pub token: String,
+    /// Password for the web pages.
+    pub password: String,
 }
 
 /// The whole system for one test.
@@ -363,6 +366,7 @@ impl System {
                         Some(DemoUser {
                             username: u["username"].as_str()?.to_owned(),
                             token: u["token"].as_str()?.to_owned(),
+                            password: u["password"].as_str()?.to_owned(),
                         })
                     })
                     .collect::<Vec<_>>()
@@ -426,6 +430,15 @@ impl System {
             .iter()
             .find(|u| u.username == username)
             .map(|u| u.token.clone())
+            .ok_or_else(|| HarnessError::Failed(format!("no seeded user {username}")))
+    }
+
+    /// A seeded user's web password.
+    pub fn password(&self, username: &str) -> Result<String> {
+        self.users
+            .iter()
+            .find(|u| u.username == username)
+            .map(|u| u.password.clone())
             .ok_or_else(|| HarnessError::Failed(format!("no seeded user {username}")))
     }
 

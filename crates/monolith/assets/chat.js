@@ -27,8 +27,11 @@ const FEEDBACK = `mutation($messageId: ID!, $helpful: Boolean!, $reason: String)
 const tabId = `tab-${crypto.randomUUID()}`;
 let thread = data.thread ?? null;
 let resource = data.resource ?? null;
-// Answers being streamed to this tab: requestId -> { element, text, stopped }.
+// Answers being streamed to this tab: requestId -> { text, chunks, stopped }.
 const streaming = new Map();
+// Requests whose final answer arrived (a late chunk from the other
+// subscription must not reopen them).
+const finished = new Set();
 
 function errorLine(message) {
   const code = message.errorCode;
@@ -54,12 +57,12 @@ function feedbackButtons(message) {
     box.textContent = 'Thanks for your feedback.';
     return box;
   }
-  for (const [helpful, label] of [[true, '👍'], [false, '👎']]) {
+  for (const [helpful, label] of [[true, 'Helpful'], [false, 'Not helpful']]) {
     const button = document.createElement('button');
     button.type = 'button';
-    button.className = 'icon';
+    button.className = 'small';
     button.textContent = label;
-    button.setAttribute('aria-label', helpful ? 'Helpful' : 'Not helpful');
+    button.setAttribute('aria-label', label);
     button.addEventListener('click', async () => {
       const reason = helpful ? null : (prompt('What was wrong with this answer? (optional)') ?? '');
       try {
@@ -107,6 +110,7 @@ function showMessage(message) {
 }
 
 function showChunk(message) {
+  if (finished.has(message.requestId)) return;
   const state = streaming.get(message.requestId) ?? { text: '', chunks: new Map(), stopped: false };
   streaming.set(message.requestId, state);
   if (state.stopped) return;
@@ -129,8 +133,9 @@ function onLive(payload) {
     return;
   }
   const state = streaming.get(message.requestId);
+  if (message.role === 'ASSISTANT') finished.add(message.requestId);
   if (state?.stopped && message.role === 'ASSISTANT') return;
-  streaming.delete(message.requestId);
+  if (message.role === 'ASSISTANT') streaming.delete(message.requestId);
   if (streaming.size === 0) stopButton.hidden = true;
   showMessage(message);
   if (message.role === 'ASSISTANT') loadThreads();

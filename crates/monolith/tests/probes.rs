@@ -53,9 +53,12 @@ async fn readiness_follows_migrations_and_stopping() {
     assert_eq!(status, 503, "{body}");
     let body: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(body["checks"]["migrations"], "failed");
-    db.execute("INSERT INTO refinery_schema_history SELECT * FROM newest", &[])
-        .await
-        .unwrap();
+    db.execute(
+        "INSERT INTO refinery_schema_history SELECT * FROM newest",
+        &[],
+    )
+    .await
+    .unwrap();
     assert_eq!(get(&server, "/-/readiness").await.0, 200);
 
     // Stopping: not ready any more, but still alive and serving.

@@ -1,0 +1,310 @@
+//! The web pages in a real browser (headless Chromium through chromedriver)
+//! against real processes: signing in, asking and watching an answer stream in,
+//! the slash-command menu, error codes, two tabs, "Ask Duo" on an issue, a user
+//! without a seat, and the page budget. Screenshots go to target/screenshots/.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failed fixture fails the test"
+)]
+
+use e2e_tests::System;
+use e2e_tests::browser::Browser;
+use fake_provider::Scripted;
+
+const LOGIN_ISSUE_TEXT: &str = "Users with a session older than 30 days";
+
+async fn signed_in(system: &System, user: &str) -> Browser {
+    let browser = Browser::start().await.unwrap();
+    browser
+        .sign_in(&system.web_url, user, &system.password(user).unwrap())
+        .await
+        .unwrap();
+    browser
+}
+
+async fn open_chat(browser: &Browser, system: &System) {
+    browser
+        .goto(&format!("{}/-/chat", system.web_url))
+        .await
+        .unwrap();
+    browser
+        .until(
+            "the live subscription",
+            "return document.body.dataset.live === 'true'",
+        )
+        .await
+        .unwrap();
+}
+
+async fn ask(browser: &Browser, question: &str) {
+    browser.type_into("#question", question).await.unwrap();
+    browser.click("#send").await.unwrap();
+}
+
+#[tokio::test]
+async fn an_answer_streams_in_then_renders_with_feedback() {
+    let system = System::start().await.unwrap();
+    system.fake.push(Scripted::Held {
+        before: vec![
+            "Thought: easy.\nFinal Answer: Here is ".into(),
+            "`some code`".into(),
+        ],
+        after: vec![" and the rest.\n\n```rust\nfn main() {}\n```\n".into()],
+    });
+    let browser = signed_in(&system, "alice").await;
+    assert!(
+        browser
+            .client
+            .current_url()
+            .await
+            .unwrap()
+            .path()
+            .starts_with("/-/chat")
+    );
+    open_chat(&browser, &system).await;
+    ask(&browser, "Show me something").await;
+
+    // While the model still holds its answer, the first part is on screen.
+    let partial = browser
+        .until(
+            "the streamed part of the answer",
+            "const b = document.querySelector('.message.assistant .body.streaming'); \
+             return b && b.textContent.includes('Here is `some code`') ? b.textContent : null",
+        )
+        .await
+        .unwrap();
+    assert!(!partial.as_str().unwrap().contains("the rest"));
+    browser.screenshot("chat-streaming").await.unwrap();
+
+    system.fake.release();
+    browser
+        .until(
+            "the finished answer",
+            "const b = document.querySelector('.message.assistant .body'); \
+             return b && !b.classList.contains('streaming') && b.querySelector('pre code')",
+        )
+        .await
+        .unwrap();
+    let text = browser.text(".message.assistant .body").await.unwrap();
+    assert!(text.contains("and the rest."), "{text}");
+    browser
+        .until(
+            "the stop button to go away",
+            "return document.getElementById('stop').hidden",
+        )
+        .await
+        .unwrap();
+    // Code blocks are coloured and copyable; inline code rendered as code.
+    assert!(browser
+        .js("return !!document.querySelector('.message.assistant pre .copy') && !!document.querySelector('.message.assistant .tok-keyword')", vec![])
+        .await
+        .unwrap()
+        .as_bool()
+        .unwrap());
+    browser.screenshot("chat").await.unwrap();
+
+    browser
+        .click(".message.assistant .feedback button[aria-label=Helpful]")
+        .await
+        .unwrap();
+    browser
+        .until(
+            "the feedback thanks",
+            "return document.querySelector('.feedback')?.textContent.includes('Thanks')",
+        )
+        .await
+        .unwrap();
+    let client = system.db.client().await.unwrap();
+    let helpful: bool = client
+        .query_one("SELECT helpful FROM ai_message_feedback", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(helpful);
+}
+
+#[tokio::test]
+async fn the_slash_menu_filters_and_completes_commands() {
+    let system = System::start().await.unwrap();
+    let browser = signed_in(&system, "alice").await;
+    open_chat(&browser, &system).await;
+    browser.type_into("#question", "/").await.unwrap();
+    let count = browser
+        .until(
+            "the slash menu",
+            "const m = document.getElementById('slash-menu'); return !m.hidden && m.querySelectorAll('.option').length",
+        )
+        .await
+        .unwrap();
+    assert!(count.as_u64().unwrap() >= 8, "{count}");
+    browser.screenshot("chat-slash-menu").await.unwrap();
+    browser.type_into("#question", "ex").await.unwrap();
+    browser
+        .until(
+            "one matching command",
+            "return document.querySelectorAll('#slash-menu .option').length === 1",
+        )
+        .await
+        .unwrap();
+    browser.type_into("#question", "\u{e004}").await.unwrap(); // Tab
+    let value = browser
+        .js("return document.getElementById('question').value", vec![])
+        .await
+        .unwrap();
+    assert_eq!(value, "/explain ");
+}
+
+#[tokio::test]
+async fn a_failed_answer_shows_its_error_code_with_its_meaning() {
+    let system = System::start().await.unwrap();
+    for _ in 0..3 {
+        system
+            .fake
+            .push_failure(fake_provider::Failure::ServerError);
+    }
+    let browser = signed_in(&system, "alice").await;
+    open_chat(&browser, &system).await;
+    ask(&browser, "Will this fail?").await;
+    let href = browser
+        .until(
+            "the error code link",
+            "return document.querySelector('.message.assistant .error a')?.getAttribute('href')",
+        )
+        .await
+        .unwrap();
+    let href = href.as_str().unwrap().to_owned();
+    assert!(href.starts_with("/help/error-codes#a"), "{href}");
+    browser.screenshot("chat-error").await.unwrap();
+    browser
+        .goto(&format!("{}{href}", system.web_url))
+        .await
+        .unwrap();
+    let code = href.rsplit('#').next().unwrap();
+    let heading = browser.text(&format!("h2#{code}")).await.unwrap();
+    assert!(heading.to_lowercase().contains(code), "{heading}");
+}
+
+#[tokio::test]
+async fn two_tabs_show_the_same_conversation_live() {
+    let system = System::start().await.unwrap();
+    system
+        .fake
+        .set_default_text("Thought: ok.\nFinal Answer: Seen in both tabs.");
+    let browser = signed_in(&system, "alice").await;
+    open_chat(&browser, &system).await;
+    let first = browser.client.window().await.unwrap();
+    let second = browser.client.new_window(true).await.unwrap().handle;
+    browser
+        .client
+        .switch_to_window(second.clone())
+        .await
+        .unwrap();
+    open_chat(&browser, &system).await;
+    browser.client.switch_to_window(first).await.unwrap();
+    ask(&browser, "Hello from the first tab").await;
+    browser
+        .until(
+            "the answer in the first tab",
+            "return document.querySelector('.message.assistant .body:not(.streaming)')?.textContent.includes('Seen in both tabs')",
+        )
+        .await
+        .unwrap();
+    browser.client.switch_to_window(second).await.unwrap();
+    browser
+        .until(
+            "the answer in the second tab",
+            "return document.querySelector('.message.assistant .body:not(.streaming)')?.textContent.includes('Seen in both tabs')",
+        )
+        .await
+        .unwrap();
+    let question = browser.text(".message.user").await.unwrap();
+    assert_eq!(question, "Hello from the first tab");
+}
+
+#[tokio::test]
+async fn ask_duo_on_an_issue_page_attaches_the_issue() {
+    let system = System::start().await.unwrap();
+    system
+        .fake
+        .set_default_text("Thought: ok.\nFinal Answer: It is about old sessions.");
+    let browser = signed_in(&system, "alice").await;
+    browser
+        .goto(&format!("{}/acme/platform/api/-/issues/1", system.web_url))
+        .await
+        .unwrap();
+    browser.screenshot("issue").await.unwrap();
+    browser.click("a.ask-duo").await.unwrap();
+    browser
+        .until(
+            "the live subscription",
+            "return document.body.dataset.live === 'true'",
+        )
+        .await
+        .unwrap();
+    let attached = browser.text("#attached").await.unwrap();
+    assert!(attached.starts_with("Asking about:"), "{attached}");
+    ask(&browser, "What is this issue about?").await;
+    browser
+        .until(
+            "the answer",
+            "return document.querySelector('.message.assistant .body:not(.streaming)')?.textContent.includes('old sessions')",
+        )
+        .await
+        .unwrap();
+    // The issue went to the model as the page's resource.
+    let bodies = system.provider_bodies();
+    assert!(
+        bodies.iter().any(|b| b.contains(LOGIN_ISSUE_TEXT)),
+        "the issue never reached the model: {bodies:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_user_without_a_seat_is_told_why_chat_is_unavailable() {
+    let system = System::start().await.unwrap();
+    let browser = signed_in(&system, "carol").await;
+    browser
+        .goto(&format!("{}/-/chat", system.web_url))
+        .await
+        .unwrap();
+    let notice = browser
+        .until(
+            "the availability notice",
+            "const n = document.getElementById('availability'); return !n.hidden && n.textContent",
+        )
+        .await
+        .unwrap();
+    assert!(notice.as_str().unwrap().contains("Duo seat"), "{notice}");
+    let disabled = browser
+        .js("return document.getElementById('send').disabled", vec![])
+        .await
+        .unwrap();
+    assert_eq!(disabled, true);
+    browser.screenshot("chat-no-seat").await.unwrap();
+}
+
+#[tokio::test]
+async fn the_chat_page_is_small_and_interactive_fast() {
+    let system = System::start().await.unwrap();
+    let browser = signed_in(&system, "alice").await;
+    // A second load, as a returning user sees it (assets cached).
+    open_chat(&browser, &system).await;
+    open_chat(&browser, &system).await;
+    let figures = browser
+        .js(
+            "const nav = performance.getEntriesByType('navigation')[0]; \
+             const bytes = [nav, ...performance.getEntriesByType('resource')] \
+               .reduce((sum, e) => sum + (e.encodedBodySize || 0), 0); \
+             return { bytes, interactive: nav.domInteractive, loaded: nav.loadEventEnd }",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let bytes = figures["bytes"].as_f64().unwrap();
+    let interactive = figures["interactive"].as_f64().unwrap();
+    println!("chat page: {bytes} bytes, interactive after {interactive:.1} ms");
+    assert!(bytes < 150.0 * 1024.0, "{figures}");
+    assert!(interactive < 300.0, "{figures}");
+}
