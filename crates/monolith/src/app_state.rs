@@ -6,13 +6,24 @@ use std::sync::Arc;
 use deadpool_postgres::Pool;
 use secrecy::ExposeSecret;
 
+use crate::ai_models::ModelStore;
 use crate::chat::live::LiveHub;
 use crate::chat::{ChatService, CompletionQueue, PgCompletionQueue};
 use crate::config::Config;
 use crate::identity::jwt::{JwtError, KeyRing, SharedKeyRing};
+use crate::identity::secret_box::SecretBox;
 use crate::lifecycle::Lifecycle;
 use crate::policy::Policy;
 use crate::policy::add_ons::AddOnCatalogue;
+
+/// Why the shared state could not be built (the keys on disk).
+#[derive(Debug, thiserror::Error)]
+pub enum AppStateError {
+    #[error("signing keys: {0}")]
+    Jwt(#[from] JwtError),
+    #[error("secrets key: {0}")]
+    Secrets(#[from] crate::identity::secret_box::SecretBoxError),
+}
 
 #[derive(Clone)]
 pub struct AppState {
@@ -25,11 +36,17 @@ pub struct AppState {
     pub live: Arc<LiveHub>,
     /// Serving or stopping (readiness, socket hand-off at shutdown).
     pub lifecycle: Lifecycle,
+    /// Which model serves each AI feature.
+    pub models: ModelStore,
 }
 
 impl AppState {
     /// State whose completions go to the PostgreSQL queue (run by `worker`).
-    pub fn new(pool: Pool, config: Config, catalogue: AddOnCatalogue) -> Result<Self, JwtError> {
+    pub fn new(
+        pool: Pool,
+        config: Config,
+        catalogue: AddOnCatalogue,
+    ) -> Result<Self, AppStateError> {
         let queue = Arc::new(PgCompletionQueue {
             max_attempts: config.completion_max_attempts,
         });
@@ -41,8 +58,9 @@ impl AppState {
         config: Config,
         catalogue: AddOnCatalogue,
         queue: Arc<dyn CompletionQueue>,
-    ) -> Result<Self, JwtError> {
+    ) -> Result<Self, AppStateError> {
         let keys = SharedKeyRing::new(KeyRing::load_or_create(&config.signing_key_dir)?);
+        let secrets = SecretBox::load_or_create(&config.signing_key_dir)?;
         let policy = Policy::new(Arc::new(catalogue));
         let chat = Arc::new(ChatService {
             pool: pool.clone(),
@@ -61,6 +79,7 @@ impl AppState {
             keys,
             live,
             lifecycle: Lifecycle::new(),
+            models: ModelStore::new(Arc::new(secrets)),
         })
     }
 }

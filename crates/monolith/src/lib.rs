@@ -10,7 +10,8 @@
 //! 2. who is calling: [`identity`] (personal access tokens, the signing keys of
 //!    gateway tokens)
 //! 3. who may do what: [`policy`] (abilities, Duo access, seats and add-ons)
-//! 4. domains: [`chat`] (threads, messages, the completion seam, live delivery),
+//! 4. domains: [`ai_models`] (which model serves each feature), [`chat`]
+//!    (threads, messages, the completion seam, live delivery),
 //!    [`agent`] (the agent loop, slash commands and tools)
 //! 5. the state the interfaces share: [`app_state`]
 //! 6. interfaces: [`rest`] (`/api/v4`), [`graphql`] (`/api/graphql`), [`probes`]
@@ -30,6 +31,7 @@ pub mod identity;
 pub mod policy;
 
 pub mod agent;
+pub mod ai_models;
 pub mod chat;
 
 pub mod app_state;

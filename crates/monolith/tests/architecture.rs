@@ -19,6 +19,7 @@ const RANKS: &[(&str, u32)] = &[
     ("instance", 3),
     ("identity", 4),
     ("policy", 5),
+    ("ai_models", 6),
     ("chat", 6),
     ("agent", 7),
     ("app_state", 8),

@@ -300,12 +300,13 @@ impl GatewayClient {
         auth: &GatewayAuth,
         prompt_id: &str,
         inputs: Map<String, Value>,
+        model_metadata: Option<&contracts::ModelMetadata>,
     ) -> Result<String, GatewayError> {
         let body = PromptRequest {
             inputs,
             prompt_version: None,
             stream: false,
-            model_metadata: None,
+            model_metadata: model_metadata.cloned(),
         };
         let response = self
             .post(auth, &format!("/v1/prompts/{prompt_id}"), &body)
@@ -324,12 +325,13 @@ impl GatewayClient {
         auth: &GatewayAuth,
         prompt_id: &str,
         inputs: Map<String, Value>,
+        model_metadata: Option<&contracts::ModelMetadata>,
     ) -> Result<TextStream, GatewayError> {
         let body = PromptRequest {
             inputs,
             prompt_version: None,
             stream: true,
-            model_metadata: None,
+            model_metadata: model_metadata.cloned(),
         };
         let response = self
             .post(auth, &format!("/v1/prompts/{prompt_id}"), &body)

@@ -43,6 +43,8 @@ pub enum AgentError {
     AddOns(#[from] crate::policy::add_ons::AddOnConfigError),
     #[error("HTTP client: {0}")]
     Http(#[from] reqwest::Error),
+    #[error("secrets key: {0}")]
+    Secrets(#[from] crate::identity::secret_box::SecretBoxError),
 }
 
 /// What every part of an answer shares: the database, the permission rules
@@ -54,6 +56,8 @@ pub struct Services {
     pub gateway: GatewayClient,
     /// This instance's URL: links to its resources start with it.
     pub external_url: url::Url,
+    /// Which model serves each feature.
+    pub models: crate::ai_models::ModelStore,
 }
 
 impl std::fmt::Debug for Services {
@@ -81,6 +85,9 @@ pub struct RequestContext {
     /// Unit primitives of the user's seats.
     pub scopes: BTreeSet<UnitPrimitive>,
     pub auth: GatewayAuth,
+    /// The model chosen for the feature this question uses (chat, or the slash
+    /// command's feature); sent to the gateway as `model_metadata`.
+    pub model: crate::ai_models::Choice,
 }
 
 impl RequestContext {
@@ -110,6 +117,8 @@ impl AgentResponder {
     pub fn from_config(config: &Config, pool: Pool) -> Result<Self, AgentError> {
         let catalogue = AddOnCatalogue::load(&config.add_ons_file)?;
         let keys = crate::identity::jwt::KeyRing::load_or_create(&config.signing_key_dir)?;
+        let secrets =
+            crate::identity::secret_box::SecretBox::load_or_create(&config.signing_key_dir)?;
         let settings = GatewaySettings {
             base_url: config.ai_gateway_url.clone(),
             instance_id: config.instance_id.clone(),
@@ -123,6 +132,7 @@ impl AgentResponder {
             policy: Policy::new(Arc::new(catalogue)),
             gateway: GatewayClient::new(keys, settings)?,
             external_url: config.external_url.clone(),
+            models: crate::ai_models::ModelStore::new(Arc::new(secrets)),
         }))
     }
 
@@ -163,6 +173,14 @@ impl AgentResponder {
             Err(Refusal::Transient(e)) => return Err(ResponderError::Transient(e)),
         };
         if let Some(command) = slash_commands::SlashCommand::parse(&ctx.question) {
+            if ctx.model == crate::ai_models::Choice::Disabled {
+                let text = format!(
+                    "`/{}` is turned off on this instance by an administrator.",
+                    command.name.word()
+                );
+                let _ = chunks.send(text.clone());
+                return Ok(ChatAnswer::text(text));
+            }
             return Ok(slash_commands::run(&self.services, &ctx, command, &chunks).await);
         }
         Ok(
@@ -184,6 +202,25 @@ impl AgentResponder {
             .authorize_chat_user(&**db, Some(actor))
             .await
             .map_err(Refusal::from_auth)?;
+
+        // The model of the feature this question uses; a switched-off chat is
+        // refused like chat without access, a switched-off command says so.
+        let feature = slash_commands::SlashCommand::parse(&question.content)
+            .and_then(|c| c.name.feature())
+            .unwrap_or(crate::ai_models::Feature::DuoChat);
+        let model = services
+            .models
+            .choice(&**db, feature)
+            .await
+            .map_err(Refusal::transient)?;
+        if feature == crate::ai_models::Feature::DuoChat
+            && model == crate::ai_models::Choice::Disabled
+        {
+            return Err(Refusal::Code(
+                DuoErrorCode::M3004,
+                "Duo Chat is switched off in the AI model settings".into(),
+            ));
+        }
 
         let resource = match question.resource_id.as_deref() {
             Some(text) => readable_resource(&services.policy, &**db, actor, text)
@@ -241,6 +278,7 @@ impl AgentResponder {
                 gateway_url,
             },
             scopes,
+            model,
         })
     }
 

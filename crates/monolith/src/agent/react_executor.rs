@@ -150,7 +150,7 @@ impl<'a> ReactExecutor<'a> {
             options: (!steps.is_empty()).then(|| AgentOptions {
                 agent_scratchpad: Some(AgentScratchpad::react(steps.to_vec())),
             }),
-            model_metadata: None,
+            model_metadata: self.ctx.model.metadata().cloned(),
             unavailable_resources: Some(
                 UNAVAILABLE_RESOURCES
                     .iter()

@@ -26,6 +26,35 @@ pub enum CommandName {
     Help,
 }
 
+impl CommandName {
+    /// The command as typed, without the slash.
+    pub fn word(self) -> &'static str {
+        match self {
+            CommandName::Explain => "explain",
+            CommandName::Tests => "tests",
+            CommandName::Refactor => "refactor",
+            CommandName::Fix => "fix",
+            CommandName::Troubleshoot => "troubleshoot",
+            CommandName::SummarizeComments => "summarize_comments",
+            CommandName::Help => "help",
+        }
+    }
+
+    /// The feature whose model answers this command (`/help` needs none).
+    pub fn feature(self) -> Option<crate::ai_models::Feature> {
+        use crate::ai_models::Feature;
+        Some(match self {
+            CommandName::Explain => Feature::ExplainCode,
+            CommandName::Tests => Feature::WriteTests,
+            CommandName::Refactor => Feature::RefactorCode,
+            CommandName::Fix => Feature::FixCode,
+            CommandName::Troubleshoot => Feature::TroubleshootJob,
+            CommandName::SummarizeComments => Feature::SummarizeComments,
+            CommandName::Help => return None,
+        })
+    }
+}
+
 /// A question of the form `/name rest`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlashCommand {
@@ -291,7 +320,7 @@ async fn stream_prompt(
 ) -> ChatAnswer {
     let mut stream = match services
         .gateway
-        .prompt_stream(&ctx.auth, prompt_id, inputs)
+        .prompt_stream(&ctx.auth, prompt_id, inputs, ctx.model.metadata())
         .await
     {
         Ok(stream) => stream,

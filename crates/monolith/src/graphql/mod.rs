@@ -7,6 +7,7 @@
 //! - [`limits`]: what a document may cost before it runs;
 //! - [`transport`]: HTTP and WebSocket handlers.
 
+pub mod ai_models;
 pub mod chat_types;
 pub mod limits;
 pub mod mutation;
@@ -46,6 +47,7 @@ pub struct GqlContext {
     /// query only; `aiAction` needs `api` or `ai_features`.
     pub may_mutate: bool,
     pub live: Arc<LiveHub>,
+    pub models: crate::ai_models::ModelStore,
 }
 
 impl juniper::Context for GqlContext {}
@@ -62,6 +64,7 @@ impl GqlContext {
                 .is_some_and(|u| u.has_any_scope(&["api", "ai_features"])),
             username: user.map(|u| u.username),
             live: state.live.clone(),
+            models: state.models.clone(),
         }
     }
 }
@@ -169,6 +172,9 @@ mod tests {
             username: None,
             may_mutate: false,
             live: LiveHub::new("postgres://nobody@127.0.0.1:1/none"),
+            models: crate::ai_models::ModelStore::new(Arc::new(
+                crate::identity::secret_box::SecretBox::from_key(&[0; 32]).unwrap(),
+            )),
         }
     }
 }

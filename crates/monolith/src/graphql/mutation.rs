@@ -10,6 +10,34 @@ pub struct Mutation;
 #[graphql_object]
 #[graphql(context = GqlContext)]
 impl Mutation {
+    async fn ai_self_hosted_model_create(
+        ctx: &GqlContext,
+        input: super::ai_models::AiSelfHostedModelCreateInput,
+    ) -> FieldResult<super::ai_models::AiSelfHostedModelPayload> {
+        super::ai_models::create_model(ctx, input).await
+    }
+
+    async fn ai_self_hosted_model_update(
+        ctx: &GqlContext,
+        input: super::ai_models::AiSelfHostedModelUpdateInput,
+    ) -> FieldResult<super::ai_models::AiSelfHostedModelPayload> {
+        super::ai_models::update_model(ctx, input).await
+    }
+
+    async fn ai_self_hosted_model_delete(
+        ctx: &GqlContext,
+        input: super::ai_models::AiSelfHostedModelDeleteInput,
+    ) -> FieldResult<super::ai_models::AiSelfHostedModelPayload> {
+        super::ai_models::delete_model(ctx, input).await
+    }
+
+    async fn ai_feature_setting_update(
+        ctx: &GqlContext,
+        input: super::ai_models::AiFeatureSettingUpdateInput,
+    ) -> FieldResult<super::ai_models::AiFeatureSettingUpdatePayload> {
+        super::ai_models::update_feature_setting(ctx, input).await
+    }
+
     /// Thumbs up or down on an answer, with an optional reason.
     async fn ai_chat_feedback(
         ctx: &GqlContext,

@@ -10,6 +10,20 @@ pub struct Query;
 #[graphql_object]
 #[graphql(context = GqlContext)]
 impl Query {
+    /// Self-hosted model definitions (admins).
+    async fn ai_self_hosted_models(
+        ctx: &GqlContext,
+    ) -> FieldResult<super::ai_models::AiSelfHostedModelConnection> {
+        super::ai_models::self_hosted_models(ctx).await
+    }
+
+    /// The model chosen for each AI feature (admins).
+    async fn ai_feature_settings(
+        ctx: &GqlContext,
+    ) -> FieldResult<super::ai_models::AiFeatureSettingConnection> {
+        super::ai_models::feature_settings(ctx).await
+    }
+
     fn current_user(ctx: &GqlContext) -> Option<CurrentUser> {
         Some(CurrentUser {
             actor: ctx.user?,

@@ -18,5 +18,6 @@ id_scalar!(NamespaceId, "NamespaceID");
 id_scalar!(GroupId, "GroupID");
 id_scalar!(UserId, "UserID");
 id_scalar!(Time, "Time");
+id_scalar!(AiSelfHostedModelId, "AiSelfHostedModelID");
 // Arbitrary JSON, carried as its serialised text.
 id_scalar!(Json, "JSON");

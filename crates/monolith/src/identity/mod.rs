@@ -5,5 +5,6 @@
 pub mod jwt;
 pub mod passwords;
 pub mod request;
+pub mod secret_box;
 pub mod sessions;
 pub mod tokens;

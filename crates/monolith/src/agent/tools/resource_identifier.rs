@@ -322,7 +322,12 @@ impl ResourceReader {
             match env
                 .services
                 .gateway
-                .prompt(&env.ctx.auth, &prompt_id, inputs.clone())
+                .prompt(
+                    &env.ctx.auth,
+                    &prompt_id,
+                    inputs.clone(),
+                    env.ctx.model.metadata(),
+                )
                 .await
             {
                 Ok(text) => {
