@@ -3,22 +3,69 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::limits::{self, *};
+
 /// The unavailable-resources list the gateway assumes when the caller sends none.
 pub const DEFAULT_UNAVAILABLE_RESOURCES: &str = "Merge Requests, Pipelines, Vulnerabilities";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentRequest {
     /// History plus the current question; the last message must be from the user.
+    #[serde(deserialize_with = "limits::vec_max::<_, _, MAX_MESSAGES>")]
     pub messages: Vec<AgentMessage>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub options: Option<AgentOptions>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_metadata: Option<ModelMetadata>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub unavailable_resources: Option<Vec<String>>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "limits::opt_vec_max::<_, _, MAX_UNAVAILABLE_RESOURCES>"
+    )]
+    pub unavailable_resources: Option<Vec<ShortText>>,
+}
+
+/// A short text field (ids, names, paths): at most [`MAX_SHORT_FIELD`] characters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ShortText(
+    #[serde(deserialize_with = "limits::string_max::<_, MAX_SHORT_FIELD>")] pub String,
+);
+
+impl From<&str> for ShortText {
+    fn from(s: &str) -> Self {
+        Self(s.to_owned())
+    }
 }
 
 impl AgentRequest {
+    /// Bytes of all the text the request carries (what a prompt built from it
+    /// is made of): checked against the gateway's prompt limit before
+    /// anything is rendered.
+    pub fn text_bytes(&self) -> usize {
+        let message = |m: &AgentMessage| {
+            m.content.len()
+                + m.context.as_ref().map_or(0, |c| c.content.len())
+                + m.current_file
+                    .as_ref()
+                    .map_or(0, |f| f.data.len() + f.file_path.len())
+                + m.additional_context
+                    .iter()
+                    .flatten()
+                    .map(|c| {
+                        c.content.as_ref().map_or(0, String::len)
+                            + c.id.as_ref().map_or(0, String::len)
+                    })
+                    .sum::<usize>()
+        };
+        self.messages.iter().map(message).sum::<usize>()
+            + self
+                .steps()
+                .iter()
+                .map(|s| s.thought.len() + s.tool.len() + s.tool_input.len() + s.observation.len())
+                .sum::<usize>()
+    }
+
     /// The scratchpad steps taken so far, empty when none were sent.
     pub fn steps(&self) -> &[AgentStep] {
         self.options
@@ -30,7 +77,8 @@ impl AgentRequest {
 
     pub fn unavailable_resources(&self) -> Vec<String> {
         self.unavailable_resources
-            .clone()
+            .as_ref()
+            .map(|list| list.iter().map(|s| s.0.clone()).collect())
             .unwrap_or_else(|| vec![DEFAULT_UNAVAILABLE_RESOURCES.to_owned()])
     }
 }
@@ -46,15 +94,24 @@ pub enum MessageRole {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentMessage {
     pub role: MessageRole,
+    #[serde(deserialize_with = "limits::string_max::<_, MAX_MESSAGE_CONTENT>")]
     pub content: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context: Option<ResourceContext>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_file: Option<CurrentFile>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "limits::opt_vec_max::<_, _, MAX_CONTEXT_ITEMS>"
+    )]
     pub additional_context: Option<Vec<AdditionalContext>>,
     /// Accepted for compatibility; not used by the gateway.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "limits::opt_string_max::<_, MAX_RESOURCE_CONTENT>"
+    )]
     pub resource_content: Option<String>,
 }
 
@@ -98,12 +155,15 @@ impl ResourceType {
 pub struct ResourceContext {
     #[serde(rename = "type")]
     pub resource_type: ResourceType,
+    #[serde(deserialize_with = "limits::string_max::<_, MAX_RESOURCE_CONTENT>")]
     pub content: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CurrentFile {
+    #[serde(deserialize_with = "limits::string_max::<_, MAX_SHORT_FIELD>")]
     pub file_path: String,
+    #[serde(deserialize_with = "limits::string_max::<_, MAX_RESOURCE_CONTENT>")]
     pub data: String,
     /// True when `data` is the user's selection rather than the whole file.
     #[serde(default)]
@@ -150,11 +210,23 @@ impl ContextCategory {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AdditionalContext {
     pub category: ContextCategory,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "limits::opt_string_max::<_, MAX_SHORT_FIELD>"
+    )]
     pub id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "limits::opt_string_max::<_, MAX_CONTEXT_CONTENT>"
+    )]
     pub content: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "limits::opt_map_max::<_, MAX_METADATA_KEYS>"
+    )]
     pub metadata: Option<Map<String, Value>>,
 }
 
@@ -166,9 +238,15 @@ pub struct AgentOptions {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentScratchpad {
-    #[serde(default = "react")]
+    #[serde(
+        default = "react",
+        deserialize_with = "limits::string_max::<_, MAX_SHORT_FIELD>"
+    )]
     pub agent_type: String,
-    #[serde(default)]
+    #[serde(
+        default,
+        deserialize_with = "limits::vec_max::<_, _, MAX_SCRATCHPAD_STEPS>"
+    )]
     pub steps: Vec<AgentStep>,
 }
 
@@ -189,13 +267,13 @@ impl AgentScratchpad {
 /// which input, and what the tool returned.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct AgentStep {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "limits::string_max::<_, MAX_STEP_FIELD>")]
     pub thought: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "limits::string_max::<_, MAX_STEP_FIELD>")]
     pub tool: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "limits::string_max::<_, MAX_STEP_FIELD>")]
     pub tool_input: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "limits::string_max::<_, MAX_OBSERVATION>")]
     pub observation: String,
 }
 

@@ -9,6 +9,7 @@ pub mod duo_workflow;
 pub mod error_codes;
 pub mod events;
 pub mod headers;
+pub mod limits;
 pub mod prompts;
 pub mod unit_primitives;
 

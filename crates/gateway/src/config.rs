@@ -19,6 +19,10 @@ pub struct Config {
     pub environment: String,
     /// `AIGW_MAX_REQUEST_BODY_BYTES` (32 MiB): larger bodies get 413.
     pub max_body_bytes: usize,
+    /// `AIGW_MAX_PROMPT_BYTES` (4 MiB): most text (all messages, context and
+    /// scratchpad together, or all prompt inputs) one request may carry;
+    /// more is refused with 422 before anything is rendered.
+    pub max_prompt_bytes: usize,
 
     pub auth: AuthConfig,
     pub providers: ProvidersConfig,
@@ -297,6 +301,7 @@ impl Config {
             },
             environment: env.string("AIGW_ENVIRONMENT", "production"),
             max_body_bytes: env.number("AIGW_MAX_REQUEST_BODY_BYTES", 32 * 1024 * 1024)?,
+            max_prompt_bytes: env.number("AIGW_MAX_PROMPT_BYTES", 4 * 1024 * 1024)?,
             auth: AuthConfig {
                 bypass_external: env.flag("AIGW_AUTH__BYPASS_EXTERNAL")?,
                 bypass_external_with_header: env.flag("AIGW_AUTH__BYPASS_EXTERNAL_WITH_HEADER")?,

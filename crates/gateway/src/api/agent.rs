@@ -42,12 +42,22 @@ async fn chat_agent(
     model: web::Data<dyn ChatModel>,
     clock: ModelWaitClock,
 ) -> Result<HttpResponse, ApiError> {
-    let request: AgentRequest = serde_json::from_slice(&body).map_err(ApiError::invalid_body)?;
-    let client = ClientInfo {
-        gitlab_version: header(&req, headers::VERSION),
-        feature_flags: header(&req, headers::ENABLED_FEATURE_FLAGS),
-    };
-    let mut prepared = agent::prepare(&registry, &config, &user, client, &request)?;
+    let version = header(&req, headers::VERSION).map(str::to_owned);
+    let flags = header(&req, headers::ENABLED_FEATURE_FLAGS).map(str::to_owned);
+    // Parsing and rendering a large request is CPU work: on the blocking pool,
+    // so the async workers keep answering health checks and other requests.
+    let mut prepared = web::block(move || -> Result<agent::PreparedAgent, ApiError> {
+        let request: AgentRequest =
+            serde_json::from_slice(&body).map_err(ApiError::invalid_body)?;
+        drop(body);
+        let client = ClientInfo {
+            gitlab_version: version.as_deref(),
+            feature_flags: flags.as_deref(),
+        };
+        Ok(agent::prepare(&registry, &config, &user, client, &request)?)
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("preparing the agent step: {e}")))??;
     prepared.call.wait_clock = Some(clock);
     let events = agent::run(model.into_inner(), prepared)
         .map(|event| Ok::<_, Infallible>(Bytes::from(event.to_ndjson_line())));

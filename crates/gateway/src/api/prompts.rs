@@ -56,21 +56,42 @@ pub async fn invoke_prompt(
     config: web::Data<Config>,
     clock: ModelWaitClock,
 ) -> Result<HttpResponse, ApiError> {
-    let request: PromptRequest = serde_json::from_slice(&body).map_err(ApiError::invalid_body)?;
     let prompt_id = prompt_id.into_inner();
-    let mut prepared = prepare(
-        &registry,
-        &config,
-        PromptInvocation {
-            prompt_id: &prompt_id,
-            request: &request,
-            user: &user,
-        },
-    )?;
+    // Parsing and rendering off the async workers (see `api::agent`).
+    let (stream_requested, mut prepared) = {
+        let prompt_id = prompt_id.clone();
+        let config = config.clone();
+        web::block(move || -> Result<_, ApiError> {
+            let request: PromptRequest =
+                serde_json::from_slice(&body).map_err(ApiError::invalid_body)?;
+            drop(body);
+            if request.text_bytes() > config.max_prompt_bytes {
+                return Err(ApiError::invalid_body(format!(
+                    "the inputs carry more than {} bytes of text (AIGW_MAX_PROMPT_BYTES)",
+                    config.max_prompt_bytes
+                )));
+            }
+            let prepared = prepare(
+                &registry,
+                &config,
+                PromptInvocation {
+                    prompt_id: &prompt_id,
+                    request: &request,
+                    user: &user,
+                },
+            )?;
+            Ok((request.stream, prepared))
+        })
+        .await
+        .map_err(|e| ApiError::Internal(format!("preparing the prompt: {e}")))??
+    };
 
     prepared.call.wait_clock = Some(clock);
     if prepared.call.target.kind == ProviderKind::Mock {
-        return Ok(respond_with_text(request.stream, MOCK_RESPONSE.to_owned()));
+        return Ok(respond_with_text(
+            stream_requested,
+            MOCK_RESPONSE.to_owned(),
+        ));
     }
 
     let mut stream = model
@@ -78,7 +99,7 @@ pub async fn invoke_prompt(
         .await
         .map_err(|e| upstream_error(&e))?;
 
-    if !request.stream {
+    if !stream_requested {
         let mut answer = String::new();
         while let Some(chunk) = stream.next().await {
             answer.push_str(&chunk.map_err(|e| upstream_error(&e))?);

@@ -174,9 +174,21 @@ pub fn prepare(
             ));
         }
     };
-    let mut inputs = prompt_inputs(&tools, request, question);
+    if request.text_bytes() > config.max_prompt_bytes {
+        return Err(AgentError::invalid(
+            "messages",
+            format!(
+                "the request carries more than {} bytes of text (AIGW_MAX_PROMPT_BYTES)",
+                config.max_prompt_bytes
+            ),
+        ));
+    }
+    // The system prompt and the scratchpad prefill once; the question's user
+    // turn with them (one render of the whole input).
+    let inputs = prompt_inputs(&tools, request, question);
     let rendered = definition.render(registry, &inputs)?;
 
+    // Each history user turn alone, with only its own input.
     let mut messages = Vec::with_capacity(request.messages.len() + 1);
     for turn in history {
         match turn.role {
@@ -185,11 +197,11 @@ pub fn prepare(
                 content: turn.content.clone(),
             }),
             _ => {
-                inputs["message"] = message_input(turn);
+                let turn_inputs = json!({ "message": message_input(turn) });
                 let content = definition
-                    .render(registry, &inputs)?
+                    .render_roles(registry, &turn_inputs, |role| role == TemplateRole::User)?
                     .into_iter()
-                    .find(|m| m.role == TemplateRole::User)
+                    .next()
                     .map(|m| m.content)
                     .unwrap_or_default();
                 messages.push(ChatMessage {

@@ -312,9 +312,24 @@ impl PromptDefinition {
         registry: &PromptRegistry,
         inputs: &serde_json::Value,
     ) -> Result<Vec<RenderedMessage>, PromptError> {
+        self.render_roles(registry, inputs, |_| true)
+    }
+
+    /// Renders only the templates whose role `wanted` accepts: the agent renders
+    /// the system prompt and scratchpad once, and each user turn on its own with
+    /// just that turn's inputs (linear in the request, not turns × prompt).
+    pub fn render_roles(
+        &self,
+        registry: &PromptRegistry,
+        inputs: &serde_json::Value,
+        wanted: impl Fn(TemplateRole) -> bool,
+    ) -> Result<Vec<RenderedMessage>, PromptError> {
         let context = template_value(inputs);
         let mut messages = Vec::with_capacity(self.template_names.len());
         for ((role, _), name) in self.prompt_template.iter().zip(&self.template_names) {
+            if !wanted(*role) {
+                continue;
+            }
             let template = registry
                 .env
                 .get_template(name)

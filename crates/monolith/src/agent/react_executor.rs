@@ -154,7 +154,7 @@ impl<'a> ReactExecutor<'a> {
             unavailable_resources: Some(
                 UNAVAILABLE_RESOURCES
                     .iter()
-                    .map(|s| (*s).to_owned())
+                    .map(|s| contracts::agent::ShortText::from(*s))
                     .collect(),
             ),
         }
