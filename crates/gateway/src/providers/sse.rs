@@ -16,13 +16,19 @@ pub(crate) struct SseParser {
     data: Vec<String>,
 }
 
+/// Longest line kept, and most data one event may gather: a provider that
+/// never ends a line (or an event) cannot make the gateway hold more.
+const MAX_LINE_BYTES: usize = 8 * 1024 * 1024;
+
 impl SseParser {
     /// Feeds bytes, returning the events they complete.
     pub fn push(&mut self, bytes: &[u8]) -> Vec<SseEvent> {
         let mut events = Vec::new();
         for &byte in bytes {
             if byte != b'\n' {
-                self.partial.push(byte);
+                if self.partial.len() < MAX_LINE_BYTES {
+                    self.partial.push(byte);
+                }
                 continue;
             }
             let mut line = std::mem::take(&mut self.partial);
@@ -53,7 +59,12 @@ impl SseParser {
         let value = value.strip_prefix(' ').unwrap_or(value);
         match field {
             "event" => self.event = Some(value.to_owned()),
-            "data" => self.data.push(value.to_owned()),
+            "data" => {
+                let held: usize = self.data.iter().map(String::len).sum();
+                if held + value.len() <= MAX_LINE_BYTES {
+                    self.data.push(value.to_owned());
+                }
+            }
             _ => {}
         }
         None
@@ -94,6 +105,79 @@ mod tests {
                 events.extend(parser.push(piece));
             }
             assert_eq!(events, expected(), "split every {split} bytes");
+        }
+    }
+}
+
+#[cfg(test)]
+mod fuzz_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn cases() -> u32 {
+        std::env::var("DUO_FUZZ_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(256)
+    }
+
+    fn event() -> impl Strategy<Value = SseEvent> {
+        (
+            proptest::option::of("[a-z_]{1,12}"),
+            proptest::collection::vec("[^\\r\\n]{0,30}", 1..4),
+        )
+            .prop_map(|(event, lines)| SseEvent {
+                event,
+                data: lines.join("\n"),
+            })
+    }
+
+    fn encode(events: &[SseEvent], crlf: bool) -> Vec<u8> {
+        let nl = if crlf { "\r\n" } else { "\n" };
+        let mut out = String::new();
+        for e in events {
+            out.push_str(&format!(": keep-alive{nl}"));
+            if let Some(name) = &e.event {
+                out.push_str(&format!("event: {name}{nl}"));
+            }
+            for line in e.data.split('\n') {
+                out.push_str(&format!("data: {line}{nl}"));
+            }
+            out.push_str(nl);
+        }
+        out.into_bytes()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: cases(), failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// Events come out the same however the stream is cut into reads.
+        #[test]
+        fn fuzz_sse_parser_splits(
+            events in proptest::collection::vec(event(), 0..6),
+            crlf in any::<bool>(),
+            cuts in proptest::collection::vec(any::<prop::sample::Index>(), 0..10),
+        ) {
+            let bytes = encode(&events, crlf);
+            let mut points: Vec<usize> = cuts.iter().map(|c| c.index(bytes.len() + 1)).collect();
+            points.sort_unstable();
+            let mut parser = SseParser::default();
+            let mut seen = Vec::new();
+            let mut start = 0;
+            for p in points.into_iter().chain([bytes.len()]) {
+                seen.extend(parser.push(&bytes[start..p]));
+                start = p;
+            }
+            prop_assert_eq!(seen, events);
+        }
+
+        /// Arbitrary bytes never panic the parser.
+        #[test]
+        fn fuzz_sse_parser_bytes(chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..80), 0..8)) {
+            let mut parser = SseParser::default();
+            for chunk in &chunks {
+                let _ = parser.push(chunk);
+            }
         }
     }
 }
