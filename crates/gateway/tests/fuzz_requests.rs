@@ -1,7 +1,6 @@
 //! Property-based fuzzing of the gateway's request schemas and the ReAct
 //! parser (the SSE parser's targets live beside it, in `providers/sse.rs`).
 //! `DUO_FUZZ_CASES` sets the case count (default 256); see docs/fuzzing.md.
-#![expect(clippy::unwrap_used, reason = "test helpers fail loudly")]
 
 use contracts::{AgentRequest, PromptRequest, limits};
 use gateway::chat::react_parser::{ReactOutcome, ReactParser, parse};
