@@ -3,6 +3,11 @@
 use gateway::Config;
 use std::process::ExitCode;
 
+// mimalloc gives freed memory back to the system soon after a burst of large
+// requests; glibc's allocator kept most of a burst's peak for good.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[actix_web::main]
 async fn main() -> ExitCode {
     let config = match Config::from_env() {

@@ -249,3 +249,19 @@ pub async fn record_feedback(
         .await?;
     Ok(row.is_some())
 }
+
+/// Deletes one of the user's threads with its messages; `false` when the user
+/// has no such thread (unknown or someone else's: the same answer).
+pub async fn delete_thread(
+    db: &impl GenericClient,
+    user_id: i64,
+    thread_id: i64,
+) -> Result<bool, ChatError> {
+    Ok(db
+        .execute(
+            "DELETE FROM ai_conversation_threads WHERE id = $1 AND user_id = $2",
+            &[&thread_id, &user_id],
+        )
+        .await?
+        == 1)
+}

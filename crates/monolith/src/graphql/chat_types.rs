@@ -56,6 +56,24 @@ pub enum AdditionalContextCategory {
 }
 
 impl AdditionalContextCategory {
+    const ALL: [Self; 10] = [
+        Self::File,
+        Self::Snippet,
+        Self::MergeRequest,
+        Self::Issue,
+        Self::Dependency,
+        Self::LocalGit,
+        Self::Terminal,
+        Self::UserRule,
+        Self::Repository,
+        Self::Directory,
+    ];
+
+    /// The category of a stored (lower-case) name.
+    pub(crate) fn from_wire(wire: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.wire() == wire)
+    }
+
     pub(crate) fn wire(self) -> &'static str {
         match self {
             Self::File => "file",
@@ -106,7 +124,7 @@ pub struct AiCurrentFileInput {
 #[derive(Debug, Clone, GraphQLInputObject)]
 #[graphql(name = "AiAdditionalContextInput")]
 pub struct AiAdditionalContextInput {
-    pub id: String,
+    pub id: juniper::ID,
     pub category: AdditionalContextCategory,
     pub content: String,
     pub metadata: Option<Json>,
@@ -130,9 +148,24 @@ pub struct AiActionInput {
     pub client_subscription_id: Option<String>,
     pub platform_origin: Option<String>,
     pub project_id: Option<ProjectId>,
-    pub root_namespace_id: Option<GroupId>,
+    pub root_namespace_id: Option<NamespaceId>,
     pub thread_id: Option<AiConversationThreadId>,
     pub conversation_type: Option<ConversationTypeEnum>,
+    pub client_mutation_id: Option<String>,
+}
+
+#[derive(Debug, Clone, GraphQLInputObject)]
+#[graphql(name = "DeleteConversationThreadInput")]
+pub struct DeleteConversationThreadInput {
+    pub thread_id: AiConversationThreadId,
+    pub client_mutation_id: Option<String>,
+}
+
+#[derive(Debug, Clone, GraphQLObject)]
+#[graphql(name = "DeleteConversationThreadPayload")]
+pub struct DeleteConversationThreadPayload {
+    pub success: bool,
+    pub errors: Vec<String>,
     pub client_mutation_id: Option<String>,
 }
 
@@ -165,8 +198,8 @@ pub struct AiActionPayload {
 #[derive(Debug, Clone, GraphQLObject)]
 #[graphql(name = "AiAdditionalContext")]
 pub struct AiAdditionalContext {
-    pub id: String,
-    pub category: String,
+    pub id: juniper::ID,
+    pub category: AdditionalContextCategory,
     pub content: String,
     pub metadata: Option<Json>,
 }
@@ -175,7 +208,7 @@ pub struct AiAdditionalContext {
 #[graphql(name = "AiMessageExtras")]
 pub struct AiMessageExtras {
     pub sources: Option<Vec<Json>>,
-    pub has_feedback: bool,
+    pub has_feedback: Option<bool>,
     pub additional_context: Option<Vec<AiAdditionalContext>>,
 }
 
@@ -198,8 +231,8 @@ impl From<LiveMessage> for AiMessage {
 #[graphql_object]
 #[graphql(name = "AiMessage", context = GqlContext)]
 impl AiMessage {
-    fn id(&self) -> Option<String> {
-        Some(self.stored.message_xid.to_string())
+    fn id(&self) -> Option<juniper::ID> {
+        Some(juniper::ID::new(self.stored.message_xid.to_string()))
     }
     fn request_id(&self) -> Option<String> {
         self.stored.request_xid.map(|r| r.to_string())
@@ -229,8 +262,8 @@ impl AiMessage {
     fn chunk_id(&self) -> Option<i32> {
         self.chunk_id
     }
-    fn errors(&self) -> Vec<String> {
-        self.stored.errors.clone()
+    fn errors(&self) -> Option<Vec<String>> {
+        Some(self.stored.errors.clone())
     }
     fn error_code(&self) -> Option<String> {
         self.stored.error_code.clone()
@@ -239,7 +272,7 @@ impl AiMessage {
     fn message_type(&self) -> Option<AiMessageType> {
         None
     }
-    fn extras(&self) -> AiMessageExtras {
+    fn extras(&self) -> Option<AiMessageExtras> {
         let extras = &self.stored.extras;
         let sources = extras
             .get("sources")
@@ -251,22 +284,26 @@ impl AiMessage {
             .map(|items| {
                 items
                     .iter()
-                    .map(|c| AiAdditionalContext {
-                        id: c["id"].as_str().unwrap_or_default().to_owned(),
-                        category: c["category"].as_str().unwrap_or_default().to_owned(),
-                        content: c["content"].as_str().unwrap_or_default().to_owned(),
-                        metadata: c
-                            .get("metadata")
-                            .filter(|m| !m.is_null())
-                            .map(|m| Json(m.to_string())),
+                    .filter_map(|c| {
+                        Some(AiAdditionalContext {
+                            id: juniper::ID::new(c["id"].as_str().unwrap_or_default()),
+                            category: AdditionalContextCategory::from_wire(
+                                c["category"].as_str()?,
+                            )?,
+                            content: c["content"].as_str().unwrap_or_default().to_owned(),
+                            metadata: c
+                                .get("metadata")
+                                .filter(|m| !m.is_null())
+                                .map(|m| Json(m.to_string())),
+                        })
                     })
                     .collect()
             });
-        AiMessageExtras {
+        Some(AiMessageExtras {
             sources,
-            has_feedback: self.stored.has_feedback,
+            has_feedback: Some(self.stored.has_feedback),
             additional_context,
-        }
+        })
     }
     fn agent_version_id(&self) -> Option<AiAgentVersionId> {
         None

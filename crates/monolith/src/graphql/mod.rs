@@ -16,6 +16,7 @@ pub mod scalars;
 mod socket;
 pub mod subscription;
 pub mod transport;
+pub mod variables;
 
 use std::sync::Arc;
 

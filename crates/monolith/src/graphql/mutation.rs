@@ -38,6 +38,42 @@ impl Mutation {
         super::ai_models::update_feature_setting(ctx, input).await
     }
 
+    /// Deletes one of the signed-in user's conversation threads and its
+    /// messages. An unknown thread and someone else's get the same answer.
+    async fn delete_conversation_thread(
+        ctx: &GqlContext,
+        input: DeleteConversationThreadInput,
+    ) -> FieldResult<DeleteConversationThreadPayload> {
+        let Some(user) = ctx.user else {
+            return Err(coded("Unauthorized", "UNAUTHENTICATED"));
+        };
+        if !ctx.may_mutate {
+            return Err(coded(
+                "The token needs the api or ai_features scope",
+                "INSUFFICIENT_SCOPE",
+            ));
+        }
+        let not_available = || {
+            coded(
+                "The resource that you are attempting to access does not exist or you don't have permission to perform this action",
+                "RESOURCE_NOT_AVAILABLE",
+            )
+        };
+        let thread_id = parse_thread_id(&input.thread_id).map_err(|_| not_available())?;
+        let db = ctx.pool.get().await.map_err(internal)?;
+        if !chat::delete_thread(&**db, user.id, thread_id)
+            .await
+            .map_err(chat_field_error)?
+        {
+            return Err(not_available());
+        }
+        Ok(DeleteConversationThreadPayload {
+            success: true,
+            errors: vec![],
+            client_mutation_id: input.client_mutation_id,
+        })
+    }
+
     /// Thumbs up or down on an answer, with an optional reason.
     async fn ai_chat_feedback(
         ctx: &GqlContext,
@@ -102,7 +138,7 @@ impl Mutation {
                 .unwrap_or_default()
                 .into_iter()
                 .map(|c| chat::AdditionalContext {
-                    id: c.id,
+                    id: c.id.to_string(),
                     category: c.category.wire().to_owned(),
                     content: c.content,
                     metadata: c.metadata.and_then(|m| serde_json::from_str(&m.0).ok()),

@@ -33,7 +33,7 @@ impl Query {
 
     async fn ai_messages(
         ctx: &GqlContext,
-        request_ids: Option<Vec<String>>,
+        request_ids: Option<Vec<juniper::ID>>,
         roles: Option<Vec<AiMessageRole>>,
         conversation_type: Option<ConversationTypeEnum>,
         thread_id: Option<AiConversationThreadId>,
@@ -56,7 +56,9 @@ impl Query {
                 ctx.user,
                 thread,
                 conversation_type.map(Into::into),
-                request_ids.as_deref(),
+                request_ids
+                    .map(|ids| ids.iter().map(|i| i.to_string()).collect::<Vec<_>>())
+                    .as_deref(),
                 roles.as_deref(),
             )
             .await

@@ -39,6 +39,40 @@ async fn session_user(
     Ok(Some(session.user))
 }
 
+/// Applies [`super::variables::normalize_json_variables`] to each request of a
+/// body (one request or a batch).
+fn normalize_all(schema: &Schema, body: &mut serde_json::Value) {
+    let requests: Vec<&mut serde_json::Value> = match body {
+        serde_json::Value::Array(items) => items.iter_mut().collect(),
+        single => vec![single],
+    };
+    // Oversized batches and documents are refused by the limits next; no
+    // work is spent on them here.
+    if requests.len() > limits::MAX_BATCH_SIZE {
+        return;
+    }
+    for request in requests {
+        let Some(obj) = request.as_object_mut() else {
+            continue;
+        };
+        let query = obj.get("query").and_then(|q| q.as_str()).map(str::to_owned);
+        let operation = obj
+            .get("operationName")
+            .and_then(|q| q.as_str())
+            .map(str::to_owned);
+        if let (Some(query), Some(variables)) = (query, obj.get_mut("variables"))
+            && query.len() <= limits::MAX_QUERY_BYTES
+        {
+            super::variables::normalize_json_variables(
+                schema,
+                &query,
+                operation.as_deref(),
+                variables,
+            );
+        }
+    }
+}
+
 /// `POST /api/graphql`.
 pub async fn handle(
     state: web::Data<AppState>,
@@ -74,6 +108,8 @@ pub async fn handle(
             "Invalid input: NUL characters are not allowed",
         ));
     }
+    let mut json = json;
+    normalize_all(&schema, &mut json);
     let batch: juniper::http::GraphQLBatchRequest = match serde_json::from_value(json) {
         Ok(b) => b,
         Err(e) => {
