@@ -28,7 +28,11 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     .service(
         web::scope("/api/v4")
             .configure(crate::rest::users::routes)
-            .configure(crate::rest::resources::routes),
+            .configure(crate::rest::resources::routes)
+            // GitLab's answer to a route that does not exist.
+            .default_service(web::to(|| async {
+                HttpResponse::NotFound().json(serde_json::json!({ "error": "404 Not Found" }))
+            })),
     )
     .configure(crate::web::routes)
     // Any other path may be a project's page: matched last.

@@ -47,7 +47,7 @@ mod json_scalar {
     }
 
     pub(super) fn from_input(v: &Scalar<impl ScalarValue>) -> Result<Json, Box<str>> {
-        if let Some(s) = v.try_to::<&str>().ok() {
+        if let Ok(s) = v.try_to::<&str>() {
             if let Some(json) = s.strip_prefix(JSON_MARKER) {
                 return Ok(Json(json.to_owned()));
             }

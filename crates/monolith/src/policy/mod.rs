@@ -17,7 +17,7 @@ mod facts;
 mod read;
 mod write;
 
-pub use write::WriteAbility;
+pub use write::{EditableItem, WriteAbility};
 
 use crate::config::Realm;
 use crate::db::DbError;

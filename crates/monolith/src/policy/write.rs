@@ -153,3 +153,63 @@ impl Policy {
         Ok(own >= access::OWNER || own >= level)
     }
 }
+
+/// An item whose edit rights are asked about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EditableItem {
+    Issue(i64),
+    MergeRequest(i64),
+    Epic(i64),
+}
+
+impl Policy {
+    /// Whether the user may edit (and close or reopen) the item, GitLab's
+    /// `update_issue` / `update_merge_request` / `update_epic`: who can read it
+    /// and is its author, an assignee (issues), or holds the role (planner for
+    /// issues and epics, developer for merge requests); admins always.
+    pub async fn may_edit(
+        &self,
+        db: &impl GenericClient,
+        user: Option<Actor>,
+        item: EditableItem,
+    ) -> Result<bool, PolicyError> {
+        let Some(actor) = user else { return Ok(false) };
+        let (read, subject, sql, min) = match item {
+            EditableItem::Issue(id) => (
+                Ability::ReadIssue,
+                Subject::Issue(id),
+                "SELECT project_id, author_id = $2 OR EXISTS (SELECT 1 FROM issue_assignees WHERE issue_id = $1 AND user_id = $2) FROM issues WHERE id = $1",
+                access::PLANNER,
+            ),
+            EditableItem::MergeRequest(id) => (
+                Ability::ReadMergeRequest,
+                Subject::MergeRequest(id),
+                "SELECT project_id, author_id = $2 FROM merge_requests WHERE id = $1",
+                access::DEVELOPER,
+            ),
+            EditableItem::Epic(id) => (
+                Ability::ReadEpic,
+                Subject::Epic(id),
+                "SELECT group_id, author_id = $2 FROM epics WHERE id = $1",
+                access::PLANNER,
+            ),
+        };
+        if !self.can(db, user, read, subject).await? {
+            return Ok(false);
+        }
+        let id = match item {
+            EditableItem::Issue(id) | EditableItem::MergeRequest(id) | EditableItem::Epic(id) => id,
+        };
+        let Some(row) = db.query_opt(sql, &[&id, &actor.id]).await? else {
+            return Ok(false);
+        };
+        if actor.admin || row.get::<_, bool>(1) {
+            return Ok(true);
+        }
+        let container = match item {
+            EditableItem::Epic(_) => Subject::Group(row.get(0)),
+            _ => Subject::Project(row.get(0)),
+        };
+        Ok(self.access_level(db, user, container).await? >= min)
+    }
+}

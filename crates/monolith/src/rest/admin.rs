@@ -45,7 +45,7 @@ pub(super) struct SettingsUpdate {
 pub(super) async fn update_settings(
     state: web::Data<AppState>,
     req: HttpRequest,
-    body: web::Json<SettingsUpdate>,
+    body: super::params::Params<SettingsUpdate>,
 ) -> Result<HttpResponse, ApiError> {
     require_admin(&state, &req, WRITE_SCOPES).await?;
     let b = body.into_inner();
@@ -99,7 +99,7 @@ pub(super) async fn assign_seat(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<String>,
-    body: web::Json<SeatAssignment>,
+    body: super::params::Params<SeatAssignment>,
 ) -> Result<HttpResponse, ApiError> {
     require_admin(&state, &req, WRITE_SCOPES).await?;
     let add_on = crate::policy::add_ons::AddOn::parse(&path.into_inner())

@@ -273,7 +273,7 @@ async fn import_job(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<i64>,
-    body: web::Json<ImportedJob>,
+    body: super::params::Params<ImportedJob>,
 ) -> Result<HttpResponse, ApiError> {
     let project = path.into_inner();
     Container::Project(project)

@@ -159,6 +159,17 @@ pub(super) fn author(row: &tokio_postgres::Row, base: &url::Url) -> Value {
     user_basic(row, "author", base)
 }
 
+/// Who closed an item, from `CLOSED_BY_COLUMNS` (`null` when open or unknown).
+pub(super) fn closed_by(row: &tokio_postgres::Row, base: &url::Url) -> Value {
+    match row.get::<_, Option<i64>>("closed_by_id") {
+        Some(_) => user_basic(row, "closed_by", base),
+        None => Value::Null,
+    }
+}
+
+/// Closer columns for a query with `LEFT JOIN users cb ON cb.id = <item>.closed_by_id`.
+pub(super) const CLOSED_BY_COLUMNS: &str = "cb.id AS closed_by_id, cb.username AS closed_by_username, cb.name AS closed_by_name, cb.state AS closed_by_state";
+
 /// Author columns for a query joining `users u`.
 pub(super) const AUTHOR_COLUMNS: &str = "u.id AS author_id, u.username AS author_username, u.name AS author_name, u.state AS author_state";
 

@@ -7,7 +7,8 @@ use serde_json::{Value, json};
 
 use super::ApiError;
 use super::common::{
-    AUTHOR_COLUMNS, Container, author, paged, readable_group, references, split_labels, ts,
+    AUTHOR_COLUMNS, CLOSED_BY_COLUMNS, Container, author, closed_by, paged, readable_group,
+    references, ts,
 };
 use super::items::{Found, Item, created, find_readable, readable_rows};
 use super::notes::{self, NoteTarget, Noteable};
@@ -19,6 +20,10 @@ pub(super) fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/groups/{id}/epics", web::get().to(list_epics))
         .route("/groups/{id}/epics", web::post().to(create_epic))
         .route("/groups/{id}/epics/{iid}", web::get().to(show_epic))
+        .route(
+            "/groups/{id}/epics/{iid}",
+            web::put().to(super::item_updates::update_epic),
+        )
         .route(
             "/groups/{id}/epics/{epic_id}/notes",
             web::get().to(notes::list::<EpicNotes>),
@@ -32,15 +37,14 @@ pub(super) fn routes(cfg: &mut web::ServiceConfig) {
 fn epic_sql() -> String {
     format!(
         "SELECT e.id, e.iid, e.group_id, e.title, e.description, e.state, e.confidential, e.labels,
-            e.created_at, e.updated_at, {AUTHOR_COLUMNS}
-         FROM epics e JOIN users u ON u.id = e.author_id"
+            e.created_at, e.updated_at, coalesce(e.closed_at, CASE WHEN e.state = 'closed' THEN e.updated_at END) AS closed_at, {AUTHOR_COLUMNS}, {CLOSED_BY_COLUMNS}
+         FROM epics e JOIN users u ON u.id = e.author_id LEFT JOIN users cb ON cb.id = e.closed_by_id"
     )
 }
 
 fn epic_json(row: &tokio_postgres::Row, base: &url::Url, full_path: &str) -> Value {
     let iid: i32 = row.get("iid");
     let state: String = row.get("state");
-    let closed = state == "closed";
     json!({
         "id": row.get::<_, i64>("id"),
         "iid": iid,
@@ -55,7 +59,8 @@ fn epic_json(row: &tokio_postgres::Row, base: &url::Url, full_path: &str) -> Val
         "web_url": format!("{}groups/{full_path}/-/epics/{iid}", base.as_str()),
         "created_at": ts(row, "created_at"),
         "updated_at": ts(row, "updated_at"),
-        "closed_at": closed.then(|| ts(row, "updated_at")),
+        "closed_at": row.get::<_, Option<chrono::DateTime<chrono::Utc>>>("closed_at"),
+        "closed_by": closed_by(row, base),
     })
 }
 
@@ -79,7 +84,7 @@ async fn list_epics(
 }
 
 /// An epic of the group the caller may read, found by `column` (`iid` or `id`).
-async fn find_epic(
+pub(super) async fn find_epic(
     state: &AppState,
     req: &HttpRequest,
     group: i64,
@@ -94,7 +99,7 @@ async fn find_epic(
     find_readable(state, req, Container::Group(group), Item::EPIC, &sql, &key).await
 }
 
-async fn show_epic(
+pub(super) async fn show_epic(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<(i64, i32)>,
@@ -109,7 +114,7 @@ struct NewEpic {
     title: String,
     description: Option<String>,
     confidential: Option<bool>,
-    labels: Option<String>,
+    labels: Option<super::params::LabelList>,
 }
 
 /// Creates an epic: planners and above in the group, and admins.
@@ -117,7 +122,7 @@ async fn create_epic(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<i64>,
-    body: web::Json<NewEpic>,
+    body: super::params::Params<NewEpic>,
 ) -> Result<HttpResponse, ApiError> {
     let group = path.into_inner();
     let me = Container::Group(group)
@@ -127,7 +132,7 @@ async fn create_epic(
     if b.title.trim().is_empty() {
         return Err(ApiError::BadRequest("title is empty".into()));
     }
-    let labels = split_labels(b.labels.as_deref());
+    let labels = b.labels.clone().unwrap_or_default().0;
     let mut db = state.pool.get().await?;
     let tx = db.transaction().await?;
     // Serialises iid allocation per group.

@@ -98,7 +98,7 @@ pub(super) struct NewGroup {
 pub(super) async fn create_group(
     state: web::Data<AppState>,
     req: HttpRequest,
-    body: web::Json<NewGroup>,
+    body: super::params::Params<NewGroup>,
 ) -> Result<HttpResponse, ApiError> {
     let me = require_admin(&state, &req, WRITE_SCOPES).await?;
     let b = body.into_inner();
@@ -174,7 +174,7 @@ pub(super) async fn update_group(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<i64>,
-    body: web::Json<GroupUpdate>,
+    body: super::params::Params<GroupUpdate>,
 ) -> Result<HttpResponse, ApiError> {
     let id = path.into_inner();
     Container::Group(id)

@@ -5,8 +5,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::common::{
-    AUTHOR_COLUMNS, Container, author, on_constraint, paged, readable_project, references,
-    split_labels, state_filter, ts,
+    AUTHOR_COLUMNS, CLOSED_BY_COLUMNS, Container, author, closed_by, on_constraint, paged,
+    readable_project, references, split_labels, state_filter, ts,
 };
 use super::items::{Found, Item, created, find_readable, readable_rows};
 use super::notes::{NoteTarget, Noteable};
@@ -21,12 +21,12 @@ use crate::policy::Actor;
 pub(super) fn issue_sql() -> String {
     format!(
         "SELECT i.id, i.iid, i.project_id, i.title, i.description, i.state, i.confidential, i.labels,
-            i.created_at, i.updated_at, {AUTHOR_COLUMNS},
+            i.created_at, i.updated_at, coalesce(i.closed_at, CASE WHEN i.state = 'closed' THEN i.updated_at END) AS closed_at, i.due_date, {AUTHOR_COLUMNS}, {CLOSED_BY_COLUMNS},
             coalesce((SELECT json_agg(json_build_object('id', au.id, 'username', au.username, 'name', au.name,
                                                         'state', au.state) ORDER BY au.id)
                       FROM issue_assignees a JOIN users au ON au.id = a.user_id WHERE a.issue_id = i.id),
                      '[]'::json) AS assignees
-         FROM issues i JOIN users u ON u.id = i.author_id"
+         FROM issues i JOIN users u ON u.id = i.author_id LEFT JOIN users cb ON cb.id = i.closed_by_id"
     )
 }
 
@@ -49,8 +49,6 @@ pub(super) fn issue_json(row: &tokio_postgres::Row, base: &url::Url, full_path: 
             .collect(),
         _ => Vec::new(),
     };
-    // No state history is kept: a closed issue was closed at its last update.
-    let closed_at = (state == "closed").then(|| ts(row, "updated_at"));
     json!({
         "id": row.get::<_, i64>("id"),
         "iid": iid,
@@ -67,7 +65,9 @@ pub(super) fn issue_json(row: &tokio_postgres::Row, base: &url::Url, full_path: 
         "web_url": format!("{}{full_path}/-/issues/{iid}", base.as_str()),
         "created_at": ts(row, "created_at"),
         "updated_at": ts(row, "updated_at"),
-        "closed_at": closed_at,
+        "closed_at": row.get::<_, Option<chrono::DateTime<chrono::Utc>>>("closed_at"),
+        "closed_by": closed_by(row, base),
+        "due_date": row.get::<_, Option<chrono::NaiveDate>>("due_date").map(|d| d.to_string()),
     })
 }
 
@@ -156,7 +156,7 @@ pub(super) struct NewIssue {
     title: String,
     description: Option<String>,
     confidential: Option<bool>,
-    labels: Option<String>,
+    labels: Option<super::params::LabelList>,
     assignee_ids: Option<Vec<i64>>,
 }
 
@@ -164,7 +164,7 @@ pub(super) async fn create_issue(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<i64>,
-    body: web::Json<NewIssue>,
+    body: super::params::Params<NewIssue>,
 ) -> Result<HttpResponse, ApiError> {
     let me = require_user(&state, &req, WRITE_SCOPES).await?;
     let project = path.into_inner();
@@ -173,7 +173,7 @@ pub(super) async fn create_issue(
     if b.title.trim().is_empty() {
         return Err(ApiError::BadRequest("title is missing".into()));
     }
-    let labels = split_labels(b.labels.as_deref());
+    let labels = b.labels.clone().unwrap_or_default().0;
     let mut db = state.pool.get().await?;
     let tx = db.transaction().await?;
     // Serialise iid allocation per project.

@@ -241,7 +241,7 @@ async fn add<K: SourceKind>(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<i64>,
-    body: web::Json<NewMember>,
+    body: super::params::Params<NewMember>,
 ) -> Result<HttpResponse, ApiError> {
     let source = K::source(path.into_inner());
     let body = body.into_inner();
@@ -299,7 +299,7 @@ async fn update<K: SourceKind>(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<(i64, i64)>,
-    body: web::Json<MemberUpdate>,
+    body: super::params::Params<MemberUpdate>,
 ) -> Result<HttpResponse, ApiError> {
     let (id, user_id) = path.into_inner();
     let source = K::source(id);

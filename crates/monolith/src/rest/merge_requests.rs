@@ -7,8 +7,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::common::{
-    AUTHOR_COLUMNS, Container, author, paged, readable_project, references, split_labels,
-    state_filter, ts,
+    AUTHOR_COLUMNS, CLOSED_BY_COLUMNS, Container, author, closed_by, paged, readable_project,
+    references, state_filter, ts,
 };
 use super::items::{Found, Item, created, find_readable, readable_rows};
 use super::notes::{self, NoteTarget, Noteable};
@@ -23,6 +23,10 @@ pub(super) fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route(all, web::get().to(list_merge_requests))
         .route(all, web::post().to(create_merge_request))
         .route(one, web::get().to(show_merge_request))
+        .route(
+            one,
+            web::put().to(super::item_updates::update_merge_request),
+        )
         .route(
             &format!("{one}/changes"),
             web::get().to(merge_request_changes),
@@ -41,17 +45,15 @@ pub(super) fn routes(cfg: &mut web::ServiceConfig) {
 fn mr_sql() -> String {
     format!(
         "SELECT m.id, m.iid, m.project_id, m.title, m.description, m.state, m.source_branch, m.target_branch,
-            m.labels, m.diff, m.created_at, m.updated_at, {AUTHOR_COLUMNS}
-         FROM merge_requests m JOIN users u ON u.id = m.author_id"
+            m.labels, m.diff, m.created_at, m.updated_at, coalesce(m.closed_at, CASE WHEN m.state = 'closed' THEN m.updated_at END) AS closed_at, {AUTHOR_COLUMNS}, {CLOSED_BY_COLUMNS}
+         FROM merge_requests m JOIN users u ON u.id = m.author_id LEFT JOIN users cb ON cb.id = m.closed_by_id"
     )
 }
 
 fn mr_json(row: &tokio_postgres::Row, base: &url::Url, full_path: &str) -> Value {
     let iid: i32 = row.get("iid");
     let state: String = row.get("state");
-    // No state history is kept: a closed or merged request was closed or merged
-    // at its last update.
-    let closed = state == "closed";
+    // No merge history is kept: a merged request was merged at its last update.
     let merged = state == "merged";
     json!({
         "id": row.get::<_, i64>("id"),
@@ -72,7 +74,8 @@ fn mr_json(row: &tokio_postgres::Row, base: &url::Url, full_path: &str) -> Value
         "web_url": format!("{}{full_path}/-/merge_requests/{iid}", base.as_str()),
         "created_at": ts(row, "created_at"),
         "updated_at": ts(row, "updated_at"),
-        "closed_at": closed.then(|| ts(row, "updated_at")),
+        "closed_at": row.get::<_, Option<chrono::DateTime<chrono::Utc>>>("closed_at"),
+        "closed_by": closed_by(row, base),
         "merged_at": merged.then(|| ts(row, "updated_at")),
     })
 }
@@ -120,7 +123,7 @@ async fn list_merge_requests(
 }
 
 /// A merge request the caller may read, with its project's full path; 404 otherwise.
-async fn find_merge_request(
+pub(super) async fn find_merge_request(
     state: &AppState,
     req: &HttpRequest,
     project: i64,
@@ -131,7 +134,7 @@ async fn find_merge_request(
     find_readable(state, req, project, Item::MERGE_REQUEST, &sql, &iid).await
 }
 
-async fn show_merge_request(
+pub(super) async fn show_merge_request(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<(i64, i32)>,
@@ -147,7 +150,7 @@ struct NewMergeRequest {
     target_branch: String,
     title: String,
     description: Option<String>,
-    labels: Option<String>,
+    labels: Option<super::params::LabelList>,
     /// Our addition: the change as a unified diff (there is no repository to
     /// compute it from).
     diff: Option<String>,
@@ -186,7 +189,7 @@ async fn create_merge_request(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<i64>,
-    body: web::Json<NewMergeRequest>,
+    body: super::params::Params<NewMergeRequest>,
 ) -> Result<HttpResponse, ApiError> {
     let project = path.into_inner();
     let me = Container::Project(project)
@@ -194,7 +197,7 @@ async fn create_merge_request(
         .await?;
     let b = body.into_inner();
     validate(&b)?;
-    let labels = split_labels(b.labels.as_deref());
+    let labels = b.labels.clone().unwrap_or_default().0;
     let mut db = state.pool.get().await?;
     let tx = db.transaction().await?;
     // Serialises iid allocation and the open-duplicate check per project.

@@ -154,7 +154,7 @@ pub(super) async fn create<T: NoteTarget>(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<T::Path>,
-    note: web::Json<NewNote>,
+    note: super::params::Params<NewNote>,
 ) -> Result<HttpResponse, ApiError> {
     let me = require_user(&state, &req, WRITE_SCOPES).await?;
     let (_, noteable) = T::find(&state, &req, path.into_inner()).await?;

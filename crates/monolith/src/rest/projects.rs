@@ -92,7 +92,7 @@ pub(super) struct NewProject {
 pub(super) async fn create_project(
     state: web::Data<AppState>,
     req: HttpRequest,
-    body: web::Json<NewProject>,
+    body: super::params::Params<NewProject>,
 ) -> Result<HttpResponse, ApiError> {
     let me = require_user(&state, &req, WRITE_SCOPES).await?;
     let b = body.into_inner();
@@ -144,7 +144,7 @@ pub(super) async fn update_project(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<i64>,
-    body: web::Json<ProjectUpdate>,
+    body: super::params::Params<ProjectUpdate>,
 ) -> Result<HttpResponse, ApiError> {
     let id = path.into_inner();
     let me = Container::Project(id)

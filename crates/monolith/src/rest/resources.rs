@@ -24,6 +24,10 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .route("/projects/{id}/issues", web::post().to(create_issue))
         .route("/projects/{id}/issues/{iid}", web::get().to(show_issue))
         .route(
+            "/projects/{id}/issues/{iid}",
+            web::put().to(super::item_updates::update_issue),
+        )
+        .route(
             "/projects/{id}/issues/{iid}/notes",
             web::get().to(notes::list::<IssueNotes>),
         )

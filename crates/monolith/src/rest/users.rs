@@ -158,7 +158,7 @@ struct NewUser {
 async fn create_user(
     state: web::Data<AppState>,
     req: HttpRequest,
-    body: web::Json<NewUser>,
+    body: super::params::Params<NewUser>,
 ) -> Result<HttpResponse, ApiError> {
     require_admin(&state, &req, WRITE_SCOPES).await?;
     let body = body.into_inner();
@@ -194,7 +194,7 @@ async fn update_user(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<i64>,
-    body: web::Json<UserUpdate>,
+    body: super::params::Params<UserUpdate>,
 ) -> Result<HttpResponse, ApiError> {
     require_admin(&state, &req, WRITE_SCOPES).await?;
     let id = path.into_inner();
@@ -344,7 +344,7 @@ async fn create_token(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<i64>,
-    body: web::Json<NewToken>,
+    body: super::params::Params<NewToken>,
 ) -> Result<HttpResponse, ApiError> {
     require_admin(&state, &req, WRITE_SCOPES).await?;
     let user_id = path.into_inner();
