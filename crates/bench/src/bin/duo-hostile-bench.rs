@@ -220,9 +220,9 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     let gw_peak = peak_rss_kib(gateway_pid).unwrap_or(0);
-    // Allocators give memory back with a short delay: read RSS until it settles
-    // (at most 5 s).
-    let settle_until = Instant::now() + Duration::from_secs(5);
+    // Allocators give memory back with a delay (jemalloc: about 10 s): read
+    // RSS until it settles, at most 20 s.
+    let settle_until = Instant::now() + Duration::from_secs(20);
     let mut gw_end = rss_kib(gateway_pid);
     while gw_end as f64 > gw_start as f64 * 1.2 && Instant::now() < settle_until {
         tokio::time::sleep(Duration::from_millis(100)).await;
