@@ -1,0 +1,131 @@
+//! Snapshots of the rendered ReAct model call.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failed fixture fails the test"
+)]
+
+use crate::agent_common;
+
+use agent_common::{config, registry};
+use contracts::AgentRequest;
+use gateway::auth::GatewayUser;
+use gateway::chat::agent::{ClientInfo, prepare};
+use gateway::providers::{ChatRole, ModelCall};
+use std::time::Duration;
+
+fn render(call: &ModelCall) -> String {
+    let mut out = format!("=== system\n{}\n", call.system.clone().unwrap_or_default());
+    for m in &call.messages {
+        let role = match m.role {
+            ChatRole::User => "user",
+            ChatRole::Assistant => "assistant",
+        };
+        out.push_str(&format!("=== {role}\n{}\n", m.content));
+    }
+    out
+}
+
+fn prepared(user: &GatewayUser, body: &str, extra: &[(&str, &str)]) -> ModelCall {
+    let request: AgentRequest = serde_json::from_str(body).unwrap();
+    let client = ClientInfo {
+        gitlab_version: Some("17.6.0"),
+        feature_flags: Some("ai_commit_reader_for_chat"),
+    };
+    prepare(&registry(), &config(extra), user, client, &request)
+        .unwrap()
+        .call
+}
+
+#[test]
+fn no_tools() {
+    let call = prepared(
+        &GatewayUser::with_scopes(["duo_chat"]),
+        r#"{"messages":[{"role":"user","content":"What is a rebase?"}]}"#,
+        &[],
+    );
+    assert_eq!(call.params.stop, vec!["Observation:".to_owned()]);
+    assert_eq!(call.params.temperature, Some(0.1));
+    assert_eq!(call.params.timeout, Duration::from_secs(30));
+    assert_eq!(call.params.max_tokens, 8192);
+    assert!(
+        !call
+            .system
+            .as_deref()
+            .unwrap_or_default()
+            .contains("<tools_list>")
+    );
+    assert_eq!(
+        call.messages.last().map(|m| m.content.as_str()),
+        Some("Thought:")
+    );
+    insta::assert_snapshot!(render(&call));
+}
+
+#[test]
+fn all_tools() {
+    let call = prepared(
+        &GatewayUser::debug(),
+        r#"{"messages":[{"role":"user","content":"Summarize issue #4"}],
+            "unavailable_resources":["Pipelines","Vulnerabilities"]}"#,
+        &[],
+    );
+    let system = call.system.clone().unwrap_or_default();
+    assert!(system.contains("Pipelines, Vulnerabilities"));
+    assert!(!system.contains("['"), "no Python list repr");
+    insta::assert_snapshot!(render(&call));
+}
+
+#[test]
+fn history_with_contexts() {
+    let call = prepared(
+        &GatewayUser::with_scopes(["duo_chat", "ask_issue", "include_file_context"]),
+        r#"{"messages":[
+            {"role":"user","content":"What is this issue about?",
+             "context":{"type":"issue","content":"Login fails on Safari"}},
+            {"role":"assistant","content":"It is about a login bug in Safari."},
+            {"role":"user","content":"Which file should I change?",
+             "current_file":{"file_path":"app/login.rs","data":"fn login() {}","selected_code":true},
+             "additional_context":[{"category":"file","id":"src/auth.rs","content":"pub fn auth() {}"}]}
+        ]}"#,
+        &[],
+    );
+    assert_eq!(call.messages.len(), 4);
+    insta::assert_snapshot!(render(&call));
+}
+
+#[test]
+fn scratchpad_steps_then_thought() {
+    let call = prepared(
+        &GatewayUser::with_scopes(["duo_chat", "ask_issue"]),
+        r##"{"messages":[{"role":"user","content":"Summarize issue #4"}],
+            "options":{"agent_scratchpad":{"agent_type":"react","steps":[
+              {"thought":"I need issue #4","tool":"issue\\_reader","tool_input":"Summarize issue #4","observation":"Issue #4: crash on start"},
+              {"thought":"I need more","tool":"issue_reader","tool_input":"#5","observation":"Issue #5: duplicate"}]}}}"##,
+        &[],
+    );
+    let prefill = &call.messages.last().unwrap().content;
+    assert!(prefill.contains("Observation: Issue #4: crash on start\nThought: I need more"));
+    assert!(prefill.contains("Action: issue_reader\n"));
+    assert!(prefill.ends_with("Thought:"));
+    insta::assert_snapshot!(render(&call));
+}
+
+#[test]
+fn openai_family_uses_4096_tokens() {
+    let request: AgentRequest =
+        serde_json::from_str(r#"{"messages":[{"role":"user","content":"hi"}]}"#).unwrap();
+    let cfg = gateway::Config::for_tests(&[]).unwrap();
+    let call = prepare(
+        &registry(),
+        &cfg,
+        &GatewayUser::debug(),
+        ClientInfo::default(),
+        &request,
+    )
+    .unwrap()
+    .call;
+    assert_eq!(call.params.max_tokens, 4096);
+    assert_eq!(call.params.stop, vec!["Observation:".to_owned()]);
+}

@@ -1,0 +1,22 @@
+//! Integration tests, one binary for the crate: linked once, each test still
+//! its own process under nextest.
+
+mod agent_common;
+mod app_support;
+mod stream_support;
+
+mod agent_api;
+mod agent_prompt;
+mod agent_stream;
+mod app_health;
+mod auth_flows;
+mod body_limits;
+mod docs_search;
+mod fuzz_requests;
+mod hostile_requests;
+mod model_metrics;
+mod prompts_api;
+mod prompts_registry;
+mod providers;
+mod proxy_contract;
+mod vertex_provider;

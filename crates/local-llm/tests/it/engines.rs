@@ -1,0 +1,149 @@
+//! Engine-level tests against the real weights.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failed fixture fails the test"
+)]
+
+use crate::common;
+
+use local_llm::chat_template::{ChatMessage, render_chatml};
+use local_llm::embeddings::{Embedder, MAX_SEQUENCE_TOKENS};
+use local_llm::engine::{ChatEngine, EngineFinish, Flow, LlamaEngine, SamplingParams};
+use serde_json::Value;
+
+fn chat_engine() -> LlamaEngine {
+    let config = common::test_config();
+    LlamaEngine::load(&config.chat_model_path, 2, 1024).expect("gguf loads")
+}
+
+#[test]
+fn chat_tokenizer_round_trips_text_and_chatml_markers() {
+    let engine = chat_engine();
+    let text = "<|im_start|>user\nHello, wörld! fn main() { println!(\"hi\"); }<|im_end|>\n";
+    let tokens = engine.tokenize(text);
+    assert!(tokens.len() > 5 && tokens.len() < text.len());
+    assert_eq!(engine.detokenize(&tokens), text);
+    // The markers are single control tokens, not spelled out.
+    assert_eq!(engine.tokenize("<|im_start|>").len(), 1);
+}
+
+#[test]
+fn greedy_generation_is_deterministic_and_ends_on_its_own_or_at_the_limit() {
+    let mut engine = chat_engine();
+    let prompt = render_chatml(&[ChatMessage {
+        role: "user".into(),
+        content: "Name three colours.".into(),
+    }]);
+    let tokens = engine.tokenize(&prompt);
+    let params = SamplingParams {
+        temperature: 0.0,
+        max_tokens: 12,
+        ..SamplingParams::default()
+    };
+    let run = |engine: &mut LlamaEngine| {
+        let mut bytes = Vec::new();
+        let result = engine
+            .generate(&tokens, &params, &mut |piece| {
+                bytes.extend_from_slice(piece);
+                Flow::Continue
+            })
+            .expect("generates");
+        (String::from_utf8_lossy(&bytes).into_owned(), result)
+    };
+    let (first, first_run) = run(&mut engine);
+    let (second, _) = run(&mut engine);
+    assert!(!first.trim().is_empty());
+    assert_eq!(first, second);
+    assert!(first_run.completion_tokens <= 12);
+    assert!(matches!(
+        first_run.finish,
+        EngineFinish::Length | EngineFinish::EndOfTurn
+    ));
+}
+
+#[test]
+fn embedding_tokenizer_round_trips() {
+    let embedder = Embedder::load(&common::test_config().embed_model_dir).expect("embedder loads");
+    let ids = embedder
+        .token_ids("Merge requests need approvals.")
+        .expect("tokenizes");
+    assert_eq!(ids.first(), Some(&101));
+    assert_eq!(ids.last(), Some(&102));
+    assert_eq!(
+        embedder.decode(&ids).expect("decodes"),
+        "merge requests need approvals."
+    );
+}
+
+#[test]
+fn embeddings_match_reference_values() {
+    let embedder = Embedder::load(&common::test_config().embed_model_dir).expect("embedder loads");
+    let reference: Value =
+        serde_json::from_str(include_str!("../data/minilm_reference.json")).expect("reference json");
+    let sentences = reference["sentences"].as_array().expect("sentences");
+    let texts: Vec<String> = sentences
+        .iter()
+        .map(|s| s["text"].as_str().expect("text").to_owned())
+        .collect();
+    let embedded = embedder.embed(&texts).expect("embeds");
+    for (sentence, vector) in sentences.iter().zip(&embedded.vectors) {
+        let ids: Vec<u64> = embedder
+            .token_ids(sentence["text"].as_str().expect("text"))
+            .expect("ids")
+            .into_iter()
+            .map(u64::from)
+            .collect();
+        let expected_ids: Vec<u64> = sentence["token_ids"]
+            .as_array()
+            .expect("ids")
+            .iter()
+            .map(|v| v.as_u64().expect("id"))
+            .collect();
+        assert_eq!(ids, expected_ids);
+        assert_eq!(vector.len(), 384);
+        for (got, want) in vector
+            .iter()
+            .zip(sentence["first_values"].as_array().expect("values"))
+        {
+            let want = want.as_f64().expect("number");
+            assert!(
+                (f64::from(*got) - want).abs() < 1e-4,
+                "{got} vs {want} for {:?}",
+                sentence["text"]
+            );
+        }
+        let sum: f64 = vector.iter().map(|v| f64::from(*v)).sum();
+        assert!((sum - sentence["values_sum"].as_f64().expect("sum")).abs() < 1e-3);
+    }
+}
+
+#[test]
+fn batched_embeddings_equal_single_ones_despite_padding() {
+    let embedder = Embedder::load(&common::test_config().embed_model_dir).expect("embedder loads");
+    let short = "Hi.".to_owned();
+    let long =
+        "A much longer sentence that forces the short one to be padded in the batch.".to_owned();
+    let batch = embedder.embed(&[short.clone(), long]).expect("batch");
+    let single = embedder.embed(&[short]).expect("single");
+    for (a, b) in batch.vectors[0].iter().zip(&single.vectors[0]) {
+        assert!((a - b).abs() < 1e-4);
+    }
+    // Padding is not counted: the short input keeps its own length.
+    assert_eq!(batch.token_counts[0], single.token_counts[0]);
+    assert!(batch.token_counts[1] > batch.token_counts[0]);
+}
+
+#[test]
+fn long_inputs_are_cut_at_the_sequence_limit_and_flagged() {
+    let embedder = Embedder::load(&common::test_config().embed_model_dir).expect("embedder loads");
+    let long = "merge request review ".repeat(200);
+    let embedded = embedder
+        .embed(&[long, "short one".to_owned()])
+        .expect("embeds");
+    assert_eq!(embedded.token_counts[0], MAX_SEQUENCE_TOKENS);
+    assert_eq!(embedded.truncated, vec![true, false]);
+    assert_eq!(embedded.token_counts[1], 4);
+    assert_eq!(embedded.total_tokens(), MAX_SEQUENCE_TOKENS + 4);
+}

@@ -1,0 +1,32 @@
+//! Integration tests, one binary for the crate: linked once, each test still
+//! its own process under nextest.
+
+mod agent_support;
+mod rest_support;
+mod support;
+
+mod agent_chat;
+mod agent_commands;
+mod agent_gateway_client;
+mod agent_ndjson;
+mod agent_serialize;
+mod agent_tools;
+mod architecture;
+mod db_outage;
+mod fuzz_edges;
+mod graphql_chat;
+mod graphql_clients;
+mod hostile_input;
+mod jwt_jwks;
+mod policy_duo_chat;
+mod policy_read;
+mod policy_write;
+mod probes;
+mod rest_members;
+mod rest_merge_requests;
+mod rest_resources;
+mod rest_tokens;
+mod rest_writes;
+mod subscriptions_live;
+mod web_sign_in;
+mod worker_completion;

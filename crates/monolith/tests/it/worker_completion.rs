@@ -1,0 +1,489 @@
+//! The completion worker against a real PostgreSQL: questions become queue jobs in
+//! the same transaction, failures are retried, the last failure still answers, and
+//! crashes or lease expiry never store a second answer.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "tests fail loudly"
+)]
+
+use crate::support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use monolith::chat::completion::{
+    ChatAnswer, ChatResponder, ChunkSender, CompletionJob, ResponderError,
+};
+use monolith::chat::{ChatRequest, ChatService, PgCompletionQueue};
+use monolith::config::Realm;
+use monolith::policy::Actor;
+use monolith::worker::{self, WorkerSettings};
+use support::Fx;
+use tokio::sync::{Notify, mpsc};
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+async fn world(max_attempts: i32) -> (Fx, Actor, ChatService) {
+    let fx = Fx::new().await;
+    fx.instance(Realm::SelfManaged, "ultimate", true).await;
+    let user = fx.user("alice").await;
+    fx.seat(user, "duo_pro", false).await;
+    let chat = ChatService {
+        pool: fx.pool.clone(),
+        policy: fx.policy(),
+        queue: Arc::new(PgCompletionQueue { max_attempts }),
+        rate_limit: 1000,
+        rate_window: Duration::from_secs(3600),
+        docs_base_url: "https://docs.example.com".into(),
+    };
+    (fx, user, chat)
+}
+
+fn settings(lease: Duration, heartbeat: Duration, grace: Duration) -> WorkerSettings {
+    WorkerSettings {
+        queue: job_queue::WorkerConfig {
+            concurrency: 1,
+            lease,
+            heartbeat,
+            poll_interval: Duration::from_millis(100),
+            shutdown_grace: grace,
+            backoff_base: Duration::from_millis(10),
+            backoff_max: Duration::from_millis(50),
+            ..Default::default()
+        },
+        retention_every: Duration::from_secs(3600),
+    }
+}
+
+fn fast() -> WorkerSettings {
+    settings(
+        Duration::from_secs(30),
+        Duration::from_secs(5),
+        Duration::from_secs(5),
+    )
+}
+
+fn start(
+    fx: &Fx,
+    responder: Arc<dyn ChatResponder>,
+    settings: WorkerSettings,
+) -> job_queue::WorkerHandle {
+    worker::spawn(
+        fx.pool.clone(),
+        fx.db.url(),
+        responder,
+        "https://docs.example.com".into(),
+        settings,
+    )
+    .unwrap()
+}
+
+async fn ask(chat: &ChatService, user: Actor, content: &str) -> uuid::Uuid {
+    chat.submit(
+        Some(user),
+        ChatRequest {
+            content: content.into(),
+            client_subscription_id: Some("tab-1".into()),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap()
+    .request_id
+}
+
+/// (content, errors, error code) of every stored answer to the request.
+async fn answers(fx: &Fx, request: uuid::Uuid) -> Vec<(String, serde_json::Value)> {
+    let db = fx.pool.get().await.unwrap();
+    db.query(
+        "SELECT content, coalesce(error_details, 'null'::jsonb) FROM ai_conversation_messages
+         WHERE request_xid = $1 AND role = 2 ORDER BY id",
+        &[&request],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect()
+}
+
+async fn wait_for_answer(fx: &Fx, request: uuid::Uuid) -> Vec<(String, serde_json::Value)> {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let found = answers(fx, request).await;
+        if !found.is_empty() {
+            return found;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no answer stored in time"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn job_of(fx: &Fx, request: uuid::Uuid) -> job_queue::JobRow {
+    let db = fx.pool.get().await.unwrap();
+    let id: i64 = db
+        .query_one(
+            "SELECT id FROM background_jobs WHERE dedupe_key = $1",
+            &[&format!("chat_completion:{request}")],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    job_queue::job_by_id(&**db, id).await.unwrap().unwrap()
+}
+
+async fn wait_for_job_state(
+    fx: &Fx,
+    request: uuid::Uuid,
+    state: job_queue::JobState,
+) -> job_queue::JobRow {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let job = job_of(fx, request).await;
+        if job.state == state {
+            return job;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "job stuck in {:?}",
+            job.state
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Answers with the text it was built with; counts its calls.
+struct Fixed {
+    text: &'static str,
+    calls: AtomicUsize,
+}
+
+impl Fixed {
+    fn new(text: &'static str) -> Arc<Self> {
+        Arc::new(Self {
+            text,
+            calls: AtomicUsize::new(0),
+        })
+    }
+}
+
+#[async_trait]
+impl ChatResponder for Fixed {
+    async fn respond(
+        &self,
+        _job: &CompletionJob,
+        _chunks: ChunkSender,
+    ) -> Result<ChatAnswer, ResponderError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        Ok(ChatAnswer::text(self.text))
+    }
+}
+
+/// Fails `failures` times with a transient error, then answers.
+struct Flaky {
+    failures: usize,
+    calls: AtomicUsize,
+}
+
+#[async_trait]
+impl ChatResponder for Flaky {
+    async fn respond(
+        &self,
+        _job: &CompletionJob,
+        _chunks: ChunkSender,
+    ) -> Result<ChatAnswer, ResponderError> {
+        let call = self.calls.fetch_add(1, Ordering::SeqCst);
+        if call < self.failures {
+            return Err(ResponderError::Transient("gateway restarting".into()));
+        }
+        Ok(ChatAnswer::text("answer after a retry"))
+    }
+}
+
+/// Tells the test it started, then waits for the test's go-ahead before answering.
+struct Gated {
+    started: mpsc::UnboundedSender<()>,
+    go: Arc<Notify>,
+    text: &'static str,
+}
+
+#[async_trait]
+impl ChatResponder for Gated {
+    async fn respond(
+        &self,
+        _job: &CompletionJob,
+        _chunks: ChunkSender,
+    ) -> Result<ChatAnswer, ResponderError> {
+        let _ = self.started.send(());
+        self.go.notified().await;
+        Ok(ChatAnswer::text(self.text))
+    }
+}
+
+#[tokio::test]
+async fn question_and_job_are_written_together_and_slash_commands_enqueue_nothing() {
+    let (fx, user, chat) = world(3).await;
+    let request = ask(&chat, user, "What is a pipeline?").await;
+    let job = job_of(&fx, request).await;
+    assert_eq!(job.kind, "chat_completion");
+    assert_eq!(job.max_attempts, 3);
+    let payload: CompletionJob = serde_json::from_value(job.payload).unwrap();
+    assert_eq!(payload.request_id, request);
+    assert_eq!(payload.user_id, user.id);
+    assert_eq!(payload.content, "What is a pipeline?");
+    assert_eq!(payload.client_subscription_id.as_deref(), Some("tab-1"));
+
+    ask(&chat, user, "/reset").await;
+    ask(&chat, user, "/clear").await;
+    let db = fx.pool.get().await.unwrap();
+    let jobs: i64 = db
+        .query_one(
+            "SELECT count(*) FROM background_jobs WHERE kind = 'chat_completion'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(jobs, 1, "/reset and /clear must not enqueue a completion");
+}
+
+#[tokio::test]
+async fn the_default_responder_answers_not_yet_available_with_a_code() {
+    let (fx, user, chat) = world(3).await;
+    let worker = start(&fx, Arc::new(worker::NotYetAvailableResponder), fast());
+    let request = ask(&chat, user, "hello?").await;
+    let stored = wait_for_answer(&fx, request).await;
+    worker.shutdown().await;
+    assert_eq!(stored.len(), 1);
+    let (content, details) = &stored[0];
+    assert_eq!(content, "");
+    assert_eq!(details["code"], "A9999");
+    let error = details["errors"][0].as_str().unwrap();
+    assert!(error.starts_with(worker::NOT_YET_AVAILABLE), "{error}");
+    assert!(
+        error.contains("Error code: [A9999](https://docs.example.com"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_first_run_is_retried_and_answered_exactly_once() {
+    let (fx, user, chat) = world(3).await;
+    let responder = Arc::new(Flaky {
+        failures: 1,
+        calls: AtomicUsize::new(0),
+    });
+    let worker = start(&fx, responder.clone(), fast());
+    let request = ask(&chat, user, "retry me").await;
+    let job = wait_for_job_state(&fx, request, job_queue::JobState::Done).await;
+    worker.shutdown().await;
+    assert_eq!(job.attempts, 2);
+    assert_eq!(responder.calls.load(Ordering::SeqCst), 2);
+    let stored = answers(&fx, request).await;
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].0, "answer after a retry");
+    assert_eq!(stored[0].1, serde_json::Value::Null);
+}
+
+#[tokio::test]
+async fn the_last_failed_attempt_still_stores_an_a9999_answer() {
+    let (fx, user, chat) = world(2).await;
+    let responder = Arc::new(Flaky {
+        failures: usize::MAX,
+        calls: AtomicUsize::new(0),
+    });
+    let worker = start(&fx, responder.clone(), fast());
+    let request = ask(&chat, user, "never works").await;
+    let stored = wait_for_answer(&fx, request).await;
+    let job = wait_for_job_state(&fx, request, job_queue::JobState::Done).await;
+    worker.shutdown().await;
+    assert_eq!(job.attempts, 2);
+    assert_eq!(responder.calls.load(Ordering::SeqCst), 2);
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].1["code"], "A9999");
+    let error = stored[0].1["errors"][0].as_str().unwrap();
+    assert!(error.contains("Error code: [A9999]"), "{error}");
+}
+
+#[tokio::test]
+async fn an_answered_request_is_not_answered_again() {
+    let (fx, user, chat) = world(3).await;
+    let request = ask(&chat, user, "twice?").await;
+    let first = Fixed::new("first");
+    let worker = start(&fx, first.clone(), fast());
+    wait_for_job_state(&fx, request, job_queue::JobState::Done).await;
+    worker.shutdown().await;
+
+    // The same job enqueued again (a duplicate delivery) is skipped without calling the responder.
+    let db = fx.pool.get().await.unwrap();
+    let job = job_of(&fx, request).await;
+    job_queue::enqueue_raw(
+        &**db,
+        "chat_completion",
+        &job.payload,
+        job_queue::EnqueueOptions::default(),
+    )
+    .await
+    .unwrap();
+    let second = Fixed::new("second");
+    let worker = start(&fx, second.clone(), fast());
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let pending: i64 = db
+            .query_one(
+                "SELECT count(*) FROM background_jobs WHERE kind = 'chat_completion' AND state <> 'done'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if pending == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "duplicate job never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    worker.shutdown().await;
+    assert_eq!(second.calls.load(Ordering::SeqCst), 0);
+    let stored = answers(&fx, request).await;
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].0, "first");
+}
+
+#[tokio::test]
+async fn a_worker_stopped_mid_answer_hands_the_job_to_another() {
+    let (fx, user, chat) = world(3).await;
+    let (started, mut started_rx) = mpsc::unbounded_channel();
+    let blocked = Arc::new(Gated {
+        started,
+        go: Arc::new(Notify::new()),
+        text: "never stored",
+    });
+    let first = start(
+        &fx,
+        blocked,
+        settings(
+            Duration::from_secs(30),
+            Duration::from_secs(5),
+            Duration::from_millis(50),
+        ),
+    );
+    let request = ask(&chat, user, "long question").await;
+    tokio::time::timeout(DEADLINE, started_rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    // Shutdown gives the running job 50 ms, then releases it.
+    first.shutdown().await;
+    assert_eq!(
+        job_of(&fx, request).await.state,
+        job_queue::JobState::Pending
+    );
+    assert!(answers(&fx, request).await.is_empty());
+
+    let second = start(&fx, Fixed::new("from the second worker"), fast());
+    wait_for_job_state(&fx, request, job_queue::JobState::Done).await;
+    second.shutdown().await;
+    let stored = answers(&fx, request).await;
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].0, "from the second worker");
+}
+
+#[tokio::test]
+async fn a_run_whose_lease_expired_cannot_store_a_second_answer() {
+    let (fx, user, chat) = world(3).await;
+    let (started, mut started_rx) = mpsc::unbounded_channel();
+    let go = Arc::new(Notify::new());
+    let stale = Arc::new(Gated {
+        started,
+        go: go.clone(),
+        text: "stale answer",
+    });
+    // No heartbeat before the lease runs out: as if this worker had hung.
+    let hung = start(
+        &fx,
+        stale,
+        settings(
+            Duration::from_millis(300),
+            Duration::from_secs(3600),
+            Duration::from_secs(10),
+        ),
+    );
+    let request = ask(&chat, user, "who answers?").await;
+    tokio::time::timeout(DEADLINE, started_rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+
+    let rescuer = start(&fx, Fixed::new("rescued answer"), fast());
+    let stored = wait_for_answer(&fx, request).await;
+    assert_eq!(stored[0].0, "rescued answer");
+    rescuer.shutdown().await;
+
+    // The hung run wakes up and finishes; its answer must not be stored.
+    go.notify_one();
+    hung.shutdown().await;
+    let stored = answers(&fx, request).await;
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    assert_eq!(stored[0].0, "rescued answer");
+}
+
+#[tokio::test]
+async fn the_worker_deletes_idle_threads_periodically() {
+    let (fx, user, chat) = world(3).await;
+    ask(&chat, user, "an old conversation").await;
+    let db = fx.pool.get().await.unwrap();
+    db.execute(
+        "UPDATE ai_conversation_threads SET last_updated_at = now() - interval '31 days'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let mut every_tick = fast();
+    every_tick.retention_every = Duration::from_millis(200);
+    // The question's own completion would refresh the thread: drop that job.
+    db.execute("DELETE FROM background_jobs", &[])
+        .await
+        .unwrap();
+    let worker = start(&fx, Fixed::new("unused"), every_tick);
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let threads: i64 = db
+            .query_one("SELECT count(*) FROM ai_conversation_threads", &[])
+            .await
+            .unwrap()
+            .get(0);
+        if threads == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "idle thread never deleted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    worker.shutdown().await;
+}
+
+#[tokio::test]
+async fn two_roles_migrating_a_fresh_database_at_once_both_succeed() {
+    let db = devdb::TestDb::with_sql("SELECT 1").await.unwrap();
+    let web = monolith::db::pool_for_url(db.url(), 4).unwrap();
+    let worker_pool = monolith::db::pool_for_url(db.url(), 4).unwrap();
+    let (a, b) = tokio::join!(
+        monolith::db::migrate_exclusively(&web),
+        monolith::db::migrate_exclusively(&worker_pool)
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert!(a.min(b) == 0 && a.max(b) > 0, "applied {a} and {b}");
+}

@@ -1,0 +1,11 @@
+//! Integration tests, one binary for the crate: linked once, each test still
+//! its own process under nextest.
+
+
+mod chat_e2e;
+mod chat_live_e2e;
+mod dev_run_e2e;
+mod model_selection_e2e;
+mod python_gitlab_e2e;
+mod shutdown_e2e;
+mod web_e2e;
