@@ -14,6 +14,8 @@ fi
 # The page tests drive Debian's Chromium through chromedriver (tests/src/browser.rs).
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+# Repositories are served and written by git itself (docs/repositories.md).
+command -v git >/dev/null 2>&1 || missing+=(git)
 # Python's pip fetches the model weights (scripts/fetch-models.sh).
 command -v python3 >/dev/null 2>&1 || missing+=(python3 python3-pip)
 

@@ -120,6 +120,8 @@ if [ -z "${DATABASE_URL:-}" ]; then
 fi
 
 export DUO_WEB_ADDR="${DUO_WEB_ADDR:-127.0.0.1:3000}"
+# The projects' git repositories live beside the signing keys, in .duo/.
+export DUO_REPOSITORIES_DIR="${DUO_REPOSITORIES_DIR:-$ROOT/.duo/repositories}"
 export AIGW_GITLAB_URL="${AIGW_GITLAB_URL:-http://$DUO_WEB_ADDR}"
 export AI_GATEWAY_URL="${AI_GATEWAY_URL:-http://127.0.0.1:5052}"
 export AIGW_FASTAPI__API_PORT="${AIGW_FASTAPI__API_PORT:-${AI_GATEWAY_URL##*:}}"
@@ -169,7 +171,11 @@ Their personal access tokens are in $RUN_DIR/seed.json. Ask a question over the 
 curl -s http://$DUO_WEB_ADDR/api/graphql -H 'Authorization: Bearer $token' -H 'Content-Type: application/json' \\
   -d '{"query":"mutation { aiAction(input: {chat: {content: \"What can you do?\"}}) { requestId threadId errors } }"}'
 
-then read the answer:
+Clone a demo repository (alice owns acme; push works too):
+
+git clone http://$user:$token@$DUO_WEB_ADDR/acme/platform/api.git
+
+then read the answer to the question above:
 
 curl -s http://$DUO_WEB_ADDR/api/graphql -H 'Authorization: Bearer $token' -H 'Content-Type: application/json' \\
   -d '{"query":"{ aiMessages { nodes { role content errors } } }"}'

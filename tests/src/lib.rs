@@ -244,6 +244,8 @@ pub struct System {
     pub replicas: Vec<(Service, String)>,
     pub users: Vec<DemoUser>,
     pub http: reqwest::Client,
+    /// Where the monolith keeps this system's repositories.
+    pub repositories: PathBuf,
     monolith_env: Vec<(String, String)>,
     _scratch: ScratchDir,
 }
@@ -334,6 +336,10 @@ impl System {
                 "DUO_SIGNING_KEY_DIR".into(),
                 scratch.0.join("keys").display().to_string(),
             ),
+            (
+                "DUO_REPOSITORIES_DIR".into(),
+                scratch.0.join("repositories").display().to_string(),
+            ),
             ("RUST_LOG".into(), "info,monolith=debug".into()),
             // A killed worker's job is picked up again quickly in the crash test.
             ("DUO_JOB_LEASE_SECS".into(), "2".into()),
@@ -419,6 +425,7 @@ impl System {
             replicas,
             users,
             http,
+            repositories: scratch.0.join("repositories"),
             monolith_env,
             _scratch: scratch,
         })

@@ -15,6 +15,7 @@ use crate::identity::secret_box::SecretBox;
 use crate::lifecycle::Lifecycle;
 use crate::policy::Policy;
 use crate::policy::add_ons::AddOnCatalogue;
+use crate::repositories::Repositories;
 
 /// Why the shared state could not be built (the keys on disk).
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +39,8 @@ pub struct AppState {
     pub lifecycle: Lifecycle,
     /// Which model serves each AI feature.
     pub models: ModelStore,
+    /// The projects' git repositories on disk.
+    pub repositories: Repositories,
 }
 
 impl AppState {
@@ -71,6 +74,8 @@ impl AppState {
             docs_base_url: config.docs_base_url.to_string(),
         });
         let live = LiveHub::new(config.database_url.expose_secret());
+        let (config_repositories_dir, config_git_max_concurrent) =
+            (config.repositories_dir.clone(), config.git_max_concurrent);
         Ok(Self {
             pool,
             policy,
@@ -80,6 +85,7 @@ impl AppState {
             live,
             lifecycle: Lifecycle::new(),
             models: ModelStore::new(Arc::new(secrets)),
+            repositories: Repositories::new(config_repositories_dir, config_git_max_concurrent),
         })
     }
 }

@@ -10,6 +10,10 @@
 //! | `DUO_INSTANCE_REALM` | `self-managed` | `saas` or `self-managed`; seeds the instance settings |
 //! | `DUO_INSTANCE_ID` | derived from the external URL | instance id sent to the gateway |
 //! | `DUO_SIGNING_KEY_DIR` | `.duo/keys` | where the RS256 signing keys live |
+//! | `DUO_REPOSITORIES_DIR` | `.duo/repositories` | where the projects' bare git repositories live |
+//! | `DUO_REPOSITORY_MAX_BLOB_BYTES` | 10485760 | largest file the repository API returns (and chat tools read) |
+//! | `DUO_GIT_MAX_CONCURRENT` | 16 | git processes serving clones and pushes at once (more wait, then 503) |
+//! | `DUO_GIT_MAX_PUSH_BYTES` | 1073741824 | largest push body accepted over HTTP (413 above) |
 //! | `CLOUD_CONNECTOR_SERVICE_NAME` | `gitlab-ai-gateway` | JWT audience |
 //! | `DUO_ADD_ONS_FILE` | `config/duo_add_ons.yml` | unit primitives per add-on (built-in copy if missing) |
 //! | `DUO_AI_ACTION_RATE_LIMIT` | 160 | `aiAction` requests per user per window |
@@ -75,6 +79,14 @@ pub struct Config {
     pub realm: Realm,
     pub instance_id: String,
     pub signing_key_dir: PathBuf,
+    /// Where the projects' bare git repositories live.
+    pub repositories_dir: PathBuf,
+    /// Largest file the repository API returns (and the chat tools read).
+    pub max_blob_bytes: u64,
+    /// git processes serving smart HTTP at once.
+    pub git_max_concurrent: usize,
+    /// Largest push body accepted.
+    pub git_max_push_bytes: u64,
     pub gateway_audience: String,
     pub add_ons_file: PathBuf,
     pub ai_action_rate_limit: u32,
@@ -144,6 +156,13 @@ impl Config {
             external_url,
             realm,
             instance_id,
+            repositories_dir: get("DUO_REPOSITORIES_DIR")
+                .filter(|v| !v.trim().is_empty())
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(".duo/repositories")),
+            max_blob_bytes: parse_or(&get, "DUO_REPOSITORY_MAX_BLOB_BYTES", 10 * 1024 * 1024)?,
+            git_max_concurrent: parse_or(&get, "DUO_GIT_MAX_CONCURRENT", 16)?,
+            git_max_push_bytes: parse_or(&get, "DUO_GIT_MAX_PUSH_BYTES", 1024 * 1024 * 1024)?,
             signing_key_dir: get("DUO_SIGNING_KEY_DIR")
                 .unwrap_or_else(|| ".duo/keys".into())
                 .into(),

@@ -3,7 +3,7 @@
 //! `seed`).
 //!
 //! Modules are layered; a module uses only modules of its own layer or below
-//! (`tests/architecture.rs` checks it):
+//! (`tests/it/architecture.rs` checks it):
 //!
 //! 1. foundations: [`config`], [`db`], [`gid`], [`namespaces`], [`instance`],
 //!    [`lifecycle`]
@@ -12,9 +12,11 @@
 //! 3. who may do what: [`policy`] (abilities, Duo access, seats and add-ons)
 //! 4. domains: [`ai_models`] (which model serves each feature), [`chat`]
 //!    (threads, messages, the completion seam, live delivery),
-//!    [`agent`] (the agent loop, slash commands and tools)
+//!    [`agent`] (the agent loop, slash commands and tools), [`repositories`]
+//!    (git repositories on disk: serving, reading, writing, pushes)
 //! 5. the state the interfaces share: [`app_state`]
-//! 6. interfaces: [`rest`] (`/api/v4`), [`graphql`] (`/api/graphql`), [`probes`]
+//! 6. interfaces: [`rest`] (`/api/v4`), [`graphql`] (`/api/graphql`), [`git_http`]
+//!    (clone and push over smart HTTP), [`probes`]
 //!    (liveness, readiness, metrics), [`web`] (pages for people), [`worker`] (the
 //!    job-running role)
 //! 7. wiring: [`server`] (the `web` role's routes), [`seed`]
@@ -33,9 +35,11 @@ pub mod policy;
 pub mod agent;
 pub mod ai_models;
 pub mod chat;
+pub mod repositories;
 
 pub mod app_state;
 
+pub mod git_http;
 pub mod graphql;
 pub mod probes;
 pub mod rest;

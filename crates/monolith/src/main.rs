@@ -86,7 +86,11 @@ async fn main() -> anyhow::Result<()> {
             let pool = db::pool(&config)?;
             monolith::db::migrate_exclusively(&pool).await?;
             monolith::instance::apply_config(&pool, &config).await?;
-            let report = monolith::seed::run(&pool).await?;
+            let repositories = monolith::repositories::Repositories::new(
+                config.repositories_dir.clone(),
+                config.git_max_concurrent,
+            );
+            let report = monolith::seed::run(&pool, &repositories).await?;
             let out = if json {
                 report.to_json()?
             } else {

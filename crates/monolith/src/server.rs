@@ -34,6 +34,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                 HttpResponse::NotFound().json(serde_json::json!({ "error": "404 Not Found" }))
             })),
     )
+    // Git's smart HTTP (`/<namespace>/<project>.git/...`), before the pages.
+    .configure(crate::git_http::routes)
     .configure(crate::web::routes)
     // Any other path may be a project's page: matched last.
     .configure(crate::web::resources::project_route);

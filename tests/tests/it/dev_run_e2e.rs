@@ -77,6 +77,10 @@ impl Env {
                 "DUO_SIGNING_KEY_DIR".into(),
                 scratch.join("keys").display().to_string(),
             ),
+            (
+                "DUO_REPOSITORIES_DIR".into(),
+                scratch.join("repositories").display().to_string(),
+            ),
             // A provider key: no local model server (it is not what is tested).
             ("ANTHROPIC_API_KEY".into(), "dev-run-test".into()),
         ];

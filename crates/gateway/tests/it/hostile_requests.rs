@@ -215,9 +215,13 @@ async fn the_largest_allowed_request_is_prepared_in_linear_time_off_the_workers(
     }
     assert_eq!(a.await.unwrap(), 200);
     assert_eq!(b.await.unwrap(), 200);
+    // Blocked behind the preparation, a health check would take as long as a
+    // request; off the workers it stays well under that, whatever else loads
+    // the machine (the bound scales with how slow the machine is right now).
+    let bound = Duration::from_millis(250).max(elapsed * 3 / 4);
     assert!(
-        slowest < Duration::from_millis(250),
-        "healthz took {slowest:?}"
+        slowest < bound,
+        "healthz took {slowest:?} (bound {bound:?}, one request {elapsed:?})"
     );
 }
 

@@ -9,6 +9,7 @@
 pub mod gateway_client;
 pub mod history;
 pub mod react_executor;
+pub mod repository_file;
 pub mod slash_commands;
 pub mod tools;
 
@@ -58,6 +59,8 @@ pub struct Services {
     pub external_url: url::Url,
     /// Which model serves each feature.
     pub models: crate::ai_models::ModelStore,
+    /// The projects' repositories (read by `commit_reader`).
+    pub repositories: crate::repositories::Repositories,
 }
 
 impl std::fmt::Debug for Services {
@@ -111,6 +114,8 @@ pub struct Question {
 #[derive(Clone)]
 pub struct AgentResponder {
     services: Arc<Services>,
+    /// The tools the agent may run (all of them unless a caller narrowed it).
+    tools: Arc<tools::ToolBox>,
 }
 
 impl AgentResponder {
@@ -125,7 +130,9 @@ impl AgentResponder {
             issuer: config.external_url.to_string(),
             audience: config.gateway_audience.clone(),
             timeout: config.ai_gateway_timeout,
-            enabled_feature_flags: Vec::new(),
+            // The gateway offers `commit_reader` only behind this flag; this
+            // monolith implements the tool, so it always says so.
+            enabled_feature_flags: vec!["ai_commit_reader_for_chat".to_owned()],
         };
         Ok(Self::new(Services {
             pool,
@@ -133,27 +140,45 @@ impl AgentResponder {
             gateway: GatewayClient::new(keys, settings)?,
             external_url: config.external_url.clone(),
             models: crate::ai_models::ModelStore::new(Arc::new(secrets)),
+            repositories: crate::repositories::Repositories::new(
+                config.repositories_dir.clone(),
+                config.git_max_concurrent,
+            ),
         }))
     }
 
     pub fn new(services: Services) -> Self {
         Self {
             services: Arc::new(services),
+            tools: Arc::new(tools::ToolBox::standard()),
         }
+    }
+
+    /// Runs the agent with these tools only (an older monolith lacking a
+    /// newer tool behaves like this).
+    pub fn with_tools(mut self, tools: tools::ToolBox) -> Self {
+        self.tools = Arc::new(tools);
+        self
     }
 
     /// Sends these feature flags to the gateway (which gates some tools on them).
     pub fn with_enabled_feature_flags(self, flags: Vec<String>) -> Self {
         let mut services = (*self.services).clone();
         services.gateway = services.gateway.with_enabled_feature_flags(flags);
-        Self::new(services)
+        Self {
+            services: Arc::new(services),
+            tools: self.tools,
+        }
     }
 
     /// Gives up on a gateway that stays silent for `timeout` (A1000).
     pub fn with_gateway_timeout(self, timeout: std::time::Duration) -> Result<Self, AgentError> {
         let mut services = (*self.services).clone();
         services.gateway = services.gateway.with_timeout(timeout)?;
-        Ok(Self::new(services))
+        Ok(Self {
+            services: Arc::new(services),
+            tools: self.tools,
+        })
     }
 
     pub fn services(&self) -> &Services {
@@ -184,7 +209,7 @@ impl AgentResponder {
             return Ok(slash_commands::run(&self.services, &ctx, command, &chunks).await);
         }
         Ok(
-            react_executor::ReactExecutor::new(&self.services, &ctx, tools::ToolBox::standard())
+            react_executor::ReactExecutor::new(&self.services, &ctx, &self.tools)
                 .run(&chunks)
                 .await,
         )
@@ -260,6 +285,35 @@ impl AgentResponder {
                 ),
             ),
             None => (None, String::new()),
+        };
+        // A file named but not sent: read it from the repository, if the user
+        // may send that project's code to AI.
+        let (current_file, file_content) = match &question.current_file {
+            Some(f) if file_content.trim().is_empty() && !f.file_name.trim().is_empty() => {
+                match repository_file::read(
+                    &**db,
+                    &services.policy,
+                    &services.repositories,
+                    &services.external_url,
+                    actor,
+                    resource,
+                    &f.file_name,
+                )
+                .await
+                .map_err(Refusal::transient)?
+                {
+                    Some(text) => (
+                        Some(CurrentFile {
+                            file_path: f.file_name.clone(),
+                            data: text.clone(),
+                            selected_code: true,
+                        }),
+                        text,
+                    ),
+                    None => (current_file, file_content),
+                }
+            }
+            _ => (current_file, file_content),
         };
         Ok(RequestContext {
             actor,

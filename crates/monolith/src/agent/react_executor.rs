@@ -52,11 +52,11 @@ pub fn already_used_observation(tool: &str) -> String {
 pub struct ReactExecutor<'a> {
     services: &'a Services,
     ctx: &'a RequestContext,
-    tools: ToolBox,
+    tools: &'a ToolBox,
 }
 
 impl<'a> ReactExecutor<'a> {
-    pub fn new(services: &'a Services, ctx: &'a RequestContext, tools: ToolBox) -> Self {
+    pub fn new(services: &'a Services, ctx: &'a RequestContext, tools: &'a ToolBox) -> Self {
         Self {
             services,
             ctx,

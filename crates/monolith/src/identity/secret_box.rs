@@ -108,15 +108,27 @@ impl SecretBox {
     }
 }
 
+/// Creates `path` with `bytes` unless it exists, atomically: the key is
+/// written whole to a temporary file first and then linked into place, so a
+/// process starting at the same moment reads either no file or the whole key
+/// (never an empty one), and exactly one key wins.
 fn write_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)?;
-    f.write_all(bytes)
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    let linked = std::fs::hard_link(&tmp, path);
+    let _ = std::fs::remove_file(&tmp);
+    linked
 }
 
 #[cfg(test)]

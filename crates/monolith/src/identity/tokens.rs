@@ -12,7 +12,15 @@ use crate::db::DbError;
 pub const TOKEN_PREFIX: &str = "glpat-";
 
 /// Scopes a personal access token may carry.
-pub const KNOWN_SCOPES: &[&str] = &["api", "read_api", "read_user", "ai_features", "sudo"];
+pub const KNOWN_SCOPES: &[&str] = &[
+    "api",
+    "read_api",
+    "read_user",
+    "ai_features",
+    "sudo",
+    "read_repository",
+    "write_repository",
+];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuthenticatedUser {

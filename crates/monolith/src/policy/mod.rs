@@ -17,7 +17,7 @@ mod facts;
 mod read;
 mod write;
 
-pub use write::{EditableItem, WriteAbility};
+pub use write::{EditableItem, PushAccess, WriteAbility};
 
 use crate::config::Realm;
 use crate::db::DbError;
@@ -44,6 +44,8 @@ pub enum Ability {
     ReadMergeRequest,
     ReadBuild,
     ReadNote,
+    /// Read (clone, fetch, browse) a project's repository: GitLab's `download_code`.
+    ReadCode,
     /// Read the container and Duo features are switched on for it.
     AccessDuoFeatures,
     AccessDuoChat,

@@ -31,6 +31,12 @@ impl Policy {
             (ReadBuild, Subject::Build(id)) => {
                 self.read_project_code_item(db, user, "ci_builds", id).await
             }
+            // Code: anyone who reads a public or internal project; reporters and
+            // above in a private one (GitLab's `download_code`).
+            (ReadCode, Subject::Project(id)) => {
+                self.project_allows(db, user, id, Self::project_code_readable)
+                    .await
+            }
             // `read_build` on a project: its pipelines and jobs as a whole.
             (ReadBuild, Subject::Project(id)) => {
                 self.project_allows(db, user, id, Self::project_code_readable)

@@ -23,6 +23,8 @@ pub enum WriteAbility {
     AdminProject,
     /// Rename a project (`rename_project`): owners.
     RenameProject,
+    /// Delete a project and its repository (`remove_project`): owners.
+    RemoveProject,
     /// Change a project's visibility (`change_visibility_level`): owners.
     ChangeProjectVisibility,
     /// Add, change or remove project members (`admin_project_member`): maintainers,
@@ -41,9 +43,11 @@ impl WriteAbility {
     pub fn min_access(self) -> i32 {
         use WriteAbility::*;
         match self {
-            AdminGroup | AdminGroupMember | RenameProject | ChangeProjectVisibility => {
-                access::OWNER
-            }
+            AdminGroup
+            | AdminGroupMember
+            | RenameProject
+            | RemoveProject
+            | ChangeProjectVisibility => access::OWNER,
             CreateProject | AdminProject | AdminProjectMember | ImportJob => access::MAINTAINER,
             CreateMergeRequest => access::DEVELOPER,
             CreateInternalNote => access::REPORTER,
@@ -62,6 +66,7 @@ impl WriteAbility {
                 self,
                 AdminProject
                     | RenameProject
+                    | RemoveProject
                     | ChangeProjectVisibility
                     | AdminProjectMember
                     | CreateMergeRequest
@@ -211,5 +216,56 @@ impl Policy {
             _ => Subject::Project(row.get(0)),
         };
         Ok(self.access_level(db, user, container).await? >= min)
+    }
+}
+
+/// What a user may push to a project's repository.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PushAccess {
+    /// Nothing (GitLab's `push_code` is refused).
+    None,
+    /// Every branch but the protected default branch.
+    UnprotectedBranches,
+    /// Every branch.
+    All,
+}
+
+impl Policy {
+    /// GitLab's `push_code`: developers and above (admins always) of a project
+    /// they can read; the default branch, when the project protects it, only
+    /// for maintainers and above.
+    pub async fn push_access(
+        &self,
+        db: &impl GenericClient,
+        user: Option<Actor>,
+        project: i64,
+    ) -> Result<PushAccess, PolicyError> {
+        let Some(actor) = user else {
+            return Ok(PushAccess::None);
+        };
+        if !self
+            .can(db, user, Ability::ReadCode, Subject::Project(project))
+            .await?
+        {
+            return Ok(PushAccess::None);
+        }
+        let level = self
+            .access_level(db, user, Subject::Project(project))
+            .await?;
+        if !actor.admin && level < access::DEVELOPER {
+            return Ok(PushAccess::None);
+        }
+        let protected: bool = db
+            .query_opt(
+                "SELECT protect_default_branch FROM projects WHERE id = $1",
+                &[&project],
+            )
+            .await?
+            .is_some_and(|r| r.get(0));
+        Ok(if protected && !actor.admin && level < access::MAINTAINER {
+            PushAccess::UnprotectedBranches
+        } else {
+            PushAccess::All
+        })
     }
 }

@@ -31,6 +31,9 @@ pub enum ApiError {
     /// A failed model validation: 400 with `{"message": {field: [errors]}}`.
     #[error("400 Bad request: {0}")]
     Invalid(serde_json::Value),
+    /// 405 with the reason as the message (e.g. deleting the default branch).
+    #[error("{0}")]
+    MethodNotAllowed(&'static str),
     /// 409 with the reason as the message, as GitLab's `conflict!` answers.
     #[error("{0}")]
     Conflict(String),
@@ -96,6 +99,7 @@ impl ResponseError for ApiError {
             ApiError::NotFound(_) | ApiError::RecordNotFound => StatusCode::NOT_FOUND,
             ApiError::BadRequest(_) | ApiError::Invalid(_) => StatusCode::BAD_REQUEST,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }

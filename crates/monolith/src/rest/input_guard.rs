@@ -87,7 +87,18 @@ pub async fn reject_nul<B: MessageBody>(
     mut req: ServiceRequest,
     next: Next<B>,
 ) -> Result<ServiceResponse<EitherBody<B>>, actix_web::Error> {
+    // GraphQL checks its own documents; git's pack data is binary and streamed
+    // to git (its path is still checked for NULs here).
     if req.path() == "/api/graphql" {
+        return Ok(next.call(req).await?.map_into_left_body());
+    }
+    if crate::repositories::http_backend::is_smart_http_path(req.path()) {
+        if encoded_has_nul(req.path()) || encoded_has_nul(req.query_string()) {
+            let error = ApiError::BadRequest("path contains a NUL character".into());
+            return Ok(req
+                .into_response(error.error_response())
+                .map_into_right_body());
+        }
         return Ok(next.call(req).await?.map_into_left_body());
     }
     let has_body = matches!(

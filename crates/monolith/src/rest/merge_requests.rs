@@ -250,6 +250,43 @@ async fn create_merge_request(
     .await
 }
 
+/// The merge request's per-file changes: the real comparison of its branches
+/// when the repository has both, else the diff stored with it.
+async fn file_diffs(
+    state: &AppState,
+    project: i64,
+    row: &tokio_postgres::Row,
+) -> Result<Vec<diffs::FileDiff>, ApiError> {
+    let source: String = row.get("source_branch");
+    let target: String = row.get("target_branch");
+    let compared = crate::repositories::branch_changes(
+        &state.repositories,
+        project,
+        &source,
+        &target,
+        super::repository_commits::MAX_DIFF_FILES,
+    )
+    .await
+    .map_err(super::repository::repository_error)?;
+    Ok(match compared {
+        Some(changes) => changes
+            .into_iter()
+            .map(|c| diffs::FileDiff {
+                old_path: c.old_path,
+                new_path: c.new_path,
+                a_mode: c.a_mode,
+                b_mode: c.b_mode,
+                diff: c.diff,
+                new_file: c.new_file,
+                renamed_file: c.renamed_file,
+                deleted_file: c.deleted_file,
+                generated_file: false,
+            })
+            .collect(),
+        None => diffs::parse(row.get::<_, &str>("diff")),
+    })
+}
+
 /// The merge request with its `changes` (GitLab's older, unpaginated form).
 async fn merge_request_changes(
     state: web::Data<AppState>,
@@ -258,7 +295,7 @@ async fn merge_request_changes(
 ) -> Result<HttpResponse, ApiError> {
     let (project, iid) = path.into_inner();
     let mr = find_merge_request(&state, &req, project, iid).await?;
-    let changes = diffs::parse(mr.row.get::<_, &str>("diff"));
+    let changes = file_diffs(&state, project, &mr.row).await?;
     let mut body = mr.json(&state, mr_json);
     if let Some(obj) = body.as_object_mut() {
         obj.insert("changes_count".into(), json!(changes.len().to_string()));
@@ -283,7 +320,8 @@ async fn merge_request_diffs(
 ) -> Result<HttpResponse, ApiError> {
     let (project, iid) = path.into_inner();
     let mr = find_merge_request(&state, &req, project, iid).await?;
-    let items = diffs::parse(mr.row.get::<_, &str>("diff"))
+    let items = file_diffs(&state, project, &mr.row)
+        .await?
         .into_iter()
         .map(|d| json!(d))
         .collect();

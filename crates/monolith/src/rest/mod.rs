@@ -1,6 +1,7 @@
 //! REST API under `/api/v4` in GitLab's shapes.
 
 mod admin;
+mod branches;
 mod ci;
 mod common;
 mod diffs;
@@ -19,6 +20,8 @@ pub mod pagination;
 pub mod params;
 pub mod path_ids;
 mod projects;
+mod repository;
+mod repository_commits;
 pub mod resources;
 pub mod users;
 

@@ -22,12 +22,14 @@ pub(super) const PROJECT_SQL: &str = "WITH RECURSIVE chain(id, full_path) AS (
         SELECT g.id, c.full_path || '/' || g.path FROM groups g JOIN chain c ON g.parent_id = c.id
     )
     SELECT p.id, p.name, p.path, p.description, p.visibility, p.group_id, p.duo_features_enabled, p.created_at,
+           p.default_branch,
            c.full_path || '/' || p.path AS full_path
     FROM projects p JOIN chain c ON c.id = p.group_id";
 
-pub(super) fn project_json(row: &tokio_postgres::Row, base: &url::Url) -> Value {
+pub(super) fn project_json(state: &AppState, row: &tokio_postgres::Row) -> Value {
+    let base = &state.config.external_url;
     let full_path: String = row.get("full_path");
-    json!({
+    let mut project = json!({
         "id": row.get::<_, i64>("id"),
         "name": row.get::<_, String>("name"),
         "path": row.get::<_, String>("path"),
@@ -38,9 +40,16 @@ pub(super) fn project_json(row: &tokio_postgres::Row, base: &url::Url) -> Value 
         "namespace": { "id": row.get::<_, i64>("group_id"), "kind": "group" },
         "web_url": format!("{}{full_path}", base.as_str()),
         "duo_features_enabled": row.get::<_, bool>("duo_features_enabled"),
-        "default_branch": "main",
         "created_at": ts(row, "created_at"),
-    })
+    });
+    super::repository::project_repository_fields(
+        state,
+        &mut project,
+        row.get("id"),
+        &full_path,
+        row.get("default_branch"),
+    );
+    project
 }
 
 pub(super) async fn list_projects(
@@ -52,10 +61,7 @@ pub(super) async fn list_projects(
     let db = state.pool.get().await?;
     let sql = format!("{PROJECT_SQL} ORDER BY p.id DESC");
     let rows = readable_rows(&state, &**db, user, Item::PROJECT, &sql, &[]).await?;
-    let items = rows
-        .iter()
-        .map(|r| project_json(r, &state.config.external_url))
-        .collect();
+    let items = rows.iter().map(|r| project_json(&state, r)).collect();
     Ok(paged(&req, q.into_inner(), items))
 }
 
@@ -65,7 +71,7 @@ pub(super) async fn project_response(state: &AppState, id: i64) -> Result<Value,
         .query_opt(&format!("{PROJECT_SQL} WHERE p.id = $1"), &[&id])
         .await?
         .ok_or(ApiError::NotFound("Project"))?;
-    Ok(project_json(&row, &state.config.external_url))
+    Ok(project_json(state, &row))
 }
 
 pub(super) async fn show_project(
@@ -127,12 +133,43 @@ pub(super) async fn create_project(
         .await?
         .ok_or_else(|| ApiError::BadRequest("path has already been taken".into()))?;
     let id: i64 = row.get(0);
+    // Every project has its repository from the start (empty until a push).
+    if let Err(e) = state.repositories.ensure(id, "main").await {
+        db.execute("DELETE FROM projects WHERE id = $1", &[&id])
+            .await?;
+        return Err(ApiError::Internal(format!("creating the repository: {e}")));
+    }
     Ok(HttpResponse::Created().json(project_response(&state, id).await?))
+}
+
+/// Owners delete a project: its records go at once, and so does its repository
+/// (GitLab answers 202, as its removal is scheduled).
+pub(super) async fn delete_project(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<i64>,
+) -> Result<HttpResponse, ApiError> {
+    let id = path.into_inner();
+    Container::Project(id)
+        .writer(&state, &req, WriteAbility::RemoveProject)
+        .await?;
+    let db = state.pool.get().await?;
+    db.execute("DELETE FROM projects WHERE id = $1", &[&id])
+        .await?;
+    state
+        .repositories
+        .remove(id)
+        .await
+        .map_err(|e| ApiError::Internal(format!("removing the repository: {e}")))?;
+    Ok(HttpResponse::Accepted().json(json!({ "message": "202 Accepted" })))
 }
 
 #[derive(Debug, Deserialize)]
 pub(super) struct ProjectUpdate {
     name: Option<String>,
+    /// The project's URL path: a rename moves nothing on disk (repositories are
+    /// stored by id), so its history stays; the old clone URL stops working.
+    path: Option<String>,
     description: Option<String>,
     visibility: Option<String>,
     duo_features_enabled: Option<bool>,
@@ -169,6 +206,23 @@ pub(super) async fn update_project(
             require_write(&state, &me, WriteAbility::RenameProject, subject).await?;
         }
     }
+    if let Some(new_path) = b.path.as_deref() {
+        let valid = !new_path.is_empty()
+            && new_path.len() <= 255
+            && new_path
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            && !new_path.starts_with(['-', '.'])
+            && !new_path.ends_with(".git")
+            && !new_path.ends_with(".atom");
+        if !valid {
+            return Err(ApiError::invalid(
+                "path",
+                "can contain only letters, digits, '_', '-' and '.'. Cannot start with '-', end in '.git' or end in '.atom'",
+            ));
+        }
+        require_write(&state, &me, WriteAbility::RenameProject, subject).await?;
+    }
     if let Some(v) = b.visibility.as_deref() {
         let v = check_visibility(Some(v))?;
         if v != visibility {
@@ -181,12 +235,19 @@ pub(super) async fn update_project(
             ));
         }
     }
-    db.execute(
-        "UPDATE projects SET name = coalesce($2, name), description = coalesce($3, description),
-            visibility = coalesce($4, visibility), duo_features_enabled = coalesce($5, duo_features_enabled)
-         WHERE id = $1",
-        &[&id, &b.name, &b.description, &b.visibility, &b.duo_features_enabled],
-    )
-    .await?;
+    let updated = db
+        .execute(
+            "UPDATE projects SET name = coalesce($2, name), description = coalesce($3, description),
+                visibility = coalesce($4, visibility), duo_features_enabled = coalesce($5, duo_features_enabled),
+                path = coalesce($6, path)
+             WHERE id = $1
+               AND NOT EXISTS (SELECT 1 FROM projects o WHERE o.group_id = projects.group_id
+                               AND o.id <> $1 AND lower(o.path) = lower($6))",
+            &[&id, &b.name, &b.description, &b.visibility, &b.duo_features_enabled, &b.path],
+        )
+        .await?;
+    if updated == 0 {
+        return Err(ApiError::invalid("path", "has already been taken"));
+    }
     Ok(HttpResponse::Ok().json(project_response(&state, id).await?))
 }

@@ -41,6 +41,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             "/add_on_purchases/{add_on}/assignments",
             web::post().to(assign_seat),
         )
+        .route("/projects/{id}", web::delete().to(delete_project))
+        .configure(super::repository::routes)
         .configure(members::routes)
         .configure(epics::routes)
         .configure(merge_requests::routes)

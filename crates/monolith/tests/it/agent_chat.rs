@@ -297,12 +297,12 @@ async fn a_user_without_chat_access_is_m3004_before_any_gateway_call() {
 async fn a_tool_the_monolith_lacks_is_a9999_version_skew() {
     let bench = Bench::start().await;
     let world = bench.world().await;
-    // The gateway offers commit_reader behind this flag; this monolith has
-    // no commit_reader, as an older monolith would lack a newer tool.
+    // The gateway offers commit_reader; this responder runs without it, as an
+    // older monolith would lack a newer tool.
     let responder = bench
         .responder
         .clone()
-        .with_enabled_feature_flags(vec!["ai_commit_reader_for_chat".to_owned()]);
+        .with_tools(monolith::agent::tools::ToolBox::standard().without("commit_reader"));
     bench
         .fake
         .push_text(action("commit_reader", "Explain commit abc123"));

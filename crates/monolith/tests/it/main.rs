@@ -5,11 +5,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod agent_support;
+mod git_support;
 mod rest_support;
 mod support;
 
 mod agent_chat;
 mod agent_commands;
+mod agent_commit_reader;
 mod agent_gateway_client;
 mod agent_ndjson;
 mod agent_serialize;
@@ -25,6 +27,8 @@ mod policy_duo_chat;
 mod policy_read;
 mod policy_write;
 mod probes;
+mod repositories_git;
+mod repositories_rest;
 mod rest_members;
 mod rest_merge_requests;
 mod rest_resources;

@@ -196,17 +196,19 @@ async fn ci_job_import_settings_and_seats() {
 #[tokio::test]
 async fn seed_is_idempotent_and_its_tokens_work() {
     let fx = Fx::new().await;
-    let first = monolith::seed::run(&fx.pool).await.unwrap();
-    let second = monolith::seed::run(&fx.pool).await.unwrap();
+    let server = Server::start(&fx).await;
+    let repos = monolith::repositories::Repositories::new(server.repositories.clone(), 4);
+    let first = monolith::seed::run(&fx.pool, &repos).await.unwrap();
+    let second = monolith::seed::run(&fx.pool, &repos).await.unwrap();
     let db = fx.pool.get().await.unwrap();
-    let counts: (i64, i64, i64) = {
+    let counts: (i64, i64, i64, i64) = {
         let row = db
-            .query_one("SELECT (SELECT count(*) FROM users), (SELECT count(*) FROM issues), (SELECT count(*) FROM ci_builds)", &[])
+            .query_one("SELECT (SELECT count(*) FROM users), (SELECT count(*) FROM issues), (SELECT count(*) FROM ci_builds), (SELECT count(*) FROM repository_pushes)", &[])
             .await
             .unwrap();
-        (row.get(0), row.get(1), row.get(2))
+        (row.get(0), row.get(1), row.get(2), row.get(3))
     };
-    assert_eq!(counts, (5, 4, 2), "a second run adds nothing");
+    assert_eq!(counts, (5, 4, 2, 7), "a second run adds nothing");
     let json: Value = serde_json::from_str(&second.to_json().unwrap()).unwrap();
     let users = json["users"].as_array().unwrap();
     assert_eq!(users.len(), 5);
@@ -216,7 +218,6 @@ async fn seed_is_idempotent_and_its_tokens_work() {
             .any(|u| u["username"] == "carol" && u["duo_seat"].is_null())
     );
 
-    let server = Server::start(&fx).await;
     let alice = second.users.iter().find(|u| u.username == "alice").unwrap();
     let (status, _) = get(&server, "/user", &alice.token).await;
     assert_eq!(status, 200);

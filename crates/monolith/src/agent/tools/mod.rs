@@ -6,6 +6,7 @@
 //! Adding a tool: `docs/adding-a-tool.md`.
 
 pub mod build_reader;
+pub mod commit_reader;
 pub mod epic_reader;
 pub mod gitlab_documentation;
 pub mod issue_reader;
@@ -73,12 +74,19 @@ impl ToolBox {
         Self {
             tools: vec![
                 Box::new(build_reader::BuildReader),
+                Box::new(commit_reader::CommitReader),
                 Box::new(epic_reader::epic_reader()),
                 Box::new(issue_reader::issue_reader()),
                 Box::new(merge_request_reader::merge_request_reader()),
                 Box::new(gitlab_documentation::GitlabDocumentation),
             ],
         }
+    }
+
+    /// These tools but the one named `name`.
+    pub fn without(mut self, name: &str) -> Self {
+        self.tools.retain(|t| t.name() != name);
+        self
     }
 
     pub fn find(&self, name: &str) -> Option<&dyn Tool> {

@@ -142,12 +142,16 @@ impl Bench {
 
         let db_url = fx.db.url().to_owned();
         let (gw, ext) = (gateway_url.clone(), external_url.clone());
+        let repositories =
+            std::env::temp_dir().join(format!("duo-agent-repositories-{}", Uuid::new_v4()));
+        let repositories_dir = repositories.display().to_string();
         let config = monolith::config::Config::from_lookup(|k| match k {
             "DATABASE_URL" => Some(db_url.clone()),
             "AI_GATEWAY_URL" => Some(gw.clone()),
             "DUO_EXTERNAL_URL" => Some(ext.clone()),
             "DUO_SIGNING_KEY_DIR" => Some(key_dir.clone()),
             "DUO_INSTANCE_ID" => Some("11111111-2222-3333-4444-555555555555".into()),
+            "DUO_REPOSITORIES_DIR" => Some(repositories_dir.clone()),
             _ => None,
         })
         .unwrap();
@@ -161,6 +165,11 @@ impl Bench {
             config,
             servers,
         }
+    }
+
+    /// The repositories the responder reads.
+    pub fn repositories(&self) -> monolith::repositories::Repositories {
+        monolith::repositories::Repositories::new(self.config.repositories_dir.clone(), 4)
     }
 
     /// A self-managed Ultimate instance; a user with a Duo Enterprise seat who
@@ -294,6 +303,7 @@ impl Bench {
 
 impl Drop for Bench {
     fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.config.repositories_dir);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             for handle in self.servers.drain(..) {
                 rt.spawn(async move { handle.stop(false).await });

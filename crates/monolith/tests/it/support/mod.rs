@@ -224,6 +224,8 @@ pub struct Server {
     handle: actix_web::dev::ServerHandle,
     /// The server's lifecycle: tests begin its stop through it.
     pub lifecycle: monolith::lifecycle::Lifecycle,
+    /// Where this server keeps the projects' repositories (removed on drop).
+    pub repositories: std::path::PathBuf,
 }
 
 impl Server {
@@ -242,10 +244,23 @@ impl Server {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let url = fx.db.url().to_string();
+        // Project ids restart in every test database: each server gets its own
+        // repositories directory.
+        let repositories = std::env::temp_dir().join(format!(
+            "duo-test-repositories-{}-{}",
+            std::process::id(),
+            uuid::Uuid::new_v4()
+        ));
+        let repositories_dir = repositories.display().to_string();
         let config = monolith::config::Config::from_lookup(|k| match k {
             "DATABASE_URL" => Some(url.clone()),
             "DUO_WEB_ADDR" => Some(addr.to_string()),
             "DUO_SIGNING_KEY_DIR" => Some(test_key_dir()),
+            "DUO_REPOSITORIES_DIR"
+                if !settings.iter().any(|(k, _)| *k == "DUO_REPOSITORIES_DIR") =>
+            {
+                Some(repositories_dir.clone())
+            }
             other => settings
                 .iter()
                 .find(|(k, _)| *k == other)
@@ -263,6 +278,7 @@ impl Server {
             base: format!("http://{addr}"),
             handle,
             lifecycle,
+            repositories,
         }
     }
 
@@ -273,6 +289,7 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.repositories);
         let handle = self.handle.clone();
         // Stopping is asynchronous; the runtime may already be gone at drop time.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {

@@ -8,6 +8,9 @@ use tokio_postgres::GenericClient;
 
 use crate::db::DbError;
 use crate::identity::tokens::{self, TokenError};
+use crate::repositories::{Repositories, RepositoryError};
+
+mod repositories;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SeedError {
@@ -19,6 +22,10 @@ pub enum SeedError {
     Password(String),
     #[error("rendering the report failed: {0}")]
     Render(#[from] serde_json::Error),
+    #[error("seeding a repository failed: {0}")]
+    Repository(#[from] RepositoryError),
+    #[error("recording the seeded commits failed: {0}")]
+    Queue(#[from] job_queue::QueueError),
 }
 
 impl From<tokio_postgres::Error> for SeedError {
@@ -214,7 +221,7 @@ async fn issue(
 }
 
 /// Loads the demo data and returns fresh tokens for every demo user.
-pub async fn run(pool: &Pool) -> Result<SeedReport, SeedError> {
+pub async fn run(pool: &Pool, repos: &Repositories) -> Result<SeedReport, SeedError> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     tx.execute(
@@ -296,6 +303,10 @@ pub async fn run(pool: &Pool) -> Result<SeedReport, SeedError> {
         &[&acme, &alice],
     )
     .await?;
+    // The code, then the merge request between its two branches.
+    for (project, update) in repositories::seed(repos, api, website, notes_app).await? {
+        crate::repositories::pushes::record(&*tx, project, None, &[update]).await?;
+    }
     tx.execute(
         "INSERT INTO merge_requests (project_id, iid, title, description, author_id, source_branch, diff)
          VALUES ($1, 1, 'Refresh expired sessions instead of failing', 'Fixes #1 by refreshing the session on login.', $2, 'fix-session-refresh',

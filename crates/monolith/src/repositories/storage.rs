@@ -1,0 +1,232 @@
+//! Where repositories live: `<DUO_REPOSITORIES_DIR>/@hashed/ab/cd/<sha256 of the
+//! project id>.git`, GitLab's hashed layout. The path depends on the project's
+//! id only, so renaming or moving a project moves nothing on disk and keeps its
+//! history; deleting the project deletes the directory.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use sha2::{Digest, Sha256};
+
+/// The hook every repository runs before accepting a push: it refuses updates
+/// of the protected branch named in `DUO_PROTECTED_REF` unless
+/// `DUO_MAY_PUSH_PROTECTED=1`, both set by the monolith for each push.
+const PRE_RECEIVE_HOOK: &str = r#"#!/bin/sh
+# Installed by duo-monolith: branch protection for pushes over HTTP.
+[ -z "$DUO_PROTECTED_REF" ] && exit 0
+[ "$DUO_MAY_PUSH_PROTECTED" = "1" ] && exit 0
+status=0
+while read -r old new ref; do
+  if [ "$ref" = "$DUO_PROTECTED_REF" ]; then
+    echo "GitLab: You are not allowed to push code to protected branches on this project." >&2
+    status=1
+  fi
+done
+exit $status
+"#;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RepositoryError {
+    #[error("git failed: {0}")]
+    Git(String),
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("not found: {0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("reading the repository: {0}")]
+    Read(String),
+    #[error("the branch changed meanwhile; try again")]
+    Conflict,
+}
+
+/// The repositories of this instance.
+#[derive(Debug, Clone)]
+pub struct Repositories {
+    root: PathBuf,
+    /// Bounds how many git processes serve clones and pushes at once, so a
+    /// flood of (anonymous) clones cannot fork the machine to death.
+    slots: Arc<Semaphore>,
+}
+
+impl Repositories {
+    pub fn new(root: impl Into<PathBuf>, max_concurrent: usize) -> Self {
+        Self {
+            root: root.into(),
+            slots: Arc::new(Semaphore::new(max_concurrent.max(1))),
+        }
+    }
+
+    /// A slot for one git process; `None` when all are busy for `wait`.
+    pub async fn slot(&self, wait: std::time::Duration) -> Option<OwnedSemaphorePermit> {
+        tokio::time::timeout(wait, self.slots.clone().acquire_owned())
+            .await
+            .ok()
+            .and_then(Result::ok)
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The repository's path relative to the root (what `git http-backend`
+    /// gets as `PATH_INFO`).
+    pub fn relative_path(project_id: i64) -> String {
+        let digest = hex::encode(Sha256::digest(project_id.to_string().as_bytes()));
+        format!("@hashed/{}/{}/{digest}.git", &digest[..2], &digest[2..4])
+    }
+
+    pub fn path(&self, project_id: i64) -> PathBuf {
+        self.root.join(Self::relative_path(project_id))
+    }
+
+    /// Creates the bare repository (default branch `branch`) unless it exists.
+    pub async fn ensure(&self, project_id: i64, branch: &str) -> Result<PathBuf, RepositoryError> {
+        let path = self.path(project_id);
+        if path.join("HEAD").exists() {
+            return Ok(path);
+        }
+        if let Some(parent) = path.parent() {
+            tokio::fs::create_dir_all(parent).await?;
+        }
+        // Into a temporary directory first, then renamed: a repository is either
+        // complete or absent, also when two requests create it at once.
+        let tmp = path.with_extension(format!("tmp-{}", uuid::Uuid::new_v4()));
+        git(&[
+            "init",
+            "--bare",
+            "--quiet",
+            &format!("--initial-branch={branch}"),
+            &tmp.display().to_string(),
+        ])
+        .await?;
+        for (key, value) in [
+            // Accept only complete, well-formed objects and never rewrite history
+            // by accident through the HTTP server.
+            ("receive.fsckObjects", "true"),
+            ("receive.denyNonFastforwards", "false"),
+            ("http.receivepack", "true"),
+            ("uploadpack.allowFilter", "true"),
+            ("uploadpack.allowAnySHA1InWant", "false"),
+        ] {
+            git(&[
+                "--git-dir",
+                &tmp.display().to_string(),
+                "config",
+                key,
+                value,
+            ])
+            .await?;
+        }
+        let hook = tmp.join("hooks").join("pre-receive");
+        tokio::fs::write(&hook, PRE_RECEIVE_HOOK).await?;
+        set_executable(&hook)?;
+        match tokio::fs::rename(&tmp, &path).await {
+            Ok(()) => Ok(path),
+            // Another request created it first: use theirs.
+            Err(_) if path.join("HEAD").exists() => {
+                let _ = tokio::fs::remove_dir_all(&tmp).await;
+                Ok(path)
+            }
+            Err(e) => {
+                let _ = tokio::fs::remove_dir_all(&tmp).await;
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Whether the repository has no branch yet (also when it was never
+    /// created): a look at the ref files only, cheap enough for project lists.
+    pub fn looks_empty(&self, project_id: i64) -> bool {
+        let path = self.path(project_id);
+        let loose = std::fs::read_dir(path.join("refs").join("heads"))
+            .map(|mut d| d.next().is_none())
+            .unwrap_or(true);
+        let packed = std::fs::read_to_string(path.join("packed-refs"))
+            .map(|text| !text.contains(" refs/heads/"))
+            .unwrap_or(true);
+        loose && packed
+    }
+
+    /// Deletes the repository (the project is gone).
+    pub async fn remove(&self, project_id: i64) -> Result<(), RepositoryError> {
+        let path = self.path(project_id);
+        match tokio::fs::remove_dir_all(&path).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+#[cfg(unix)]
+fn set_executable(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+}
+
+#[cfg(not(unix))]
+fn set_executable(_path: &Path) -> std::io::Result<()> {
+    Ok(())
+}
+
+/// Runs `git` with these arguments; its stdout, or its stderr as the error.
+pub(crate) async fn git(args: &[&str]) -> Result<Vec<u8>, RepositoryError> {
+    git_with(args, &[], None).await
+}
+
+/// Runs `git` with extra environment and optional stdin.
+pub(crate) async fn git_with(
+    args: &[&str],
+    env: &[(&str, &str)],
+    stdin: Option<&[u8]>,
+) -> Result<Vec<u8>, RepositoryError> {
+    use tokio::io::AsyncWriteExt;
+    let mut command = tokio::process::Command::new("git");
+    command
+        .args(args)
+        .env("GIT_TERMINAL_PROMPT", "0")
+        // No user or system configuration changes what the monolith does.
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .envs(env.iter().copied())
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = command.spawn()?;
+    if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(input).await?;
+        drop(pipe);
+    }
+    let out = child.wait_with_output().await?;
+    if !out.status.success() {
+        return Err(RepositoryError::Git(
+            String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        ));
+    }
+    Ok(out.stdout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_hashed_from_the_id_only() {
+        let p = Repositories::relative_path(1);
+        assert!(p.starts_with(
+            "@hashed/6b/86/6b86b273ff34fce19d6b804eff5a3f5747ada4eaa22f1d49c01e52ddb7875b4b"
+        ));
+        assert!(p.ends_with(".git"));
+        assert_ne!(p, Repositories::relative_path(2));
+    }
+}
