@@ -21,6 +21,9 @@ pub mod path_ids;
 mod projects;
 pub mod resources;
 pub mod users;
+pub mod workflows;
+mod workflows_internal;
+mod workflows_socket;
 
 pub use error::ApiError;
 

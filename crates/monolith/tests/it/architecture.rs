@@ -22,6 +22,7 @@ const RANKS: &[(&str, u32)] = &[
     ("ai_models", 6),
     ("chat", 6),
     ("agent", 7),
+    ("workflows", 7),
     ("app_state", 8),
     ("rest", 9),
     ("worker", 9),

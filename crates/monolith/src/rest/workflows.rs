@@ -1,0 +1,328 @@
+//! Duo Workflow's public REST API under `/api/v4/ai/duo_workflows` (GitLab's
+//! `workflows.rb`): create and list the caller's workflows, the agent
+//! privileges, `direct_access` and the service's tools. The internal API the
+//! service and executors use lives in [`super::workflows_internal`], the
+//! executor socket in [`super::workflows_socket`].
+
+use actix_web::{HttpRequest, HttpResponse, web};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::params::Params;
+use super::{ApiError, READ_SCOPES, WRITE_SCOPES, require_user};
+use crate::app_state::AppState;
+use crate::identity::oauth::AI_WORKFLOWS_SCOPE;
+use crate::identity::tokens::AuthenticatedUser;
+use crate::policy::{Ability, Actor, Subject};
+use crate::workflows::store::{self, ListFilter, NewWorkflow, Workflow};
+use crate::workflows::{Caller, WorkflowError, privileges};
+
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.route(
+        "/ai/duo_workflows/workflows/agent_privileges",
+        web::get().to(agent_privileges),
+    )
+    .route("/ai/duo_workflows/workflows", web::post().to(create_workflow))
+    .route("/ai/duo_workflows/workflows", web::get().to(list_workflows))
+    .configure(super::workflows_internal::routes)
+    .configure(super::workflows_socket::routes);
+}
+
+/// Scopes the internal endpoints and the socket accept.
+pub(super) const INTERNAL_SCOPES: &[&str] = &["api", AI_WORKFLOWS_SCOPE];
+
+impl From<WorkflowError> for ApiError {
+    fn from(e: WorkflowError) -> Self {
+        match e {
+            WorkflowError::NotFound => ApiError::RecordNotFound,
+            WorkflowError::Param(msg) => ApiError::BadRequest(msg),
+            WorkflowError::BadRequest(msg) => {
+                ApiError::Invalid(json!(format!("400 Bad request - {msg}")))
+            }
+            WorkflowError::Refused(msg) => ApiError::Invalid(json!(msg)),
+            WorkflowError::Invalid { field, message } => ApiError::invalid(field, message),
+            WorkflowError::Conflict(msg) => ApiError::Conflict(msg),
+            WorkflowError::Db(e) => ApiError::Internal(e.to_string()),
+            WorkflowError::Queue(e) => ApiError::Internal(e.to_string()),
+        }
+    }
+}
+
+/// The caller of a workflow endpoint, with both identities of a composite token.
+pub(super) struct WorkflowCaller {
+    pub user: AuthenticatedUser,
+    pub actor: Actor,
+    pub service_account: Option<Actor>,
+}
+
+impl WorkflowCaller {
+    pub fn caller(&self) -> Caller {
+        Caller {
+            user_id: self.user.id,
+            service_account_id: self.service_account.map(|s| s.id),
+        }
+    }
+}
+
+pub(super) async fn workflow_caller(
+    state: &AppState,
+    req: &HttpRequest,
+    scopes: &[&'static str],
+) -> Result<WorkflowCaller, ApiError> {
+    let user = require_user(state, req, scopes).await?;
+    Ok(WorkflowCaller {
+        actor: Actor::from(&user),
+        service_account: user.service_account.as_ref().map(|s| Actor {
+            id: s.id,
+            admin: s.admin,
+        }),
+        user,
+    })
+}
+
+/// The workflow `id` as its owner (or an admin) sees it: another user's
+/// workflow is 404, as if it did not exist; one whose project the caller (or
+/// the service account acting for them) may no longer run workflows in is 403.
+pub(super) async fn find_workflow(
+    state: &AppState,
+    who: &WorkflowCaller,
+    id: &str,
+) -> Result<Workflow, ApiError> {
+    let id: i64 = id.parse().map_err(|_| ApiError::RecordNotFound)?;
+    let db = state.pool.get().await?;
+    let workflow = store::find(&**db, id)
+        .await?
+        .filter(|w| w.user_id == who.actor.id || who.actor.admin)
+        .ok_or(ApiError::RecordNotFound)?;
+    if !state
+        .policy
+        .can_access_workflow(&**db, who.actor, who.service_account, workflow.facts())
+        .await?
+    {
+        return Err(ApiError::Forbidden);
+    }
+    Ok(workflow)
+}
+
+/// GitLab's workflow entity.
+pub(crate) fn workflow_json(w: &Workflow, gitlab_url: &url::Url) -> Value {
+    json!({
+        "id": w.id,
+        "project_id": w.project_id,
+        "namespace_id": w.namespace_id,
+        "agent_privileges": w.agent_privileges,
+        "agent_privileges_names": privileges::names(&w.agent_privileges),
+        "pre_approved_agent_privileges": w.pre_approved_agent_privileges,
+        "pre_approved_agent_privileges_names": privileges::names(&w.pre_approved_agent_privileges),
+        "workflow_definition": w.workflow_definition,
+        "status": w.status.name(),
+        "goal": w.goal,
+        "summary": w.summary,
+        "allow_agent_to_request_user": w.allow_agent_to_request_user,
+        "image": w.image,
+        "environment": w.environment_name(),
+        "ai_catalog_item_version_id": Value::Null,
+        "workload": Value::Null,
+        "mcp_enabled": false,
+        "gitlab_url": gitlab_url.as_str().trim_end_matches('/'),
+        "created_at": w.created_at,
+        "updated_at": w.updated_at,
+    })
+}
+
+async fn agent_privileges(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
+    require_user(&state, &req, READ_SCOPES).await?;
+    let all: Vec<Value> = privileges::ALL
+        .iter()
+        .map(|(id, name, description)| {
+            json!({
+                "id": id,
+                "name": name,
+                "description": description,
+                "default_enabled": store::DEFAULT_AGENT_PRIVILEGES.contains(id),
+            })
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(json!({ "all_privileges": all })))
+}
+
+/// A project or group given by id or full path.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum IdOrPath {
+    Id(i64),
+    Path(String),
+}
+
+/// The project (or group) a request names, resolved and readable by the
+/// caller; 404 as GitLab answers for both "missing" and "hidden".
+pub(super) async fn resolve_container(
+    state: &AppState,
+    actor: Actor,
+    project: Option<&IdOrPath>,
+    namespace: Option<&IdOrPath>,
+) -> Result<Option<Subject>, ApiError> {
+    let db = state.pool.get().await?;
+    let subject = match (project, namespace) {
+        (Some(p), _) => {
+            let id = match p {
+                IdOrPath::Id(id) => Some(*id),
+                IdOrPath::Path(text) => match text.parse::<i64>() {
+                    Ok(id) => Some(id),
+                    Err(_) => crate::namespaces::project_id_by_full_path(&**db, text).await?,
+                },
+            };
+            let Some(id) = id else {
+                return Err(ApiError::NotFound("Project"));
+            };
+            if !state
+                .policy
+                .can(&**db, Some(actor), Ability::ReadProject, Subject::Project(id))
+                .await?
+            {
+                return Err(ApiError::NotFound("Project"));
+            }
+            Subject::Project(id)
+        }
+        (None, Some(g)) => {
+            let id = match g {
+                IdOrPath::Id(id) => Some(*id),
+                IdOrPath::Path(text) => match text.parse::<i64>() {
+                    Ok(id) => Some(id),
+                    Err(_) => crate::namespaces::group_id_by_full_path(&**db, text).await?,
+                },
+            };
+            let Some(id) = id else {
+                return Err(ApiError::NotFound("Namespace"));
+            };
+            if !state
+                .policy
+                .can(&**db, Some(actor), Ability::ReadGroup, Subject::Group(id))
+                .await?
+            {
+                return Err(ApiError::NotFound("Namespace"));
+            }
+            Subject::Group(id)
+        }
+        (None, None) => return Ok(None),
+    };
+    Ok(Some(subject))
+}
+
+#[derive(Debug, Deserialize)]
+struct CreateParams {
+    project_id: Option<IdOrPath>,
+    namespace_id: Option<IdOrPath>,
+    goal: Option<String>,
+    workflow_definition: Option<String>,
+    agent_privileges: Option<Vec<i64>>,
+    pre_approved_agent_privileges: Option<Vec<i64>>,
+    allow_agent_to_request_user: Option<bool>,
+    environment: Option<String>,
+    image: Option<String>,
+    additional_context: Option<Value>,
+}
+
+/// `POST /ai/duo_workflows/workflows`: 201 with the workflow.
+async fn create_workflow(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    params: Params<CreateParams>,
+) -> Result<HttpResponse, ApiError> {
+    let who = workflow_caller(&state, &req, WRITE_SCOPES).await?;
+    let params = params.into_inner();
+    let container = resolve_container(
+        &state,
+        who.actor,
+        params.project_id.as_ref(),
+        params.namespace_id.as_ref(),
+    )
+    .await?
+    .ok_or_else(|| {
+        ApiError::Invalid(json!(
+            "400 Bad request - project_id or namespace_id must be provided"
+        ))
+    })?;
+    let db = state.pool.get().await?;
+    // Remote flows (`ambient`, formerly `web`) run as the instance's service
+    // account on behalf of the user when one is configured.
+    let remote = matches!(params.environment.as_deref(), Some("ambient" | "web"));
+    let service_account = if remote {
+        crate::workflows::store::instance_service_account(&**db).await?
+    } else {
+        None
+    };
+    if !state
+        .policy
+        .can_run_duo_workflow_as(&**db, who.actor, service_account, container)
+        .await?
+    {
+        return Err(ApiError::Forbidden);
+    }
+    let new = NewWorkflow {
+        container: Some(container),
+        goal: params.goal,
+        workflow_definition: params.workflow_definition,
+        agent_privileges: params.agent_privileges,
+        pre_approved_agent_privileges: params.pre_approved_agent_privileges,
+        allow_agent_to_request_user: params.allow_agent_to_request_user,
+        environment: params.environment,
+        image: params.image,
+        additional_context: params.additional_context,
+        service_account_id: service_account.map(|s| s.id),
+    };
+    let workflow = store::create(&**db, who.caller(), &new).await?;
+    Ok(HttpResponse::Created().json(workflow_json(&workflow, &state.config.external_url)))
+}
+
+#[derive(Debug, Deserialize)]
+struct ListQuery {
+    page: Option<usize>,
+    per_page: Option<usize>,
+    project_id: Option<i64>,
+    workflow_definition: Option<String>,
+    status_group: Option<String>,
+    environment: Option<String>,
+}
+
+/// `GET /ai/duo_workflows/workflows`: the caller's own workflows, newest first.
+async fn list_workflows(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    query: web::Query<ListQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let who = workflow_caller(&state, &req, READ_SCOPES).await?;
+    let q = query.into_inner();
+    let environment = match q.environment.as_deref() {
+        None => None,
+        Some(name) => Some(store::environment_code(name).ok_or_else(|| {
+            ApiError::BadRequest("environment does not have a valid value".into())
+        })?),
+    };
+    let db = state.pool.get().await?;
+    // Bounded: a user's list is read whole (at most this many) and paged here.
+    let workflows = store::list_for_user(
+        &**db,
+        who.actor.id,
+        &ListFilter {
+            project_id: q.project_id,
+            workflow_definition: q.workflow_definition,
+            status_group: q.status_group,
+            environment,
+            limit: 1000,
+        },
+    )
+    .await?;
+    let items: Vec<Value> = workflows
+        .iter()
+        .map(|w| workflow_json(w, &state.config.external_url))
+        .collect();
+    Ok(super::common::paged(
+        &req,
+        super::pagination::PageParams::new(q.page, q.per_page),
+        items,
+    ))
+}
