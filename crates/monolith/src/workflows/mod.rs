@@ -8,12 +8,15 @@
 //! Authorization is the policy's ([`crate::policy::Policy::can_access_workflow`]);
 //! these functions take the already-authorized caller.
 
+pub mod access;
 pub mod checkpoints;
 pub mod events;
 pub mod lease;
 pub mod live;
 pub mod maintenance;
 pub mod privileges;
+pub mod protojson;
+pub mod service;
 pub mod status;
 pub mod store;
 
