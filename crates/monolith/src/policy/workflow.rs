@@ -39,6 +39,20 @@ impl Policy {
         Ok(WORKFLOW_PRIMITIVES.iter().any(|up| granted.contains(up)))
     }
 
+    /// Whether the user may use the Duo Agent Platform at all (outside any
+    /// group or project): Duo on for the instance and a seat granting it.
+    pub async fn may_use_duo_agent_platform(
+        &self,
+        db: &impl GenericClient,
+        user: Actor,
+    ) -> Result<bool, PolicyError> {
+        if !self.instance(db).await?.duo_features_enabled {
+            return Ok(false);
+        }
+        let granted = self.seat_unit_primitives(db, user.id).await?;
+        Ok(WORKFLOW_PRIMITIVES.iter().any(|up| granted.contains(up)))
+    }
+
     /// The composite-identity rule: the human may run workflows there, and so
     /// may the service account acting for them (developer access and Duo on;
     /// service accounts hold no seats).

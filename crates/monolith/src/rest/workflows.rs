@@ -24,6 +24,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     )
     .route("/ai/duo_workflows/workflows", web::post().to(create_workflow))
     .route("/ai/duo_workflows/workflows", web::get().to(list_workflows))
+    .route("/ai/duo_workflows/direct_access", web::post().to(direct_access))
+    .route("/ai/duo_workflows/list_tools", web::get().to(list_tools))
     .configure(super::workflows_internal::routes)
     .configure(super::workflows_socket::routes);
 }
@@ -325,4 +327,214 @@ async fn list_workflows(
         super::pagination::PageParams::new(q.page, q.per_page),
         items,
     ))
+}
+
+#[derive(Debug, Deserialize)]
+struct DirectAccessParams {
+    workflow_definition: Option<String>,
+    project_id: Option<IdOrPath>,
+    namespace_id: Option<IdOrPath>,
+    root_namespace_id: Option<IdOrPath>,
+    /// Our addition: the workflow the tokens are for; one that runs as the
+    /// instance's service account gets a composite token.
+    workflow_id: Option<i64>,
+}
+
+/// The answer when the workflow service cannot mint a token.
+fn service_unavailable(e: &crate::workflows::service::ServiceError) -> HttpResponse {
+    tracing::warn!(error = %e, "workflow service call failed");
+    HttpResponse::BadGateway().json(json!({
+        "message": "502 Bad Gateway - the Duo Workflow service is unavailable"
+    }))
+}
+
+fn service_client(state: &AppState) -> Result<crate::workflows::service::ServiceClient, ApiError> {
+    crate::workflows::service::ServiceClient::new(
+        &state.config.duo_workflow.service_url,
+        state.config.duo_workflow.service_timeout,
+    )
+    .map_err(|e| ApiError::Internal(e.to_string()))
+}
+
+/// 403 unless the caller may use Duo Workflow: in the named project or group,
+/// or (none named) through their seat.
+async fn authorize_platform(
+    state: &AppState,
+    who: &WorkflowCaller,
+    container: Option<Subject>,
+) -> Result<(), ApiError> {
+    let db = state.pool.get().await?;
+    let allowed = match container {
+        Some(container) => {
+            state
+                .policy
+                .can_run_duo_workflow_as(&**db, who.actor, who.service_account, container)
+                .await?
+        }
+        None => state.policy.may_use_duo_agent_platform(&**db, who.actor).await?,
+    };
+    if allowed {
+        Ok(())
+    } else {
+        Err(ApiError::Forbidden)
+    }
+}
+
+/// `POST /ai/duo_workflows/direct_access`: what an executor needs to run a
+/// workflow: this instance's URL with a fresh `ai_workflows` token (2 hours),
+/// the workflow service's address with a token it minted for the user, the
+/// cloud-connector headers and the model metadata (never an API key).
+async fn direct_access(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    params: Params<DirectAccessParams>,
+) -> Result<HttpResponse, ApiError> {
+    let who = workflow_caller(&state, &req, WRITE_SCOPES).await?;
+    let p = params.into_inner();
+    let container = resolve_container(
+        &state,
+        who.actor,
+        p.project_id.as_ref(),
+        p.namespace_id.as_ref().or(p.root_namespace_id.as_ref()),
+    )
+    .await?;
+    authorize_platform(&state, &who, container).await?;
+    let workflow = match p.workflow_id {
+        Some(id) => Some(find_workflow(&state, &who, &id.to_string()).await?),
+        None => None,
+    };
+    let db = state.pool.get().await?;
+    let model = match crate::workflows::access::model_metadata(&**db, &state.models, false).await {
+        Ok(model) => model,
+        Err(crate::workflows::access::AccessError::Disabled) => {
+            return Err(ApiError::ForbiddenBecause(
+                "Duo Agent Platform is disabled on this instance",
+            ));
+        }
+        Err(e) => return Err(ApiError::Internal(e.to_string())),
+    };
+    let headers = crate::workflows::access::cloud_connector_headers(
+        &**db,
+        &state.policy,
+        &state.keys,
+        &state.config,
+        who.actor.id,
+    )
+    .await
+    .map_err(|e| ApiError::Internal(e.to_string()))?;
+    let client = service_client(&state)?;
+    let service_token = match client
+        .generate_token(&headers, p.workflow_definition.as_deref())
+        .await
+    {
+        Ok(token) => token,
+        Err(e) => return Ok(service_unavailable(&e)),
+    };
+    let minted = match workflow.as_ref().and_then(|w| w.service_account_id) {
+        Some(bot) => {
+            crate::identity::oauth::mint_composite(
+                &**db,
+                bot,
+                who.actor.id,
+                crate::identity::oauth::COMPOSITE_TOKEN_LIFETIME,
+            )
+            .await?
+        }
+        None => {
+            crate::identity::oauth::mint(
+                &**db,
+                who.actor.id,
+                crate::identity::oauth::USER_TOKEN_LIFETIME,
+            )
+            .await?
+        }
+    };
+    crate::workflows::audit(
+        &**db,
+        workflow.as_ref().map(|w| w.id),
+        "ai_workflows_token_created",
+        Caller {
+            user_id: who.actor.id,
+            service_account_id: workflow.as_ref().and_then(|w| w.service_account_id),
+        },
+        json!({ "expires_at": minted.expires_at }),
+    )
+    .await?;
+    // The executor presents the service token itself; every other
+    // cloud-connector header goes along as GitLab names them.
+    let mut header_map = serde_json::Map::new();
+    for (name, value) in &headers {
+        if name == contracts::headers::AUTHORIZATION {
+            continue;
+        }
+        header_map.insert(title_case(name), json!(value));
+    }
+    header_map.insert(
+        title_case(crate::workflows::access::MODEL_METADATA_HEADER),
+        json!(model.to_string()),
+    );
+    let service_url = &state.config.duo_workflow.service_url;
+    Ok(HttpResponse::Created().json(json!({
+        "gitlab_rails": {
+            "base_url": state.config.external_url.as_str().trim_end_matches('/'),
+            "token": minted.token,
+            "token_expires_at": minted.expires_at,
+        },
+        "duo_workflow_service": {
+            "base_url": crate::workflows::access::service_base_url(service_url),
+            "token": service_token.token,
+            "token_expires_at": service_token.expires_at,
+            "headers": header_map,
+            "secure": service_url.scheme() == "https",
+        },
+        "duo_workflow_executor": {
+            "executor_binary_url": Value::Null,
+            "executor_binary_urls": {},
+            "version": env!("CARGO_PKG_VERSION"),
+        },
+        "workflow_metadata": {
+            "extended_logging": false,
+            "is_team_member": false,
+            "tool_approval_for_session_enabled": false,
+        },
+        "model_metadata": model,
+        "server_capabilities": service_token.server_capabilities,
+    })))
+}
+
+/// `x-gitlab-realm` → `X-Gitlab-Realm`.
+fn title_case(name: &str) -> String {
+    name.split('-')
+        .map(|part| {
+            let mut chars = part.chars();
+            match chars.next() {
+                Some(first) => first.to_ascii_uppercase().to_string() + chars.as_str(),
+                None => String::new(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("-")
+}
+
+/// `GET /ai/duo_workflows/list_tools`: the workflow service's tools.
+async fn list_tools(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
+    let who = workflow_caller(&state, &req, READ_SCOPES).await?;
+    authorize_platform(&state, &who, None).await?;
+    let db = state.pool.get().await?;
+    let headers = crate::workflows::access::cloud_connector_headers(
+        &**db,
+        &state.policy,
+        &state.keys,
+        &state.config,
+        who.actor.id,
+    )
+    .await
+    .map_err(|e| ApiError::Internal(e.to_string()))?;
+    match service_client(&state)?.list_tools(&headers).await {
+        Ok(tools) => Ok(HttpResponse::Ok().json(json!({ "tools": tools }))),
+        Err(e) => Ok(service_unavailable(&e)),
+    }
 }

@@ -7,7 +7,7 @@
 
 use std::sync::LazyLock;
 
-use contracts::duo_workflow::{Action, ClientEvent, Message};
+use contracts::duo_workflow::{Action, ClientEvent, ListToolsResponse, Message};
 use prost_reflect::{DescriptorPool, DeserializeOptions, DynamicMessage, MessageDescriptor};
 
 const DESCRIPTOR_SET: &[u8] =
@@ -65,6 +65,17 @@ pub fn client_event_from_json(text: &str) -> Result<ClientEvent, ProtoJsonError>
 /// One `Action` as a protojson text frame.
 pub fn action_to_json(action: &Action) -> Result<String, ProtoJsonError> {
     to_json("Action", action)
+}
+
+/// The `tools` of a `ListTools` answer as plain JSON.
+pub fn list_tools_to_json(response: &ListToolsResponse) -> Result<serde_json::Value, ProtoJsonError> {
+    let text = to_json("ListToolsResponse", response)?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| ProtoJsonError::Invalid(e.to_string()))?;
+    Ok(value
+        .get("tools")
+        .cloned()
+        .unwrap_or_else(|| serde_json::json!([])))
 }
 
 /// One `Action` from protojson (tests and tools playing the service).

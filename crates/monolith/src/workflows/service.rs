@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
-use contracts::duo_workflow::{Action, ClientEvent, GenerateTokenRequest, GenerateTokenResponse};
+use contracts::duo_workflow::duo_workflow_client::DuoWorkflowClient;
+use contracts::duo_workflow::{Action, ClientEvent, GenerateTokenRequest, ListToolsRequest};
 use futures::Stream;
-use tonic::codegen::http::uri::PathAndQuery;
 use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue, MetadataMap};
 use tonic::transport::{Channel, Endpoint};
 
@@ -40,7 +40,12 @@ pub struct ServiceToken {
     pub token: String,
     /// Seconds since the Unix epoch.
     pub expires_at: i64,
+    /// What the service can do (`tool_call_approval`, ...).
+    pub server_capabilities: Vec<String>,
 }
+
+/// Largest message either way (the service's limit).
+pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 
 /// A lazily connected client; cheap to clone.
 #[derive(Clone, Debug)]
@@ -63,37 +68,50 @@ impl ServiceClient {
         })
     }
 
-    async fn ready(&self) -> Result<tonic::client::Grpc<Channel>, ServiceError> {
-        let mut grpc = tonic::client::Grpc::new(self.channel.clone());
-        tokio::time::timeout(self.timeout, grpc.ready())
-            .await
-            .map_err(|_| ServiceError::Unreachable("timed out".into()))?
-            .map_err(|e| ServiceError::Unreachable(e.to_string()))?;
-        Ok(grpc)
+    fn client(&self) -> DuoWorkflowClient<Channel> {
+        // The service's messages may be as large as 4 MiB each way.
+        DuoWorkflowClient::new(self.channel.clone())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES)
     }
 
     /// `GenerateToken`: a service token for the user whose headers these are.
     pub async fn generate_token(
         &self,
         headers: &[(String, String)],
+        workflow_definition: Option<&str>,
     ) -> Result<ServiceToken, ServiceError> {
-        let mut grpc = self.ready().await?;
-        let mut request = tonic::Request::new(GenerateTokenRequest::default());
+        let mut request = tonic::Request::new(GenerateTokenRequest {
+            workflow_definition: workflow_definition.map(str::to_owned),
+            ..GenerateTokenRequest::default()
+        });
         request.set_timeout(self.timeout);
         apply_metadata(request.metadata_mut(), headers)?;
-        let codec = tonic_prost::ProstCodec::<GenerateTokenRequest, GenerateTokenResponse>::default();
-        let response = grpc
-            .unary(
-                request,
-                PathAndQuery::from_static("/DuoWorkflow/GenerateToken"),
-                codec,
-            )
+        let response = self
+            .call(self.client().generate_token(request))
             .await?
             .into_inner();
         Ok(ServiceToken {
             token: response.token,
             expires_at: response.expires_at,
+            server_capabilities: response.server_capabilities,
         })
+    }
+
+    /// `ListTools`: the service's tools as OpenAI-style schemas (protojson).
+    pub async fn list_tools(
+        &self,
+        headers: &[(String, String)],
+    ) -> Result<serde_json::Value, ServiceError> {
+        let mut request = tonic::Request::new(ListToolsRequest::default());
+        request.set_timeout(self.timeout);
+        apply_metadata(request.metadata_mut(), headers)?;
+        let response = self
+            .call(self.client().list_tools(request))
+            .await?
+            .into_inner();
+        super::protojson::list_tools_to_json(&response)
+            .map_err(|e| ServiceError::Unreachable(e.to_string()))
     }
 
     /// Opens `ExecuteWorkflow`: `outbound` goes up, the service's actions come back.
@@ -102,18 +120,28 @@ impl ServiceClient {
         headers: &[(String, String)],
         outbound: impl Stream<Item = ClientEvent> + Send + 'static,
     ) -> Result<tonic::Streaming<Action>, ServiceError> {
-        let mut grpc = self.ready().await?;
         let mut request = tonic::Request::new(outbound);
         apply_metadata(request.metadata_mut(), headers)?;
-        let codec = tonic_prost::ProstCodec::<ClientEvent, Action>::default();
-        Ok(grpc
-            .streaming(
-                request,
-                PathAndQuery::from_static("/DuoWorkflow/ExecuteWorkflow"),
-                codec,
-            )
+        Ok(self
+            .call(self.client().execute_workflow(request))
             .await?
             .into_inner())
+    }
+
+    /// A call bounded by the client's timeout; an unreachable service is
+    /// told apart from one that answered with an error.
+    async fn call<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, tonic::Status>>,
+    ) -> Result<T, ServiceError> {
+        match tokio::time::timeout(self.timeout, call).await {
+            Err(_) => Err(ServiceError::Unreachable("timed out".into())),
+            Ok(Err(status)) if status.code() == tonic::Code::Unavailable => {
+                Err(ServiceError::Unreachable(status.message().to_owned()))
+            }
+            Ok(Err(status)) => Err(status.into()),
+            Ok(Ok(value)) => Ok(value),
+        }
     }
 }
 
