@@ -14,7 +14,7 @@ use std::pin::pin;
 use std::time::Duration;
 
 use actix_web::{HttpRequest, HttpResponse, web};
-use actix_ws::{CloseCode, CloseReason, Message};
+use actix_ws::{CloseCode, CloseReason};
 use contracts::duo_workflow::{
     Action, ActionResponse, ClientEvent, HttpResponse as ActionHttpResponse, RunHttpRequest,
     action, action_response, client_event,

@@ -293,12 +293,12 @@ pub async fn create(
         .as_deref()
         .and_then(sanitize_model_metadata)
     {
-        remember_model_metadata(&tx, workflow.id, &clean).await?;
+        remember_model_metadata(&*tx, workflow.id, &clean).await?;
     }
     let status = locked
         .and_then(|r| super::Status::from_code(r.get(0)))
         .unwrap_or(workflow.status);
-    live::publish_checkpoint(&tx, workflow, status, &stored).await?;
+    live::publish_checkpoint(&*tx, workflow, status, &stored).await?;
     tx.commit().await?;
     Ok(stored)
 }

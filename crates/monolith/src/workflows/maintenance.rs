@@ -40,7 +40,7 @@ pub async fn fail_stuck(
     for row in &rows {
         let workflow = from_row(row);
         audit(
-            &tx,
+            &*tx,
             Some(workflow.id),
             "duo_session_dropped_as_stuck",
             Caller {
@@ -50,7 +50,7 @@ pub async fn fail_stuck(
             json!({ "event": "drop", "stale_after_secs": stale_after.as_secs() }),
         )
         .await?;
-        live::publish_status(&tx, &workflow).await?;
+        live::publish_status(&*tx, &workflow).await?;
         ids.push(workflow.id);
     }
     tx.commit().await?;

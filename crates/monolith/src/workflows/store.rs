@@ -400,14 +400,14 @@ pub async fn apply_status_event(
                 .await?;
             let workflow = from_row(&row);
             audit(
-                &tx,
+                &*tx,
                 Some(workflow_id),
                 "duo_session_status_changed",
                 caller,
                 json!({ "event": event_name, "from": from.name(), "to": to.name() }),
             )
             .await?;
-            super::live::publish_status(&tx, &workflow).await?;
+            super::live::publish_status(&*tx, &workflow).await?;
             tx.commit().await?;
             Ok(StatusChange {
                 workflow,
