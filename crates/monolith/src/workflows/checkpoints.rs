@@ -424,9 +424,7 @@ pub async fn create_writes(
     }
     check_text("thread_ts", thread_ts, MAX_TS_CHARS)?;
     if writes.is_empty() {
-        return Err(WorkflowError::BadRequest(
-            "checkpoint_writes is empty".into(),
-        ));
+        return Err(WorkflowError::Param("checkpoint_writes is empty".into()));
     }
     if writes.len() > MAX_WRITES_PER_BATCH {
         return Err(WorkflowError::BadRequest(format!(

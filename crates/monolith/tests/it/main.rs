@@ -4,6 +4,7 @@
 mod agent_support;
 mod rest_support;
 mod support;
+mod workflows_support;
 
 mod agent_chat;
 mod agent_commands;
@@ -30,3 +31,5 @@ mod rest_writes;
 mod subscriptions_live;
 mod web_sign_in;
 mod worker_completion;
+mod workflows_rest;
+mod workflows_state_machine;
