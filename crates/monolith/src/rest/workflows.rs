@@ -276,7 +276,12 @@ async fn create_workflow(
         additional_context: params.additional_context,
         service_account_id: service_account.map(|s| s.id),
     };
-    let workflow = store::create(&**db, who.caller(), &new).await?;
+    // The audit trail names the service account the workflow will run as.
+    let caller = Caller {
+        user_id: who.actor.id,
+        service_account_id: service_account.map(|s| s.id).or(who.caller().service_account_id),
+    };
+    let workflow = store::create(&**db, caller, &new).await?;
     Ok(HttpResponse::Created().json(workflow_json(&workflow, &state.config.external_url)))
 }
 

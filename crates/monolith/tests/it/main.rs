@@ -33,3 +33,4 @@ mod web_sign_in;
 mod worker_completion;
 mod workflows_rest;
 mod workflows_state_machine;
+mod workflows_tokens;
