@@ -34,3 +34,4 @@ mod worker_completion;
 mod workflows_rest;
 mod workflows_state_machine;
 mod workflows_tokens;
+mod workflows_socket;
