@@ -35,3 +35,5 @@ mod workflows_rest;
 mod workflows_state_machine;
 mod workflows_tokens;
 mod workflows_socket;
+mod workflows_graphql;
+mod workflows_jobs;
