@@ -15,7 +15,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .arg("--include_imports")
         .arg(format!("--descriptor_set_out={}", out.display()))
         .arg(format!("-I{}", proto_dir.display()))
-        .arg(format!("-I{}", protoc_bin_vendored::include_path()?.display()))
+        .arg(format!(
+            "-I{}",
+            protoc_bin_vendored::include_path()?.display()
+        ))
         .arg(&proto)
         .status()?;
     if !status.success() {

@@ -138,8 +138,7 @@ impl DuoWorkflowConfig {
         Ok(Self {
             service_url: parse_url(
                 "DUO_WORKFLOW_SERVICE_URL",
-                &get("DUO_WORKFLOW_SERVICE_URL")
-                    .unwrap_or_else(|| "http://127.0.0.1:50052".into()),
+                &get("DUO_WORKFLOW_SERVICE_URL").unwrap_or_else(|| "http://127.0.0.1:50052".into()),
             )?,
             service_timeout: Duration::from_secs(positive(
                 parse_or(get, "DUO_WORKFLOW_SERVICE_TIMEOUT_SECS", 10)?,

@@ -142,7 +142,9 @@ fn workflow_of(w: &Workflow, latest: Option<&Checkpoint>) -> DuoWorkflow {
         id: AiDuoWorkflowsWorkflowId(gid::format(WORKFLOW_GID_MODEL, w.id)),
         user_id: UserId(gid::format("User", w.user_id)),
         project_id: w.project_id.map(|p| ProjectId(gid::format("Project", p))),
-        namespace_id: w.namespace_id.map(|n| NamespaceId(gid::format("Namespace", n))),
+        namespace_id: w
+            .namespace_id
+            .map(|n| NamespaceId(gid::format("Namespace", n))),
         goal: Some(w.goal.clone()),
         human_status: w.status.human_name(),
         status: Some(w.status.into()),

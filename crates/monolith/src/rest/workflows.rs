@@ -22,9 +22,15 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         "/ai/duo_workflows/workflows/agent_privileges",
         web::get().to(agent_privileges),
     )
-    .route("/ai/duo_workflows/workflows", web::post().to(create_workflow))
+    .route(
+        "/ai/duo_workflows/workflows",
+        web::post().to(create_workflow),
+    )
     .route("/ai/duo_workflows/workflows", web::get().to(list_workflows))
-    .route("/ai/duo_workflows/direct_access", web::post().to(direct_access))
+    .route(
+        "/ai/duo_workflows/direct_access",
+        web::post().to(direct_access),
+    )
     .route("/ai/duo_workflows/list_tools", web::get().to(list_tools))
     .configure(super::workflows_internal::routes)
     .configure(super::workflows_socket::routes);
@@ -182,7 +188,12 @@ pub(super) async fn resolve_container(
             };
             if !state
                 .policy
-                .can(&**db, Some(actor), Ability::ReadProject, Subject::Project(id))
+                .can(
+                    &**db,
+                    Some(actor),
+                    Ability::ReadProject,
+                    Subject::Project(id),
+                )
                 .await?
             {
                 return Err(ApiError::NotFound("Project"));
@@ -279,7 +290,9 @@ async fn create_workflow(
     // The audit trail names the service account the workflow will run as.
     let caller = Caller {
         user_id: who.actor.id,
-        service_account_id: service_account.map(|s| s.id).or(who.caller().service_account_id),
+        service_account_id: service_account
+            .map(|s| s.id)
+            .or(who.caller().service_account_id),
     };
     let workflow = store::create(&**db, caller, &new).await?;
     Ok(HttpResponse::Created().json(workflow_json(&workflow, &state.config.external_url)))
@@ -376,7 +389,12 @@ async fn authorize_platform(
                 .can_run_duo_workflow_as(&**db, who.actor, who.service_account, container)
                 .await?
         }
-        None => state.policy.may_use_duo_agent_platform(&**db, who.actor).await?,
+        None => {
+            state
+                .policy
+                .may_use_duo_agent_platform(&**db, who.actor)
+                .await?
+        }
     };
     if allowed {
         Ok(())

@@ -17,37 +17,43 @@ use crate::workflows::checkpoints::{self, NewCheckpoint, NewWrite};
 use crate::workflows::{WorkflowError, events, store};
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/ai/duo_workflows/revoke_token", web::post().to(revoke_token))
-        .route("/ai/duo_workflows/workflows/{id}", web::get().to(show))
-        .route("/ai/duo_workflows/workflows/{id}", web::patch().to(update_status))
-        .route(
-            "/ai/duo_workflows/workflows/{id}/checkpoints",
-            web::post().to(create_checkpoint),
-        )
-        .route(
-            "/ai/duo_workflows/workflows/{id}/checkpoints",
-            web::get().to(list_checkpoints),
-        )
-        .route(
-            "/ai/duo_workflows/workflows/{id}/checkpoints/{checkpoint_id}",
-            web::get().to(show_checkpoint),
-        )
-        .route(
-            "/ai/duo_workflows/workflows/{id}/checkpoint_writes_batch",
-            web::post().to(create_writes),
-        )
-        .route(
-            "/ai/duo_workflows/workflows/{id}/events",
-            web::post().to(create_event),
-        )
-        .route(
-            "/ai/duo_workflows/workflows/{id}/events",
-            web::get().to(list_events),
-        )
-        .route(
-            "/ai/duo_workflows/workflows/{id}/events/{event_id}",
-            web::put().to(update_event),
-        );
+    cfg.route(
+        "/ai/duo_workflows/revoke_token",
+        web::post().to(revoke_token),
+    )
+    .route("/ai/duo_workflows/workflows/{id}", web::get().to(show))
+    .route(
+        "/ai/duo_workflows/workflows/{id}",
+        web::patch().to(update_status),
+    )
+    .route(
+        "/ai/duo_workflows/workflows/{id}/checkpoints",
+        web::post().to(create_checkpoint),
+    )
+    .route(
+        "/ai/duo_workflows/workflows/{id}/checkpoints",
+        web::get().to(list_checkpoints),
+    )
+    .route(
+        "/ai/duo_workflows/workflows/{id}/checkpoints/{checkpoint_id}",
+        web::get().to(show_checkpoint),
+    )
+    .route(
+        "/ai/duo_workflows/workflows/{id}/checkpoint_writes_batch",
+        web::post().to(create_writes),
+    )
+    .route(
+        "/ai/duo_workflows/workflows/{id}/events",
+        web::post().to(create_event),
+    )
+    .route(
+        "/ai/duo_workflows/workflows/{id}/events",
+        web::get().to(list_events),
+    )
+    .route(
+        "/ai/duo_workflows/workflows/{id}/events/{event_id}",
+        web::put().to(update_event),
+    );
 }
 
 #[derive(Debug, Deserialize)]
@@ -71,8 +77,14 @@ async fn revoke_token(
     let db = state.pool.get().await?;
     match oauth::revoke(&**db, who.actor.id, &token).await? {
         Revocation::Revoked => {
-            crate::workflows::audit(&**db, None, "ai_workflows_token_revoked", who.caller(), json!({}))
-                .await?;
+            crate::workflows::audit(
+                &**db,
+                None,
+                "ai_workflows_token_revoked",
+                who.caller(),
+                json!({}),
+            )
+            .await?;
             Ok(HttpResponse::Ok().json(json!({ "message": "Token revoked" })))
         }
         Revocation::NotFound => Err(ApiError::Unauthorized),
@@ -114,8 +126,7 @@ async fn update_status(
         .ok_or_else(|| ApiError::BadRequest("status_event is missing".into()))?;
     let workflow = find_workflow(&state, &who, &path).await?;
     let mut client = state.pool.get().await?;
-    let change =
-        store::apply_status_event(&mut client, workflow.id, &event, who.caller()).await?;
+    let change = store::apply_status_event(&mut client, workflow.id, &event, who.caller()).await?;
     Ok(HttpResponse::Ok().json(json!({
         "workflow": workflow_json(&change.workflow, &state.config.external_url),
         "message": change.message,

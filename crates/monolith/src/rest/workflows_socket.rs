@@ -145,8 +145,13 @@ async fn claim_run(state: &AppState, who: &WorkflowCaller, id: &str) -> Result<R
         })?;
     let minted = match workflow.service_account_id {
         Some(bot) => {
-            oauth::mint_composite(&**db, bot, workflow.user_id, oauth::COMPOSITE_TOKEN_LIFETIME)
-                .await
+            oauth::mint_composite(
+                &**db,
+                bot,
+                workflow.user_id,
+                oauth::COMPOSITE_TOKEN_LIFETIME,
+            )
+            .await
         }
         None => oauth::mint(&**db, who.actor.id, oauth::USER_TOKEN_LIFETIME).await,
     };
@@ -209,8 +214,10 @@ fn close_reason(code: CloseCode, text: &str) -> Option<CloseReason> {
 /// Reads the client's first text frame (answering pings meanwhile).
 async fn first_text(
     session: &mut actix_ws::Session,
-    stream: &mut (impl futures::Stream<Item = Result<actix_ws::AggregatedMessage, actix_ws::ProtocolError>>
-              + Unpin),
+    stream: &mut (
+             impl futures::Stream<Item = Result<actix_ws::AggregatedMessage, actix_ws::ProtocolError>>
+             + Unpin
+         ),
 ) -> Result<String, Option<CloseReason>> {
     loop {
         match stream.next().await {
@@ -327,15 +334,10 @@ async fn service_headers(
 ) -> Result<Vec<(String, String)>, String> {
     let db = state.pool.get().await.map_err(|e| e.to_string())?;
     let user = run.workflow.user_id;
-    let mut headers = access::cloud_connector_headers(
-        &**db,
-        &state.policy,
-        &state.keys,
-        &state.config,
-        user,
-    )
-    .await
-    .map_err(|e| e.to_string())?;
+    let mut headers =
+        access::cloud_connector_headers(&**db, &state.policy, &state.keys, &state.config, user)
+            .await
+            .map_err(|e| e.to_string())?;
     let model = access::model_metadata(&**db, &state.models, true)
         .await
         .map_err(|e| e.to_string())?;
@@ -367,8 +369,10 @@ async fn run_stream(
     run: &Run,
     start: ClientEvent,
     session: &mut actix_ws::Session,
-    stream: &mut (impl futures::Stream<Item = Result<actix_ws::AggregatedMessage, actix_ws::ProtocolError>>
-              + Unpin),
+    stream: &mut (
+             impl futures::Stream<Item = Result<actix_ws::AggregatedMessage, actix_ws::ProtocolError>>
+             + Unpin
+         ),
     local: SocketAddr,
 ) -> Option<CloseReason> {
     let client = match ServiceClient::new(
@@ -545,9 +549,7 @@ async fn answer_locally(
         match chunk {
             Ok(bytes) => {
                 if body.len() + bytes.len() > MAX_LOCAL_BODY_BYTES {
-                    return failed(format!(
-                        "response larger than {MAX_LOCAL_BODY_BYTES} bytes"
-                    ));
+                    return failed(format!("response larger than {MAX_LOCAL_BODY_BYTES} bytes"));
                 }
                 body.extend_from_slice(&bytes);
             }

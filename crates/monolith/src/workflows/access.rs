@@ -54,9 +54,7 @@ pub async fn model_metadata(
                 "endpoint": meta.endpoint,
                 "identifier": meta.identifier,
             });
-            if with_key
-                && let (Some(key), Some(obj)) = (meta.api_key, v.as_object_mut())
-            {
+            if with_key && let (Some(key), Some(obj)) = (meta.api_key, v.as_object_mut()) {
                 obj.insert("api_key".into(), json!(key));
             }
             v
@@ -109,7 +107,11 @@ pub async fn cloud_connector_headers(
         ),
         (
             headers::HOST_NAME.into(),
-            config.external_url.host_str().unwrap_or_default().to_owned(),
+            config
+                .external_url
+                .host_str()
+                .unwrap_or_default()
+                .to_owned(),
         ),
         (headers::VERSION.into(), GITLAB_VERSION.into()),
     ])

@@ -256,9 +256,7 @@ pub async fn create(
         .map(|r| r.get(0));
     if parent_ts != latest {
         return Err(WorkflowError::BadRequest(match &latest {
-            Some(ts) => format!(
-                "parent_ts must be the thread_ts of the latest checkpoint ({ts})"
-            ),
+            Some(ts) => format!("parent_ts must be the thread_ts of the latest checkpoint ({ts})"),
             None => "parent_ts must be empty for the first checkpoint".into(),
         }));
     }
@@ -440,9 +438,8 @@ pub async fn create_writes(
         let channel = w.channel.clone().ok_or_else(|| missing("channel"))?;
         let write_type = w.write_type.clone().ok_or_else(|| missing("write_type"))?;
         let data = w.data.clone().ok_or_else(|| missing("data"))?;
-        let idx = i32::try_from(idx).map_err(|_| {
-            WorkflowError::Param(format!("checkpoint_writes[{n}][idx] is invalid"))
-        })?;
+        let idx = i32::try_from(idx)
+            .map_err(|_| WorkflowError::Param(format!("checkpoint_writes[{n}][idx] is invalid")))?;
         for (field, value) in [
             ("task", &task),
             ("channel", &channel),
@@ -535,7 +532,10 @@ pub fn to_json(c: &Checkpoint, compressed: bool) -> Value {
     });
     if let Some(obj) = v.as_object_mut() {
         if compressed {
-            obj.insert("compressed_checkpoint".into(), json!(compress(&c.checkpoint)));
+            obj.insert(
+                "compressed_checkpoint".into(),
+                json!(compress(&c.checkpoint)),
+            );
         } else {
             obj.insert("checkpoint".into(), c.checkpoint.clone());
         }

@@ -87,9 +87,8 @@ pub async fn create(
     let Some(event_type) = event_type else {
         return Err(WorkflowError::Param("event_type is missing".into()));
     };
-    let code = code_of(EVENT_TYPES, event_type).ok_or_else(|| {
-        WorkflowError::Param("event_type does not have a valid value".into())
-    })?;
+    let code = code_of(EVENT_TYPES, event_type)
+        .ok_or_else(|| WorkflowError::Param("event_type does not have a valid value".into()))?;
     let Some(message) = message else {
         return Err(WorkflowError::Param("message is missing".into()));
     };
@@ -183,9 +182,8 @@ pub async fn set_status(
     let Some(event_status) = event_status else {
         return Err(WorkflowError::Param("event_status is missing".into()));
     };
-    let code = code_of(EVENT_STATUSES, event_status).ok_or_else(|| {
-        WorkflowError::Param("event_status does not have a valid value".into())
-    })?;
+    let code = code_of(EVENT_STATUSES, event_status)
+        .ok_or_else(|| WorkflowError::Param("event_status does not have a valid value".into()))?;
     let row = db
         .query_opt(
             &format!(

@@ -71,7 +71,10 @@ async fn publish(
 
 /// Tells the owner's subscribers about a status change, with the newest
 /// checkpoint (as GitLab's trigger does).
-pub async fn publish_status(db: &impl GenericClient, workflow: &Workflow) -> Result<(), WorkflowError> {
+pub async fn publish_status(
+    db: &impl GenericClient,
+    workflow: &Workflow,
+) -> Result<(), WorkflowError> {
     let latest = checkpoints::latest(db, workflow.id).await?;
     let message = WorkflowEventMessage::new(workflow, workflow.status, latest.as_ref());
     publish(db, workflow.user_id, &message).await

@@ -51,7 +51,10 @@ pub enum WorkflowError {
     Refused(String),
     /// A model validation of one field (`{"message": {field: [error]}}`).
     #[error("{field} {message}")]
-    Invalid { field: &'static str, message: String },
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
     /// Another run holds the workflow.
     #[error("{0}")]
     Conflict(String),

@@ -3,13 +3,29 @@
 
 /// `(id, name, description)` of every privilege, in GitLab's numbering.
 pub const ALL: &[(i16, &str, &str)] = &[
-    (1, "read_write_files", "Allow local filesystem read/write access"),
-    (2, "read_only_gitlab", "Allow read only access to GitLab APIs"),
+    (
+        1,
+        "read_write_files",
+        "Allow local filesystem read/write access",
+    ),
+    (
+        2,
+        "read_only_gitlab",
+        "Allow read only access to GitLab APIs",
+    ),
     (3, "read_write_gitlab", "Allow write access to GitLab APIs"),
     (4, "run_commands", "Allow running any commands"),
-    (5, "use_git", "Allow git commits, push and other git commands"),
+    (
+        5,
+        "use_git",
+        "Allow git commits, push and other git commands",
+    ),
     (6, "run_mcp_tools", "Allow running MCP tools"),
-    (7, "start_flows", "Allow starting foundational flows from chat"),
+    (
+        7,
+        "start_flows",
+        "Allow starting foundational flows from chat",
+    ),
     (8, "read_only_files", "Allow local filesystem read access"),
 ];
 

@@ -68,7 +68,9 @@ pub fn action_to_json(action: &Action) -> Result<String, ProtoJsonError> {
 }
 
 /// The `tools` of a `ListTools` answer as plain JSON.
-pub fn list_tools_to_json(response: &ListToolsResponse) -> Result<serde_json::Value, ProtoJsonError> {
+pub fn list_tools_to_json(
+    response: &ListToolsResponse,
+) -> Result<serde_json::Value, ProtoJsonError> {
     let text = to_json("ListToolsResponse", response)?;
     let value: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| ProtoJsonError::Invalid(e.to_string()))?;
@@ -107,9 +109,10 @@ mod tests {
 
     #[test]
     fn actions_render_as_protojson() {
-        let action =
-            action_from_json(r#"{"requestID":"r1","runHTTPRequest":{"method":"GET","path":"/api/v4/x"}}"#)
-                .unwrap();
+        let action = action_from_json(
+            r#"{"requestID":"r1","runHTTPRequest":{"method":"GET","path":"/api/v4/x"}}"#,
+        )
+        .unwrap();
         let text = action_to_json(&action).unwrap();
         assert_eq!(
             serde_json::from_str::<serde_json::Value>(&text).unwrap(),

@@ -36,11 +36,17 @@ pub const ENVIRONMENTS: &[(i16, &str)] = &[
 ];
 
 pub fn environment_name(code: i16) -> Option<&'static str> {
-    ENVIRONMENTS.iter().find(|(c, _)| *c == code).map(|(_, n)| *n)
+    ENVIRONMENTS
+        .iter()
+        .find(|(c, _)| *c == code)
+        .map(|(_, n)| *n)
 }
 
 pub fn environment_code(name: &str) -> Option<i16> {
-    ENVIRONMENTS.iter().find(|(_, n)| *n == name).map(|(c, _)| *c)
+    ENVIRONMENTS
+        .iter()
+        .find(|(_, n)| *n == name)
+        .map(|(c, _)| *c)
 }
 
 /// One workflow as stored.
@@ -164,8 +170,9 @@ fn validate(new: &NewWorkflow) -> Result<ValidWorkflow, WorkflowError> {
         return Err(WorkflowError::invalid("workflow_definition", "is invalid"));
     }
     let agent = match &new.agent_privileges {
-        Some(ids) => privileges::check(ids)
-            .map_err(|m| WorkflowError::invalid("agent_privileges", m))?,
+        Some(ids) => {
+            privileges::check(ids).map_err(|m| WorkflowError::invalid("agent_privileges", m))?
+        }
         None => DEFAULT_AGENT_PRIVILEGES.to_vec(),
     };
     let pre_approved = match &new.pre_approved_agent_privileges {

@@ -58,9 +58,18 @@ async fn workflows_and_events_are_readable_by_their_owner_only() {
         json!({"id": gid(id)}),
     )
     .await;
-    assert_eq!(events["data"]["duoWorkflowEvents"]["nodes"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        events["data"]["duoWorkflowEvents"]["nodes"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
     let foreign = gql(&w, &w.other_token, WORKFLOWS, json!({"id": gid(id)})).await;
-    assert_eq!(foreign["errors"][0]["extensions"]["code"], "RESOURCE_NOT_AVAILABLE");
+    assert_eq!(
+        foreign["errors"][0]["extensions"]["code"],
+        "RESOURCE_NOT_AVAILABLE"
+    );
     insta::assert_json_snapshot!(
         "graphql_workflows",
         json!({ "workflows": normalize(list), "events": events, "foreign": foreign })
@@ -102,11 +111,19 @@ async fn status_changes_and_checkpoints_reach_the_owners_subscription() {
         .into_client_request()
         .unwrap();
     let headers = request.headers_mut();
-    headers.insert("Sec-WebSocket-Protocol", "graphql-transport-ws".parse().unwrap());
-    headers.insert("authorization", format!("Bearer {}", w.dev_token).parse().unwrap());
+    headers.insert(
+        "Sec-WebSocket-Protocol",
+        "graphql-transport-ws".parse().unwrap(),
+    );
+    headers.insert(
+        "authorization",
+        format!("Bearer {}", w.dev_token).parse().unwrap(),
+    );
     let (mut socket, _) = tokio_tungstenite::connect_async(request).await.unwrap();
     socket
-        .send(Message::text(json!({"type": "connection_init", "payload": {}}).to_string()))
+        .send(Message::text(
+            json!({"type": "connection_init", "payload": {}}).to_string(),
+        ))
         .await
         .unwrap();
     socket
@@ -165,5 +182,8 @@ async fn status_changes_and_checkpoints_reach_the_owners_subscription() {
         json!({"id": gid(id)}),
     )
     .await;
-    assert_eq!(foreign["errors"][0]["extensions"]["code"], "RESOURCE_NOT_AVAILABLE");
+    assert_eq!(
+        foreign["errors"][0]["extensions"]["code"],
+        "RESOURCE_NOT_AVAILABLE"
+    );
 }

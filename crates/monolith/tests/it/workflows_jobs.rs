@@ -59,10 +59,12 @@ async fn workflows_without_an_update_for_the_threshold_are_failed() {
         .await;
     assert_eq!(audited, 2);
     // Nothing left to do the second time.
-    assert!(maintenance::fail_stuck(&mut client, Duration::from_secs(30 * 60))
-        .await
-        .unwrap()
-        .is_empty());
+    assert!(
+        maintenance::fail_stuck(&mut client, Duration::from_secs(30 * 60))
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 #[tokio::test]

@@ -17,9 +17,17 @@ pub fn normalize(mut v: Value) -> Value {
                 for (k, val) in map.iter_mut() {
                     let volatile = matches!(
                         k.as_str(),
-                        "id" | "project_id" | "namespace_id" | "workflow_id" | "created_at"
-                            | "updated_at" | "gitlab_url" | "base_url" | "token"
-                            | "token_expires_at" | "correlation_id" | "compressed_checkpoint"
+                        "id" | "project_id"
+                            | "namespace_id"
+                            | "workflow_id"
+                            | "created_at"
+                            | "updated_at"
+                            | "gitlab_url"
+                            | "base_url"
+                            | "token"
+                            | "token_expires_at"
+                            | "correlation_id"
+                            | "compressed_checkpoint"
                     );
                     if volatile && !val.is_null() {
                         *val = json!(format!("[{k}]"));
@@ -37,9 +45,7 @@ pub fn normalize(mut v: Value) -> Value {
 }
 
 async fn count(w: &World, table: &str) -> i64 {
-    w.fx
-        .id(&format!("SELECT count(*) FROM {table}"), &[])
-        .await
+    w.fx.id(&format!("SELECT count(*) FROM {table}"), &[]).await
 }
 
 #[tokio::test]
@@ -67,7 +73,12 @@ async fn create_show_list_and_privileges_have_gitlabs_shapes() {
 
     // The service reads it back with a workflow token.
     let token = w.workflow_token(w.dev).await;
-    let (status, shown) = get(&w.server, &format!("/ai/duo_workflows/workflows/{id}"), &token).await;
+    let (status, shown) = get(
+        &w.server,
+        &format!("/ai/duo_workflows/workflows/{id}"),
+        &token,
+    )
+    .await;
     assert_eq!(status, 200);
     assert_eq!(shown, created);
 
@@ -83,7 +94,10 @@ async fn create_show_list_and_privileges_have_gitlabs_shapes() {
 
     let (status, list) = get(&w.server, "/ai/duo_workflows/workflows", &w.dev_token).await;
     assert_eq!(status, 200);
-    assert_eq!(rest_support::integers(&list, "id"), vec![by_path["id"].as_i64().unwrap(), id]);
+    assert_eq!(
+        rest_support::integers(&list, "id"),
+        vec![by_path["id"].as_i64().unwrap(), id]
+    );
     let (_, privileges) = get(
         &w.server,
         "/ai/duo_workflows/workflows/agent_privileges",
@@ -118,21 +132,49 @@ async fn creating_is_refused_in_gitlabs_words() {
     let p = w.project;
     let cases: Vec<(&str, &str, Value)> = vec![
         ("no container", &w.dev_token, json!({ "goal": "x" })),
-        ("unknown project", &w.dev_token, json!({ "project_id": 999_999 })),
-        ("unknown path", &w.dev_token, json!({ "project_id": "acme/nope" })),
+        (
+            "unknown project",
+            &w.dev_token,
+            json!({ "project_id": 999_999 }),
+        ),
+        (
+            "unknown path",
+            &w.dev_token,
+            json!({ "project_id": "acme/nope" }),
+        ),
         ("guest", &guest_token, json!({ "project_id": p })),
         ("no seat", &seatless_token, json!({ "project_id": p })),
-        ("duo off", &w.dev_token, json!({ "project_id": off_project })),
+        (
+            "duo off",
+            &w.dev_token,
+            json!({ "project_id": off_project }),
+        ),
         ("read_api token", &read_only, json!({ "project_id": p })),
-        ("unknown privilege", &w.dev_token, json!({ "project_id": p, "agent_privileges": [1, 9] })),
+        (
+            "unknown privilege",
+            &w.dev_token,
+            json!({ "project_id": p, "agent_privileges": [1, 9] }),
+        ),
         (
             "pre-approved not granted",
             &w.dev_token,
             json!({ "project_id": p, "agent_privileges": [1], "pre_approved_agent_privileges": [1, 3] }),
         ),
-        ("goal too long", &w.dev_token, json!({ "project_id": p, "goal": "x".repeat(16_385) })),
-        ("bad environment", &w.dev_token, json!({ "project_id": p, "environment": "moon" })),
-        ("bad definition", &w.dev_token, json!({ "project_id": p, "workflow_definition": "a b" })),
+        (
+            "goal too long",
+            &w.dev_token,
+            json!({ "project_id": p, "goal": "x".repeat(16_385) }),
+        ),
+        (
+            "bad environment",
+            &w.dev_token,
+            json!({ "project_id": p, "environment": "moon" }),
+        ),
+        (
+            "bad definition",
+            &w.dev_token,
+            json!({ "project_id": p, "workflow_definition": "a b" }),
+        ),
     ];
     let mut transcript = Vec::new();
     for (name, token, body) in cases {
@@ -149,11 +191,31 @@ async fn another_users_workflow_answers_404_and_admins_see_it() {
     let id = w.workflow(&w.dev_token, json!({})).await;
     let other = w.workflow_token(w.other).await;
     for (method, path, body) in [
-        (Method::GET, format!("/ai/duo_workflows/workflows/{id}"), None),
-        (Method::PATCH, format!("/ai/duo_workflows/workflows/{id}"), Some(json!({"status_event": "start"}))),
-        (Method::GET, format!("/ai/duo_workflows/workflows/{id}/checkpoints"), None),
-        (Method::POST, format!("/ai/duo_workflows/workflows/{id}/events"), Some(json!({"event_type": "message", "message": "hi"}))),
-        (Method::GET, format!("/ai/duo_workflows/workflows/{id}/events"), None),
+        (
+            Method::GET,
+            format!("/ai/duo_workflows/workflows/{id}"),
+            None,
+        ),
+        (
+            Method::PATCH,
+            format!("/ai/duo_workflows/workflows/{id}"),
+            Some(json!({"status_event": "start"})),
+        ),
+        (
+            Method::GET,
+            format!("/ai/duo_workflows/workflows/{id}/checkpoints"),
+            None,
+        ),
+        (
+            Method::POST,
+            format!("/ai/duo_workflows/workflows/{id}/events"),
+            Some(json!({"event_type": "message", "message": "hi"})),
+        ),
+        (
+            Method::GET,
+            format!("/ai/duo_workflows/workflows/{id}/events"),
+            None,
+        ),
     ] {
         let reply = rest_support::send(&w.server, method.clone(), &path, Some(&other), body).await;
         assert_eq!(reply.status, 404, "{method} {path}");
@@ -162,11 +224,25 @@ async fn another_users_workflow_answers_404_and_admins_see_it() {
     assert_eq!(w.status_of(id).await, 0);
     let (_, list) = get(&w.server, "/ai/duo_workflows/workflows", &w.other_token).await;
     assert_eq!(list, json!([]));
-    let (status, _) = get(&w.server, &format!("/ai/duo_workflows/workflows/{id}"), &w.admin_token).await;
+    let (status, _) = get(
+        &w.server,
+        &format!("/ai/duo_workflows/workflows/{id}"),
+        &w.admin_token,
+    )
+    .await;
     assert_eq!(status, 200);
     // The owner who lost access to the project is refused, not shown.
-    w.fx.exec("DELETE FROM project_members WHERE user_id = $1", &[&w.dev.id]).await;
-    let (status, _) = get(&w.server, &format!("/ai/duo_workflows/workflows/{id}"), &w.dev_token).await;
+    w.fx.exec(
+        "DELETE FROM project_members WHERE user_id = $1",
+        &[&w.dev.id],
+    )
+    .await;
+    let (status, _) = get(
+        &w.server,
+        &format!("/ai/duo_workflows/workflows/{id}"),
+        &w.dev_token,
+    )
+    .await;
     assert_eq!(status, 403);
 }
 
@@ -219,15 +295,24 @@ async fn checkpoints_chain_newest_first_plain_or_compressed() {
     let (status, one) = get(&w.server, &format!("{path}/{one_id}"), &token).await;
     assert_eq!((status, one["thread_ts"].clone()), (200, json!("ts-1")));
     let (status, missing) = get(&w.server, &format!("{path}/999999"), &token).await;
-    assert_eq!((status, missing), (404, json!({"message": "404 Not found"})));
+    assert_eq!(
+        (status, missing),
+        (404, json!({"message": "404 Not found"}))
+    );
     // The session's model is kept, without its key.
     let c = w.fx.pool.get().await.unwrap();
     let model: String = c
-        .query_one("SELECT model_metadata_json FROM duo_workflows_workflows WHERE id = $1", &[&id])
+        .query_one(
+            "SELECT model_metadata_json FROM duo_workflows_workflows WHERE id = $1",
+            &[&id],
+        )
         .await
         .unwrap()
         .get(0);
-    assert!(model.contains("openai") && !model.contains("sk-secret"), "{model}");
+    assert!(
+        model.contains("openai") && !model.contains("sk-secret"),
+        "{model}"
+    );
     insta::assert_json_snapshot!(
         "checkpoint_shapes",
         json!({ "created": normalize(first), "listed": normalize(newest) })
@@ -244,20 +329,62 @@ async fn bad_checkpoints_are_refused_and_store_nothing() {
     let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
     let big = json!({ "blob": "x".repeat(5000) });
     let cases: Vec<(&str, Value)> = vec![
-        ("no body", json!({"thread_ts": "ts-2", "parent_ts": "ts-1", "metadata": {}})),
-        ("no metadata", json!({"thread_ts": "ts-2", "parent_ts": "ts-1", "checkpoint": {"a": 1}})),
-        ("no thread_ts", json!({"parent_ts": "ts-1", "checkpoint": {"a": 1}, "metadata": {}})),
-        ("not base64", json!({"thread_ts": "ts-2", "parent_ts": "ts-1", "compressed_checkpoint": "%%%", "metadata": {}})),
-        ("not zlib", json!({"thread_ts": "ts-2", "parent_ts": "ts-1", "compressed_checkpoint": b64(b"plain text"), "metadata": {}})),
-        ("zlib of not json", json!({"thread_ts": "ts-2", "parent_ts": "ts-1", "compressed_checkpoint": b64(&zlib(b"{not json")), "metadata": {}})),
-        ("not an object", json!({"thread_ts": "ts-2", "parent_ts": "ts-1", "checkpoint": [1, 2], "metadata": {}})),
-        ("too large", json!({"thread_ts": "ts-2", "parent_ts": "ts-1", "checkpoint": big, "metadata": {}})),
-        ("too large inflated", json!({"thread_ts": "ts-2", "parent_ts": "ts-1", "compressed_checkpoint": compressed(&big), "metadata": {}})),
-        ("wrong parent", json!({"thread_ts": "ts-2", "parent_ts": "ts-0", "checkpoint": {"a": 1}, "metadata": {}})),
-        ("no parent", json!({"thread_ts": "ts-2", "checkpoint": {"a": 1}, "metadata": {}})),
-        ("taken thread_ts", json!({"thread_ts": "ts-1", "checkpoint": {"other": 1}, "metadata": {}})),
-        ("NUL inside", json!({"thread_ts": "ts-2", "parent_ts": "ts-1", "compressed_checkpoint": compressed(&json!({"a": "\u{0}"})), "metadata": {}})),
-        ("long thread_ts", json!({"thread_ts": "t".repeat(256), "parent_ts": "ts-1", "checkpoint": {"a": 1}, "metadata": {}})),
+        (
+            "no body",
+            json!({"thread_ts": "ts-2", "parent_ts": "ts-1", "metadata": {}}),
+        ),
+        (
+            "no metadata",
+            json!({"thread_ts": "ts-2", "parent_ts": "ts-1", "checkpoint": {"a": 1}}),
+        ),
+        (
+            "no thread_ts",
+            json!({"parent_ts": "ts-1", "checkpoint": {"a": 1}, "metadata": {}}),
+        ),
+        (
+            "not base64",
+            json!({"thread_ts": "ts-2", "parent_ts": "ts-1", "compressed_checkpoint": "%%%", "metadata": {}}),
+        ),
+        (
+            "not zlib",
+            json!({"thread_ts": "ts-2", "parent_ts": "ts-1", "compressed_checkpoint": b64(b"plain text"), "metadata": {}}),
+        ),
+        (
+            "zlib of not json",
+            json!({"thread_ts": "ts-2", "parent_ts": "ts-1", "compressed_checkpoint": b64(&zlib(b"{not json")), "metadata": {}}),
+        ),
+        (
+            "not an object",
+            json!({"thread_ts": "ts-2", "parent_ts": "ts-1", "checkpoint": [1, 2], "metadata": {}}),
+        ),
+        (
+            "too large",
+            json!({"thread_ts": "ts-2", "parent_ts": "ts-1", "checkpoint": big, "metadata": {}}),
+        ),
+        (
+            "too large inflated",
+            json!({"thread_ts": "ts-2", "parent_ts": "ts-1", "compressed_checkpoint": compressed(&big), "metadata": {}}),
+        ),
+        (
+            "wrong parent",
+            json!({"thread_ts": "ts-2", "parent_ts": "ts-0", "checkpoint": {"a": 1}, "metadata": {}}),
+        ),
+        (
+            "no parent",
+            json!({"thread_ts": "ts-2", "checkpoint": {"a": 1}, "metadata": {}}),
+        ),
+        (
+            "taken thread_ts",
+            json!({"thread_ts": "ts-1", "checkpoint": {"other": 1}, "metadata": {}}),
+        ),
+        (
+            "NUL inside",
+            json!({"thread_ts": "ts-2", "parent_ts": "ts-1", "compressed_checkpoint": compressed(&json!({"a": "\u{0}"})), "metadata": {}}),
+        ),
+        (
+            "long thread_ts",
+            json!({"thread_ts": "t".repeat(256), "parent_ts": "ts-1", "checkpoint": {"a": 1}, "metadata": {}}),
+        ),
     ];
     let mut transcript = Vec::new();
     for (name, body) in cases {
@@ -290,9 +417,7 @@ async fn checkpoint_writes_are_stored_all_or_nothing() {
     let token = w.workflow_token(w.dev).await;
     assert_eq!(w.checkpoint(&token, id, "ts-1", None).await.0, 201);
     let path = format!("/ai/duo_workflows/workflows/{id}/checkpoint_writes_batch");
-    let write = |idx: i64, data: &str| {
-        json!({"task": "t1", "idx": idx, "channel": "__interrupt__", "write_type": "msgpack", "data": data})
-    };
+    let write = |idx: i64, data: &str| json!({"task": "t1", "idx": idx, "channel": "__interrupt__", "write_type": "msgpack", "data": data});
     let (status, body) = post(
         &w.server,
         &path,
@@ -303,16 +428,30 @@ async fn checkpoint_writes_are_stored_all_or_nothing() {
     assert_eq!((status, body), (200, json!({})));
     let mut transcript = Vec::new();
     for (name, body) in [
-        ("empty", json!({"thread_ts": "ts-1", "checkpoint_writes": []})),
+        (
+            "empty",
+            json!({"thread_ts": "ts-1", "checkpoint_writes": []}),
+        ),
         ("missing list", json!({"thread_ts": "ts-1"})),
-        ("missing field", json!({"thread_ts": "ts-1", "checkpoint_writes": [write(2, "x"), {"task": "t"}]})),
-        ("data too long", json!({"thread_ts": "ts-1", "checkpoint_writes": [write(2, "x"), write(3, &"y".repeat(10_001))]})),
+        (
+            "missing field",
+            json!({"thread_ts": "ts-1", "checkpoint_writes": [write(2, "x"), {"task": "t"}]}),
+        ),
+        (
+            "data too long",
+            json!({"thread_ts": "ts-1", "checkpoint_writes": [write(2, "x"), write(3, &"y".repeat(10_001))]}),
+        ),
     ] {
         let (status, answer) = post(&w.server, &path, &token, body).await;
         transcript.push(json!({ "case": name, "status": status, "body": answer }));
     }
     assert_eq!(count(&w, "duo_workflows_checkpoint_writes").await, 2);
-    let (_, listed) = get(&w.server, &format!("/ai/duo_workflows/workflows/{id}/checkpoints"), &token).await;
+    let (_, listed) = get(
+        &w.server,
+        &format!("/ai/duo_workflows/workflows/{id}/checkpoints"),
+        &token,
+    )
+    .await;
     assert_eq!(listed[0]["checkpoint_writes"].as_array().unwrap().len(), 2);
     insta::assert_json_snapshot!("checkpoint_write_refusals", transcript);
 }
@@ -333,7 +472,10 @@ async fn events_are_queued_delivered_and_refused() {
     .await;
     assert_eq!(status, 201, "{created}");
     let (_, queued) = get(&w.server, &path, &token).await;
-    assert_eq!(rest_support::integers(&queued, "id"), vec![created["id"].as_i64().unwrap()]);
+    assert_eq!(
+        rest_support::integers(&queued, "id"),
+        vec![created["id"].as_i64().unwrap()]
+    );
     let event_id = created["id"].as_i64().unwrap();
     let (status, delivered) = put(
         &w.server,
@@ -348,16 +490,31 @@ async fn events_are_queued_delivered_and_refused() {
 
     let mut transcript = Vec::new();
     for (name, body) in [
-        ("unknown type", json!({"event_type": "dance", "message": "x"})),
+        (
+            "unknown type",
+            json!({"event_type": "dance", "message": "x"}),
+        ),
         ("no type", json!({"message": "x"})),
         ("no message", json!({"event_type": "stop"})),
-        ("bad correlation id", json!({"event_type": "stop", "message": "x", "correlation_id": "nope"})),
-        ("taken correlation id", json!({"event_type": "stop", "message": "x", "correlation_id": "123e4567-e89b-12d3-a456-426614174000"})),
+        (
+            "bad correlation id",
+            json!({"event_type": "stop", "message": "x", "correlation_id": "nope"}),
+        ),
+        (
+            "taken correlation id",
+            json!({"event_type": "stop", "message": "x", "correlation_id": "123e4567-e89b-12d3-a456-426614174000"}),
+        ),
     ] {
         let (status, answer) = post(&w.server, &path, &token, body).await;
         transcript.push(json!({ "case": name, "status": status, "body": answer }));
     }
-    let (status, answer) = put(&w.server, &format!("{path}/{event_id}"), &token, json!({"event_status": "lost"})).await;
+    let (status, answer) = put(
+        &w.server,
+        &format!("{path}/{event_id}"),
+        &token,
+        json!({"event_status": "lost"}),
+    )
+    .await;
     transcript.push(json!({ "case": "bad status", "status": status, "body": answer }));
     // An event id of another workflow is not found through this one.
     let other_token = w.workflow_token(w.other).await;
@@ -375,7 +532,8 @@ async fn events_are_queued_delivered_and_refused() {
         json!({"event_status": "delivered"}),
     )
     .await;
-    transcript.push(json!({ "case": "event of another workflow", "status": status, "body": answer }));
+    transcript
+        .push(json!({ "case": "event of another workflow", "status": status, "body": answer }));
     assert_eq!(count(&w, "duo_workflows_events").await, 2);
     insta::assert_json_snapshot!(
         "events",

@@ -21,7 +21,11 @@ const DEADLINE: Duration = Duration::from_secs(20);
 type Socket =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
-async fn connect(w: &World, token: &str, query: &str) -> Result<Socket, tokio_tungstenite::tungstenite::Error> {
+async fn connect(
+    w: &World,
+    token: &str,
+    query: &str,
+) -> Result<Socket, tokio_tungstenite::tungstenite::Error> {
     let url = w
         .server
         .url(&format!("/api/v4/ai/duo_workflows/ws{query}"))
@@ -30,7 +34,9 @@ async fn connect(w: &World, token: &str, query: &str) -> Result<Socket, tokio_tu
     request
         .headers_mut()
         .insert("authorization", format!("Bearer {token}").parse().unwrap());
-    tokio_tungstenite::connect_async(request).await.map(|(s, _)| s)
+    tokio_tungstenite::connect_async(request)
+        .await
+        .map(|(s, _)| s)
 }
 
 fn start_frame(id: i64) -> Message {
@@ -61,13 +67,17 @@ async fn next(socket: &mut Socket) -> Result<Value, (u16, String)> {
 async fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + DEADLINE;
     while !check() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
 async fn leases(w: &World) -> i64 {
-    w.fx.id("SELECT count(*) FROM duo_workflows_run_leases", &[]).await
+    w.fx.id("SELECT count(*) FROM duo_workflows_run_leases", &[])
+        .await
 }
 
 #[tokio::test]
@@ -80,7 +90,10 @@ async fn socket_relays_frames_and_answers_requests_to_this_instance() {
 
     // The service's own requests never reach the client; its file read does.
     let read = next(&mut socket).await.unwrap();
-    assert_eq!(read, json!({"requestID": "read-1", "runReadFile": {"filepath": "README.md"}}));
+    assert_eq!(
+        read,
+        json!({"requestID": "read-1", "runReadFile": {"filepath": "README.md"}})
+    );
     socket
         .send(Message::text(
             json!({"actionResponse": {"requestID": "read-1", "plainTextResponse": {"response": "# Hello"}}}).to_string(),
@@ -90,13 +103,18 @@ async fn socket_relays_frames_and_answers_requests_to_this_instance() {
     let checkpoint = next(&mut socket).await.unwrap();
     assert_eq!(checkpoint["requestID"], "cp-1");
     assert_eq!(checkpoint["newCheckpoint"]["status"], "RUNNING");
-    assert_eq!(next(&mut socket).await, Err((1000, "workflow stream ended".into())));
+    assert_eq!(
+        next(&mut socket).await,
+        Err((1000, "workflow stream ended".into()))
+    );
 
     // The monolith answered GET and PATCH itself, as the user.
     assert_eq!(w.status_of(id).await, 1);
-    let seen = w.service.as_ref().unwrap().seen.lock().unwrap();
-    let http: Vec<(String, i32, String)> = seen
-        .events
+    let (events, streams) = {
+        let seen = w.service.as_ref().unwrap().seen.lock().unwrap();
+        (seen.events.clone(), seen.streams.clone())
+    };
+    let http: Vec<(String, i32, String)> = events
         .iter()
         .filter_map(|e| match &e.response {
             Some(client_event::Response::ActionResponse(r)) => match &r.response_type {
@@ -113,10 +131,12 @@ async fn socket_relays_frames_and_answers_requests_to_this_instance() {
     let shown: Value = serde_json::from_str(&http[0].2).unwrap();
     assert_eq!(shown["id"], id);
     assert_eq!((http[1].0.as_str(), http[1].1), ("patch-1", 200));
-    let plain = seen.events.iter().find_map(|e| match &e.response {
+    let plain = events.iter().find_map(|e| match &e.response {
         Some(client_event::Response::ActionResponse(r)) if r.request_id == "read-1" => {
             match &r.response_type {
-                Some(action_response::ResponseType::PlainTextResponse(p)) => Some(p.response.clone()),
+                Some(action_response::ResponseType::PlainTextResponse(p)) => {
+                    Some(p.response.clone())
+                }
                 _ => None,
             }
         }
@@ -124,16 +144,20 @@ async fn socket_relays_frames_and_answers_requests_to_this_instance() {
     });
     assert_eq!(plain.as_deref(), Some("# Hello"));
     // The stream carried the user's service token and cloud-connector headers.
-    let metadata = &seen.streams[0];
+    let metadata = &streams[0];
     assert!(metadata["authorization"].starts_with("Bearer service-token-for-"));
     assert_eq!(metadata["x-gitlab-realm"], "self-managed");
-    let model: Value = serde_json::from_str(&metadata["x-gitlab-agent-platform-model-metadata"]).unwrap();
+    let model: Value =
+        serde_json::from_str(&metadata["x-gitlab-agent-platform-model-metadata"]).unwrap();
     assert_eq!(model["provider"], "gitlab");
-    drop(seen);
     // The run's token is revoked and its lease released.
     assert_eq!(leases(&w).await, 0);
     assert_eq!(
-        w.fx.id("SELECT count(*) FROM oauth_access_tokens WHERE revoked_at IS NULL", &[]).await,
+        w.fx.id(
+            "SELECT count(*) FROM oauth_access_tokens WHERE revoked_at IS NULL",
+            &[]
+        )
+        .await,
         0
     );
 }
@@ -146,7 +170,10 @@ async fn a_second_run_of_the_same_workflow_is_refused_until_the_first_ends() {
     let mut first = connect(&w, &w.dev_token, "").await.unwrap();
     first.send(start_frame(id)).await.unwrap();
     let seen = w.service.as_ref().unwrap().seen.clone();
-    wait_until("the first run to reach the service", || !seen.lock().unwrap().events.is_empty()).await;
+    wait_until("the first run to reach the service", || {
+        !seen.lock().unwrap().events.is_empty()
+    })
+    .await;
 
     // Named up front: refused before the upgrade.
     match connect(&w, &w.dev_token, &format!("?workflow_id={id}")).await {
@@ -165,7 +192,10 @@ async fn a_second_run_of_the_same_workflow_is_refused_until_the_first_ends() {
     second.send(start_frame(id)).await.unwrap();
     assert_eq!(
         next(&mut second).await,
-        Err((4409, format!("Workflow {id} is already running in another session")))
+        Err((
+            4409,
+            format!("Workflow {id} is already running in another session")
+        ))
     );
     assert_eq!(seen.lock().unwrap().streams.len(), 1);
 
@@ -173,9 +203,14 @@ async fn a_second_run_of_the_same_workflow_is_refused_until_the_first_ends() {
     first.send(Message::Close(None)).await.unwrap();
     let _ = next(&mut first).await;
     assert_eq!(leases(&w).await, 0);
-    let mut third = connect(&w, &w.dev_token, &format!("?workflow_id={id}")).await.unwrap();
+    let mut third = connect(&w, &w.dev_token, &format!("?workflow_id={id}"))
+        .await
+        .unwrap();
     third.send(start_frame(id)).await.unwrap();
-    wait_until("the third run to reach the service", || seen.lock().unwrap().streams.len() == 2).await;
+    wait_until("the third run to reach the service", || {
+        seen.lock().unwrap().streams.len() == 2
+    })
+    .await;
     third.send(Message::Close(None)).await.unwrap();
     let _ = next(&mut third).await;
 }
@@ -190,11 +225,16 @@ async fn frames_that_are_not_protojson_close_the_socket() {
     socket.send(Message::text("hello")).await.unwrap();
     let (code, reason) = next(&mut socket).await.unwrap_err();
     assert_eq!(code, u16::from(CloseCode::Invalid));
-    assert!(reason.starts_with("invalid protojson ClientEvent"), "{reason}");
+    assert!(
+        reason.starts_with("invalid protojson ClientEvent"),
+        "{reason}"
+    );
 
     let mut socket = connect(&w, &w.dev_token, "").await.unwrap();
     socket
-        .send(Message::text(json!({"actionResponse": {"requestID": "x"}}).to_string()))
+        .send(Message::text(
+            json!({"actionResponse": {"requestID": "x"}}).to_string(),
+        ))
         .await
         .unwrap();
     assert_eq!(
@@ -210,14 +250,22 @@ async fn frames_that_are_not_protojson_close_the_socket() {
     let mut socket = connect(&w, &w.dev_token, "").await.unwrap();
     socket.send(start_frame(id)).await.unwrap();
     let seen = w.service.as_ref().unwrap().seen.clone();
-    wait_until("the run to reach the service", || !seen.lock().unwrap().events.is_empty()).await;
+    wait_until("the run to reach the service", || {
+        !seen.lock().unwrap().events.is_empty()
+    })
+    .await;
     socket
-        .send(Message::text(json!({"startRequest": {"goal": 5}}).to_string()))
+        .send(Message::text(
+            json!({"startRequest": {"goal": 5}}).to_string(),
+        ))
         .await
         .unwrap();
     assert_eq!(next(&mut socket).await.unwrap_err().0, 1007);
     assert_eq!(leases(&w).await, 0);
-    wait_until("the service stream to end", || seen.lock().unwrap().ended == 1).await;
+    wait_until("the service stream to end", || {
+        seen.lock().unwrap().ended == 1
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -228,10 +276,15 @@ async fn foreign_and_unknown_workflows_are_not_found_on_the_socket() {
     for id in [theirs, 999_999] {
         let mut socket = connect(&w, &w.dev_token, "").await.unwrap();
         socket.send(start_frame(id)).await.unwrap();
-        assert_eq!(next(&mut socket).await, Err((1008, "404 Workflow Not Found".into())));
+        assert_eq!(
+            next(&mut socket).await,
+            Err((1008, "404 Workflow Not Found".into()))
+        );
     }
     match connect(&w, &w.dev_token, &format!("?workflow_id={theirs}")).await {
-        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => assert_eq!(response.status(), 404),
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            assert_eq!(response.status(), 404)
+        }
         other => panic!("expected 404, got {:?}", other.map(|_| ())),
     }
     // A plain GET is not a socket; no token is 401.
@@ -248,7 +301,16 @@ async fn foreign_and_unknown_workflows_are_not_found_on_the_socket() {
         .await
         .unwrap();
     assert_eq!(anonymous.status(), 401);
-    assert!(w.service.as_ref().unwrap().seen.lock().unwrap().streams.is_empty());
+    assert!(
+        w.service
+            .as_ref()
+            .unwrap()
+            .seen
+            .lock()
+            .unwrap()
+            .streams
+            .is_empty()
+    );
 }
 
 #[tokio::test]
@@ -257,24 +319,49 @@ async fn a_dead_holders_lease_lapses() {
     let id = w.workflow(&w.dev_token, json!({})).await;
     let db = w.fx.pool.get().await.unwrap();
     let ttl = Duration::from_secs(30);
-    let held = monolith::workflows::lease::acquire(&**db, id, ttl).await.unwrap().unwrap();
-    assert!(monolith::workflows::lease::acquire(&**db, id, ttl).await.unwrap().is_none());
-    assert!(monolith::workflows::lease::renew(&**db, &held, ttl).await.unwrap());
+    let held = monolith::workflows::lease::acquire(&**db, id, ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        monolith::workflows::lease::acquire(&**db, id, ttl)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        monolith::workflows::lease::renew(&**db, &held, ttl)
+            .await
+            .unwrap()
+    );
     // The holder stopped renewing long ago.
-    w.fx
-        .exec("UPDATE duo_workflows_run_leases SET expires_at = now() - interval '1 second'", &[])
-        .await;
-    let next = monolith::workflows::lease::acquire(&**db, id, ttl).await.unwrap().unwrap();
+    w.fx.exec(
+        "UPDATE duo_workflows_run_leases SET expires_at = now() - interval '1 second'",
+        &[],
+    )
+    .await;
+    let next = monolith::workflows::lease::acquire(&**db, id, ttl)
+        .await
+        .unwrap()
+        .unwrap();
     assert_ne!(next.holder, held.holder);
-    assert!(!monolith::workflows::lease::renew(&**db, &held, ttl).await.unwrap());
+    assert!(
+        !monolith::workflows::lease::renew(&**db, &held, ttl)
+            .await
+            .unwrap()
+    );
     // Two racing takers: exactly one wins.
-    monolith::workflows::lease::release(&**db, &next).await.unwrap();
+    monolith::workflows::lease::release(&**db, &next)
+        .await
+        .unwrap();
     let pool = w.fx.pool.clone();
     let take = || {
         let pool = pool.clone();
         async move {
             let c = pool.get().await.unwrap();
-            monolith::workflows::lease::acquire(&**c, id, ttl).await.unwrap()
+            monolith::workflows::lease::acquire(&**c, id, ttl)
+                .await
+                .unwrap()
         }
     };
     let (a, b) = tokio::join!(take(), take());

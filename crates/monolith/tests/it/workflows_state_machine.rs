@@ -82,7 +82,11 @@ async fn racing_updates_cannot_both_win() {
             .map(|(_, e)| *e)
             .collect();
         assert_eq!(winners.len(), 1, "round {round}: {} / {}", a.body, b.body);
-        let expected = if winners[0] == "finish" { Status::Finished } else { Status::Failed };
+        let expected = if winners[0] == "finish" {
+            Status::Finished
+        } else {
+            Status::Failed
+        };
         assert_eq!(w.status_of(id).await, expected.code());
         let loser = if winners[0] == "finish" { &b } else { &a };
         assert_eq!(loser.status, 400, "{}", loser.body);

@@ -33,7 +33,15 @@ async fn direct_access_mints_a_workflow_token_and_a_service_token() {
         format!("service-token-for-{global_user}")
     );
     // The service was asked with the user's cloud-connector headers.
-    let seen = w.service.as_ref().unwrap().seen.lock().unwrap().token_calls.clone();
+    let seen = w
+        .service
+        .as_ref()
+        .unwrap()
+        .seen
+        .lock()
+        .unwrap()
+        .token_calls
+        .clone();
     assert_eq!(seen.len(), 1);
     assert!(seen[0]["authorization"].starts_with("Bearer ey"));
     assert_eq!(seen[0]["x-gitlab-authentication-type"], "oidc");
@@ -58,14 +66,33 @@ async fn direct_access_mints_a_workflow_token_and_a_service_token() {
 
     // Accepted on the workflow endpoints...
     let id = w.workflow(&w.dev_token, json!({})).await;
-    let (status, _) = get(&w.server, &format!("/ai/duo_workflows/workflows/{id}"), &token).await;
+    let (status, _) = get(
+        &w.server,
+        &format!("/ai/duo_workflows/workflows/{id}"),
+        &token,
+    )
+    .await;
     assert_eq!(status, 200);
     // ...and refused elsewhere with GitLab's insufficient-scope answer.
-    for path in ["/user", &format!("/projects/{}", w.project), "/ai/duo_workflows/workflows"] {
+    for path in [
+        "/user",
+        &format!("/projects/{}", w.project),
+        "/ai/duo_workflows/workflows",
+    ] {
         let (status, body) = get(&w.server, path, &token).await;
-        assert_eq!((status, body["error"].as_str()), (403, Some(INSUFFICIENT)), "{path}");
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (403, Some(INSUFFICIENT)),
+            "{path}"
+        );
     }
-    let (status, body) = post(&w.server, "/ai/duo_workflows/workflows", &token, json!({"project_id": w.project})).await;
+    let (status, body) = post(
+        &w.server,
+        "/ai/duo_workflows/workflows",
+        &token,
+        json!({"project_id": w.project}),
+    )
+    .await;
     assert_eq!((status, body["error"].as_str()), (403, Some(INSUFFICIENT)));
     let graphql = reqwest::Client::new()
         .post(w.server.url("/api/graphql"))
@@ -77,11 +104,31 @@ async fn direct_access_mints_a_workflow_token_and_a_service_token() {
     assert_eq!(graphql.status(), 403);
 
     // Revoked: 401 from then on; revoking again finds nothing.
-    let (status, _) = post(&w.server, "/ai/duo_workflows/revoke_token", &token, json!({"token": token})).await;
+    let (status, _) = post(
+        &w.server,
+        "/ai/duo_workflows/revoke_token",
+        &token,
+        json!({"token": token}),
+    )
+    .await;
     assert_eq!(status, 200);
-    let (status, body) = get(&w.server, &format!("/ai/duo_workflows/workflows/{id}"), &token).await;
-    assert_eq!((status, body), (401, json!({"message": "401 Unauthorized"})));
-    let (status, _) = post(&w.server, "/ai/duo_workflows/revoke_token", &w.dev_token, json!({"token": token})).await;
+    let (status, body) = get(
+        &w.server,
+        &format!("/ai/duo_workflows/workflows/{id}"),
+        &token,
+    )
+    .await;
+    assert_eq!(
+        (status, body),
+        (401, json!({"message": "401 Unauthorized"}))
+    );
+    let (status, _) = post(
+        &w.server,
+        "/ai/duo_workflows/revoke_token",
+        &w.dev_token,
+        json!({"token": token}),
+    )
+    .await;
     assert_eq!(status, 401);
 }
 
@@ -102,23 +149,47 @@ async fn tokens_expire_and_belong_to_their_owner() {
     let path = format!("/ai/duo_workflows/workflows/{id}");
     assert_eq!(get(&w.server, &path, &token).await.0, 200);
     // Someone else cannot revoke it.
-    let (status, body) = post(&w.server, "/ai/duo_workflows/revoke_token", &w.other_token, json!({"token": token})).await;
+    let (status, body) = post(
+        &w.server,
+        "/ai/duo_workflows/revoke_token",
+        &w.other_token,
+        json!({"token": token}),
+    )
+    .await;
     assert_eq!(status, 403, "{body}");
-    w.fx
-        .exec("UPDATE oauth_access_tokens SET expires_at = now() - interval '1 second'", &[])
-        .await;
+    w.fx.exec(
+        "UPDATE oauth_access_tokens SET expires_at = now() - interval '1 second'",
+        &[],
+    )
+    .await;
     assert_eq!(get(&w.server, &path, &token).await.0, 401);
     // Missing token parameter.
-    let (status, body) = post(&w.server, "/ai/duo_workflows/revoke_token", &w.dev_token, json!({})).await;
+    let (status, body) = post(
+        &w.server,
+        "/ai/duo_workflows/revoke_token",
+        &w.dev_token,
+        json!({}),
+    )
+    .await;
     assert_eq!((status, body), (400, json!({"error": "token is missing"})));
 }
 
 #[tokio::test]
 async fn direct_access_without_a_service_is_a_bad_gateway_and_mints_nothing() {
     let w = world().await;
-    let (status, body) = post(&w.server, "/ai/duo_workflows/direct_access", &w.dev_token, json!({})).await;
+    let (status, body) = post(
+        &w.server,
+        "/ai/duo_workflows/direct_access",
+        &w.dev_token,
+        json!({}),
+    )
+    .await;
     assert_eq!(status, 502, "{body}");
-    assert_eq!(w.fx.id("SELECT count(*) FROM oauth_access_tokens", &[]).await, 0);
+    assert_eq!(
+        w.fx.id("SELECT count(*) FROM oauth_access_tokens", &[])
+            .await,
+        0
+    );
     // No seat: refused before the service is asked.
     let seatless = w.fx.user("seatless").await;
     let t = w.fx.token(seatless, &["api"]).await;
@@ -130,23 +201,33 @@ async fn direct_access_without_a_service_is_a_bad_gateway_and_mints_nothing() {
 async fn composite_identity_needs_both_the_user_and_the_service_account() {
     let w = world().await;
     let bot = w.fx.user("duo-developer").await;
-    w.fx.exec("UPDATE users SET service_account = true WHERE id = $1", &[&bot.id]).await;
+    w.fx.exec(
+        "UPDATE users SET service_account = true WHERE id = $1",
+        &[&bot.id],
+    )
+    .await;
     w.fx.project_member(w.project, bot, 30).await;
-    w.fx
-        .exec("UPDATE instance_settings SET duo_workflow_service_account_id = $1", &[&bot.id])
-        .await;
+    w.fx.exec(
+        "UPDATE instance_settings SET duo_workflow_service_account_id = $1",
+        &[&bot.id],
+    )
+    .await;
     // A remote (ambient) flow runs as the service account for the user.
-    let id = w.workflow(&w.dev_token, json!({"environment": "ambient"})).await;
-    let sa: Option<i64> = w
-        .fx
-        .pool
-        .get()
-        .await
-        .unwrap()
-        .query_one("SELECT service_account_id FROM duo_workflows_workflows WHERE id = $1", &[&id])
-        .await
-        .unwrap()
-        .get(0);
+    let id = w
+        .workflow(&w.dev_token, json!({"environment": "ambient"}))
+        .await;
+    let sa: Option<i64> =
+        w.fx.pool
+            .get()
+            .await
+            .unwrap()
+            .query_one(
+                "SELECT service_account_id FROM duo_workflows_workflows WHERE id = $1",
+                &[&id],
+            )
+            .await
+            .unwrap()
+            .get(0);
     assert_eq!(sa, Some(bot.id));
     let c = w.fx.pool.get().await.unwrap();
     let composite = monolith::identity::oauth::mint_composite(
@@ -158,11 +239,17 @@ async fn composite_identity_needs_both_the_user_and_the_service_account() {
     .await
     .unwrap();
     let scopes: Vec<String> = c
-        .query_one("SELECT scopes FROM oauth_access_tokens WHERE id = $1", &[&composite.id])
+        .query_one(
+            "SELECT scopes FROM oauth_access_tokens WHERE id = $1",
+            &[&composite.id],
+        )
         .await
         .unwrap()
         .get(0);
-    assert_eq!(scopes, vec!["ai_workflows".to_owned(), format!("user:{}", w.dev.id)]);
+    assert_eq!(
+        scopes,
+        vec!["ai_workflows".to_owned(), format!("user:{}", w.dev.id)]
+    );
     let path = format!("/ai/duo_workflows/workflows/{id}");
     // Both allowed: the request runs as the user (their workflow is found).
     let (status, _) = post(
@@ -191,20 +278,33 @@ async fn composite_identity_needs_both_the_user_and_the_service_account() {
         )
         .await
         .unwrap();
-    assert_eq!((changed.get::<_, i64>(0), changed.get::<_, Option<i64>>(1)), (w.dev.id, Some(bot.id)));
+    assert_eq!(
+        (changed.get::<_, i64>(0), changed.get::<_, Option<i64>>(1)),
+        (w.dev.id, Some(bot.id))
+    );
 
     // The service account loses its access: refused although the user may.
-    w.fx.exec("DELETE FROM project_members WHERE user_id = $1", &[&bot.id]).await;
+    w.fx.exec("DELETE FROM project_members WHERE user_id = $1", &[&bot.id])
+        .await;
     assert_eq!(get(&w.server, &path, &composite.token).await.0, 403);
     assert_eq!(get(&w.server, &path, &w.dev_token).await.0, 200);
     // The service account may again, the user loses their seat: refused.
     w.fx.project_member(w.project, bot, 30).await;
     assert_eq!(get(&w.server, &path, &composite.token).await.0, 200);
-    w.fx.exec("DELETE FROM add_on_seat_assignments WHERE user_id = $1", &[&w.dev.id]).await;
+    w.fx.exec(
+        "DELETE FROM add_on_seat_assignments WHERE user_id = $1",
+        &[&w.dev.id],
+    )
+    .await;
     assert_eq!(get(&w.server, &path, &composite.token).await.0, 403);
 }
 
-async fn send_patch(w: &crate::workflows_support::World, path: &str, token: &str, event: &str) -> (u16, Value) {
+async fn send_patch(
+    w: &crate::workflows_support::World,
+    path: &str,
+    token: &str,
+    event: &str,
+) -> (u16, Value) {
     let reply = crate::rest_support::send(
         &w.server,
         reqwest::Method::PATCH,

@@ -120,7 +120,9 @@ impl DuoWorkflow for Svc {
             seen.lock().unwrap().events.push(first.clone());
             let Some(client_event::Response::StartRequest(start)) = first.response else {
                 let _ = tx
-                    .send(Err(Status::invalid_argument("the first event must be a start request")))
+                    .send(Err(Status::invalid_argument(
+                        "the first event must be a start request",
+                    )))
                     .await;
                 return;
             };

@@ -64,8 +64,13 @@ pub async fn setup() -> Setup {
 
 impl Setup {
     /// Starts the server; with `service`, a fake workflow service it talks to.
-    pub async fn start(self, service: Option<fake_service::FakeService>, extra: &[(&str, &str)]) -> World {
-        let mut settings: Vec<(&str, String)> = extra.iter().map(|(k, v)| (*k, v.to_string())).collect();
+    pub async fn start(
+        self,
+        service: Option<fake_service::FakeService>,
+        extra: &[(&str, &str)],
+    ) -> World {
+        let mut settings: Vec<(&str, String)> =
+            extra.iter().map(|(k, v)| (*k, v.to_string())).collect();
         if let Some(s) = &service {
             settings.push(("DUO_WORKFLOW_SERVICE_URL", s.url.clone()));
         } else {
@@ -125,23 +130,36 @@ impl World {
 
     pub async fn status_of(&self, id: i64) -> i16 {
         let c = self.fx.pool.get().await.unwrap();
-        c.query_one("SELECT status FROM duo_workflows_workflows WHERE id = $1", &[&id])
-            .await
-            .unwrap()
-            .get(0)
+        c.query_one(
+            "SELECT status FROM duo_workflows_workflows WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get(0)
     }
 
     /// An `ai_workflows` token for `user`, minted as direct_access does.
     pub async fn workflow_token(&self, user: Actor) -> String {
         let c = self.fx.pool.get().await.unwrap();
-        monolith::identity::oauth::mint(&**c, user.id, monolith::identity::oauth::USER_TOKEN_LIFETIME)
-            .await
-            .unwrap()
-            .token
+        monolith::identity::oauth::mint(
+            &**c,
+            user.id,
+            monolith::identity::oauth::USER_TOKEN_LIFETIME,
+        )
+        .await
+        .unwrap()
+        .token
     }
 
     /// Posts a checkpoint `{thread_ts, parent_ts, checkpoint, metadata}`.
-    pub async fn checkpoint(&self, token: &str, id: i64, ts: &str, parent: Option<&str>) -> (u16, Value) {
+    pub async fn checkpoint(
+        &self,
+        token: &str,
+        id: i64,
+        ts: &str,
+        parent: Option<&str>,
+    ) -> (u16, Value) {
         rest_support::post(
             &self.server,
             &format!("/ai/duo_workflows/workflows/{id}/checkpoints"),
