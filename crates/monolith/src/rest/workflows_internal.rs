@@ -141,7 +141,8 @@ struct CheckpointParams {
     checkpoint: Option<Value>,
     compressed_checkpoint: Option<String>,
     metadata: Option<Value>,
-    model_metadata_json: Option<String>,
+    /// A JSON text, as GitLab's service sends it (an object is taken too).
+    model_metadata_json: Option<Value>,
 }
 
 /// `POST /ai/duo_workflows/workflows/:id/checkpoints`: 201 `{id, thread_ts, parent_ts}`.
@@ -167,7 +168,10 @@ async fn create_checkpoint(
         checkpoint: p.checkpoint,
         compressed_checkpoint: p.compressed_checkpoint,
         metadata,
-        model_metadata_json: p.model_metadata_json,
+        model_metadata_json: p.model_metadata_json.map(|v| match v {
+            Value::String(text) => text,
+            other => other.to_string(),
+        }),
     };
     let mut client = state.pool.get().await?;
     let stored = checkpoints::create(
