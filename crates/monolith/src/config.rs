@@ -128,6 +128,9 @@ pub struct DuoWorkflowConfig {
     pub retention_interval: Duration,
     /// Largest checkpoint, inflated JSON (`DUO_WORKFLOW_MAX_CHECKPOINT_BYTES`, 4 MiB).
     pub max_checkpoint_bytes: usize,
+    /// `direct_access` calls per user per minute
+    /// (`DUO_WORKFLOW_DIRECT_ACCESS_RATE_LIMIT`, 50; GitLab's limit).
+    pub direct_access_rate_limit: u32,
     /// The run lease of a workflow lapses this long after its holder stopped
     /// renewing it (`DUO_WORKFLOW_LOCK_LEASE_SECS`, 30).
     pub lock_lease: Duration,
@@ -163,6 +166,10 @@ impl DuoWorkflowConfig {
             max_checkpoint_bytes: positive(
                 parse_or(get, "DUO_WORKFLOW_MAX_CHECKPOINT_BYTES", 4 * 1024 * 1024)?,
                 "DUO_WORKFLOW_MAX_CHECKPOINT_BYTES",
+            )?,
+            direct_access_rate_limit: positive(
+                parse_or(get, "DUO_WORKFLOW_DIRECT_ACCESS_RATE_LIMIT", 50)?,
+                "DUO_WORKFLOW_DIRECT_ACCESS_RATE_LIMIT",
             )?,
             lock_lease: Duration::from_secs(positive(
                 parse_or(get, "DUO_WORKFLOW_LOCK_LEASE_SECS", 30)?,

@@ -422,6 +422,22 @@ async fn direct_access(
     )
     .await?;
     authorize_platform(&state, &who, container).await?;
+    {
+        let mut client = state.pool.get().await?;
+        if !crate::workflows::rate_limit::take(
+            &mut client,
+            who.actor.id,
+            "duo_workflow_direct_access",
+            state.config.duo_workflow.direct_access_rate_limit,
+            std::time::Duration::from_secs(60),
+        )
+        .await?
+        {
+            return Ok(HttpResponse::TooManyRequests().json(json!({
+                "message": { "error": "This endpoint has been requested too many times. Try again later." }
+            })));
+        }
+    }
     let workflow = match p.workflow_id {
         Some(id) => Some(find_workflow(&state, &who, &id.to_string()).await?),
         None => None,

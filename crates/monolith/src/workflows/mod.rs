@@ -16,6 +16,7 @@ pub mod live;
 pub mod maintenance;
 pub mod privileges;
 pub mod protojson;
+pub mod rate_limit;
 pub mod service;
 pub mod status;
 pub mod store;

@@ -315,3 +315,42 @@ async fn send_patch(
     .await;
     (reply.status, reply.body)
 }
+
+#[tokio::test]
+async fn direct_access_is_rate_limited_per_user() {
+    let w = crate::workflows_support::setup()
+        .await
+        .start(None, &[("DUO_WORKFLOW_DIRECT_ACCESS_RATE_LIMIT", "2")])
+        .await;
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(
+            post(
+                &w.server,
+                "/ai/duo_workflows/direct_access",
+                &w.dev_token,
+                json!({}),
+            )
+            .await,
+        );
+    }
+    // The service is down here: the first two reach it (502), the third is refused first.
+    assert_eq!(statuses[0].0, 502);
+    assert_eq!(statuses[1].0, 502);
+    assert_eq!(
+        statuses[2],
+        (
+            429,
+            json!({"message": {"error": "This endpoint has been requested too many times. Try again later."}})
+        )
+    );
+    // Another user has their own budget.
+    let (status, _) = post(
+        &w.server,
+        "/ai/duo_workflows/direct_access",
+        &w.other_token,
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, 502);
+}
