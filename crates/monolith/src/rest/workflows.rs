@@ -32,6 +32,15 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         web::post().to(direct_access),
     )
     .route("/ai/duo_workflows/list_tools", web::get().to(list_tools))
+    .route("/service_accounts", web::post().to(create_service_account))
+    .route(
+        "/ai/duo_workflows/service_account",
+        web::put().to(set_workflow_service_account),
+    )
+    .route(
+        "/ai/duo_workflows/service_account",
+        web::get().to(show_workflow_service_account),
+    )
     .configure(super::workflows_internal::routes)
     .configure(super::workflows_socket::routes);
 }
@@ -576,4 +585,120 @@ async fn list_tools(
         Ok(tools) => Ok(HttpResponse::Ok().json(json!({ "tools": tools }))),
         Err(e) => Ok(service_unavailable(&e)),
     }
+}
+
+#[derive(Debug, Deserialize)]
+struct ServiceAccountParams {
+    name: Option<String>,
+    username: Option<String>,
+    email: Option<String>,
+}
+
+fn service_account_json(row: &tokio_postgres::Row) -> Value {
+    json!({
+        "id": row.get::<_, i64>(0),
+        "username": row.get::<_, String>(1),
+        "name": row.get::<_, String>(2),
+        "email": row.get::<_, String>(3),
+    })
+}
+
+/// `POST /service_accounts` (GitLab's instance service accounts; admins): a
+/// user that acts for humans under composite identity and cannot sign in.
+async fn create_service_account(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    params: Params<ServiceAccountParams>,
+) -> Result<HttpResponse, ApiError> {
+    super::require_admin(&state, &req, WRITE_SCOPES).await?;
+    let p = params.into_inner();
+    let suffix = hex::encode(uuid::Uuid::new_v4().as_bytes())
+        .chars()
+        .take(16)
+        .collect::<String>();
+    let username = p
+        .username
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| format!("service_account_{suffix}"));
+    if username.len() > 255
+        || !username
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+    {
+        return Err(ApiError::invalid("username", "is invalid"));
+    }
+    let name = p
+        .name
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "Service account user".into());
+    let email = p
+        .email
+        .filter(|e| !e.is_empty())
+        .unwrap_or_else(|| format!("{username}@noreply.service-accounts.local"));
+    let db = state.pool.get().await?;
+    let row = db
+        .query_opt(
+            "INSERT INTO users (username, name, email, service_account) VALUES ($1, $2, $3, true)
+             ON CONFLICT DO NOTHING RETURNING id, username, name, email",
+            &[&username, &name, &email],
+        )
+        .await?
+        .ok_or_else(|| ApiError::invalid("username", "has already been taken"))?;
+    Ok(HttpResponse::Created().json(service_account_json(&row)))
+}
+
+#[derive(Debug, Deserialize)]
+struct WorkflowServiceAccountParams {
+    user_id: Option<i64>,
+}
+
+/// `PUT /ai/duo_workflows/service_account {user_id}` (our addition; admins):
+/// the service account remote (`ambient`) workflows run as; `null` unsets it.
+async fn set_workflow_service_account(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    params: Params<WorkflowServiceAccountParams>,
+) -> Result<HttpResponse, ApiError> {
+    super::require_admin(&state, &req, WRITE_SCOPES).await?;
+    let user_id = params.into_inner().user_id;
+    let db = state.pool.get().await?;
+    if let Some(id) = user_id {
+        let is_bot: Option<bool> = db
+            .query_opt("SELECT service_account FROM users WHERE id = $1", &[&id])
+            .await?
+            .map(|r| r.get(0));
+        match is_bot {
+            None => return Err(ApiError::NotFound("User")),
+            Some(false) => {
+                return Err(ApiError::invalid(
+                    "user_id",
+                    "must be a service account user",
+                ));
+            }
+            Some(true) => {}
+        }
+    }
+    db.execute(
+        "UPDATE instance_settings SET duo_workflow_service_account_id = $1, updated_at = now()",
+        &[&user_id],
+    )
+    .await?;
+    Ok(HttpResponse::Ok().json(json!({ "service_account_id": user_id })))
+}
+
+/// `GET /ai/duo_workflows/service_account` (admins).
+async fn show_workflow_service_account(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
+    super::require_admin(&state, &req, READ_SCOPES).await?;
+    let db = state.pool.get().await?;
+    let id: Option<i64> = db
+        .query_one(
+            "SELECT duo_workflow_service_account_id FROM instance_settings",
+            &[],
+        )
+        .await?
+        .get(0);
+    Ok(HttpResponse::Ok().json(json!({ "service_account_id": id })))
 }
