@@ -327,24 +327,33 @@ async fn relay(
 
 /// The metadata of the service stream: the cloud-connector headers with the
 /// user's service token as bearer, and the model of the Duo Agent Platform.
+/// On failure, the close the client gets.
 async fn service_headers(
     state: &AppState,
     client: &ServiceClient,
     run: &Run,
-) -> Result<Vec<(String, String)>, String> {
-    let db = state.pool.get().await.map_err(|e| e.to_string())?;
+) -> Result<Vec<(String, String)>, Option<CloseReason>> {
+    let unavailable = |e: &dyn std::fmt::Display| {
+        tracing::warn!(error = %e, "workflow service unavailable");
+        close_reason(CloseCode::Error, "the workflow service is unavailable")
+    };
+    let db = state.pool.get().await.map_err(|e| unavailable(&e))?;
     let user = run.workflow.user_id;
     let mut headers =
         access::cloud_connector_headers(&**db, &state.policy, &state.keys, &state.config, user)
             .await
-            .map_err(|e| e.to_string())?;
-    let model = access::model_metadata(&**db, &state.models, true)
-        .await
-        .map_err(|e| e.to_string())?;
+            .map_err(|e| unavailable(&e))?;
+    let model = match access::model_metadata(&**db, &state.models, true).await {
+        Ok(model) => model,
+        Err(e @ access::AccessError::Disabled) => {
+            return Err(close_reason(CloseCode::Policy, &e.to_string()));
+        }
+        Err(e) => return Err(unavailable(&e)),
+    };
     let token = client
         .generate_token(&headers, Some(&run.workflow.workflow_definition))
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| unavailable(&e))?;
     for (name, value) in headers.iter_mut() {
         if name == contracts::headers::AUTHORIZATION {
             *value = format!("Bearer {}", token.token);
@@ -384,10 +393,7 @@ async fn run_stream(
     };
     let headers = match service_headers(state, &client, run).await {
         Ok(h) => h,
-        Err(e) => {
-            tracing::warn!(error = %e, "workflow service unavailable");
-            return close_reason(CloseCode::Error, "the workflow service is unavailable");
-        }
+        Err(close) => return close,
     };
     let (up, up_rx) = mpsc::channel::<ClientEvent>(64);
     if up.send(start).await.is_err() {

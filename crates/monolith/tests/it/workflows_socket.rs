@@ -367,3 +367,108 @@ async fn a_dead_holders_lease_lapses() {
     let (a, b) = tokio::join!(take(), take());
     assert_eq!(usize::from(a.is_some()) + usize::from(b.is_some()), 1);
 }
+
+#[tokio::test]
+async fn a_self_hosted_models_key_goes_to_the_service_only() {
+    use monolith::ai_models::{Feature, ModelInput, Provider};
+    let service = fake_service::start(Script::Relay).await;
+    let w = setup().await.start(Some(service), &[]).await;
+    {
+        let db = w.fx.pool.get().await.unwrap();
+        let models = &w.server.state.models;
+        let model = models
+            .create_model(
+                &**db,
+                &ModelInput {
+                    name: "local".into(),
+                    model: "mistral".into(),
+                    endpoint: "http://127.0.0.1:8000/v1".into(),
+                    identifier: Some("mistral-small".into()),
+                    api_token: Some("sk-very-secret".into()),
+                },
+            )
+            .await
+            .unwrap();
+        models
+            .update_features(
+                &**db,
+                &[Feature::DuoAgentPlatform],
+                Provider::SelfHosted,
+                Some(model.id),
+            )
+            .await
+            .unwrap();
+    }
+    let (status, access) = crate::rest_support::post(
+        &w.server,
+        "/ai/duo_workflows/direct_access",
+        &w.dev_token,
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, 201);
+    assert_eq!(
+        access["model_metadata"]["endpoint"],
+        "http://127.0.0.1:8000/v1"
+    );
+    assert!(!access.to_string().contains("sk-very-secret"));
+
+    let id = w.workflow(&w.dev_token, json!({})).await;
+    let mut socket = connect(&w, &w.dev_token, "").await.unwrap();
+    socket.send(start_frame(id)).await.unwrap();
+    let read = next(&mut socket).await.unwrap();
+    socket
+        .send(Message::text(
+            json!({"actionResponse": {"requestID": read["requestID"], "plainTextResponse": {"response": "x"}}}).to_string(),
+        ))
+        .await
+        .unwrap();
+    while next(&mut socket).await.is_ok() {}
+    let streams = w
+        .service
+        .as_ref()
+        .unwrap()
+        .seen
+        .lock()
+        .unwrap()
+        .streams
+        .clone();
+    let model: Value =
+        serde_json::from_str(&streams[0]["x-gitlab-agent-platform-model-metadata"]).unwrap();
+    assert_eq!(model["api_key"], "sk-very-secret");
+    assert_eq!(model["name"], "mistral");
+
+    // Switched off: no run.
+    {
+        let db = w.fx.pool.get().await.unwrap();
+        w.server
+            .state
+            .models
+            .update_features(
+                &**db,
+                &[Feature::DuoAgentPlatform],
+                Provider::Disabled,
+                None,
+            )
+            .await
+            .unwrap();
+    }
+    let mut socket = connect(&w, &w.dev_token, "").await.unwrap();
+    socket.send(start_frame(id)).await.unwrap();
+    assert_eq!(
+        next(&mut socket).await,
+        Err((
+            1008,
+            "Duo Agent Platform is disabled on this instance".into()
+        ))
+    );
+    let (status, _) = crate::rest_support::post(
+        &w.server,
+        "/ai/duo_workflows/direct_access",
+        &w.dev_token,
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, 403);
+    assert_eq!(leases(&w).await, 0);
+}
