@@ -13,7 +13,8 @@
 //! 4. domains: [`ai_models`] (which model serves each feature), [`chat`]
 //!    (threads, messages, the completion seam, live delivery),
 //!    [`agent`] (the agent loop, slash commands and tools), [`repositories`]
-//!    (git repositories on disk: serving, reading, writing, pushes)
+//!    (git repositories on disk: serving, reading, writing, pushes), [`workflows`]
+//!    (Duo Workflow: workflows, checkpoints, events, run leases)
 //! 5. the state the interfaces share: [`app_state`]
 //! 6. interfaces: [`rest`] (`/api/v4`), [`graphql`] (`/api/graphql`), [`git_http`]
 //!    (clone and push over smart HTTP), [`probes`]
@@ -36,6 +37,7 @@ pub mod agent;
 pub mod ai_models;
 pub mod chat;
 pub mod repositories;
+pub mod workflows;
 
 pub mod app_state;
 

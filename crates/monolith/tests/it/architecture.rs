@@ -23,6 +23,7 @@ const RANKS: &[(&str, u32)] = &[
     ("chat", 6),
     ("repositories", 6),
     ("agent", 7),
+    ("workflows", 7),
     ("app_state", 8),
     ("rest", 9),
     ("git_http", 9),
