@@ -14,6 +14,8 @@ const MODELS: [&str; 3] = [
     "claude-3-5-sonnet-20241022",
 ];
 const EMBEDDING_DIMS: usize = 16;
+/// MiniLM's size, for bag-of-words embeddings.
+const BOW_DIMS: usize = 384;
 
 fn error_response(status: u16, kind: &str, message: &str) -> HttpResponse {
     HttpResponse::build(StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
@@ -184,12 +186,40 @@ pub(crate) async fn embeddings(
             );
         }
     };
+    let model = json["model"].as_str().unwrap_or_default();
+    if state.embeddings_failing() || model.starts_with("fake-500") {
+        return error_response(500, "server_error", "the embedding model failed");
+    }
+    if model.starts_with("fake-overloaded") {
+        return error_response(429, "rate_limit_exceeded", "slow down");
+    }
+    // `fake-max-batch-N`: more than N inputs in one call is "too long".
+    if let Some(max) = model
+        .strip_prefix("fake-max-batch-")
+        .and_then(|n| n.split('-').next())
+        .and_then(|n| n.parse::<usize>().ok())
+        && inputs.len() > max
+    {
+        return error_response(
+            400,
+            "invalid_request_error",
+            "This model's maximum context length was exceeded: too many tokens",
+        );
+    }
     let tokens: usize = inputs.iter().map(|t| script::token_count(t)).sum();
+    // `fake-bow…` models embed the words of a text (similar texts, similar
+    // vectors), so retrieval over them means something; others hash the text.
+    let bag_of_words = model.contains("bow");
     let data: Vec<Value> = inputs
         .iter()
         .enumerate()
         .map(|(index, text)| {
-            json!({"object": "embedding", "index": index, "embedding": script::embedding(text, EMBEDDING_DIMS)})
+            let embedding = if bag_of_words {
+                script::bag_of_words_embedding(text, BOW_DIMS)
+            } else {
+                script::embedding(text, EMBEDDING_DIMS)
+            };
+            json!({"object": "embedding", "index": index, "embedding": embedding})
         })
         .collect();
     HttpResponse::Ok().json(json!({

@@ -199,6 +199,45 @@ pub(crate) fn embedding(text: &str, dims: usize) -> Vec<f32> {
     values
 }
 
+/// A unit vector of hashed word counts: texts sharing words point the same way.
+/// Identifiers are split (`rate_limit`, `rateLimit` → `rate`, `limit`) and
+/// words lower-cased, so a question's words meet the code's.
+pub(crate) fn bag_of_words_embedding(text: &str, dims: usize) -> Vec<f32> {
+    let mut values = vec![0f32; dims.max(1)];
+    let mut word = String::new();
+    let flush = |word: &mut String, values: &mut Vec<f32>| {
+        if word.len() > 1 {
+            let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+            for b in word.bytes() {
+                h ^= u64::from(b);
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            }
+            let len = values.len() as u64;
+            values[(h % len) as usize] += 1.0;
+        }
+        word.clear();
+    };
+    let mut previous_lower = false;
+    for c in text.chars() {
+        if c.is_alphanumeric() {
+            if c.is_uppercase() && previous_lower {
+                flush(&mut word, &mut values);
+            }
+            previous_lower = c.is_lowercase();
+            word.extend(c.to_lowercase());
+        } else {
+            previous_lower = false;
+            flush(&mut word, &mut values);
+        }
+    }
+    flush(&mut word, &mut values);
+    let norm = values.iter().map(|v| v * v).sum::<f32>().sqrt();
+    if norm > 0.0 {
+        values.iter_mut().for_each(|v| *v /= norm);
+    }
+    values
+}
+
 /// A rough token count for `usage` fields.
 pub(crate) fn token_count(text: &str) -> usize {
     text.split_whitespace().count().max(1)

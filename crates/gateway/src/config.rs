@@ -28,6 +28,7 @@ pub struct Config {
     pub providers: ProvidersConfig,
     pub prompts: PromptsConfig,
     pub docs: DocsConfig,
+    pub code_embeddings: CodeEmbeddingsConfig,
     /// `AIGW_LOGGING__LEVEL` (info): a tracing env-filter directive.
     pub log_level: String,
     /// `AIGW_LOGGING__FORMAT_JSON`: log JSON lines.
@@ -123,6 +124,30 @@ pub struct PromptsConfig {
     /// The family used for prompts not named in `default_families`:
     /// `base` (Anthropic), or `openai` when running on the local default.
     pub default_family: String,
+}
+
+/// Which model embeds code for the code index (`/v1/embeddings/code_embeddings`).
+#[derive(Debug, Clone)]
+pub struct CodeEmbeddingsConfig {
+    /// `AIGW_CODE_EMBEDDINGS__PROVIDER`: `local` (the bundled model server,
+    /// default), `openai` (`OPENAI_BASE_URL`, an OpenAI-compatible
+    /// `/embeddings`) or `vertex` (Vertex AI `:predict`).
+    pub provider: EmbeddingProvider,
+    /// `AIGW_CODE_EMBEDDINGS__MODEL`: `all-minilm-l6-v2` (local),
+    /// `text-embedding-3-small` (openai) or `text-embedding-005` (vertex) by default.
+    pub model: String,
+    /// `AIGW_CODE_EMBEDDINGS__BATCH_SIZE` (32): texts per call to the model;
+    /// a batch the model refuses as too long is halved.
+    pub batch_size: usize,
+    /// `AIGW_CODE_EMBEDDINGS__TIMEOUT_SECONDS` (60): one call to the model.
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EmbeddingProvider {
+    Local,
+    OpenAi,
+    Vertex,
 }
 
 #[derive(Debug, Clone)]
@@ -329,6 +354,35 @@ impl Config {
                     .map(PathBuf::from)
                     .unwrap_or_else(|| docs_dir_beside(env.get("AIGW_PROMPTS_DIR"))),
                 base_url: env.string("AIGW_DOCS__BASE_URL", ""),
+            },
+            code_embeddings: {
+                let provider = match env
+                    .string("AIGW_CODE_EMBEDDINGS__PROVIDER", "local")
+                    .as_str()
+                {
+                    "local" => EmbeddingProvider::Local,
+                    "openai" => EmbeddingProvider::OpenAi,
+                    "vertex" => EmbeddingProvider::Vertex,
+                    other => {
+                        return Err(ConfigError {
+                            name: "AIGW_CODE_EMBEDDINGS__PROVIDER",
+                            reason: format!("{other:?} is not one of local, openai, vertex"),
+                        });
+                    }
+                };
+                let default_model = match provider {
+                    EmbeddingProvider::Local => providers.local_embedding_model.clone(),
+                    EmbeddingProvider::OpenAi => "text-embedding-3-small".to_owned(),
+                    EmbeddingProvider::Vertex => "text-embedding-005".to_owned(),
+                };
+                CodeEmbeddingsConfig {
+                    provider,
+                    model: env.string("AIGW_CODE_EMBEDDINGS__MODEL", &default_model),
+                    batch_size: env
+                        .number("AIGW_CODE_EMBEDDINGS__BATCH_SIZE", 32usize)?
+                        .clamp(1, 250),
+                    timeout: env.seconds("AIGW_CODE_EMBEDDINGS__TIMEOUT_SECONDS", 60)?,
+                }
             },
             log_level: env.string("AIGW_LOGGING__LEVEL", "info"),
             log_json: env.flag("AIGW_LOGGING__FORMAT_JSON")?,

@@ -5,6 +5,7 @@ pub mod app;
 pub mod auth;
 pub mod chat;
 pub mod config;
+pub mod embeddings;
 pub mod error;
 pub mod observability;
 pub mod prompts;

@@ -14,6 +14,7 @@ mod agent_stream;
 mod app_health;
 mod auth_flows;
 mod body_limits;
+mod code_embeddings;
 mod docs_search;
 mod fuzz_requests;
 mod hostile_requests;
