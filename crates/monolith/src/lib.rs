@@ -10,7 +10,8 @@
 //! 2. who is calling: [`identity`] (personal access tokens, the signing keys of
 //!    gateway tokens)
 //! 3. who may do what: [`policy`] (abilities, Duo access, seats and add-ons)
-//! 4. domains: [`ai_models`] (which model serves each feature), [`chat`]
+//! 4. domains: [`ai_models`] (which model serves each feature),
+//!    [`gateway_client`] (calls to the AI gateway), [`chat`]
 //!    (threads, messages, the completion seam, live delivery),
 //!    [`agent`] (the agent loop, slash commands and tools), [`repositories`]
 //!    (git repositories on disk: serving, reading, writing, pushes), [`workflows`]
@@ -35,6 +36,7 @@ pub mod policy;
 
 pub mod agent;
 pub mod ai_models;
+pub mod gateway_client;
 pub mod chat;
 pub mod repositories;
 pub mod workflows;

@@ -18,7 +18,7 @@ use contracts::{
 };
 use futures::StreamExt;
 
-use super::gateway_client::{GatewayError, error_event_failure};
+use crate::gateway_client::{GatewayError, error_event_failure};
 use super::tools::{ToolBox, ToolEnv, ToolInput, ToolOutcome};
 use super::{RequestContext, Services};
 use crate::chat::completion::{ChatAnswer, ChunkSender};
