@@ -286,7 +286,7 @@ async fn stream_once(
         }
     })?;
     let mut actions = response.into_inner();
-    let heartbeat = {
+    let _heartbeat = AbortOnDrop({
         let outbound = outbound.clone();
         tokio::spawn(async move {
             let mut interval = tokio::time::interval(Duration::from_secs(60));
@@ -307,9 +307,9 @@ async fn stream_once(
                 }
             }
         })
-    };
+    });
     let mut last = None;
-    let result = loop {
+    loop {
         match actions.message().await {
             Ok(Some(action)) => {
                 let Some(kind) = action.action.as_ref() else {
@@ -326,13 +326,13 @@ async fn stream_once(
                         response: Some(client_event::Response::ActionResponse(reply)),
                     };
                     if outbound.send(event).await.is_err() {
-                        break Err(StreamError::Dropped("the stream closed".to_owned()));
+                        return Err(StreamError::Dropped("the stream closed".to_owned()));
                     }
                 }
             }
-            Ok(None) => break Ok(last),
+            Ok(None) => return Ok(last),
             Err(status) => {
-                break Err(match status.code() {
+                return Err(match status.code() {
                     Code::Unavailable | Code::Unknown | Code::Cancelled => {
                         StreamError::Dropped(status.message().to_owned())
                     }
@@ -343,7 +343,16 @@ async fn stream_once(
                 });
             }
         }
-    };
-    heartbeat.abort();
-    result
+    }
+}
+
+/// Ends the heartbeat task with the stream, also when the stream's future is
+/// dropped midway: the task holds a sender, and a live sender would keep the
+/// stream open towards the service.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

@@ -499,10 +499,10 @@ impl Run {
             if let Err(err) = self.save().await {
                 return self.fail(err).await;
             }
-            if self.state.status == WorkflowStatus::Completed {
-                if let Err(err) = self.gitlab.status_event(&self.workflow_id, "finish").await {
-                    return self.fail(err.into()).await;
-                }
+            if self.state.status == WorkflowStatus::Completed
+                && let Err(err) = self.gitlab.status_event(&self.workflow_id, "finish").await
+            {
+                return self.fail(err.into()).await;
             }
             self.notify().await?;
         }

@@ -4,6 +4,7 @@
 mod agent_common;
 mod app_support;
 mod stream_support;
+mod workflow_support;
 
 mod agent_api;
 mod agent_prompt;
@@ -20,3 +21,5 @@ mod prompts_registry;
 mod providers;
 mod proxy_contract;
 mod vertex_provider;
+mod workflow_prompts;
+mod workflow_service;
