@@ -12,7 +12,8 @@
 //! 3. who may do what: [`policy`] (abilities, Duo access, seats and add-ons)
 //! 4. domains: [`ai_models`] (which model serves each feature), [`chat`]
 //!    (threads, messages, the completion seam, live delivery),
-//!    [`agent`] (the agent loop, slash commands and tools)
+//!    [`agent`] (the agent loop, slash commands and tools), [`workflows`]
+//!    (Duo Workflow: workflows, checkpoints, events, run leases)
 //! 5. the state the interfaces share: [`app_state`]
 //! 6. interfaces: [`rest`] (`/api/v4`), [`graphql`] (`/api/graphql`), [`probes`]
 //!    (liveness, readiness, metrics), [`web`] (pages for people), [`worker`] (the
@@ -33,6 +34,7 @@ pub mod policy;
 pub mod agent;
 pub mod ai_models;
 pub mod chat;
+pub mod workflows;
 
 pub mod app_state;
 

@@ -8,7 +8,6 @@
     reason = "a failed fixture fails the test"
 )]
 
-use crate::app_support;
 use crate::stream_support;
 
 use fake_provider::{Failure, FakeProvider, Scripted};

@@ -1,6 +1,9 @@
 //! Integration tests, one binary for the crate: linked once, each test still
 //! its own process under nextest.
 
+// Tests fail loudly by design; the shared support modules do too.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod common;
 
 mod engines;

@@ -7,7 +7,6 @@
 )]
 
 use crate::agent_support;
-use crate::support;
 
 use agent_support::{Bench, gid};
 use contracts::DuoErrorCode;

@@ -1,9 +1,13 @@
 //! Integration tests, one binary for the crate: linked once, each test still
 //! its own process under nextest.
 
+// Tests fail loudly by design; the shared support modules do too.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod agent_support;
 mod rest_support;
 mod support;
+mod workflows_support;
 
 mod agent_chat;
 mod agent_commands;
@@ -30,3 +34,9 @@ mod rest_writes;
 mod subscriptions_live;
 mod web_sign_in;
 mod worker_completion;
+mod workflows_graphql;
+mod workflows_jobs;
+mod workflows_rest;
+mod workflows_socket;
+mod workflows_state_machine;
+mod workflows_tokens;

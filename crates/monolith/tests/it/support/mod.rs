@@ -224,6 +224,8 @@ pub struct Server {
     handle: actix_web::dev::ServerHandle,
     /// The server's lifecycle: tests begin its stop through it.
     pub lifecycle: monolith::lifecycle::Lifecycle,
+    /// The server's shared state (its live-message hub, for readiness waits).
+    pub state: monolith::app_state::AppState,
 }
 
 impl Server {
@@ -256,6 +258,7 @@ impl Server {
             monolith::app_state::AppState::new(pool, config, AddOnCatalogue::built_in().unwrap())
                 .unwrap();
         let lifecycle = state.lifecycle.clone();
+        let shared = state.clone();
         let server = monolith::server::serve(state, listener).unwrap();
         let handle = server.handle();
         tokio::spawn(server);
@@ -263,6 +266,7 @@ impl Server {
             base: format!("http://{addr}"),
             handle,
             lifecycle,
+            state: shared,
         }
     }
 
