@@ -66,7 +66,7 @@ async fn run(options: Options) -> anyhow::Result<SessionEnd> {
             },
         ),
         _ => {
-            let access = cli::direct_access(&client, &options).await?;
+            let access = cli::direct_access(&client, &options, &workflow_id).await?;
             (access.gitlab_token, access.service)
         }
     };

@@ -1,7 +1,6 @@
 //! The workflow prompts render for both families with the inputs the engine
 //! passes, and name no input it does not pass.
 
-
 use gateway::Config;
 use gateway::prompts::{PromptRegistry, TemplateRole};
 use serde_json::json;
