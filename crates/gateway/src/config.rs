@@ -427,6 +427,18 @@ mod tests {
     }
 
     #[test]
+    fn the_workflow_service_listens_on_gitlabs_port_unless_turned_off() {
+        let c = Config::for_tests(&[]).unwrap();
+        assert_eq!(c.workflow.listen.as_deref(), Some("127.0.0.1:50052"));
+        assert_eq!(c.workflow.service_name, "gitlab-duo-workflow-service");
+        let c = Config::for_tests(&[("AIGW_WORKFLOW_SERVICE__LISTEN", "")]).unwrap();
+        assert_eq!(c.workflow.listen, None);
+        let err =
+            Config::for_tests(&[("AIGW_WORKFLOW_SERVICE__MAX_MODEL_CALLS", "many")]).unwrap_err();
+        assert_eq!(err.name, "AIGW_WORKFLOW_SERVICE__MAX_MODEL_CALLS");
+    }
+
+    #[test]
     fn anthropic_key_switches_the_default_family() {
         let c = Config::for_tests(&[("ANTHROPIC_API_KEY", "k")]).unwrap();
         assert!(!c.providers.uses_local_default());

@@ -21,7 +21,9 @@
 use anyhow::{Context, bail};
 use bench::{Latencies, ms, read_status_kib};
 use contracts::duo_workflow::duo_workflow_client::DuoWorkflowClient;
-use contracts::duo_workflow::{ClientEvent, NewCheckpoint, StartWorkflowRequest, action, client_event};
+use contracts::duo_workflow::{
+    ClientEvent, NewCheckpoint, StartWorkflowRequest, action, client_event,
+};
 use e2e_tests::{Options, System};
 use fake_provider::ToolCall;
 use serde_json::{Value, json};
@@ -63,15 +65,23 @@ impl Reporter for StepClock {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    println!("starting PostgreSQL, duo-gateway (workflow service), duo-monolith (release builds) and the fake provider");
+    println!(
+        "starting PostgreSQL, duo-gateway (workflow service), duo-monolith (release builds) and the fake provider"
+    );
     let system = System::start_with(Options {
         gateway_env: vec![
             ("AIGW_LOGGING__LEVEL".into(), "warn".into()),
-            ("AIGW_WORKFLOW_SERVICE__MAX_MODEL_CALLS".into(), (STEPS + 10).to_string()),
+            (
+                "AIGW_WORKFLOW_SERVICE__MAX_MODEL_CALLS".into(),
+                (STEPS + 10).to_string(),
+            ),
         ],
         monolith_env: vec![
             ("RUST_LOG".into(), "warn".into()),
-            ("DUO_WORKFLOW_DIRECT_ACCESS_RATE_LIMIT".into(), "100000".into()),
+            (
+                "DUO_WORKFLOW_DIRECT_ACCESS_RATE_LIMIT".into(),
+                "100000".into(),
+            ),
         ],
         ..Options::default()
     })
@@ -80,7 +90,12 @@ async fn main() -> anyhow::Result<()> {
     system.fake.set_recording(false);
     let alice = system.token("alice")?;
     let (status, projects) = system
-        .rest(&alice, reqwest::Method::GET, "/projects?membership=true", None)
+        .rest(
+            &alice,
+            reqwest::Method::GET,
+            "/projects?membership=true",
+            None,
+        )
         .await?;
     if status != 200 {
         bail!("listing projects: {status} {projects}");
@@ -148,15 +163,27 @@ fn service_target(system: &System, access: &Value) -> ServiceTarget {
     }
 }
 
-async fn run(system: &System, alice: &str, project: i64, workspace: &std::path::Path) -> anyhow::Result<()> {
+async fn run(
+    system: &System,
+    alice: &str,
+    project: i64,
+    workspace: &std::path::Path,
+) -> anyhow::Result<()> {
     // 1. Steps.
     let workflow = create_workflow(system, alice, project).await?;
     let access = direct_access(system, alice, workflow).await?;
-    let rails_token = access["gitlab_rails"]["token"].as_str().unwrap_or_default().to_owned();
+    let rails_token = access["gitlab_rails"]["token"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
     for n in 0..STEPS {
         system.fake.push_tool_calls(
             "",
-            vec![ToolCall::new(&format!("call-{n}"), "read_file", json!({"file_path": "README.md"}))],
+            vec![ToolCall::new(
+                &format!("call-{n}"),
+                "read_file",
+                json!({"file_path": "README.md"}),
+            )],
         );
     }
     system.fake.push_text("Done.");
@@ -184,7 +211,11 @@ async fn run(system: &System, alice: &str, project: i64, workspace: &std::path::
     .await
     .context("the benchmark workflow")?;
     let total = started.elapsed();
-    println!("\n1. Tool steps ({} model calls at 0 ms, each a read_file action and a checkpoint): {end:?} in {:.2} s", STEPS + 1, total.as_secs_f64());
+    println!(
+        "\n1. Tool steps ({} model calls at 0 ms, each a read_file action and a checkpoint): {end:?} in {:.2} s",
+        STEPS + 1,
+        total.as_secs_f64()
+    );
     println!(
         "   per graph step (service + monolith + executor): p50 {} ms, p99 {} ms over {} steps (goal: p99 < 5 ms)",
         ms(clock.steps.quantile(0.5)),
@@ -198,7 +229,10 @@ async fn run(system: &System, alice: &str, project: i64, workspace: &std::path::
 
     // 2. Checkpoints through the monolith's REST API.
     let http = reqwest::Client::new();
-    let path = format!("{}/api/v4/ai/duo_workflows/workflows/{workflow}/checkpoints", system.web_url);
+    let path = format!(
+        "{}/api/v4/ai/duo_workflows/workflows/{workflow}/checkpoints",
+        system.web_url
+    );
     let body = |ts: &str, parent: Option<&str>| {
         json!({
             "thread_ts": ts,
@@ -230,8 +264,14 @@ async fn run(system: &System, alice: &str, project: i64, workspace: &std::path::
         concurrent.push(tokio::spawn(async move {
             for n in 0..CHECKPOINTS / 8 {
                 let ts = format!("zz-bench-c{worker}-{n:08}");
-                let body = json!({"thread_ts": ts, "checkpoint": {"v": 1}, "metadata": {"step": n}});
-                let _ = http.post(&path).bearer_auth(&token).json(&body).send().await;
+                let body =
+                    json!({"thread_ts": ts, "checkpoint": {"v": 1}, "metadata": {"step": n}});
+                let _ = http
+                    .post(&path)
+                    .bearer_auth(&token)
+                    .json(&body)
+                    .send()
+                    .await;
             }
         }));
     }
@@ -253,7 +293,9 @@ async fn run(system: &System, alice: &str, project: i64, workspace: &std::path::
     }
     let reads = CHECKPOINTS as f64 / started.elapsed().as_secs_f64();
     println!("\n2. Checkpoints (2 KB each) through the monolith's REST API:");
-    println!("   writes: {writes:.0}/s sequential, {concurrent_writes:.0}/s with 8 writers; newest-first reads: {reads:.0}/s");
+    println!(
+        "   writes: {writes:.0}/s sequential, {concurrent_writes:.0}/s with 8 writers; newest-first reads: {reads:.0}/s"
+    );
 
     // 3. Memory per idle connected workflow.
     let pid = system.gateway.pid().context("the gateway's pid")?;
@@ -282,8 +324,12 @@ async fn run(system: &System, alice: &str, project: i64, workspace: &std::path::
             })
             .await?;
         let mut request = tonic::Request::new(ReceiverStream::new(receiver));
-        request.metadata_mut().insert("authorization", format!("Bearer {}", target.token).parse()?);
-        request.metadata_mut().insert("x-gitlab-authentication-type", "oidc".parse()?);
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {}", target.token).parse()?);
+        request
+            .metadata_mut()
+            .insert("x-gitlab-authentication-type", "oidc".parse()?);
         for (name, value) in &target.headers {
             if let (Ok(key), Ok(value)) = (
                 tonic::metadata::MetadataKey::from_bytes(name.as_bytes()),
