@@ -241,8 +241,13 @@ pub struct Access {
 pub async fn direct_access(
     client: &reqwest::Client,
     options: &Options,
+    workflow_id: &str,
 ) -> Result<Access, SetupError> {
-    let body = json!({"workflow_definition": options.definition, "project_id": options.project_id});
+    let body = json!({
+        "workflow_definition": options.definition,
+        "project_id": options.project_id,
+        "workflow_id": workflow_id.parse::<i64>().ok(),
+    });
     let access = gitlab_post(
         client,
         options,
