@@ -348,6 +348,14 @@ impl Run {
             }
             None => run.state = run.fresh_state(&start),
         }
+        let answers = start.approval.is_some()
+            || (run.state.status == WorkflowStatus::InputRequired && !start.goal.trim().is_empty());
+        if run.state.status.awaits_approval() && !answers {
+            // An executor attaching to a paused workflow: show it what waits
+            // for the user, change nothing, and end the stream.
+            run.notify().await?;
+            return Ok(RunOutcome::Paused(run.state.status));
+        }
         run.apply_user_decision(&start)?;
         match run.gitlab.status_event(&run.workflow_id, event).await {
             Ok(()) => {}
