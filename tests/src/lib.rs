@@ -69,6 +69,7 @@ pub fn binary(name: &str) -> Result<PathBuf> {
             "duo-gateway" => "gateway",
             "duo-monolith" => "monolith",
             "duo-local-llm" => "local-llm",
+            "duo-workflow-executor" => "workflow-executor",
             other => other,
         };
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
