@@ -729,6 +729,12 @@ impl Run {
             tool_calls,
             invalid_calls,
         } = turn;
+        // PostgreSQL's jsonb refuses NUL characters, and checkpoints carry this.
+        let text = text.replace('\0', "\u{fffd}");
+        let mut tool_calls = tool_calls;
+        for call in &mut tool_calls {
+            scrub_nul(&mut call.args);
+        }
         let mut all_calls = tool_calls.clone();
         all_calls.extend(invalid_calls.iter().map(|(id, name, _)| ToolCall {
             id: id.clone(),
@@ -955,6 +961,16 @@ fn additional_context_text(start: &StartWorkflowRequest) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// Replaces NUL characters in every string of `value`.
+fn scrub_nul(value: &mut Value) {
+    match value {
+        Value::String(text) if text.contains('\0') => *text = text.replace('\0', "\u{fffd}"),
+        Value::Array(items) => items.iter_mut().for_each(scrub_nul),
+        Value::Object(map) => map.values_mut().for_each(scrub_nul),
+        _ => {}
+    }
 }
 
 /// Drops the oldest exchanges (an AI turn with its tool results) after the

@@ -408,6 +408,10 @@ impl ToolResult {
 const MAX_RESULT_BYTES: usize = 64 * 1024;
 
 fn truncate(mut text: String) -> String {
+    // PostgreSQL's jsonb refuses NUL characters, and checkpoints carry results.
+    if text.contains('\0') {
+        text = text.replace('\0', "\u{fffd}");
+    }
     if text.len() > MAX_RESULT_BYTES {
         let mut cut = MAX_RESULT_BYTES;
         while !text.is_char_boundary(cut) {
@@ -706,6 +710,14 @@ mod tests {
         };
         assert_eq!(run.program, "git");
         assert_eq!(run.arguments, ["commit", "-m", "x"]);
+    }
+
+    #[test]
+    fn results_lose_nul_characters_and_are_capped() {
+        assert_eq!(truncate("a\0b".into()), "a\u{fffd}b");
+        let long = truncate("x".repeat(MAX_RESULT_BYTES + 10));
+        assert!(long.ends_with("[output truncated]"));
+        assert!(long.len() < MAX_RESULT_BYTES + 40);
     }
 
     #[test]
