@@ -69,6 +69,7 @@ pub fn binary(name: &str) -> Result<PathBuf> {
             "duo-gateway" => "gateway",
             "duo-monolith" => "monolith",
             "duo-local-llm" => "local-llm",
+            "duo-workflow-executor" => "workflow-executor",
             other => other,
         };
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -239,6 +240,8 @@ pub struct System {
     /// ([`Options::web_runs_jobs`]).
     pub worker: Option<Service>,
     pub gateway_url: String,
+    /// The Duo Workflow gRPC service inside the gateway.
+    pub workflow_url: String,
     pub web_url: String,
     /// The extra `web` replicas and their URLs ([`Options::extra_web_replicas`]).
     pub replicas: Vec<(Service, String)>,
@@ -300,6 +303,7 @@ impl System {
 
         let web_port = free_port()?;
         let gateway_port = free_port()?;
+        let workflow_port = free_port()?;
         let web_url = format!("http://127.0.0.1:{web_port}");
         let gateway_url = format!("http://127.0.0.1:{gateway_port}");
         let root = repo_root();
@@ -308,6 +312,10 @@ impl System {
             ("AIGW_FASTAPI__API_HOST".into(), "127.0.0.1".into()),
             ("AIGW_FASTAPI__API_PORT".into(), gateway_port.to_string()),
             ("AIGW_GITLAB_URL".into(), web_url.clone()),
+            (
+                "AIGW_WORKFLOW_SERVICE__LISTEN".into(),
+                format!("127.0.0.1:{workflow_port}"),
+            ),
             (
                 "AIGW_PROMPTS_DIR".into(),
                 root.join("prompts").display().to_string(),
@@ -332,6 +340,10 @@ impl System {
             ("DATABASE_URL".into(), db.url().to_owned()),
             ("DUO_WEB_ADDR".into(), format!("127.0.0.1:{web_port}")),
             ("AI_GATEWAY_URL".into(), gateway_url.clone()),
+            (
+                "DUO_WORKFLOW_SERVICE_URL".into(),
+                format!("http://127.0.0.1:{workflow_port}"),
+            ),
             (
                 "DUO_SIGNING_KEY_DIR".into(),
                 scratch.0.join("keys").display().to_string(),
@@ -421,6 +433,7 @@ impl System {
             web,
             worker,
             gateway_url,
+            workflow_url: format!("http://127.0.0.1:{workflow_port}"),
             web_url,
             replicas,
             users,

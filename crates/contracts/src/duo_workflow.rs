@@ -14,7 +14,7 @@
 include!(concat!(env!("OUT_DIR"), "/_.rs"));
 
 pub use prost::Message;
-pub use prost_types::{Struct, Value, value::Kind};
+pub use prost_types::{ListValue, Struct, Value, value::Kind};
 
 #[cfg(test)]
 mod tests {

@@ -21,7 +21,7 @@ mod openai;
 mod script;
 mod vertex;
 
-pub use script::{Failure, Scripted};
+pub use script::{Failure, Scripted, ToolCall};
 
 use actix_web::dev::ServerHandle;
 use actix_web::{App, HttpRequest, HttpServer, web};
@@ -163,6 +163,7 @@ impl State {
         let mut held = None;
         let pieces = match script.queue.pop_front() {
             Some(Scripted::Fail(failure)) => return Plan::Fail(failure),
+            Some(Scripted::ToolCalls { text, calls }) => return Plan::Tools { text, calls },
             Some(Scripted::Chunks(pieces)) => pieces,
             Some(Scripted::Held { before, after }) => {
                 held = Some(after);
@@ -353,6 +354,14 @@ impl FakeProvider {
     /// the answer is held is kept for it.
     pub fn release(&self) {
         self.state.releases.add_permits(1);
+    }
+
+    /// Queues a turn calling tools for the next model request.
+    pub fn push_tool_calls(&self, text: impl Into<String>, calls: Vec<ToolCall>) {
+        self.push(Scripted::ToolCalls {
+            text: text.into(),
+            calls,
+        });
     }
 
     /// Queues a failure for the next model request ("fail once, then succeed").

@@ -60,6 +60,9 @@ pub(crate) async fn chat_completions(
 
     match state.plan(&model, &json) {
         Plan::Fail(failure) => fail(&state, failure, streaming, &model).await,
+        Plan::Tools { text, calls } => {
+            tool_calls(&state, &model, &text, &calls, streaming, prompt_tokens)
+        }
         Plan::Answer {
             pieces,
             first_byte_delay,
@@ -228,4 +231,54 @@ pub(crate) async fn embeddings(
         "model": json["model"],
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }))
+}
+
+/// A turn with `tool_calls`.
+fn tool_calls(
+    state: &State,
+    model: &str,
+    text: &str,
+    calls: &[script::ToolCall],
+    streaming: bool,
+    prompt_tokens: usize,
+) -> HttpResponse {
+    let wire: Vec<Value> = calls
+        .iter()
+        .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+        .collect();
+    if !streaming {
+        let content = if text.is_empty() {
+            Value::Null
+        } else {
+            json!(text)
+        };
+        return HttpResponse::Ok().json(json!({
+            "id": "chatcmpl-fake",
+            "object": "chat.completion",
+            "created": 0,
+            "model": model,
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": content, "tool_calls": wire},
+                "finish_reason": "tool_calls",
+            }],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 1, "total_tokens": prompt_tokens + 1},
+        }));
+    }
+    let mut events = vec![chunk(
+        model,
+        json!({"role": "assistant", "content": text}),
+        None,
+    )];
+    for (index, call) in calls.iter().enumerate() {
+        events.push(chunk(
+            model,
+            json!({"tool_calls": [{"index": index, "id": call.id, "type": "function",
+                                   "function": {"name": call.name, "arguments": call.arguments}}]}),
+            None,
+        ));
+    }
+    events.push(chunk(model, json!({}), Some("tool_calls")));
+    events.push(Bytes::from_static(b"data: [DONE]\n\n"));
+    sse_response(state.sse_body(events))
 }

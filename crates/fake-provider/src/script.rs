@@ -19,8 +19,42 @@ pub enum Scripted {
         before: Vec<String>,
         after: Vec<String>,
     },
+    /// A turn that calls tools (native tool calling): Anthropic `tool_use`
+    /// blocks with `stop_reason: tool_use`, OpenAI `tool_calls` with
+    /// `finish_reason: tool_calls`, streamed or not as the request asks.
+    /// Other wires get the text only.
+    ToolCalls { text: String, calls: Vec<ToolCall> },
     /// Fail this request.
     Fail(Failure),
+}
+
+/// One scripted tool call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    /// The arguments. OpenAI sends them as this JSON text; Anthropic as
+    /// the object (text that is not a JSON object is sent as a string, so
+    /// tests can script malformed calls on both wires).
+    pub arguments: String,
+}
+
+impl ToolCall {
+    pub fn new(id: &str, name: &str, arguments: serde_json::Value) -> Self {
+        Self {
+            id: id.to_owned(),
+            name: name.to_owned(),
+            arguments: arguments.to_string(),
+        }
+    }
+
+    /// The Anthropic `input`: the object, or the raw text when it is not one.
+    pub(crate) fn input(&self) -> serde_json::Value {
+        match serde_json::from_str::<serde_json::Value>(&self.arguments) {
+            Ok(value @ serde_json::Value::Object(_)) => value,
+            _ => serde_json::Value::String(self.arguments.clone()),
+        }
+    }
 }
 
 /// How a request fails.
@@ -81,6 +115,10 @@ pub(crate) enum Plan {
         first_byte_delay: Option<Duration>,
         /// Pieces sent only after a release (see [`Scripted::Held`]).
         held: Option<Vec<String>>,
+    },
+    Tools {
+        text: String,
+        calls: Vec<ToolCall>,
     },
     Fail(Failure),
 }

@@ -65,6 +65,10 @@ pub enum AppError {
     Docs(#[from] DocsIndexError),
     #[error("server error: {0}")]
     Server(#[from] std::io::Error),
+    #[error("workflow service: {0}")]
+    WorkflowService(#[from] crate::workflow_service::WorkflowServiceError),
+    #[error(transparent)]
+    WorkflowServe(#[from] crate::workflow_service::ServeError),
 }
 
 impl AppState {
@@ -170,6 +174,7 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         None => None,
     };
     let state = AppState::build(config)?;
+    let workflow_service = start_workflow_service(&state)?;
     tracing::info!(address = %listener.local_addr()?, "gateway listening");
     let main = build_server(state.clone(), listener)?;
     match metrics_listener {
@@ -180,8 +185,35 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         }
         None => main.await?,
     }
+    if let Some(workflow_service) = workflow_service {
+        workflow_service.stop();
+    }
     tracing::info!("gateway stopped");
     Ok(())
+}
+
+/// The Duo Workflow gRPC service on its own port, unless turned off.
+fn start_workflow_service(
+    state: &AppState,
+) -> Result<Option<crate::workflow_service::RunningWorkflowService>, AppError> {
+    let config = &state.config.workflow;
+    let Some(address) = config.listen.as_deref() else {
+        tracing::info!("the Duo Workflow service is off (AIGW_WORKFLOW_SERVICE__LISTEN is empty)");
+        return Ok(None);
+    };
+    let tls = config
+        .tls_cert_file
+        .clone()
+        .zip(config.tls_key_file.clone());
+    let service = crate::workflow_service::WorkflowService::build(state)?;
+    let running = crate::workflow_service::RunningWorkflowService::start(
+        service,
+        address,
+        tls.clone(),
+        config.shutdown_grace,
+    )?;
+    tracing::info!(address = %running.address, tls = tls.is_some(), "Duo Workflow service listening");
+    Ok(Some(running))
 }
 
 fn log_startup(config: &Config) {

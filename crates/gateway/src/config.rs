@@ -29,6 +29,7 @@ pub struct Config {
     pub prompts: PromptsConfig,
     pub docs: DocsConfig,
     pub code_embeddings: CodeEmbeddingsConfig,
+    pub workflow: WorkflowServiceConfig,
     /// `AIGW_LOGGING__LEVEL` (info): a tracing env-filter directive.
     pub log_level: String,
     /// `AIGW_LOGGING__FORMAT_JSON`: log JSON lines.
@@ -159,6 +160,40 @@ pub struct DocsConfig {
     /// `AIGW_DOCS__BASE_URL`: prefix of each result's `source_url`; unset
     /// gives relative links (`docs/error-codes.md#error-a1000`).
     pub base_url: String,
+}
+
+/// The Duo Workflow gRPC service (`crates/gateway/src/workflow_service`),
+/// served by `duo-gateway` on its own port.
+#[derive(Debug, Clone)]
+pub struct WorkflowServiceConfig {
+    /// `AIGW_WORKFLOW_SERVICE__LISTEN` (127.0.0.1:50052, GitLab's port); set
+    /// to an empty string to turn the service off.
+    pub listen: Option<String>,
+    /// `AIGW_WORKFLOW_SERVICE__TLS_CERT_FILE` / `__TLS_KEY_FILE`: PEM files;
+    /// both set means the service speaks TLS only.
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
+    /// `AIGW_WORKFLOW_SERVICE__SERVICE_NAME` (gitlab-duo-workflow-service):
+    /// issuer and audience of the tokens `GenerateToken` mints.
+    pub service_name: String,
+    /// `AIGW_WORKFLOW_SERVICE__TOKEN_LIFETIME_SECONDS` (3600).
+    pub token_lifetime: Duration,
+    /// `AIGW_WORKFLOW_SERVICE__MAX_MODEL_CALLS` (50): model calls one
+    /// stream may make before the run fails.
+    pub max_model_calls: u32,
+    /// `AIGW_WORKFLOW_SERVICE__MAX_CONTEXT_TOKENS` (100000): the estimated
+    /// size above which the oldest turns are trimmed before a model call.
+    pub max_context_tokens: usize,
+    /// `AIGW_WORKFLOW_SERVICE__HTTP_RETRY_BASE_MILLISECONDS` (1000): first
+    /// back-off of a GitLab call that answered 5xx (then doubled, at most 10 s,
+    /// 3 retries).
+    pub http_retry_base: Duration,
+    /// `AIGW_WORKFLOW_SERVICE__ACTION_TIMEOUT_SECONDS` (600): the longest the
+    /// service waits for the executor's answer to one action.
+    pub action_timeout: Duration,
+    /// `AIGW_WORKFLOW_SERVICE__SHUTDOWN_GRACE_SECONDS` (10): how long running
+    /// streams may go on after SIGTERM (health turns NOT_SERVING at once).
+    pub shutdown_grace: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -384,6 +419,35 @@ impl Config {
                     timeout: env.seconds("AIGW_CODE_EMBEDDINGS__TIMEOUT_SECONDS", 60)?,
                 }
             },
+            workflow: WorkflowServiceConfig {
+                // Unset means the default port; an empty value turns it off.
+                listen: match vars.get("AIGW_WORKFLOW_SERVICE__LISTEN") {
+                    None => Some("127.0.0.1:50052".to_owned()),
+                    Some(v) if v.trim().is_empty() => None,
+                    Some(v) => Some(v.trim().to_owned()),
+                },
+                tls_cert_file: env
+                    .get("AIGW_WORKFLOW_SERVICE__TLS_CERT_FILE")
+                    .map(PathBuf::from),
+                tls_key_file: env
+                    .get("AIGW_WORKFLOW_SERVICE__TLS_KEY_FILE")
+                    .map(PathBuf::from),
+                service_name: env.string(
+                    "AIGW_WORKFLOW_SERVICE__SERVICE_NAME",
+                    "gitlab-duo-workflow-service",
+                ),
+                token_lifetime: env
+                    .seconds("AIGW_WORKFLOW_SERVICE__TOKEN_LIFETIME_SECONDS", 3600)?,
+                max_model_calls: env.number("AIGW_WORKFLOW_SERVICE__MAX_MODEL_CALLS", 50)?,
+                max_context_tokens: env
+                    .number("AIGW_WORKFLOW_SERVICE__MAX_CONTEXT_TOKENS", 100_000)?,
+                http_retry_base: Duration::from_millis(
+                    env.number("AIGW_WORKFLOW_SERVICE__HTTP_RETRY_BASE_MILLISECONDS", 1000)?,
+                ),
+                action_timeout: env
+                    .seconds("AIGW_WORKFLOW_SERVICE__ACTION_TIMEOUT_SECONDS", 600)?,
+                shutdown_grace: env.seconds("AIGW_WORKFLOW_SERVICE__SHUTDOWN_GRACE_SECONDS", 10)?,
+            },
             log_level: env.string("AIGW_LOGGING__LEVEL", "info"),
             log_json: env.flag("AIGW_LOGGING__FORMAT_JSON")?,
             providers,
@@ -414,6 +478,18 @@ mod tests {
         assert_eq!(c.prompts.default_family, "openai");
         assert_eq!(c.auth.service_name, "gitlab-ai-gateway");
         assert_eq!(c.providers.vertex_endpoint, "http://127.0.0.1:5053");
+    }
+
+    #[test]
+    fn the_workflow_service_listens_on_gitlabs_port_unless_turned_off() {
+        let c = Config::for_tests(&[]).unwrap();
+        assert_eq!(c.workflow.listen.as_deref(), Some("127.0.0.1:50052"));
+        assert_eq!(c.workflow.service_name, "gitlab-duo-workflow-service");
+        let c = Config::for_tests(&[("AIGW_WORKFLOW_SERVICE__LISTEN", "")]).unwrap();
+        assert_eq!(c.workflow.listen, None);
+        let err =
+            Config::for_tests(&[("AIGW_WORKFLOW_SERVICE__MAX_MODEL_CALLS", "many")]).unwrap_err();
+        assert_eq!(err.name, "AIGW_WORKFLOW_SERVICE__MAX_MODEL_CALLS");
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod prompts;
 pub mod providers;
 pub mod proxy;
 pub mod search;
+pub mod workflow_service;
 
 pub use config::Config;
 pub use error::ApiError;

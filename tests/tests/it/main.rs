@@ -11,3 +11,4 @@ mod model_selection_e2e;
 mod python_gitlab_e2e;
 mod shutdown_e2e;
 mod web_e2e;
+mod workflow_e2e;

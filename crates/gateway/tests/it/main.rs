@@ -7,6 +7,7 @@
 mod agent_common;
 mod app_support;
 mod stream_support;
+mod workflow_support;
 
 mod agent_api;
 mod agent_prompt;
@@ -24,3 +25,5 @@ mod prompts_registry;
 mod providers;
 mod proxy_contract;
 mod vertex_provider;
+mod workflow_prompts;
+mod workflow_service;
