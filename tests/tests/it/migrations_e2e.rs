@@ -93,3 +93,43 @@ async fn migrate_processes_started_together_wait_for_one_another_and_apply_each_
     assert_eq!(applied.len(), files, "{applied:?}");
     assert!(applied.iter().all(|(_, n)| *n == 1), "{applied:?}");
 }
+
+/// Migrations are forward-only, and a release never runs on a schema it does
+/// not know: after a newer release migrated the database, an older
+/// `migrate`, `web` or `worker` stops at start-up with an error naming the
+/// unknown migration (deploy/README.md: rolling back past a migration means
+/// restoring the database taken before the upgrade).
+#[tokio::test]
+async fn an_older_release_refuses_to_start_on_a_database_a_newer_one_migrated() {
+    let db = devdb::TestDb::with_sql("SELECT 1").await.unwrap();
+    let monolith = binary("duo-monolith").unwrap();
+    let keys = std::env::temp_dir().join(format!("duo-older-release-{}", std::process::id()));
+    let env = vec![
+        ("DATABASE_URL".to_owned(), db.url().to_owned()),
+        ("DUO_SIGNING_KEY_DIR".to_owned(), keys.display().to_string()),
+    ];
+    let mut first = Service::spawn("migrate", &monolith, &["migrate"], &env).unwrap();
+    assert!(first.wait_exit(Duration::from_secs(60)).await.unwrap().success());
+
+    // What a newer release leaves behind: one more applied migration.
+    let client = db.client().await.unwrap();
+    client
+        .execute(
+            "INSERT INTO refinery_schema_history (version, name, applied_on, checksum)
+             VALUES (9999, 'from_a_newer_release', '2030-01-01T00:00:00Z', '1')",
+            &[],
+        )
+        .await
+        .unwrap();
+    for role in ["migrate", "web", "worker"] {
+        let mut older = Service::spawn("older", &monolith, &[role], &env).unwrap();
+        let exit = older.wait_exit(Duration::from_secs(60)).await.unwrap();
+        assert!(!exit.success(), "{role} started on an unknown schema");
+        assert!(
+            older.log_contains("from_a_newer_release"),
+            "{role}: {}",
+            older.log_tail(10)
+        );
+    }
+    let _ = std::fs::remove_dir_all(keys);
+}
