@@ -1,11 +1,15 @@
 //! Stopping real processes as an orchestrator does (SIGTERM): the web role
 //! turns "not ready" first, hands its subscription sockets off with a
 //! reconnect code and exits 0; the worker finishes or releases the job it holds
-//! within the grace period and exits 0, and the answer arrives exactly once.
+//! within the grace period and exits 0, and the answer arrives exactly once;
+//! the gateway and the model server drain while not ready, then finish the
+//! streams and generations in flight (a generation past the grace period is
+//! cancelled) and exit 0.
 
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
+    clippy::panic,
     reason = "a failed fixture fails the test"
 )]
 
