@@ -126,6 +126,7 @@ async fn not_found() -> Result<actix_web::HttpResponse, ApiError> {
 
 /// The HTTP server on an already bound listener (port 0 in tests and the bench).
 pub fn build_server(state: AppState, listener: TcpListener) -> Result<Server, AppError> {
+    let grace = state_grace(&state);
     let server = HttpServer::new(move || {
         App::new()
             .wrap(from_fn(authenticate_request))
@@ -138,7 +139,7 @@ pub fn build_server(state: AppState, listener: TcpListener) -> Result<Server, Ap
     // SIGTERM is handled by `serve` (drain first); a stopping server gives
     // requests in flight, streams included, the grace period to end.
     .disable_signals()
-    .shutdown_timeout(state_grace(&state))
+    .shutdown_timeout(grace)
     .listen(listener)?
     .run();
     Ok(server)

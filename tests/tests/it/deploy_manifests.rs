@@ -1001,7 +1001,7 @@ async fn every_process_starts_with_the_manifests_configuration_and_writes_only_t
         let tmp = scratch.0.join(format!("tmp-{name}"));
         std::fs::create_dir_all(&tmp).unwrap();
         let trace = scratch.0.join(format!("{name}.trace"));
-        let mut strace_args: Vec<String> = ["-ff", "-qq", "-y", "-e", WRITES, "-e", "status=successful", "-o"]
+        let mut strace_args: Vec<String> = ["-ff", "--seccomp-bpf", "-qq", "-y", "-e", WRITES, "-e", "status=successful", "-o"]
             .into_iter()
             .map(str::to_owned)
             .collect();
@@ -1115,8 +1115,34 @@ async fn every_process_starts_with_the_manifests_configuration_and_writes_only_t
         assert!(Instant::now() < deadline, "no answer:\n{}", runs.iter().map(|r| r.1.log_tail(10)).collect::<Vec<_>>().join("\n"));
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    assert_eq!(answer["errors"], json!([]), "{answer}");
-    assert!(!answer["content"].as_str().unwrap().is_empty(), "{answer}");
+    // A model this small may ramble past the prompt's time limit: then the
+    // answer is the coded A1004, still proof that every hop was taken (the
+    // gateway accepted the token and the model server generated).
+    let logs = || {
+        runs.iter()
+            .map(|r| format!("{}:\n{}", r.0, r.1.log_tail(15)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    match answer["errors"].as_array().unwrap().first() {
+        None => assert!(!answer["content"].as_str().unwrap().trim().is_empty(), "{answer}"),
+        Some(error) => assert!(error.as_str().unwrap().contains("[A1004]"), "{answer}\n{}", logs()),
+    }
+    let generated = http
+        .get(format!("http://127.0.0.1:{llm}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let tokens: f64 = generated
+        .lines()
+        .find_map(|l| l.strip_prefix("duo_local_llm_completion_tokens_total "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(tokens > 0.0, "{generated}");
 
     // Stop everything as Kubernetes does (SIGTERM to each process itself,
     // not to strace, which would detach), then read the traces.
@@ -1158,4 +1184,25 @@ async fn every_process_starts_with_the_manifests_configuration_and_writes_only_t
     }
     assert_eq!(std::fs::read_dir(&workdir).unwrap().count(), 0);
     assert_eq!(std::fs::read_dir(&keys).unwrap().count(), keys_before);
+}
+
+#[test]
+fn the_trace_reader_finds_every_kind_of_write_and_ignores_reads_and_failures() {
+    let trace = r#"openat(AT_FDCWD</w>, "/etc/hosts", O_RDONLY|O_CLOEXEC) = 3</etc/hosts>
+openat(AT_FDCWD</w>, "out.txt", O_WRONLY|O_CREAT|O_TRUNC, 0666) = 3</w/out.txt>
+openat(AT_FDCWD</w>, "/keys/a.pem", O_RDWR) = 4</keys/a.pem>
+mkdir("cache", 0777)                    = 0
+renameat2(AT_FDCWD</w>, "a", AT_FDCWD</w>, "b", RENAME_NOREPLACE) = 0
+unlinkat(AT_FDCWD</w>, "/models/x", 0) = 0
+--- SIGCHLD {si_signo=SIGCHLD, si_code=CLD_EXITED} ---
++++ exited with 0 +++
+"#;
+    let found: Vec<String> = written_paths(trace, Path::new("/w"))
+        .into_iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    assert_eq!(
+        found,
+        ["/keys/a.pem", "/models/x", "/w/a", "/w/cache", "/w/out.txt"]
+    );
 }
