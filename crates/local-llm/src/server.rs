@@ -163,17 +163,72 @@ pub fn render_metrics(state: &AppState) -> String {
     let tokens = state.chat.token_totals();
     let embeddings = state.embed_admission.stats();
     let families: [(&str, &str, &str, f64); 11] = [
-        ("duo_local_llm_chat_queue_waiting", "gauge", "Chat requests waiting for the generator.", chat.waiting as f64),
-        ("duo_local_llm_chat_queue_capacity", "gauge", "Chat requests that may wait (DUO_LOCAL_LLM_QUEUE).", chat.capacity as f64),
-        ("duo_local_llm_generations_in_flight", "gauge", "Generations running now.", f64::from(u8::from(chat.running))),
-        ("duo_local_llm_generations_total", "counter", "Generations run to their end (finished, stopped or cancelled).", chat.completed as f64),
-        ("duo_local_llm_generations_skipped_total", "counter", "Queued chat requests dropped unrun because their client left.", chat.skipped as f64),
-        ("duo_local_llm_prompt_tokens_total", "counter", "Prompt tokens processed by generations.", tokens.prompt as f64),
-        ("duo_local_llm_completion_tokens_total", "counter", "Tokens generated.", tokens.completion as f64),
-        ("duo_local_llm_embedding_requests_running", "gauge", "Embedding requests computing now.", embeddings.running as f64),
-        ("duo_local_llm_embedding_queue_waiting", "gauge", "Embedding requests waiting for a slot.", embeddings.waiting as f64),
-        ("duo_local_llm_embedding_queue_capacity", "gauge", "Embedding requests that may wait (DUO_LOCAL_LLM_EMBED_QUEUE).", embeddings.capacity as f64),
-        ("duo_local_llm_stopping", "gauge", "1 once the server has begun stopping.", f64::from(u8::from(state.is_stopping()))),
+        (
+            "duo_local_llm_chat_queue_waiting",
+            "gauge",
+            "Chat requests waiting for the generator.",
+            chat.waiting as f64,
+        ),
+        (
+            "duo_local_llm_chat_queue_capacity",
+            "gauge",
+            "Chat requests that may wait (DUO_LOCAL_LLM_QUEUE).",
+            chat.capacity as f64,
+        ),
+        (
+            "duo_local_llm_generations_in_flight",
+            "gauge",
+            "Generations running now.",
+            f64::from(u8::from(chat.running)),
+        ),
+        (
+            "duo_local_llm_generations_total",
+            "counter",
+            "Generations run to their end (finished, stopped or cancelled).",
+            chat.completed as f64,
+        ),
+        (
+            "duo_local_llm_generations_skipped_total",
+            "counter",
+            "Queued chat requests dropped unrun because their client left.",
+            chat.skipped as f64,
+        ),
+        (
+            "duo_local_llm_prompt_tokens_total",
+            "counter",
+            "Prompt tokens processed by generations.",
+            tokens.prompt as f64,
+        ),
+        (
+            "duo_local_llm_completion_tokens_total",
+            "counter",
+            "Tokens generated.",
+            tokens.completion as f64,
+        ),
+        (
+            "duo_local_llm_embedding_requests_running",
+            "gauge",
+            "Embedding requests computing now.",
+            embeddings.running as f64,
+        ),
+        (
+            "duo_local_llm_embedding_queue_waiting",
+            "gauge",
+            "Embedding requests waiting for a slot.",
+            embeddings.waiting as f64,
+        ),
+        (
+            "duo_local_llm_embedding_queue_capacity",
+            "gauge",
+            "Embedding requests that may wait (DUO_LOCAL_LLM_EMBED_QUEUE).",
+            embeddings.capacity as f64,
+        ),
+        (
+            "duo_local_llm_stopping",
+            "gauge",
+            "1 once the server has begun stopping.",
+            f64::from(u8::from(state.is_stopping())),
+        ),
     ];
     let mut out = String::new();
     for (name, kind, help, value) in families {

@@ -72,7 +72,11 @@ fn tools() -> &'static Tools {
             &tools.venv_bin.join("kubernetes-validate"),
             &tools.venv_bin.join("check-jsonschema"),
         ] {
-            assert!(tool.is_file(), "{} is missing after the scripts ran", tool.display());
+            assert!(
+                tool.is_file(),
+                "{} is missing after the scripts ran",
+                tool.display()
+            );
         }
         tools
     })
@@ -154,7 +158,9 @@ fn kustomize(overlay: &str) -> String {
              components: [../../../deploy/kubernetes/components/keda-worker-autoscaling]\n",
         )
         .unwrap();
-        return run(Command::new(&tools().kubectl).arg("kustomize").arg(&scratch.0));
+        return run(Command::new(&tools().kubectl)
+            .arg("kustomize")
+            .arg(&scratch.0));
     }
     run(Command::new(&tools().kubectl)
         .arg("kustomize")
@@ -193,7 +199,13 @@ fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
 fn names(objects: &[Value]) -> BTreeSet<String> {
     objects
         .iter()
-        .map(|o| format!("{}/{}", o["kind"].as_str().unwrap(), o["metadata"]["name"].as_str().unwrap()))
+        .map(|o| {
+            format!(
+                "{}/{}",
+                o["kind"].as_str().unwrap(),
+                o["metadata"]["name"].as_str().unwrap()
+            )
+        })
         .collect()
 }
 
@@ -298,7 +310,11 @@ fn every_overlay_renders_and_validates_against_the_kubernetes_api_schemas() {
         for object in &objects {
             assert_eq!(
                 object["metadata"]["namespace"],
-                if overlay == "gateway-only" { "duo-gateway" } else { "duo-chat" },
+                if overlay == "gateway-only" {
+                    "duo-gateway"
+                } else {
+                    "duo-chat"
+                },
                 "{overlay}: {}",
                 object["metadata"]["name"]
             );
@@ -332,16 +348,28 @@ fn every_pod_runs_unprivileged_read_only_with_requests_probes_and_enough_time_to
     for overlay in OVERLAYS {
         let objects = documents(&kustomize(overlay));
         for object in &objects {
-            let Some(pod) = pod_spec(object) else { continue };
+            let Some(pod) = pod_spec(object) else {
+                continue;
+            };
             let name = object["metadata"]["name"].as_str().unwrap();
-            assert_eq!(pod["securityContext"]["runAsNonRoot"], true, "{overlay} {name}");
-            assert_eq!(pod["automountServiceAccountToken"], false, "{overlay} {name}");
+            assert_eq!(
+                pod["securityContext"]["runAsNonRoot"], true,
+                "{overlay} {name}"
+            );
+            assert_eq!(
+                pod["automountServiceAccountToken"], false,
+                "{overlay} {name}"
+            );
             let mounted: BTreeSet<&str> = pod["volumes"]
                 .as_array()
                 .into_iter()
                 .chain(object["spec"]["volumeClaimTemplates"].as_array())
                 .flatten()
-                .filter_map(|v| v["name"].as_str().or_else(|| v["metadata"]["name"].as_str()))
+                .filter_map(|v| {
+                    v["name"]
+                        .as_str()
+                        .or_else(|| v["metadata"]["name"].as_str())
+                })
                 .collect();
             for container in containers(pod) {
                 let what = format!("{overlay} {name}/{}", container["name"]);
@@ -349,9 +377,18 @@ fn every_pod_runs_unprivileged_read_only_with_requests_probes_and_enough_time_to
                 assert_eq!(security["readOnlyRootFilesystem"], true, "{what}");
                 assert_eq!(security["allowPrivilegeEscalation"], false, "{what}");
                 assert_eq!(security["capabilities"]["drop"], json!(["ALL"]), "{what}");
-                assert!(container["resources"]["requests"]["cpu"].is_string(), "{what}");
-                assert!(container["resources"]["requests"]["memory"].is_string(), "{what}");
-                assert!(container["resources"]["limits"]["memory"].is_string(), "{what}");
+                assert!(
+                    container["resources"]["requests"]["cpu"].is_string(),
+                    "{what}"
+                );
+                assert!(
+                    container["resources"]["requests"]["memory"].is_string(),
+                    "{what}"
+                );
+                assert!(
+                    container["resources"]["limits"]["memory"].is_string(),
+                    "{what}"
+                );
                 for mount in container["volumeMounts"].as_array().into_iter().flatten() {
                     let volume = mount["name"].as_str().unwrap();
                     assert!(mounted.contains(volume), "{what} mounts unknown {volume}");
@@ -397,7 +434,10 @@ fn every_pod_runs_unprivileged_read_only_with_requests_probes_and_enough_time_to
             let needed = seconds(&config_value(&objects, config, drain))
                 + seconds(&config_value(&objects, config, grace));
             let allowed = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
-            assert!(allowed > needed, "{overlay} {name}: {allowed} s <= {needed} s");
+            assert!(
+                allowed > needed,
+                "{overlay} {name}: {allowed} s <= {needed} s"
+            );
             // And a disruption budget covers it.
             assert!(
                 objects.iter().any(|o| o["kind"] == "PodDisruptionBudget"
@@ -413,8 +453,11 @@ fn every_pod_runs_unprivileged_read_only_with_requests_probes_and_enough_time_to
                     for rule in object["spec"]["rules"].as_array().unwrap() {
                         for path in rule["http"]["paths"].as_array().unwrap() {
                             let backend = &path["backend"]["service"];
-                            let service = find(&objects, "Service", backend["name"].as_str().unwrap())
-                                .unwrap_or_else(|| panic!("{overlay}: no Service {}", backend["name"]));
+                            let service =
+                                find(&objects, "Service", backend["name"].as_str().unwrap())
+                                    .unwrap_or_else(|| {
+                                        panic!("{overlay}: no Service {}", backend["name"])
+                                    });
                             assert!(
                                 service["spec"]["ports"]
                                     .as_array()
@@ -428,7 +471,10 @@ fn every_pod_runs_unprivileged_read_only_with_requests_probes_and_enough_time_to
                 }
                 Some("HorizontalPodAutoscaler") => {
                     let target = object["spec"]["scaleTargetRef"]["name"].as_str().unwrap();
-                    assert!(find(&objects, "Deployment", target).is_some(), "{overlay}: {target}");
+                    assert!(
+                        find(&objects, "Deployment", target).is_some(),
+                        "{overlay}: {target}"
+                    );
                 }
                 _ => {}
             }
@@ -449,7 +495,10 @@ fn without_helm_bookkeeping(mut object: Value) -> Value {
             labels.remove(label);
         }
     }
-    if let Some(annotations) = metadata.get_mut("annotations").and_then(Value::as_object_mut) {
+    if let Some(annotations) = metadata
+        .get_mut("annotations")
+        .and_then(Value::as_object_mut)
+    {
         annotations.retain(|k, _| !k.starts_with("helm.sh/"));
         if annotations.is_empty() {
             metadata.remove("annotations");
@@ -458,7 +507,9 @@ fn without_helm_bookkeeping(mut object: Value) -> Value {
     if let Some(template) = object
         .pointer_mut("/spec/template/metadata")
         .and_then(Value::as_object_mut)
-        && let Some(annotations) = template.get_mut("annotations").and_then(Value::as_object_mut)
+        && let Some(annotations) = template
+            .get_mut("annotations")
+            .and_then(Value::as_object_mut)
     {
         annotations.retain(|k, _| !k.starts_with("checksum/"));
         if annotations.is_empty() {
@@ -472,7 +523,11 @@ fn by_name(objects: Vec<Value>) -> BTreeMap<String, Value> {
     objects
         .into_iter()
         .map(|o| {
-            let key = format!("{}/{}", o["kind"].as_str().unwrap(), o["metadata"]["name"].as_str().unwrap());
+            let key = format!(
+                "{}/{}",
+                o["kind"].as_str().unwrap(),
+                o["metadata"]["name"].as_str().unwrap()
+            );
             (key, without_helm_bookkeeping(o))
         })
         .collect()
@@ -481,7 +536,11 @@ fn by_name(objects: Vec<Value>) -> BTreeMap<String, Value> {
 #[test]
 fn the_helm_chart_lints_and_renders_the_same_objects_as_each_overlay() {
     let chart = deploy().join("helm/duo-chat");
-    for values in ["values.yaml", "values-in-cluster-postgres.yaml", "values-gateway-only.yaml"] {
+    for values in [
+        "values.yaml",
+        "values-in-cluster-postgres.yaml",
+        "values-gateway-only.yaml",
+    ] {
         run(Command::new(&tools().helm)
             .args(["lint", "--strict"])
             .arg(&chart)
@@ -531,9 +590,15 @@ impl Component {
     /// Source files that read the environment.
     fn sources(self) -> [&'static str; 2] {
         match self {
-            Component::Monolith => ["crates/monolith/src/config.rs", "crates/monolith/src/main.rs"],
+            Component::Monolith => [
+                "crates/monolith/src/config.rs",
+                "crates/monolith/src/main.rs",
+            ],
             Component::Gateway => ["crates/gateway/src/config.rs", "crates/gateway/src/main.rs"],
-            Component::LocalLlm => ["crates/local-llm/src/config.rs", "crates/local-llm/src/main.rs"],
+            Component::LocalLlm => [
+                "crates/local-llm/src/config.rs",
+                "crates/local-llm/src/main.rs",
+            ],
         }
     }
 
@@ -560,13 +625,21 @@ impl Component {
 fn documented(component: Component) -> BTreeSet<String> {
     let (file, heading) = component.table();
     let text = std::fs::read_to_string(repo_root().join(file)).unwrap();
-    let after = &text[text.find(heading).unwrap_or_else(|| panic!("{file}: no {heading}"))..];
+    let after = &text[text
+        .find(heading)
+        .unwrap_or_else(|| panic!("{file}: no {heading}"))..];
     let variables: BTreeSet<String> = after
         .lines()
         .skip_while(|l| !l.starts_with('|'))
         .take_while(|l| l.starts_with('|'))
         .filter_map(|l| l.split('|').nth(1))
-        .flat_map(|cell| cell.split('`').skip(1).step_by(2).map(str::to_owned).collect::<Vec<_>>())
+        .flat_map(|cell| {
+            cell.split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
         .filter(|name| is_variable_name(name))
         .collect();
     assert!(variables.len() > 5, "{file}: only {variables:?}");
@@ -575,13 +648,18 @@ fn documented(component: Component) -> BTreeSet<String> {
 
 fn is_variable_name(name: &str) -> bool {
     name.len() > 3
-        && name.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
         && name.contains('_')
 }
 
 /// Environment variable names quoted in the code that reads the environment.
 fn read_by_code(component: Component) -> BTreeSet<String> {
-    let pattern = regex::Regex::new(r#""((?:AIGW|DUO|ANTHROPIC|OPENAI|CLOUD_CONNECTOR|DATABASE|AI_GATEWAY)_[A-Z0-9_]+)""#).unwrap();
+    let pattern = regex::Regex::new(
+        r#""((?:AIGW|DUO|ANTHROPIC|OPENAI|CLOUD_CONNECTOR|DATABASE|AI_GATEWAY)_[A-Z0-9_]+)""#,
+    )
+    .unwrap();
     component
         .sources()
         .iter()
@@ -603,7 +681,10 @@ const ANNOUNCED: [&str; 2] = ["AIGW_WORKFLOW_SERVICE__LISTEN", "DUO_WORKFLOW_SER
 fn every_variable_the_code_reads_is_documented() {
     for component in Component::ALL {
         let documented = documented(component);
-        let missing: Vec<_> = read_by_code(component).difference(&documented).cloned().collect();
+        let missing: Vec<_> = read_by_code(component)
+            .difference(&documented)
+            .cloned()
+            .collect();
         assert!(
             missing.is_empty(),
             "{component:?} reads {missing:?}, which {} does not document",
@@ -614,10 +695,9 @@ fn every_variable_the_code_reads_is_documented() {
 
 #[test]
 fn every_documented_variable_is_set_in_every_overlay_the_chart_and_the_compose_file() {
-    let compose = documents(
-        &std::fs::read_to_string(deploy().join("compose/compose.yaml")).unwrap(),
-    )
-    .remove(0);
+    let compose =
+        documents(&std::fs::read_to_string(deploy().join("compose/compose.yaml")).unwrap())
+            .remove(0);
     let mut renders: Vec<(String, Vec<Value>)> = OVERLAYS
         .iter()
         .map(|o| (format!("overlay {o}"), documents(&kustomize(o))))
@@ -636,13 +716,19 @@ fn every_documented_variable_is_set_in_every_overlay_the_chart_and_the_compose_f
             }
             let keys = configured_keys(objects, component.config_name());
             let missing: Vec<_> = wanted.difference(&keys).collect();
-            assert!(missing.is_empty(), "{what}, {component:?}: missing {missing:?}");
+            assert!(
+                missing.is_empty(),
+                "{what}, {component:?}: missing {missing:?}"
+            );
             // Nothing undocumented either (a misspelt name would be ignored).
             let unknown: Vec<_> = keys
                 .difference(&wanted)
                 .filter(|k| !ANNOUNCED.contains(&k.as_str()))
                 .collect();
-            assert!(unknown.is_empty(), "{what}, {component:?}: undocumented {unknown:?}");
+            assert!(
+                unknown.is_empty(),
+                "{what}, {component:?}: undocumented {unknown:?}"
+            );
         }
         for service in component.compose_services() {
             let environment = compose["services"][service]["environment"]
@@ -707,7 +793,10 @@ fn assert_real_command(command: &[String], context: &str) {
             );
         }
         // The weights image's copy into the model volume.
-        "cp" => assert_eq!(command, ["cp", "-R", "/models/.", "/var/lib/duo-chat/models/"]),
+        "cp" => assert_eq!(
+            command,
+            ["cp", "-R", "/models/.", "/var/lib/duo-chat/models/"]
+        ),
         other => panic!("{context}: unknown program {other}"),
     }
 }
@@ -732,7 +821,10 @@ fn the_compose_file_follows_the_compose_specification_and_runs_real_commands_rea
     let volumes: BTreeSet<&String> = compose["volumes"].as_object().unwrap().keys().collect();
     for (name, service) in services {
         if name == "postgres" {
-            assert!(service["image"].as_str().unwrap().contains("pgvector"), "{service}");
+            assert!(
+                service["image"].as_str().unwrap().contains("pgvector"),
+                "{service}"
+            );
             continue;
         }
         assert_real_command(&strings(&service["command"]), &format!("compose {name}"));
@@ -746,13 +838,18 @@ fn the_compose_file_follows_the_compose_specification_and_runs_real_commands_rea
         }
         for mount in service["volumes"].as_array().into_iter().flatten() {
             let volume = mount.as_str().unwrap().split(':').next().unwrap();
-            assert!(volumes.contains(&volume.to_owned()), "{name}: {volume} is not a named volume");
+            assert!(
+                volumes.contains(&volume.to_owned()),
+                "{name}: {volume} is not a named volume"
+            );
         }
     }
     // Everything the Kubernetes manifests run is real too.
     for overlay in OVERLAYS {
         for object in documents(&kustomize(overlay)) {
-            let Some(pod) = pod_spec(&object) else { continue };
+            let Some(pod) = pod_spec(&object) else {
+                continue;
+            };
             for container in containers(pod) {
                 let image = container["image"].as_str().unwrap();
                 if image.contains("pgvector") {
@@ -792,7 +889,10 @@ fn the_containerfile_copies_what_exists_builds_real_binaries_and_runs_real_comma
             "COPY" if !words[1].starts_with("--") => {
                 let (sources, target) = words[1..].split_at(words.len() - 2);
                 for source in sources {
-                    assert!(repo_root().join(source).exists(), "COPY {source}: no such file");
+                    assert!(
+                        repo_root().join(source).exists(),
+                        "COPY {source}: no such file"
+                    );
                 }
                 copied_to.push(target[0].to_owned());
             }
@@ -811,7 +911,11 @@ fn the_containerfile_copies_what_exists_builds_real_binaries_and_runs_real_comma
                             binary(pair[1]).unwrap();
                         }
                         "-p" => assert!(
-                            repo_root().join("crates").join(pair[1]).join("Cargo.toml").exists(),
+                            repo_root()
+                                .join("crates")
+                                .join(pair[1])
+                                .join("Cargo.toml")
+                                .exists(),
                             "no package {}",
                             pair[1]
                         ),
@@ -827,12 +931,24 @@ fn the_containerfile_copies_what_exists_builds_real_binaries_and_runs_real_comma
     }
     // The runtime image is the default one: its stage comes last.
     assert!(
-        instructions.iter().rev().find(|l| l.starts_with("FROM")).unwrap().ends_with("AS runtime")
+        instructions
+            .iter()
+            .rev()
+            .find(|l| l.starts_with("FROM"))
+            .unwrap()
+            .ends_with("AS runtime")
     );
     assert!(instructions.iter().any(|l| l == "USER 10001:10001"));
     // The paths the image's defaults name are the ones it fills.
-    for copied in ["/opt/duo-chat/prompts", "/opt/duo-chat/docs", "/opt/duo-chat/config"] {
-        assert!(copied_to.contains(&copied.to_owned()), "{copied} is not copied");
+    for copied in [
+        "/opt/duo-chat/prompts",
+        "/opt/duo-chat/docs",
+        "/opt/duo-chat/config",
+    ] {
+        assert!(
+            copied_to.contains(&copied.to_owned()),
+            "{copied} is not copied"
+        );
     }
     let env_line = instructions.iter().find(|l| l.starts_with("ENV")).unwrap();
     assert!(env_line.contains("DUO_ADD_ONS_FILE=/opt/duo-chat/config/duo_add_ons.yml"));
@@ -872,7 +988,11 @@ async fn the_keda_query_counts_running_and_due_jobs_in_the_job_queues_table() {
         .output()
         .await
         .unwrap();
-    assert!(migrate.status.success(), "{}", String::from_utf8_lossy(&migrate.stderr));
+    assert!(
+        migrate.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrate.stderr)
+    );
     let client = db.client().await.unwrap();
     let before: i64 = client.query_one(query, &[]).await.unwrap().get(0);
     assert_eq!(before, 0);
@@ -904,10 +1024,16 @@ const WRITES: &str = "trace=open,openat,creat,mkdir,mkdirat,unlink,unlinkat,rmdi
 fn written_paths(trace: &str, cwd: &Path) -> BTreeSet<PathBuf> {
     let mut paths = BTreeSet::new();
     for line in trace.lines() {
-        let Some(call) = line.split_whitespace().next() else { continue };
+        let Some(call) = line.split_whitespace().next() else {
+            continue;
+        };
         let name = call.split('(').next().unwrap_or_default();
         let is_open = matches!(name, "open" | "openat");
-        if is_open && !["O_WRONLY", "O_RDWR", "O_CREAT", "O_TRUNC"].iter().any(|f| line.contains(f)) {
+        if is_open
+            && !["O_WRONLY", "O_RDWR", "O_CREAT", "O_TRUNC"]
+                .iter()
+                .any(|f| line.contains(f))
+        {
             continue;
         }
         if !WRITES.contains(name) || name.is_empty() || line.contains("= -1") {
@@ -923,14 +1049,22 @@ fn written_paths(trace: &str, cwd: &Path) -> BTreeSet<PathBuf> {
         };
         let Some(path) = path else { continue };
         let path = PathBuf::from(path);
-        paths.insert(if path.is_absolute() { path } else { cwd.join(path) });
+        paths.insert(if path.is_absolute() {
+            path
+        } else {
+            cwd.join(path)
+        });
     }
     paths
 }
 
 /// Environment for one component from the rendered manifests, with the
 /// cluster's names and the image's paths replaced by this machine's.
-fn manifest_env(objects: &[Value], name: &str, replacements: &[(String, String)]) -> Vec<(String, String)> {
+fn manifest_env(
+    objects: &[Value],
+    name: &str,
+    replacements: &[(String, String)],
+) -> Vec<(String, String)> {
     let mut env = Vec::new();
     for (kind, field) in [("ConfigMap", "data"), ("Secret", "stringData")] {
         let Some(map) = find(objects, kind, name).and_then(|o| o[field].as_object()) else {
@@ -970,10 +1104,19 @@ async fn every_process_starts_with_the_manifests_configuration_and_writes_only_t
         ("0.0.0.0:3001", format!("127.0.0.1:{probes}")),
         ("0.0.0.0:5053", format!("127.0.0.1:{llm}")),
         ("0.0.0.0:50052", format!("127.0.0.1:{workflow}")),
-        ("http://duo-gateway:5052", format!("http://127.0.0.1:{gateway}")),
-        ("http://duo-gateway:50052", format!("http://127.0.0.1:{workflow}")),
+        (
+            "http://duo-gateway:5052",
+            format!("http://127.0.0.1:{gateway}"),
+        ),
+        (
+            "http://duo-gateway:50052",
+            format!("http://127.0.0.1:{workflow}"),
+        ),
         ("http://duo-web:3000", format!("http://127.0.0.1:{web}")),
-        ("http://duo-local-llm:5053", format!("http://127.0.0.1:{llm}")),
+        (
+            "http://duo-local-llm:5053",
+            format!("http://127.0.0.1:{llm}"),
+        ),
         ("https://duo.example.com", format!("http://127.0.0.1:{web}")),
         ("/var/lib/duo-chat/keys", keys.display().to_string()),
         ("/var/lib/duo-chat/models", models.display().to_string()),
@@ -1001,10 +1144,20 @@ async fn every_process_starts_with_the_manifests_configuration_and_writes_only_t
         let tmp = scratch.0.join(format!("tmp-{name}"));
         std::fs::create_dir_all(&tmp).unwrap();
         let trace = scratch.0.join(format!("{name}.trace"));
-        let mut strace_args: Vec<String> = ["-ff", "--seccomp-bpf", "-qq", "-y", "-e", WRITES, "-e", "status=successful", "-o"]
-            .into_iter()
-            .map(str::to_owned)
-            .collect();
+        let mut strace_args: Vec<String> = [
+            "-ff",
+            "--seccomp-bpf",
+            "-qq",
+            "-y",
+            "-e",
+            WRITES,
+            "-e",
+            "status=successful",
+            "-o",
+        ]
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
         strace_args.push(trace.display().to_string());
         strace_args.push(program.display().to_string());
         strace_args.extend(args.iter().map(|a| (*a).to_owned()));
@@ -1012,33 +1165,52 @@ async fn every_process_starts_with_the_manifests_configuration_and_writes_only_t
         env.push(("TMPDIR".into(), tmp.display().to_string()));
         let args: Vec<&str> = strace_args.iter().map(String::as_str).collect();
         let service = Service::spawn_in(name, Path::new("strace"), &args, &env, &workdir)
-            .unwrap_or_else(|e| panic!("cannot start strace (scripts/install-build-deps.sh installs it): {e}"));
+            .unwrap_or_else(|e| {
+                panic!("cannot start strace (scripts/install-build-deps.sh installs it): {e}")
+            });
         (service, trace, tmp)
     };
 
     let monolith = binary("duo-monolith").unwrap();
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
     let mut runs = Vec::new();
 
-    let (mut migrate, trace, tmp) = traced("migrate", monolith.clone(), &["migrate"], &monolith_env);
+    let (mut migrate, trace, tmp) =
+        traced("migrate", monolith.clone(), &["migrate"], &monolith_env);
     let exit = migrate.wait_exit(Duration::from_secs(120)).await.unwrap();
     assert!(exit.success(), "{}", migrate.log_tail(30));
     runs.push(("migrate", migrate, trace, tmp));
 
     let (mut llm_service, trace, tmp) = traced("local-llm", local_llm, &["serve"], &llm_env);
-    llm_service.wait_ready(&http, &format!("http://127.0.0.1:{llm}/ready")).await.unwrap();
+    llm_service
+        .wait_ready(&http, &format!("http://127.0.0.1:{llm}/ready"))
+        .await
+        .unwrap();
     runs.push(("local-llm", llm_service, trace, tmp));
-    let (mut gateway_service, trace, tmp) = traced("gateway", binary("duo-gateway").unwrap(), &[], &gateway_env);
+    let (mut gateway_service, trace, tmp) =
+        traced("gateway", binary("duo-gateway").unwrap(), &[], &gateway_env);
     gateway_service
-        .wait_ready(&http, &format!("http://127.0.0.1:{gateway}/monitoring/ready"))
+        .wait_ready(
+            &http,
+            &format!("http://127.0.0.1:{gateway}/monitoring/ready"),
+        )
         .await
         .unwrap();
     runs.push(("gateway", gateway_service, trace, tmp));
     let (mut web_service, trace, tmp) = traced("web", monolith.clone(), &["web"], &monolith_env);
-    web_service.wait_ready(&http, &format!("http://127.0.0.1:{web}/-/readiness")).await.unwrap();
+    web_service
+        .wait_ready(&http, &format!("http://127.0.0.1:{web}/-/readiness"))
+        .await
+        .unwrap();
     runs.push(("web", web_service, trace, tmp));
     let (mut worker, trace, tmp) = traced("worker", monolith.clone(), &["worker"], &monolith_env);
-    worker.wait_ready(&http, &format!("http://127.0.0.1:{probes}/-/readiness")).await.unwrap();
+    worker
+        .wait_ready(&http, &format!("http://127.0.0.1:{probes}/-/readiness"))
+        .await
+        .unwrap();
     runs.push(("worker", worker, trace, tmp));
 
     // The JWKS publishes the key from the Secret; metrics are served.
@@ -1069,7 +1241,11 @@ async fn every_process_starts_with_the_manifests_configuration_and_writes_only_t
         .output()
         .await
         .unwrap();
-    assert!(seed.status.success(), "{}", String::from_utf8_lossy(&seed.stderr));
+    assert!(
+        seed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&seed.stderr)
+    );
     let report: Value = serde_json::from_slice(&seed.stdout).unwrap();
     let token = report["users"]
         .as_array()
@@ -1100,10 +1276,17 @@ async fn every_process_starts_with_the_manifests_configuration_and_writes_only_t
         json!({ "input": { "chat": { "content": "What is a merge request?" } } }),
     )
     .await;
-    let request_id = asked["data"]["aiAction"]["requestId"].as_str().unwrap().to_owned();
+    let request_id = asked["data"]["aiAction"]["requestId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let deadline = Instant::now() + Duration::from_secs(180);
     let answer = loop {
-        let messages = graphql("{ aiMessages { nodes { requestId role content errors } } }", json!({})).await;
+        let messages = graphql(
+            "{ aiMessages { nodes { requestId role content errors } } }",
+            json!({}),
+        )
+        .await;
         if let Some(answer) = messages["data"]["aiMessages"]["nodes"]
             .as_array()
             .unwrap()
@@ -1112,7 +1295,14 @@ async fn every_process_starts_with_the_manifests_configuration_and_writes_only_t
         {
             break answer.clone();
         }
-        assert!(Instant::now() < deadline, "no answer:\n{}", runs.iter().map(|r| r.1.log_tail(10)).collect::<Vec<_>>().join("\n"));
+        assert!(
+            Instant::now() < deadline,
+            "no answer:\n{}",
+            runs.iter()
+                .map(|r| r.1.log_tail(10))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     // A model this small may ramble past the prompt's time limit: then the
@@ -1125,8 +1315,15 @@ async fn every_process_starts_with_the_manifests_configuration_and_writes_only_t
             .join("\n")
     };
     match answer["errors"].as_array().unwrap().first() {
-        None => assert!(!answer["content"].as_str().unwrap().trim().is_empty(), "{answer}"),
-        Some(error) => assert!(error.as_str().unwrap().contains("[A1004]"), "{answer}\n{}", logs()),
+        None => assert!(
+            !answer["content"].as_str().unwrap().trim().is_empty(),
+            "{answer}"
+        ),
+        Some(error) => assert!(
+            error.as_str().unwrap().contains("[A1004]"),
+            "{answer}\n{}",
+            logs()
+        ),
     }
     let generated = http
         .get(format!("http://127.0.0.1:{llm}/metrics"))
@@ -1149,7 +1346,8 @@ async fn every_process_starts_with_the_manifests_configuration_and_writes_only_t
     for (name, service, _, _) in runs.iter_mut().rev() {
         if service.exited().is_none() {
             let strace = service.pid().unwrap();
-            let child = std::fs::read_to_string(format!("/proc/{strace}/task/{strace}/children")).unwrap();
+            let child =
+                std::fs::read_to_string(format!("/proc/{strace}/task/{strace}/children")).unwrap();
             let child = child.split_whitespace().next().unwrap().to_owned();
             run(Command::new("kill").args(["-TERM", &child]));
             let exit = service.wait_exit(Duration::from_secs(90)).await.unwrap();
@@ -1161,7 +1359,11 @@ async fn every_process_starts_with_the_manifests_configuration_and_writes_only_t
             .iter()
             .filter(|l| serde_json::from_str::<Value>(l).is_ok_and(|v| v["level"].is_string()))
             .count();
-        assert!(json_lines > 0, "{name} logged no JSON on stdout:\n{}", service.log_tail(10));
+        assert!(
+            json_lines > 0,
+            "{name} logged no JSON on stdout:\n{}",
+            service.log_tail(10)
+        );
     }
     for (name, _, trace, tmp) in &runs {
         // One file per thread: <trace>.<tid>.
@@ -1177,10 +1379,16 @@ async fn every_process_starts_with_the_manifests_configuration_and_writes_only_t
         let outside: Vec<_> = written_paths(&trace_text, &workdir)
             .into_iter()
             .filter(|p| {
-                !(p.starts_with("/dev") || p.starts_with("/proc") || p.starts_with("/sys") || p.starts_with(tmp))
+                !(p.starts_with("/dev")
+                    || p.starts_with("/proc")
+                    || p.starts_with("/sys")
+                    || p.starts_with(tmp))
             })
             .collect();
-        assert!(outside.is_empty(), "{name} wrote outside its volumes: {outside:?}");
+        assert!(
+            outside.is_empty(),
+            "{name} wrote outside its volumes: {outside:?}"
+        );
     }
     assert_eq!(std::fs::read_dir(&workdir).unwrap().count(), 0);
     assert_eq!(std::fs::read_dir(&keys).unwrap().count(), keys_before);

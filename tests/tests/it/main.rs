@@ -1,7 +1,6 @@
 //! Integration tests, one binary for the crate: linked once, each test still
 //! its own process under nextest.
 
-
 mod chat_e2e;
 mod chat_live_e2e;
 mod deploy_manifests;

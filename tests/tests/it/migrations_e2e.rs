@@ -19,8 +19,7 @@ use e2e_tests::{Service, binary, repo_root};
 const LOCK_KEY: &str = "hashtextextended('duo_migrations', 0)";
 
 #[tokio::test]
-async fn migrate_processes_started_together_wait_for_one_another_and_apply_each_migration_once()
-{
+async fn migrate_processes_started_together_wait_for_one_another_and_apply_each_migration_once() {
     let db = devdb::TestDb::with_sql("SELECT 1").await.unwrap();
     let holder = db.client().await.unwrap();
     holder
@@ -56,7 +55,10 @@ async fn migrate_processes_started_together_wait_for_one_another_and_apply_each_
                 replica.log_tail(20)
             );
         }
-        assert!(Instant::now() < deadline, "{waiting} replicas wait for the lock");
+        assert!(
+            Instant::now() < deadline,
+            "{waiting} replicas wait for the lock"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let history: Option<String> = holder
@@ -109,7 +111,13 @@ async fn an_older_release_refuses_to_start_on_a_database_a_newer_one_migrated() 
         ("DUO_SIGNING_KEY_DIR".to_owned(), keys.display().to_string()),
     ];
     let mut first = Service::spawn("migrate", &monolith, &["migrate"], &env).unwrap();
-    assert!(first.wait_exit(Duration::from_secs(60)).await.unwrap().success());
+    assert!(
+        first
+            .wait_exit(Duration::from_secs(60))
+            .await
+            .unwrap()
+            .success()
+    );
 
     // What a newer release leaves behind: one more applied migration.
     let client = db.client().await.unwrap();

@@ -197,7 +197,10 @@ async fn a_stopping_gateway_finishes_the_streams_in_flight_and_exits_cleanly() {
             ("ANTHROPIC_BASE_URL", &fake.url()),
             // Any caller is allowed: the test speaks to the gateway directly.
             ("AIGW_AUTH__BYPASS_EXTERNAL", "true"),
-            ("AIGW_PROMPTS_DIR", &root.join("prompts").display().to_string()),
+            (
+                "AIGW_PROMPTS_DIR",
+                &root.join("prompts").display().to_string(),
+            ),
             ("AIGW_DOCS__DIR", &root.join("docs").display().to_string()),
             ("AIGW_SHUTDOWN__DRAIN_SECONDS", "2"),
             ("AIGW_SHUTDOWN__GRACE_SECONDS", "30"),
@@ -257,8 +260,14 @@ async fn a_stopping_gateway_finishes_the_streams_in_flight_and_exits_cleanly() {
 
     fake.release();
     stream.rest().await.unwrap();
-    assert!(
-        stream.text.contains(r#"{"type":"final_answer_delta","data":{"text":" gracefully works."}}"#),
+    let events: Vec<serde_json::Value> = stream
+        .text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        events.last().unwrap(),
+        &json!({ "type": "final_answer_delta", "data": { "text": " gracefully works." } }),
         "{}",
         stream.text
     );
@@ -290,7 +299,7 @@ async fn model_server(drain: &str, grace: &str) -> (e2e_tests::Service, String) 
         &env(&[
             ("DUO_LOCAL_LLM_ADDR", &format!("127.0.0.1:{port}")),
             ("DUO_MODELS_DIR", &models.display().to_string()),
-            ("DUO_LOCAL_LLM_THREADS", "2"),
+            ("DUO_LOCAL_LLM_THREADS", "1"),
             ("DUO_SHUTDOWN_DRAIN_SECS", drain),
             ("DUO_SHUTDOWN_GRACE_SECS", grace),
             ("DUO_LOG_FORMAT", "json"),
@@ -367,13 +376,26 @@ async fn a_stopping_model_server_finishes_running_and_queued_generations_and_exi
         running.text.len() > before_stop,
         "the generation had ended before the stop request"
     );
-    assert!(running.text.contains(r#""finish_reason":"#), "{}", running.text);
-    assert!(running.text.ends_with("data: [DONE]\n\n"), "{}", running.text);
+    assert!(
+        running.text.contains(r#""finish_reason":"#),
+        "{}",
+        running.text
+    );
+    assert!(
+        running.text.ends_with("data: [DONE]\n\n"),
+        "{}",
+        running.text
+    );
     let queued = queued.await.unwrap().unwrap();
     assert_eq!(queued.status(), 200);
     let queued: serde_json::Value = queued.json().await.unwrap();
     assert_eq!(queued["choices"][0]["finish_reason"], "length", "{queued}");
-    assert!(!queued["choices"][0]["message"]["content"].as_str().unwrap().is_empty());
+    assert!(
+        !queued["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .is_empty()
+    );
 
     let exit = server.wait_exit(Duration::from_secs(30)).await.unwrap();
     assert!(exit.success(), "{exit}");

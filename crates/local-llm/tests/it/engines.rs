@@ -80,8 +80,8 @@ fn embedding_tokenizer_round_trips() {
 #[test]
 fn embeddings_match_reference_values() {
     let embedder = Embedder::load(&common::test_config().embed_model_dir).expect("embedder loads");
-    let reference: Value =
-        serde_json::from_str(include_str!("../data/minilm_reference.json")).expect("reference json");
+    let reference: Value = serde_json::from_str(include_str!("../data/minilm_reference.json"))
+        .expect("reference json");
     let sentences = reference["sentences"].as_array().expect("sentences");
     let texts: Vec<String> = sentences
         .iter()

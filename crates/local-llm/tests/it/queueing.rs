@@ -413,28 +413,55 @@ async fn metric(base: &str, name: &str) -> f64 {
 #[actix_web::test]
 async fn metrics_show_queue_generations_and_tokens_and_readiness_ends_when_stopping() {
     let mut app = gated_server(&["a", "b"], |_| {}).await;
-    assert_eq!(metric(&app.base, "duo_local_llm_completion_tokens_total").await, 0.0);
+    assert_eq!(
+        metric(&app.base, "duo_local_llm_completion_tokens_total").await,
+        0.0
+    );
     let (running, queued) = one_running_one_waiting(&mut app, "waiting").await;
-    assert_eq!(metric(&app.base, "duo_local_llm_generations_in_flight").await, 1.0);
-    assert_eq!(metric(&app.base, "duo_local_llm_chat_queue_waiting").await, 1.0);
-    assert_eq!(metric(&app.base, "duo_local_llm_chat_queue_capacity").await, 16.0);
+    assert_eq!(
+        metric(&app.base, "duo_local_llm_generations_in_flight").await,
+        1.0
+    );
+    assert_eq!(
+        metric(&app.base, "duo_local_llm_chat_queue_waiting").await,
+        1.0
+    );
+    assert_eq!(
+        metric(&app.base, "duo_local_llm_chat_queue_capacity").await,
+        16.0
+    );
 
     app.engine.allow(4);
     for pending in [running, queued] {
         let (status, body) = pending.await.expect("request");
         assert_eq!(status, StatusCode::OK, "{body}");
     }
-    assert_eq!(metric(&app.base, "duo_local_llm_generations_in_flight").await, 0.0);
-    assert_eq!(metric(&app.base, "duo_local_llm_generations_total").await, 2.0);
-    assert_eq!(metric(&app.base, "duo_local_llm_completion_tokens_total").await, 4.0);
+    assert_eq!(
+        metric(&app.base, "duo_local_llm_generations_in_flight").await,
+        0.0
+    );
+    assert_eq!(
+        metric(&app.base, "duo_local_llm_generations_total").await,
+        2.0
+    );
+    assert_eq!(
+        metric(&app.base, "duo_local_llm_completion_tokens_total").await,
+        4.0
+    );
     assert!(metric(&app.base, "duo_local_llm_prompt_tokens_total").await > 0.0);
 
     let ready = format!("{}/ready", app.base);
-    assert_eq!(reqwest::get(&ready).await.expect("ready").status(), StatusCode::OK);
+    assert_eq!(
+        reqwest::get(&ready).await.expect("ready").status(),
+        StatusCode::OK
+    );
     app.state.begin_stopping();
     let answer = reqwest::get(&ready).await.expect("ready");
     assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(answer.json::<Value>().await.expect("json")["status"], "stopping");
+    assert_eq!(
+        answer.json::<Value>().await.expect("json")["status"],
+        "stopping"
+    );
     assert_eq!(metric(&app.base, "duo_local_llm_stopping").await, 1.0);
     // Still alive and serving while it drains.
     assert_eq!(health(&app.base).await["status"], "ok");
