@@ -34,6 +34,18 @@ pub struct Config {
     pub log_level: String,
     /// `AIGW_LOGGING__FORMAT_JSON`: log JSON lines.
     pub log_json: bool,
+    pub shutdown: ShutdownConfig,
+}
+
+/// What happens on SIGTERM: readiness fails at once, the gateway keeps serving
+/// for `drain` (so load balancers stop sending it requests), then stops
+/// accepting and gives requests in flight (streams included) `grace` to end.
+#[derive(Debug, Clone)]
+pub struct ShutdownConfig {
+    /// `AIGW_SHUTDOWN__DRAIN_SECONDS` (0).
+    pub drain: Duration,
+    /// `AIGW_SHUTDOWN__GRACE_SECONDS` (30).
+    pub grace: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -450,6 +462,10 @@ impl Config {
             },
             log_level: env.string("AIGW_LOGGING__LEVEL", "info"),
             log_json: env.flag("AIGW_LOGGING__FORMAT_JSON")?,
+            shutdown: ShutdownConfig {
+                drain: env.seconds("AIGW_SHUTDOWN__DRAIN_SECONDS", 0)?,
+                grace: env.seconds("AIGW_SHUTDOWN__GRACE_SECONDS", 30)?,
+            },
             providers,
         })
     }

@@ -27,7 +27,7 @@
 //! | `DUO_SHUTDOWN_DRAIN_SECS` | 0 | after SIGTERM, keep serving while "not ready" this long |
 //! | `DUO_SHUTDOWN_GRACE_SECS` | 30 | then let in-flight requests and jobs finish this long |
 //! | `DUO_WORKER_PROBE_ADDR` | (none) | where the `worker` role serves `/-/liveness`, `/-/readiness`, `/-/metrics` |
-//! | `DUO_LOG_FORMAT` | `text` | `json` for one JSON object per line on stderr |
+//! | `DUO_LOG_FORMAT` | `text` | `json` for one JSON object per line on stdout (stderr for `seed` and `rotate-keys`) |
 //! | `DUO_GRAPHQL_TIMEOUT_SECS` | 30 | how long one GraphQL request (a whole batch) may run |
 //! | `DUO_AI_GATEWAY_TIMEOUT_SECS` | 60 | how long a gateway call may stay silent before the answer is A1000 |
 //! | `DUO_WORKFLOW_*` | see [`DuoWorkflowConfig`] | Duo Workflow (service address, limits, jobs) |

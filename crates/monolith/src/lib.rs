@@ -36,8 +36,8 @@ pub mod policy;
 
 pub mod agent;
 pub mod ai_models;
-pub mod gateway_client;
 pub mod chat;
+pub mod gateway_client;
 pub mod repositories;
 pub mod workflows;
 
