@@ -14,7 +14,8 @@
 //!    [`gateway_client`] (calls to the AI gateway), [`chat`]
 //!    (threads, messages, the completion seam, live delivery),
 //!    [`agent`] (the agent loop, slash commands and tools), [`repositories`]
-//!    (git repositories on disk: serving, reading, writing, pushes), [`workflows`]
+//!    (git repositories on disk: serving, reading, writing, pushes),
+//!    [`code_index`] (the code index and codebase search), [`workflows`]
 //!    (Duo Workflow: workflows, checkpoints, events, run leases)
 //! 5. the state the interfaces share: [`app_state`]
 //! 6. interfaces: [`rest`] (`/api/v4`), [`graphql`] (`/api/graphql`), [`git_http`]
@@ -37,6 +38,7 @@ pub mod policy;
 pub mod agent;
 pub mod ai_models;
 pub mod chat;
+pub mod code_index;
 pub mod gateway_client;
 pub mod repositories;
 pub mod workflows;

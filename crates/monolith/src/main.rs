@@ -76,10 +76,11 @@ async fn main() -> anyhow::Result<()> {
             }
             // Jobs in this process too: the worker loop stops with the server.
             tracing::info!("DUO_WEB_RUNS_JOBS: this web process also runs queued jobs");
-            let responder = chat_responder(&config, &pool)?;
+            let (responder, code_index) = chat_responder(&config, &pool)?;
             let lifecycle = state.lifecycle.clone();
             let worker = tokio::spawn(async move {
-                monolith::worker::run(&config, pool, responder, lifecycle.stopped()).await
+                monolith::worker::run(&config, pool, responder, Some(code_index), lifecycle.stopped())
+                    .await
             });
             let served = server.await;
             state.lifecycle.begin_stopping();
@@ -114,7 +115,7 @@ async fn main() -> anyhow::Result<()> {
         "worker" => {
             let pool = db::pool(&config)?;
             ensure_signing_key(&pool, &config).await?;
-            let responder = chat_responder(&config, &pool)?;
+            let (responder, code_index) = chat_responder(&config, &pool)?;
             let lifecycle = monolith::lifecycle::Lifecycle::new();
             let probes = match config.worker_probe_addr {
                 Some(addr) => {
@@ -140,7 +141,7 @@ async fn main() -> anyhow::Result<()> {
                     lifecycle.begin_stopping();
                 }
             });
-            monolith::worker::run(&config, pool, responder, lifecycle.stopped())
+            monolith::worker::run(&config, pool, responder, Some(code_index), lifecycle.stopped())
                 .await
                 .context("running the worker role")?;
             if let Some(handle) = probes {
@@ -170,10 +171,11 @@ async fn main() -> anyhow::Result<()> {
 fn chat_responder(
     config: &Config,
     pool: &deadpool_postgres::Pool,
-) -> anyhow::Result<Arc<dyn ChatResponder>> {
+) -> anyhow::Result<(Arc<dyn ChatResponder>, monolith::code_index::CodeIndex)> {
     let agent = monolith::agent::AgentResponder::from_config(config, pool.clone())
         .context("setting up the chat agent")?;
-    Ok(Arc::new(agent))
+    let code_index = agent.services().code_index.clone();
+    Ok((Arc::new(agent), code_index))
 }
 
 /// Ctrl-C, or SIGTERM from systemd, Kubernetes or `docker stop`.
