@@ -169,8 +169,11 @@ impl CodeIndexConfig {
                 parse_or(get, "DUO_CODE_INDEX_MAX_ATTEMPTS", 3)?,
                 "DUO_CODE_INDEX_MAX_ATTEMPTS",
             )?,
-            search_results: positive(parse_or(get, "DUO_CODE_SEARCH_RESULTS", 10)?, "DUO_CODE_SEARCH_RESULTS")?
-                .min(50),
+            search_results: positive(
+                parse_or(get, "DUO_CODE_SEARCH_RESULTS", 10)?,
+                "DUO_CODE_SEARCH_RESULTS",
+            )?
+            .min(50),
         })
     }
 }

@@ -79,8 +79,14 @@ async fn main() -> anyhow::Result<()> {
             let (responder, code_index) = chat_responder(&config, &pool)?;
             let lifecycle = state.lifecycle.clone();
             let worker = tokio::spawn(async move {
-                monolith::worker::run(&config, pool, responder, Some(code_index), lifecycle.stopped())
-                    .await
+                monolith::worker::run(
+                    &config,
+                    pool,
+                    responder,
+                    Some(code_index),
+                    lifecycle.stopped(),
+                )
+                .await
             });
             let served = server.await;
             state.lifecycle.begin_stopping();
@@ -141,9 +147,15 @@ async fn main() -> anyhow::Result<()> {
                     lifecycle.begin_stopping();
                 }
             });
-            monolith::worker::run(&config, pool, responder, Some(code_index), lifecycle.stopped())
-                .await
-                .context("running the worker role")?;
+            monolith::worker::run(
+                &config,
+                pool,
+                responder,
+                Some(code_index),
+                lifecycle.stopped(),
+            )
+            .await
+            .context("running the worker role")?;
             if let Some(handle) = probes {
                 handle.stop(true).await;
             }

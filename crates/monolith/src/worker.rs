@@ -357,7 +357,11 @@ pub fn spawn(
             &crate::code_index::indexer::CodeIndexCatchUp {},
             catch_up,
         )?);
-        if !queue.queues.iter().any(|q| q == crate::code_index::indexer::QUEUE) {
+        if !queue
+            .queues
+            .iter()
+            .any(|q| q == crate::code_index::indexer::QUEUE)
+        {
             queue
                 .queues
                 .push(crate::code_index::indexer::QUEUE.to_owned());

@@ -21,8 +21,7 @@ use crate::gateway_client::EmbeddingPurpose;
 use crate::policy::{Ability, Actor, Policy, Subject};
 
 /// What chat says while a project is being indexed (GitLab's wording).
-pub const BEING_INDEXED: &str =
-    "The repository is being indexed. Try again in a few minutes.";
+pub const BEING_INDEXED: &str = "The repository is being indexed. Try again in a few minutes.";
 
 /// A directory this small is sent whole instead of searched.
 const SMALL_DIRECTORY_FILES: usize = 5;
@@ -80,19 +79,33 @@ pub async fn prepare(
             ));
         }
         let Some(target) = target_of(&item) else {
-            return Ok(Outcome::Refused(DuoErrorCode::M3003, "unreadable context item".into()));
+            return Ok(Outcome::Refused(
+                DuoErrorCode::M3003,
+                "unreadable context item".into(),
+            ));
         };
         let subject = Subject::Project(target.project_id);
         let allowed = policy
             .can(&**db, Some(actor), Ability::ReadCode, subject)
             .await
-            .map_err(|e| CodeIndexError::Repository(crate::repositories::RepositoryError::Read(e.to_string())))?
+            .map_err(|e| {
+                CodeIndexError::Repository(crate::repositories::RepositoryError::Read(
+                    e.to_string(),
+                ))
+            })?
             && policy
                 .may_send_to_ai(&**db, actor, subject)
                 .await
-                .map_err(|e| CodeIndexError::Repository(crate::repositories::RepositoryError::Read(e.to_string())))?;
+                .map_err(|e| {
+                    CodeIndexError::Repository(crate::repositories::RepositoryError::Read(
+                        e.to_string(),
+                    ))
+                })?;
         if !allowed {
-            return Ok(Outcome::Refused(DuoErrorCode::M3003, "project not readable".into()));
+            return Ok(Outcome::Refused(
+                DuoErrorCode::M3003,
+                "project not readable".into(),
+            ));
         }
         let status = store::status(&**db, target.project_id).await?;
         match status {
@@ -104,7 +117,10 @@ pub async fn prepare(
                     .unwrap_or(DuoErrorCode::A9999);
                 return Ok(Outcome::Refused(
                     code,
-                    format!("indexing the repository failed: {}", s.last_error.unwrap_or_default()),
+                    format!(
+                        "indexing the repository failed: {}",
+                        s.last_error.unwrap_or_default()
+                    ),
                 ));
             }
             Some(s) if s.searchable() => {}
@@ -134,7 +150,9 @@ pub async fn prepare(
                 ));
             }
             None => {
-                text.push_str(&format!("Name: {name}\nPath: {full_path}\nDescription: {description}\n"));
+                text.push_str(&format!(
+                    "Name: {name}\nPath: {full_path}\nDescription: {description}\n"
+                ));
             }
         }
         let whole = match &target.directory {
@@ -195,7 +213,10 @@ pub async fn prepare(
 }
 
 fn is_code_context(category: ContextCategory) -> bool {
-    matches!(category, ContextCategory::Repository | ContextCategory::Directory)
+    matches!(
+        category,
+        ContextCategory::Repository | ContextCategory::Directory
+    )
 }
 
 /// The project (and directory) an item names: a repository item by its
@@ -218,7 +239,10 @@ fn target_of(item: &AdditionalContext) -> Option<Target> {
     }
     .map(|d| d.trim().trim_matches('/').to_owned())
     .filter(|d| !d.is_empty());
-    if directory.as_deref().is_some_and(|d| d.contains('\0') || d.split('/').any(|p| p == "..")) {
+    if directory
+        .as_deref()
+        .is_some_and(|d| d.contains('\0') || d.split('/').any(|p| p == ".."))
+    {
         return None;
     }
     Some(Target {
@@ -237,7 +261,10 @@ async fn small_directory(
 ) -> Result<Option<Vec<(String, String)>>, CodeIndexError> {
     let pattern = format!(
         "{}/%",
-        directory.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_")
+        directory
+            .replace('\\', "\\\\")
+            .replace('%', "\\%")
+            .replace('_', "\\_")
     );
     let rows = db
         .query(
@@ -247,7 +274,8 @@ async fn small_directory(
         )
         .await?;
     let total: i64 = rows.iter().map(|r| i64::from(r.get::<_, i32>(2))).sum();
-    if rows.is_empty() || rows.len() > SMALL_DIRECTORY_FILES || total > SMALL_DIRECTORY_BYTES as i64 {
+    if rows.is_empty() || rows.len() > SMALL_DIRECTORY_FILES || total > SMALL_DIRECTORY_BYTES as i64
+    {
         return Ok(None);
     }
     let git_dir = index.repositories.path(project_id);
@@ -280,20 +308,41 @@ mod tests {
 
     #[test]
     fn targets_come_from_gids_and_metadata() {
-        let repo = item(json!({"category": "repository", "id": "gid://gitlab/Project/7", "content": ""}));
-        assert_eq!(target_of(&repo), Some(Target { project_id: 7, directory: None }));
-        let dir = item(json!({"category": "directory", "id": "dir:///x/src/auth", "content": "",
-            "metadata": {"relativePath": "src/auth/", "projectId": "gid://gitlab/Project/7"}}));
+        let repo =
+            item(json!({"category": "repository", "id": "gid://gitlab/Project/7", "content": ""}));
+        assert_eq!(
+            target_of(&repo),
+            Some(Target {
+                project_id: 7,
+                directory: None
+            })
+        );
+        let dir = item(
+            json!({"category": "directory", "id": "dir:///x/src/auth", "content": "",
+            "metadata": {"relativePath": "src/auth/", "projectId": "gid://gitlab/Project/7"}}),
+        );
         assert_eq!(
             target_of(&dir),
-            Some(Target { project_id: 7, directory: Some("src/auth".into()) })
+            Some(Target {
+                project_id: 7,
+                directory: Some("src/auth".into())
+            })
         );
-        let blueprint = item(json!({"category": "repository", "id": "gid://gitlab/Project/3",
-            "metadata": {"directory": "lib"}}));
-        assert_eq!(target_of(&blueprint).and_then(|t| t.directory), Some("lib".into()));
-        let escape = item(json!({"category": "directory", "metadata": {"relativePath": "../x", "projectId": "gid://gitlab/Project/7"}}));
+        let blueprint = item(
+            json!({"category": "repository", "id": "gid://gitlab/Project/3",
+            "metadata": {"directory": "lib"}}),
+        );
+        assert_eq!(
+            target_of(&blueprint).and_then(|t| t.directory),
+            Some("lib".into())
+        );
+        let escape = item(
+            json!({"category": "directory", "metadata": {"relativePath": "../x", "projectId": "gid://gitlab/Project/7"}}),
+        );
         assert_eq!(target_of(&escape), None);
-        let no_path = item(json!({"category": "directory", "metadata": {"projectId": "gid://gitlab/Project/7"}}));
+        let no_path = item(
+            json!({"category": "directory", "metadata": {"projectId": "gid://gitlab/Project/7"}}),
+        );
         assert_eq!(target_of(&no_path), None);
         let other = item(json!({"category": "repository", "id": "gid://gitlab/Group/7"}));
         assert_eq!(target_of(&other), None);

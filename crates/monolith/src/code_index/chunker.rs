@@ -68,12 +68,11 @@ fn grammar(language: &str) -> Option<tree_sitter_language::LanguageFn> {
 /// [`CHUNK_BYTES`] bytes; a grammar that fails to load falls back to text.
 pub fn chunk(language: &str, text: &str) -> Vec<Chunk> {
     let config = || ChunkConfig::new(MIN_CHUNK_BYTES..CHUNK_BYTES);
-    let pieces: Vec<(usize, &str)> = match grammar(language)
-        .and_then(|g| CodeSplitter::new(g, config()).ok())
-    {
-        Some(splitter) => splitter.chunk_indices(text).collect(),
-        None => TextSplitter::new(config()).chunk_indices(text).collect(),
-    };
+    let pieces: Vec<(usize, &str)> =
+        match grammar(language).and_then(|g| CodeSplitter::new(g, config()).ok()) {
+            Some(splitter) => splitter.chunk_indices(text).collect(),
+            None => TextSplitter::new(config()).chunk_indices(text).collect(),
+        };
     let mut line = 1;
     let mut counted_to = 0;
     pieces
@@ -235,7 +234,10 @@ mod tests {
             let first_line = text.lines().nth(c.start_line - 1).unwrap_or_default();
             assert!(c.content.starts_with(first_line.trim_start()), "{c:?}");
             // No chunk cuts a function in half.
-            assert_eq!(c.content.matches('{').count(), c.content.matches('}').count());
+            assert_eq!(
+                c.content.matches('{').count(),
+                c.content.matches('}').count()
+            );
         }
         assert_eq!(chunks[0].start_line, 1);
         assert!(chunks.iter().any(|c| c.symbol.as_deref() == Some("add_0")));
@@ -270,8 +272,14 @@ mod tests {
     #[test]
     fn symbols_and_identifiers() {
         assert_eq!(symbol_of("pub async fn serve(x: u8)"), Some("serve".into()));
-        assert_eq!(symbol_of("def refund_score(row):"), Some("refund_score".into()));
-        assert_eq!(symbol_of("export default class SeatMap {"), Some("SeatMap".into()));
+        assert_eq!(
+            symbol_of("def refund_score(row):"),
+            Some("refund_score".into())
+        );
+        assert_eq!(
+            symbol_of("export default class SeatMap {"),
+            Some("SeatMap".into())
+        );
         assert_eq!(symbol_of("let x = 1;"), None);
         assert_eq!(
             split_identifier("parseHTTPRequest_v2"),

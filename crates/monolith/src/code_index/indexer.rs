@@ -10,7 +10,6 @@
 //!   (from the same indexed commit) reuses what was already embedded.
 //! - The indexed commit moves only when the whole run succeeded.
 
-
 use async_trait::async_trait;
 use job_queue::{EnqueueOptions, Job, JobContext, JobError, JobHandler};
 use serde::{Deserialize, Serialize};
@@ -50,9 +49,11 @@ pub async fn enqueue_index(
     }
     .queue(QUEUE)
     .dedupe(format!("code_index:{project_id}"));
-    Ok(job_queue::enqueue(db, &CodeIndexJob { project_id }, options)
-        .await?
-        .created)
+    Ok(
+        job_queue::enqueue(db, &CodeIndexJob { project_id }, options)
+            .await?
+            .created,
+    )
 }
 
 /// Runs [`CodeIndexJob`]s.
@@ -66,10 +67,11 @@ impl JobHandler for CodeIndexHandler {
 
     async fn run(&self, ctx: JobContext, job: CodeIndexJob) -> Result<(), JobError> {
         let timeout = self.index.settings.job_timeout;
-        let result = match tokio::time::timeout(timeout, index_project(&self.index, job.project_id)).await {
-            Ok(result) => result,
-            Err(_) => Err(CodeIndexError::Timeout(timeout.as_secs())),
-        };
+        let result =
+            match tokio::time::timeout(timeout, index_project(&self.index, job.project_id)).await {
+                Ok(result) => result,
+                Err(_) => Err(CodeIndexError::Timeout(timeout.as_secs())),
+            };
         let Err(error) = result else {
             return Ok(());
         };
@@ -199,7 +201,10 @@ pub struct RunSummary {
 }
 
 /// Indexes the project up to its default branch, again while it keeps moving.
-pub async fn index_project(index: &CodeIndex, project_id: i64) -> Result<RunSummary, CodeIndexError> {
+pub async fn index_project(
+    index: &CodeIndex,
+    project_id: i64,
+) -> Result<RunSummary, CodeIndexError> {
     let mut total = RunSummary::default();
     for _ in 0..5 {
         let db = index.pool.get().await?;
@@ -219,7 +224,12 @@ pub async fn index_project(index: &CodeIndex, project_id: i64) -> Result<RunSumm
         let head = head_commit(index, project_id, &branch).await;
         let indexed = status.as_ref().and_then(|s| s.indexed_commit.clone());
         let model = status.as_ref().and_then(|s| s.embedding_model.clone());
-        if head.is_some() && head == indexed && status.as_ref().is_some_and(|s| s.state == IndexState::Ready) {
+        if head.is_some()
+            && head == indexed
+            && status
+                .as_ref()
+                .is_some_and(|s| s.state == IndexState::Ready)
+        {
             return Ok(total);
         }
         let db = index.pool.get().await?;
@@ -257,7 +267,9 @@ pub async fn index_project(index: &CodeIndex, project_id: i64) -> Result<RunSumm
         total.embedding_calls += summary.embedding_calls;
         let db = index.pool.get().await?;
         let status = store::status(&**db, project_id).await?;
-        if status.is_some_and(|s| s.state == IndexState::Ready && s.indexed_commit.as_deref() == Some(head.as_str())) {
+        if status.is_some_and(|s| {
+            s.state == IndexState::Ready && s.indexed_commit.as_deref() == Some(head.as_str())
+        }) {
             let now = head_commit(index, project_id, &branch).await;
             if now.as_deref() == Some(head.as_str()) {
                 tracing::info!(
@@ -313,7 +325,11 @@ struct Run<'a> {
 const MODEL_CHANGED: &str = "the embedding model changed";
 
 impl Run<'_> {
-    async fn execute(mut self, indexed: Option<&str>, head: &str) -> Result<RunSummary, CodeIndexError> {
+    async fn execute(
+        mut self,
+        indexed: Option<&str>,
+        head: &str,
+    ) -> Result<RunSummary, CodeIndexError> {
         let git_dir = self.index.repositories.path(self.project_id);
         let changes = match indexed {
             Some(from) if self.model.is_some() && commit_exists(&git_dir, from).await => {
@@ -327,7 +343,10 @@ impl Run<'_> {
             {
                 // Vectors of two models cannot be compared: start over with
                 // the whole tree under the new one.
-                tracing::info!(project_id = self.project_id, "embedding model changed; re-indexing");
+                tracing::info!(
+                    project_id = self.project_id,
+                    "embedding model changed; re-indexing"
+                );
                 self.model = None;
                 let changes = tree_changes(&git_dir, head, self.index.settings.max_files).await?;
                 self.apply(&git_dir, &changes).await?;
@@ -341,13 +360,11 @@ impl Run<'_> {
         Ok(self.summary)
     }
 
-    async fn apply(&mut self, git_dir: &std::path::Path, changes: &Changes) -> Result<(), CodeIndexError> {
-        let db = self.index.pool.get().await?;
-        for path in &changes.deletions {
-            store::remove_file(&**db, self.project_id, path).await?;
-            self.summary.files_removed += 1;
-        }
-        drop(db);
+    async fn apply(
+        &mut self,
+        git_dir: &std::path::Path,
+        changes: &Changes,
+    ) -> Result<(), CodeIndexError> {
         let max_bytes = self.index.settings.max_file_bytes;
         let mut pending: Vec<Pending> = Vec::new();
         let mut pending_chunks = 0;
@@ -359,7 +376,8 @@ impl Run<'_> {
                 continue;
             }
             if let Some(model) = &self.model
-                && store::reuse_blob(&**db, self.project_id, &entry.path, &entry.blob_id, model).await?
+                && store::reuse_blob(&**db, self.project_id, &entry.path, &entry.blob_id, model)
+                    .await?
             {
                 self.summary.files_reused += 1;
                 continue;
@@ -368,9 +386,11 @@ impl Run<'_> {
             let bytes = {
                 let dir = git_dir.to_owned();
                 let blob = entry.blob_id.clone();
-                tokio::task::spawn_blocking(move || crate::repositories::reader::blob(&dir, &blob, max_bytes))
-                    .await
-                    .map_err(|e| crate::repositories::RepositoryError::Read(e.to_string()))??
+                tokio::task::spawn_blocking(move || {
+                    crate::repositories::reader::blob(&dir, &blob, max_bytes)
+                })
+                .await
+                .map_err(|e| crate::repositories::RepositoryError::Read(e.to_string()))??
             };
             if filters::content_skip(&bytes).is_some() {
                 let db = self.index.pool.get().await?;
@@ -396,6 +416,13 @@ impl Run<'_> {
         }
         if !pending.is_empty() {
             self.embed_and_store(pending).await?;
+        }
+        // Deletions last: a renamed file's new path has already taken the
+        // old path's vectors.
+        let db = self.index.pool.get().await?;
+        for path in &changes.deletions {
+            store::remove_file(&**db, self.project_id, path).await?;
+            self.summary.files_removed += 1;
         }
         Ok(())
     }
@@ -458,7 +485,15 @@ impl Run<'_> {
                 })
                 .collect();
             let tx = db.transaction().await?;
-            store::replace_file(&*tx, self.project_id, &file.path, &file.blob_id, &model, &chunks).await?;
+            store::replace_file(
+                &*tx,
+                self.project_id,
+                &file.path,
+                &file.blob_id,
+                &model,
+                &chunks,
+            )
+            .await?;
             tx.commit().await?;
             self.summary.files_embedded += 1;
             self.summary.chunks_embedded += chunks.len();
@@ -476,9 +511,23 @@ async fn commit_exists(git_dir: &std::path::Path, sha: &str) -> bool {
 }
 
 /// Every blob of the tree at `head` (at most `max_files`, in path order).
-async fn tree_changes(git_dir: &std::path::Path, head: &str, max_files: usize) -> Result<Changes, CodeIndexError> {
+async fn tree_changes(
+    git_dir: &std::path::Path,
+    head: &str,
+    max_files: usize,
+) -> Result<Changes, CodeIndexError> {
     let dir = git_dir.display().to_string();
-    let raw = crate::repositories::storage::git(&["--git-dir", &dir, "ls-tree", "-r", "-z", "-l", "--full-tree", head]).await?;
+    let raw = crate::repositories::storage::git(&[
+        "--git-dir",
+        &dir,
+        "ls-tree",
+        "-r",
+        "-z",
+        "-l",
+        "--full-tree",
+        head,
+    ])
+    .await?;
     let mut upserts = Vec::new();
     for record in raw.split(|b| *b == 0).filter(|r| !r.is_empty()) {
         // "<mode> <type> <id> <size>\t<path>"
@@ -497,7 +546,11 @@ async fn tree_changes(git_dir: &std::path::Path, head: &str, max_files: usize) -
         });
     }
     if upserts.len() > max_files {
-        tracing::warn!(files = upserts.len(), max_files, "repository has more files than are indexed");
+        tracing::warn!(
+            files = upserts.len(),
+            max_files,
+            "repository has more files than are indexed"
+        );
         upserts.truncate(max_files);
     }
     let full_tree = upserts.iter().map(|f| f.path.clone()).collect();
@@ -510,10 +563,22 @@ async fn tree_changes(git_dir: &std::path::Path, head: &str, max_files: usize) -
 
 /// Files added, changed or deleted between two commits (renames as a
 /// deletion and an addition: the blob id lets the addition reuse vectors).
-async fn diff_changes(git_dir: &std::path::Path, from: &str, to: &str) -> Result<Changes, CodeIndexError> {
+async fn diff_changes(
+    git_dir: &std::path::Path,
+    from: &str,
+    to: &str,
+) -> Result<Changes, CodeIndexError> {
     let dir = git_dir.display().to_string();
     let raw = crate::repositories::storage::git(&[
-        "--git-dir", &dir, "diff-tree", "-r", "-z", "--no-renames", "--no-abbrev", from, to,
+        "--git-dir",
+        &dir,
+        "diff-tree",
+        "-r",
+        "-z",
+        "--no-renames",
+        "--no-abbrev",
+        from,
+        to,
     ])
     .await?;
     let fields: Vec<&[u8]> = raw.split(|b| *b == 0).collect();

@@ -119,12 +119,21 @@ async fn vector_candidates(
     let tx = db.transaction().await?;
     // With the HNSW index and a project filter, keep scanning until enough
     // rows pass the filter (pgvector 0.8), or a big project starves small ones.
-    tx.batch_execute("SET LOCAL hnsw.iterative_scan = relaxed_order; SET LOCAL hnsw.ef_search = 100")
-        .await?;
+    tx.batch_execute(
+        "SET LOCAL hnsw.iterative_scan = relaxed_order; SET LOCAL hnsw.ef_search = 100",
+    )
+    .await?;
     let rows = tx
         .query(
             &sql,
-            &[&project_id, &query.model, &dims, &literal, &pattern, &CANDIDATES],
+            &[
+                &project_id,
+                &query.model,
+                &dims,
+                &literal,
+                &pattern,
+                &CANDIDATES,
+            ],
         )
         .await?;
     tx.commit().await?;
@@ -240,7 +249,12 @@ mod tests {
 
     #[test]
     fn fusion_rewards_agreement_and_caps_files() {
-        let vector = vec![(1, hit("a.rs")), (2, hit("b.rs")), (3, hit("a.rs")), (4, hit("a.rs"))];
+        let vector = vec![
+            (1, hit("a.rs")),
+            (2, hit("b.rs")),
+            (3, hit("a.rs")),
+            (4, hit("a.rs")),
+        ];
         let text = vec![(2, hit("b.rs")), (5, hit("c.rs"))];
         let out = fuse(vec![vector, text], 10, &Exclusions::none());
         assert_eq!(out[0].path, "b.rs", "in both lists: first");

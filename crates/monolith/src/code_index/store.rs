@@ -112,7 +112,10 @@ pub async fn status(
 }
 
 /// Creates the state row (pending) when missing.
-pub async fn ensure_status(db: &impl GenericClient, project_id: i64) -> Result<(), tokio_postgres::Error> {
+pub async fn ensure_status(
+    db: &impl GenericClient,
+    project_id: i64,
+) -> Result<(), tokio_postgres::Error> {
     db.execute(
         "INSERT INTO code_index_states (project_id) VALUES ($1) ON CONFLICT DO NOTHING",
         &[&project_id],
@@ -179,7 +182,10 @@ pub async fn finish(
 }
 
 /// Forgets the indexed commit so the next run walks the whole tree.
-pub async fn request_full_walk(db: &impl GenericClient, project_id: i64) -> Result<(), tokio_postgres::Error> {
+pub async fn request_full_walk(
+    db: &impl GenericClient,
+    project_id: i64,
+) -> Result<(), tokio_postgres::Error> {
     db.execute(
         "INSERT INTO code_index_states (project_id) VALUES ($1)
          ON CONFLICT (project_id) DO UPDATE SET indexed_commit = NULL, updated_at = now()",
@@ -286,7 +292,11 @@ pub async fn reuse_blob(
 }
 
 /// Removes a file's chunks.
-pub async fn remove_file(db: &impl GenericClient, project_id: i64, path: &str) -> Result<(), tokio_postgres::Error> {
+pub async fn remove_file(
+    db: &impl GenericClient,
+    project_id: i64,
+    path: &str,
+) -> Result<(), tokio_postgres::Error> {
     db.execute(
         "DELETE FROM code_chunks WHERE project_id = $1 AND path = $2",
         &[&project_id, &path],
