@@ -133,7 +133,10 @@ impl AgentResponder {
             timeout: config.ai_gateway_timeout,
             // The gateway offers `commit_reader` only behind this flag; this
             // monolith implements the tool, so it always says so.
-            enabled_feature_flags: vec!["ai_commit_reader_for_chat".to_owned()],
+            enabled_feature_flags: vec![
+                "ai_commit_reader_for_chat".to_owned(),
+                "ai_codebase_search_for_chat".to_owned(),
+            ],
         };
         let gateway = GatewayClient::new(keys, settings)?;
         let repositories = crate::repositories::Repositories::new(

@@ -60,7 +60,6 @@ pub async fn prepare(
     if !items.iter().any(|i| is_code_context(i.category)) {
         return Ok(Outcome::Ready(items));
     }
-    let mut db = index.pool.get().await?;
     let mut out = Vec::with_capacity(items.len());
     let mut query_vector: Option<QueryVector> = None;
     for mut item in items {
@@ -84,132 +83,162 @@ pub async fn prepare(
                 "unreadable context item".into(),
             ));
         };
-        let subject = Subject::Project(target.project_id);
-        let allowed = policy
-            .can(&**db, Some(actor), Ability::ReadCode, subject)
-            .await
-            .map_err(|e| {
-                CodeIndexError::Repository(crate::repositories::RepositoryError::Read(
-                    e.to_string(),
-                ))
-            })?
-            && policy
-                .may_send_to_ai(&**db, actor, subject)
-                .await
-                .map_err(|e| {
-                    CodeIndexError::Repository(crate::repositories::RepositoryError::Read(
-                        e.to_string(),
-                    ))
-                })?;
-        if !allowed {
-            return Ok(Outcome::Refused(
-                DuoErrorCode::M3003,
-                "project not readable".into(),
-            ));
+        match project_context(index, policy, actor, &target, question, &mut query_vector).await? {
+            Searched::Text(text) => item.content = Some(text),
+            Searched::Other(outcome) => return Ok(outcome),
         }
-        let status = store::status(&**db, target.project_id).await?;
-        match status {
-            Some(s) if s.state == IndexState::Failed => {
-                let code = s
-                    .last_error_code
-                    .as_deref()
-                    .and_then(DuoErrorCode::parse)
-                    .unwrap_or(DuoErrorCode::A9999);
-                return Ok(Outcome::Refused(
-                    code,
-                    format!(
-                        "indexing the repository failed: {}",
-                        s.last_error.unwrap_or_default()
-                    ),
-                ));
-            }
-            Some(s) if s.searchable() => {}
-            _ => {
-                store::ensure_status(&**db, target.project_id).await?;
-                super::enqueue_index(&**db, target.project_id, index.settings.max_attempts).await?;
-                return Ok(Outcome::Answer(BEING_INDEXED.to_owned()));
-            }
-        }
-        let sql = format!(
-            "{} SELECT p.name, paths.full_path || '/' || p.path, p.description,
-                    p.duo_context_exclusion_rules
-             FROM projects p JOIN paths ON paths.id = p.group_id WHERE p.id = $1",
-            crate::namespaces::FULL_PATHS
-        );
-        let project = db.query_one(&sql, &[&target.project_id]).await?;
-        let (name, full_path, description): (String, String, String) =
-            (project.get(0), project.get(1), project.get(2));
-        let exclusions = Exclusions::new(&project.get::<_, Vec<String>>(3))?;
-
-        let mut text = String::new();
-        match &target.directory {
-            Some(dir) => {
-                text.push_str(&format!(
-                    "Path: {dir}\nRepository ID: gid://gitlab/Project/{}\nRepository Path: {full_path}\n",
-                    target.project_id
-                ));
-            }
-            None => {
-                text.push_str(&format!(
-                    "Name: {name}\nPath: {full_path}\nDescription: {description}\n"
-                ));
-            }
-        }
-        let whole = match &target.directory {
-            Some(dir) => small_directory(index, &**db, target.project_id, dir, &exclusions).await?,
-            None => None,
-        };
-        let blocks = match whole {
-            Some(files) => {
-                text.push_str("The directory is small, so all of its files follow, each in <search_result> tags.\n");
-                files
-            }
-            None => {
-                if query_vector.is_none() {
-                    let auth = super::embedding_auth(&**db, actor.id, Uuid::new_v4()).await?;
-                    let answer = index
-                        .gateway
-                        .code_embeddings(&auth, EmbeddingPurpose::Search, &[question.to_owned()])
-                        .await?;
-                    query_vector = answer.vectors.into_iter().next().map(|vector| QueryVector {
-                        model: answer.model,
-                        vector,
-                    });
-                }
-                let scope = Scope {
-                    project_id: target.project_id,
-                    directory: target.directory.clone(),
-                };
-                let hits = search::search(
-                    &mut db,
-                    &scope,
-                    question,
-                    query_vector.as_ref(),
-                    Retrieval::Fused,
-                    index.settings.search_results,
-                    &exclusions,
-                )
-                .await?;
-                text.push_str(
-                    "A semantic search was run over the repository's code for the user's question. \
-                     The most relevant results follow, each in <search_result> tags.\n",
-                );
-                hits.into_iter().map(|h| (h.path, h.content)).collect()
-            }
-        };
-        for (path, content) in blocks {
-            let block = format!(
-                "<search_result>\n<file_path>{path}</file_path>\n<content>{content}</content>\n</search_result>\n"
-            );
-            if text.len() + block.len() > MAX_ITEM_BYTES {
-                break;
-            }
-            text.push_str(&block);
-        }
-        item.content = Some(text);
         out.push(item);
     }
     Ok(Outcome::Ready(out))
+}
+
+/// The result of searching one project (or directory) for a question.
+#[derive(Debug)]
+pub enum Searched {
+    /// The info lines and `<search_result>` blocks.
+    Text(String),
+    /// Not searchable: the answer or refusal to give instead.
+    Other(Outcome),
+}
+
+/// Authorizes the user for the project's code, checks its index and
+/// searches it (or sends a small directory whole).
+pub async fn search_project(
+    index: &CodeIndex,
+    policy: &Policy,
+    actor: Actor,
+    project_id: i64,
+    directory: Option<String>,
+    question: &str,
+) -> Result<Searched, CodeIndexError> {
+    let target = Target {
+        project_id,
+        directory,
+    };
+    project_context(index, policy, actor, &target, question, &mut None).await
+}
+
+/// [`search_project`] with the question's embedding cached across items.
+async fn project_context(
+    index: &CodeIndex,
+    policy: &Policy,
+    actor: Actor,
+    target: &Target,
+    question: &str,
+    query_vector: &mut Option<QueryVector>,
+) -> Result<Searched, CodeIndexError> {
+    let mut db = index.pool.get().await?;
+    let subject = Subject::Project(target.project_id);
+    let allowed = policy
+        .can(&**db, Some(actor), Ability::ReadCode, subject)
+        .await?
+        && policy.may_send_to_ai(&**db, actor, subject).await?;
+    if !allowed {
+        return Ok(Searched::Other(Outcome::Refused(
+            DuoErrorCode::M3003,
+            "project not readable".into(),
+        )));
+    }
+    let status = store::status(&**db, target.project_id).await?;
+    match status {
+        Some(s) if s.state == IndexState::Failed => {
+            let code = s
+                .last_error_code
+                .as_deref()
+                .and_then(DuoErrorCode::parse)
+                .unwrap_or(DuoErrorCode::A9999);
+            return Ok(Searched::Other(Outcome::Refused(
+                code,
+                format!(
+                    "indexing the repository failed: {}",
+                    s.last_error.unwrap_or_default()
+                ),
+            )));
+        }
+        Some(s) if s.searchable() => {}
+        _ => {
+            store::ensure_status(&**db, target.project_id).await?;
+            super::enqueue_index(&**db, target.project_id, index.settings.max_attempts).await?;
+            return Ok(Searched::Other(Outcome::Answer(BEING_INDEXED.to_owned())));
+        }
+    }
+    let sql = format!(
+        "{} SELECT p.name, paths.full_path || '/' || p.path, p.description,
+                p.duo_context_exclusion_rules
+         FROM projects p JOIN paths ON paths.id = p.group_id WHERE p.id = $1",
+        crate::namespaces::FULL_PATHS
+    );
+    let project = db.query_one(&sql, &[&target.project_id]).await?;
+    let (name, full_path, description): (String, String, String) =
+        (project.get(0), project.get(1), project.get(2));
+    let exclusions = Exclusions::new(&project.get::<_, Vec<String>>(3))?;
+
+    let mut text = String::new();
+    match &target.directory {
+        Some(dir) => {
+            text.push_str(&format!(
+                "Path: {dir}\nRepository ID: gid://gitlab/Project/{}\nRepository Path: {full_path}\n",
+                target.project_id
+            ));
+        }
+        None => {
+            text.push_str(&format!(
+                "Name: {name}\nPath: {full_path}\nDescription: {description}\n"
+            ));
+        }
+    }
+    let whole = match &target.directory {
+        Some(dir) => small_directory(index, &**db, target.project_id, dir, &exclusions).await?,
+        None => None,
+    };
+    let blocks = match whole {
+        Some(files) => {
+            text.push_str("The directory is small, so all of its files follow, each in <search_result> tags.\n");
+            files
+        }
+        None => {
+            if query_vector.is_none() {
+                let auth = super::embedding_auth(&**db, actor.id, Uuid::new_v4()).await?;
+                let answer = index
+                    .gateway
+                    .code_embeddings(&auth, EmbeddingPurpose::Search, &[question.to_owned()])
+                    .await?;
+                *query_vector = answer.vectors.into_iter().next().map(|vector| QueryVector {
+                    model: answer.model,
+                    vector,
+                });
+            }
+            let scope = Scope {
+                project_id: target.project_id,
+                directory: target.directory.clone(),
+            };
+            let hits = search::search(
+                &mut db,
+                &scope,
+                question,
+                query_vector.as_ref(),
+                Retrieval::Fused,
+                index.settings.search_results,
+                &exclusions,
+            )
+            .await?;
+            text.push_str(
+                "A semantic search was run over the repository's code for the user's question. \
+                 The most relevant results follow, each in <search_result> tags.\n",
+            );
+            hits.into_iter().map(|h| (h.path, h.content)).collect()
+        }
+    };
+    for (path, content) in blocks {
+        let block = format!(
+            "<search_result>\n<file_path>{path}</file_path>\n<content>{content}</content>\n</search_result>\n"
+        );
+        if text.len() + block.len() > MAX_ITEM_BYTES {
+            break;
+        }
+        text.push_str(&block);
+    }
+    Ok(Searched::Text(text))
 }
 
 fn is_code_context(category: ContextCategory) -> bool {

@@ -55,6 +55,8 @@ pub enum CodeIndexError {
     Repository(#[from] crate::repositories::RepositoryError),
     #[error("embedding: {0}")]
     Embedding(#[from] GatewayError),
+    #[error("policy: {0}")]
+    Policy(#[from] crate::policy::PolicyError),
     #[error("job queue: {0}")]
     Queue(#[from] job_queue::QueueError),
     #[error("the project's exclusion rules: {0}")]
