@@ -272,6 +272,7 @@ fn every_overlay_renders_and_validates_against_the_kubernetes_api_schemas() {
             _ => &[
                 "ConfigMap/duo-monolith",
                 "Secret/duo-monolith",
+                "PersistentVolumeClaim/duo-repositories",
                 "Job/duo-migrate",
                 "Deployment/duo-web",
                 "Deployment/duo-worker",
@@ -397,20 +398,21 @@ fn every_pod_runs_unprivileged_read_only_with_requests_probes_and_enough_time_to
             if object["kind"] != "Deployment" {
                 continue;
             }
-            // Every serving container is probed on a port it declares.
+            // Every serving container is probed on a port it declares (HTTP
+            // by name, gRPC health by number).
             let main = &pod["containers"][0];
-            let ports: BTreeSet<&str> = main["ports"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter_map(|p| p["name"].as_str())
-                .collect();
+            let ports = main["ports"].as_array().unwrap();
             for probe in ["startupProbe", "livenessProbe", "readinessProbe"] {
-                let port = main[probe]["httpGet"]["port"].as_str();
-                assert!(
-                    port.is_some_and(|p| ports.contains(p)),
-                    "{overlay} {name}: {probe} on {port:?}"
-                );
+                let probe_spec = &main[probe];
+                let declared = match (
+                    probe_spec["httpGet"]["port"].as_str(),
+                    probe_spec["grpc"]["port"].as_u64(),
+                ) {
+                    (Some(port), None) => ports.iter().any(|p| p["name"] == port),
+                    (None, Some(port)) => ports.iter().any(|p| p["containerPort"] == port),
+                    _ => false,
+                };
+                assert!(declared, "{overlay} {name}: {probe} {probe_spec}");
             }
             // Kubernetes waits longer than the drain and grace periods together.
             let (config, drain, grace) = match name {
@@ -431,8 +433,16 @@ fn every_pod_runs_unprivileged_read_only_with_requests_probes_and_enough_time_to
                 ),
                 other => panic!("unexpected Deployment {other}"),
             };
-            let needed = seconds(&config_value(&objects, config, drain))
+            let mut needed = seconds(&config_value(&objects, config, drain))
                 + seconds(&config_value(&objects, config, grace));
+            if name == "duo-gateway" {
+                // Workflow streams get their own grace after the HTTP side stopped.
+                needed += seconds(&config_value(
+                    &objects,
+                    config,
+                    "AIGW_WORKFLOW_SERVICE__SHUTDOWN_GRACE_SECONDS",
+                ));
+            }
             let allowed = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
             assert!(
                 allowed > needed,
@@ -564,6 +574,94 @@ fn the_helm_chart_lints_and_renders_the_same_objects_as_each_overlay() {
     }
 }
 
+/// The volume mounted at `path` in a pod's first container: its `volumes` entry.
+fn volume_at<'a>(pod: &'a Value, path: &str) -> Option<&'a Value> {
+    let mount = pod["containers"][0]["volumeMounts"]
+        .as_array()?
+        .iter()
+        .find(|m| m["mountPath"] == path)?;
+    assert_ne!(mount["readOnly"], true, "{mount}");
+    pod["volumes"]
+        .as_array()?
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+}
+
+#[test]
+fn web_and_worker_share_one_repositories_volume_and_a_read_write_once_one_pins_them_together() {
+    for overlay in OVERLAYS.iter().filter(|o| **o != "gateway-only") {
+        let objects = documents(&kustomize(overlay));
+        let dir = config_value(&objects, "duo-monolith", "DUO_REPOSITORIES_DIR");
+        let claim = find(&objects, "PersistentVolumeClaim", "duo-repositories").unwrap();
+        assert_eq!(claim["spec"]["accessModes"], json!(["ReadWriteOnce"]));
+        for name in ["duo-web", "duo-worker"] {
+            let pod = pod_spec(find(&objects, "Deployment", name).unwrap()).unwrap();
+            let volume = volume_at(pod, &dir)
+                .unwrap_or_else(|| panic!("{overlay} {name}: nothing mounted at {dir}"));
+            assert_eq!(
+                volume["persistentVolumeClaim"]["claimName"], "duo-repositories",
+                "{overlay} {name}"
+            );
+            // One node for all of them: each goes where the others are.
+            let term = &pod["affinity"]["podAffinity"]
+                ["requiredDuringSchedulingIgnoredDuringExecution"][0];
+            assert_eq!(term["topologyKey"], "kubernetes.io/hostname", "{overlay} {name}");
+            assert_eq!(
+                term["labelSelector"]["matchExpressions"][0]["values"],
+                json!(["duo-web", "duo-worker"]),
+                "{overlay} {name}"
+            );
+            // The repositories are not re-owned file by file at each start.
+            assert_eq!(
+                pod["securityContext"]["fsGroupChangePolicy"], "OnRootMismatch",
+                "{overlay} {name}"
+            );
+        }
+        // The migration Job needs no repositories.
+        let job = pod_spec(find(&objects, "Job", "duo-migrate").unwrap()).unwrap();
+        assert!(volume_at(job, &dir).is_none());
+    }
+
+    // The chart's ReadWriteMany choice lets the pods spread.
+    let rendered = run(Command::new(&tools().helm)
+        .args(["template", "duo-chat"])
+        .arg(deploy().join("helm/duo-chat"))
+        .args([
+            "--set",
+            "monolith.repositories.accessMode=ReadWriteMany",
+            "--set",
+            "monolith.repositories.storageClassName=nfs",
+        ]));
+    let objects = documents(&rendered);
+    let claim = find(&objects, "PersistentVolumeClaim", "duo-repositories").unwrap();
+    assert_eq!(claim["spec"]["accessModes"], json!(["ReadWriteMany"]));
+    assert_eq!(claim["spec"]["storageClassName"], "nfs");
+    assert_eq!(
+        claim["metadata"]["annotations"]["helm.sh/resource-policy"], "keep",
+        "uninstalling must not delete the repositories"
+    );
+    for name in ["duo-web", "duo-worker"] {
+        let pod = pod_spec(find(&objects, "Deployment", name).unwrap()).unwrap();
+        assert!(pod["affinity"].is_null(), "{name}: {}", pod["affinity"]);
+    }
+
+    // Compose: one named volume at the same place in web and worker.
+    let compose =
+        documents(&std::fs::read_to_string(deploy().join("compose/compose.yaml")).unwrap())
+            .remove(0);
+    let dir = compose["x-monolith-env"]["DUO_REPOSITORIES_DIR"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for service in ["web", "worker"] {
+        let mounts = strings(&compose["services"][service]["volumes"]);
+        assert!(
+            mounts.contains(&format!("repositories:{dir}")),
+            "{service}: {mounts:?}"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Variables
 
@@ -673,10 +771,6 @@ fn read_by_code(component: Component) -> BTreeSet<String> {
         .collect()
 }
 
-/// Variables another branch is adding with its code and documentation (see
-/// the workflow service decisions); the manifests carry them already.
-const ANNOUNCED: [&str; 2] = ["AIGW_WORKFLOW_SERVICE__LISTEN", "DUO_WORKFLOW_SERVICE_URL"];
-
 #[test]
 fn every_variable_the_code_reads_is_documented() {
     for component in Component::ALL {
@@ -721,10 +815,7 @@ fn every_documented_variable_is_set_in_every_overlay_the_chart_and_the_compose_f
                 "{what}, {component:?}: missing {missing:?}"
             );
             // Nothing undocumented either (a misspelt name would be ignored).
-            let unknown: Vec<_> = keys
-                .difference(&wanted)
-                .filter(|k| !ANNOUNCED.contains(&k.as_str()))
-                .collect();
+            let unknown: Vec<_> = keys.difference(&wanted).collect();
             assert!(
                 unknown.is_empty(),
                 "{what}, {component:?}: undocumented {unknown:?}"
@@ -950,8 +1041,27 @@ fn the_containerfile_copies_what_exists_builds_real_binaries_and_runs_real_comma
             "{copied} is not copied"
         );
     }
+    // The runtime image has git (the monolith runs `git http-backend` and git
+    // plumbing) and the workflow executor beside the services.
+    let runtime = &instructions[instructions
+        .iter()
+        .rposition(|l| l.starts_with("FROM"))
+        .unwrap()..];
+    assert!(
+        runtime
+            .iter()
+            .any(|l| l.starts_with("RUN") && l.contains("apt-get install") && l.split_whitespace().any(|w| w == "git")),
+        "the runtime stage does not install git"
+    );
+    assert!(
+        runtime.iter().any(|l| l.starts_with("COPY --from=build")
+            && l.contains("/out/duo-workflow-executor")
+            && l.ends_with("/usr/local/bin/")),
+        "the executor is not in the runtime image"
+    );
     let env_line = instructions.iter().find(|l| l.starts_with("ENV")).unwrap();
     assert!(env_line.contains("DUO_ADD_ONS_FILE=/opt/duo-chat/config/duo_add_ons.yml"));
+    assert!(env_line.contains("DUO_REPOSITORIES_DIR=/var/lib/duo-chat/repositories"));
     assert!(repo_root().join("config/duo_add_ons.yml").is_file());
     // Build outputs and weights stay out of the build context.
     let ignored = std::fs::read_to_string(dir.join("Containerfile.dockerignore")).unwrap();
@@ -1094,6 +1204,9 @@ async fn every_process_starts_with_the_manifests_configuration_and_writes_only_t
     // The working directory of every process stays empty (the image's is read-only).
     let workdir = scratch.0.join("workdir");
     std::fs::create_dir_all(&workdir).unwrap();
+    // The repositories volume of web and worker.
+    let repositories = scratch.0.join("repositories");
+    std::fs::create_dir_all(&repositories).unwrap();
     let (local_llm, models) = e2e_tests::local_model_server().await.unwrap();
     let db = devdb::TestDb::with_sql("SELECT 1").await.unwrap();
 
@@ -1119,6 +1232,10 @@ async fn every_process_starts_with_the_manifests_configuration_and_writes_only_t
         ),
         ("https://duo.example.com", format!("http://127.0.0.1:{web}")),
         ("/var/lib/duo-chat/keys", keys.display().to_string()),
+        (
+            "/var/lib/duo-chat/repositories",
+            repositories.display().to_string(),
+        ),
         ("/var/lib/duo-chat/models", models.display().to_string()),
         ("/opt/duo-chat", root.display().to_string()),
     ]
@@ -1200,6 +1317,14 @@ async fn every_process_starts_with_the_manifests_configuration_and_writes_only_t
         .await
         .unwrap();
     runs.push(("gateway", gateway_service, trace, tmp));
+    // The same process serves the workflow service's gRPC health.
+    assert_eq!(
+        e2e_tests::grpc_health(&format!("http://127.0.0.1:{workflow}"))
+            .await
+            .unwrap(),
+        1,
+        "the workflow service is not SERVING"
+    );
     let (mut web_service, trace, tmp) = traced("web", monolith.clone(), &["web"], &monolith_env);
     web_service
         .wait_ready(&http, &format!("http://127.0.0.1:{web}/-/readiness"))
@@ -1256,6 +1381,62 @@ async fn every_process_starts_with_the_manifests_configuration_and_writes_only_t
         .as_str()
         .unwrap()
         .to_owned();
+    // Git over HTTP through the web role (its `git http-backend` and hooks
+    // write to the repositories volume only): clone a seeded project, push a
+    // branch, see it arrive.
+    let git = |dir: PathBuf, args: Vec<String>| async move {
+        let output = tokio::process::Command::new("git")
+            .args(&args)
+            .current_dir(&dir)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_TERMINAL_PROMPT", "0")
+            .output()
+            .await
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).unwrap()
+    };
+    let args = |list: &[&str]| list.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>();
+    let clone_url = format!("http://alice:{token}@127.0.0.1:{web}/acme/website.git");
+    let checkout = scratch.0.join("checkout");
+    git(
+        scratch.0.clone(),
+        args(&["clone", "-q", &clone_url, "checkout"]),
+    )
+    .await;
+    std::fs::write(checkout.join("DEPLOY.md"), "Pushed through the manifests.\n").unwrap();
+    git(checkout.clone(), args(&["add", "DEPLOY.md"])).await;
+    git(
+        checkout.clone(),
+        args(&[
+            "-c",
+            "user.name=Alice",
+            "-c",
+            "user.email=alice@example.com",
+            "commit",
+            "-qm",
+            "Deployment check",
+        ]),
+    )
+    .await;
+    git(
+        checkout.clone(),
+        args(&["push", "-q", "origin", "HEAD:refs/heads/deploy-check"]),
+    )
+    .await;
+    let pushed = git(
+        checkout.clone(),
+        args(&["ls-remote", "origin", "refs/heads/deploy-check"]),
+    )
+    .await;
+    let head = git(checkout.clone(), args(&["rev-parse", "HEAD"])).await;
+    assert!(pushed.starts_with(head.trim()), "{pushed} vs {head}");
+
     let graphql = |query: &'static str, variables: Value| {
         let http = http.clone();
         let token = token.clone();
@@ -1376,13 +1557,23 @@ async fn every_process_starts_with_the_manifests_configuration_and_writes_only_t
             }
         }
         assert!(!trace_text.is_empty(), "{name}: no trace");
-        let outside: Vec<_> = written_paths(&trace_text, &workdir)
+        // Web and worker also own the repositories volume.
+        let owns_repositories = matches!(*name, "web" | "worker");
+        let written = written_paths(&trace_text, &workdir);
+        if *name == "web" {
+            assert!(
+                written.iter().any(|p| p.starts_with(&repositories)),
+                "the push wrote nothing to the repositories volume"
+            );
+        }
+        let outside: Vec<_> = written
             .into_iter()
             .filter(|p| {
                 !(p.starts_with("/dev")
                     || p.starts_with("/proc")
                     || p.starts_with("/sys")
-                    || p.starts_with(tmp))
+                    || p.starts_with(tmp)
+                    || (owns_repositories && p.starts_with(&repositories)))
             })
             .collect();
         assert!(
