@@ -603,9 +603,12 @@ fn web_and_worker_share_one_repositories_volume_and_a_read_write_once_one_pins_t
                 "{overlay} {name}"
             );
             // One node for all of them: each goes where the others are.
-            let term = &pod["affinity"]["podAffinity"]
-                ["requiredDuringSchedulingIgnoredDuringExecution"][0];
-            assert_eq!(term["topologyKey"], "kubernetes.io/hostname", "{overlay} {name}");
+            let term = &pod["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+                [0];
+            assert_eq!(
+                term["topologyKey"], "kubernetes.io/hostname",
+                "{overlay} {name}"
+            );
             assert_eq!(
                 term["labelSelector"]["matchExpressions"][0]["values"],
                 json!(["duo-web", "duo-worker"]),
@@ -1048,9 +1051,9 @@ fn the_containerfile_copies_what_exists_builds_real_binaries_and_runs_real_comma
         .rposition(|l| l.starts_with("FROM"))
         .unwrap()..];
     assert!(
-        runtime
-            .iter()
-            .any(|l| l.starts_with("RUN") && l.contains("apt-get install") && l.split_whitespace().any(|w| w == "git")),
+        runtime.iter().any(|l| l.starts_with("RUN")
+            && l.contains("apt-get install")
+            && l.split_whitespace().any(|w| w == "git")),
         "the runtime stage does not install git"
     );
     assert!(
@@ -1127,43 +1130,144 @@ async fn the_keda_query_counts_running_and_due_jobs_in_the_job_queues_table() {
 // Starting the processes as the manifests configure them
 
 /// The syscalls that change the filesystem, traced on every process.
-const WRITES: &str = "trace=open,openat,creat,mkdir,mkdirat,unlink,unlinkat,rmdir,rename,renameat,renameat2,link,linkat,symlink,symlinkat,truncate";
+const WRITES: [&str; 16] = [
+    "open",
+    "openat",
+    "creat",
+    "mkdir",
+    "mkdirat",
+    "unlink",
+    "unlinkat",
+    "rmdir",
+    "rename",
+    "renameat",
+    "renameat2",
+    "link",
+    "linkat",
+    "symlink",
+    "symlinkat",
+    "truncate",
+];
 
-/// Paths a traced process changed (`strace -ff -y` output: one file per
-/// thread, so no call is split), relative ones resolved against `cwd`.
-fn written_paths(trace: &str, cwd: &Path) -> BTreeSet<PathBuf> {
+/// Calls that move a working directory or start a process or thread, traced
+/// too: git changes into a repository and writes `./objects/...` there.
+const WORKING_DIRECTORY_CALLS: [&str; 6] = ["chdir", "fchdir", "clone", "clone3", "fork", "vfork"];
+
+/// strace's `-e trace=` expression for both lists.
+fn traced_calls() -> String {
+    let calls: Vec<&str> = WRITES
+        .iter()
+        .chain(WORKING_DIRECTORY_CALLS.iter())
+        .copied()
+        .collect();
+    format!("trace={}", calls.join(","))
+}
+
+/// The path inside `<...>` after a descriptor decoded by `strace -y`
+/// (`AT_FDCWD</w>`, `3</w/out.txt>`).
+fn decoded_path(text: &str) -> Option<PathBuf> {
+    let (_, rest) = text.split_once('<')?;
+    let (path, _) = rest.rsplit_once('>')?;
+    Some(PathBuf::from(path))
+}
+
+/// The directory a call's first argument names, when it is a descriptor.
+fn call_directory(line: &str) -> Option<PathBuf> {
+    let (_, arguments) = line.split_once('(')?;
+    let first = arguments.split([',', ')']).next()?;
+    decoded_path(first)
+}
+
+/// The number a call returned (`= 1234`).
+fn returned_number(line: &str) -> Option<u32> {
+    let (_, value) = line.rsplit_once("= ")?;
+    value.split_whitespace().next()?.parse().ok()
+}
+
+fn call_name(line: &str) -> &str {
+    line.split('(').next().unwrap_or_default().trim()
+}
+
+/// Paths the traced processes changed, from `strace -ff -y` output: one
+/// trace per thread, by thread id, so no call is split. A relative path is
+/// resolved where it was used: against the call's directory descriptor, else
+/// the thread's working directory, followed through `chdir`/`fchdir` and
+/// handed on to the processes and threads it starts (`cwd` for the first).
+fn written_paths(traces: &BTreeMap<u32, String>, cwd: &Path) -> BTreeSet<PathBuf> {
+    let started: BTreeSet<u32> = traces
+        .values()
+        .flat_map(|trace| trace.lines())
+        .filter(|line| matches!(call_name(line), "clone" | "clone3" | "fork" | "vfork"))
+        .filter_map(returned_number)
+        .collect();
+    let mut starting_directory: BTreeMap<u32, PathBuf> = traces
+        .keys()
+        .filter(|id| !started.contains(id))
+        .map(|id| (*id, cwd.to_path_buf()))
+        .collect();
+    let mut pending: Vec<u32> = starting_directory.keys().copied().collect();
     let mut paths = BTreeSet::new();
-    for line in trace.lines() {
-        let Some(call) = line.split_whitespace().next() else {
+    while let Some(id) = pending.pop() {
+        let Some(trace) = traces.get(&id) else {
             continue;
         };
-        let name = call.split('(').next().unwrap_or_default();
-        let is_open = matches!(name, "open" | "openat");
-        if is_open
-            && !["O_WRONLY", "O_RDWR", "O_CREAT", "O_TRUNC"]
-                .iter()
-                .any(|f| line.contains(f))
-        {
-            continue;
+        let mut here = starting_directory[&id].clone();
+        for line in trace.lines() {
+            let name = call_name(line);
+            if line.contains("= -1") {
+                continue;
+            }
+            match name {
+                "chdir" => {
+                    if let Some(path) = line.split('"').nth(1) {
+                        here = here.join(path);
+                    }
+                    continue;
+                }
+                "fchdir" => {
+                    if let Some(path) = call_directory(line) {
+                        here = path;
+                    }
+                    continue;
+                }
+                "clone" | "clone3" | "fork" | "vfork" => {
+                    if let Some(child) = returned_number(line) {
+                        starting_directory.insert(child, here.clone());
+                        pending.push(child);
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            if !WRITES.contains(&name) {
+                continue;
+            }
+            let is_open = matches!(name, "open" | "openat");
+            if is_open
+                && !["O_WRONLY", "O_RDWR", "O_CREAT", "O_TRUNC"]
+                    .iter()
+                    .any(|f| line.contains(f))
+            {
+                continue;
+            }
+            let path = if is_open {
+                // `= 3</absolute/path>`: the descriptor's real path.
+                line.rsplit_once("= ")
+                    .and_then(|(_, ret)| decoded_path(ret))
+            } else {
+                line.split('"').nth(1).map(PathBuf::from)
+            };
+            let Some(path) = path else { continue };
+            let path = if path.is_absolute() {
+                path
+            } else {
+                call_directory(line)
+                    .unwrap_or_else(|| here.clone())
+                    .join(path)
+            };
+            // Components drop the `.` of `./objects`.
+            paths.insert(path.components().collect());
         }
-        if !WRITES.contains(name) || name.is_empty() || line.contains("= -1") {
-            continue;
-        }
-        let path = if is_open {
-            // `= 3</absolute/path>`: the descriptor's real path.
-            line.rsplit_once("= ")
-                .and_then(|(_, ret)| ret.split_once('<'))
-                .map(|(_, p)| p.trim_end_matches('>').to_owned())
-        } else {
-            line.split('"').nth(1).map(str::to_owned)
-        };
-        let Some(path) = path else { continue };
-        let path = PathBuf::from(path);
-        paths.insert(if path.is_absolute() {
-            path
-        } else {
-            cwd.join(path)
-        });
     }
     paths
 }
@@ -1261,13 +1365,14 @@ async fn every_process_starts_with_the_manifests_configuration_and_writes_only_t
         let tmp = scratch.0.join(format!("tmp-{name}"));
         std::fs::create_dir_all(&tmp).unwrap();
         let trace = scratch.0.join(format!("{name}.trace"));
+        let traced_calls = traced_calls();
         let mut strace_args: Vec<String> = [
             "-ff",
             "--seccomp-bpf",
             "-qq",
             "-y",
             "-e",
-            WRITES,
+            &traced_calls,
             "-e",
             "status=successful",
             "-o",
@@ -1409,7 +1514,11 @@ async fn every_process_starts_with_the_manifests_configuration_and_writes_only_t
         args(&["clone", "-q", &clone_url, "checkout"]),
     )
     .await;
-    std::fs::write(checkout.join("DEPLOY.md"), "Pushed through the manifests.\n").unwrap();
+    std::fs::write(
+        checkout.join("DEPLOY.md"),
+        "Pushed through the manifests.\n",
+    )
+    .unwrap();
     git(checkout.clone(), args(&["add", "DEPLOY.md"])).await;
     git(
         checkout.clone(),
@@ -1549,17 +1658,21 @@ async fn every_process_starts_with_the_manifests_configuration_and_writes_only_t
     for (name, _, trace, tmp) in &runs {
         // One file per thread: <trace>.<tid>.
         let prefix = format!("{}.", trace.file_name().unwrap().to_string_lossy());
-        let mut trace_text = String::new();
+        let mut traces = BTreeMap::new();
         for entry in std::fs::read_dir(trace.parent().unwrap()).unwrap() {
             let entry = entry.unwrap();
-            if entry.file_name().to_string_lossy().starts_with(&prefix) {
-                trace_text.push_str(&std::fs::read_to_string(entry.path()).unwrap());
+            let file_name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(id) = file_name.strip_prefix(&prefix) {
+                traces.insert(
+                    id.parse::<u32>().unwrap(),
+                    std::fs::read_to_string(entry.path()).unwrap(),
+                );
             }
         }
-        assert!(!trace_text.is_empty(), "{name}: no trace");
+        assert!(traces.values().any(|t| !t.is_empty()), "{name}: no trace");
         // Web and worker also own the repositories volume.
         let owns_repositories = matches!(*name, "web" | "worker");
-        let written = written_paths(&trace_text, &workdir);
+        let written = written_paths(&traces, &workdir);
         if *name == "web" {
             assert!(
                 written.iter().any(|p| p.starts_with(&repositories)),
@@ -1596,12 +1709,40 @@ unlinkat(AT_FDCWD</w>, "/models/x", 0) = 0
 --- SIGCHLD {si_signo=SIGCHLD, si_code=CLD_EXITED} ---
 +++ exited with 0 +++
 "#;
-    let found: Vec<String> = written_paths(trace, Path::new("/w"))
+    // A child process (git) starts where its parent is, changes into a
+    // repository and writes there with relative paths; a thread it starts
+    // shares that directory.
+    let parent = trace.to_owned() + "clone(child_stack=NULL, flags=SIGCHLD) = 11\n";
+    let child = r#"chdir("/repos/r.git")                 = 0
+mkdir("./objects/ce", 0777)       = 0
+clone3({flags=CLONE_VM|CLONE_THREAD, exit_signal=0}, 88) = 12
+link("./objects/ce/tmp_obj", "./objects/ce/0136") = 0
+fchdir(5</repos/other.git>) = 0
+unlink("HEAD.lock") = 0
+"#;
+    let thread = "mkdirat(AT_FDCWD</repos/r.git>, \"refs/x\", 0777) = 0\nrmdir(\"tmp\") = 0\n";
+    let traces = BTreeMap::from([
+        (10, parent),
+        (11, child.to_owned()),
+        (12, thread.to_owned()),
+    ]);
+    let found: Vec<String> = written_paths(&traces, Path::new("/w"))
         .into_iter()
         .map(|p| p.display().to_string())
         .collect();
     assert_eq!(
         found,
-        ["/keys/a.pem", "/models/x", "/w/a", "/w/cache", "/w/out.txt"]
+        [
+            "/keys/a.pem",
+            "/models/x",
+            "/repos/other.git/HEAD.lock",
+            "/repos/r.git/objects/ce",
+            "/repos/r.git/objects/ce/tmp_obj",
+            "/repos/r.git/refs/x",
+            "/repos/r.git/tmp",
+            "/w/a",
+            "/w/cache",
+            "/w/out.txt",
+        ]
     );
 }
