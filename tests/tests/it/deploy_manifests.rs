@@ -1619,7 +1619,7 @@ async fn every_process_starts_with_the_manifests_configuration_and_writes_only_t
         .get(format!("http://127.0.0.1:{llm}/metrics"))
         .send()
         .await
-        .unwrap()
+        .unwrap_or_else(|e| panic!("{e}\n{answer}\n{}", logs()))
         .text()
         .await
         .unwrap();
@@ -1629,7 +1629,7 @@ async fn every_process_starts_with_the_manifests_configuration_and_writes_only_t
         .unwrap()
         .parse()
         .unwrap();
-    assert!(tokens > 0.0, "{generated}");
+    assert!(tokens > 0.0, "{generated}\n{answer}\n{}", logs());
 
     // Stop everything as Kubernetes does (SIGTERM to each process itself,
     // not to strace, which would detach), then read the traces.
