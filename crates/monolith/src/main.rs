@@ -9,7 +9,7 @@ use monolith::policy::add_ons::AddOnCatalogue;
 use monolith::probes::{ProbeState, Role};
 use monolith::{app_state::AppState, db, server};
 
-const USAGE: &str = "usage: duo-monolith <web|worker|migrate|seed [--json]|rotate-keys>";
+const USAGE: &str = "usage: duo-monolith <web|worker|migrate|seed [--json]|rotate-keys|reindex <group/project>|--all>";
 
 #[actix_web::main]
 async fn main() -> anyhow::Result<()> {
@@ -21,7 +21,7 @@ async fn main() -> anyhow::Result<()> {
     // orchestrator runs; `seed` and `rotate-keys` print their results on
     // stdout, so their logs stay on stderr. Text (for people) on stderr.
     let json = std::env::var("DUO_LOG_FORMAT").is_ok_and(|f| f.trim().eq_ignore_ascii_case("json"));
-    let prints_results = matches!(role, "seed" | "rotate-keys");
+    let prints_results = matches!(role, "seed" | "rotate-keys" | "reindex");
     match (json, prints_results) {
         (true, false) => tracing_subscriber::fmt()
             .json()
@@ -171,6 +171,33 @@ async fn main() -> anyhow::Result<()> {
             )]
             {
                 println!("{kid}");
+            }
+            Ok(())
+        }
+        "reindex" => {
+            let target = args.get(1).map(String::as_str).unwrap_or("");
+            if target.is_empty() {
+                anyhow::bail!("{USAGE}");
+            }
+            let pool = db::pool(&config)?;
+            monolith::db::migrate_exclusively(&pool).await?;
+            let queued = monolith::code_index::indexer::request_reindex(
+                &pool,
+                (target != "--all").then_some(target),
+                config.code_index.max_attempts,
+            )
+            .await?;
+            #[expect(
+                clippy::print_stdout,
+                reason = "the queued projects are the command's output"
+            )]
+            {
+                for path in &queued {
+                    println!("re-index queued: {path}");
+                }
+            }
+            if queued.is_empty() {
+                anyhow::bail!("no project {target}");
             }
             Ok(())
         }

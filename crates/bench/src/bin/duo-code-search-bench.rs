@@ -61,9 +61,11 @@ fn load_questions(path: &Path) -> anyhow::Result<Vec<Question>> {
         .map(|(i, entry)| {
             let text = entry["question"].as_str();
             let kind = entry["kind"].as_str();
-            let files: Option<Vec<String>> = entry["files"]
-                .as_array()
-                .map(|a| a.iter().filter_map(|f| f.as_str().map(str::to_owned)).collect());
+            let files: Option<Vec<String>> = entry["files"].as_array().map(|a| {
+                a.iter()
+                    .filter_map(|f| f.as_str().map(str::to_owned))
+                    .collect()
+            });
             match (text, kind, files) {
                 (Some(text), Some(kind), Some(files)) if !files.is_empty() => Ok(Question {
                     text: text.to_owned(),
@@ -78,7 +80,12 @@ fn load_questions(path: &Path) -> anyhow::Result<Vec<Question>> {
 
 async fn git(cwd: &Path, args: &[&str]) -> anyhow::Result<String> {
     let out = tokio::process::Command::new("git")
-        .args(["-c", "user.name=Bench", "-c", "user.email=bench@example.com"])
+        .args([
+            "-c",
+            "user.name=Bench",
+            "-c",
+            "user.email=bench@example.com",
+        ])
         .args(args)
         .current_dir(cwd)
         .env("GIT_TERMINAL_PROMPT", "0")
@@ -318,7 +325,8 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or("acme/larkspur")
         .to_owned();
 
-    let scratch = std::env::temp_dir().join(format!("duo-code-search-bench-{}", std::process::id()));
+    let scratch =
+        std::env::temp_dir().join(format!("duo-code-search-bench-{}", std::process::id()));
     let source = scratch.join("larkspur");
     let copied = copy_tree(&fixture_dir().join("repo"), &source)?;
     git(&source, &["init", "-q", "-b", "main", "."]).await?;
@@ -328,7 +336,9 @@ async fn main() -> anyhow::Result<()> {
     let host = system.web_url.trim_start_matches("http://");
     let remote = format!("http://oauth2:{alice}@{host}/{full_path}.git");
 
-    println!("\n== indexing ({copied} files in the repository, vendored and generated ones included)");
+    println!(
+        "\n== indexing ({copied} files in the repository, vendored and generated ones included)"
+    );
     let started = Instant::now();
     git(&source, &["push", "-q", &remote, "main"]).await?;
     let pushed = started.elapsed();
@@ -348,10 +358,16 @@ async fn main() -> anyhow::Result<()> {
         f64::from(indexed.files) / total.as_secs_f64(),
         f64::from(indexed.chunks) / total.as_secs_f64()
     );
-    let model = indexed.model.clone().context("no embedding model recorded")?;
+    let model = indexed
+        .model
+        .clone()
+        .context("no embedding model recorded")?;
     println!("embedding model: {model}");
 
-    println!("\n== retrieval ({} questions, top {LIMIT} hits each)", questions.len());
+    println!(
+        "\n== retrieval ({} questions, top {LIMIT} hits each)",
+        questions.len()
+    );
     let mut vectors = Vec::with_capacity(questions.len());
     let mut embed_times = Latencies::default();
     for q in &questions {

@@ -56,6 +56,33 @@ pub async fn enqueue_index(
     )
 }
 
+/// Queues a full re-index (the whole tree walked again) of one project by
+/// its full path, or of every project with `None`; the worker runs it. The
+/// paths queued.
+pub async fn request_reindex(
+    pool: &deadpool_postgres::Pool,
+    full_path: Option<&str>,
+    max_attempts: i32,
+) -> Result<Vec<String>, CodeIndexError> {
+    let db = pool.get().await?;
+    let sql = format!(
+        "{} SELECT p.id, paths.full_path || '/' || p.path FROM projects p
+         JOIN paths ON paths.id = p.group_id
+         WHERE $1::text IS NULL OR lower(paths.full_path || '/' || p.path) = lower($1)
+         ORDER BY p.id",
+        crate::namespaces::FULL_PATHS
+    );
+    let rows = db.query(&sql, &[&full_path]).await?;
+    let mut queued = Vec::new();
+    for row in rows {
+        let id: i64 = row.get(0);
+        store::request_full_walk(&**db, id).await?;
+        enqueue_index(&**db, id, max_attempts).await?;
+        queued.push(row.get(1));
+    }
+    Ok(queued)
+}
+
 /// Runs [`CodeIndexJob`]s.
 pub struct CodeIndexHandler {
     pub index: CodeIndex,

@@ -529,8 +529,16 @@ async fn the_agent_searches_a_named_project_with_codebase_search() {
         " The question is about the code of gl/app, so I should search it.\n\
          Action: codebase_search\nAction Input: gl/app refund window days",
     );
-    bench.fake.push_text(" I know the answer.\nFinal Answer: 17 days.");
-    let answer = ask(&bench, &world, "How long is the refund window in gl/app?", vec![]).await;
+    bench
+        .fake
+        .push_text(" I know the answer.\nFinal Answer: 17 days.");
+    let answer = ask(
+        &bench,
+        &world,
+        "How long is the refund window in gl/app?",
+        vec![],
+    )
+    .await;
     assert!(answer.error.is_none(), "{answer:?}");
     assert!(answer.content.contains("17 days"));
     let bodies: Vec<String> = bench
@@ -542,20 +550,34 @@ async fn the_agent_searches_a_named_project_with_codebase_search() {
         .collect();
     assert_eq!(bodies.len(), 2);
     let second = &bodies[1];
-    assert!(second.contains(&format!("<file_path>{NEEDLE}</file_path>")), "the observation holds the hit");
+    assert!(
+        second.contains(&format!("<file_path>{NEEDLE}</file_path>")),
+        "the observation holds the hit"
+    );
     assert!(bodies[0].contains("codebase_search"), "the tool is offered");
 
     // Someone who cannot read the project gets M3003 and no search.
     let outsider = bench.fx.user("nosy").await;
     bench.fx.seat(outsider, "duo_enterprise", false).await;
     bench.fake.reset();
-    bench.fake.push_text(" Search it.\nAction: codebase_search\nAction Input: gl/app refund window");
+    bench
+        .fake
+        .push_text(" Search it.\nAction: codebase_search\nAction Input: gl/app refund window");
     let stranger = World {
         user: outsider,
         group: world.group,
         project: world.project,
     };
     let answer = ask(&bench, &stranger, "refund window in gl/app?", vec![]).await;
-    assert_eq!(answer.error.as_ref().map(|e| e.code), Some(DuoErrorCode::M3003));
-    assert!(bench.fake.requests().iter().all(|r| !r.path.ends_with("/embeddings")));
+    assert_eq!(
+        answer.error.as_ref().map(|e| e.code),
+        Some(DuoErrorCode::M3003)
+    );
+    assert!(
+        bench
+            .fake
+            .requests()
+            .iter()
+            .all(|r| !r.path.ends_with("/embeddings"))
+    );
 }
