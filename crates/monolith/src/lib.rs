@@ -13,9 +13,10 @@
 //! 4. domains: [`ai_models`] (which model serves each feature),
 //!    [`gateway_client`] (calls to the AI gateway), [`chat`]
 //!    (threads, messages, the completion seam, live delivery),
-//!    [`agent`] (the agent loop, slash commands and tools), [`repositories`]
-//!    (git repositories on disk: serving, reading, writing, pushes),
-//!    [`code_index`] (the code index and codebase search), [`workflows`]
+//!    [`agent`] (the agent loop, slash commands and tools; above
+//!    [`code_index`], the code index and codebase search, which builds on
+//!    [`repositories`] and [`gateway_client`]), [`repositories`]
+//!    (git repositories on disk: serving, reading, writing, pushes), [`workflows`]
 //!    (Duo Workflow: workflows, checkpoints, events, run leases)
 //! 5. the state the interfaces share: [`app_state`]
 //! 6. interfaces: [`rest`] (`/api/v4`), [`graphql`] (`/api/graphql`), [`git_http`]
