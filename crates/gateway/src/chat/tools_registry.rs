@@ -295,7 +295,12 @@ mod tests {
                 ),
                 ("commit_reader", "commits", "ask_commit", Some("17.5.0-pre")),
                 // Ours, after GitLab's: searches the code index.
-                ("codebase_search", "repository code", "codebase_search", None),
+                (
+                    "codebase_search",
+                    "repository code",
+                    "codebase_search",
+                    None
+                ),
             ]
         );
         for tool in TOOLS {
