@@ -277,15 +277,9 @@ impl AgentResponder {
             .seat_unit_primitives(&**db, actor.id)
             .await
             .map_err(Refusal::transient)?;
-        let settings = db
-            .query_one("SELECT realm, ai_gateway_url FROM instance_settings", &[])
+        let (realm, gateway_url) = crate::gateway_client::instance_route(&**db)
             .await
             .map_err(Refusal::transient)?;
-        let realm: String = settings.get(0);
-        let gateway_url = settings
-            .get::<_, Option<String>>(1)
-            .filter(|u| !u.trim().is_empty())
-            .and_then(|u| url::Url::parse(u.trim()).ok());
         let (current_file, file_content) = match &question.current_file {
             Some(f) => (
                 Some(CurrentFile {

@@ -288,13 +288,9 @@ async fn small_directory(
     directory: &str,
     exclusions: &Exclusions,
 ) -> Result<Option<Vec<(String, String)>>, CodeIndexError> {
-    let pattern = format!(
-        "{}/%",
-        directory
-            .replace('\\', "\\\\")
-            .replace('%', "\\%")
-            .replace('_', "\\_")
-    );
+    let Some(pattern) = search::directory_pattern(directory) else {
+        return Ok(None);
+    };
     let rows = db
         .query(
             "SELECT path, min(blob_id), max(end_byte) FROM code_chunks

@@ -227,6 +227,17 @@ pub struct RunSummary {
     pub embedding_calls: usize,
 }
 
+impl std::ops::AddAssign for RunSummary {
+    fn add_assign(&mut self, other: Self) {
+        self.files_seen += other.files_seen;
+        self.files_embedded += other.files_embedded;
+        self.files_reused += other.files_reused;
+        self.files_removed += other.files_removed;
+        self.chunks_embedded += other.chunks_embedded;
+        self.embedding_calls += other.embedding_calls;
+    }
+}
+
 /// Indexes the project up to its default branch, again while it keeps moving.
 pub async fn index_project(
     index: &CodeIndex,
@@ -286,12 +297,7 @@ pub async fn index_project(
             summary: RunSummary::default(),
         };
         let summary = run.execute(indexed.as_deref(), &head).await?;
-        total.files_seen += summary.files_seen;
-        total.files_embedded += summary.files_embedded;
-        total.files_reused += summary.files_reused;
-        total.files_removed += summary.files_removed;
-        total.chunks_embedded += summary.chunks_embedded;
-        total.embedding_calls += summary.embedding_calls;
+        total += summary;
         let db = index.pool.get().await?;
         let status = store::status(&**db, project_id).await?;
         if status.is_some_and(|s| {
@@ -348,9 +354,6 @@ struct Run<'a> {
     summary: RunSummary,
 }
 
-/// Raised inside a run when the gateway's model is not the stored one.
-const MODEL_CHANGED: &str = "the embedding model changed";
-
 impl Run<'_> {
     async fn execute(
         mut self,
@@ -358,16 +361,14 @@ impl Run<'_> {
         head: &str,
     ) -> Result<RunSummary, CodeIndexError> {
         let git_dir = self.index.repositories.path(self.project_id);
-        let changes = match indexed {
+        let mut changes = match indexed {
             Some(from) if self.model.is_some() && commit_exists(&git_dir, from).await => {
                 diff_changes(&git_dir, from, head).await?
             }
             _ => tree_changes(&git_dir, head, self.index.settings.max_files).await?,
         };
         match self.apply(&git_dir, &changes).await {
-            Err(CodeIndexError::Embedding(crate::gateway_client::GatewayError::Body(b)))
-                if b == MODEL_CHANGED =>
-            {
+            Err(CodeIndexError::ModelChanged) => {
                 // Vectors of two models cannot be compared: start over with
                 // the whole tree under the new one.
                 tracing::info!(
@@ -375,7 +376,7 @@ impl Run<'_> {
                     "embedding model changed; re-indexing"
                 );
                 self.model = None;
-                let changes = tree_changes(&git_dir, head, self.index.settings.max_files).await?;
+                changes = tree_changes(&git_dir, head, self.index.settings.max_files).await?;
                 self.apply(&git_dir, &changes).await?;
             }
             other => other?,
@@ -397,17 +398,22 @@ impl Run<'_> {
         let mut pending_chunks = 0;
         for entry in &changes.upserts {
             self.summary.files_seen += 1;
-            let db = self.index.pool.get().await?;
+            let mut db = self.index.pool.get().await?;
             if filters::path_skip(&entry.path, entry.size, max_bytes, &self.exclusions).is_some() {
                 store::remove_file(&**db, self.project_id, &entry.path).await?;
                 continue;
             }
-            if let Some(model) = &self.model
-                && store::reuse_blob(&**db, self.project_id, &entry.path, &entry.blob_id, model)
-                    .await?
-            {
-                self.summary.files_reused += 1;
-                continue;
+            if let Some(model) = &self.model {
+                // The file's old chunks go and the copies come in one transaction.
+                let tx = db.transaction().await?;
+                let reused =
+                    store::reuse_blob(&*tx, self.project_id, &entry.path, &entry.blob_id, model)
+                        .await?;
+                tx.commit().await?;
+                if reused {
+                    self.summary.files_reused += 1;
+                    continue;
+                }
             }
             drop(db);
             let bytes = {
@@ -474,11 +480,7 @@ impl Run<'_> {
                 .await?;
             self.summary.embedding_calls += 1;
             match &self.model {
-                Some(model) if *model != answer.model => {
-                    return Err(CodeIndexError::Embedding(
-                        crate::gateway_client::GatewayError::Body(MODEL_CHANGED.into()),
-                    ));
-                }
+                Some(model) if *model != answer.model => return Err(CodeIndexError::ModelChanged),
                 Some(_) => {}
                 None => {
                     // Recorded at once, so a crashed run's successor reuses

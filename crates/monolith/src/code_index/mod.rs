@@ -61,6 +61,10 @@ pub enum CodeIndexError {
     Queue(#[from] job_queue::QueueError),
     #[error("the project's exclusion rules: {0}")]
     Exclusions(#[from] filters::BadGlob),
+    /// The gateway answered with another model than the stored vectors'
+    /// (handled inside a run: it starts over with the whole tree).
+    #[error("the embedding model changed")]
+    ModelChanged,
     #[error("indexing took longer than {0} seconds")]
     Timeout(u64),
 }
@@ -86,13 +90,7 @@ pub async fn embedding_auth(
     user_id: i64,
     request_id: Uuid,
 ) -> Result<GatewayAuth, tokio_postgres::Error> {
-    let settings = db
-        .query_one("SELECT realm, ai_gateway_url FROM instance_settings", &[])
-        .await?;
-    let gateway_url = settings
-        .get::<_, Option<String>>(1)
-        .filter(|u| !u.trim().is_empty())
-        .and_then(|u| url::Url::parse(u.trim()).ok());
+    let (realm, gateway_url) = crate::gateway_client::instance_route(db).await?;
     Ok(GatewayAuth {
         user_id,
         scopes: vec![
@@ -100,7 +98,7 @@ pub async fn embedding_auth(
                 .as_str()
                 .to_owned(),
         ],
-        realm: settings.get(0),
+        realm,
         request_id,
         gateway_url,
     })

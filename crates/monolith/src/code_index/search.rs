@@ -40,16 +40,22 @@ impl Scope {
     /// The `LIKE` pattern of the directory, with a trailing slash and the
     /// pattern characters escaped.
     fn path_pattern(&self) -> Option<String> {
-        let dir = self.directory.as_deref()?.trim().trim_matches('/');
-        if dir.is_empty() {
-            return None;
-        }
-        let escaped = dir
-            .replace('\\', "\\\\")
-            .replace('%', "\\%")
-            .replace('_', "\\_");
-        Some(format!("{escaped}/%"))
+        directory_pattern(self.directory.as_deref()?)
     }
+}
+
+/// The `LIKE` pattern of everything below `dir` (trailing slash added,
+/// pattern characters escaped); `None` for the repository's root.
+pub fn directory_pattern(dir: &str) -> Option<String> {
+    let dir = dir.trim().trim_matches('/');
+    if dir.is_empty() {
+        return None;
+    }
+    let escaped = dir
+        .replace('\\', "\\\\")
+        .replace('%', "\\%")
+        .replace('_', "\\_");
+    Some(format!("{escaped}/%"))
 }
 
 /// One chunk found.

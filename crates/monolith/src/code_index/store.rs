@@ -277,17 +277,28 @@ pub async fn reuse_blob(
         &[&project_id, &path],
     )
     .await?;
-    db.execute(
-        "INSERT INTO code_chunks (project_id, path, blob_id, language, start_line, end_line,
-             start_byte, end_byte, symbol, content, embedding_model, embedding, dimensions,
-             search_text)
-         SELECT project_id, $4, blob_id, language, start_line, end_line, start_byte, end_byte,
-             symbol, content, embedding_model, embedding, dimensions,
-             to_tsvector('english', $4 || ' ' || search_text::text)
-         FROM code_chunks WHERE project_id = $1 AND path = $2 AND blob_id = $3",
-        &[&project_id, &source, &blob_id, &path],
-    )
-    .await?;
+    // Copied row by row: the full-text words include the path, which changed.
+    let rows = db
+        .query(
+            "SELECT id, content FROM code_chunks
+             WHERE project_id = $1 AND path = $2 AND blob_id = $3",
+            &[&project_id, &source, &blob_id],
+        )
+        .await?;
+    for row in rows {
+        let (id, content): (i64, String) = (row.get(0), row.get(1));
+        let words = super::chunker::search_words(path, &content);
+        db.execute(
+            "INSERT INTO code_chunks (project_id, path, blob_id, language, start_line, end_line,
+                 start_byte, end_byte, symbol, content, embedding_model, embedding, dimensions,
+                 search_text)
+             SELECT project_id, $2, blob_id, language, start_line, end_line, start_byte, end_byte,
+                 symbol, content, embedding_model, embedding, dimensions, to_tsvector('english', $3)
+             FROM code_chunks WHERE id = $1",
+            &[&id, &path, &words],
+        )
+        .await?;
+    }
     Ok(true)
 }
 
