@@ -2,9 +2,9 @@
 //! `direct_access`, checkpoints in PostgreSQL), the gateway's workflow service
 //! (gRPC), the `duo-workflow-executor` binary in a temporary checkout, and the
 //! fake provider scripting Anthropic tool calls.
-//!
-//! Not covered yet: committing and pushing through git to the monolith (the
-//! repositories feature has not landed on this branch's base).
+//! The last test clones a demo repository from the monolith over git's smart
+//! HTTP, lets the agent edit, commit and push, and reads the pushed file back
+//! through the monolith's REST API.
 
 #![allow(
     clippy::unwrap_used,
@@ -73,6 +73,16 @@ async fn project_id(system: &System, token: &str) -> i64 {
 }
 
 async fn create_workflow(system: &System, token: &str, project: i64, pre_approved: &[i64]) -> i64 {
+    create_workflow_with(system, token, project, &[1, 2], pre_approved).await
+}
+
+async fn create_workflow_with(
+    system: &System,
+    token: &str,
+    project: i64,
+    privileges: &[i64],
+    pre_approved: &[i64],
+) -> i64 {
     let (status, created) = system
         .rest(
             token,
@@ -82,7 +92,7 @@ async fn create_workflow(system: &System, token: &str, project: i64, pre_approve
                 "project_id": project,
                 "goal": "Add a greeting to the README",
                 "workflow_definition": "chat",
-                "agent_privileges": [1, 2],
+                "agent_privileges": privileges,
                 "pre_approved_agent_privileges": pre_approved,
             })),
         )
@@ -360,4 +370,113 @@ async fn bad_tokens_and_missing_seats_are_refused() {
         .unwrap();
     assert_eq!(status, 403, "{body}");
     assert!(system.provider_bodies().is_empty());
+}
+
+/// Runs `git` in `dir`, failing the test on a non-zero exit.
+fn git(dir: &Path, args: &[&str]) -> String {
+    let output = std::process::Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[tokio::test]
+async fn an_approved_edit_is_committed_and_pushed_to_the_monolith() {
+    let system = System::start().await.unwrap();
+    let alice = system.token("alice").unwrap();
+    let project = project_id(&system, &alice).await;
+    let scratch = Checkout::new("");
+    let url = system
+        .web_url
+        .replacen("://", &format!("://alice:{alice}@"), 1);
+    git(
+        &scratch.0,
+        &["clone", "-q", &format!("{url}/acme/platform/api.git"), "api"],
+    );
+    let checkout = scratch.0.join("api");
+    git(&checkout, &["config", "user.name", "Alice Owner"]);
+    git(&checkout, &["config", "user.email", "alice@example.com"]);
+    let readme = std::fs::read_to_string(checkout.join("README.md")).unwrap();
+    assert!(readme.starts_with("# API\n"), "{readme}");
+
+    // Files, GitLab reads and git; only GitLab reads are pre-approved.
+    let workflow = create_workflow_with(&system, &alice, project, &[1, 2, 5], &[2]).await;
+    system.fake.push_tool_calls(
+        "",
+        vec![ToolCall::new(
+            "call-edit",
+            "edit_file",
+            json!({"file_path": "README.md", "old_str": "# API\n", "new_str": "# API\n\nHello from Duo.\n"}),
+        )],
+    );
+    system.fake.push_tool_calls(
+        "",
+        vec![ToolCall::new(
+            "call-commit",
+            "run_git_command",
+            json!({"command": "commit", "args": ["-q", "-a", "-m", "Greet readers of the README"]}),
+        )],
+    );
+    system.fake.push_tool_calls(
+        "",
+        vec![ToolCall::new(
+            "call-push",
+            "run_git_command",
+            json!({"command": "push", "args": ["-q", "origin", "HEAD:main"]}),
+        )],
+    );
+    system.fake.push_text("Committed and pushed.");
+    let (code, log) = run_executor(
+        &system,
+        &alice,
+        workflow,
+        &checkout,
+        &["--approve", "edit_file", "--approve", "run_git_command"],
+    )
+    .await;
+    assert_eq!(code, 0, "{log}");
+    let (status, checkpoints) = stored(&system, workflow).await;
+    assert_eq!(status, FINISHED);
+    assert_chained(&checkpoints);
+    // Every git step succeeded as far as the model was told.
+    let bodies = system.provider_bodies();
+    assert!(!bodies.last().unwrap().contains("error:"), "{}", bodies.last().unwrap());
+
+    // The monolith has the commit on main, exactly once, by alice.
+    let (status, content) = system
+        .rest(
+            &alice,
+            reqwest::Method::GET,
+            &format!("/projects/{project}/repository/files/README.md/raw?ref=main"),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{content}");
+    let content = content.as_str().unwrap();
+    assert_eq!(content.matches("Hello from Duo.").count(), 1, "{content}");
+    let (status, commits) = system
+        .rest(
+            &alice,
+            reqwest::Method::GET,
+            &format!("/projects/{project}/repository/commits?ref_name=main&per_page=1"),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{commits}");
+    assert_eq!(commits[0]["title"], "Greet readers of the README");
+    assert_eq!(commits[0]["author_email"], "alice@example.com");
+    assert_eq!(
+        commits[0]["id"].as_str().unwrap(),
+        git(&checkout, &["rev-parse", "HEAD"]).trim()
+    );
 }

@@ -32,6 +32,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use workflow_executor::session::{Approver, Decision, PendingRequest, Reporter, Session};
 use workflow_executor::{ActionRunner, GitLabTarget, Limits, ServiceTarget, Workspace};
 
+/// Tool steps of the timed workflow (`--steps N`).
 const STEPS: usize = 300;
 const CHECKPOINTS: usize = 500;
 const IDLE_STREAMS: usize = 200;
@@ -65,6 +66,15 @@ impl Reporter for StepClock {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let steps = args
+        .iter()
+        .position(|a| a == "--steps")
+        .and_then(|i| args.get(i + 1))
+        .map(|n| n.parse::<usize>())
+        .transpose()
+        .context("--steps takes a number")?
+        .unwrap_or(STEPS);
     println!(
         "starting PostgreSQL, duo-gateway (workflow service), duo-monolith (release builds) and the fake provider"
     );
@@ -73,7 +83,7 @@ async fn main() -> anyhow::Result<()> {
             ("AIGW_LOGGING__LEVEL".into(), "warn".into()),
             (
                 "AIGW_WORKFLOW_SERVICE__MAX_MODEL_CALLS".into(),
-                (STEPS + 10).to_string(),
+                (steps + 10).to_string(),
             ),
         ],
         monolith_env: vec![
@@ -100,12 +110,21 @@ async fn main() -> anyhow::Result<()> {
     if status != 200 {
         bail!("listing projects: {status} {projects}");
     }
-    let project = projects[0]["id"].as_i64().context("no project")?;
+    // alice's own project, where she may run workflows (the first project of
+    // her membership list may not allow Duo).
+    let project = projects
+        .as_array()
+        .and_then(|all| {
+            all.iter()
+                .find(|p| p["path_with_namespace"] == "acme/platform/api")
+        })
+        .and_then(|p| p["id"].as_i64())
+        .context("no acme/platform/api project")?;
 
     let workspace = std::env::temp_dir().join(format!("workflow-bench-{}", std::process::id()));
     std::fs::create_dir_all(&workspace)?;
     std::fs::write(workspace.join("README.md"), "Hello\n")?;
-    let result = run(&system, &alice, project, &workspace).await;
+    let result = run(&system, &alice, project, &workspace, steps).await;
     let _ = std::fs::remove_dir_all(&workspace);
     result
 }
@@ -168,6 +187,7 @@ async fn run(
     alice: &str,
     project: i64,
     workspace: &std::path::Path,
+    steps: usize,
 ) -> anyhow::Result<()> {
     // 1. Steps.
     let workflow = create_workflow(system, alice, project).await?;
@@ -176,7 +196,7 @@ async fn run(
         .as_str()
         .unwrap_or_default()
         .to_owned();
-    for n in 0..STEPS {
+    for n in 0..steps {
         system.fake.push_tool_calls(
             "",
             vec![ToolCall::new(
@@ -213,7 +233,7 @@ async fn run(
     let total = started.elapsed();
     println!(
         "\n1. Tool steps ({} model calls at 0 ms, each a read_file action and a checkpoint): {end:?} in {:.2} s",
-        STEPS + 1,
+        steps + 1,
         total.as_secs_f64()
     );
     println!(
@@ -224,15 +244,11 @@ async fn run(
     );
     println!(
         "   per tool round (model node + tools node): {} ms on average",
-        ms(total / (STEPS as u32 + 1))
+        ms(total / (steps as u32 + 1))
     );
 
     // 2. Checkpoints through the monolith's REST API.
     let http = reqwest::Client::new();
-    let path = format!(
-        "{}/api/v4/ai/duo_workflows/workflows/{workflow}/checkpoints",
-        system.web_url
-    );
     let body = |ts: &str, parent: Option<&str>| {
         json!({
             "thread_ts": ts,
@@ -241,6 +257,12 @@ async fn run(
             "metadata": {"source": "loop", "step": 1},
         })
     };
+    // Fresh workflows: a checkpoint must continue its workflow's chain.
+    let fresh = create_workflow(system, alice, project).await?;
+    let path = format!(
+        "{}/api/v4/ai/duo_workflows/workflows/{fresh}/checkpoints",
+        system.web_url
+    );
     let mut parent: Option<String> = None;
     let started = Instant::now();
     for n in 0..CHECKPOINTS {
@@ -252,31 +274,49 @@ async fn run(
             .send()
             .await?;
         if !response.status().is_success() {
-            bail!("checkpoint write: {}", response.status());
+            bail!(
+                "checkpoint write: {} {}",
+                response.status(),
+                response.text().await.unwrap_or_default()
+            );
         }
         parent = Some(ts);
     }
     let writes = CHECKPOINTS as f64 / started.elapsed().as_secs_f64();
+    // Eight writers, each continuing its own workflow's chain.
+    let mut paths = Vec::new();
+    for _ in 0..8 {
+        let workflow = create_workflow(system, alice, project).await?;
+        paths.push(format!(
+            "{}/api/v4/ai/duo_workflows/workflows/{workflow}/checkpoints",
+            system.web_url
+        ));
+    }
     let started = Instant::now();
     let mut concurrent = Vec::new();
-    for worker in 0..8 {
-        let (http, path, token) = (http.clone(), path.clone(), rails_token.clone());
+    for (worker, path) in paths.into_iter().enumerate() {
+        let (http, token) = (http.clone(), rails_token.clone());
         concurrent.push(tokio::spawn(async move {
+            let mut parent: Option<String> = None;
             for n in 0..CHECKPOINTS / 8 {
                 let ts = format!("zz-bench-c{worker}-{n:08}");
-                let body =
-                    json!({"thread_ts": ts, "checkpoint": {"v": 1}, "metadata": {"step": n}});
-                let _ = http
+                let body = json!({"thread_ts": ts, "parent_ts": parent, "checkpoint": {"v": 1}, "metadata": {"step": n}});
+                let response = http
                     .post(&path)
                     .bearer_auth(&token)
                     .json(&body)
                     .send()
-                    .await;
+                    .await?;
+                if !response.status().is_success() {
+                    bail!("concurrent checkpoint write: {}", response.status());
+                }
+                parent = Some(ts);
             }
+            Ok(())
         }));
     }
     for task in concurrent {
-        task.await?;
+        task.await??;
     }
     let concurrent_writes = (CHECKPOINTS / 8 * 8) as f64 / started.elapsed().as_secs_f64();
     let started = Instant::now();

@@ -136,7 +136,10 @@ pub async fn authenticate(
     let token_id: i64 = row.get(0);
     client
         .execute(
-            "UPDATE oauth_access_tokens SET last_used_at = now() WHERE id = $1",
+            // At most every 10 minutes, as GitLab: a write per request would
+            // cost every API call a row update.
+            "UPDATE oauth_access_tokens SET last_used_at = now()
+             WHERE id = $1 AND (last_used_at IS NULL OR last_used_at < now() - interval '10 minutes')",
             &[&token_id],
         )
         .await?;

@@ -21,8 +21,15 @@ fn read_err(e: impl std::fmt::Display) -> RepositoryError {
     RepositoryError::Read(e.to_string())
 }
 
+/// Bytes of decoded objects one opened repository keeps: history walks
+/// decode each commit's trees again as the next commit's parent.
+const OBJECT_CACHE_BYTES: usize = 4 * 1024 * 1024;
+
 pub fn open(path: &Path) -> Result<gix::Repository, RepositoryError> {
-    gix::open(path).map_err(|e| RepositoryError::NotFound(format!("repository: {e}")))
+    let mut repo =
+        gix::open(path).map_err(|e| RepositoryError::NotFound(format!("repository: {e}")))?;
+    repo.object_cache_size_if_unset(OBJECT_CACHE_BYTES);
+    Ok(repo)
 }
 
 /// Branch and tag names with the commits they point at (annotated tags peeled).
@@ -425,6 +432,7 @@ pub fn log(
         .map_err(read_err)?;
     let mut matched = 0usize;
     let mut out = Vec::new();
+    let mut entries = EntryMemo::default();
     for (walked, info) in walk.enumerate() {
         if walked >= MAX_LOG_WALK {
             break;
@@ -439,7 +447,7 @@ pub fn log(
             continue;
         }
         if let Some(filter) = filter.as_deref().filter(|f| !f.is_empty())
-            && !touches(&repo, &commit, filter)?
+            && !touches(&repo, &commit, filter, &mut entries)?
         {
             continue;
         }
@@ -455,25 +463,62 @@ pub fn log(
     Ok((out, false))
 }
 
+/// What is at the filtered path in each commit seen by one walk: in a linear
+/// history every commit is looked up twice (itself, then as a parent).
+#[derive(Default)]
+struct EntryMemo(std::collections::HashMap<gix::ObjectId, Option<gix::ObjectId>>);
+
+impl EntryMemo {
+    fn at(
+        &mut self,
+        repo: &gix::Repository,
+        commit: gix::ObjectId,
+        path: &str,
+    ) -> Result<Option<gix::ObjectId>, RepositoryError> {
+        if let Some(known) = self.0.get(&commit) {
+            return Ok(*known);
+        }
+        let found = repo
+            .find_commit(commit)
+            .map_err(read_err)?
+            .tree()
+            .map_err(read_err)?
+            .lookup_entry_by_path(path)
+            .map_err(read_err)?
+            .map(|e| e.object_id());
+        self.0.insert(commit, found);
+        Ok(found)
+    }
+}
+
 /// Whether the commit changed what is at `path` compared with its first parent.
 fn touches(
     repo: &gix::Repository,
     commit: &gix::Commit<'_>,
     path: &str,
+    entries: &mut EntryMemo,
 ) -> Result<bool, RepositoryError> {
-    let at = |c: &gix::Commit<'_>| -> Result<Option<gix::ObjectId>, RepositoryError> {
-        Ok(c.tree()
-            .map_err(read_err)?
-            .lookup_entry_by_path(path)
-            .map_err(read_err)?
-            .map(|e| e.object_id()))
-    };
-    let mine = at(commit)?;
+    let mine = entries.at(repo, commit.id, path)?;
     let parent = match commit.parent_ids().next() {
-        Some(p) => at(&repo.find_commit(p.detach()).map_err(read_err)?)?,
+        Some(p) => entries.at(repo, p.detach(), path)?,
         None => None,
     };
     Ok(mine != parent)
+}
+
+/// The newest commit reachable from `start` that changed `file_path` (`None`
+/// when none did within the walk's bound).
+pub fn last_commit_for_path(
+    path: &Path,
+    start: &str,
+    file_path: &str,
+) -> Result<Option<String>, RepositoryError> {
+    let query = LogQuery {
+        path: Some(file_path.to_owned()),
+        limit: 1,
+        ..Default::default()
+    };
+    Ok(log(path, start, &query)?.0.into_iter().next().map(|c| c.id))
 }
 
 /// The best common ancestor of two commits (`None` when they share none).

@@ -51,6 +51,30 @@ pub struct Repositories {
     /// Bounds how many git processes serve clones and pushes at once, so a
     /// flood of (anonymous) clones cannot fork the machine to death.
     slots: Arc<Semaphore>,
+    last_commits: LastCommitCache,
+}
+
+/// Entries the last-commit cache keeps (about 200 bytes each).
+const LAST_COMMIT_CACHE_ENTRIES: usize = 16_384;
+
+/// "The last commit that changed this path, seen from that commit": a walk
+/// through history, and never different for the same commit and path, so it
+/// is computed once (GitLab caches it too).
+#[derive(Clone)]
+struct LastCommitCache(Arc<std::sync::Mutex<lru::LruCache<(PathBuf, String, String), Option<String>>>>);
+
+impl std::fmt::Debug for LastCommitCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LastCommitCache")
+    }
+}
+
+impl LastCommitCache {
+    fn new() -> Self {
+        let size = std::num::NonZeroUsize::new(LAST_COMMIT_CACHE_ENTRIES)
+            .unwrap_or(std::num::NonZeroUsize::MIN);
+        Self(Arc::new(std::sync::Mutex::new(lru::LruCache::new(size))))
+    }
 }
 
 impl Repositories {
@@ -58,7 +82,38 @@ impl Repositories {
         Self {
             root: root.into(),
             slots: Arc::new(Semaphore::new(max_concurrent.max(1))),
+            last_commits: LastCommitCache::new(),
         }
+    }
+
+    /// The newest commit reachable from `commit` that changed `file_path`
+    /// (a full commit id, so the answer never goes stale).
+    pub async fn last_commit_for_path(
+        &self,
+        repository: &Path,
+        commit: &str,
+        file_path: &str,
+    ) -> Result<Option<String>, RepositoryError> {
+        let key = (
+            repository.to_path_buf(),
+            commit.to_owned(),
+            file_path.to_owned(),
+        );
+        if let Ok(mut cache) = self.last_commits.0.lock()
+            && let Some(known) = cache.get(&key)
+        {
+            return Ok(known.clone());
+        }
+        let (path, start, file) = key.clone();
+        let found = tokio::task::spawn_blocking(move || {
+            super::reader::last_commit_for_path(&path, &start, &file)
+        })
+        .await
+        .map_err(|e| RepositoryError::Read(e.to_string()))??;
+        if let Ok(mut cache) = self.last_commits.0.lock() {
+            cache.put(key, found.clone());
+        }
+        Ok(found)
     }
 
     /// A slot for one git process; `None` when all are busy for `wait`.

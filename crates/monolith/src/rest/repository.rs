@@ -283,13 +283,15 @@ pub(super) struct RefQuery {
     rev: Option<String>,
 }
 
-/// The file, the commit it was read at, and the last commit that changed it.
+/// The file, the commit it was read at, and (when asked: it walks history) the
+/// last commit that changed it.
 async fn read_file(
     state: &AppState,
     req: &HttpRequest,
     project_id: i64,
     rev: Option<String>,
     require_ref: bool,
+    with_last_commit: bool,
 ) -> Result<(Repo, String, String, reader::FileBlob, String), ApiError> {
     let raw = raw_file_path(req).ok_or(ApiError::NotFound("File"))?;
     let file_path = decoded_path(&raw)?;
@@ -306,24 +308,16 @@ async fn read_file(
         state.config.max_blob_bytes,
     );
     let blob = blocking(move || reader::file(&path, &c, &f, max)).await?;
-    let (path, c, f) = (repo.path.clone(), commit.clone(), file_path.clone());
-    let last = blocking(move || {
-        reader::log(
-            &path,
-            &c,
-            &reader::LogQuery {
-                path: Some(f),
-                limit: 1,
-                ..Default::default()
-            },
-        )
-    })
-    .await?
-    .0
-    .into_iter()
-    .next()
-    .map(|c| c.id)
-    .unwrap_or_else(|| commit.clone());
+    let last = if with_last_commit {
+        state
+            .repositories
+            .last_commit_for_path(&repo.path, &commit, &file_path)
+            .await
+            .map_err(repository_error)?
+            .unwrap_or_else(|| commit.clone())
+    } else {
+        commit.clone()
+    };
     Ok((repo, rev_name, commit, blob, last))
 }
 
@@ -335,7 +329,7 @@ async fn show_file(
 ) -> Result<HttpResponse, ApiError> {
     let (project_id, _) = path.into_inner();
     let (_repo, rev, commit, blob, last) =
-        read_file(&state, &req, project_id, q.into_inner().rev, true).await?;
+        read_file(&state, &req, project_id, q.into_inner().rev, true, true).await?;
     let file_path = decoded_path(&raw_file_path(&req).unwrap_or_default())?;
     let file_name = file_path.rsplit('/').next().unwrap_or_default().to_owned();
     Ok(HttpResponse::Ok().json(json!({
@@ -377,7 +371,7 @@ async fn raw_file(
 ) -> Result<HttpResponse, ApiError> {
     let (project_id, _) = path.into_inner();
     let (_repo, _rev, _commit, blob, _last) =
-        read_file(&state, &req, project_id, q.into_inner().rev, false).await?;
+        read_file(&state, &req, project_id, q.into_inner().rev, false, false).await?;
     Ok(raw_response(blob.content, &blob.blob_id))
 }
 
