@@ -42,7 +42,7 @@ async fn gated_server(pieces: &[&str], tweak: impl FnOnce(&mut Config)) -> Gated
     let (engine, engine_gate) = gated_engine(pieces);
     let chat = GenerationQueue::start(config.queue_capacity, move || Ok(engine)).expect("queue");
     let (embedder, embed_gate) = gated_embedder();
-    let base = common::start_app(AppState::from_parts(config, chat, Arc::new(embedder))).await;
+    let base = common::start_app(AppState::from_parts(config, chat, Arc::new(embedder)).expect("app state")).await;
     Gated {
         base,
         engine: engine_gate,
