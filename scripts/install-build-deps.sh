@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # System packages the build and the tests need: llama-cpp-sys-2 builds llama.cpp
 # with cmake and generates bindings with bindgen (libclang); the page tests need
-# Chromium and chromedriver.
+# Chromium and chromedriver; the deployment tests strace and openssl. (kubectl,
+# helm and the schema validators come from scripts/k8s-tools.sh and
+# scripts/python-env.sh, run by the tests themselves.)
 # Installs only what is missing; run as root (CI) or with sudo available.
 set -euo pipefail
 
@@ -18,6 +20,10 @@ command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 command -v git >/dev/null 2>&1 || missing+=(git)
 # Python's pip fetches the model weights (scripts/fetch-models.sh).
 command -v python3 >/dev/null 2>&1 || missing+=(python3 python3-pip)
+# The deployment tests trace what the processes write (strace) and make keys
+# the way deploy/README.md tells admins to (openssl).
+command -v strace >/dev/null 2>&1 || missing+=(strace)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

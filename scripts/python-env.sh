@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# A cached virtual environment with the Python packages the tests use
-# (GitLab's own REST client, python-gitlab, pinned). Prints the interpreter's path.
+# A cached virtual environment with the Python packages the tests use, pinned:
+# GitLab's own REST client (python-gitlab); the Kubernetes API schemas
+# (kubernetes-validate, which carries them, so it works offline) and the
+# Compose Specification schema (check-jsonschema's vendored copy) for the
+# deployment manifests. Prints the interpreter's path.
 #
 #   scripts/python-env.sh   create or reuse .cache/python-env, print .../bin/python
 set -euo pipefail
@@ -8,7 +11,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.cache/python-env"
 # Bump the stamp when the pinned set changes: the environment is rebuilt.
-PACKAGES=(python-gitlab==8.6.0)
+PACKAGES=(python-gitlab==8.6.0 kubernetes-validate==1.37.0 check-jsonschema==0.39.0)
 STAMP="$VENV/.packages-$(printf '%s\n' "${PACKAGES[@]}" | sha256sum | cut -c1-12)"
 
 if [ -f "$STAMP" ] && [ -x "$VENV/bin/python" ]; then

@@ -103,7 +103,7 @@ if [ -z "${DUO_RUN_BIN:-}" ]; then
   scripts/install-build-deps.sh
   say "building (release)"
   # In the background, so that a stop request during the build is handled at once.
-  cargo build --release --locked --bin duo-gateway --bin duo-monolith --bin duo-local-llm &
+  cargo build --release --locked --bin duo-gateway --bin duo-monolith --bin duo-local-llm --bin duo-workflow-executor &
   build=$!
   wait "$build"
 fi
@@ -125,6 +125,9 @@ export DUO_REPOSITORIES_DIR="${DUO_REPOSITORIES_DIR:-$ROOT/.duo/repositories}"
 export AIGW_GITLAB_URL="${AIGW_GITLAB_URL:-http://$DUO_WEB_ADDR}"
 export AI_GATEWAY_URL="${AI_GATEWAY_URL:-http://127.0.0.1:5052}"
 export AIGW_FASTAPI__API_PORT="${AIGW_FASTAPI__API_PORT:-${AI_GATEWAY_URL##*:}}"
+# The Duo Workflow gRPC service runs inside the gateway on its own port.
+export DUO_WORKFLOW_SERVICE_URL="${DUO_WORKFLOW_SERVICE_URL:-http://127.0.0.1:50052}"
+export AIGW_WORKFLOW_SERVICE__LISTEN="${AIGW_WORKFLOW_SERVICE__LISTEN-${DUO_WORKFLOW_SERVICE_URL#*://}}"
 
 if [ -z "${ANTHROPIC_API_KEY:-}${OPENAI_BASE_URL:-}" ]; then
   "$BIN/duo-local-llm" fetch-models
@@ -161,6 +164,7 @@ Duo Chat is running (logs in $RUN_DIR):
   web app    http://$DUO_WEB_ADDR/   (sign in with a demo user below)
   monolith   http://$DUO_WEB_ADDR   (GraphQL at /api/graphql)
   gateway    $AI_GATEWAY_URL
+  workflows  $DUO_WORKFLOW_SERVICE_URL   (Duo Workflow gRPC service)
   database   $DATABASE_URL
 
 Demo users (username, password):
@@ -179,6 +183,11 @@ then read the answer to the question above:
 
 curl -s http://$DUO_WEB_ADDR/api/graphql -H 'Authorization: Bearer $token' -H 'Content-Type: application/json' \\
   -d '{"query":"{ aiMessages { nodes { role content errors } } }"}'
+
+Run a Duo Workflow on a checkout of project 1 (see docs/duo-workflow.md):
+
+$BIN/duo-workflow-executor --gitlab-url http://$DUO_WEB_ADDR --token $token \\
+  --project-id 1 --goal "Describe this repository in NOTES.md" --workspace /path/to/checkout
 
 Press Ctrl-C to stop everything.
 EOF

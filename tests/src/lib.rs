@@ -69,6 +69,7 @@ pub fn binary(name: &str) -> Result<PathBuf> {
             "duo-gateway" => "gateway",
             "duo-monolith" => "monolith",
             "duo-local-llm" => "local-llm",
+            "duo-workflow-executor" => "workflow-executor",
             other => other,
         };
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -91,17 +92,40 @@ pub fn binary(name: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// The local model server's binary and its models directory (the
+/// repository's `.models/`), the weights fetched first if missing.
+pub async fn local_model_server() -> Result<(PathBuf, PathBuf)> {
+    let binary = binary("duo-local-llm")?;
+    let models = repo_root().join(".models");
+    let fetched = tokio::process::Command::new(&binary)
+        .arg("fetch-models")
+        .env("DUO_MODELS_DIR", &models)
+        .current_dir(repo_root())
+        .output()
+        .await?;
+    if !fetched.status.success() {
+        return Err(HarnessError::Failed(format!(
+            "fetching the model weights failed: {}",
+            String::from_utf8_lossy(&fetched.stderr)
+        )));
+    }
+    Ok((binary, models))
+}
+
 /// A free loopback port (bound, read, released).
 pub fn free_port() -> Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?.port())
 }
 
-/// One running child process, its stderr kept for diagnostics.
+/// One running child process, its output kept for diagnostics.
 pub struct Service {
     pub name: &'static str,
     child: Child,
+    /// Lines from stderr and stdout, in arrival order.
     log: Arc<Mutex<Vec<String>>>,
+    /// Lines from stdout alone (where JSON logs go).
+    stdout: Arc<Mutex<Vec<String>>>,
 }
 
 impl Service {
@@ -111,34 +135,51 @@ impl Service {
         args: &[&str],
         env: &[(String, String)],
     ) -> Result<Self> {
+        Self::spawn_in(name, program, args, env, &repo_root())
+    }
+
+    /// Like [`Service::spawn`], in the working directory `cwd`.
+    pub fn spawn_in(
+        name: &'static str,
+        program: &Path,
+        args: &[&str],
+        env: &[(String, String)],
+        cwd: &Path,
+    ) -> Result<Self> {
         let mut command = Command::new(program);
         command
             .args(args)
-            .current_dir(repo_root())
+            .current_dir(cwd)
             .env_remove("OPENAI_BASE_URL")
             .env_remove("ANTHROPIC_API_KEY")
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
         let mut child = command.spawn()?;
         let log = Arc::new(Mutex::new(Vec::new()));
+        let stdout = Arc::new(Mutex::new(Vec::new()));
         if let Some(stderr) = child.stderr.take() {
-            let log = log.clone();
-            tokio::spawn(async move {
-                let mut lines = BufReader::new(stderr).lines();
-                while let Ok(Some(line)) = lines.next_line().await {
-                    if let Ok(mut log) = log.lock() {
-                        log.push(line);
-                    }
-                }
-            });
+            keep_lines(stderr, vec![log.clone()]);
         }
-        Ok(Self { name, child, log })
+        if let Some(out) = child.stdout.take() {
+            keep_lines(out, vec![log.clone(), stdout.clone()]);
+        }
+        Ok(Self {
+            name,
+            child,
+            log,
+            stdout,
+        })
     }
 
-    /// The last lines this process wrote to stderr.
+    /// Every line this process wrote to stdout so far.
+    pub fn stdout_lines(&self) -> Vec<String> {
+        self.stdout.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+
+    /// The last lines this process wrote (stderr and stdout).
     pub fn log_tail(&self, lines: usize) -> String {
         let log = self.log.lock().map(|l| l.clone()).unwrap_or_default();
         log[log.len().saturating_sub(lines)..].join("\n")
@@ -156,7 +197,8 @@ impl Service {
         self.child.id()
     }
 
-    fn exited(&mut self) -> Option<std::process::ExitStatus> {
+    /// The exit status, if the process has exited.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
         self.child.try_wait().ok().flatten()
     }
 
@@ -220,6 +262,23 @@ impl Service {
     }
 }
 
+/// Reads `stream` line by line into each of `sinks` until it ends.
+fn keep_lines(
+    stream: impl tokio::io::AsyncRead + Unpin + Send + 'static,
+    sinks: Vec<Arc<Mutex<Vec<String>>>>,
+) {
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(stream).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            for sink in &sinks {
+                if let Ok(mut sink) = sink.lock() {
+                    sink.push(line.clone());
+                }
+            }
+        }
+    });
+}
+
 /// A seeded demo user (`duo-monolith seed --json`).
 #[derive(Debug, Clone)]
 pub struct DemoUser {
@@ -239,6 +298,8 @@ pub struct System {
     /// ([`Options::web_runs_jobs`]).
     pub worker: Option<Service>,
     pub gateway_url: String,
+    /// The Duo Workflow gRPC service inside the gateway.
+    pub workflow_url: String,
     pub web_url: String,
     /// The extra `web` replicas and their URLs ([`Options::extra_web_replicas`]).
     pub replicas: Vec<(Service, String)>,
@@ -300,6 +361,7 @@ impl System {
 
         let web_port = free_port()?;
         let gateway_port = free_port()?;
+        let workflow_port = free_port()?;
         let web_url = format!("http://127.0.0.1:{web_port}");
         let gateway_url = format!("http://127.0.0.1:{gateway_port}");
         let root = repo_root();
@@ -308,6 +370,10 @@ impl System {
             ("AIGW_FASTAPI__API_HOST".into(), "127.0.0.1".into()),
             ("AIGW_FASTAPI__API_PORT".into(), gateway_port.to_string()),
             ("AIGW_GITLAB_URL".into(), web_url.clone()),
+            (
+                "AIGW_WORKFLOW_SERVICE__LISTEN".into(),
+                format!("127.0.0.1:{workflow_port}"),
+            ),
             (
                 "AIGW_PROMPTS_DIR".into(),
                 root.join("prompts").display().to_string(),
@@ -332,6 +398,10 @@ impl System {
             ("DATABASE_URL".into(), db.url().to_owned()),
             ("DUO_WEB_ADDR".into(), format!("127.0.0.1:{web_port}")),
             ("AI_GATEWAY_URL".into(), gateway_url.clone()),
+            (
+                "DUO_WORKFLOW_SERVICE_URL".into(),
+                format!("http://127.0.0.1:{workflow_port}"),
+            ),
             (
                 "DUO_SIGNING_KEY_DIR".into(),
                 scratch.0.join("keys").display().to_string(),
@@ -421,6 +491,7 @@ impl System {
             web,
             worker,
             gateway_url,
+            workflow_url: format!("http://127.0.0.1:{workflow_port}"),
             web_url,
             replicas,
             users,

@@ -239,6 +239,8 @@ impl Gateway {
         let child = Command::new(&binary)
             .env_clear()
             .env("AIGW_FASTAPI__API_PORT", port.to_string())
+            // Not measured here; off so a running development stack keeps its port.
+            .env("AIGW_WORKFLOW_SERVICE__LISTEN", "")
             .env("AIGW_AUTH__BYPASS_EXTERNAL", "true")
             .env("AIGW_LOCAL_LLM__URL", format!("{provider}/v1"))
             .env("AIGW_VERTEX_TEXT_MODEL__ENDPOINT", provider)

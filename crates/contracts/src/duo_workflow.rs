@@ -1,6 +1,8 @@
-//! The Duo Workflow service's messages (`proto/duo_workflow.proto`),
-//! generated with prost at build time. Only the messages: the gRPC service
-//! itself comes with the workflow service.
+//! The Duo Workflow service's messages and gRPC service
+//! (`proto/duo_workflow.proto`), generated with tonic at build time: the
+//! server trait in [`duo_workflow_server`] (the gateway implements it) and the
+//! client in [`duo_workflow_client`] (the executor and the monolith's
+//! WebSocket relay use it). Method paths are `/DuoWorkflow/<Method>`.
 //!
 //! Encode with [`prost::Message::encode_to_vec`], decode with
 //! [`prost::Message::decode`]. Oneofs are Rust enums in the submodule named
@@ -12,6 +14,7 @@
 include!(concat!(env!("OUT_DIR"), "/_.rs"));
 
 pub use prost::Message;
+pub use prost_types::{ListValue, Struct, Value, value::Kind};
 
 #[cfg(test)]
 mod tests {
@@ -31,6 +34,7 @@ mod tests {
                     name: "lookup".into(),
                     description: "Looks things up".into(),
                     input_schema: r#"{"type":"object"}"#.into(),
+                    ..McpTool::default()
                 }],
                 additional_context: vec![AdditionalContext {
                     category: "file".into(),
@@ -43,12 +47,8 @@ mod tests {
                         message: Some("not that file".into()),
                     })),
                 }),
-                additional_tools: vec![Tool {
-                    name: "deploy".into(),
-                    source: "executor".into(),
-                    description: "Deploys".into(),
-                    input_schema: "{}".into(),
-                }],
+                preapproved_tools: vec!["read_file".into()],
+                resume_checkpoint_ts: Some("2026-01-01T00:00:00Z".into()),
                 ..StartWorkflowRequest::default()
             })),
         }
@@ -61,7 +61,6 @@ mod tests {
             ClientEvent {
                 response: Some(client_event::Response::ActionResponse(ActionResponse {
                     request_id: "r1".into(),
-                    response: String::new(),
                     response_type: Some(action_response::ResponseType::HttpResponse(
                         HttpResponse {
                             headers: HashMap::from([("content-type".into(), "json".into())]),
@@ -70,6 +69,16 @@ mod tests {
                             error: String::new(),
                         },
                     )),
+                })),
+            },
+            ClientEvent {
+                response: Some(client_event::Response::Heartbeat(HeartbeatRequest {
+                    timestamp: 1_700_000_000_000,
+                })),
+            },
+            ClientEvent {
+                response: Some(client_event::Response::StopWorkflow(StopWorkflowRequest {
+                    reason: "ABORTED".into(),
                 })),
             },
         ];
@@ -88,6 +97,7 @@ mod tests {
                 program: "ls".into(),
                 arguments: vec!["-la".into()],
                 flags: vec!["--color=never".into()],
+                timeout: Some(120),
             }),
             A::RunHttpRequest(RunHttpRequest {
                 method: "POST".into(),
@@ -96,6 +106,8 @@ mod tests {
             }),
             A::RunReadFile(ReadFile {
                 filepath: "src/main.rs".into(),
+                limit: Some(10),
+                offset: Some(1),
             }),
             A::RunWriteFile(WriteFile {
                 filepath: "a.txt".into(),
@@ -112,10 +124,17 @@ mod tests {
                 new_string: "b".into(),
             }),
             A::NewCheckpoint(NewCheckpoint {
-                status: "Execution".into(),
+                status: "RUNNING".into(),
                 checkpoint: "{}".into(),
                 goal: "g".into(),
                 errors: vec!["e".into()],
+                agent_context_usage: HashMap::from([(
+                    "chat".into(),
+                    TokenBreakdown {
+                        total_tokens: 10,
+                        max_tokens: 100,
+                    },
+                )]),
             }),
             A::ListDirectory(ListDirectory {
                 directory: ".".into(),
@@ -135,9 +154,17 @@ mod tests {
             A::Mkdir(Mkdir {
                 directory_path: "docs".into(),
             }),
-            A::RunTool(RunTool {
-                name: "deploy".into(),
-                args: "{}".into(),
+            A::RunReadFiles(ReadFiles {
+                filepaths: vec!["a".into(), "b".into()],
+            }),
+            A::RunShellCommand(RunShellCommand {
+                command: "ls | wc -l".into(),
+                timeout: Some(5),
+            }),
+            A::ScheduleNotification(ScheduleNotification {
+                task_id: "t".into(),
+                condition: r#"{"type":"timer"}"#.into(),
+                message: "m".into(),
             }),
         ];
         for (n, kind) in actions.into_iter().enumerate() {
@@ -157,6 +184,7 @@ mod tests {
             request_id: "x".into(),
             action: Some(action::Action::RunReadFile(ReadFile {
                 filepath: "f".into(),
+                ..ReadFile::default()
             })),
         };
         assert_eq!(
@@ -166,7 +194,92 @@ mod tests {
         let token = GenerateTokenResponse {
             token: "t".into(),
             expires_at: 1,
+            server_capabilities: Vec::new(),
         };
         assert_eq!(token.encode_to_vec(), [0x0a, 1, b't', 0x10, 1]);
+    }
+
+    /// The two numbers our first proto had wrong: StartWorkflowRequest 11 is
+    /// flowConfig (a Struct) and Action 14 is runReadFiles.
+    #[test]
+    fn flow_config_and_read_files_have_gitlabs_numbers() {
+        let start = StartWorkflowRequest {
+            flow_config: Some(Struct::default()),
+            ..StartWorkflowRequest::default()
+        };
+        // Field 11, wire type 2: tag (11 << 3) | 2 = 0x5a, empty message.
+        assert_eq!(start.encode_to_vec(), [0x5a, 0]);
+        let action = Action {
+            request_id: String::new(),
+            action: Some(action::Action::RunReadFiles(ReadFiles {
+                filepaths: vec!["f".into()],
+            })),
+        };
+        // Field 14, wire type 2: tag (14 << 3) | 2 = 0x72.
+        assert_eq!(action.encode_to_vec(), [0x72, 3, 0x0a, 1, b'f']);
+        let event = ClientEvent {
+            response: Some(client_event::Response::StopWorkflow(StopWorkflowRequest {
+                reason: "x".into(),
+            })),
+        };
+        assert_eq!(event.encode_to_vec(), [0x22, 3, 0x0a, 1, b'x']);
+        let approval = Approval {
+            user_decision: Some(approval::UserDecision::Approval(
+                approval::Approved::default(),
+            )),
+        };
+        assert_eq!(approval.encode_to_vec(), [0x0a, 0]);
+    }
+
+    #[test]
+    fn service_paths_have_no_package() {
+        use tonic::server::NamedService;
+        assert_eq!(
+            <duo_workflow_server::DuoWorkflowServer<Unimplemented> as NamedService>::NAME,
+            "DuoWorkflow"
+        );
+    }
+
+    struct Unimplemented;
+
+    #[tonic::async_trait]
+    impl duo_workflow_server::DuoWorkflow for Unimplemented {
+        type ExecuteWorkflowStream = tonic::codegen::BoxStream<Action>;
+        async fn execute_workflow(
+            &self,
+            _: tonic::Request<tonic::Streaming<ClientEvent>>,
+        ) -> Result<tonic::Response<Self::ExecuteWorkflowStream>, tonic::Status> {
+            Err(tonic::Status::unimplemented(""))
+        }
+        async fn generate_token(
+            &self,
+            _: tonic::Request<GenerateTokenRequest>,
+        ) -> Result<tonic::Response<GenerateTokenResponse>, tonic::Status> {
+            Err(tonic::Status::unimplemented(""))
+        }
+        async fn list_capabilities(
+            &self,
+            _: tonic::Request<ListCapabilitiesRequest>,
+        ) -> Result<tonic::Response<ListCapabilitiesResponse>, tonic::Status> {
+            Err(tonic::Status::unimplemented(""))
+        }
+        async fn list_tools(
+            &self,
+            _: tonic::Request<ListToolsRequest>,
+        ) -> Result<tonic::Response<ListToolsResponse>, tonic::Status> {
+            Err(tonic::Status::unimplemented(""))
+        }
+        async fn list_flows(
+            &self,
+            _: tonic::Request<ListFlowsRequest>,
+        ) -> Result<tonic::Response<ListFlowsResponse>, tonic::Status> {
+            Err(tonic::Status::unimplemented(""))
+        }
+        async fn validate_flow_config(
+            &self,
+            _: tonic::Request<ValidateFlowConfigRequest>,
+        ) -> Result<tonic::Response<ValidateFlowConfigResponse>, tonic::Status> {
+            Err(tonic::Status::unimplemented(""))
+        }
     }
 }

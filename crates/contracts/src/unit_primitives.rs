@@ -68,6 +68,7 @@ unit_primitives! {
     GlabAskGitCommand => "glab_ask_git_command",
     DuoWorkflowExecuteWorkflow => "duo_workflow_execute_workflow",
     DuoWorkflowGenerateToken => "duo_workflow_generate_token",
+    DuoAgentPlatform => "duo_agent_platform",
 }
 
 impl fmt::Display for UnitPrimitive {

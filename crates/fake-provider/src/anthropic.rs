@@ -32,6 +32,9 @@ pub(crate) async fn messages(
 
     match state.plan(&model, &json) {
         Plan::Fail(failure) => fail(&state, failure, streaming, &model).await,
+        Plan::Tools { text, calls } => {
+            tool_use(&state, &model, &text, &calls, streaming, input_tokens)
+        }
         Plan::Answer {
             pieces,
             first_byte_delay,
@@ -168,4 +171,73 @@ async fn fail(state: &State, failure: Failure, streaming: bool, model: &str) -> 
             error_response(503, "api_error", "The fake provider is stopping")
         }
     }
+}
+
+/// A turn with `tool_use` blocks.
+fn tool_use(
+    state: &State,
+    model: &str,
+    text: &str,
+    calls: &[script::ToolCall],
+    streaming: bool,
+    input_tokens: usize,
+) -> HttpResponse {
+    if !streaming {
+        let mut content = Vec::new();
+        if !text.is_empty() {
+            content.push(json!({"type": "text", "text": text}));
+        }
+        content.extend(
+            calls.iter().map(
+                |c| json!({"type": "tool_use", "id": c.id, "name": c.name, "input": c.input()}),
+            ),
+        );
+        return HttpResponse::Ok().json(json!({
+            "id": "msg_fake",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": content,
+            "stop_reason": "tool_use",
+            "stop_sequence": null,
+            "usage": {"input_tokens": input_tokens, "output_tokens": script::token_count(text)},
+        }));
+    }
+    // Text block 0 (opened by the opening events), then one block per call
+    // whose input arrives as JSON deltas.
+    let mut events = opening_events(model, input_tokens);
+    if !text.is_empty() {
+        events.push(text_delta(text));
+    }
+    events.push(sse_event(
+        Some("content_block_stop"),
+        &json!({"type": "content_block_stop", "index": 0}),
+    ));
+    for (n, call) in calls.iter().enumerate() {
+        let index = n + 1;
+        events.push(sse_event(
+            Some("content_block_start"),
+            &json!({"type": "content_block_start", "index": index,
+                    "content_block": {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}}),
+        ));
+        events.push(sse_event(
+            Some("content_block_delta"),
+            &json!({"type": "content_block_delta", "index": index,
+                    "delta": {"type": "input_json_delta", "partial_json": call.arguments}}),
+        ));
+        events.push(sse_event(
+            Some("content_block_stop"),
+            &json!({"type": "content_block_stop", "index": index}),
+        ));
+    }
+    events.push(sse_event(
+        Some("message_delta"),
+        &json!({"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": null},
+                "usage": {"output_tokens": script::token_count(text)}}),
+    ));
+    events.push(sse_event(
+        Some("message_stop"),
+        &json!({"type": "message_stop"}),
+    ));
+    sse_response(state.sse_body(events))
 }

@@ -3,7 +3,9 @@
 //!
 //! - Anthropic Messages: `POST /v1/messages` (SSE or JSON), `GET /v1/models`;
 //! - OpenAI chat completions: `POST /v1/chat/completions` (SSE or JSON),
-//!   `GET /v1/models`, `POST /v1/embeddings`;
+//!   `GET /v1/models`, `POST /v1/embeddings` (model `fake-bow…`: bag-of-words
+//!   vectors that make retrieval meaningful; `fake-max-batch-N`: more than N
+//!   inputs is "too long"; failing while [`FakeProvider::set_embeddings_failing`]);
 //! - Vertex AI: `POST /v1/projects/{p}/locations/{l}/publishers/google/models/{m}:predict`
 //!   and `:serverStreamingPredict`.
 //!
@@ -19,7 +21,7 @@ mod openai;
 mod script;
 mod vertex;
 
-pub use script::{Failure, Scripted};
+pub use script::{Failure, Scripted, ToolCall};
 
 use actix_web::dev::ServerHandle;
 use actix_web::{App, HttpRequest, HttpServer, web};
@@ -87,6 +89,8 @@ struct Script {
     slow_first_token: Duration,
     record: bool,
     requests: VecDeque<RecordedRequest>,
+    /// Embedding calls answer 500 while set (a failing embedder).
+    embeddings_failing: bool,
 }
 
 pub(crate) struct State {
@@ -102,6 +106,10 @@ impl State {
         // A panic while holding the lock cannot leave the script inconsistent
         // in a way that matters to a test double, so recover from poisoning.
         self.script.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn embeddings_failing(&self) -> bool {
+        self.lock().embeddings_failing
     }
 
     pub(crate) fn record(&self, req: &HttpRequest, body: &[u8]) -> serde_json::Value {
@@ -155,6 +163,7 @@ impl State {
         let mut held = None;
         let pieces = match script.queue.pop_front() {
             Some(Scripted::Fail(failure)) => return Plan::Fail(failure),
+            Some(Scripted::ToolCalls { text, calls }) => return Plan::Tools { text, calls },
             Some(Scripted::Chunks(pieces)) => pieces,
             Some(Scripted::Held { before, after }) => {
                 held = Some(after);
@@ -280,6 +289,7 @@ impl FakeProvider {
                 slow_first_token: Duration::from_secs(2),
                 record: true,
                 requests: VecDeque::new(),
+                embeddings_failing: false,
             }),
             shutdown: shutdown_rx,
             releases: Arc::new(Semaphore::new(0)),
@@ -346,6 +356,14 @@ impl FakeProvider {
         self.state.releases.add_permits(1);
     }
 
+    /// Queues a turn calling tools for the next model request.
+    pub fn push_tool_calls(&self, text: impl Into<String>, calls: Vec<ToolCall>) {
+        self.push(Scripted::ToolCalls {
+            text: text.into(),
+            calls,
+        });
+    }
+
     /// Queues a failure for the next model request ("fail once, then succeed").
     pub fn push_failure(&self, failure: Failure) {
         self.push(Scripted::Fail(failure));
@@ -381,6 +399,11 @@ impl FakeProvider {
     /// The delay before the first byte for `fake-slow-first-token*` models (default 2 s).
     pub fn set_slow_first_token_delay(&self, delay: Duration) {
         self.state.lock().slow_first_token = delay;
+    }
+
+    /// Makes every embedding call fail with 500 (`true`) or work again.
+    pub fn set_embeddings_failing(&self, failing: bool) {
+        self.state.lock().embeddings_failing = failing;
     }
 
     /// Turns request recording off (benchmarks) or on (the default).

@@ -14,6 +14,8 @@ const MODELS: [&str; 3] = [
     "claude-3-5-sonnet-20241022",
 ];
 const EMBEDDING_DIMS: usize = 16;
+/// MiniLM's size, for bag-of-words embeddings.
+const BOW_DIMS: usize = 384;
 
 fn error_response(status: u16, kind: &str, message: &str) -> HttpResponse {
     HttpResponse::build(StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
@@ -58,6 +60,9 @@ pub(crate) async fn chat_completions(
 
     match state.plan(&model, &json) {
         Plan::Fail(failure) => fail(&state, failure, streaming, &model).await,
+        Plan::Tools { text, calls } => {
+            tool_calls(&state, &model, &text, &calls, streaming, prompt_tokens)
+        }
         Plan::Answer {
             pieces,
             first_byte_delay,
@@ -184,12 +189,40 @@ pub(crate) async fn embeddings(
             );
         }
     };
+    let model = json["model"].as_str().unwrap_or_default();
+    if state.embeddings_failing() || model.starts_with("fake-500") {
+        return error_response(500, "server_error", "the embedding model failed");
+    }
+    if model.starts_with("fake-overloaded") {
+        return error_response(429, "rate_limit_exceeded", "slow down");
+    }
+    // `fake-max-batch-N`: more than N inputs in one call is "too long".
+    if let Some(max) = model
+        .strip_prefix("fake-max-batch-")
+        .and_then(|n| n.split('-').next())
+        .and_then(|n| n.parse::<usize>().ok())
+        && inputs.len() > max
+    {
+        return error_response(
+            400,
+            "invalid_request_error",
+            "This model's maximum context length was exceeded: too many tokens",
+        );
+    }
     let tokens: usize = inputs.iter().map(|t| script::token_count(t)).sum();
+    // `fake-bow…` models embed the words of a text (similar texts, similar
+    // vectors), so retrieval over them means something; others hash the text.
+    let bag_of_words = model.contains("bow");
     let data: Vec<Value> = inputs
         .iter()
         .enumerate()
         .map(|(index, text)| {
-            json!({"object": "embedding", "index": index, "embedding": script::embedding(text, EMBEDDING_DIMS)})
+            let embedding = if bag_of_words {
+                script::bag_of_words_embedding(text, BOW_DIMS)
+            } else {
+                script::embedding(text, EMBEDDING_DIMS)
+            };
+            json!({"object": "embedding", "index": index, "embedding": embedding})
         })
         .collect();
     HttpResponse::Ok().json(json!({
@@ -198,4 +231,54 @@ pub(crate) async fn embeddings(
         "model": json["model"],
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }))
+}
+
+/// A turn with `tool_calls`.
+fn tool_calls(
+    state: &State,
+    model: &str,
+    text: &str,
+    calls: &[script::ToolCall],
+    streaming: bool,
+    prompt_tokens: usize,
+) -> HttpResponse {
+    let wire: Vec<Value> = calls
+        .iter()
+        .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+        .collect();
+    if !streaming {
+        let content = if text.is_empty() {
+            Value::Null
+        } else {
+            json!(text)
+        };
+        return HttpResponse::Ok().json(json!({
+            "id": "chatcmpl-fake",
+            "object": "chat.completion",
+            "created": 0,
+            "model": model,
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": content, "tool_calls": wire},
+                "finish_reason": "tool_calls",
+            }],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 1, "total_tokens": prompt_tokens + 1},
+        }));
+    }
+    let mut events = vec![chunk(
+        model,
+        json!({"role": "assistant", "content": text}),
+        None,
+    )];
+    for (index, call) in calls.iter().enumerate() {
+        events.push(chunk(
+            model,
+            json!({"tool_calls": [{"index": index, "id": call.id, "type": "function",
+                                   "function": {"name": call.name, "arguments": call.arguments}}]}),
+            None,
+        ));
+    }
+    events.push(chunk(model, json!({}), Some("tool_calls")));
+    events.push(Bytes::from_static(b"data: [DONE]\n\n"));
+    sse_response(state.sse_body(events))
 }

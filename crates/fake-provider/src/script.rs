@@ -19,8 +19,42 @@ pub enum Scripted {
         before: Vec<String>,
         after: Vec<String>,
     },
+    /// A turn that calls tools (native tool calling): Anthropic `tool_use`
+    /// blocks with `stop_reason: tool_use`, OpenAI `tool_calls` with
+    /// `finish_reason: tool_calls`, streamed or not as the request asks.
+    /// Other wires get the text only.
+    ToolCalls { text: String, calls: Vec<ToolCall> },
     /// Fail this request.
     Fail(Failure),
+}
+
+/// One scripted tool call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    /// The arguments. OpenAI sends them as this JSON text; Anthropic as
+    /// the object (text that is not a JSON object is sent as a string, so
+    /// tests can script malformed calls on both wires).
+    pub arguments: String,
+}
+
+impl ToolCall {
+    pub fn new(id: &str, name: &str, arguments: serde_json::Value) -> Self {
+        Self {
+            id: id.to_owned(),
+            name: name.to_owned(),
+            arguments: arguments.to_string(),
+        }
+    }
+
+    /// The Anthropic `input`: the object, or the raw text when it is not one.
+    pub(crate) fn input(&self) -> serde_json::Value {
+        match serde_json::from_str::<serde_json::Value>(&self.arguments) {
+            Ok(value @ serde_json::Value::Object(_)) => value,
+            _ => serde_json::Value::String(self.arguments.clone()),
+        }
+    }
 }
 
 /// How a request fails.
@@ -81,6 +115,10 @@ pub(crate) enum Plan {
         first_byte_delay: Option<Duration>,
         /// Pieces sent only after a release (see [`Scripted::Held`]).
         held: Option<Vec<String>>,
+    },
+    Tools {
+        text: String,
+        calls: Vec<ToolCall>,
     },
     Fail(Failure),
 }
@@ -192,6 +230,45 @@ pub(crate) fn embedding(text: &str, dims: usize) -> Vec<f32> {
         // Map to [-1, 1).
         values.push(((state >> 11) as f64 / (1u64 << 52) as f64 - 1.0) as f32);
     }
+    let norm = values.iter().map(|v| v * v).sum::<f32>().sqrt();
+    if norm > 0.0 {
+        values.iter_mut().for_each(|v| *v /= norm);
+    }
+    values
+}
+
+/// A unit vector of hashed word counts: texts sharing words point the same way.
+/// Identifiers are split (`rate_limit`, `rateLimit` → `rate`, `limit`) and
+/// words lower-cased, so a question's words meet the code's.
+pub(crate) fn bag_of_words_embedding(text: &str, dims: usize) -> Vec<f32> {
+    let mut values = vec![0f32; dims.max(1)];
+    let mut word = String::new();
+    let flush = |word: &mut String, values: &mut Vec<f32>| {
+        if word.len() > 1 {
+            let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+            for b in word.bytes() {
+                h ^= u64::from(b);
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            }
+            let len = values.len() as u64;
+            values[(h % len) as usize] += 1.0;
+        }
+        word.clear();
+    };
+    let mut previous_lower = false;
+    for c in text.chars() {
+        if c.is_alphanumeric() {
+            if c.is_uppercase() && previous_lower {
+                flush(&mut word, &mut values);
+            }
+            previous_lower = c.is_lowercase();
+            word.extend(c.to_lowercase());
+        } else {
+            previous_lower = false;
+            flush(&mut word, &mut values);
+        }
+    }
+    flush(&mut word, &mut values);
     let norm = values.iter().map(|v| v * v).sum::<f32>().sqrt();
     if norm > 0.0 {
         values.iter_mut().for_each(|v| *v /= norm);

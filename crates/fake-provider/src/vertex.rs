@@ -87,6 +87,7 @@ pub(crate) async fn model_action(
                     }
                     (pieces, held)
                 }
+                Plan::Tools { text, .. } => (vec![text], None),
                 Plan::Fail(Failure::Hang) => {
                     state.wait_until_shutdown().await;
                     return error_response(503, "The fake provider is stopping");

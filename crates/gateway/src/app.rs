@@ -15,11 +15,12 @@ use crate::observability::{Metrics, request_telemetry};
 use crate::prompts::{PromptLoadError, PromptRegistry};
 use crate::providers::{ChatModel, ModelRouter, ProviderError};
 use crate::search::{DocsIndex, DocsIndexError};
-use actix_web::dev::Server;
+use actix_web::dev::{Server, ServerHandle};
 use actix_web::middleware::from_fn;
 use actix_web::{App, HttpServer, web};
 use std::net::TcpListener;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Everything handlers share. Cheap to clone: all parts are shared handles.
 #[derive(Clone)]
@@ -65,6 +66,10 @@ pub enum AppError {
     Docs(#[from] DocsIndexError),
     #[error("server error: {0}")]
     Server(#[from] std::io::Error),
+    #[error("workflow service: {0}")]
+    WorkflowService(#[from] crate::workflow_service::WorkflowServiceError),
+    #[error(transparent)]
+    WorkflowServe(#[from] crate::workflow_service::ServeError),
 }
 
 impl AppState {
@@ -125,6 +130,7 @@ async fn not_found() -> Result<actix_web::HttpResponse, ApiError> {
 
 /// The HTTP server on an already bound listener (port 0 in tests and the bench).
 pub fn build_server(state: AppState, listener: TcpListener) -> Result<Server, AppError> {
+    let grace = state_grace(&state);
     let server = HttpServer::new(move || {
         App::new()
             .wrap(from_fn(authenticate_request))
@@ -134,13 +140,22 @@ pub fn build_server(state: AppState, listener: TcpListener) -> Result<Server, Ap
     // Streamed answers are many small writes; with Nagle's algorithm each one
     // after the first waits for the client's delayed ACK (~40 ms on Linux).
     .tcp_nodelay(true)
+    // SIGTERM is handled by `serve` (drain first); a stopping server gives
+    // requests in flight, streams included, the grace period to end.
+    .disable_signals()
+    .shutdown_timeout(grace)
     .listen(listener)?
     .run();
     Ok(server)
 }
 
+fn state_grace(state: &AppState) -> u64 {
+    state.config.shutdown.grace.as_secs()
+}
+
 /// `/metrics` alone, for `AIGW_FASTAPI__METRICS_PORT`.
 pub fn build_metrics_server(state: AppState, listener: TcpListener) -> Result<Server, AppError> {
+    let grace = state_grace(&state);
     let server = HttpServer::new(move || {
         App::new()
             .app_data(web::Data::new(state.clone()))
@@ -148,6 +163,8 @@ pub fn build_metrics_server(state: AppState, listener: TcpListener) -> Result<Se
             .default_service(web::to(not_found))
     })
     .workers(1)
+    .disable_signals()
+    .shutdown_timeout(grace)
     .listen(listener)?
     .run();
     Ok(server)
@@ -161,7 +178,7 @@ fn bind(host: &str, port: u16) -> Result<TcpListener, AppError> {
 }
 
 /// Binds, logs what the gateway will use, and serves until SIGINT/SIGTERM
-/// (actix stops accepting, then lets in-flight requests finish).
+/// (see [`stop_on_signal`]).
 pub async fn serve(config: Config) -> Result<(), AppError> {
     log_startup(&config);
     let listener = bind(&config.api_host, config.api_port)?;
@@ -170,18 +187,104 @@ pub async fn serve(config: Config) -> Result<(), AppError> {
         None => None,
     };
     let state = AppState::build(config)?;
+    let workflow_service = start_workflow_service(&state)?;
     tracing::info!(address = %listener.local_addr()?, "gateway listening");
     let main = build_server(state.clone(), listener)?;
-    match metrics_listener {
+    let metrics = match metrics_listener {
         Some(metrics_listener) => {
             tracing::info!(address = %metrics_listener.local_addr()?, "metrics listening");
-            let metrics = build_metrics_server(state, metrics_listener)?;
-            tokio::try_join!(main, metrics)?;
+            Some(build_metrics_server(state.clone(), metrics_listener)?)
         }
-        None => main.await?,
+        None => None,
+    };
+    let handles = std::iter::once(main.handle())
+        .chain(metrics.as_ref().map(Server::handle))
+        .collect();
+    let stopper = tokio::spawn(stop_on_signal(
+        state.readiness.clone(),
+        state.config.shutdown.drain,
+        handles,
+    ));
+    let served = match metrics {
+        Some(metrics) => tokio::try_join!(main, metrics).map(|_| ()),
+        None => main.await,
+    };
+    stopper.abort();
+    if let Some(workflow_service) = workflow_service {
+        // Its own runtime gets its grace period too; joining it blocks.
+        if let Err(err) = tokio::task::spawn_blocking(move || workflow_service.stop()).await {
+            tracing::warn!(error = %err, "the Duo Workflow service did not stop cleanly");
+        }
     }
+    served?;
     tracing::info!("gateway stopped");
     Ok(())
+}
+
+/// The Duo Workflow gRPC service on its own port, unless turned off.
+fn start_workflow_service(
+    state: &AppState,
+) -> Result<Option<crate::workflow_service::RunningWorkflowService>, AppError> {
+    let config = &state.config.workflow;
+    let Some(address) = config.listen.as_deref() else {
+        tracing::info!("the Duo Workflow service is off (AIGW_WORKFLOW_SERVICE__LISTEN is empty)");
+        return Ok(None);
+    };
+    let tls = config
+        .tls_cert_file
+        .clone()
+        .zip(config.tls_key_file.clone());
+    let service = crate::workflow_service::WorkflowService::build(state)?;
+    let running = crate::workflow_service::RunningWorkflowService::start(
+        service,
+        address,
+        tls.clone(),
+        config.shutdown_grace,
+    )?;
+    tracing::info!(address = %running.address, tls = tls.is_some(), "Duo Workflow service listening");
+    Ok(Some(running))
+}
+
+/// On SIGTERM (or Ctrl-C): readiness fails at once, the servers keep serving
+/// for `drain` while load balancers take the gateway out, then they stop
+/// accepting and let requests in flight (streams included) finish within the
+/// grace period (`AIGW_SHUTDOWN__GRACE_SECONDS`); whatever is still running
+/// then is cut off.
+async fn stop_on_signal(readiness: Arc<Readiness>, drain: Duration, servers: Vec<ServerHandle>) {
+    stop_requested().await;
+    readiness.begin_stopping();
+    tracing::info!(
+        drain_seconds = drain.as_secs(),
+        "stop requested: not ready, draining"
+    );
+    tokio::time::sleep(drain).await;
+    tracing::info!("no longer accepting connections; finishing requests in flight");
+    futures::future::join_all(servers.iter().map(|server| server.stop(true))).await;
+}
+
+/// Ctrl-C, or SIGTERM from systemd, Kubernetes or `docker stop`.
+async fn stop_requested() {
+    let ctrl_c = async {
+        if let Err(err) = tokio::signal::ctrl_c().await {
+            tracing::warn!(error = %err, "cannot wait for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot wait for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
 }
 
 fn log_startup(config: &Config) {

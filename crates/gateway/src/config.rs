@@ -28,10 +28,24 @@ pub struct Config {
     pub providers: ProvidersConfig,
     pub prompts: PromptsConfig,
     pub docs: DocsConfig,
+    pub code_embeddings: CodeEmbeddingsConfig,
+    pub workflow: WorkflowServiceConfig,
     /// `AIGW_LOGGING__LEVEL` (info): a tracing env-filter directive.
     pub log_level: String,
     /// `AIGW_LOGGING__FORMAT_JSON`: log JSON lines.
     pub log_json: bool,
+    pub shutdown: ShutdownConfig,
+}
+
+/// What happens on SIGTERM: readiness fails at once, the gateway keeps serving
+/// for `drain` (so load balancers stop sending it requests), then stops
+/// accepting and gives requests in flight (streams included) `grace` to end.
+#[derive(Debug, Clone)]
+pub struct ShutdownConfig {
+    /// `AIGW_SHUTDOWN__DRAIN_SECONDS` (0).
+    pub drain: Duration,
+    /// `AIGW_SHUTDOWN__GRACE_SECONDS` (30).
+    pub grace: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -125,6 +139,30 @@ pub struct PromptsConfig {
     pub default_family: String,
 }
 
+/// Which model embeds code for the code index (`/v1/embeddings/code_embeddings`).
+#[derive(Debug, Clone)]
+pub struct CodeEmbeddingsConfig {
+    /// `AIGW_CODE_EMBEDDINGS__PROVIDER`: `local` (the bundled model server,
+    /// default), `openai` (`OPENAI_BASE_URL`, an OpenAI-compatible
+    /// `/embeddings`) or `vertex` (Vertex AI `:predict`).
+    pub provider: EmbeddingProvider,
+    /// `AIGW_CODE_EMBEDDINGS__MODEL`: `all-minilm-l6-v2` (local),
+    /// `text-embedding-3-small` (openai) or `text-embedding-005` (vertex) by default.
+    pub model: String,
+    /// `AIGW_CODE_EMBEDDINGS__BATCH_SIZE` (32): texts per call to the model;
+    /// a batch the model refuses as too long is halved.
+    pub batch_size: usize,
+    /// `AIGW_CODE_EMBEDDINGS__TIMEOUT_SECONDS` (60): one call to the model.
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EmbeddingProvider {
+    Local,
+    OpenAi,
+    Vertex,
+}
+
 #[derive(Debug, Clone)]
 pub struct DocsConfig {
     /// `AIGW_DOCS__DIR`: the Markdown the documentation search indexes:
@@ -134,6 +172,40 @@ pub struct DocsConfig {
     /// `AIGW_DOCS__BASE_URL`: prefix of each result's `source_url`; unset
     /// gives relative links (`docs/error-codes.md#error-a1000`).
     pub base_url: String,
+}
+
+/// The Duo Workflow gRPC service (`crates/gateway/src/workflow_service`),
+/// served by `duo-gateway` on its own port.
+#[derive(Debug, Clone)]
+pub struct WorkflowServiceConfig {
+    /// `AIGW_WORKFLOW_SERVICE__LISTEN` (127.0.0.1:50052, GitLab's port); set
+    /// to an empty string to turn the service off.
+    pub listen: Option<String>,
+    /// `AIGW_WORKFLOW_SERVICE__TLS_CERT_FILE` / `__TLS_KEY_FILE`: PEM files;
+    /// both set means the service speaks TLS only.
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
+    /// `AIGW_WORKFLOW_SERVICE__SERVICE_NAME` (gitlab-duo-workflow-service):
+    /// issuer and audience of the tokens `GenerateToken` mints.
+    pub service_name: String,
+    /// `AIGW_WORKFLOW_SERVICE__TOKEN_LIFETIME_SECONDS` (3600).
+    pub token_lifetime: Duration,
+    /// `AIGW_WORKFLOW_SERVICE__MAX_MODEL_CALLS` (50): model calls one
+    /// stream may make before the run fails.
+    pub max_model_calls: u32,
+    /// `AIGW_WORKFLOW_SERVICE__MAX_CONTEXT_TOKENS` (100000): the estimated
+    /// size above which the oldest turns are trimmed before a model call.
+    pub max_context_tokens: usize,
+    /// `AIGW_WORKFLOW_SERVICE__HTTP_RETRY_BASE_MILLISECONDS` (1000): first
+    /// back-off of a GitLab call that answered 5xx (then doubled, at most 10 s,
+    /// 3 retries).
+    pub http_retry_base: Duration,
+    /// `AIGW_WORKFLOW_SERVICE__ACTION_TIMEOUT_SECONDS` (600): the longest the
+    /// service waits for the executor's answer to one action.
+    pub action_timeout: Duration,
+    /// `AIGW_WORKFLOW_SERVICE__SHUTDOWN_GRACE_SECONDS` (10): how long running
+    /// streams may go on after SIGTERM (health turns NOT_SERVING at once).
+    pub shutdown_grace: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -330,8 +402,70 @@ impl Config {
                     .unwrap_or_else(|| docs_dir_beside(env.get("AIGW_PROMPTS_DIR"))),
                 base_url: env.string("AIGW_DOCS__BASE_URL", ""),
             },
+            code_embeddings: {
+                let provider = match env
+                    .string("AIGW_CODE_EMBEDDINGS__PROVIDER", "local")
+                    .as_str()
+                {
+                    "local" => EmbeddingProvider::Local,
+                    "openai" => EmbeddingProvider::OpenAi,
+                    "vertex" => EmbeddingProvider::Vertex,
+                    other => {
+                        return Err(ConfigError {
+                            name: "AIGW_CODE_EMBEDDINGS__PROVIDER",
+                            reason: format!("{other:?} is not one of local, openai, vertex"),
+                        });
+                    }
+                };
+                let default_model = match provider {
+                    EmbeddingProvider::Local => providers.local_embedding_model.clone(),
+                    EmbeddingProvider::OpenAi => "text-embedding-3-small".to_owned(),
+                    EmbeddingProvider::Vertex => "text-embedding-005".to_owned(),
+                };
+                CodeEmbeddingsConfig {
+                    provider,
+                    model: env.string("AIGW_CODE_EMBEDDINGS__MODEL", &default_model),
+                    batch_size: env
+                        .number("AIGW_CODE_EMBEDDINGS__BATCH_SIZE", 32usize)?
+                        .clamp(1, 250),
+                    timeout: env.seconds("AIGW_CODE_EMBEDDINGS__TIMEOUT_SECONDS", 60)?,
+                }
+            },
+            workflow: WorkflowServiceConfig {
+                // Unset means the default port; an empty value turns it off.
+                listen: match vars.get("AIGW_WORKFLOW_SERVICE__LISTEN") {
+                    None => Some("127.0.0.1:50052".to_owned()),
+                    Some(v) if v.trim().is_empty() => None,
+                    Some(v) => Some(v.trim().to_owned()),
+                },
+                tls_cert_file: env
+                    .get("AIGW_WORKFLOW_SERVICE__TLS_CERT_FILE")
+                    .map(PathBuf::from),
+                tls_key_file: env
+                    .get("AIGW_WORKFLOW_SERVICE__TLS_KEY_FILE")
+                    .map(PathBuf::from),
+                service_name: env.string(
+                    "AIGW_WORKFLOW_SERVICE__SERVICE_NAME",
+                    "gitlab-duo-workflow-service",
+                ),
+                token_lifetime: env
+                    .seconds("AIGW_WORKFLOW_SERVICE__TOKEN_LIFETIME_SECONDS", 3600)?,
+                max_model_calls: env.number("AIGW_WORKFLOW_SERVICE__MAX_MODEL_CALLS", 50)?,
+                max_context_tokens: env
+                    .number("AIGW_WORKFLOW_SERVICE__MAX_CONTEXT_TOKENS", 100_000)?,
+                http_retry_base: Duration::from_millis(
+                    env.number("AIGW_WORKFLOW_SERVICE__HTTP_RETRY_BASE_MILLISECONDS", 1000)?,
+                ),
+                action_timeout: env
+                    .seconds("AIGW_WORKFLOW_SERVICE__ACTION_TIMEOUT_SECONDS", 600)?,
+                shutdown_grace: env.seconds("AIGW_WORKFLOW_SERVICE__SHUTDOWN_GRACE_SECONDS", 10)?,
+            },
             log_level: env.string("AIGW_LOGGING__LEVEL", "info"),
             log_json: env.flag("AIGW_LOGGING__FORMAT_JSON")?,
+            shutdown: ShutdownConfig {
+                drain: env.seconds("AIGW_SHUTDOWN__DRAIN_SECONDS", 0)?,
+                grace: env.seconds("AIGW_SHUTDOWN__GRACE_SECONDS", 30)?,
+            },
             providers,
         })
     }
@@ -360,6 +494,18 @@ mod tests {
         assert_eq!(c.prompts.default_family, "openai");
         assert_eq!(c.auth.service_name, "gitlab-ai-gateway");
         assert_eq!(c.providers.vertex_endpoint, "http://127.0.0.1:5053");
+    }
+
+    #[test]
+    fn the_workflow_service_listens_on_gitlabs_port_unless_turned_off() {
+        let c = Config::for_tests(&[]).unwrap();
+        assert_eq!(c.workflow.listen.as_deref(), Some("127.0.0.1:50052"));
+        assert_eq!(c.workflow.service_name, "gitlab-duo-workflow-service");
+        let c = Config::for_tests(&[("AIGW_WORKFLOW_SERVICE__LISTEN", "")]).unwrap();
+        assert_eq!(c.workflow.listen, None);
+        let err =
+            Config::for_tests(&[("AIGW_WORKFLOW_SERVICE__MAX_MODEL_CALLS", "many")]).unwrap_err();
+        assert_eq!(err.name, "AIGW_WORKFLOW_SERVICE__MAX_MODEL_CALLS");
     }
 
     #[test]

@@ -37,6 +37,12 @@ pub enum ApiError {
     /// 503 `{"detail": msg}`.
     #[error("{0}")]
     Unavailable(String),
+    /// 429 `{"detail": msg}`: the model provider rate-limits us.
+    #[error("{0}")]
+    TooManyRequests(String),
+    /// 504 `{"detail": msg}`: the model provider did not answer in time.
+    #[error("{0}")]
+    GatewayTimeout(String),
     /// 500; the message is logged, never sent.
     #[error("internal error: {0}")]
     Internal(String),
@@ -73,6 +79,8 @@ impl ResponseError for ApiError {
             Self::Upstream(_) => StatusCode::MISDIRECTED_REQUEST,
             Self::BadGateway => StatusCode::BAD_GATEWAY,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::GatewayTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }

@@ -5,12 +5,14 @@ pub mod app;
 pub mod auth;
 pub mod chat;
 pub mod config;
+pub mod embeddings;
 pub mod error;
 pub mod observability;
 pub mod prompts;
 pub mod providers;
 pub mod proxy;
 pub mod search;
+pub mod workflow_service;
 
 pub use config::Config;
 pub use error::ApiError;

@@ -104,8 +104,12 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         // Hugging Face's transformers renders with both set, and the
         // templates' whitespace is written for that.
-        env.set_trim_blocks(true);
-        env.set_lstrip_blocks(true);
+        let syntax = minijinja::syntax::SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()
+            .map_err(|e| TemplateError::Compile(e.to_string()))?;
+        env.set_syntax(syntax);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_template_owned(TEMPLATE_NAME, source)
@@ -130,7 +134,7 @@ impl ChatTemplate {
             .map_err(|e| TemplateError::Render(e.to_string()))?;
         template
             .render(context! {
-                messages => Value::from_serialize(messages),
+                messages => Value::from(minijinja::value::Serde(messages)),
                 add_generation_prompt => true,
                 bos_token => self.bos_token.as_str(),
                 eos_token => self.eos_token.as_str(),

@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 pub const DEFAULT_ADDR: &str = "127.0.0.1:5053";
 pub const DEFAULT_CHAT_MODEL_ID: &str = "smollm2-135m-instruct";
@@ -42,6 +43,11 @@ pub struct Config {
     pub chat_template_path: Option<PathBuf>,
     /// Reuse the previous request's KV cache for a shared prompt prefix.
     pub prompt_cache: bool,
+    /// After SIGTERM, keep serving this long while `/ready` answers 503.
+    pub shutdown_drain: Duration,
+    /// Then stop accepting and give requests in flight this long to finish;
+    /// generations still running after it are cancelled.
+    pub shutdown_grace: Duration,
 }
 
 impl Config {
@@ -63,6 +69,8 @@ impl Config {
             embed_queue_capacity: 16,
             chat_template_path: None,
             prompt_cache: true,
+            shutdown_drain: Duration::ZERO,
+            shutdown_grace: Duration::from_secs(30),
         }
     }
 
@@ -122,6 +130,12 @@ impl Config {
         if let Some(n) = var("DUO_LOCAL_LLM_CONTEXT") {
             config.context_tokens = parse_positive("DUO_LOCAL_LLM_CONTEXT", &n)?;
         }
+        if let Some(n) = var("DUO_SHUTDOWN_DRAIN_SECS") {
+            config.shutdown_drain = parse_seconds("DUO_SHUTDOWN_DRAIN_SECS", &n)?;
+        }
+        if let Some(n) = var("DUO_SHUTDOWN_GRACE_SECS") {
+            config.shutdown_grace = parse_seconds("DUO_SHUTDOWN_GRACE_SECS", &n)?;
+        }
         Ok(config)
     }
 }
@@ -137,6 +151,17 @@ fn parse_positive<T: std::str::FromStr + PartialOrd + Default>(
             reason: format!("expected a positive number, got {value:?}"),
         }),
     }
+}
+
+fn parse_seconds(name: &'static str, value: &str) -> Result<Duration, ConfigError> {
+    value
+        .trim()
+        .parse::<u64>()
+        .map(Duration::from_secs)
+        .map_err(|_| ConfigError::Invalid {
+            name,
+            reason: format!("expected a whole number of seconds, got {value:?}"),
+        })
 }
 
 /// `.models/` at the repository root (this crate lives in `crates/local-llm`).

@@ -90,6 +90,15 @@ struct QueueState {
     stopped: bool,
     skipped: u64,
     completed: u64,
+    prompt_tokens: u64,
+    completion_tokens: u64,
+}
+
+/// Tokens processed since start, for `/metrics`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenTotals {
+    pub prompt: u64,
+    pub completion: u64,
 }
 
 struct Shared {
@@ -136,10 +145,12 @@ impl Shared {
         }
     }
 
-    fn job_done(&self) {
+    fn job_done(&self, tokens: TokenTotals) {
         let mut state = self.lock();
         state.running = false;
         state.completed += 1;
+        state.prompt_tokens += tokens.prompt;
+        state.completion_tokens += tokens.completion;
     }
 }
 
@@ -199,10 +210,10 @@ impl GenerationQueue {
                     }
                 };
                 while let Some(job) = worker.next_job() {
-                    let (events, last) = run_job(&mut engine, job);
+                    let (events, last, tokens) = run_job(&mut engine, job);
                     // Counted before the client hears the end, so `/health`
                     // never lags behind what a client has seen.
-                    worker.job_done();
+                    worker.job_done(tokens);
                     let _ = events.send(last);
                 }
             })
@@ -247,6 +258,14 @@ impl GenerationQueue {
         Ok(receiver)
     }
 
+    pub fn token_totals(&self) -> TokenTotals {
+        let state = self.owner.0.lock();
+        TokenTotals {
+            prompt: state.prompt_tokens,
+            completion: state.completion_tokens,
+        }
+    }
+
     pub fn stats(&self) -> QueueStats {
         let shared = &self.owner.0;
         let state = shared.lock();
@@ -261,11 +280,15 @@ impl GenerationQueue {
 }
 
 /// Runs one job, streaming its text; returns the channel with the final event
-/// still to send.
+/// still to send, and the tokens the run processed.
 fn run_job<E: ChatEngine>(
     engine: &mut E,
     job: Job,
-) -> (mpsc::UnboundedSender<GenerationEvent>, GenerationEvent) {
+) -> (
+    mpsc::UnboundedSender<GenerationEvent>,
+    GenerationEvent,
+    TokenTotals,
+) {
     let Job { request, events } = job;
     let prompt = engine.tokenize(&request.prompt);
     let mut stops = request.stop;
@@ -300,8 +323,16 @@ fn run_job<E: ChatEngine>(
         }
         Flow::Continue
     });
+    let mut tokens = TokenTotals {
+        prompt: 0,
+        completion: 0,
+    };
     let event = match result {
         Ok(run) => {
+            tokens = TokenTotals {
+                prompt: prompt_len as u64,
+                completion: run.completion_tokens as u64,
+            };
             if !started {
                 let _ = events.send(GenerationEvent::Started {
                     prompt_tokens: prompt_len,
@@ -323,7 +354,7 @@ fn run_job<E: ChatEngine>(
         }
         Err(err) => GenerationEvent::Failed(err),
     };
-    (events, event)
+    (events, event, tokens)
 }
 
 #[cfg(test)]
@@ -424,6 +455,14 @@ mod tests {
         assert_eq!(collect(first).await.0, "ab");
         assert_eq!(collect(second).await.0, "ab");
         assert_eq!(queue.stats().completed, 2);
+        // The gated engine's tokens are the prompt's bytes: "first" and "second".
+        assert_eq!(
+            queue.token_totals(),
+            TokenTotals {
+                prompt: 11,
+                completion: 4
+            }
+        );
     }
 
     #[tokio::test]

@@ -8,12 +8,22 @@ use tracing_subscriber::EnvFilter;
 
 #[actix_web::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| EnvFilter::new("info,llama_cpp_2=warn")),
-        )
-        .init();
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info,llama_cpp_2=warn"));
+    // DUO_LOG_FORMAT=json: one JSON object per line on stdout, for log
+    // collectors; text on stderr otherwise.
+    if std::env::var("DUO_LOG_FORMAT").is_ok_and(|f| f.trim().eq_ignore_ascii_case("json")) {
+        tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .with_writer(std::io::stdout)
+            .init();
+    } else {
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let config = Config::from_env()?;
     match std::env::args().nth(1).as_deref() {
         None | Some("serve") => serve(config).await,
@@ -41,8 +51,53 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         std::process::exit(2);
     }
     let addr = config.addr;
+    let drain = config.shutdown_drain;
     let state = AppState::load(config)?;
-    let (server, bound) = bind(state, addr)?;
+    let (server, bound) = bind(state.clone(), addr)?;
     tracing::info!(%bound, "duo-local-llm listening");
-    server.await.context("server stopped")
+    let handle = server.handle();
+    let stopper = tokio::spawn(async move {
+        stop_requested().await;
+        // Not ready, still serving while load balancers take it out; then no
+        // new connections, and requests in flight get the grace period
+        // (generations past it are cancelled when their connections drop).
+        state.begin_stopping();
+        tracing::info!(
+            drain_seconds = drain.as_secs(),
+            "stop requested: not ready, draining"
+        );
+        tokio::time::sleep(drain).await;
+        tracing::info!("no longer accepting connections; finishing requests in flight");
+        handle.stop(true).await;
+    });
+    let served = server.await;
+    stopper.abort();
+    served.context("server stopped")?;
+    tracing::info!("duo-local-llm stopped");
+    Ok(())
+}
+
+/// Ctrl-C, or SIGTERM from systemd, Kubernetes or `docker stop`.
+async fn stop_requested() {
+    let ctrl_c = async {
+        if let Err(err) = tokio::signal::ctrl_c().await {
+            tracing::warn!(error = %err, "cannot wait for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot wait for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
 }

@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use actix_web::dev::Server;
 use actix_web::{App, HttpResponse, HttpServer, web};
@@ -10,7 +11,6 @@ use base64::Engine as _;
 use bytes::Bytes;
 use futures::StreamExt;
 use serde_json::{Value, json};
-use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::admission::{Admission, AdmitError};
 use crate::api::{
@@ -53,6 +53,8 @@ pub struct AppState {
     pub embed_admission: Arc<Admission>,
     /// The chat model's prompt template.
     pub template: Arc<ChatTemplate>,
+    /// Set at SIGTERM: `/ready` answers 503 from then on.
+    stopping: Arc<AtomicBool>,
 }
 
 impl AppState {
@@ -96,12 +98,23 @@ impl AppState {
             embedder,
             embed_admission,
             template: Arc::new(template),
+            stopping: Arc::new(AtomicBool::new(false)),
         })
+    }
+
+    /// The process is shutting down: not ready any more (it keeps serving).
+    pub fn begin_stopping(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
     }
 }
 
 /// Binds (port 0 picks a free port) and returns the server with its address.
 pub fn bind(state: AppState, addr: SocketAddr) -> Result<(Server, SocketAddr), StartError> {
+    let grace = state.config.shutdown_grace.as_secs();
     let data = web::Data::new(state);
     let server = HttpServer::new(move || App::new().app_data(data.clone()).configure(routes))
         .workers(2)
@@ -110,6 +123,11 @@ pub fn bind(state: AppState, addr: SocketAddr) -> Result<(Server, SocketAddr), S
         // handler, which takes a waiting request out of the queue and halts a
         // running generation; by default actix would keep serving nobody.
         .h1_allow_half_closed(false)
+        // SIGTERM is handled by the binary (drain first). A stopping server
+        // lets requests in flight finish within the grace period; then their
+        // connections are dropped, which cancels their generations.
+        .disable_signals()
+        .shutdown_timeout(grace)
         .bind(addr)
         .map_err(|source| StartError::Bind { addr, source })?;
     let bound = server.addrs().first().copied().unwrap_or(addr);
@@ -118,6 +136,8 @@ pub fn bind(state: AppState, addr: SocketAddr) -> Result<(Server, SocketAddr), S
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/health", web::get().to(health))
+        .route("/ready", web::get().to(ready))
+        .route("/metrics", web::get().to(metrics))
         .route("/v1/models", web::get().to(list_models))
         .route("/v1/chat/completions", web::post().to(chat_completions))
         .route("/v1/embeddings", web::post().to(embeddings))
@@ -141,6 +161,103 @@ async fn health(state: web::Data<AppState>) -> HttpResponse {
         "chat_queue": state.chat.stats(),
         "embedding_queue": state.embed_admission.stats(),
     }))
+}
+
+/// The readiness probe: models are loaded once the server listens, so only
+/// stopping makes it fail.
+async fn ready(state: web::Data<AppState>) -> HttpResponse {
+    if state.is_stopping() {
+        return HttpResponse::ServiceUnavailable().json(json!({ "status": "stopping" }));
+    }
+    HttpResponse::Ok().json(json!({ "status": "ok" }))
+}
+
+async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4; charset=utf-8")
+        .body(render_metrics(&state))
+}
+
+/// Prometheus text: the queues, generations in flight and tokens processed.
+pub fn render_metrics(state: &AppState) -> String {
+    let chat = state.chat.stats();
+    let tokens = state.chat.token_totals();
+    let embeddings = state.embed_admission.stats();
+    let families: [(&str, &str, &str, f64); 11] = [
+        (
+            "duo_local_llm_chat_queue_waiting",
+            "gauge",
+            "Chat requests waiting for the generator.",
+            chat.waiting as f64,
+        ),
+        (
+            "duo_local_llm_chat_queue_capacity",
+            "gauge",
+            "Chat requests that may wait (DUO_LOCAL_LLM_QUEUE).",
+            chat.capacity as f64,
+        ),
+        (
+            "duo_local_llm_generations_in_flight",
+            "gauge",
+            "Generations running now.",
+            f64::from(u8::from(chat.running)),
+        ),
+        (
+            "duo_local_llm_generations_total",
+            "counter",
+            "Generations run to their end (finished, stopped or cancelled).",
+            chat.completed as f64,
+        ),
+        (
+            "duo_local_llm_generations_skipped_total",
+            "counter",
+            "Queued chat requests dropped unrun because their client left.",
+            chat.skipped as f64,
+        ),
+        (
+            "duo_local_llm_prompt_tokens_total",
+            "counter",
+            "Prompt tokens processed by generations.",
+            tokens.prompt as f64,
+        ),
+        (
+            "duo_local_llm_completion_tokens_total",
+            "counter",
+            "Tokens generated.",
+            tokens.completion as f64,
+        ),
+        (
+            "duo_local_llm_embedding_requests_running",
+            "gauge",
+            "Embedding requests computing now.",
+            embeddings.running as f64,
+        ),
+        (
+            "duo_local_llm_embedding_queue_waiting",
+            "gauge",
+            "Embedding requests waiting for a slot.",
+            embeddings.waiting as f64,
+        ),
+        (
+            "duo_local_llm_embedding_queue_capacity",
+            "gauge",
+            "Embedding requests that may wait (DUO_LOCAL_LLM_EMBED_QUEUE).",
+            embeddings.capacity as f64,
+        ),
+        (
+            "duo_local_llm_stopping",
+            "gauge",
+            "1 once the server has begun stopping.",
+            f64::from(u8::from(state.is_stopping())),
+        ),
+    ];
+    let mut out = String::new();
+    for (name, kind, help, value) in families {
+        out.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
+        ));
+    }
+    out
 }
 
 async fn list_models(state: web::Data<AppState>) -> HttpResponse {

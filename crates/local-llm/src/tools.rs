@@ -537,7 +537,9 @@ mod tests {
         )
         .unwrap();
         assert_eq!(plan.tools.len(), 1);
-        assert!(!plan.constraint.unwrap().grammar.text.contains("\"a"));
+        let grammar = plan.constraint.unwrap().grammar.text;
+        assert!(grammar.contains(&literal(&format!("b{CALL_MIDDLE}"))));
+        assert!(!grammar.contains(&literal(&format!("a{CALL_MIDDLE}"))));
         let plan = OutputPlan::from_request(Some(&tools), Some(&json!("none")), None).unwrap();
         assert!(plan.constraint.is_none() && plan.tools.is_empty());
         for bad in [json!("sometimes"), json!({"type": "function", "function": {"name": "c"}})] {

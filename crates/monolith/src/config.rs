@@ -27,9 +27,10 @@
 //! | `DUO_SHUTDOWN_DRAIN_SECS` | 0 | after SIGTERM, keep serving while "not ready" this long |
 //! | `DUO_SHUTDOWN_GRACE_SECS` | 30 | then let in-flight requests and jobs finish this long |
 //! | `DUO_WORKER_PROBE_ADDR` | (none) | where the `worker` role serves `/-/liveness`, `/-/readiness`, `/-/metrics` |
-//! | `DUO_LOG_FORMAT` | `text` | `json` for one JSON object per line on stderr |
+//! | `DUO_LOG_FORMAT` | `text` | `json` for one JSON object per line on stdout (stderr for `seed` and `rotate-keys`) |
 //! | `DUO_GRAPHQL_TIMEOUT_SECS` | 30 | how long one GraphQL request (a whole batch) may run |
 //! | `DUO_AI_GATEWAY_TIMEOUT_SECS` | 60 | how long a gateway call may stay silent before the answer is A1000 |
+//! | `DUO_WORKFLOW_*` | see [`DuoWorkflowConfig`] | Duo Workflow (service address, limits, jobs) |
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -113,6 +114,81 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// Where the `worker` role serves its probes and metrics (none when unset).
     pub worker_probe_addr: Option<SocketAddr>,
+    /// Duo Workflow's settings.
+    pub duo_workflow: DuoWorkflowConfig,
+}
+
+/// Duo Workflow's settings (`DUO_WORKFLOW_*`).
+#[derive(Debug, Clone)]
+pub struct DuoWorkflowConfig {
+    /// The workflow service (gRPC): `DUO_WORKFLOW_SERVICE_URL`,
+    /// default `http://127.0.0.1:50052`; `https://` means TLS.
+    pub service_url: url::Url,
+    /// How long one unary call to the service may take
+    /// (`DUO_WORKFLOW_SERVICE_TIMEOUT_SECS`, 10).
+    pub service_timeout: Duration,
+    /// A workflow in `created` or `running` without an update this long is
+    /// failed (`DUO_WORKFLOW_STUCK_AFTER_SECS`, 1800).
+    pub stuck_after: Duration,
+    /// How often workers look for stuck workflows
+    /// (`DUO_WORKFLOW_STUCK_CHECK_INTERVAL_SECS`, 300).
+    pub stuck_check_interval: Duration,
+    /// Checkpoints are kept this many days (`DUO_WORKFLOW_CHECKPOINT_RETENTION_DAYS`, 30).
+    pub checkpoint_retention_days: i32,
+    /// How often workers delete old checkpoints
+    /// (`DUO_WORKFLOW_RETENTION_INTERVAL_SECS`, 3600).
+    pub retention_interval: Duration,
+    /// Largest checkpoint, inflated JSON (`DUO_WORKFLOW_MAX_CHECKPOINT_BYTES`, 4 MiB).
+    pub max_checkpoint_bytes: usize,
+    /// `direct_access` calls per user per minute
+    /// (`DUO_WORKFLOW_DIRECT_ACCESS_RATE_LIMIT`, 50; GitLab's limit).
+    pub direct_access_rate_limit: u32,
+    /// The run lease of a workflow lapses this long after its holder stopped
+    /// renewing it (`DUO_WORKFLOW_LOCK_LEASE_SECS`, 30).
+    pub lock_lease: Duration,
+}
+
+impl DuoWorkflowConfig {
+    fn from_lookup(get: &impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        Ok(Self {
+            service_url: parse_url(
+                "DUO_WORKFLOW_SERVICE_URL",
+                &get("DUO_WORKFLOW_SERVICE_URL").unwrap_or_else(|| "http://127.0.0.1:50052".into()),
+            )?,
+            service_timeout: Duration::from_secs(positive(
+                parse_or(get, "DUO_WORKFLOW_SERVICE_TIMEOUT_SECS", 10)?,
+                "DUO_WORKFLOW_SERVICE_TIMEOUT_SECS",
+            )?),
+            stuck_after: Duration::from_secs(positive(
+                parse_or(get, "DUO_WORKFLOW_STUCK_AFTER_SECS", 1800)?,
+                "DUO_WORKFLOW_STUCK_AFTER_SECS",
+            )?),
+            stuck_check_interval: Duration::from_secs(positive(
+                parse_or(get, "DUO_WORKFLOW_STUCK_CHECK_INTERVAL_SECS", 300)?,
+                "DUO_WORKFLOW_STUCK_CHECK_INTERVAL_SECS",
+            )?),
+            checkpoint_retention_days: positive(
+                parse_or(get, "DUO_WORKFLOW_CHECKPOINT_RETENTION_DAYS", 30)?,
+                "DUO_WORKFLOW_CHECKPOINT_RETENTION_DAYS",
+            )?,
+            retention_interval: Duration::from_secs(positive(
+                parse_or(get, "DUO_WORKFLOW_RETENTION_INTERVAL_SECS", 3600)?,
+                "DUO_WORKFLOW_RETENTION_INTERVAL_SECS",
+            )?),
+            max_checkpoint_bytes: positive(
+                parse_or(get, "DUO_WORKFLOW_MAX_CHECKPOINT_BYTES", 4 * 1024 * 1024)?,
+                "DUO_WORKFLOW_MAX_CHECKPOINT_BYTES",
+            )?,
+            direct_access_rate_limit: positive(
+                parse_or(get, "DUO_WORKFLOW_DIRECT_ACCESS_RATE_LIMIT", 50)?,
+                "DUO_WORKFLOW_DIRECT_ACCESS_RATE_LIMIT",
+            )?,
+            lock_lease: Duration::from_secs(positive(
+                parse_or(get, "DUO_WORKFLOW_LOCK_LEASE_SECS", 30)?,
+                "DUO_WORKFLOW_LOCK_LEASE_SECS",
+            )?),
+        })
+    }
 }
 
 impl Config {
@@ -216,6 +292,7 @@ impl Config {
                 .filter(|v| !v.trim().is_empty())
                 .map(|v| v.trim().parse().map_err(invalid("DUO_WORKER_PROBE_ADDR")))
                 .transpose()?,
+            duo_workflow: DuoWorkflowConfig::from_lookup(&get)?,
         })
     }
 }

@@ -10,10 +10,12 @@
 //! 2. who is calling: [`identity`] (personal access tokens, the signing keys of
 //!    gateway tokens)
 //! 3. who may do what: [`policy`] (abilities, Duo access, seats and add-ons)
-//! 4. domains: [`ai_models`] (which model serves each feature), [`chat`]
+//! 4. domains: [`ai_models`] (which model serves each feature),
+//!    [`gateway_client`] (calls to the AI gateway), [`chat`]
 //!    (threads, messages, the completion seam, live delivery),
 //!    [`agent`] (the agent loop, slash commands and tools), [`repositories`]
-//!    (git repositories on disk: serving, reading, writing, pushes)
+//!    (git repositories on disk: serving, reading, writing, pushes), [`workflows`]
+//!    (Duo Workflow: workflows, checkpoints, events, run leases)
 //! 5. the state the interfaces share: [`app_state`]
 //! 6. interfaces: [`rest`] (`/api/v4`), [`graphql`] (`/api/graphql`), [`git_http`]
 //!    (clone and push over smart HTTP), [`probes`]
@@ -35,7 +37,9 @@ pub mod policy;
 pub mod agent;
 pub mod ai_models;
 pub mod chat;
+pub mod gateway_client;
 pub mod repositories;
+pub mod workflows;
 
 pub mod app_state;
 

@@ -13,23 +13,31 @@ const USAGE: &str = "usage: duo-monolith <web|worker|migrate|seed [--json]|rotat
 
 #[actix_web::main]
 async fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let role = args.first().map(String::as_str).unwrap_or("");
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    // One JSON object per line for log collectors; text for people.
-    if std::env::var("DUO_LOG_FORMAT").is_ok_and(|f| f.eq_ignore_ascii_case("json")) {
-        tracing_subscriber::fmt()
+    // One JSON object per line for log collectors, on stdout for the roles an
+    // orchestrator runs; `seed` and `rotate-keys` print their results on
+    // stdout, so their logs stay on stderr. Text (for people) on stderr.
+    let json = std::env::var("DUO_LOG_FORMAT").is_ok_and(|f| f.trim().eq_ignore_ascii_case("json"));
+    let prints_results = matches!(role, "seed" | "rotate-keys");
+    match (json, prints_results) {
+        (true, false) => tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .with_writer(std::io::stdout)
+            .init(),
+        (true, true) => tracing_subscriber::fmt()
             .json()
             .with_env_filter(filter)
             .with_writer(std::io::stderr)
-            .init();
-    } else {
-        tracing_subscriber::fmt()
+            .init(),
+        (false, _) => tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_writer(std::io::stderr)
-            .init();
+            .init(),
     }
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let role = args.first().map(String::as_str).unwrap_or("");
     let config = Config::from_env().context("reading configuration")?;
     match role {
         "migrate" => {

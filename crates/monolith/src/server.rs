@@ -29,6 +29,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         web::scope("/api/v4")
             .configure(crate::rest::users::routes)
             .configure(crate::rest::resources::routes)
+            .configure(crate::rest::workflows::routes)
             // GitLab's answer to a route that does not exist.
             .default_service(web::to(|| async {
                 HttpResponse::NotFound().json(serde_json::json!({ "error": "404 Not Found" }))

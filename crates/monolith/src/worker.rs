@@ -225,11 +225,68 @@ impl JobHandler for ThreadRetentionHandler {
     }
 }
 
+/// The periodic job that fails workflows stuck in `created` or `running`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct StuckWorkflows {}
+
+impl job_queue::Job for StuckWorkflows {
+    const KIND: &'static str = "duo_workflow_stuck_workflows";
+}
+
+struct StuckWorkflowsHandler {
+    stale_after: Duration,
+}
+
+#[async_trait]
+impl JobHandler for StuckWorkflowsHandler {
+    type Job = StuckWorkflows;
+
+    async fn run(&self, ctx: JobContext, _job: StuckWorkflows) -> Result<(), JobError> {
+        let mut client = ctx.pool.get().await.map_err(JobError::retryable)?;
+        let failed = crate::workflows::maintenance::fail_stuck(&mut client, self.stale_after)
+            .await
+            .map_err(JobError::retryable)?;
+        if !failed.is_empty() {
+            tracing::info!(count = failed.len(), "stuck workflows failed");
+        }
+        Ok(())
+    }
+}
+
+/// The periodic job that deletes workflow checkpoints past their retention.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CheckpointRetention {}
+
+impl job_queue::Job for CheckpointRetention {
+    const KIND: &'static str = "duo_workflow_checkpoint_retention";
+}
+
+struct CheckpointRetentionHandler {
+    days: i32,
+}
+
+#[async_trait]
+impl JobHandler for CheckpointRetentionHandler {
+    type Job = CheckpointRetention;
+
+    async fn run(&self, ctx: JobContext, _job: CheckpointRetention) -> Result<(), JobError> {
+        let db = ctx.pool.get().await.map_err(JobError::retryable)?;
+        let deleted = crate::workflows::maintenance::apply_retention(&**db, self.days)
+            .await
+            .map_err(JobError::retryable)?;
+        tracing::info!(deleted, "old workflow checkpoints removed");
+        Ok(())
+    }
+}
+
 /// Settings of one worker process.
 #[derive(Debug, Clone)]
 pub struct WorkerSettings {
     pub queue: WorkerConfig,
     pub retention_every: Duration,
+    /// Duo Workflow's periodic jobs (stuck workflows, checkpoint retention);
+    /// `None` schedules neither.
+    pub workflows: Option<crate::config::DuoWorkflowConfig>,
 }
 
 impl WorkerSettings {
@@ -244,6 +301,7 @@ impl WorkerSettings {
                 ..WorkerConfig::default()
             },
             retention_every: config.thread_retention_interval,
+            workflows: Some(config.duo_workflow.clone()),
         }
     }
 }
@@ -268,6 +326,22 @@ pub fn spawn(
         &ThreadRetention {},
         settings.retention_every,
     )?);
+    if let Some(workflows) = &settings.workflows {
+        registry.register(StuckWorkflowsHandler {
+            stale_after: workflows.stuck_after,
+        });
+        registry.register(CheckpointRetentionHandler {
+            days: workflows.checkpoint_retention_days,
+        });
+        queue.periodic.push(Periodic::new(
+            &StuckWorkflows {},
+            workflows.stuck_check_interval,
+        )?);
+        queue.periodic.push(Periodic::new(
+            &CheckpointRetention {},
+            workflows.retention_interval,
+        )?);
+    }
     Ok(job_queue::Worker::new(pool, database_url, registry, queue).spawn())
 }
 

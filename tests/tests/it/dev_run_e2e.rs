@@ -59,6 +59,7 @@ impl Env {
         let pg_port = free_port().unwrap();
         let web = free_port().unwrap();
         let gateway = free_port().unwrap();
+        let workflows = free_port().unwrap();
         let pg_dir = scratch.join("pg");
         let vars = vec![
             ("DUO_RUN_BIN".into(), bin.display().to_string()),
@@ -72,6 +73,10 @@ impl Env {
             (
                 "AI_GATEWAY_URL".into(),
                 format!("http://127.0.0.1:{gateway}"),
+            ),
+            (
+                "DUO_WORKFLOW_SERVICE_URL".into(),
+                format!("http://127.0.0.1:{workflows}"),
             ),
             (
                 "DUO_SIGNING_KEY_DIR".into(),

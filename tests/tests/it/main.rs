@@ -6,8 +6,11 @@
 
 mod chat_e2e;
 mod chat_live_e2e;
+mod deploy_manifests;
 mod dev_run_e2e;
+mod migrations_e2e;
 mod model_selection_e2e;
 mod python_gitlab_e2e;
 mod shutdown_e2e;
 mod web_e2e;
+mod workflow_e2e;

@@ -1,4 +1,5 @@
 //! `GET /monitoring/healthz` and `GET /monitoring/ready` (no authentication).
+//! Readiness also fails from SIGTERM on, while the gateway drains.
 
 use crate::app::AppState;
 use crate::error::ApiError;
@@ -15,6 +16,9 @@ async fn healthz() -> HttpResponse {
 }
 
 async fn ready(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    if state.readiness.is_stopping() {
+        return Err(ApiError::Unavailable("Shutting down".into()));
+    }
     match state.readiness.check(&state.http).await {
         Ok(()) => Ok(HttpResponse::Ok().json(json!({ "status": "ok" }))),
         Err(failed) => Err(ApiError::Unavailable(format!(

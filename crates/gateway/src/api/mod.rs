@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod body;
+pub mod embeddings;
 pub mod health;
 pub mod metrics;
 pub mod prompts;
@@ -18,5 +19,6 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .configure(proxy::configure)
         .configure(prompts::configure)
         .configure(agent::configure)
-        .configure(search::configure);
+        .configure(search::configure)
+        .configure(embeddings::configure);
 }

@@ -178,18 +178,17 @@ fn describe() {
 }
 
 /// Logging set-up for the binaries: `AIGW_LOGGING__LEVEL` (info) is an
-/// env-filter directive, `AIGW_LOGGING__FORMAT_JSON` switches to JSON lines.
+/// env-filter directive; `AIGW_LOGGING__FORMAT_JSON` switches to JSON lines on
+/// stdout (where container log collectors expect them); text goes to stderr.
 pub fn init_logging(level: &str, json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_new(level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
     // Another subscriber may already be set (tests); keep it.
     let _ = if json {
-        builder.json().try_init()
+        builder.json().with_writer(std::io::stdout).try_init()
     } else {
-        builder.try_init()
+        builder.with_writer(std::io::stderr).try_init()
     };
 }
 

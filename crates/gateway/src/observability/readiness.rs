@@ -25,6 +25,8 @@ pub struct Probe {
 pub struct Readiness {
     probes: Vec<Probe>,
     passed: AtomicBool,
+    /// Set at SIGTERM: from then on the gateway is never ready again.
+    stopping: AtomicBool,
 }
 
 impl Readiness {
@@ -77,7 +79,17 @@ impl Readiness {
         Self {
             probes,
             passed: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
         }
+    }
+
+    /// The process is shutting down: readiness fails from now on.
+    pub fn begin_stopping(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
     }
 
     pub fn probes(&self) -> &[Probe] {

@@ -7,6 +7,7 @@
 mod agent_common;
 mod app_support;
 mod stream_support;
+mod workflow_support;
 
 mod agent_api;
 mod agent_prompt;
@@ -14,6 +15,7 @@ mod agent_stream;
 mod app_health;
 mod auth_flows;
 mod body_limits;
+mod code_embeddings;
 mod docs_search;
 mod fuzz_requests;
 mod hostile_requests;
@@ -23,3 +25,5 @@ mod prompts_registry;
 mod providers;
 mod proxy_contract;
 mod vertex_provider;
+mod workflow_prompts;
+mod workflow_service;

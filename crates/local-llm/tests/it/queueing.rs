@@ -5,6 +5,7 @@
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
+    clippy::panic,
     reason = "a failed fixture fails the test"
 )]
 
@@ -32,6 +33,7 @@ struct Gated {
     base: String,
     engine: EngineGate,
     embedder: EmbedGate,
+    state: AppState,
 }
 
 /// A server whose models are test doubles; no weights needed.
@@ -42,11 +44,13 @@ async fn gated_server(pieces: &[&str], tweak: impl FnOnce(&mut Config)) -> Gated
     let (engine, engine_gate) = gated_engine(pieces);
     let chat = GenerationQueue::start(config.queue_capacity, move || Ok(engine)).expect("queue");
     let (embedder, embed_gate) = gated_embedder();
-    let base = common::start_app(AppState::from_parts(config, chat, Arc::new(embedder)).expect("app state")).await;
+    let state = AppState::from_parts(config, chat, Arc::new(embedder)).expect("app state");
+    let base = common::start_app(state.clone()).await;
     Gated {
         base,
         engine: engine_gate,
         embedder: embed_gate,
+        state,
     }
 }
 
@@ -389,4 +393,76 @@ async fn embeddings_are_admitted_boundedly_and_refused_with_503_when_full() {
     let health = health(&app.base).await;
     assert_eq!(health["embedding_queue"]["waiting"], 0, "{health}");
     assert_eq!(health["embedding_queue"]["running"], 0, "{health}");
+}
+
+/// One figure from the Prometheus text of `/metrics`.
+async fn metric(base: &str, name: &str) -> f64 {
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(text.contains(&format!("# TYPE {name} ")), "{text}");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
+#[actix_web::test]
+async fn metrics_show_queue_generations_and_tokens_and_readiness_ends_when_stopping() {
+    let mut app = gated_server(&["a", "b"], |_| {}).await;
+    assert_eq!(
+        metric(&app.base, "duo_local_llm_completion_tokens_total").await,
+        0.0
+    );
+    let (running, queued) = one_running_one_waiting(&mut app, "waiting").await;
+    assert_eq!(
+        metric(&app.base, "duo_local_llm_generations_in_flight").await,
+        1.0
+    );
+    assert_eq!(
+        metric(&app.base, "duo_local_llm_chat_queue_waiting").await,
+        1.0
+    );
+    assert_eq!(
+        metric(&app.base, "duo_local_llm_chat_queue_capacity").await,
+        16.0
+    );
+
+    app.engine.allow(4);
+    for pending in [running, queued] {
+        let (status, body) = pending.await.expect("request");
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    assert_eq!(
+        metric(&app.base, "duo_local_llm_generations_in_flight").await,
+        0.0
+    );
+    assert_eq!(
+        metric(&app.base, "duo_local_llm_generations_total").await,
+        2.0
+    );
+    assert_eq!(
+        metric(&app.base, "duo_local_llm_completion_tokens_total").await,
+        4.0
+    );
+    assert!(metric(&app.base, "duo_local_llm_prompt_tokens_total").await > 0.0);
+
+    let ready = format!("{}/ready", app.base);
+    assert_eq!(
+        reqwest::get(&ready).await.expect("ready").status(),
+        StatusCode::OK
+    );
+    app.state.begin_stopping();
+    let answer = reqwest::get(&ready).await.expect("ready");
+    assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        answer.json::<Value>().await.expect("json")["status"],
+        "stopping"
+    );
+    assert_eq!(metric(&app.base, "duo_local_llm_stopping").await, 1.0);
+    // Still alive and serving while it drains.
+    assert_eq!(health(&app.base).await["status"], "ok");
 }

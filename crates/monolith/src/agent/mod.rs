@@ -6,7 +6,6 @@
 //! page resource (dropped when the user cannot read it), loads the history,
 //! then either runs a slash command or the ReAct loop against the AI gateway.
 
-pub mod gateway_client;
 pub mod history;
 pub mod react_executor;
 pub mod repository_file;
@@ -33,7 +32,7 @@ use crate::config::Config;
 use crate::policy::add_ons::AddOnCatalogue;
 use crate::policy::{Actor, ChatAuthError, Policy, PolicyError, Subject};
 
-use gateway_client::{GatewayAuth, GatewayClient, GatewaySettings};
+use crate::gateway_client::{GatewayAuth, GatewayClient, GatewaySettings};
 
 /// Why the responder could not be built.
 #[derive(Debug, thiserror::Error)]

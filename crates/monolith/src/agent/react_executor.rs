@@ -18,10 +18,10 @@ use contracts::{
 };
 use futures::StreamExt;
 
-use super::gateway_client::{GatewayError, error_event_failure};
 use super::tools::{ToolBox, ToolEnv, ToolInput, ToolOutcome};
 use super::{RequestContext, Services};
 use crate::chat::completion::{ChatAnswer, ChunkSender};
+use crate::gateway_client::{GatewayError, error_event_failure};
 use contracts::{AgentEvent, DuoErrorCode};
 
 pub const MAX_STEPS: usize = 10;

@@ -17,6 +17,7 @@ mod socket;
 pub mod subscription;
 pub mod transport;
 pub mod variables;
+pub mod workflows;
 
 use std::sync::Arc;
 

@@ -24,6 +24,25 @@ impl Query {
         super::ai_models::feature_settings(ctx).await
     }
 
+    /// Duo Workflow sessions: one by id, or the caller's own.
+    async fn duo_workflow_workflows(
+        ctx: &GqlContext,
+        workflow_id: Option<AiDuoWorkflowsWorkflowId>,
+        project_path: Option<juniper::ID>,
+        #[graphql(name = "type")] workflow_type: Option<String>,
+        first: Option<i32>,
+    ) -> FieldResult<super::workflows::DuoWorkflowConnection> {
+        super::workflows::workflows(ctx, workflow_id, project_path, workflow_type, first).await
+    }
+
+    /// A Duo Workflow session's history (its checkpoints), newest first.
+    async fn duo_workflow_events(
+        ctx: &GqlContext,
+        workflow_id: AiDuoWorkflowsWorkflowId,
+    ) -> FieldResult<super::workflows::DuoWorkflowEventConnection> {
+        super::workflows::events(ctx, workflow_id).await
+    }
+
     fn current_user(ctx: &GqlContext) -> Option<CurrentUser> {
         Some(CurrentUser {
             actor: ctx.user?,

@@ -19,6 +19,7 @@ id_scalar!(GroupId, "GroupID");
 id_scalar!(UserId, "UserID");
 id_scalar!(Time, "Time");
 id_scalar!(AiSelfHostedModelId, "AiSelfHostedModelID");
+id_scalar!(AiDuoWorkflowsWorkflowId, "AiDuoWorkflowsWorkflowID");
 /// GitLab's `JSON`: any JSON value, carried as its serialised text. juniper
 /// checks variables of a scalar type to be scalars, so objects and arrays sent
 /// in variables are serialised by [`normalize_json_variables`] before juniper

@@ -15,6 +15,14 @@ pub struct Subscription;
 #[graphql_subscription]
 #[graphql(context = GqlContext)]
 impl Subscription {
+    /// A Duo Workflow session's status changes and new checkpoints.
+    async fn workflow_events_updated(
+        ctx: &GqlContext,
+        workflow_id: AiDuoWorkflowsWorkflowId,
+    ) -> FieldResult<super::workflows::DuoWorkflowEventStream> {
+        super::workflows::events_updated(ctx, workflow_id).await
+    }
+
     /// Chat messages of the signed-in user as they happen: with a
     /// `clientSubscriptionId`, the streamed chunks and then the full answer of that
     /// request; otherwise every full message (questions and answers) of `aiAction`.

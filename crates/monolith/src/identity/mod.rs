@@ -3,6 +3,7 @@
 //! monolith signs its gateway tokens with.
 
 pub mod jwt;
+pub mod oauth;
 pub mod passwords;
 pub mod request;
 pub mod secret_box;

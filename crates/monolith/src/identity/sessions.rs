@@ -86,6 +86,7 @@ pub async fn lookup(
             token_id: 0,
             // A signed-in browser may do what the user may (as on GitLab).
             scopes: vec!["api".into()],
+            service_account: None,
         },
         csrf_token: r.get(3),
     }))

@@ -29,6 +29,17 @@ pub struct AuthenticatedUser {
     pub admin: bool,
     pub token_id: i64,
     pub scopes: Vec<String>,
+    /// Composite identity: the service account whose token acts for this user
+    /// (see [`super::oauth`]); `None` for the user's own credentials.
+    pub service_account: Option<ServiceAccount>,
+}
+
+/// The service account of a composite identity token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceAccount {
+    pub id: i64,
+    pub username: String,
+    pub admin: bool,
 }
 
 impl AuthenticatedUser {
@@ -148,8 +159,13 @@ pub async fn authenticate(
              WHERE t.token_digest = $1",
             &[&wanted],
         )
-        .await?
-        .ok_or(TokenError::Invalid)?;
+        .await?;
+    let Some(row) = row else {
+        // Not a personal access token: perhaps an `ai_workflows` OAuth token.
+        return super::oauth::authenticate(client, presented.trim())
+            .await?
+            .ok_or(TokenError::Invalid);
+    };
     let stored: Vec<u8> = row.get(1);
     // The index lookup already matched; compare again in constant time so the
     // decision itself never depends on how many bytes agree.
@@ -178,6 +194,7 @@ pub async fn authenticate(
         admin: row.get(7),
         token_id,
         scopes: row.get(2),
+        service_account: None,
     })
 }
 

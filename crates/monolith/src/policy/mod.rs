@@ -15,7 +15,10 @@ pub mod add_ons;
 mod duo;
 mod facts;
 mod read;
+mod workflow;
 mod write;
+
+pub use workflow::WorkflowFacts;
 
 pub use write::{EditableItem, PushAccess, WriteAbility};
 

@@ -24,6 +24,9 @@ mod repository;
 mod repository_commits;
 pub mod resources;
 pub mod users;
+pub mod workflows;
+mod workflows_internal;
+mod workflows_socket;
 
 pub use error::ApiError;
 
@@ -34,7 +37,30 @@ use crate::identity::request::request_user;
 use crate::identity::tokens::{AuthenticatedUser, TokenError};
 
 /// The signed-in user, `None` when no token was sent; a bad token is a 401.
+/// A Duo Workflow token (`ai_workflows` only) is refused here: it is good for
+/// the workflow endpoints alone, which ask through [`require_user`].
 pub async fn optional_user(
+    state: &AppState,
+    req: &HttpRequest,
+) -> Result<Option<AuthenticatedUser>, ApiError> {
+    let user = token_user(state, req).await?;
+    if let Some(u) = &user
+        && workflow_only(u)
+    {
+        return Err(ApiError::InsufficientScope(READ_SCOPES.join(" ")));
+    }
+    Ok(user)
+}
+
+/// Whether the token carries nothing but Duo Workflow's scope (and the
+/// `user:<id>` of a composite identity).
+fn workflow_only(user: &AuthenticatedUser) -> bool {
+    user.scopes
+        .iter()
+        .all(|s| s == crate::identity::oauth::AI_WORKFLOWS_SCOPE || s.starts_with("user:"))
+}
+
+async fn token_user(
     state: &AppState,
     req: &HttpRequest,
 ) -> Result<Option<AuthenticatedUser>, ApiError> {
@@ -52,7 +78,7 @@ pub async fn require_user(
     req: &HttpRequest,
     scopes: &[&'static str],
 ) -> Result<AuthenticatedUser, ApiError> {
-    let user = optional_user(state, req)
+    let user = token_user(state, req)
         .await?
         .ok_or(ApiError::Unauthorized)?;
     if !user.has_any_scope(scopes) {

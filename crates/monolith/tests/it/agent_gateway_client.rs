@@ -15,7 +15,7 @@ use std::time::Duration;
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
 use contracts::{AgentMessage, AgentRequest, DuoErrorCode, MessageRole};
 use futures::StreamExt;
-use monolith::agent::gateway_client::{GatewayAuth, GatewayClient, GatewaySettings};
+use monolith::gateway_client::{GatewayAuth, GatewayClient, GatewaySettings};
 use monolith::identity::jwt::KeyRing;
 
 type Seen = Arc<Mutex<Vec<Vec<(String, String)>>>>;

@@ -7,7 +7,7 @@
 )]
 
 use contracts::AgentEvent;
-use monolith::agent::gateway_client::NdjsonDecoder;
+use monolith::gateway_client::NdjsonDecoder;
 
 fn stream() -> (String, Vec<AgentEvent>) {
     let events = vec![

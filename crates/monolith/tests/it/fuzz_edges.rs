@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use contracts::AgentEvent;
-use monolith::agent::gateway_client::{MAX_EVENT_LINE_BYTES, NdjsonDecoder};
+use monolith::gateway_client::{MAX_EVENT_LINE_BYTES, NdjsonDecoder};
 use monolith::graphql::limits;
 use monolith::rest::input_guard::{encoded_has_nul, json_text_has_nul};
 use monolith::rest::path_ids::{path_segment, percent_decode};

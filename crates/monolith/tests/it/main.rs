@@ -8,6 +8,7 @@ mod agent_support;
 mod git_support;
 mod rest_support;
 mod support;
+mod workflows_support;
 
 mod agent_chat;
 mod agent_commands;
@@ -37,3 +38,9 @@ mod rest_writes;
 mod subscriptions_live;
 mod web_sign_in;
 mod worker_completion;
+mod workflows_graphql;
+mod workflows_jobs;
+mod workflows_rest;
+mod workflows_socket;
+mod workflows_state_machine;
+mod workflows_tokens;

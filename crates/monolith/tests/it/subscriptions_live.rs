@@ -243,6 +243,7 @@ async fn a_question_streams_chunks_then_the_full_answer_to_the_socket() {
                 ..Default::default()
             },
             retention_every: Duration::from_secs(3600),
+            workflows: None,
         },
     )
     .unwrap();

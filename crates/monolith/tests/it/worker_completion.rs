@@ -56,6 +56,7 @@ fn settings(lease: Duration, heartbeat: Duration, grace: Duration) -> WorkerSett
             ..Default::default()
         },
         retention_every: Duration::from_secs(3600),
+        workflows: None,
     }
 }
 

@@ -226,6 +226,8 @@ pub struct Server {
     pub lifecycle: monolith::lifecycle::Lifecycle,
     /// Where this server keeps the projects' repositories (removed on drop).
     pub repositories: std::path::PathBuf,
+    /// The server's shared state (its live-message hub, for readiness waits).
+    pub state: monolith::app_state::AppState,
 }
 
 impl Server {
@@ -271,6 +273,7 @@ impl Server {
             monolith::app_state::AppState::new(pool, config, AddOnCatalogue::built_in().unwrap())
                 .unwrap();
         let lifecycle = state.lifecycle.clone();
+        let shared = state.clone();
         let server = monolith::server::serve(state, listener).unwrap();
         let handle = server.handle();
         tokio::spawn(server);
@@ -279,6 +282,7 @@ impl Server {
             handle,
             lifecycle,
             repositories,
+            state: shared,
         }
     }
 

@@ -97,6 +97,20 @@ pub struct GatewayAuth {
     pub gateway_url: Option<url::Url>,
 }
 
+/// Which code-embedding endpoint a call uses: bulk indexing or a question.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EmbeddingPurpose {
+    Index,
+    Search,
+}
+
+/// Vectors from the gateway and the model that made them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CodeEmbeddings {
+    pub model: String,
+    pub vectors: Vec<Vec<f32>>,
+}
+
 /// Settings of [`GatewayClient`].
 #[derive(Debug, Clone)]
 pub struct GatewaySettings {
@@ -317,6 +331,58 @@ impl GatewayClient {
             .map_err(|e| GatewayError::from_reqwest(&e))?;
         // The gateway answers a JSON string; accept plain text too.
         Ok(serde_json::from_str::<String>(&text).unwrap_or(text))
+    }
+
+    /// `/v1/embeddings/code_embeddings/{index,search}`: one vector per text, in
+    /// order, and the model that made them (recorded with the vectors, so a
+    /// change of model re-indexes instead of mixing vectors).
+    pub async fn code_embeddings(
+        &self,
+        auth: &GatewayAuth,
+        purpose: EmbeddingPurpose,
+        texts: &[String],
+    ) -> Result<CodeEmbeddings, GatewayError> {
+        let path = match purpose {
+            EmbeddingPurpose::Index => "/v1/embeddings/code_embeddings/index",
+            EmbeddingPurpose::Search => "/v1/embeddings/code_embeddings/search",
+        };
+        let body = serde_json::json!({ "contents": texts });
+        let response = self.post(auth, path, &body).await?;
+        let value: Value = response
+            .json()
+            .await
+            .map_err(|e| GatewayError::Body(e.to_string()))?;
+        let model = value["model"]["identifier"]
+            .as_str()
+            .or_else(|| value["model"]["name"].as_str())
+            .unwrap_or_default()
+            .to_owned();
+        let mut indexed: Vec<(u64, Vec<f32>)> = value["predictions"]
+            .as_array()
+            .ok_or_else(|| GatewayError::Body("no predictions".into()))?
+            .iter()
+            .map(|p| {
+                let vector = p["embedding"]
+                    .as_array()?
+                    .iter()
+                    .map(|v| v.as_f64().map(|f| f as f32))
+                    .collect::<Option<Vec<f32>>>()?;
+                Some((p["index"].as_u64()?, vector))
+            })
+            .collect::<Option<_>>()
+            .ok_or_else(|| GatewayError::Body("malformed predictions".into()))?;
+        indexed.sort_by_key(|(i, _)| *i);
+        if indexed.len() != texts.len() {
+            return Err(GatewayError::Body(format!(
+                "{} vectors for {} texts",
+                indexed.len(),
+                texts.len()
+            )));
+        }
+        Ok(CodeEmbeddings {
+            model,
+            vectors: indexed.into_iter().map(|(_, v)| v).collect(),
+        })
     }
 
     /// Runs `/v1/prompts/<prompt_id>` with `stream: true`: plain text deltas.

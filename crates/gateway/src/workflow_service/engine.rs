@@ -1,0 +1,1035 @@
+//! The graph engine: runs a flow's nodes one step at a time, persisting a
+//! checkpoint after every step through the executor, pausing at approval
+//! interrupts, and resuming from the newest checkpoint.
+//!
+//! Flows are data ([`Flow::agents`]): each agent is a model node `<name>`
+//! and a tools node `<name>_tools`; `plan_approval` is the one special node.
+
+use super::gitlab::{GitLab, GitLabError, WorkflowRecord};
+use super::link::{ExecutorLink, INFRA_STOP_REASONS, LinkError, StreamSignal};
+use super::model::{AgentModelMetadata, ModelRoute, ModelTurn, ToolCallingModel, route_for};
+use super::state::{
+    Message, PlanStep, ToolCall, ToolInfo, UiChatLogEntry, WorkflowState, WorkflowStatus,
+    checkpoint_body, new_thread_ts,
+};
+use super::tools::{self, ToolKind, ToolPolicy, ToolResult};
+use crate::config::{PromptsConfig, ProvidersConfig, WorkflowServiceConfig};
+use crate::prompts::{PromptDefinition, PromptRegistry, TemplateRole};
+use contracts::duo_workflow::{NewCheckpoint, StartWorkflowRequest, approval};
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use tonic::Status;
+
+/// Shared by every run.
+pub struct Services {
+    pub providers: ProvidersConfig,
+    pub prompts_config: PromptsConfig,
+    pub prompts: Arc<PromptRegistry>,
+    pub model: ToolCallingModel,
+    pub config: WorkflowServiceConfig,
+}
+
+/// The flows this service runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    Chat,
+    SoftwareDevelopment,
+}
+
+/// One agent of a flow.
+#[derive(Debug, Clone, Copy)]
+pub struct AgentSpec {
+    pub name: &'static str,
+    pub prompt_id: &'static str,
+    pub tools: &'static [&'static str],
+    /// Where the graph goes when the agent answers without tool calls.
+    pub done: Option<&'static str>,
+}
+
+const WORKSPACE_AND_GITLAB_READS: &[&str] = &[
+    "read_file",
+    "read_files",
+    "list_dir",
+    "find_files",
+    "grep",
+    "get_issue",
+    "list_issue_notes",
+    "get_merge_request",
+    "get_pipeline_errors",
+    "get_repository_file",
+];
+
+const ALL_TOOLS: &[&str] = &[
+    "read_file",
+    "read_files",
+    "list_dir",
+    "find_files",
+    "grep",
+    "create_file_with_contents",
+    "edit_file",
+    "mkdir",
+    "run_command",
+    "run_git_command",
+    "get_issue",
+    "list_issue_notes",
+    "get_merge_request",
+    "get_pipeline_errors",
+    "get_repository_file",
+    "create_issue_note",
+    "create_merge_request",
+];
+
+const CHAT_AGENTS: &[AgentSpec] = &[AgentSpec {
+    name: "chat",
+    prompt_id: "workflow/chat",
+    tools: ALL_TOOLS,
+    done: None,
+}];
+
+const SOFTWARE_DEVELOPMENT_AGENTS: &[AgentSpec] = &[
+    AgentSpec {
+        name: "context_builder",
+        prompt_id: "workflow/software_development/context_builder",
+        tools: WORKSPACE_AND_GITLAB_READS,
+        done: Some("planner"),
+    },
+    AgentSpec {
+        name: "planner",
+        prompt_id: "workflow/software_development/planner",
+        tools: &["create_plan"],
+        done: Some(PLAN_APPROVAL),
+    },
+    AgentSpec {
+        name: "executor",
+        prompt_id: "workflow/software_development/executor",
+        tools: ALL_TOOLS,
+        done: None,
+    },
+];
+
+const PLAN_APPROVAL: &str = "plan_approval";
+const TOOLS_SUFFIX: &str = "_tools";
+
+impl Flow {
+    /// From the start request: `workflowDefinition`, else `flowConfigId`.
+    pub fn from_request(start: &StartWorkflowRequest) -> Result<Self, Status> {
+        if start.flow_config.is_some() {
+            return Err(Status::invalid_argument(
+                "inline flow configurations (flowConfig) are not supported by this service",
+            ));
+        }
+        let name = Some(start.workflow_definition.as_str())
+            .filter(|d| !d.is_empty())
+            .or(start.flow_config_id.as_deref())
+            .unwrap_or("software_development");
+        Self::named(name)
+            .ok_or_else(|| Status::invalid_argument(format!("Unknown workflow definition: {name}")))
+    }
+
+    pub fn named(name: &str) -> Option<Self> {
+        // GitLab versions chat and the developer flow; any version is ours.
+        match name.split('/').next().unwrap_or(name) {
+            "chat" | "chat-partial" => Some(Self::Chat),
+            "software_development" | "developer" => Some(Self::SoftwareDevelopment),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Chat => "chat",
+            Self::SoftwareDevelopment => "software_development",
+        }
+    }
+
+    pub fn agents(self) -> &'static [AgentSpec] {
+        match self {
+            Self::Chat => CHAT_AGENTS,
+            Self::SoftwareDevelopment => SOFTWARE_DEVELOPMENT_AGENTS,
+        }
+    }
+
+    fn entry(self) -> &'static str {
+        self.agents()[0].name
+    }
+
+    fn agent(self, name: &str) -> Option<&'static AgentSpec> {
+        self.agents().iter().find(|a| a.name == name)
+    }
+}
+
+/// How a stream ended without an error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunOutcome {
+    Finished,
+    /// Waiting for the user (approval or input).
+    Paused(WorkflowStatus),
+    Stopped,
+}
+
+impl RunOutcome {
+    pub fn message(&self) -> &'static str {
+        match self {
+            Self::Stopped => "workflow execution stopped",
+            _ => "workflow execution success",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    PermissionDenied(String),
+    #[error("{0}")]
+    FailedPrecondition(String),
+    #[error("the executor disconnected")]
+    HungUp,
+    #[error("{0}")]
+    TooLarge(String),
+    #[error("workflow execution failure: {kind}: {message}")]
+    Failure { kind: &'static str, message: String },
+}
+
+impl RunError {
+    pub fn status(&self) -> Status {
+        let message = self.to_string();
+        match self {
+            Self::InvalidArgument(_) => Status::invalid_argument(message),
+            Self::PermissionDenied(_) => Status::permission_denied(message),
+            Self::FailedPrecondition(_) => Status::failed_precondition(message),
+            Self::HungUp => Status::cancelled(message),
+            Self::TooLarge(_) => Status::resource_exhausted(message),
+            Self::Failure { .. } => Status::internal(message),
+        }
+    }
+
+    fn failure(kind: &'static str, message: impl std::fmt::Display) -> Self {
+        Self::Failure {
+            kind,
+            message: message.to_string(),
+        }
+    }
+}
+
+impl From<LinkError> for RunError {
+    fn from(err: LinkError) -> Self {
+        match err {
+            LinkError::HungUp => Self::HungUp,
+            LinkError::TooLarge(_) => Self::TooLarge(err.to_string()),
+            LinkError::Timeout(_) => Self::failure("ExecutorTimeout", err),
+        }
+    }
+}
+
+impl From<GitLabError> for RunError {
+    fn from(err: GitLabError) -> Self {
+        match err {
+            GitLabError::Link(link) => link.into(),
+            other => Self::failure("GitLabError", other),
+        }
+    }
+}
+
+/// One stream's run of one workflow.
+pub struct Run {
+    services: Arc<Services>,
+    link: ExecutorLink,
+    gitlab: GitLab,
+    workflow_id: String,
+    flow: Flow,
+    record: WorkflowRecord,
+    policy: ToolPolicy,
+    state: WorkflowState,
+    parent_ts: Option<String>,
+    model_metadata: Option<AgentModelMetadata>,
+    command_timeout: bool,
+    additional_context: String,
+    model_calls: u32,
+}
+
+enum NodeEnd {
+    Ran(Result<(), RunError>),
+    Interrupted(StreamSignal),
+}
+
+/// Is `id` a plausible workflow id (digits only, bounded)?
+fn valid_workflow_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 20 && id.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// The first status event of a run, from the monolith's status.
+fn initial_event(status: &str) -> Result<&'static str, String> {
+    Ok(match status {
+        "created" => "start",
+        "paused" | "input_required" | "plan_approval_required" | "tool_call_approval_required" => {
+            "resume"
+        }
+        "running" | "stopped" | "failed" => "retry",
+        "finished" => return Err("the workflow has finished".to_owned()),
+        other => return Err(format!("the workflow has an unknown status {other:?}")),
+    })
+}
+
+impl Run {
+    /// Loads the workflow, sends the first status event and runs it.
+    pub async fn execute(
+        services: Arc<Services>,
+        link: ExecutorLink,
+        start: StartWorkflowRequest,
+        flow: Flow,
+        model_metadata: Option<AgentModelMetadata>,
+    ) -> Result<RunOutcome, RunError> {
+        let workflow_id = start.workflow_id.trim().to_owned();
+        if !valid_workflow_id(&workflow_id) {
+            return Err(RunError::InvalidArgument(format!(
+                "bad workflow ID {:?}",
+                start.workflow_id.chars().take(40).collect::<String>()
+            )));
+        }
+        let gitlab = GitLab::new(link.clone(), services.config.http_retry_base);
+        let record = match gitlab.workflow(&workflow_id).await {
+            Ok(record) => record,
+            Err(err) if err.status() == Some(404) => {
+                return Err(RunError::InvalidArgument(format!(
+                    "workflow {workflow_id} not found"
+                )));
+            }
+            Err(err) if err.status() == Some(403) || err.status() == Some(401) => {
+                return Err(RunError::PermissionDenied(err.message()));
+            }
+            Err(err) => return Err(err.into()),
+        };
+        let event = initial_event(&record.status).map_err(RunError::FailedPrecondition)?;
+        let latest = if event == "start" {
+            None
+        } else {
+            gitlab.latest_checkpoint(&workflow_id).await?
+        };
+        let mut run = Self {
+            policy: ToolPolicy {
+                privileges: record.agent_privileges.iter().copied().collect(),
+                pre_approved: record
+                    .pre_approved_agent_privileges
+                    .iter()
+                    .copied()
+                    .collect(),
+                session_approved: session_approved_tools(&start),
+            },
+            command_timeout: start
+                .client_capabilities
+                .iter()
+                .any(|c| c == "command_timeout"),
+            additional_context: additional_context_text(&start),
+            services,
+            link,
+            gitlab,
+            workflow_id,
+            flow,
+            record,
+            state: WorkflowState::default(),
+            parent_ts: latest.as_ref().map(|c| c.thread_ts.clone()),
+            model_metadata,
+            model_calls: 0,
+        };
+        match &latest {
+            Some(stored) => {
+                run.state = WorkflowState::from_checkpoint(&stored.checkpoint).map_err(|e| {
+                    RunError::failure("CheckpointError", format!("unreadable checkpoint: {e}"))
+                })?;
+            }
+            None if event == "resume" => {
+                return Err(RunError::FailedPrecondition(format!(
+                    "workflow {} awaits input but has no checkpoint to resume from",
+                    run.workflow_id
+                )));
+            }
+            None => run.state = run.fresh_state(&start),
+        }
+        let answers = start.approval.is_some()
+            || (run.state.status == WorkflowStatus::InputRequired && !start.goal.trim().is_empty());
+        if run.state.status.awaits_approval() && !answers {
+            // An executor attaching to a paused workflow: show it what waits
+            // for the user, change nothing, and end the stream.
+            run.notify().await?;
+            return Ok(RunOutcome::Paused(run.state.status));
+        }
+        run.apply_user_decision(&start)?;
+        match run.gitlab.status_event(&run.workflow_id, event).await {
+            Ok(()) => {}
+            Err(err) if err.status() == Some(403) => {
+                return Err(RunError::PermissionDenied(err.message()));
+            }
+            Err(err) if err.status() == Some(400) => {
+                return Err(RunError::FailedPrecondition(err.message()));
+            }
+            Err(err) => return Err(err.into()),
+        }
+        if event == "start" {
+            run.persist("input").await?;
+        }
+        run.drive().await
+    }
+
+    fn fresh_state(&self, start: &StartWorkflowRequest) -> WorkflowState {
+        let goal = Some(start.goal.clone())
+            .filter(|g| !g.trim().is_empty())
+            .or_else(|| self.record.goal.clone())
+            .unwrap_or_default();
+        let mut state = WorkflowState {
+            status: WorkflowStatus::Planning,
+            goal: goal.clone(),
+            next_node: Some(self.flow.entry().to_owned()),
+            step: -1,
+            ..WorkflowState::default()
+        };
+        if !goal.is_empty() {
+            state.ui_chat_log.push(UiChatLogEntry::new("user", goal));
+        }
+        state
+    }
+
+    /// Applies the approval or rejection the start request carries to a
+    /// paused workflow.
+    fn apply_user_decision(&mut self, start: &StartWorkflowRequest) -> Result<(), RunError> {
+        let status = self.state.status;
+        if !status.awaits_approval() {
+            if self.state.next_node.is_some() {
+                self.state.status = WorkflowStatus::Execution;
+            }
+            return Ok(());
+        }
+        let decision = start
+            .approval
+            .as_ref()
+            .and_then(|a| a.user_decision.as_ref());
+        match decision {
+            Some(approval::UserDecision::Approval(_)) => {
+                self.state.status = WorkflowStatus::Execution;
+            }
+            Some(approval::UserDecision::Rejection(rejection)) => {
+                let message = rejection.message.clone().unwrap_or_default();
+                let agent = self
+                    .state
+                    .pending_agent
+                    .clone()
+                    .unwrap_or_else(|| self.flow.entry().to_owned());
+                let pending = std::mem::take(&mut self.state.pending_tool_calls);
+                let conversation = self.state.conversation(&agent);
+                for call in &pending {
+                    conversation.push(Message::tool(
+                        call,
+                        "The user rejected this tool call; it was not run.",
+                        true,
+                    ));
+                }
+                let turn = if message.trim().is_empty() {
+                    if status == WorkflowStatus::PlanApprovalRequired {
+                        "The user rejected the plan. Make a different one.".to_owned()
+                    } else {
+                        "The user rejected the tool call.".to_owned()
+                    }
+                } else {
+                    message.clone()
+                };
+                conversation.push(Message::human(turn));
+                if !message.trim().is_empty() {
+                    self.state
+                        .ui_chat_log
+                        .push(UiChatLogEntry::new("user", message));
+                }
+                self.state.status = WorkflowStatus::Execution;
+                self.state.next_node = Some(agent);
+            }
+            None if !start.goal.trim().is_empty() && status == WorkflowStatus::InputRequired => {
+                let agent = self
+                    .state
+                    .pending_agent
+                    .clone()
+                    .unwrap_or_else(|| self.flow.entry().to_owned());
+                self.state
+                    .conversation(&agent)
+                    .push(Message::human(start.goal.clone()));
+                self.state.status = WorkflowStatus::Execution;
+                self.state.next_node = Some(agent);
+            }
+            None => {
+                return Err(RunError::InvalidArgument(format!(
+                    "workflow {} is waiting for the user: the start request must carry an approval or a rejection",
+                    self.workflow_id
+                )));
+            }
+        }
+        self.state.pending_agent = None;
+        Ok(())
+    }
+
+    /// Runs nodes until the graph ends, pauses or is stopped.
+    async fn drive(mut self) -> Result<RunOutcome, RunError> {
+        while let Some(node) = self.state.next_node.clone() {
+            if let StreamSignal::Stop(reason) = self.link.signal() {
+                return self.stop(&reason).await;
+            }
+            let link = self.link.clone();
+            let step = tokio::select! {
+                result = self.run_node(&node) => NodeEnd::Ran(result),
+                signal = link.interrupted() => NodeEnd::Interrupted(signal),
+            };
+            match step {
+                NodeEnd::Ran(Ok(())) => {}
+                NodeEnd::Ran(Err(err)) => return self.fail(err).await,
+                NodeEnd::Interrupted(StreamSignal::Stop(reason)) => {
+                    return self.stop(&reason).await;
+                }
+                NodeEnd::Interrupted(_) => return Err(RunError::HungUp),
+            }
+            self.state.step += 1;
+            if self.state.status.awaits_approval() {
+                let event = match self.state.status {
+                    WorkflowStatus::PlanApprovalRequired => "require_plan_approval",
+                    WorkflowStatus::InputRequired => "require_input",
+                    _ => "require_tool_call_approval",
+                };
+                if let Err(err) = self.gitlab.status_event(&self.workflow_id, event).await {
+                    return self.fail(err.into()).await;
+                }
+                self.persist("loop").await?;
+                return Ok(RunOutcome::Paused(self.state.status));
+            }
+            if self.state.next_node.is_none() {
+                self.state.status = WorkflowStatus::Completed;
+                self.state
+                    .ui_chat_log
+                    .push(UiChatLogEntry::new("workflow_end", "Workflow completed."));
+            }
+            if let Err(err) = self.save().await {
+                return self.fail(err).await;
+            }
+            if self.state.status == WorkflowStatus::Completed
+                && let Err(err) = self.gitlab.status_event(&self.workflow_id, "finish").await
+            {
+                return self.fail(err.into()).await;
+            }
+            self.notify().await?;
+        }
+        Ok(RunOutcome::Finished)
+    }
+
+    async fn stop(mut self, reason: &str) -> Result<RunOutcome, RunError> {
+        if INFRA_STOP_REASONS.contains(&reason) {
+            // The session is resumed later from the newest checkpoint.
+            return Ok(RunOutcome::Stopped);
+        }
+        self.state.status = WorkflowStatus::Cancelled;
+        self.state.next_node = None;
+        self.persist("loop").await?;
+        self.gitlab.status_event(&self.workflow_id, "stop").await?;
+        Ok(RunOutcome::Stopped)
+    }
+
+    /// Records the failure in the monolith (when the executor is still
+    /// there) and ends the stream with it.
+    async fn fail(mut self, err: RunError) -> Result<RunOutcome, RunError> {
+        if matches!(err, RunError::HungUp) {
+            return Err(err);
+        }
+        tracing::warn!(workflow_id = %self.workflow_id, error = %err, "workflow failed");
+        self.state.status = WorkflowStatus::Error;
+        let _ = self.persist("loop").await;
+        let _ = self.gitlab.status_event(&self.workflow_id, "drop").await;
+        Err(err)
+    }
+
+    /// Saves a checkpoint and tells the client.
+    async fn persist(&mut self, source: &str) -> Result<(), RunError> {
+        self.save_as(source).await?;
+        self.notify().await
+    }
+
+    async fn save(&mut self) -> Result<(), RunError> {
+        self.save_as("loop").await
+    }
+
+    async fn save_as(&mut self, source: &str) -> Result<(), RunError> {
+        let thread_ts = new_thread_ts();
+        let stored_metadata = self.model_metadata.as_ref().map(AgentModelMetadata::stored);
+        let body = checkpoint_body(
+            &self.state,
+            &thread_ts,
+            self.parent_ts.as_deref(),
+            source,
+            stored_metadata.as_ref(),
+        );
+        self.gitlab
+            .save_checkpoint(&self.workflow_id, &body)
+            .await?;
+        self.parent_ts = Some(thread_ts);
+        Ok(())
+    }
+
+    async fn notify(&self) -> Result<(), RunError> {
+        self.link
+            .notify(NewCheckpoint {
+                status: self.state.status.checkpoint_status().to_owned(),
+                checkpoint: self.state.client_view(),
+                goal: self.state.goal.clone(),
+                errors: Vec::new(),
+                agent_context_usage: Default::default(),
+            })
+            .await
+            .map_err(RunError::from)
+    }
+
+    async fn run_node(&mut self, node: &str) -> Result<(), RunError> {
+        if node == PLAN_APPROVAL {
+            self.state.status = WorkflowStatus::PlanApprovalRequired;
+            self.state.pending_agent = Some("planner".to_owned());
+            self.state.next_node = Some("executor".to_owned());
+            let steps: Vec<String> = self
+                .state
+                .plan
+                .steps
+                .iter()
+                .map(|s| format!("- {}", s.description))
+                .collect();
+            let mut entry = UiChatLogEntry::new(
+                "request",
+                format!("Approve this plan?\n{}", steps.join("\n")),
+            );
+            entry.status = Some("pending".to_owned());
+            self.state.ui_chat_log.push(entry);
+            return Ok(());
+        }
+        if let Some(agent) = node.strip_suffix(TOOLS_SUFFIX) {
+            let spec = self
+                .flow
+                .agent(agent)
+                .ok_or_else(|| RunError::failure("GraphError", format!("unknown node {node}")))?;
+            return self.run_tools(spec).await;
+        }
+        let spec = self
+            .flow
+            .agent(node)
+            .ok_or_else(|| RunError::failure("GraphError", format!("unknown node {node}")))?;
+        self.run_agent(spec).await
+    }
+
+    fn prompt(&self, spec: &AgentSpec) -> Result<Arc<PromptDefinition>, RunError> {
+        let registry = &self.services.prompts;
+        let configured = self
+            .services
+            .prompts_config
+            .default_families
+            .get(spec.prompt_id)
+            .map(String::as_str)
+            .unwrap_or(&self.services.prompts_config.default_family);
+        let family = self
+            .model_metadata
+            .as_ref()
+            .and_then(AgentModelMetadata::family)
+            .unwrap_or(configured);
+        registry
+            .resolve(spec.prompt_id, family, None)
+            .or_else(|_| registry.resolve(spec.prompt_id, "base", None))
+            .map_err(|e| RunError::failure("PromptError", e))
+    }
+
+    fn prompt_inputs(&self, spec: &AgentSpec, tool_names: &[&str]) -> Value {
+        let plan: Vec<&str> = self
+            .state
+            .plan
+            .steps
+            .iter()
+            .map(|s| s.description.as_str())
+            .collect();
+        json!({
+            "goal": self.state.goal,
+            "agent": spec.name,
+            "project_id": self.record.project_id,
+            "tool_names": tool_names,
+            "additional_context": self.additional_context,
+            "context": self.state.agent_results.get("context_builder").cloned().unwrap_or_default(),
+            "plan": plan,
+        })
+    }
+
+    async fn run_agent(&mut self, spec: &AgentSpec) -> Result<(), RunError> {
+        let tools = self.policy.tools(spec.tools);
+        let tool_names: Vec<&str> = tools.iter().map(|t| t.name).collect();
+        let definition = self.prompt(spec)?;
+        let inputs = self.prompt_inputs(spec, &tool_names);
+        let rendered = definition
+            .render(&self.services.prompts, &inputs)
+            .map_err(|e| RunError::failure("PromptError", e))?;
+        let system: Vec<&str> = rendered
+            .iter()
+            .filter(|m| m.role == TemplateRole::System)
+            .map(|m| m.content.as_str())
+            .collect();
+        let system = system.join("\n\n");
+        if self.state.conversation(spec.name).is_empty() {
+            let first: Vec<String> = rendered
+                .iter()
+                .filter(|m| m.role == TemplateRole::User)
+                .map(|m| m.content.clone())
+                .collect();
+            self.state
+                .conversation(spec.name)
+                .push(Message::human(first.join("\n\n")));
+        }
+        if self.model_calls >= self.services.config.max_model_calls {
+            return Err(RunError::failure(
+                "StepLimit",
+                format!(
+                    "the run made {} model calls, the most one stream may make",
+                    self.model_calls
+                ),
+            ));
+        }
+        self.model_calls += 1;
+        let route = route_for(
+            &self.services.providers,
+            &definition,
+            self.model_metadata.as_ref(),
+        )
+        .map_err(|e| RunError::failure("ModelChoiceError", e))?;
+        let budget = self
+            .services
+            .config
+            .max_context_tokens
+            .saturating_sub(system.len() / 4);
+        trim_context(self.state.conversation(spec.name), budget);
+        let schemas: Vec<_> = tools.iter().map(|t| t.schema()).collect();
+        let params = definition.model_params();
+        let turn = self
+            .services
+            .model
+            .complete(
+                &route,
+                &system,
+                self.state
+                    .conversation_history
+                    .get(spec.name)
+                    .map_or(&[][..], Vec::as_slice),
+                &schemas,
+                &params,
+            )
+            .await
+            .map_err(|e| RunError::failure("ModelError", e))?;
+        self.take_turn(spec, turn, &route);
+        Ok(())
+    }
+
+    /// Records the model's turn and decides where the graph goes.
+    fn take_turn(&mut self, spec: &AgentSpec, turn: ModelTurn, _route: &ModelRoute) {
+        let ModelTurn {
+            text,
+            tool_calls,
+            invalid_calls,
+        } = turn;
+        // PostgreSQL's jsonb refuses NUL characters, and checkpoints carry this.
+        let text = text.replace('\0', "\u{fffd}");
+        let mut tool_calls = tool_calls;
+        for call in &mut tool_calls {
+            scrub_nul(&mut call.args);
+        }
+        let mut all_calls = tool_calls.clone();
+        all_calls.extend(invalid_calls.iter().map(|(id, name, _)| ToolCall {
+            id: id.clone(),
+            name: name.clone(),
+            args: json!({}),
+        }));
+        self.state.conversation(spec.name).push(Message::AiMessage {
+            content: text.clone(),
+            tool_calls: all_calls,
+        });
+        if !text.trim().is_empty() {
+            self.state
+                .ui_chat_log
+                .push(UiChatLogEntry::new("agent", text.clone()));
+        }
+        // Invalid calls are answered right away so the model can correct
+        // itself; the valid ones go on.
+        let mut valid = Vec::new();
+        let mut answered_invalid = false;
+        for (id, name, reason) in invalid_calls {
+            let call = ToolCall {
+                id,
+                name,
+                args: json!({}),
+            };
+            self.state.conversation(spec.name).push(Message::tool(
+                &call,
+                format!("Invalid tool call: {reason}. Fix the call and try again."),
+                true,
+            ));
+            answered_invalid = true;
+        }
+        for call in tool_calls {
+            let problem = match tools::find(&call.name) {
+                Some(tool) if spec.tools.contains(&tool.name) && self.policy.enabled(tool) => {
+                    tools::validate_args(tool, &call.args).err()
+                }
+                Some(_) => Some(format!(
+                    "the tool {} is not available to this workflow",
+                    call.name
+                )),
+                None => Some(format!("there is no tool named {}", call.name)),
+            };
+            match problem {
+                Some(reason) => {
+                    self.state.conversation(spec.name).push(Message::tool(
+                        &call,
+                        format!("Invalid tool call: {reason}. Fix the call and try again."),
+                        true,
+                    ));
+                    answered_invalid = true;
+                }
+                None => valid.push(call),
+            }
+        }
+        if valid.is_empty() {
+            if answered_invalid {
+                self.state.next_node = Some(spec.name.to_owned());
+            } else {
+                self.state.agent_results.insert(spec.name.to_owned(), text);
+                self.state.next_node = spec.done.map(str::to_owned);
+                if spec.name == "planner" && self.state.plan.steps.is_empty() {
+                    self.plan_from_text();
+                }
+            }
+            return;
+        }
+        let needs_approval: Vec<&ToolCall> = valid
+            .iter()
+            .filter(|c| tools::find(&c.name).is_some_and(|t| self.policy.needs_approval(t)))
+            .collect();
+        for call in &needs_approval {
+            let mut entry = UiChatLogEntry::new(
+                "request",
+                format!(
+                    "Tool {} requires approval. Please confirm if you want to proceed.",
+                    call.name
+                ),
+            );
+            entry.status = Some("pending".to_owned());
+            entry.correlation_id = Some(call.id.clone());
+            entry.tool_info = Some(ToolInfo {
+                name: call.name.clone(),
+                args: call.args.clone(),
+                tool_response: None,
+            });
+            self.state.ui_chat_log.push(entry);
+        }
+        if !needs_approval.is_empty() {
+            self.state.status = WorkflowStatus::ToolCallApprovalRequired;
+            self.state.pending_agent = Some(spec.name.to_owned());
+        } else {
+            self.state.status = WorkflowStatus::Execution;
+        }
+        self.state.pending_tool_calls = valid;
+        self.state.next_node = Some(format!("{}{TOOLS_SUFFIX}", spec.name));
+    }
+
+    fn plan_from_text(&mut self) {
+        let text = self
+            .state
+            .agent_results
+            .get("planner")
+            .cloned()
+            .unwrap_or_default();
+        let steps = text
+            .lines()
+            .map(|l| l.trim().trim_start_matches(['-', '*', ' ']).trim())
+            .map(|l| {
+                l.trim_start_matches(|c: char| c.is_ascii_digit() || c == '.')
+                    .trim()
+            })
+            .filter(|l| !l.is_empty());
+        self.set_plan(steps.map(str::to_owned).collect());
+    }
+
+    fn set_plan(&mut self, steps: Vec<String>) {
+        self.state.plan.steps = steps
+            .into_iter()
+            .take(50)
+            .enumerate()
+            .map(|(n, description)| PlanStep {
+                id: format!("task-{n}"),
+                description,
+                status: "Not Started".to_owned(),
+            })
+            .collect();
+    }
+
+    async fn run_tools(&mut self, spec: &AgentSpec) -> Result<(), RunError> {
+        let pending = std::mem::take(&mut self.state.pending_tool_calls);
+        let mut next = Some(spec.name.to_owned());
+        for call in pending {
+            let Some(tool) = tools::find(&call.name) else {
+                continue;
+            };
+            let result = match tool.kind {
+                ToolKind::WorkspaceRead | ToolKind::Executor => {
+                    tools::run_executor_tool(&self.link, &call, self.command_timeout).await?
+                }
+                ToolKind::GitLab => {
+                    tools::run_gitlab_tool(&self.gitlab, &call, self.record.project_id).await?
+                }
+                ToolKind::Internal => {
+                    let steps: Vec<String> = call.args["steps"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|s| s.as_str().map(str::to_owned))
+                        .collect();
+                    self.set_plan(steps);
+                    // The plan is the planner's last word.
+                    next = spec.done.map(str::to_owned);
+                    ToolResult {
+                        content: "The plan is recorded.".to_owned(),
+                        is_error: false,
+                    }
+                }
+            };
+            let mut entry = UiChatLogEntry::new("tool", format!("Used tool {}", call.name));
+            entry.status = Some(
+                if result.is_error {
+                    "failure"
+                } else {
+                    "success"
+                }
+                .to_owned(),
+            );
+            entry.correlation_id = Some(call.id.clone());
+            entry.tool_info = Some(ToolInfo {
+                name: call.name.clone(),
+                args: call.args.clone(),
+                tool_response: Some(result.content.chars().take(2000).collect()),
+            });
+            self.state.ui_chat_log.push(entry);
+            self.state.conversation(spec.name).push(Message::tool(
+                &call,
+                result.content,
+                result.is_error,
+            ));
+        }
+        self.state.status = WorkflowStatus::Execution;
+        self.state.next_node = next;
+        Ok(())
+    }
+}
+
+/// Tool names the client pre-approved for the session; honoured only when
+/// the workflow metadata enables session approvals (as GitLab does).
+fn session_approved_tools(start: &StartWorkflowRequest) -> BTreeSet<String> {
+    let enabled = serde_json::from_str::<Value>(&start.workflow_metadata)
+        .ok()
+        .and_then(|m| m["tool_approval_for_session_enabled"].as_bool())
+        .unwrap_or(false);
+    if !enabled {
+        return BTreeSet::new();
+    }
+    start.preapproved_tools.iter().cloned().collect()
+}
+
+/// The start request's additional context as text for the first prompt.
+fn additional_context_text(start: &StartWorkflowRequest) -> String {
+    start
+        .additional_context
+        .iter()
+        .take(20)
+        .map(|item| {
+            let content: String = item
+                .content
+                .as_deref()
+                .unwrap_or_default()
+                .chars()
+                .take(20_000)
+                .collect();
+            format!(
+                "<{category} id={id:?}>\n{content}\n</{category}>",
+                category = item
+                    .category
+                    .chars()
+                    .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect::<String>(),
+                id = item.id.as_deref().unwrap_or_default(),
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Replaces NUL characters in every string of `value`.
+fn scrub_nul(value: &mut Value) {
+    match value {
+        Value::String(text) if text.contains('\0') => *text = text.replace('\0', "\u{fffd}"),
+        Value::Array(items) => items.iter_mut().for_each(scrub_nul),
+        Value::Object(map) => map.values_mut().for_each(scrub_nul),
+        _ => {}
+    }
+}
+
+/// Drops the oldest exchanges (an AI turn with its tool results) after the
+/// first message until the estimate fits `budget` tokens.
+pub fn trim_context(conversation: &mut Vec<Message>, budget: usize) {
+    let total = |c: &[Message]| c.iter().map(Message::estimated_tokens).sum::<usize>();
+    while conversation.len() > 2 && total(conversation) > budget {
+        conversation.remove(1);
+        // Tool results without their call would be refused by providers.
+        while conversation.len() > 1 && matches!(conversation[1], Message::ToolMessage { .. }) {
+            conversation.remove(1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn initial_events_follow_the_monolith_status() {
+        assert_eq!(initial_event("created"), Ok("start"));
+        assert_eq!(initial_event("tool_call_approval_required"), Ok("resume"));
+        assert_eq!(initial_event("running"), Ok("retry"));
+        assert_eq!(initial_event("stopped"), Ok("retry"));
+        assert!(initial_event("finished").is_err());
+    }
+
+    #[test]
+    fn flows_by_name() {
+        assert_eq!(Flow::named("chat"), Some(Flow::Chat));
+        assert_eq!(
+            Flow::named("software_development"),
+            Some(Flow::SoftwareDevelopment)
+        );
+        assert_eq!(Flow::named("nope"), None);
+        assert!(!valid_workflow_id("1/../2"));
+        assert!(valid_workflow_id("42"));
+    }
+
+    #[test]
+    fn trimming_keeps_the_goal_and_whole_exchanges() {
+        let call = ToolCall {
+            id: "1".into(),
+            name: "read_file".into(),
+            args: json!({}),
+        };
+        let mut conversation = vec![
+            Message::human("goal"),
+            Message::AiMessage {
+                content: "x".repeat(400),
+                tool_calls: vec![call.clone()],
+            },
+            Message::tool(&call, "y".repeat(4000), false),
+            Message::human("latest"),
+        ];
+        trim_context(&mut conversation, 50);
+        assert_eq!(conversation.len(), 2);
+        assert_eq!(conversation[0], Message::human("goal"));
+        assert_eq!(conversation[1], Message::human("latest"));
+    }
+}

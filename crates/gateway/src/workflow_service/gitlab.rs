@@ -1,0 +1,218 @@
+//! The monolith, reached only through the executor (`runHTTPRequest`): the
+//! workflow record, status events and checkpoints.
+
+use super::link::{ExecutorLink, LinkError};
+use contracts::duo_workflow::{RunHttpRequest, action, action_response};
+use serde::Deserialize;
+use serde_json::Value;
+use std::time::Duration;
+
+/// GitLab calls that answer 5xx are tried this many more times.
+const RETRIES: u32 = 3;
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum GitLabError {
+    #[error(transparent)]
+    Link(#[from] LinkError),
+    /// The executor could not make the request.
+    #[error("HTTP action error: {0}")]
+    Action(String),
+    #[error("GitLab answered {status}: {body}")]
+    Status { status: u16, body: String },
+    #[error("unreadable GitLab answer: {0}")]
+    Decode(String),
+}
+
+impl GitLabError {
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            Self::Status { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// The monolith's own message, for errors shown to callers.
+    pub fn message(&self) -> String {
+        match self {
+            Self::Status { body, .. } => serde_json::from_str::<Value>(body)
+                .ok()
+                .and_then(|v| v.get("message").and_then(Value::as_str).map(str::to_owned))
+                .unwrap_or_else(|| body.clone()),
+            other => other.to_string(),
+        }
+    }
+}
+
+/// An HTTP answer relayed by the executor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HttpReply {
+    pub status: u16,
+    pub body: String,
+}
+
+/// `GET /api/v4/ai/duo_workflows/workflows/:id`, the fields the service reads.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct WorkflowRecord {
+    #[serde(default)]
+    pub status: String,
+    #[serde(default)]
+    pub project_id: Option<i64>,
+    #[serde(default)]
+    pub namespace_id: Option<i64>,
+    #[serde(default)]
+    pub agent_privileges: Vec<i64>,
+    #[serde(default)]
+    pub pre_approved_agent_privileges: Vec<i64>,
+    #[serde(default)]
+    pub workflow_definition: Option<String>,
+    #[serde(default)]
+    pub goal: Option<String>,
+}
+
+/// One stored checkpoint as `GET …/checkpoints` lists it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct StoredCheckpoint {
+    pub thread_ts: String,
+    #[serde(default)]
+    pub parent_ts: Option<String>,
+    #[serde(default)]
+    pub checkpoint: Value,
+}
+
+pub fn workflow_path(id: &str) -> String {
+    format!("/api/v4/ai/duo_workflows/workflows/{id}")
+}
+
+/// GitLab through one executor link.
+#[derive(Clone)]
+pub struct GitLab {
+    link: ExecutorLink,
+    retry_base: Duration,
+}
+
+impl GitLab {
+    pub fn new(link: ExecutorLink, retry_base: Duration) -> Self {
+        Self { link, retry_base }
+    }
+
+    /// One request; 5xx answers are retried with exponential back-off.
+    pub async fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<HttpReply, GitLabError> {
+        let mut backoff = self.retry_base;
+        let mut attempt = 0;
+        loop {
+            let reply = self.request_once(method, path, body).await?;
+            if reply.status < 500 || attempt >= RETRIES {
+                return Ok(reply);
+            }
+            attempt += 1;
+            tracing::debug!(
+                status = reply.status,
+                attempt,
+                path,
+                "retrying a GitLab call"
+            );
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    async fn request_once(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<HttpReply, GitLabError> {
+        let response = self
+            .link
+            .call(action::Action::RunHttpRequest(RunHttpRequest {
+                method: method.to_owned(),
+                path: path.to_owned(),
+                body: body.map(Value::to_string),
+            }))
+            .await?;
+        match response.response_type {
+            Some(action_response::ResponseType::HttpResponse(http)) => {
+                if !http.error.is_empty() {
+                    return Err(GitLabError::Action(http.error));
+                }
+                Ok(HttpReply {
+                    status: u16::try_from(http.status_code).unwrap_or(0),
+                    body: http.body,
+                })
+            }
+            Some(action_response::ResponseType::PlainTextResponse(text))
+                if !text.error.is_empty() =>
+            {
+                Err(GitLabError::Action(text.error))
+            }
+            _ => Err(GitLabError::Action(
+                "the executor did not answer with an HTTP response".to_owned(),
+            )),
+        }
+    }
+
+    /// A request whose answer must be 2xx JSON.
+    pub async fn json<T: serde::de::DeserializeOwned>(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<T, GitLabError> {
+        let reply = self.request(method, path, body).await?;
+        if !(200..300).contains(&reply.status) {
+            return Err(GitLabError::Status {
+                status: reply.status,
+                body: reply.body,
+            });
+        }
+        serde_json::from_str(&reply.body).map_err(|e| GitLabError::Decode(e.to_string()))
+    }
+
+    pub async fn workflow(&self, id: &str) -> Result<WorkflowRecord, GitLabError> {
+        self.json("GET", &workflow_path(id), None).await
+    }
+
+    /// `PATCH {"status_event": event}`.
+    pub async fn status_event(&self, id: &str, event: &str) -> Result<(), GitLabError> {
+        let _: Value = self
+            .json(
+                "PATCH",
+                &workflow_path(id),
+                Some(&serde_json::json!({ "status_event": event })),
+            )
+            .await?;
+        Ok(())
+    }
+
+    pub async fn save_checkpoint(&self, id: &str, body: &Value) -> Result<(), GitLabError> {
+        let _: Value = self
+            .json(
+                "POST",
+                &format!("{}/checkpoints", workflow_path(id)),
+                Some(body),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// The newest checkpoint, if any.
+    pub async fn latest_checkpoint(
+        &self,
+        id: &str,
+    ) -> Result<Option<StoredCheckpoint>, GitLabError> {
+        let list: Vec<StoredCheckpoint> = self
+            .json(
+                "GET",
+                &format!("{}/checkpoints?per_page=1", workflow_path(id)),
+                None,
+            )
+            .await?;
+        Ok(list.into_iter().next())
+    }
+}

@@ -1,0 +1,591 @@
+//! Model calls with native tool calling: Anthropic `tools` / `tool_use` and
+//! OpenAI function calling, one-shot (not streamed). The model is chosen from
+//! `x-gitlab-agent-platform-model-metadata`, else the prompt's model through
+//! the gateway's configured providers (the bundled local model when nothing
+//! else is configured).
+
+use super::state::{Message, ToolCall};
+use crate::config::ProvidersConfig;
+use crate::prompts::PromptDefinition;
+use crate::providers::{ModelParams, ProviderError, ProviderKind};
+use secrecy::ExposeSecret;
+use serde_json::{Value, json};
+
+/// A tool as the model sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolSchema {
+    pub name: String,
+    pub description: String,
+    /// JSON Schema of the arguments object.
+    pub parameters: Value,
+}
+
+/// What the model answered in one turn.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ModelTurn {
+    pub text: String,
+    pub tool_calls: Vec<ToolCall>,
+    /// Calls the model made that could not be read (bad JSON arguments):
+    /// (id, name, reason). They are answered with an error, not run.
+    pub invalid_calls: Vec<(String, String, String)>,
+}
+
+/// Which wire and where.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ModelRoute {
+    /// `AIGW_MOCK_MODEL_RESPONSES`: answers "mock" without calling anything.
+    Mock,
+    Anthropic {
+        base_url: String,
+        api_key: Option<String>,
+        model: String,
+    },
+    OpenAi {
+        base_url: String,
+        api_key: Option<String>,
+        model: String,
+    },
+}
+
+impl ModelRoute {
+    /// The model family whose prompts fit this route.
+    pub fn family(&self) -> &'static str {
+        match self {
+            Self::Anthropic { .. } | Self::Mock => "base",
+            Self::OpenAi { .. } => "openai",
+        }
+    }
+}
+
+/// `x-gitlab-agent-platform-model-metadata`, as far as the service reads it.
+#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
+pub struct AgentModelMetadata {
+    #[serde(default)]
+    pub provider: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub endpoint: String,
+    #[serde(default)]
+    pub api_key: Option<String>,
+    #[serde(default)]
+    pub identifier: Option<String>,
+    #[serde(default)]
+    pub feature_setting: Option<String>,
+}
+
+impl AgentModelMetadata {
+    /// Reads the header; a malformed value is logged (without the value, it
+    /// may hold a key) and ignored.
+    pub fn parse(raw: Option<&str>) -> Option<Self> {
+        let raw = raw?.trim();
+        if raw.is_empty() {
+            return None;
+        }
+        match serde_json::from_str::<Self>(raw) {
+            Ok(metadata) => Some(metadata),
+            Err(_) => {
+                tracing::warn!(
+                    "ignoring a malformed x-gitlab-agent-platform-model-metadata header"
+                );
+                None
+            }
+        }
+    }
+
+    /// A GitLab-managed choice (`provider: gitlab`) picks among the
+    /// configured models; anything else names a self-hosted endpoint.
+    pub fn is_self_hosted(&self) -> bool {
+        !self.provider.is_empty() && !self.provider.eq_ignore_ascii_case("gitlab")
+    }
+
+    /// What the checkpoint stores with the workflow: never the key.
+    pub fn stored(&self) -> Value {
+        let mut value = json!({ "provider": self.provider });
+        for (key, field) in [
+            ("name", Some(&self.name)),
+            ("endpoint", Some(&self.endpoint)),
+            ("identifier", self.identifier.as_ref()),
+            ("feature_setting", self.feature_setting.as_ref()),
+        ] {
+            if let Some(text) = field.filter(|t| !t.is_empty()) {
+                value[key] = Value::String(text.clone());
+            }
+        }
+        value
+    }
+
+    /// The family for this model before a prompt is picked.
+    pub fn family(&self) -> Option<&'static str> {
+        if !self.is_self_hosted() {
+            return None;
+        }
+        Some(if self.provider.eq_ignore_ascii_case("anthropic") {
+            "base"
+        } else {
+            "openai"
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelChoiceError {
+    #[error(
+        "self-hosted models are not accepted: custom models are disabled on this gateway (AIGW_CUSTOM_MODELS__ENABLED)"
+    )]
+    CustomModelsDisabled,
+    #[error("Vertex AI models cannot call tools in workflows")]
+    Unsupported,
+    #[error("{0}")]
+    NotConfigured(String),
+}
+
+/// Where the model for `definition` is, given the caller's choice.
+pub fn route_for(
+    config: &ProvidersConfig,
+    definition: &PromptDefinition,
+    metadata: Option<&AgentModelMetadata>,
+) -> Result<ModelRoute, ModelChoiceError> {
+    if let Some(metadata) = metadata.filter(|m| m.is_self_hosted()) {
+        if !config.custom_models_enabled {
+            return Err(ModelChoiceError::CustomModelsDisabled);
+        }
+        let model = match metadata.identifier.as_deref().filter(|i| !i.is_empty()) {
+            Some(identifier) => identifier
+                .split_once('/')
+                .map_or(identifier, |(_, model)| model)
+                .to_owned(),
+            None => metadata.name.clone(),
+        };
+        let base_url =
+            Some(metadata.endpoint.trim_end_matches('/').to_owned()).filter(|u| !u.is_empty());
+        let api_key = metadata.api_key.clone().filter(|k| !k.is_empty());
+        if metadata.provider.eq_ignore_ascii_case("anthropic") {
+            return Ok(ModelRoute::Anthropic {
+                base_url: base_url.unwrap_or_else(|| config.anthropic_base_url.clone()),
+                api_key: api_key.or_else(|| {
+                    config
+                        .anthropic_api_key
+                        .as_ref()
+                        .map(|k| k.expose_secret().to_owned())
+                }),
+                model,
+            });
+        }
+        let base_url = base_url
+            .or_else(|| config.openai_base_url.clone())
+            .ok_or_else(|| ModelChoiceError::NotConfigured("the model has no endpoint".into()))?;
+        return Ok(ModelRoute::OpenAi {
+            base_url,
+            api_key,
+            model,
+        });
+    }
+    if config.mock_model_responses {
+        return Ok(ModelRoute::Mock);
+    }
+    let target = definition
+        .model_target(config, None)
+        .map_err(|e| ModelChoiceError::NotConfigured(e.to_string()))?;
+    if config.uses_local_default() {
+        return Ok(ModelRoute::OpenAi {
+            base_url: config.local_llm_url.clone(),
+            api_key: None,
+            model: config.local_llm_model.clone(),
+        });
+    }
+    match target.kind {
+        ProviderKind::Anthropic => Ok(ModelRoute::Anthropic {
+            base_url: config.anthropic_base_url.clone(),
+            api_key: config
+                .anthropic_api_key
+                .as_ref()
+                .map(|k| k.expose_secret().to_owned()),
+            model: target.model,
+        }),
+        ProviderKind::OpenAiCompatible => Ok(ModelRoute::OpenAi {
+            base_url: config.openai_base_url.clone().ok_or_else(|| {
+                ModelChoiceError::NotConfigured(
+                    "no OpenAI-compatible endpoint (OPENAI_BASE_URL)".into(),
+                )
+            })?,
+            api_key: config
+                .openai_api_key
+                .as_ref()
+                .map(|k| k.expose_secret().to_owned()),
+            model: target.model,
+        }),
+        ProviderKind::Mock => Ok(ModelRoute::Mock),
+        ProviderKind::VertexAi => Err(ModelChoiceError::Unsupported),
+    }
+}
+
+/// Calls models; one per process (shares the connection pool).
+#[derive(Clone)]
+pub struct ToolCallingModel {
+    http: reqwest::Client,
+}
+
+impl ToolCallingModel {
+    pub fn new() -> Result<Self, ProviderError> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(10))
+            .tcp_nodelay(true)
+            .build()
+            .map_err(|e| ProviderError::NotConfigured(format!("HTTP client: {e}")))?;
+        Ok(Self { http })
+    }
+
+    /// One model turn.
+    pub async fn complete(
+        &self,
+        route: &ModelRoute,
+        system: &str,
+        messages: &[Message],
+        tools: &[ToolSchema],
+        params: &ModelParams,
+    ) -> Result<ModelTurn, ProviderError> {
+        let (request, wire) = match route {
+            ModelRoute::Mock => {
+                return Ok(ModelTurn {
+                    text: "mock".to_owned(),
+                    ..ModelTurn::default()
+                });
+            }
+            ModelRoute::Anthropic {
+                base_url,
+                api_key,
+                model,
+            } => {
+                let key = api_key.as_deref().ok_or_else(|| {
+                    ProviderError::NotConfigured(
+                        "no Anthropic API key (ANTHROPIC_API_KEY)".to_owned(),
+                    )
+                })?;
+                let root = base_url.trim_end_matches('/').trim_end_matches("/v1");
+                let request = self
+                    .http
+                    .post(format!("{root}/v1/messages"))
+                    .header("x-api-key", key)
+                    .header("anthropic-version", "2023-06-01")
+                    .json(&anthropic_body(model, system, messages, tools, params));
+                (request, Wire::Anthropic)
+            }
+            ModelRoute::OpenAi {
+                base_url,
+                api_key,
+                model,
+            } => {
+                let mut request = self
+                    .http
+                    .post(format!(
+                        "{}/chat/completions",
+                        base_url.trim_end_matches('/')
+                    ))
+                    .json(&openai_body(model, system, messages, tools, params));
+                if let Some(key) = api_key {
+                    request = request.bearer_auth(key);
+                }
+                (request, Wire::OpenAi)
+            }
+        };
+        let mut retries = params.max_retries;
+        loop {
+            let response = request
+                .try_clone()
+                .ok_or_else(|| ProviderError::Connection("request cannot be retried".into()))?
+                .timeout(params.timeout)
+                .send()
+                .await;
+            let response = match response {
+                Ok(response) => response,
+                Err(err) if retries > 0 && (err.is_connect() || err.is_timeout()) => {
+                    retries -= 1;
+                    continue;
+                }
+                Err(err) if err.is_timeout() => return Err(ProviderError::Timeout("model call")),
+                Err(err) => return Err(ProviderError::Connection(err.to_string())),
+            };
+            let status = response.status().as_u16();
+            let body = response
+                .text()
+                .await
+                .map_err(|e| ProviderError::Connection(e.to_string()))?;
+            if matches!(status, 429 | 503 | 529) && retries > 0 {
+                retries -= 1;
+                continue;
+            }
+            if !(200..300).contains(&status) {
+                let message = serde_json::from_str::<Value>(&body)
+                    .ok()
+                    .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+                    .unwrap_or(body);
+                return Err(if matches!(status, 429 | 503 | 529) {
+                    ProviderError::Overloaded { message }
+                } else {
+                    ProviderError::Status { status, message }
+                });
+            }
+            let json: Value = serde_json::from_str(&body)
+                .map_err(|e| ProviderError::Malformed(format!("model answer: {e}")))?;
+            return Ok(match wire {
+                Wire::Anthropic => read_anthropic(&json),
+                Wire::OpenAi => read_openai(&json),
+            });
+        }
+    }
+}
+
+enum Wire {
+    Anthropic,
+    OpenAi,
+}
+
+fn anthropic_body(
+    model: &str,
+    system: &str,
+    messages: &[Message],
+    tools: &[ToolSchema],
+    params: &ModelParams,
+) -> Value {
+    // Anthropic wants strictly alternating roles: tool results and a
+    // following user message share one user turn.
+    let mut wire: Vec<Value> = Vec::new();
+    let mut push = |role: &str, block: Value| {
+        if let Some(last) = wire.last_mut()
+            && last["role"] == role
+            && let Some(content) = last["content"].as_array_mut()
+        {
+            content.push(block);
+            return;
+        }
+        wire.push(json!({"role": role, "content": [block]}));
+    };
+    for message in messages {
+        match message {
+            Message::HumanMessage { content } => {
+                push("user", json!({"type": "text", "text": non_empty(content)}));
+            }
+            Message::AiMessage {
+                content,
+                tool_calls,
+            } => {
+                if !content.is_empty() || tool_calls.is_empty() {
+                    push(
+                        "assistant",
+                        json!({"type": "text", "text": non_empty(content)}),
+                    );
+                }
+                for call in tool_calls {
+                    push(
+                        "assistant",
+                        json!({"type": "tool_use", "id": call.id, "name": call.name, "input": call.args}),
+                    );
+                }
+            }
+            Message::ToolMessage {
+                content,
+                tool_call_id,
+                is_error,
+                ..
+            } => push(
+                "user",
+                json!({"type": "tool_result", "tool_use_id": tool_call_id, "content": content, "is_error": is_error}),
+            ),
+        }
+    }
+    let mut body = json!({
+        "model": model,
+        "max_tokens": params.max_tokens,
+        "system": system,
+        "messages": wire,
+    });
+    if !tools.is_empty() {
+        body["tools"] = tools
+            .iter()
+            .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}))
+            .collect();
+    }
+    if let Some(t) = params.temperature {
+        body["temperature"] = json!(t);
+    }
+    body
+}
+
+fn non_empty(text: &str) -> &str {
+    if text.trim().is_empty() {
+        "(empty)"
+    } else {
+        text
+    }
+}
+
+fn openai_body(
+    model: &str,
+    system: &str,
+    messages: &[Message],
+    tools: &[ToolSchema],
+    params: &ModelParams,
+) -> Value {
+    let mut wire = vec![json!({"role": "system", "content": system})];
+    for message in messages {
+        wire.push(match message {
+            Message::HumanMessage { content } => json!({"role": "user", "content": content}),
+            Message::AiMessage {
+                content,
+                tool_calls,
+            } => {
+                let mut turn = json!({"role": "assistant", "content": content});
+                if !tool_calls.is_empty() {
+                    turn["tool_calls"] = tool_calls
+                        .iter()
+                        .map(|c| {
+                            json!({
+                                "id": c.id,
+                                "type": "function",
+                                "function": {"name": c.name, "arguments": c.args.to_string()},
+                            })
+                        })
+                        .collect();
+                }
+                turn
+            }
+            Message::ToolMessage {
+                content,
+                tool_call_id,
+                ..
+            } => json!({"role": "tool", "tool_call_id": tool_call_id, "content": content}),
+        });
+    }
+    let mut body = json!({
+        "model": model,
+        "messages": wire,
+        "max_tokens": params.max_tokens,
+        "stream": false,
+    });
+    if !tools.is_empty() {
+        body["tools"] = tools
+            .iter()
+            .map(|t| {
+                json!({
+                    "type": "function",
+                    "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
+                })
+            })
+            .collect();
+    }
+    if let Some(t) = params.temperature {
+        body["temperature"] = json!(t);
+    }
+    body
+}
+
+fn read_anthropic(json: &Value) -> ModelTurn {
+    let mut turn = ModelTurn::default();
+    for block in json["content"].as_array().into_iter().flatten() {
+        match block["type"].as_str() {
+            Some("text") => turn
+                .text
+                .push_str(block["text"].as_str().unwrap_or_default()),
+            Some("tool_use") => {
+                let id = block["id"].as_str().unwrap_or_default().to_owned();
+                let name = block["name"].as_str().unwrap_or_default().to_owned();
+                match &block["input"] {
+                    Value::Object(_) => turn.tool_calls.push(ToolCall {
+                        id,
+                        name,
+                        args: block["input"].clone(),
+                    }),
+                    _ => turn.invalid_calls.push((
+                        id,
+                        name,
+                        "the arguments are not a JSON object".into(),
+                    )),
+                }
+            }
+            _ => {}
+        }
+    }
+    turn
+}
+
+fn read_openai(json: &Value) -> ModelTurn {
+    let message = &json["choices"][0]["message"];
+    let mut turn = ModelTurn {
+        text: message["content"].as_str().unwrap_or_default().to_owned(),
+        ..ModelTurn::default()
+    };
+    for call in message["tool_calls"].as_array().into_iter().flatten() {
+        let id = call["id"].as_str().unwrap_or_default().to_owned();
+        let name = call["function"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let raw = call["function"]["arguments"].as_str().unwrap_or("{}");
+        match serde_json::from_str::<Value>(raw) {
+            Ok(args @ Value::Object(_)) => turn.tool_calls.push(ToolCall { id, name, args }),
+            Ok(_) => {
+                turn.invalid_calls
+                    .push((id, name, "the arguments are not a JSON object".into()))
+            }
+            Err(err) => turn.invalid_calls.push((
+                id,
+                name,
+                format!("the arguments are not valid JSON: {err}"),
+            )),
+        }
+    }
+    turn
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn anthropic_merges_tool_results_and_the_next_user_turn() {
+        let call = ToolCall {
+            id: "t1".into(),
+            name: "read_file".into(),
+            args: json!({"file_path": "a"}),
+        };
+        let messages = vec![
+            Message::human("goal"),
+            Message::AiMessage {
+                content: String::new(),
+                tool_calls: vec![call.clone()],
+            },
+            Message::tool(&call, "contents", false),
+            Message::human("rejected: use b"),
+        ];
+        let body = anthropic_body("m", "sys", &messages, &[], &ModelParams::default());
+        let wire = body["messages"].as_array().unwrap();
+        assert_eq!(wire.len(), 3);
+        assert_eq!(wire[1]["content"][0]["type"], "tool_use");
+        assert_eq!(wire[2]["content"][0]["type"], "tool_result");
+        assert_eq!(wire[2]["content"][1]["text"], "rejected: use b");
+    }
+
+    #[test]
+    fn openai_arguments_that_are_not_json_are_invalid_calls() {
+        let turn = read_openai(
+            &json!({"choices": [{"message": {"content": null, "tool_calls": [
+                {"id": "a", "type": "function", "function": {"name": "read_file", "arguments": "{\"file_path\": \"x\"}"}},
+                {"id": "b", "type": "function", "function": {"name": "edit_file", "arguments": "{oops"}}
+            ]}}]}),
+        );
+        assert_eq!(turn.tool_calls.len(), 1);
+        assert_eq!(turn.invalid_calls.len(), 1);
+        assert_eq!(turn.invalid_calls[0].0, "b");
+    }
+
+    #[test]
+    fn stored_metadata_has_no_key() {
+        let metadata = AgentModelMetadata::parse(Some(
+            r#"{"provider":"openai","name":"m","endpoint":"http://x","api_key":"secret"}"#,
+        ))
+        .unwrap();
+        assert!(!metadata.stored().to_string().contains("secret"));
+        assert!(AgentModelMetadata::parse(Some("{nope")).is_none());
+    }
+}

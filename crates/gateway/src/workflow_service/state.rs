@@ -1,0 +1,348 @@
+//! A workflow's state, its checkpoint format and the three status
+//! vocabularies (the state's, the checkpoint notification's and the
+//! monolith's events).
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+
+/// The state channel's status (GitLab's `WorkflowStatusEnum` names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum WorkflowStatus {
+    #[default]
+    #[serde(rename = "Not Started")]
+    NotStarted,
+    Planning,
+    Execution,
+    Completed,
+    Error,
+    Paused,
+    Cancelled,
+    #[serde(rename = "input_required")]
+    InputRequired,
+    #[serde(rename = "plan_approval_required")]
+    PlanApprovalRequired,
+    #[serde(rename = "tool_call_approval_required")]
+    ToolCallApprovalRequired,
+}
+
+impl WorkflowStatus {
+    /// `NewCheckpoint.status`: the upper-case checkpoint status.
+    pub fn checkpoint_status(self) -> &'static str {
+        match self {
+            Self::NotStarted => "CREATED",
+            Self::Planning | Self::Execution => "RUNNING",
+            Self::Completed => "FINISHED",
+            Self::Error => "FAILED",
+            Self::Paused => "PAUSED",
+            Self::Cancelled => "STOPPED",
+            Self::InputRequired => "INPUT_REQUIRED",
+            Self::PlanApprovalRequired => "PLAN_APPROVAL_REQUIRED",
+            Self::ToolCallApprovalRequired => "TOOL_CALL_APPROVAL_REQUIRED",
+        }
+    }
+
+    pub fn awaits_approval(self) -> bool {
+        matches!(
+            self,
+            Self::ToolCallApprovalRequired | Self::PlanApprovalRequired | Self::InputRequired
+        )
+    }
+}
+
+/// A tool call as the model made it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    pub args: Value,
+}
+
+/// One turn of an agent's conversation, tagged with LangGraph's message type
+/// names so checkpoints read like GitLab's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum Message {
+    HumanMessage {
+        content: String,
+    },
+    #[serde(rename = "AIMessage")]
+    AiMessage {
+        content: String,
+        #[serde(default)]
+        tool_calls: Vec<ToolCall>,
+    },
+    ToolMessage {
+        content: String,
+        tool_call_id: String,
+        #[serde(default)]
+        name: String,
+        #[serde(default)]
+        is_error: bool,
+    },
+}
+
+impl Message {
+    pub fn human(content: impl Into<String>) -> Self {
+        Self::HumanMessage {
+            content: content.into(),
+        }
+    }
+
+    pub fn tool(call: &ToolCall, content: impl Into<String>, is_error: bool) -> Self {
+        Self::ToolMessage {
+            content: content.into(),
+            tool_call_id: call.id.clone(),
+            name: call.name.clone(),
+            is_error,
+        }
+    }
+
+    /// A rough size in tokens (four bytes each), for context trimming.
+    pub fn estimated_tokens(&self) -> usize {
+        let bytes = match self {
+            Self::HumanMessage { content } => content.len(),
+            Self::AiMessage {
+                content,
+                tool_calls,
+            } => {
+                content.len()
+                    + tool_calls
+                        .iter()
+                        .map(|c| c.name.len() + c.args.to_string().len())
+                        .sum::<usize>()
+            }
+            Self::ToolMessage { content, .. } => content.len(),
+        };
+        bytes / 4 + 4
+    }
+}
+
+/// What the tool did, shown in the client's chat log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolInfo {
+    pub name: String,
+    pub args: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_response: Option<String>,
+}
+
+/// One entry of `ui_chat_log`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UiChatLogEntry {
+    /// agent, user, tool, request or workflow_end.
+    pub message_type: String,
+    #[serde(default)]
+    pub message_sub_type: Option<String>,
+    pub content: String,
+    pub timestamp: String,
+    /// pending, success or failure.
+    #[serde(default)]
+    pub status: Option<String>,
+    #[serde(default)]
+    pub correlation_id: Option<String>,
+    #[serde(default)]
+    pub tool_info: Option<ToolInfo>,
+    #[serde(default)]
+    pub additional_context: Option<Value>,
+    #[serde(default)]
+    pub message_id: Option<String>,
+}
+
+impl UiChatLogEntry {
+    pub fn new(message_type: &str, content: impl Into<String>) -> Self {
+        Self {
+            message_type: message_type.to_owned(),
+            message_sub_type: None,
+            content: content.into(),
+            timestamp: now_iso(),
+            status: Some("success".to_owned()),
+            correlation_id: None,
+            tool_info: None,
+            additional_context: None,
+            message_id: Some(uuid::Uuid::new_v4().to_string()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PlanStep {
+    pub id: String,
+    pub description: String,
+    /// Not Started, In Progress, Completed.
+    pub status: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    #[serde(default)]
+    pub steps: Vec<PlanStep>,
+}
+
+/// Everything a run needs to continue after a restart; stored in each
+/// checkpoint's `channel_values`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkflowState {
+    pub status: WorkflowStatus,
+    #[serde(default)]
+    pub goal: String,
+    /// The graph node that runs next (none once the graph has ended).
+    #[serde(default)]
+    pub next_node: Option<String>,
+    /// Each agent's conversation, by agent name.
+    #[serde(default)]
+    pub conversation_history: BTreeMap<String, Vec<Message>>,
+    #[serde(default)]
+    pub ui_chat_log: Vec<UiChatLogEntry>,
+    #[serde(default)]
+    pub plan: Plan,
+    /// Calls waiting for the user's approval, with the agent that made them.
+    #[serde(default)]
+    pub pending_tool_calls: Vec<ToolCall>,
+    #[serde(default)]
+    pub pending_agent: Option<String>,
+    /// Each agent's final answer (the context builder's hands over to the
+    /// planner and the executor).
+    #[serde(default)]
+    pub agent_results: BTreeMap<String, String>,
+    /// Graph steps taken so far (the checkpoint metadata's `step`).
+    #[serde(default)]
+    pub step: i64,
+}
+
+impl WorkflowState {
+    pub fn conversation(&mut self, agent: &str) -> &mut Vec<Message> {
+        self.conversation_history
+            .entry(agent.to_owned())
+            .or_default()
+    }
+
+    /// The state from a stored checkpoint document.
+    pub fn from_checkpoint(checkpoint: &Value) -> Result<Self, String> {
+        let values = checkpoint
+            .get("channel_values")
+            .ok_or("the checkpoint has no channel_values")?;
+        serde_json::from_value(values.clone()).map_err(|e| e.to_string())
+    }
+
+    /// What `newCheckpoint.checkpoint` carries: the parts a client shows.
+    pub fn client_view(&self) -> String {
+        json!({
+            "channel_values": {
+                "status": self.status,
+                "ui_chat_log": self.ui_chat_log,
+                "plan": self.plan,
+            }
+        })
+        .to_string()
+    }
+}
+
+/// A time-ordered checkpoint id: UUIDv7 text sorts by creation time.
+pub fn new_thread_ts() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
+pub fn now_iso() -> String {
+    chrono_like_now()
+}
+
+/// RFC 3339 UTC with milliseconds, without pulling a date crate in.
+fn chrono_like_now() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = now.as_secs() as i64;
+    let millis = now.subsec_millis();
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    let (h, m, s) = (rem / 3600, (rem % 3600) / 60, rem % 60);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{millis:03}Z")
+}
+
+/// The body of `POST …/checkpoints`.
+pub fn checkpoint_body(
+    state: &WorkflowState,
+    thread_ts: &str,
+    parent_ts: Option<&str>,
+    source: &str,
+    model_metadata: Option<&Value>,
+) -> Value {
+    let mut body = json!({
+        "thread_ts": thread_ts,
+        "parent_ts": parent_ts,
+        "checkpoint": {
+            "v": 1,
+            "id": thread_ts,
+            "ts": now_iso(),
+            "channel_values": state,
+            "channel_versions": {},
+            "versions_seen": {},
+            "pending_sends": [],
+        },
+        "metadata": {
+            "source": source,
+            "step": state.step,
+            "writes": {},
+            "parents": {},
+        },
+    });
+    if let Some(metadata) = model_metadata {
+        body["model_metadata_json"] = Value::String(metadata.to_string());
+    }
+    body
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_round_trips_through_a_checkpoint() {
+        let mut state = WorkflowState {
+            status: WorkflowStatus::ToolCallApprovalRequired,
+            goal: "g".into(),
+            next_node: Some("tools".into()),
+            ..WorkflowState::default()
+        };
+        state.conversation("chat").push(Message::AiMessage {
+            content: "x".into(),
+            tool_calls: vec![ToolCall {
+                id: "1".into(),
+                name: "edit_file".into(),
+                args: json!({"file_path": "a"}),
+            }],
+        });
+        let body = checkpoint_body(&state, "t2", Some("t1"), "loop", None);
+        assert_eq!(body["parent_ts"], "t1");
+        assert_eq!(
+            body["checkpoint"]["channel_values"]["status"],
+            "tool_call_approval_required"
+        );
+        assert_eq!(
+            body["checkpoint"]["channel_values"]["conversation_history"]["chat"][0]["type"],
+            "AIMessage"
+        );
+        let back = WorkflowState::from_checkpoint(&body["checkpoint"]).unwrap();
+        assert_eq!(back, state);
+    }
+
+    #[test]
+    fn thread_ts_sort_in_creation_order() {
+        let a = new_thread_ts();
+        let b = new_thread_ts();
+        assert!(a < b, "{a} < {b}");
+        assert!(now_iso().ends_with('Z'));
+        assert_eq!(now_iso().len(), "2026-01-01T00:00:00.000Z".len());
+    }
+}

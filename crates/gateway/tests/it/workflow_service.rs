@@ -1,0 +1,630 @@
+//! The Duo Workflow service end to end on loopback: the real tonic server,
+//! the real executor library in a temporary workspace, a test double of the
+//! monolith's workflow REST API, and the fake provider scripting native tool
+//! calls on the Anthropic and OpenAI wires.
+
+#![expect(clippy::unwrap_used, reason = "tests fail loudly by design")]
+
+use crate::workflow_support::{
+    self as support, Monolith, Recorder, ScriptedApprover, Service, TempWorkspace,
+};
+use contracts::duo_workflow::{
+    ClientEvent, GenerateTokenRequest, ListCapabilitiesRequest, ListToolsRequest,
+    StopWorkflowRequest, client_event,
+};
+use fake_provider::{FakeProvider, ToolCall};
+use serde_json::{Value, json};
+use tonic::Code;
+use workflow_executor::session::{self, Decision, Session, SessionEnd};
+
+const CHAT_SCOPES: &[&str] = &["duo_chat", "duo_agent_platform"];
+
+fn edit_call() -> ToolCall {
+    ToolCall::new(
+        "call-edit",
+        "edit_file",
+        json!({"file_path": "README.md", "old_str": "Hello", "new_str": "Hello, world"}),
+    )
+}
+
+fn read_call() -> ToolCall {
+    ToolCall::new("call-read", "read_file", json!({"file_path": "README.md"}))
+}
+
+async fn run_session(
+    service: &Service,
+    monolith: &Monolith,
+    workspace: &TempWorkspace,
+    workflow_id: i64,
+    definition: &str,
+    approver: &mut ScriptedApprover,
+    recorder: &mut Recorder,
+) -> Result<SessionEnd, workflow_executor::SessionError> {
+    session::run(Session {
+        target: service.target(&support::monolith_token(CHAT_SCOPES)),
+        workflow_id: workflow_id.to_string(),
+        goal: "add a greeting to the README".into(),
+        workflow_definition: definition.into(),
+        runner: support::runner(&workspace.path, monolith),
+        approver,
+        reporter: recorder,
+        max_reconnects: 0,
+    })
+    .await
+}
+
+/// Checkpoints chain: each parent is the one stored before it.
+fn assert_chained(checkpoints: &[Value]) {
+    assert!(!checkpoints.is_empty());
+    assert_eq!(checkpoints[0]["parent_ts"], Value::Null);
+    for pair in checkpoints.windows(2) {
+        assert_eq!(pair[1]["parent_ts"], pair[0]["thread_ts"]);
+        assert!(
+            pair[0]["thread_ts"].as_str().unwrap() < pair[1]["thread_ts"].as_str().unwrap(),
+            "thread_ts sort in creation order"
+        );
+    }
+}
+
+fn request_bodies(fake: &FakeProvider) -> Vec<String> {
+    fake.requests()
+        .into_iter()
+        .filter(|r| r.method == "POST")
+        .map(|r| r.body.to_string())
+        .collect()
+}
+
+#[actix_web::test]
+async fn an_edit_waits_for_approval_and_runs_exactly_once() {
+    let fake = FakeProvider::start().await.unwrap();
+    let monolith = Monolith::start();
+    let service = Service::start(support::config(&monolith, &support::anthropic(&fake))).await;
+    let workspace = TempWorkspace::new(&[("README.md", "Hello\n")]);
+    let id = monolith.create_workflow("chat", &[1, 2], &[2]);
+    fake.push_tool_calls("Let me look.", vec![read_call()]);
+    fake.push_tool_calls("", vec![edit_call()]);
+    fake.push_text("I added the greeting.");
+
+    let readme = workspace.path.join("README.md");
+    let mut approver = ScriptedApprover::new(vec![Decision::Approve]);
+    approver.check = Some(Box::new(move || {
+        // Paused for approval: nothing edited yet.
+        assert_eq!(std::fs::read_to_string(&readme).unwrap(), "Hello\n");
+    }));
+    let mut recorder = Recorder::default();
+    let end = run_session(
+        &service,
+        &monolith,
+        &workspace,
+        id,
+        "chat",
+        &mut approver,
+        &mut recorder,
+    )
+    .await
+    .unwrap();
+
+    assert_eq!(end, SessionEnd::Finished);
+    assert_eq!(
+        workspace.read("README.md"),
+        "Hello, world\n",
+        "edited exactly once"
+    );
+    assert_eq!(approver.asked.len(), 1);
+    assert_eq!(approver.asked[0].0, "TOOL_CALL_APPROVAL_REQUIRED");
+    assert_eq!(approver.asked[0].1.tool_calls[0].0, "edit_file");
+    let stored = monolith.workflow(id);
+    assert_eq!(stored.status, "finished");
+    assert_eq!(
+        stored.events,
+        ["start", "require_tool_call_approval", "resume", "finish"]
+    );
+    assert_chained(&stored.checkpoints);
+    let last = &stored.checkpoints.last().unwrap()["checkpoint"]["channel_values"];
+    let log = last["ui_chat_log"].as_array().unwrap();
+    assert!(
+        log.iter()
+            .any(|e| e["message_type"] == "request" && e["tool_info"]["name"] == "edit_file")
+    );
+    assert!(log.iter().any(|e| e["message_type"] == "tool"
+        && e["tool_info"]["name"] == "edit_file"
+        && e["status"] == "success"));
+    // The first action is reading the workflow; the edit comes after approval.
+    assert_eq!(
+        recorder.actions[0],
+        format!("GET /api/v4/ai/duo_workflows/workflows/{id}")
+    );
+    let edits = recorder
+        .actions
+        .iter()
+        .filter(|a| a.starts_with("edit "))
+        .count();
+    assert_eq!(edits, 1);
+    assert!(
+        recorder
+            .statuses
+            .contains(&"TOOL_CALL_APPROVAL_REQUIRED".to_owned())
+    );
+    assert_eq!(recorder.statuses.last().unwrap(), "FINISHED");
+    // The model saw the file it read and the edit's result.
+    let bodies = request_bodies(&fake);
+    assert_eq!(bodies.len(), 3);
+    assert!(bodies[1].contains("tool_result") && bodies[1].contains("Hello\\n"));
+    assert!(bodies[2].contains("edited README.md"));
+    assert!(bodies[0].contains("\"tools\""), "native tool calling");
+}
+
+#[actix_web::test]
+async fn a_rejection_reaches_the_model_and_nothing_is_edited() {
+    let fake = FakeProvider::start().await.unwrap();
+    let monolith = Monolith::start();
+    let service = Service::start(support::config(&monolith, &support::anthropic(&fake))).await;
+    let workspace = TempWorkspace::new(&[("README.md", "Hello\n")]);
+    let id = monolith.create_workflow("chat", &[1, 2], &[2]);
+    fake.push_tool_calls("", vec![edit_call()]);
+    fake.push_text("Understood, I will leave it.");
+
+    let mut approver = ScriptedApprover::new(vec![Decision::Reject(Some(
+        "do not touch the README, write NOTES.md instead".into(),
+    ))]);
+    let mut recorder = Recorder::default();
+    let end = run_session(
+        &service,
+        &monolith,
+        &workspace,
+        id,
+        "chat",
+        &mut approver,
+        &mut recorder,
+    )
+    .await
+    .unwrap();
+
+    assert_eq!(end, SessionEnd::Finished);
+    assert_eq!(workspace.read("README.md"), "Hello\n");
+    assert!(!recorder.actions.iter().any(|a| a.starts_with("edit ")));
+    let stored = monolith.workflow(id);
+    assert_eq!(
+        stored.events,
+        ["start", "require_tool_call_approval", "resume", "finish"]
+    );
+    let bodies = request_bodies(&fake);
+    assert!(bodies[1].contains("write NOTES.md instead"));
+    assert!(bodies[1].contains("rejected this tool call"));
+}
+
+#[actix_web::test]
+async fn invalid_tool_calls_are_sent_back_on_the_openai_wire() {
+    let fake = FakeProvider::start().await.unwrap();
+    let monolith = Monolith::start();
+    let service = Service::start(support::config(&monolith, &support::openai(&fake))).await;
+    let workspace = TempWorkspace::new(&[("README.md", "Hello\n")]);
+    // Everything pre-approved: no pause.
+    let id = monolith.create_workflow("chat", &[1, 2], &[1, 2]);
+    fake.push_tool_calls(
+        "",
+        vec![
+            ToolCall {
+                id: "bad-json".into(),
+                name: "read_file".into(),
+                arguments: "{not json".into(),
+            },
+            ToolCall::new("no-such", "delete_everything", json!({})),
+            ToolCall::new("missing", "edit_file", json!({"file_path": "README.md"})),
+        ],
+    );
+    fake.push_tool_calls(
+        "",
+        vec![ToolCall::new(
+            "wrong-old",
+            "edit_file",
+            json!({"file_path": "README.md", "old_str": "Goodbye", "new_str": "x"}),
+        )],
+    );
+    fake.push_text("Giving up politely.");
+    let mut approver = ScriptedApprover::new(vec![]);
+    let mut recorder = Recorder::default();
+    let end = run_session(
+        &service,
+        &monolith,
+        &workspace,
+        id,
+        "chat",
+        &mut approver,
+        &mut recorder,
+    )
+    .await
+    .unwrap();
+    assert_eq!(end, SessionEnd::Finished);
+    let requests: Vec<_> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.ends_with("/chat/completions"))
+        .collect();
+    assert_eq!(requests.len(), 3);
+    let second = requests[1].body.to_string();
+    assert_eq!(second.matches("Invalid tool call").count(), 3, "{second}");
+    assert!(second.contains("there is no tool named delete_everything"));
+    assert!(second.contains("missing required argument `old_str`"));
+    // A mismatched oldString is the executor's error, told to the model.
+    let third = requests[2].body.to_string();
+    assert!(
+        third.contains("does not contain the text to replace"),
+        "{third}"
+    );
+    assert_eq!(workspace.read("README.md"), "Hello\n");
+    assert_eq!(monolith.workflow(id).status, "finished");
+}
+
+#[actix_web::test]
+async fn a_crashed_executor_resumes_from_the_newest_checkpoint() {
+    let fake = FakeProvider::start().await.unwrap();
+    let monolith = Monolith::start();
+    let service = Service::start(support::config(&monolith, &support::anthropic(&fake))).await;
+    let workspace = TempWorkspace::new(&[("README.md", "Hello\n")]);
+    let id = monolith.create_workflow("chat", &[1, 2], &[1, 2]);
+    fake.push_tool_calls("", vec![read_call()]);
+    // The second model call hangs: the executor "crashes" meanwhile.
+    fake.push_failure(fake_provider::Failure::Hang);
+    let crashed = {
+        let (service_target, runner) = (
+            service.target(&support::monolith_token(CHAT_SCOPES)),
+            support::runner(&workspace.path, &monolith),
+        );
+        tokio::spawn(async move {
+            let mut approver = ScriptedApprover::new(vec![]);
+            let mut recorder = Recorder::default();
+            let _ = session::run(Session {
+                target: service_target,
+                workflow_id: id.to_string(),
+                goal: "read the README".into(),
+                workflow_definition: "chat".into(),
+                runner,
+                approver: &mut approver,
+                reporter: &mut recorder,
+                max_reconnects: 0,
+            })
+            .await;
+        })
+    };
+    for _ in 0..500 {
+        if fake.requests().len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        fake.requests().len(),
+        2,
+        "the second model call is in flight"
+    );
+    crashed.abort();
+    let _ = crashed.await;
+    service.wait_idle().await;
+    let before = monolith.workflow(id);
+    assert_eq!(before.status, "running");
+    let checkpoints_before = before.checkpoints.len();
+
+    fake.push_text("The README says Hello.");
+    let mut approver = ScriptedApprover::new(vec![]);
+    let mut recorder = Recorder::default();
+    let end = run_session(
+        &service,
+        &monolith,
+        &workspace,
+        id,
+        "chat",
+        &mut approver,
+        &mut recorder,
+    )
+    .await
+    .unwrap();
+    assert_eq!(end, SessionEnd::Finished);
+    let stored = monolith.workflow(id);
+    assert_eq!(stored.events, ["start", "retry", "finish"]);
+    assert!(stored.checkpoints.len() > checkpoints_before);
+    assert_chained(&stored.checkpoints);
+    // The resumed run did not read the file again: it went on from the
+    // checkpoint stored after the read.
+    assert!(!recorder.actions.iter().any(|a| a.starts_with("read ")));
+    let last_request = request_bodies(&fake).pop().unwrap();
+    assert!(last_request.contains("tool_result"), "{last_request}");
+}
+
+#[actix_web::test]
+async fn a_second_executor_on_the_same_workflow_is_refused() {
+    let fake = FakeProvider::start().await.unwrap();
+    let monolith = Monolith::start();
+    let service = Service::start(support::config(&monolith, &support::anthropic(&fake))).await;
+    let workspace = TempWorkspace::new(&[("README.md", "Hello\n")]);
+    let id = monolith.create_workflow("chat", &[1, 2], &[2]);
+    fake.push_failure(fake_provider::Failure::Hang);
+    let token = support::monolith_token(CHAT_SCOPES);
+    let first = support::open_stream(&service, &token, support::start_event(id, "chat", "hi"))
+        .await
+        .unwrap();
+    let runner = support::runner(&workspace.path, &monolith);
+    let serving = tokio::spawn(async move { first.serve(&runner).await });
+    for _ in 0..500 {
+        if !fake.requests().is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let second =
+        support::open_stream(&service, &token, support::start_event(id, "chat", "hi")).await;
+    let status = second.err().unwrap();
+    assert_eq!(status.code(), Code::Aborted);
+    assert!(status.message().contains("already running"));
+    serving.abort();
+}
+
+#[actix_web::test]
+async fn stop_workflow_ends_the_run_as_stopped() {
+    let fake = FakeProvider::start().await.unwrap();
+    let monolith = Monolith::start();
+    let service = Service::start(support::config(&monolith, &support::anthropic(&fake))).await;
+    let workspace = TempWorkspace::new(&[]);
+    let id = monolith.create_workflow("chat", &[1, 2], &[2]);
+    fake.push_failure(fake_provider::Failure::Hang);
+    let token = support::monolith_token(CHAT_SCOPES);
+    let stream = support::open_stream(&service, &token, support::start_event(id, "chat", "hi"))
+        .await
+        .unwrap();
+    let events = stream.events.clone();
+    let runner = support::runner(&workspace.path, &monolith);
+    let serving = tokio::spawn(async move { stream.serve(&runner).await });
+    for _ in 0..500 {
+        if !fake.requests().is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // Heartbeats are ignored; stopWorkflow ends the run.
+    events
+        .send(ClientEvent {
+            response: Some(client_event::Response::Heartbeat(Default::default())),
+        })
+        .await
+        .unwrap();
+    events
+        .send(ClientEvent {
+            response: Some(client_event::Response::StopWorkflow(StopWorkflowRequest {
+                reason: "ABORTED".into(),
+            })),
+        })
+        .await
+        .unwrap();
+    let (status, _) = serving.await.unwrap();
+    assert_eq!(status.code(), Code::Ok);
+    let stored = monolith.workflow(id);
+    assert_eq!(stored.events, ["start", "stop"]);
+    assert_eq!(stored.status, "stopped");
+}
+
+#[actix_web::test]
+async fn callers_are_authenticated_and_authorized() {
+    let fake = FakeProvider::start().await.unwrap();
+    let monolith = Monolith::start();
+    let service = Service::start(support::config(&monolith, &support::anthropic(&fake))).await;
+    let id = monolith.create_workflow("chat", &[1, 2], &[2]);
+    let start = || support::start_event(id, "chat", "hi");
+
+    let bad = support::open_stream(&service, "not-a-jwt", start())
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(bad.code(), Code::Unauthenticated);
+    // A token signed by a key nobody published.
+    let forged = {
+        let mut token = support::monolith_token(CHAT_SCOPES);
+        token.push('x');
+        token
+    };
+    let bad = support::open_stream(&service, &forged, start())
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(bad.code(), Code::Unauthenticated);
+
+    let no_chat = support::monolith_token(&["duo_agent_platform"]);
+    let denied = support::open_stream(&service, &no_chat, start())
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(denied.code(), Code::PermissionDenied);
+    assert_eq!(denied.message(), "Unauthorized to execute chat");
+    let no_platform = support::monolith_token(&["duo_chat"]);
+    let denied = support::open_stream(
+        &service,
+        &no_platform,
+        support::start_event(id, "software_development", "hi"),
+    )
+    .await
+    .err()
+    .unwrap();
+    assert_eq!(denied.code(), Code::PermissionDenied);
+
+    let token = support::monolith_token(CHAT_SCOPES);
+    let unknown = support::open_stream(&service, &token, support::start_event(id, "nope", "hi"))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(unknown.code(), Code::InvalidArgument);
+    let not_start = ClientEvent {
+        response: Some(client_event::Response::Heartbeat(Default::default())),
+    };
+    let refused = support::open_stream(&service, &token, not_start)
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(refused.code(), Code::InvalidArgument);
+
+    // A bad workflow id ends the stream with INVALID_ARGUMENT.
+    let workspace = TempWorkspace::new(&[]);
+    let stream = support::open_stream(&service, &token, support::start_event(999, "chat", "x"))
+        .await
+        .unwrap();
+    let (status, _) = stream
+        .serve(&support::runner(&workspace.path, &monolith))
+        .await;
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(fake.requests().is_empty(), "no model call for refused runs");
+}
+
+#[actix_web::test]
+async fn generated_tokens_work_and_cannot_mint_more() {
+    let fake = FakeProvider::start().await.unwrap();
+    let monolith = Monolith::start();
+    let service = Service::start(support::config(&monolith, &support::anthropic(&fake))).await;
+    let mut client = service.client().await;
+    let token = support::monolith_token(&["duo_chat", "duo_agent_platform", "code_suggestions"]);
+    let minted = client
+        .generate_token(support::request(GenerateTokenRequest::default(), &token))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(minted.expires_at > 0);
+    assert!(
+        minted
+            .server_capabilities
+            .contains(&"tool_call_approval".to_owned())
+    );
+    let tools = client
+        .list_tools(support::request(ListToolsRequest {}, &minted.token))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(format!("{:?}", tools.tools).contains("edit_file"));
+    let capabilities = client
+        .list_capabilities(support::request(ListCapabilitiesRequest {}, &minted.token))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(capabilities.capabilities[0].name, "tool_call_approval");
+    let again = client
+        .generate_token(support::request(
+            GenerateTokenRequest::default(),
+            &minted.token,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(again.code(), Code::PermissionDenied);
+    let unauthenticated = client
+        .list_tools(tonic::Request::new(ListToolsRequest {}))
+        .await
+        .unwrap_err();
+    assert_eq!(unauthenticated.code(), Code::Unauthenticated);
+}
+
+#[actix_web::test]
+async fn software_development_plans_asks_and_executes() {
+    let fake = FakeProvider::start().await.unwrap();
+    let monolith = Monolith::start();
+    let service = Service::start(support::config(&monolith, &support::anthropic(&fake))).await;
+    let workspace = TempWorkspace::new(&[("README.md", "Hello\n")]);
+    let id = monolith.create_workflow("software_development", &[1, 2], &[2]);
+    // Context builder reads, then reports.
+    fake.push_tool_calls("", vec![read_call()]);
+    fake.push_text("README.md holds one line: Hello.");
+    // The planner records a plan.
+    fake.push_tool_calls(
+        "",
+        vec![ToolCall::new(
+            "plan",
+            "create_plan",
+            json!({"steps": ["Add the greeting to README.md"]}),
+        )],
+    );
+    // The executor edits (asks) and finishes.
+    fake.push_tool_calls("", vec![edit_call()]);
+    fake.push_text("Done.");
+    let mut approver = ScriptedApprover::new(vec![Decision::Approve, Decision::Approve]);
+    let mut recorder = Recorder::default();
+    let end = run_session(
+        &service,
+        &monolith,
+        &workspace,
+        id,
+        "software_development",
+        &mut approver,
+        &mut recorder,
+    )
+    .await
+    .unwrap();
+    assert_eq!(end, SessionEnd::Finished);
+    assert_eq!(approver.asked[0].0, "PLAN_APPROVAL_REQUIRED");
+    assert_eq!(approver.asked[0].1.plan, ["Add the greeting to README.md"]);
+    assert_eq!(approver.asked[1].0, "TOOL_CALL_APPROVAL_REQUIRED");
+    assert_eq!(workspace.read("README.md"), "Hello, world\n");
+    let stored = monolith.workflow(id);
+    assert_eq!(
+        stored.events,
+        [
+            "start",
+            "require_plan_approval",
+            "resume",
+            "require_tool_call_approval",
+            "resume",
+            "finish"
+        ]
+    );
+    assert_chained(&stored.checkpoints);
+    // The executor agent was given the approved plan and the context.
+    let bodies = request_bodies(&fake);
+    assert!(bodies[3].contains("Add the greeting to README.md"));
+    assert!(bodies[3].contains("README.md holds one line"));
+}
+
+#[actix_web::test]
+async fn a_self_hosted_model_is_used_and_stored_without_its_key() {
+    let fake = FakeProvider::start().await.unwrap();
+    let monolith = Monolith::start();
+    let mut vars = support::anthropic(&fake);
+    vars.push(("AIGW_CUSTOM_MODELS__ENABLED", "true".into()));
+    let service = Service::start(support::config(&monolith, &vars)).await;
+    let workspace = TempWorkspace::new(&[]);
+    let id = monolith.create_workflow("chat", &[1, 2], &[2]);
+    fake.push_text("Hi from the self-hosted model.");
+    let metadata = json!({
+        "provider": "openai",
+        "name": "my-model",
+        "endpoint": fake.openai_base_url(),
+        "api_key": "sk-self-hosted-secret",
+        "identifier": "openai/my-model",
+    });
+    let mut target = service.target(&support::monolith_token(CHAT_SCOPES));
+    target.headers.push((
+        "x-gitlab-agent-platform-model-metadata".into(),
+        metadata.to_string(),
+    ));
+    let mut approver = ScriptedApprover::new(vec![]);
+    let mut recorder = Recorder::default();
+    let end = session::run(Session {
+        target,
+        workflow_id: id.to_string(),
+        goal: "say hi".into(),
+        workflow_definition: "chat".into(),
+        runner: support::runner(&workspace.path, &monolith),
+        approver: &mut approver,
+        reporter: &mut recorder,
+        max_reconnects: 0,
+    })
+    .await
+    .unwrap();
+    assert_eq!(end, SessionEnd::Finished);
+    let call = fake
+        .requests()
+        .into_iter()
+        .find(|r| r.method == "POST")
+        .unwrap();
+    assert_eq!(call.path, "/v1/chat/completions");
+    assert_eq!(call.body["model"], "my-model");
+    assert_eq!(
+        call.header("authorization"),
+        Some("Bearer sk-self-hosted-secret")
+    );
+    let stored = monolith.workflow(id).model_metadata_json.unwrap();
+    assert!(stored.contains("my-model"));
+    assert!(!stored.contains("sk-self-hosted-secret"));
+}

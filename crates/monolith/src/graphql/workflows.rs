@@ -1,0 +1,323 @@
+//! Duo Workflow in GitLab's GraphQL shapes, for the web page: the caller's
+//! workflows (`duoWorkflowWorkflows`), a workflow's history as events
+//! (`duoWorkflowEvents`, one per checkpoint, newest first), and live updates
+//! (`workflowEventsUpdated`) pushed at each status change and checkpoint.
+
+use std::pin::Pin;
+
+use futures::{Stream, StreamExt};
+use juniper::{FieldError, FieldResult, GraphQLEnum, GraphQLObject};
+
+use super::*;
+use crate::workflows::checkpoints::{self, Checkpoint};
+use crate::workflows::live::{self, WorkflowEventMessage};
+use crate::workflows::store::{self, ListFilter, Workflow};
+use crate::workflows::{Status, privileges};
+
+/// GitLab's global-id model name of a workflow.
+pub const WORKFLOW_GID_MODEL: &str = "Ai::DuoWorkflows::Workflow";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, GraphQLEnum)]
+#[graphql(name = "DuoWorkflowStatus")]
+pub enum DuoWorkflowStatusEnum {
+    Created,
+    Running,
+    Paused,
+    Finished,
+    Failed,
+    Stopped,
+    InputRequired,
+    PlanApprovalRequired,
+    ToolCallApprovalRequired,
+}
+
+impl From<Status> for DuoWorkflowStatusEnum {
+    fn from(s: Status) -> Self {
+        match s {
+            Status::Created => Self::Created,
+            Status::Running => Self::Running,
+            Status::Paused => Self::Paused,
+            Status::Finished => Self::Finished,
+            Status::Failed => Self::Failed,
+            Status::Stopped => Self::Stopped,
+            Status::InputRequired => Self::InputRequired,
+            Status::PlanApprovalRequired => Self::PlanApprovalRequired,
+            Status::ToolCallApprovalRequired => Self::ToolCallApprovalRequired,
+        }
+    }
+}
+
+fn time(t: chrono::DateTime<chrono::Utc>) -> Time {
+    Time(t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+}
+
+/// A workflow's history entry: one checkpoint with the workflow's status.
+#[derive(Debug, Clone, GraphQLObject)]
+#[graphql(name = "DuoWorkflowEvent")]
+pub struct DuoWorkflowEvent {
+    pub checkpoint: Option<Json>,
+    pub compressed_checkpoint: Option<String>,
+    pub metadata: Option<Json>,
+    pub workflow_status: Option<DuoWorkflowStatusEnum>,
+    /// Granular status: the graph's own (`Planning`, `Execution`, ...) when
+    /// the checkpoint says, else the workflow's.
+    pub execution_status: String,
+    pub timestamp: Option<Time>,
+    pub parent_timestamp: Option<Time>,
+    pub errors: Option<Vec<String>>,
+    pub workflow_goal: Option<String>,
+    pub workflow_definition: Option<String>,
+}
+
+fn execution_status(checkpoint: Option<&serde_json::Value>, status: Status) -> String {
+    checkpoint
+        .and_then(|c| c.pointer("/channel_values/status"))
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_owned)
+        .unwrap_or_else(|| status.human_name())
+}
+
+fn event_of(workflow: &Workflow, checkpoint: Option<&Checkpoint>) -> DuoWorkflowEvent {
+    DuoWorkflowEvent {
+        checkpoint: checkpoint.map(|c| Json(c.checkpoint.to_string())),
+        compressed_checkpoint: checkpoint.map(|c| checkpoints::compress(&c.checkpoint)),
+        metadata: checkpoint.map(|c| Json(c.metadata.to_string())),
+        workflow_status: Some(workflow.status.into()),
+        execution_status: execution_status(checkpoint.map(|c| &c.checkpoint), workflow.status),
+        timestamp: checkpoint.map(|c| {
+            live::timestamp_of(&c.thread_ts, &c.checkpoint)
+                .map(time)
+                .unwrap_or_else(|| time(c.created_at))
+        }),
+        parent_timestamp: None,
+        errors: Some(Vec::new()),
+        workflow_goal: Some(workflow.goal.clone()),
+        workflow_definition: Some(workflow.workflow_definition.clone()),
+    }
+}
+
+fn event_of_message(m: WorkflowEventMessage) -> DuoWorkflowEvent {
+    let status = Status::from_name(&m.status).unwrap_or(Status::Failed);
+    DuoWorkflowEvent {
+        compressed_checkpoint: m.checkpoint.as_ref().map(checkpoints::compress),
+        execution_status: execution_status(m.checkpoint.as_ref(), status),
+        checkpoint: m.checkpoint.map(|c| Json(c.to_string())),
+        metadata: m.metadata.map(|c| Json(c.to_string())),
+        workflow_status: Some(status.into()),
+        timestamp: m.timestamp.map(time),
+        parent_timestamp: m.parent_timestamp.map(time),
+        errors: Some(Vec::new()),
+        workflow_goal: Some(m.goal),
+        workflow_definition: Some(m.workflow_definition),
+    }
+}
+
+#[derive(Debug, Clone, GraphQLObject)]
+#[graphql(name = "DuoWorkflow")]
+pub struct DuoWorkflow {
+    pub id: AiDuoWorkflowsWorkflowId,
+    pub user_id: UserId,
+    pub project_id: Option<ProjectId>,
+    pub namespace_id: Option<NamespaceId>,
+    pub goal: Option<String>,
+    pub human_status: String,
+    pub status: Option<DuoWorkflowStatusEnum>,
+    pub status_name: Option<String>,
+    pub status_group: Option<String>,
+    pub workflow_definition: Option<String>,
+    pub environment: Option<String>,
+    pub agent_privileges: Vec<i32>,
+    pub agent_privileges_names: Vec<String>,
+    pub pre_approved_agent_privileges: Vec<i32>,
+    pub pre_approved_agent_privileges_names: Vec<String>,
+    pub allow_agent_to_request_user: bool,
+    pub mcp_enabled: bool,
+    pub created_at: Time,
+    pub updated_at: Time,
+    pub latest_checkpoint: Option<DuoWorkflowEvent>,
+}
+
+fn workflow_of(w: &Workflow, latest: Option<&Checkpoint>) -> DuoWorkflow {
+    DuoWorkflow {
+        id: AiDuoWorkflowsWorkflowId(gid::format(WORKFLOW_GID_MODEL, w.id)),
+        user_id: UserId(gid::format("User", w.user_id)),
+        project_id: w.project_id.map(|p| ProjectId(gid::format("Project", p))),
+        namespace_id: w
+            .namespace_id
+            .map(|n| NamespaceId(gid::format("Namespace", n))),
+        goal: Some(w.goal.clone()),
+        human_status: w.status.human_name(),
+        status: Some(w.status.into()),
+        status_name: Some(w.status.name().to_owned()),
+        status_group: Some(w.status.group().to_owned()),
+        workflow_definition: Some(w.workflow_definition.clone()),
+        environment: w.environment_name().map(str::to_owned),
+        agent_privileges: w.agent_privileges.iter().map(|p| i32::from(*p)).collect(),
+        agent_privileges_names: privileges::names(&w.agent_privileges)
+            .into_iter()
+            .map(str::to_owned)
+            .collect(),
+        pre_approved_agent_privileges: w
+            .pre_approved_agent_privileges
+            .iter()
+            .map(|p| i32::from(*p))
+            .collect(),
+        pre_approved_agent_privileges_names: privileges::names(&w.pre_approved_agent_privileges)
+            .into_iter()
+            .map(str::to_owned)
+            .collect(),
+        allow_agent_to_request_user: w.allow_agent_to_request_user,
+        mcp_enabled: false,
+        created_at: time(w.created_at),
+        updated_at: time(w.updated_at),
+        latest_checkpoint: latest.map(|c| event_of(w, Some(c))),
+    }
+}
+
+#[derive(Debug, Clone, GraphQLObject)]
+#[graphql(name = "DuoWorkflowConnection")]
+pub struct DuoWorkflowConnection {
+    pub nodes: Vec<DuoWorkflow>,
+    pub page_info: PageInfo,
+}
+
+#[derive(Debug, Clone, GraphQLObject)]
+#[graphql(name = "DuoWorkflowEventConnection")]
+pub struct DuoWorkflowEventConnection {
+    pub nodes: Vec<DuoWorkflowEvent>,
+    pub page_info: PageInfo,
+}
+
+fn not_available() -> FieldError {
+    coded(
+        "The resource that you are attempting to access does not exist or you don't have permission to perform this action",
+        "RESOURCE_NOT_AVAILABLE",
+    )
+}
+
+fn parse_workflow_id(id: &AiDuoWorkflowsWorkflowId) -> FieldResult<i64> {
+    match gid::parse(&id.0) {
+        Some((WORKFLOW_GID_MODEL, n)) => Ok(n),
+        _ => Err(coded(
+            format!("{} is not a valid AiDuoWorkflowsWorkflowID", id.0),
+            "ARGUMENT_ERROR",
+        )),
+    }
+}
+
+/// The workflow when the caller may read it (its owner, or an admin, who may
+/// still use Duo Workflow where it runs); otherwise "not available".
+async fn readable_workflow(ctx: &GqlContext, id: i64) -> FieldResult<Workflow> {
+    let Some(user) = ctx.user else {
+        return Err(not_available());
+    };
+    let db = ctx.pool.get().await.map_err(internal)?;
+    let workflow = store::find(&**db, id)
+        .await
+        .map_err(internal)?
+        .filter(|w| w.user_id == user.id || user.admin)
+        .ok_or_else(not_available)?;
+    if !ctx
+        .policy
+        .can_access_workflow(&**db, user, None, workflow.facts())
+        .await
+        .map_err(internal)?
+    {
+        return Err(not_available());
+    }
+    Ok(workflow)
+}
+
+/// `duoWorkflowWorkflows`: one workflow by id, or the caller's own, newest first.
+pub async fn workflows(
+    ctx: &GqlContext,
+    workflow_id: Option<AiDuoWorkflowsWorkflowId>,
+    project_path: Option<juniper::ID>,
+    workflow_type: Option<String>,
+    first: Option<i32>,
+) -> FieldResult<DuoWorkflowConnection> {
+    let Some(user) = ctx.user else {
+        return Ok(DuoWorkflowConnection {
+            nodes: Vec::new(),
+            page_info: PageInfo::single_page(),
+        });
+    };
+    let list = match &workflow_id {
+        Some(id) => vec![readable_workflow(ctx, parse_workflow_id(id)?).await?],
+        None => {
+            let db = ctx.pool.get().await.map_err(internal)?;
+            let project_id = match project_path {
+                Some(path) => Some(
+                    crate::namespaces::project_id_by_full_path(&**db, &path)
+                        .await
+                        .map_err(internal)?
+                        .unwrap_or(-1),
+                ),
+                None => None,
+            };
+            store::list_for_user(
+                &**db,
+                user.id,
+                &ListFilter {
+                    project_id,
+                    workflow_definition: workflow_type,
+                    limit: i64::from(first.unwrap_or(100).clamp(1, 100)),
+                    ..ListFilter::default()
+                },
+            )
+            .await
+            .map_err(internal)?
+        }
+    };
+    let db = ctx.pool.get().await.map_err(internal)?;
+    let mut nodes = Vec::with_capacity(list.len());
+    for w in &list {
+        let latest = checkpoints::latest(&**db, w.id).await.map_err(internal)?;
+        nodes.push(workflow_of(w, latest.as_ref()));
+    }
+    Ok(DuoWorkflowConnection {
+        nodes,
+        page_info: PageInfo::single_page(),
+    })
+}
+
+/// `duoWorkflowEvents`: the workflow's checkpoints as events, newest first.
+pub async fn events(
+    ctx: &GqlContext,
+    workflow_id: AiDuoWorkflowsWorkflowId,
+) -> FieldResult<DuoWorkflowEventConnection> {
+    let workflow = readable_workflow(ctx, parse_workflow_id(&workflow_id)?).await?;
+    let db = ctx.pool.get().await.map_err(internal)?;
+    let (list, _) = checkpoints::list(&**db, workflow.id, None, 0, 100)
+        .await
+        .map_err(internal)?;
+    Ok(DuoWorkflowEventConnection {
+        nodes: list.iter().map(|c| event_of(&workflow, Some(c))).collect(),
+        page_info: PageInfo::single_page(),
+    })
+}
+
+pub type DuoWorkflowEventStream =
+    Pin<Box<dyn Stream<Item = Result<DuoWorkflowEvent, FieldError>> + Send>>;
+
+/// `workflowEventsUpdated`: the workflow's status changes and new checkpoints
+/// as they happen, to its owner (or an admin).
+pub async fn events_updated(
+    ctx: &GqlContext,
+    workflow_id: AiDuoWorkflowsWorkflowId,
+) -> FieldResult<DuoWorkflowEventStream> {
+    let workflow = readable_workflow(ctx, parse_workflow_id(&workflow_id)?).await?;
+    let wanted = workflow.id;
+    let receiver = ctx
+        .live
+        .subscribe(&live::user_topic(workflow.user_id))
+        .await
+        .map_err(internal)?;
+    let stream =
+        tokio_stream::wrappers::BroadcastStream::new(receiver).filter_map(move |item| async move {
+            let value = item.ok()?;
+            let message: WorkflowEventMessage = serde_json::from_value(value).ok()?;
+            (message.workflow_id == wanted).then(|| Ok(event_of_message(message)))
+        });
+    Ok(Box::pin(stream))
+}

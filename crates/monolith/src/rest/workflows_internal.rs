@@ -1,0 +1,381 @@
+//! Duo Workflow's internal REST API (GitLab's `workflows_internal.rb`): what
+//! the workflow service and executors call with an `ai_workflows` token (or an
+//! `api` one): the workflow, its status events, checkpoints, checkpoint writes
+//! and events, and revoking the token itself.
+
+use actix_web::{HttpRequest, HttpResponse, web};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::ApiError;
+use super::pagination::PageParams;
+use super::params::Params;
+use super::workflows::{INTERNAL_SCOPES, find_workflow, workflow_caller, workflow_json};
+use crate::app_state::AppState;
+use crate::identity::oauth::{self, Revocation};
+use crate::workflows::checkpoints::{self, NewCheckpoint, NewWrite};
+use crate::workflows::{WorkflowError, events, store};
+
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.route(
+        "/ai/duo_workflows/revoke_token",
+        web::post().to(revoke_token),
+    )
+    .route("/ai/duo_workflows/workflows/{id}", web::get().to(show))
+    .route(
+        "/ai/duo_workflows/workflows/{id}",
+        web::patch().to(update_status),
+    )
+    .route(
+        "/ai/duo_workflows/workflows/{id}/checkpoints",
+        web::post().to(create_checkpoint),
+    )
+    .route(
+        "/ai/duo_workflows/workflows/{id}/checkpoints",
+        web::get().to(list_checkpoints),
+    )
+    .route(
+        "/ai/duo_workflows/workflows/{id}/checkpoints/{checkpoint_id}",
+        web::get().to(show_checkpoint),
+    )
+    .route(
+        "/ai/duo_workflows/workflows/{id}/checkpoint_writes_batch",
+        web::post().to(create_writes),
+    )
+    .route(
+        "/ai/duo_workflows/workflows/{id}/events",
+        web::post().to(create_event),
+    )
+    .route(
+        "/ai/duo_workflows/workflows/{id}/events",
+        web::get().to(list_events),
+    )
+    .route(
+        "/ai/duo_workflows/workflows/{id}/events/{event_id}",
+        web::put().to(update_event),
+    );
+}
+
+#[derive(Debug, Deserialize)]
+struct RevokeParams {
+    token: Option<String>,
+}
+
+/// `POST /ai/duo_workflows/revoke_token`: revokes one of the caller's
+/// `ai_workflows` tokens (the service calls it when a run ends).
+async fn revoke_token(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    params: Params<RevokeParams>,
+) -> Result<HttpResponse, ApiError> {
+    let who = workflow_caller(&state, &req, INTERNAL_SCOPES).await?;
+    let token = params
+        .into_inner()
+        .token
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| ApiError::BadRequest("token is missing".into()))?;
+    let db = state.pool.get().await?;
+    match oauth::revoke(&**db, who.actor.id, &token).await? {
+        Revocation::Revoked => {
+            crate::workflows::audit(
+                &**db,
+                None,
+                "ai_workflows_token_revoked",
+                who.caller(),
+                json!({}),
+            )
+            .await?;
+            Ok(HttpResponse::Ok().json(json!({ "message": "Token revoked" })))
+        }
+        Revocation::NotFound => Err(ApiError::Unauthorized),
+        Revocation::NotOwner => Err(ApiError::ForbiddenBecause(
+            "Token does not belong to the current user",
+        )),
+    }
+}
+
+/// `GET /ai/duo_workflows/workflows/:id`.
+async fn show(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let who = workflow_caller(&state, &req, INTERNAL_SCOPES).await?;
+    let workflow = find_workflow(&state, &who, &path).await?;
+    Ok(HttpResponse::Ok().json(workflow_json(&workflow, &state.config.external_url)))
+}
+
+#[derive(Debug, Deserialize)]
+struct StatusParams {
+    status_event: Option<String>,
+}
+
+/// `PATCH /ai/duo_workflows/workflows/:id {status_event}`: 200 with the
+/// workflow (also when it already is in the target status), 400 with
+/// GitLab's message when the event is unknown or not allowed now.
+async fn update_status(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<String>,
+    params: Params<StatusParams>,
+) -> Result<HttpResponse, ApiError> {
+    let who = workflow_caller(&state, &req, INTERNAL_SCOPES).await?;
+    let event = params
+        .into_inner()
+        .status_event
+        .ok_or_else(|| ApiError::BadRequest("status_event is missing".into()))?;
+    let workflow = find_workflow(&state, &who, &path).await?;
+    let mut client = state.pool.get().await?;
+    let change = store::apply_status_event(&mut client, workflow.id, &event, who.caller()).await?;
+    Ok(HttpResponse::Ok().json(json!({
+        "workflow": workflow_json(&change.workflow, &state.config.external_url),
+        "message": change.message,
+    })))
+}
+
+#[derive(Debug, Deserialize)]
+struct CheckpointParams {
+    thread_ts: Option<String>,
+    parent_ts: Option<String>,
+    checkpoint_ns: Option<String>,
+    checkpoint: Option<Value>,
+    compressed_checkpoint: Option<String>,
+    metadata: Option<Value>,
+    /// A JSON text, as GitLab's service sends it (an object is taken too).
+    model_metadata_json: Option<Value>,
+}
+
+/// `POST /ai/duo_workflows/workflows/:id/checkpoints`: 201 `{id, thread_ts, parent_ts}`.
+async fn create_checkpoint(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<String>,
+    params: Params<CheckpointParams>,
+) -> Result<HttpResponse, ApiError> {
+    let who = workflow_caller(&state, &req, INTERNAL_SCOPES).await?;
+    let p = params.into_inner();
+    let thread_ts = p
+        .thread_ts
+        .ok_or_else(|| ApiError::BadRequest("thread_ts is missing".into()))?;
+    let metadata = p
+        .metadata
+        .ok_or_else(|| ApiError::BadRequest("metadata is missing".into()))?;
+    let workflow = find_workflow(&state, &who, &path).await?;
+    let new = NewCheckpoint {
+        thread_ts,
+        parent_ts: p.parent_ts,
+        checkpoint_ns: p.checkpoint_ns,
+        checkpoint: p.checkpoint,
+        compressed_checkpoint: p.compressed_checkpoint,
+        metadata,
+        model_metadata_json: p.model_metadata_json.map(|v| match v {
+            Value::String(text) => text,
+            other => other.to_string(),
+        }),
+    };
+    let mut client = state.pool.get().await?;
+    let stored = checkpoints::create(
+        &mut client,
+        &workflow,
+        &new,
+        state.config.duo_workflow.max_checkpoint_bytes,
+    )
+    .await?;
+    Ok(HttpResponse::Created().json(json!({
+        "id": stored.id,
+        "thread_ts": stored.thread_ts,
+        "parent_ts": stored.parent_ts,
+        "checkpoint_ns": stored.checkpoint_ns,
+    })))
+}
+
+#[derive(Debug, Deserialize)]
+struct CheckpointQuery {
+    page: Option<usize>,
+    per_page: Option<usize>,
+    accept_compressed: Option<String>,
+    checkpoint_ns: Option<String>,
+}
+
+fn truthy(v: Option<&str>) -> Result<bool, ApiError> {
+    match v {
+        None | Some("false") | Some("0") => Ok(false),
+        Some("true") | Some("1") => Ok(true),
+        Some(_) => Err(ApiError::BadRequest("accept_compressed is invalid".into())),
+    }
+}
+
+/// `GET /ai/duo_workflows/workflows/:id/checkpoints`: newest first
+/// (`per_page=1` is the latest), with their writes; `accept_compressed=true`
+/// sends each body as `compressed_checkpoint`.
+async fn list_checkpoints(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<String>,
+    query: web::Query<CheckpointQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let who = workflow_caller(&state, &req, INTERNAL_SCOPES).await?;
+    let q = query.into_inner();
+    let compressed = truthy(q.accept_compressed.as_deref())?;
+    let workflow = find_workflow(&state, &who, &path).await?;
+    let page = PageParams::new(q.page, q.per_page).resolve();
+    let offset = ((page.page - 1) * page.per_page) as i64;
+    let db = state.pool.get().await?;
+    let (list, total) = checkpoints::list(
+        &**db,
+        workflow.id,
+        q.checkpoint_ns.as_deref(),
+        offset,
+        page.per_page as i64,
+    )
+    .await?;
+    let items: Vec<Value> = list
+        .iter()
+        .map(|c| checkpoints::to_json(c, compressed))
+        .collect();
+    let mut builder = HttpResponse::Ok();
+    page.headers(&mut builder, &req, usize::try_from(total).unwrap_or(0));
+    Ok(builder.json(items))
+}
+
+#[derive(Debug, Deserialize)]
+struct OneCheckpointQuery {
+    accept_compressed: Option<String>,
+}
+
+/// `GET /ai/duo_workflows/workflows/:id/checkpoints/:checkpoint_id`.
+async fn show_checkpoint(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+    query: web::Query<OneCheckpointQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let who = workflow_caller(&state, &req, INTERNAL_SCOPES).await?;
+    let compressed = truthy(query.accept_compressed.as_deref())?;
+    let (id, checkpoint_id) = path.into_inner();
+    let workflow = find_workflow(&state, &who, &id).await?;
+    let checkpoint_id: i64 = checkpoint_id
+        .parse()
+        .map_err(|_| ApiError::RecordNotFound)?;
+    let db = state.pool.get().await?;
+    let checkpoint = checkpoints::get(&**db, workflow.id, checkpoint_id)
+        .await?
+        .ok_or(ApiError::RecordNotFound)?;
+    Ok(HttpResponse::Ok().json(checkpoints::to_json(&checkpoint, compressed)))
+}
+
+#[derive(Debug, Deserialize)]
+struct WritesParams {
+    thread_ts: Option<String>,
+    checkpoint_writes: Option<Vec<NewWrite>>,
+}
+
+/// `POST /ai/duo_workflows/workflows/:id/checkpoint_writes_batch`: all or nothing.
+async fn create_writes(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<String>,
+    params: Params<WritesParams>,
+) -> Result<HttpResponse, ApiError> {
+    let who = workflow_caller(&state, &req, INTERNAL_SCOPES).await?;
+    let p = params.into_inner();
+    let thread_ts = p
+        .thread_ts
+        .ok_or_else(|| ApiError::BadRequest("thread_ts is missing".into()))?;
+    let writes = p
+        .checkpoint_writes
+        .ok_or_else(|| ApiError::BadRequest("checkpoint_writes is missing".into()))?;
+    let workflow = find_workflow(&state, &who, &path).await?;
+    let mut client = state.pool.get().await?;
+    checkpoints::create_writes(&mut client, &workflow, &thread_ts, &writes).await?;
+    Ok(HttpResponse::Ok().json(json!({})))
+}
+
+#[derive(Debug, Deserialize)]
+struct EventParams {
+    event_type: Option<String>,
+    message: Option<String>,
+    correlation_id: Option<String>,
+}
+
+/// `POST /ai/duo_workflows/workflows/:id/events`: 201 with the queued event.
+async fn create_event(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<String>,
+    params: Params<EventParams>,
+) -> Result<HttpResponse, ApiError> {
+    let who = workflow_caller(&state, &req, INTERNAL_SCOPES).await?;
+    let p = params.into_inner();
+    // Grape checks parameters before the workflow is looked up.
+    if p.event_type.is_none() {
+        return Err(WorkflowError::Param("event_type is missing".into()).into());
+    }
+    let workflow = find_workflow(&state, &who, &path).await?;
+    let db = state.pool.get().await?;
+    let event = events::create(
+        &**db,
+        &workflow,
+        p.event_type.as_deref(),
+        p.message.as_deref(),
+        p.correlation_id.as_deref(),
+    )
+    .await?;
+    Ok(HttpResponse::Created().json(events::to_json(&event)))
+}
+
+#[derive(Debug, Deserialize)]
+struct EventsQuery {
+    page: Option<usize>,
+    per_page: Option<usize>,
+}
+
+/// `GET /ai/duo_workflows/workflows/:id/events`: the queued events.
+async fn list_events(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<String>,
+    query: web::Query<EventsQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let who = workflow_caller(&state, &req, INTERNAL_SCOPES).await?;
+    let workflow = find_workflow(&state, &who, &path).await?;
+    let page = PageParams::new(query.page, query.per_page).resolve();
+    let db = state.pool.get().await?;
+    let (list, total) = events::queued(
+        &**db,
+        workflow.id,
+        ((page.page - 1) * page.per_page) as i64,
+        page.per_page as i64,
+    )
+    .await?;
+    let mut builder = HttpResponse::Ok();
+    page.headers(&mut builder, &req, usize::try_from(total).unwrap_or(0));
+    Ok(builder.json(list.iter().map(events::to_json).collect::<Vec<_>>()))
+}
+
+#[derive(Debug, Deserialize)]
+struct EventStatusParams {
+    event_status: Option<String>,
+}
+
+/// `PUT /ai/duo_workflows/workflows/:id/events/:event_id {event_status}`.
+async fn update_event(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+    params: Params<EventStatusParams>,
+) -> Result<HttpResponse, ApiError> {
+    let who = workflow_caller(&state, &req, INTERNAL_SCOPES).await?;
+    let (id, event_id) = path.into_inner();
+    let workflow = find_workflow(&state, &who, &id).await?;
+    let event_id: i64 = event_id.parse().map_err(|_| ApiError::RecordNotFound)?;
+    let db = state.pool.get().await?;
+    let event = events::set_status(
+        &**db,
+        workflow.id,
+        event_id,
+        params.into_inner().event_status.as_deref(),
+    )
+    .await?;
+    Ok(HttpResponse::Ok().json(events::to_json(&event)))
+}

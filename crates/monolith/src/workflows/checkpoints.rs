@@ -1,0 +1,570 @@
+//! LangGraph checkpoints of a workflow (GitLab's `thread_ts`/`parent_ts`
+//! naming), plain or zlib+base64 compressed on the wire, and the checkpoint
+//! writes an interrupted graph resumes from.
+//!
+//! Each new checkpoint must continue the chain: its `parent_ts` is the
+//! `thread_ts` of the newest checkpoint of the same namespace (none for the
+//! first). A checkpoint is stored whole or not at all, under a lock on its
+//! workflow, so two writers cannot both extend the same parent.
+
+use std::io::Read;
+
+use base64::Engine;
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
+use tokio_postgres::GenericClient;
+
+use super::store::{Workflow, remember_model_metadata, sanitize_model_metadata};
+use super::{WorkflowError, live};
+
+/// Longest `thread_ts`, `parent_ts`, `task`, `channel` and `write_type`.
+pub const MAX_TS_CHARS: usize = 255;
+/// Longest checkpoint namespace.
+pub const MAX_NS_CHARS: usize = 4096;
+/// Largest `data` of one checkpoint write (GitLab's limit).
+pub const MAX_WRITE_DATA_CHARS: usize = 10_000;
+/// Most writes in one batch.
+pub const MAX_WRITES_PER_BATCH: usize = 100;
+/// Zlib level GitLab compresses with ("fast and good").
+const COMPRESS_LEVEL: u32 = 6;
+
+/// One stored checkpoint write.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckpointWrite {
+    pub id: i64,
+    pub thread_ts: String,
+    pub task: String,
+    pub idx: i32,
+    pub channel: String,
+    pub write_type: String,
+    pub data: String,
+}
+
+/// One stored checkpoint with its writes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Checkpoint {
+    pub id: i64,
+    pub workflow_id: i64,
+    pub thread_ts: String,
+    pub parent_ts: Option<String>,
+    pub checkpoint_ns: String,
+    pub checkpoint: Value,
+    pub metadata: Value,
+    pub created_at: DateTime<Utc>,
+    pub writes: Vec<CheckpointWrite>,
+}
+
+/// A checkpoint as posted (GitLab's parameters).
+#[derive(Debug, Clone, Default)]
+pub struct NewCheckpoint {
+    pub thread_ts: String,
+    pub parent_ts: Option<String>,
+    pub checkpoint_ns: Option<String>,
+    pub checkpoint: Option<Value>,
+    pub compressed_checkpoint: Option<String>,
+    pub metadata: Value,
+    pub model_metadata_json: Option<String>,
+}
+
+/// Base64 of zlib-compressed JSON, as GitLab sends `compressed_checkpoint`.
+pub fn compress(value: &Value) -> String {
+    use std::io::Write;
+    let mut encoder =
+        flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::new(COMPRESS_LEVEL));
+    // Writing to a Vec cannot fail.
+    let _ = encoder.write_all(value.to_string().as_bytes());
+    let bytes = encoder.finish().unwrap_or_default();
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// Opens a `compressed_checkpoint`, inflating at most `max_bytes` (a small
+/// body must not grow into gigabytes).
+pub fn decompress(text: &str, max_bytes: usize) -> Result<Value, WorkflowError> {
+    let bad = |detail: &str| {
+        WorkflowError::BadRequest(format!("Invalid compressed checkpoint data: {detail}"))
+    };
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(text.trim())
+        .map_err(|_| bad("invalid base64"))?;
+    let mut inflated = Vec::new();
+    flate2::read::ZlibDecoder::new(bytes.as_slice())
+        .take(max_bytes as u64 + 1)
+        .read_to_end(&mut inflated)
+        .map_err(|e| bad(&e.to_string()))?;
+    if inflated.len() > max_bytes {
+        return Err(too_large(max_bytes));
+    }
+    serde_json::from_slice(&inflated).map_err(|e| bad(&format!("not JSON ({e})")))
+}
+
+fn too_large(max_bytes: usize) -> WorkflowError {
+    WorkflowError::BadRequest(format!(
+        "Checkpoint is too large (the limit is {max_bytes} bytes)"
+    ))
+}
+
+/// Whether any string (or key) in `value` holds a NUL character, which
+/// PostgreSQL's jsonb cannot store.
+pub fn has_nul(value: &Value) -> bool {
+    match value {
+        Value::String(s) => s.contains('\0'),
+        Value::Array(items) => items.iter().any(has_nul),
+        Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
+        _ => false,
+    }
+}
+
+fn check_text(field: &'static str, value: &str, max: usize) -> Result<(), WorkflowError> {
+    if value.chars().count() > max {
+        return Err(WorkflowError::invalid(
+            field,
+            format!("is too long (maximum is {max} characters)"),
+        ));
+    }
+    if value.contains('\0') {
+        return Err(WorkflowError::invalid(field, "contains a NUL character"));
+    }
+    Ok(())
+}
+
+/// The checkpoint body of a post, checked: exactly one of the two forms, a JSON
+/// object, within `max_bytes`.
+fn body_of(new: &NewCheckpoint, max_bytes: usize) -> Result<Value, WorkflowError> {
+    let checkpoint = match (&new.checkpoint, &new.compressed_checkpoint) {
+        (Some(v), _) if !is_blank(v) => v.clone(),
+        (_, Some(text)) if !text.trim().is_empty() => {
+            if text.len() > max_bytes.saturating_mul(2) {
+                return Err(too_large(max_bytes));
+            }
+            decompress(text, max_bytes)?
+        }
+        _ => {
+            return Err(WorkflowError::BadRequest(
+                "Either checkpoint or compressed_checkpoint must be provided".into(),
+            ));
+        }
+    };
+    if !checkpoint.is_object() {
+        return Err(WorkflowError::Param("checkpoint is invalid".into()));
+    }
+    if checkpoint.to_string().len() > max_bytes {
+        return Err(too_large(max_bytes));
+    }
+    if has_nul(&checkpoint) {
+        return Err(WorkflowError::BadRequest(
+            "checkpoint contains a NUL character".into(),
+        ));
+    }
+    Ok(checkpoint)
+}
+
+/// Rails' `present?`: an empty object or null counts as absent.
+fn is_blank(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Object(m) => m.is_empty(),
+        Value::String(s) => s.trim().is_empty(),
+        _ => false,
+    }
+}
+
+const CHECKPOINT_COLUMNS: &str =
+    "id, workflow_id, thread_ts, parent_ts, checkpoint_ns, checkpoint, metadata, created_at";
+
+fn from_row(row: &tokio_postgres::Row) -> Checkpoint {
+    Checkpoint {
+        id: row.get(0),
+        workflow_id: row.get(1),
+        thread_ts: row.get(2),
+        parent_ts: row.get(3),
+        checkpoint_ns: row.get(4),
+        checkpoint: row.get(5),
+        metadata: row.get(6),
+        created_at: row.get(7),
+        writes: Vec::new(),
+    }
+}
+
+/// Stores a checkpoint (or, for a repeated post of the same checkpoint,
+/// returns the stored one), touches the workflow, remembers its model and
+/// tells the owner's subscribers, all in one transaction.
+pub async fn create(
+    client: &mut deadpool_postgres::Client,
+    workflow: &Workflow,
+    new: &NewCheckpoint,
+    max_bytes: usize,
+) -> Result<Checkpoint, WorkflowError> {
+    if new.thread_ts.trim().is_empty() {
+        return Err(WorkflowError::Param("thread_ts is missing".into()));
+    }
+    check_text("thread_ts", &new.thread_ts, MAX_TS_CHARS)?;
+    if let Some(parent) = &new.parent_ts {
+        check_text("parent_ts", parent, MAX_TS_CHARS)?;
+    }
+    let ns = new.checkpoint_ns.clone().unwrap_or_default();
+    check_text("checkpoint_ns", &ns, MAX_NS_CHARS)?;
+    if !new.metadata.is_object() {
+        return Err(WorkflowError::Param("metadata is invalid".into()));
+    }
+    if new.metadata.to_string().len() > max_bytes || has_nul(&new.metadata) {
+        return Err(WorkflowError::Param("metadata is invalid".into()));
+    }
+    let checkpoint = body_of(new, max_bytes)?;
+    let parent_ts = new.parent_ts.clone().filter(|p| !p.is_empty());
+
+    let tx = client.transaction().await?;
+    // The workflow's row lock orders concurrent writers of one workflow.
+    let locked = tx
+        .query_opt(
+            "SELECT status FROM duo_workflows_workflows WHERE id = $1 FOR UPDATE",
+            &[&workflow.id],
+        )
+        .await?;
+    if locked.is_none() {
+        return Err(WorkflowError::NotFound);
+    }
+    if let Some(existing) = tx
+        .query_opt(
+            &format!(
+                "SELECT {CHECKPOINT_COLUMNS} FROM duo_workflows_checkpoints
+                 WHERE workflow_id = $1 AND thread_ts = $2"
+            ),
+            &[&workflow.id, &new.thread_ts],
+        )
+        .await?
+    {
+        let existing = from_row(&existing);
+        // A retried post of the very same checkpoint is answered as the first.
+        if existing.parent_ts == parent_ts
+            && existing.checkpoint_ns == ns
+            && existing.checkpoint == checkpoint
+            && existing.metadata == new.metadata
+        {
+            return Ok(existing);
+        }
+        return Err(WorkflowError::BadRequest(
+            "thread_ts has already been taken".into(),
+        ));
+    }
+    let latest: Option<String> = tx
+        .query_opt(
+            "SELECT thread_ts FROM duo_workflows_checkpoints
+             WHERE workflow_id = $1 AND checkpoint_ns = $2 ORDER BY id DESC LIMIT 1",
+            &[&workflow.id, &ns],
+        )
+        .await?
+        .map(|r| r.get(0));
+    if parent_ts != latest {
+        return Err(WorkflowError::BadRequest(match &latest {
+            Some(ts) => format!("parent_ts must be the thread_ts of the latest checkpoint ({ts})"),
+            None => "parent_ts must be empty for the first checkpoint".into(),
+        }));
+    }
+    let row = tx
+        .query_one(
+            &format!(
+                "INSERT INTO duo_workflows_checkpoints
+                   (workflow_id, project_id, namespace_id, thread_ts, parent_ts, checkpoint_ns, checkpoint, metadata)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                 RETURNING {CHECKPOINT_COLUMNS}"
+            ),
+            &[
+                &workflow.id,
+                &workflow.project_id,
+                &workflow.namespace_id,
+                &new.thread_ts,
+                &parent_ts,
+                &ns,
+                &checkpoint,
+                &new.metadata,
+            ],
+        )
+        .await?;
+    let stored = from_row(&row);
+    tx.execute(
+        "UPDATE duo_workflows_workflows SET updated_at = now() WHERE id = $1",
+        &[&workflow.id],
+    )
+    .await?;
+    if let Some(clean) = new
+        .model_metadata_json
+        .as_deref()
+        .and_then(sanitize_model_metadata)
+    {
+        remember_model_metadata(&*tx, workflow.id, &clean).await?;
+    }
+    let status = locked
+        .and_then(|r| super::Status::from_code(r.get(0)))
+        .unwrap_or(workflow.status);
+    live::publish_checkpoint(&*tx, workflow, status, &stored).await?;
+    tx.commit().await?;
+    Ok(stored)
+}
+
+/// A page of the workflow's checkpoints, newest first, with their writes, and
+/// how many there are in all. `checkpoint_ns = None` lists every namespace.
+pub async fn list(
+    db: &impl GenericClient,
+    workflow_id: i64,
+    checkpoint_ns: Option<&str>,
+    offset: i64,
+    limit: i64,
+) -> Result<(Vec<Checkpoint>, i64), WorkflowError> {
+    let total: i64 = db
+        .query_one(
+            "SELECT count(*) FROM duo_workflows_checkpoints
+             WHERE workflow_id = $1 AND ($2::text IS NULL OR checkpoint_ns = $2)",
+            &[&workflow_id, &checkpoint_ns],
+        )
+        .await?
+        .get(0);
+    let rows = db
+        .query(
+            &format!(
+                "SELECT {CHECKPOINT_COLUMNS} FROM duo_workflows_checkpoints
+                 WHERE workflow_id = $1 AND ($2::text IS NULL OR checkpoint_ns = $2)
+                 ORDER BY id DESC OFFSET $3 LIMIT $4"
+            ),
+            &[&workflow_id, &checkpoint_ns, &offset.max(0), &limit.max(0)],
+        )
+        .await?;
+    let mut checkpoints: Vec<Checkpoint> = rows.iter().map(from_row).collect();
+    attach_writes(db, workflow_id, &mut checkpoints).await?;
+    Ok((checkpoints, total))
+}
+
+/// One checkpoint of the workflow by id.
+pub async fn get(
+    db: &impl GenericClient,
+    workflow_id: i64,
+    checkpoint_id: i64,
+) -> Result<Option<Checkpoint>, WorkflowError> {
+    let row = db
+        .query_opt(
+            &format!(
+                "SELECT {CHECKPOINT_COLUMNS} FROM duo_workflows_checkpoints
+                 WHERE workflow_id = $1 AND id = $2"
+            ),
+            &[&workflow_id, &checkpoint_id],
+        )
+        .await?;
+    let Some(row) = row else { return Ok(None) };
+    let mut one = vec![from_row(&row)];
+    attach_writes(db, workflow_id, &mut one).await?;
+    Ok(one.pop())
+}
+
+/// The newest checkpoint of the workflow, if any.
+pub async fn latest(
+    db: &impl GenericClient,
+    workflow_id: i64,
+) -> Result<Option<Checkpoint>, WorkflowError> {
+    Ok(list(db, workflow_id, None, 0, 1).await?.0.pop())
+}
+
+async fn attach_writes(
+    db: &impl GenericClient,
+    workflow_id: i64,
+    checkpoints: &mut [Checkpoint],
+) -> Result<(), WorkflowError> {
+    if checkpoints.is_empty() {
+        return Ok(());
+    }
+    let thread_ts: Vec<&str> = checkpoints.iter().map(|c| c.thread_ts.as_str()).collect();
+    let rows = db
+        .query(
+            "SELECT id, thread_ts, task, idx, channel, write_type, data
+             FROM duo_workflows_checkpoint_writes
+             WHERE workflow_id = $1 AND thread_ts = ANY($2) ORDER BY id",
+            &[&workflow_id, &thread_ts],
+        )
+        .await?;
+    for row in rows {
+        let write = CheckpointWrite {
+            id: row.get(0),
+            thread_ts: row.get(1),
+            task: row.get(2),
+            idx: row.get(3),
+            channel: row.get(4),
+            write_type: row.get(5),
+            data: row.get(6),
+        };
+        if let Some(c) = checkpoints
+            .iter_mut()
+            .find(|c| c.thread_ts == write.thread_ts)
+        {
+            c.writes.push(write);
+        }
+    }
+    Ok(())
+}
+
+/// One write as posted.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+pub struct NewWrite {
+    pub task: Option<String>,
+    pub idx: Option<i64>,
+    pub channel: Option<String>,
+    pub write_type: Option<String>,
+    pub data: Option<String>,
+}
+
+/// Stores a batch of writes for `thread_ts`: all of them, or none when any is
+/// invalid.
+pub async fn create_writes(
+    client: &mut deadpool_postgres::Client,
+    workflow: &Workflow,
+    thread_ts: &str,
+    writes: &[NewWrite],
+) -> Result<usize, WorkflowError> {
+    if thread_ts.trim().is_empty() {
+        return Err(WorkflowError::Param("thread_ts is missing".into()));
+    }
+    check_text("thread_ts", thread_ts, MAX_TS_CHARS)?;
+    if writes.is_empty() {
+        return Err(WorkflowError::Param("checkpoint_writes is empty".into()));
+    }
+    if writes.len() > MAX_WRITES_PER_BATCH {
+        return Err(WorkflowError::BadRequest(format!(
+            "checkpoint_writes has more than {MAX_WRITES_PER_BATCH} items"
+        )));
+    }
+    let mut checked = Vec::with_capacity(writes.len());
+    for (n, w) in writes.iter().enumerate() {
+        let missing =
+            |f: &str| WorkflowError::Param(format!("checkpoint_writes[{n}][{f}] is missing"));
+        let task = w.task.clone().ok_or_else(|| missing("task"))?;
+        let idx = w.idx.ok_or_else(|| missing("idx"))?;
+        let channel = w.channel.clone().ok_or_else(|| missing("channel"))?;
+        let write_type = w.write_type.clone().ok_or_else(|| missing("write_type"))?;
+        let data = w.data.clone().ok_or_else(|| missing("data"))?;
+        let idx = i32::try_from(idx)
+            .map_err(|_| WorkflowError::Param(format!("checkpoint_writes[{n}][idx] is invalid")))?;
+        for (field, value) in [
+            ("task", &task),
+            ("channel", &channel),
+            ("write_type", &write_type),
+        ] {
+            if value.is_empty() {
+                return Err(missing(field));
+            }
+            if value.chars().count() > MAX_TS_CHARS || value.contains('\0') {
+                return Err(WorkflowError::Param(format!(
+                    "checkpoint_writes[{n}][{field}] is invalid"
+                )));
+            }
+        }
+        if data.chars().count() > MAX_WRITE_DATA_CHARS || data.contains('\0') {
+            return Err(WorkflowError::invalid(
+                "data",
+                format!("is too long (maximum is {MAX_WRITE_DATA_CHARS} characters)"),
+            ));
+        }
+        checked.push((task, idx, channel, write_type, data));
+    }
+    let tx = client.transaction().await?;
+    for (task, idx, channel, write_type, data) in &checked {
+        tx.execute(
+            "INSERT INTO duo_workflows_checkpoint_writes
+               (workflow_id, project_id, namespace_id, thread_ts, task, idx, channel, write_type, data)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            &[
+                &workflow.id,
+                &workflow.project_id,
+                &workflow.namespace_id,
+                &thread_ts,
+                task,
+                idx,
+                channel,
+                write_type,
+                data,
+            ],
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(checked.len())
+}
+
+/// Deletes checkpoints and writes older than `days`; returns how many
+/// checkpoints went.
+pub async fn apply_retention(db: &impl GenericClient, days: i32) -> Result<u64, WorkflowError> {
+    let gone = db
+        .execute(
+            "DELETE FROM duo_workflows_checkpoints WHERE created_at < now() - make_interval(days => $1)",
+            &[&days],
+        )
+        .await?;
+    db.execute(
+        "DELETE FROM duo_workflows_checkpoint_writes WHERE created_at < now() - make_interval(days => $1)",
+        &[&days],
+    )
+    .await?;
+    Ok(gone)
+}
+
+/// GitLab's checkpoint entity; `compressed` replaces `checkpoint` with
+/// `compressed_checkpoint`.
+pub fn to_json(c: &Checkpoint, compressed: bool) -> Value {
+    let writes: Vec<Value> = c
+        .writes
+        .iter()
+        .map(|w| {
+            json!({
+                "id": w.id,
+                "thread_ts": w.thread_ts,
+                "task": w.task,
+                "idx": w.idx,
+                "channel": w.channel,
+                "write_type": w.write_type,
+                "data": w.data,
+            })
+        })
+        .collect();
+    let mut v = json!({
+        "id": c.id,
+        "thread_ts": c.thread_ts,
+        "parent_ts": c.parent_ts,
+        "checkpoint_ns": c.checkpoint_ns,
+        "metadata": c.metadata,
+        "checkpoint_writes": writes,
+        "current_thread": 0,
+    });
+    if let Some(obj) = v.as_object_mut() {
+        if compressed {
+            obj.insert(
+                "compressed_checkpoint".into(),
+                json!(compress(&c.checkpoint)),
+            );
+        } else {
+            obj.insert("checkpoint".into(), c.checkpoint.clone());
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compression_round_trips_and_bounds_inflation() {
+        let v = json!({"channel_values": {"ui_chat_log": ["x".repeat(1000)]}});
+        let text = compress(&v);
+        assert_eq!(decompress(&text, 1 << 20).unwrap(), v);
+        assert!(matches!(
+            decompress(&text, 100),
+            Err(WorkflowError::BadRequest(m)) if m.contains("too large")
+        ));
+        assert!(decompress("not base64!", 100).is_err());
+        let not_zlib = base64::engine::general_purpose::STANDARD.encode(b"plain");
+        assert!(decompress(&not_zlib, 100).is_err());
+    }
+
+    #[test]
+    fn nul_anywhere_is_found() {
+        assert!(has_nul(&json!({"a": ["b\u{0}"]})));
+        assert!(has_nul(&json!({"k\u{0}": 1})));
+        assert!(!has_nul(&json!({"a": [1, "b"]})));
+    }
+}

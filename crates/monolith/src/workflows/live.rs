@@ -1,0 +1,92 @@
+//! Live workflow updates for the owner's `workflowEventsUpdated` subscription:
+//! each status change and each new checkpoint is published (PostgreSQL NOTIFY
+//! through `job_queue::pubsub`, at commit) on the owner's topic; subscribers
+//! keep the messages of the workflow they asked for.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio_postgres::GenericClient;
+
+use super::checkpoints::{self, Checkpoint};
+use super::store::Workflow;
+use super::{Status, WorkflowError};
+
+/// The topic of one user's workflow updates.
+pub fn user_topic(user_id: i64) -> String {
+    format!("duo_workflow:user:{user_id}")
+}
+
+/// One `DuoWorkflowEvent` as it travels between processes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkflowEventMessage {
+    pub workflow_id: i64,
+    /// The status name (`running`).
+    pub status: String,
+    pub goal: String,
+    pub workflow_definition: String,
+    pub checkpoint: Option<Value>,
+    pub metadata: Option<Value>,
+    pub thread_ts: Option<String>,
+    pub parent_ts: Option<String>,
+    pub timestamp: Option<DateTime<Utc>>,
+    pub parent_timestamp: Option<DateTime<Utc>>,
+}
+
+impl WorkflowEventMessage {
+    pub fn new(workflow: &Workflow, status: Status, checkpoint: Option<&Checkpoint>) -> Self {
+        Self {
+            workflow_id: workflow.id,
+            status: status.name().to_owned(),
+            goal: workflow.goal.clone(),
+            workflow_definition: workflow.workflow_definition.clone(),
+            checkpoint: checkpoint.map(|c| c.checkpoint.clone()),
+            metadata: checkpoint.map(|c| c.metadata.clone()),
+            thread_ts: checkpoint.map(|c| c.thread_ts.clone()),
+            parent_ts: checkpoint.and_then(|c| c.parent_ts.clone()),
+            timestamp: checkpoint.and_then(|c| timestamp_of(&c.thread_ts, &c.checkpoint)),
+            parent_timestamp: None,
+        }
+    }
+}
+
+/// The time a checkpoint was taken: LangGraph's `ts` in the checkpoint.
+pub fn timestamp_of(_thread_ts: &str, checkpoint: &Value) -> Option<DateTime<Utc>> {
+    checkpoint
+        .get("ts")
+        .and_then(Value::as_str)
+        .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
+        .map(|t| t.with_timezone(&Utc))
+}
+
+async fn publish(
+    db: &impl GenericClient,
+    owner: i64,
+    message: &WorkflowEventMessage,
+) -> Result<(), WorkflowError> {
+    let payload = serde_json::to_value(message).map_err(job_queue::QueueError::from)?;
+    job_queue::pubsub::publish(db, &user_topic(owner), &payload).await?;
+    Ok(())
+}
+
+/// Tells the owner's subscribers about a status change, with the newest
+/// checkpoint (as GitLab's trigger does).
+pub async fn publish_status(
+    db: &impl GenericClient,
+    workflow: &Workflow,
+) -> Result<(), WorkflowError> {
+    let latest = checkpoints::latest(db, workflow.id).await?;
+    let message = WorkflowEventMessage::new(workflow, workflow.status, latest.as_ref());
+    publish(db, workflow.user_id, &message).await
+}
+
+/// Tells the owner's subscribers about a new checkpoint.
+pub async fn publish_checkpoint(
+    db: &impl GenericClient,
+    workflow: &Workflow,
+    status: Status,
+    checkpoint: &Checkpoint,
+) -> Result<(), WorkflowError> {
+    let message = WorkflowEventMessage::new(workflow, status, Some(checkpoint));
+    publish(db, workflow.user_id, &message).await
+}

@@ -1,0 +1,102 @@
+//! The workflow status state machine through `PATCH
+//! /ai/duo_workflows/workflows/:id`: every event from every status, with
+//! GitLab's answers word for word, and racing updates of which only one wins.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use monolith::workflows::{Status, StatusEvent};
+use serde_json::json;
+
+use crate::rest_support::send;
+use crate::workflows_support::world;
+
+#[tokio::test]
+async fn every_event_from_every_status() {
+    let w = world().await;
+    let token = w.workflow_token(w.dev).await;
+    let id = w.workflow(&w.dev_token, json!({})).await;
+    let path = format!("/ai/duo_workflows/workflows/{id}");
+    let mut events: Vec<&str> = StatusEvent::ALL.iter().map(|e| e.name()).collect();
+    events.push("jump");
+    let mut table = String::new();
+    for from in Status::ALL {
+        for event in &events {
+            w.set_status(id, from.code()).await;
+            let reply = send(
+                &w.server,
+                reqwest::Method::PATCH,
+                &path,
+                Some(&token),
+                Some(json!({ "status_event": event })),
+            )
+            .await;
+            let after = Status::from_code(w.status_of(id).await).unwrap();
+            let message = match reply.status {
+                200 => reply.body["message"].as_str().unwrap().to_owned(),
+                _ => reply.body["message"].as_str().unwrap_or("?").to_owned(),
+            };
+            if reply.status == 200 {
+                assert_eq!(reply.body["workflow"]["status"], after.name());
+            } else {
+                assert_eq!(after, from, "a refused event changed the status");
+            }
+            table.push_str(&format!(
+                "{:<28} {:<27} {} {:<28} {}\n",
+                from.name(),
+                event,
+                reply.status,
+                after.name(),
+                message
+            ));
+        }
+    }
+    insta::assert_snapshot!("status_table", table);
+}
+
+#[tokio::test]
+async fn racing_updates_cannot_both_win() {
+    let w = world().await;
+    let token = w.workflow_token(w.dev).await;
+    for round in 0..5 {
+        let id = w.workflow(&w.dev_token, json!({})).await;
+        w.set_status(id, Status::Running.code()).await;
+        let path = format!("/ai/duo_workflows/workflows/{id}");
+        let patch = |event: &'static str| {
+            let path = path.clone();
+            let token = token.clone();
+            let server = &w.server;
+            async move {
+                send(
+                    server,
+                    reqwest::Method::PATCH,
+                    &path,
+                    Some(&token),
+                    Some(json!({ "status_event": event })),
+                )
+                .await
+            }
+        };
+        let (a, b) = tokio::join!(patch("finish"), patch("drop"));
+        let winners: Vec<&str> = [(&a, "finish"), (&b, "drop")]
+            .iter()
+            .filter(|(r, _)| r.status == 200 && r.body["message"] == "Workflow status updated")
+            .map(|(_, e)| *e)
+            .collect();
+        assert_eq!(winners.len(), 1, "round {round}: {} / {}", a.body, b.body);
+        let expected = if winners[0] == "finish" {
+            Status::Finished
+        } else {
+            Status::Failed
+        };
+        assert_eq!(w.status_of(id).await, expected.code());
+        let loser = if winners[0] == "finish" { &b } else { &a };
+        assert_eq!(loser.status, 400, "{}", loser.body);
+        let changes = w
+            .fx
+            .id(
+                "SELECT count(*) FROM duo_workflows_audit_events WHERE workflow_id = $1 AND action = 'duo_session_status_changed'",
+                &[&id],
+            )
+            .await;
+        assert_eq!(changes, 1);
+    }
+}

@@ -1,0 +1,418 @@
+//! Command-line options, `direct_access`, workflow creation and the terminal
+//! approver.
+
+use crate::session::{Approver, Decision, PendingRequest, Reporter, ServiceTarget};
+use contracts::duo_workflow::{NewCheckpoint, action};
+use serde_json::{Value, json};
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub const USAGE: &str = "\
+duo-workflow-executor: run a GitLab Duo Workflow in this checkout
+
+USAGE:
+  duo-workflow-executor --gitlab-url URL --token TOKEN
+      (--workflow-id ID | --goal TEXT --project-id ID) [OPTIONS]
+
+OPTIONS:
+  --gitlab-url URL          the GitLab (monolith) base URL [env DUO_GITLAB_URL]
+  --token TOKEN             a personal access token (scope api) [env DUO_GITLAB_TOKEN]
+  --workflow-id ID          run this existing workflow
+  --goal TEXT               create a workflow with this goal (needs --project-id)
+  --project-id ID           the project of a new workflow
+  --definition NAME         chat or software_development (default chat)
+  --privileges LIST         agent privileges of a new workflow (default 1,2)
+  --pre-approved LIST       privileges that never ask (default 2)
+  --workspace DIR           the only directory actions may touch (default .)
+  --approve RULE            answer approvals without asking: all, plan, or a
+                            tool name (repeatable); unmatched requests are
+                            asked on a terminal, else the run stays paused
+  --reject-unmatched        reject what no rule approves instead of pausing
+  --reject-message TEXT     the message sent with a rejection
+  --allow-command PROGRAM   allow only these programs (repeatable)
+  --command-timeout SECS    default command timeout (default 120)
+  --max-file-bytes N        largest file read or written (default 2097152)
+  --service-url URL         skip direct_access: the workflow service address
+  --service-token TOKEN     with --service-url: its token
+  --ca-file PEM             CA certificate for the service's TLS
+  --quiet                   print only the outcome
+
+EXIT STATUS: 0 finished, 1 failed, 2 bad options, 3 paused for an approval.
+";
+
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    pub gitlab_url: String,
+    pub token: String,
+    pub workflow_id: Option<String>,
+    pub goal: Option<String>,
+    pub project_id: Option<i64>,
+    pub definition: String,
+    pub privileges: Vec<i64>,
+    pub pre_approved: Vec<i64>,
+    pub workspace: PathBuf,
+    pub approve: Vec<String>,
+    pub reject_unmatched: bool,
+    pub reject_message: Option<String>,
+    pub allowed_commands: Vec<String>,
+    pub command_timeout: Duration,
+    pub max_file_bytes: usize,
+    pub service_url: Option<String>,
+    pub service_token: Option<String>,
+    pub ca_file: Option<PathBuf>,
+    pub quiet: bool,
+}
+
+fn list(value: &str) -> Result<Vec<i64>, String> {
+    value
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| {
+            s.trim()
+                .parse()
+                .map_err(|_| format!("{s:?} is not a number"))
+        })
+        .collect()
+}
+
+impl Options {
+    /// Parses arguments (without the program name); environment variables
+    /// fill in the URL and token.
+    pub fn parse(args: &[String]) -> Result<Self, String> {
+        let mut options = Self {
+            gitlab_url: std::env::var("DUO_GITLAB_URL").unwrap_or_default(),
+            token: std::env::var("DUO_GITLAB_TOKEN").unwrap_or_default(),
+            definition: "chat".to_owned(),
+            privileges: vec![1, 2],
+            pre_approved: vec![2],
+            workspace: PathBuf::from("."),
+            command_timeout: Duration::from_secs(120),
+            max_file_bytes: 2 * 1024 * 1024,
+            ..Self::default()
+        };
+        let mut iter = args.iter();
+        while let Some(flag) = iter.next() {
+            let mut value = || {
+                iter.next()
+                    .cloned()
+                    .ok_or_else(|| format!("{flag} needs a value"))
+            };
+            match flag.as_str() {
+                "--gitlab-url" => options.gitlab_url = value()?,
+                "--token" => options.token = value()?,
+                "--workflow-id" => options.workflow_id = Some(value()?),
+                "--goal" => options.goal = Some(value()?),
+                "--project-id" => {
+                    options.project_id = Some(
+                        value()?
+                            .parse()
+                            .map_err(|_| "--project-id must be a number")?,
+                    )
+                }
+                "--definition" => options.definition = value()?,
+                "--privileges" => options.privileges = list(&value()?)?,
+                "--pre-approved" => options.pre_approved = list(&value()?)?,
+                "--workspace" => options.workspace = PathBuf::from(value()?),
+                "--approve" => options.approve.push(value()?),
+                "--reject-unmatched" => options.reject_unmatched = true,
+                "--reject-message" => options.reject_message = Some(value()?),
+                "--allow-command" => options.allowed_commands.push(value()?),
+                "--command-timeout" => {
+                    options.command_timeout = Duration::from_secs(
+                        value()?
+                            .parse()
+                            .map_err(|_| "--command-timeout must be seconds")?,
+                    )
+                }
+                "--max-file-bytes" => {
+                    options.max_file_bytes = value()?
+                        .parse()
+                        .map_err(|_| "--max-file-bytes must be a number")?
+                }
+                "--service-url" => options.service_url = Some(value()?),
+                "--service-token" => options.service_token = Some(value()?),
+                "--ca-file" => options.ca_file = Some(PathBuf::from(value()?)),
+                "--quiet" => options.quiet = true,
+                other => return Err(format!("unknown option {other}")),
+            }
+        }
+        if options.gitlab_url.is_empty() || options.token.is_empty() {
+            return Err("--gitlab-url and --token are required".to_owned());
+        }
+        if options.workflow_id.is_none() && (options.goal.is_none() || options.project_id.is_none())
+        {
+            return Err("give --workflow-id, or --goal with --project-id".to_owned());
+        }
+        if options.service_url.is_some() != options.service_token.is_some() {
+            return Err("--service-url and --service-token go together".to_owned());
+        }
+        Ok(options)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("{what}: {reason}")]
+    Http { what: &'static str, reason: String },
+    #[error("{what}: GitLab answered {status}: {body}")]
+    Status {
+        what: &'static str,
+        status: u16,
+        body: String,
+    },
+}
+
+/// Calls GitLab with the user's token.
+pub async fn gitlab_post(
+    client: &reqwest::Client,
+    options: &Options,
+    what: &'static str,
+    path: &str,
+    body: &Value,
+) -> Result<Value, SetupError> {
+    let response = client
+        .post(format!(
+            "{}{path}",
+            options.gitlab_url.trim_end_matches('/')
+        ))
+        .bearer_auth(&options.token)
+        .json(body)
+        .send()
+        .await
+        .map_err(|e| SetupError::Http {
+            what,
+            reason: e.to_string(),
+        })?;
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap_or_default();
+    if !(200..300).contains(&status) {
+        return Err(SetupError::Status {
+            what,
+            status,
+            body: text.chars().take(500).collect(),
+        });
+    }
+    serde_json::from_str(&text).map_err(|e| SetupError::Http {
+        what,
+        reason: e.to_string(),
+    })
+}
+
+/// `POST /api/v4/ai/duo_workflows/workflows`: the new workflow's id.
+pub async fn create_workflow(
+    client: &reqwest::Client,
+    options: &Options,
+) -> Result<String, SetupError> {
+    let body = json!({
+        "project_id": options.project_id,
+        "goal": options.goal,
+        "workflow_definition": options.definition,
+        "agent_privileges": options.privileges,
+        "pre_approved_agent_privileges": options.pre_approved,
+        "environment": "ide",
+    });
+    let created = gitlab_post(
+        client,
+        options,
+        "creating the workflow",
+        "/api/v4/ai/duo_workflows/workflows",
+        &body,
+    )
+    .await?;
+    match &created["id"] {
+        Value::Number(n) => Ok(n.to_string()),
+        Value::String(s) => Ok(s.clone()),
+        _ => Err(SetupError::Http {
+            what: "creating the workflow",
+            reason: "the answer has no id".to_owned(),
+        }),
+    }
+}
+
+/// What `direct_access` hands out.
+#[derive(Debug, Clone)]
+pub struct Access {
+    pub gitlab_token: String,
+    pub service: ServiceTarget,
+}
+
+/// `POST /api/v4/ai/duo_workflows/direct_access`.
+pub async fn direct_access(
+    client: &reqwest::Client,
+    options: &Options,
+    workflow_id: &str,
+) -> Result<Access, SetupError> {
+    let body = json!({
+        "workflow_definition": options.definition,
+        "project_id": options.project_id,
+        "workflow_id": workflow_id.parse::<i64>().ok(),
+    });
+    let access = gitlab_post(
+        client,
+        options,
+        "direct_access",
+        "/api/v4/ai/duo_workflows/direct_access",
+        &body,
+    )
+    .await?;
+    let service = &access["duo_workflow_service"];
+    let base = service["base_url"].as_str().unwrap_or_default();
+    let secure = service["secure"].as_bool().unwrap_or(false);
+    let url = if base.contains("://") {
+        base.to_owned()
+    } else if secure {
+        format!("https://{base}")
+    } else {
+        format!("http://{base}")
+    };
+    let headers = service["headers"]
+        .as_object()
+        .map(|h| {
+            h.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(Access {
+        gitlab_token: access["gitlab_rails"]["token"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        service: ServiceTarget {
+            url,
+            token: service["token"].as_str().unwrap_or_default().to_owned(),
+            headers,
+            ca_pem: None,
+        },
+    })
+}
+
+/// `--approve` rules, then the terminal, then pause (or reject).
+pub struct RuleApprover {
+    pub rules: Vec<String>,
+    pub reject_unmatched: bool,
+    pub reject_message: Option<String>,
+    pub interactive: bool,
+}
+
+impl RuleApprover {
+    pub fn new(options: &Options) -> Self {
+        Self {
+            rules: options.approve.clone(),
+            reject_unmatched: options.reject_unmatched,
+            reject_message: options.reject_message.clone(),
+            interactive: std::io::stdin().is_terminal(),
+        }
+    }
+
+    fn covered(&self, status: &str, request: &PendingRequest) -> bool {
+        if self.rules.iter().any(|r| r == "all") {
+            return true;
+        }
+        if status == "PLAN_APPROVAL_REQUIRED" {
+            return self.rules.iter().any(|r| r == "plan");
+        }
+        !request.tool_calls.is_empty()
+            && request
+                .tool_calls
+                .iter()
+                .all(|(name, _)| self.rules.iter().any(|r| r == name))
+    }
+}
+
+impl Approver for RuleApprover {
+    fn decide(&mut self, status: &str, request: &PendingRequest) -> Decision {
+        if self.covered(status, request) {
+            return Decision::Approve;
+        }
+        if self.interactive {
+            let mut stderr = std::io::stderr();
+            if status == "PLAN_APPROVAL_REQUIRED" {
+                let _ = writeln!(stderr, "\nThe agent proposes this plan:");
+                for (n, step) in request.plan.iter().enumerate() {
+                    let _ = writeln!(stderr, "  {}. {step}", n + 1);
+                }
+            } else {
+                let _ = writeln!(stderr, "\nThe agent wants to run:");
+                for (name, args) in &request.tool_calls {
+                    let _ = writeln!(stderr, "  {name} {args}");
+                }
+            }
+            let _ = write!(stderr, "Approve? [y/N, or type what to do instead] ");
+            let _ = stderr.flush();
+            let mut answer = String::new();
+            if std::io::stdin().lock().read_line(&mut answer).is_ok() {
+                let answer = answer.trim();
+                return match answer {
+                    "y" | "Y" | "yes" => Decision::Approve,
+                    "" | "n" | "N" | "no" => Decision::Reject(self.reject_message.clone()),
+                    text => Decision::Reject(Some(text.to_owned())),
+                };
+            }
+        }
+        if self.reject_unmatched {
+            return Decision::Reject(self.reject_message.clone());
+        }
+        Decision::Unanswered
+    }
+}
+
+/// Prints steps and checkpoints to stderr.
+pub struct TerminalReporter {
+    pub quiet: bool,
+    shown: usize,
+}
+
+impl TerminalReporter {
+    pub fn new(quiet: bool) -> Self {
+        Self { quiet, shown: 0 }
+    }
+}
+
+impl Reporter for TerminalReporter {
+    fn checkpoint(&mut self, checkpoint: &NewCheckpoint) {
+        if self.quiet {
+            return;
+        }
+        let Ok(value) = serde_json::from_str::<Value>(&checkpoint.checkpoint) else {
+            return;
+        };
+        let log = value["channel_values"]["ui_chat_log"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        // A resumed session starts over at the first entry of the log.
+        if log.len() < self.shown {
+            self.shown = 0;
+        }
+        for entry in log.iter().skip(self.shown) {
+            let kind = entry["message_type"].as_str().unwrap_or("?");
+            let content = entry["content"].as_str().unwrap_or_default();
+            eprintln!("[{kind}] {content}");
+        }
+        self.shown = log.len();
+        eprintln!("-- {}", checkpoint.status);
+    }
+
+    fn action(&mut self, action: &action::Action) {
+        if self.quiet {
+            return;
+        }
+        use action::Action as A;
+        let what = match action {
+            A::RunReadFile(a) => format!("read {}", a.filepath),
+            A::RunReadFiles(a) => format!("read {}", a.filepaths.join(", ")),
+            A::RunWriteFile(a) => format!("write {}", a.filepath),
+            A::RunEditFile(a) => format!("edit {}", a.filepath),
+            A::RunCommand(a) => format!("run {} {}", a.program, a.arguments.join(" ")),
+            A::ListDirectory(a) => format!("list {}", a.directory),
+            A::FindFiles(a) => format!("find {}", a.name_pattern),
+            A::Grep(a) => format!("grep {}", a.pattern),
+            A::Mkdir(a) => format!("mkdir {}", a.directory_path),
+            A::RunHttpRequest(a) => format!("{} {}", a.method, a.path),
+            _ => "other action".to_owned(),
+        };
+        eprintln!("  > {what}");
+    }
+}

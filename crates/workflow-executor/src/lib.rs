@@ -1,0 +1,17 @@
+//! `duo-workflow-executor`: carries out a Duo Workflow's actions in a local
+//! checkout. It connects to the workflow service over gRPC, runs file and
+//! command actions inside one workspace directory only, relays the
+//! service's GitLab API calls (`runHTTPRequest`) with the workflow's token,
+//! and asks the user (or `--approve` rules) when a tool call or plan needs
+//! approval. See `docs/duo-workflow.md`.
+
+pub mod actions;
+pub mod cli;
+pub mod session;
+pub mod workspace;
+
+pub use actions::{ActionRunner, GitLabTarget, Limits};
+pub use session::{
+    Approver, Decision, PendingRequest, Reporter, ServiceTarget, Session, SessionEnd, SessionError,
+};
+pub use workspace::{PathError, Workspace};

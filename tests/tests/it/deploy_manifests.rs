@@ -1,0 +1,1416 @@
+//! The deployment files under `deploy/`, checked with the real tools that run
+//! on this machine: the Kustomize overlays render with `kubectl kustomize`,
+//! every object validates against the Kubernetes API schemas
+//! (`kubernetes-validate`, offline), the Helm chart lints and renders the
+//! same objects as the overlays, the compose file follows the Compose
+//! Specification (`check-jsonschema`'s vendored schema), every documented
+//! variable (and every variable the configuration code reads) is set
+//! everywhere, the KEDA query runs against the job queue's real table, and
+//! the binaries start with the manifests' own configuration while writing
+//! nothing outside their volumes (`strace`).
+//!
+//! The tools come from the project's scripts: `scripts/k8s-tools.sh` (kubectl
+//! and helm, pinned) and `scripts/python-env.sh` (the Python validators). A
+//! tool that is missing after they ran fails the test; nothing is skipped.
+//! No container engine runs here, so the images are not built (the
+//! Containerfile's inputs and commands are checked instead).
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "a failed fixture fails the test"
+)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use e2e_tests::{Service, binary, free_port, repo_root};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+// ---------------------------------------------------------------------------
+// Tools
+
+struct Tools {
+    kubectl: PathBuf,
+    helm: PathBuf,
+    /// The cached virtual environment's `bin/` (kubernetes-validate, check-jsonschema).
+    venv_bin: PathBuf,
+}
+
+/// Runs a script of the project that prints a path on its last line.
+fn script_path(script: &str) -> PathBuf {
+    let output = Command::new(repo_root().join(script))
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {script}: {e}"));
+    assert!(
+        output.status.success(),
+        "{script} failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    PathBuf::from(stdout.lines().last().unwrap_or_default().trim())
+}
+
+fn tools() -> &'static Tools {
+    static TOOLS: OnceLock<Tools> = OnceLock::new();
+    TOOLS.get_or_init(|| {
+        let k8s = script_path("scripts/k8s-tools.sh");
+        let python = script_path("scripts/python-env.sh");
+        let tools = Tools {
+            kubectl: k8s.join("kubectl"),
+            helm: k8s.join("helm"),
+            venv_bin: python.parent().unwrap().to_path_buf(),
+        };
+        for tool in [
+            &tools.kubectl,
+            &tools.helm,
+            &tools.venv_bin.join("kubernetes-validate"),
+            &tools.venv_bin.join("check-jsonschema"),
+        ] {
+            assert!(
+                tool.is_file(),
+                "{} is missing after the scripts ran",
+                tool.display()
+            );
+        }
+        tools
+    })
+}
+
+/// Runs `command`, fails the test unless it succeeds, returns its stdout.
+fn run(command: &mut Command) -> String {
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
+    assert!(
+        output.status.success(),
+        "{command:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+fn deploy() -> PathBuf {
+    repo_root().join("deploy")
+}
+
+/// A directory under the repository's `.cache/` (Kustomize refuses absolute
+/// paths to bases, so test overlays live inside the tree), removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Self {
+        static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = repo_root()
+            .join(".cache/deploy-tests")
+            .join(format!("{name}-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Rendering
+
+/// Every YAML document of `text`, as JSON values (merge keys applied).
+fn documents(text: &str) -> Vec<Value> {
+    serde_norway::Deserializer::from_str(text)
+        .map(|doc| {
+            let mut value = serde_norway::Value::deserialize(doc).unwrap();
+            value.apply_merge().unwrap();
+            serde_json::to_value(value).unwrap()
+        })
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// The overlays, each with the Helm values that must render the same objects.
+const OVERLAYS: [&str; 4] = [
+    "default",
+    "in-cluster-postgres",
+    "gateway-only",
+    "default-with-keda",
+];
+
+/// The rendered YAML of an overlay (`default-with-keda` is the default
+/// overlay with the KEDA component, put together as the README says).
+fn kustomize(overlay: &str) -> String {
+    if overlay == "default-with-keda" {
+        let scratch = Scratch::new("keda");
+        std::fs::write(
+            scratch.0.join("kustomization.yaml"),
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
+             namespace: duo-chat\n\
+             resources: [../../../deploy/kubernetes/overlays/default]\n\
+             components: [../../../deploy/kubernetes/components/keda-worker-autoscaling]\n",
+        )
+        .unwrap();
+        return run(Command::new(&tools().kubectl)
+            .arg("kustomize")
+            .arg(&scratch.0));
+    }
+    run(Command::new(&tools().kubectl)
+        .arg("kustomize")
+        .arg(deploy().join("kubernetes/overlays").join(overlay)))
+}
+
+fn helm_template(overlay: &str) -> String {
+    let chart = deploy().join("helm/duo-chat");
+    let mut command = Command::new(&tools().helm);
+    command.args(["template", "duo-chat"]).arg(&chart);
+    match overlay {
+        "default" => command.args(["--namespace", "duo-chat"]),
+        "in-cluster-postgres" => command
+            .args(["--namespace", "duo-chat", "-f"])
+            .arg(chart.join("values-in-cluster-postgres.yaml")),
+        "gateway-only" => command
+            .args(["--namespace", "duo-gateway", "-f"])
+            .arg(chart.join("values-gateway-only.yaml")),
+        "default-with-keda" => command.args([
+            "--namespace",
+            "duo-chat",
+            "--set",
+            "monolith.worker.keda.enabled=true",
+        ]),
+        other => panic!("no Helm values for {other}"),
+    };
+    run(&mut command)
+}
+
+fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+}
+
+fn names(objects: &[Value]) -> BTreeSet<String> {
+    objects
+        .iter()
+        .map(|o| {
+            format!(
+                "{}/{}",
+                o["kind"].as_str().unwrap(),
+                o["metadata"]["name"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+/// The keys of a ConfigMap's `data` and a Secret's `stringData` of one name.
+fn configured_keys(objects: &[Value], name: &str) -> BTreeSet<String> {
+    let mut keys = BTreeSet::new();
+    for (kind, field) in [("ConfigMap", "data"), ("Secret", "stringData")] {
+        if let Some(map) = find(objects, kind, name).and_then(|o| o[field].as_object()) {
+            keys.extend(map.keys().cloned());
+        }
+    }
+    keys
+}
+
+fn config_value(objects: &[Value], name: &str, key: &str) -> String {
+    find(objects, "ConfigMap", name).unwrap()["data"][key]
+        .as_str()
+        .unwrap_or_else(|| panic!("{name} has no {key}"))
+        .to_owned()
+}
+
+// ---------------------------------------------------------------------------
+// Kubernetes
+
+#[test]
+fn every_overlay_renders_and_validates_against_the_kubernetes_api_schemas() {
+    let scratch = Scratch::new("validate");
+    for overlay in OVERLAYS {
+        let rendered = kustomize(overlay);
+        let objects = documents(&rendered);
+        let file = scratch.0.join(format!("{overlay}.yaml"));
+        std::fs::write(&file, &rendered).unwrap();
+        // The oldest Kubernetes the chart supports and the newest the schemas know.
+        for version in ["1.29.0", "1.37.0"] {
+            let output = Command::new(tools().venv_bin.join("kubernetes-validate"))
+                .args(["--strict", "--quiet", "-k", version])
+                .arg(&file)
+                .output()
+                .unwrap();
+            let report = String::from_utf8_lossy(&output.stdout).into_owned()
+                + &String::from_utf8_lossy(&output.stderr);
+            assert!(output.status.success(), "{overlay} on {version}:\n{report}");
+            // Only KEDA's resource has no schema in Kubernetes itself.
+            for line in report.lines().filter(|l| !l.trim().is_empty()) {
+                assert!(
+                    line.contains("kind ScaledObject with api version keda.sh/v1alpha1"),
+                    "{overlay} on {version}: {line}"
+                );
+            }
+        }
+
+        let found = names(&objects);
+        let expected: &[&str] = match overlay {
+            "gateway-only" => &[
+                "ConfigMap/duo-gateway",
+                "Secret/duo-gateway",
+                "Deployment/duo-gateway",
+                "Service/duo-gateway",
+                "Ingress/duo-gateway",
+                "Ingress/duo-workflow-service",
+                "PodDisruptionBudget/duo-gateway",
+                "HorizontalPodAutoscaler/duo-gateway",
+            ],
+            _ => &[
+                "ConfigMap/duo-monolith",
+                "Secret/duo-monolith",
+                "Job/duo-migrate",
+                "Deployment/duo-web",
+                "Deployment/duo-worker",
+                "Deployment/duo-gateway",
+                "Deployment/duo-local-llm",
+                "Service/duo-web",
+                "Service/duo-gateway",
+                "Service/duo-local-llm",
+                "Ingress/duo-web",
+                "Ingress/duo-gateway",
+                "Ingress/duo-workflow-service",
+                "PodDisruptionBudget/duo-web",
+                "PodDisruptionBudget/duo-worker",
+                "PodDisruptionBudget/duo-gateway",
+                "PodDisruptionBudget/duo-local-llm",
+                "HorizontalPodAutoscaler/duo-web",
+                "HorizontalPodAutoscaler/duo-gateway",
+            ],
+        };
+        for name in expected {
+            assert!(found.contains(*name), "{overlay} lacks {name}: {found:?}");
+        }
+        if overlay == "gateway-only" {
+            assert_eq!(found.len(), expected.len(), "{found:?}");
+        }
+        assert_eq!(
+            found.contains("StatefulSet/duo-postgres"),
+            overlay == "in-cluster-postgres",
+            "{overlay}"
+        );
+        assert_eq!(
+            found.contains("ScaledObject/duo-worker"),
+            overlay == "default-with-keda",
+            "{overlay}"
+        );
+        for object in &objects {
+            assert_eq!(
+                object["metadata"]["namespace"],
+                if overlay == "gateway-only" {
+                    "duo-gateway"
+                } else {
+                    "duo-chat"
+                },
+                "{overlay}: {}",
+                object["metadata"]["name"]
+            );
+        }
+    }
+}
+
+/// The pod template of a workload, if `object` is one.
+fn pod_spec(object: &Value) -> Option<&Value> {
+    matches!(
+        object["kind"].as_str(),
+        Some("Deployment" | "StatefulSet" | "Job")
+    )
+    .then(|| &object["spec"]["template"]["spec"])
+}
+
+fn containers(pod: &Value) -> Vec<&Value> {
+    let mut all: Vec<&Value> = pod["containers"].as_array().unwrap().iter().collect();
+    if let Some(init) = pod["initContainers"].as_array() {
+        all.extend(init);
+    }
+    all
+}
+
+fn seconds(value: &str) -> u64 {
+    value.parse().unwrap()
+}
+
+#[test]
+fn every_pod_runs_unprivileged_read_only_with_requests_probes_and_enough_time_to_stop() {
+    for overlay in OVERLAYS {
+        let objects = documents(&kustomize(overlay));
+        for object in &objects {
+            let Some(pod) = pod_spec(object) else {
+                continue;
+            };
+            let name = object["metadata"]["name"].as_str().unwrap();
+            assert_eq!(
+                pod["securityContext"]["runAsNonRoot"], true,
+                "{overlay} {name}"
+            );
+            assert_eq!(
+                pod["automountServiceAccountToken"], false,
+                "{overlay} {name}"
+            );
+            let mounted: BTreeSet<&str> = pod["volumes"]
+                .as_array()
+                .into_iter()
+                .chain(object["spec"]["volumeClaimTemplates"].as_array())
+                .flatten()
+                .filter_map(|v| {
+                    v["name"]
+                        .as_str()
+                        .or_else(|| v["metadata"]["name"].as_str())
+                })
+                .collect();
+            for container in containers(pod) {
+                let what = format!("{overlay} {name}/{}", container["name"]);
+                let security = &container["securityContext"];
+                assert_eq!(security["readOnlyRootFilesystem"], true, "{what}");
+                assert_eq!(security["allowPrivilegeEscalation"], false, "{what}");
+                assert_eq!(security["capabilities"]["drop"], json!(["ALL"]), "{what}");
+                assert!(
+                    container["resources"]["requests"]["cpu"].is_string(),
+                    "{what}"
+                );
+                assert!(
+                    container["resources"]["requests"]["memory"].is_string(),
+                    "{what}"
+                );
+                assert!(
+                    container["resources"]["limits"]["memory"].is_string(),
+                    "{what}"
+                );
+                for mount in container["volumeMounts"].as_array().into_iter().flatten() {
+                    let volume = mount["name"].as_str().unwrap();
+                    assert!(mounted.contains(volume), "{what} mounts unknown {volume}");
+                }
+            }
+            if object["kind"] != "Deployment" {
+                continue;
+            }
+            // Every serving container is probed on a port it declares.
+            let main = &pod["containers"][0];
+            let ports: BTreeSet<&str> = main["ports"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|p| p["name"].as_str())
+                .collect();
+            for probe in ["startupProbe", "livenessProbe", "readinessProbe"] {
+                let port = main[probe]["httpGet"]["port"].as_str();
+                assert!(
+                    port.is_some_and(|p| ports.contains(p)),
+                    "{overlay} {name}: {probe} on {port:?}"
+                );
+            }
+            // Kubernetes waits longer than the drain and grace periods together.
+            let (config, drain, grace) = match name {
+                "duo-web" | "duo-worker" => (
+                    "duo-monolith",
+                    "DUO_SHUTDOWN_DRAIN_SECS",
+                    "DUO_SHUTDOWN_GRACE_SECS",
+                ),
+                "duo-gateway" => (
+                    "duo-gateway",
+                    "AIGW_SHUTDOWN__DRAIN_SECONDS",
+                    "AIGW_SHUTDOWN__GRACE_SECONDS",
+                ),
+                "duo-local-llm" => (
+                    "duo-local-llm",
+                    "DUO_SHUTDOWN_DRAIN_SECS",
+                    "DUO_SHUTDOWN_GRACE_SECS",
+                ),
+                other => panic!("unexpected Deployment {other}"),
+            };
+            let needed = seconds(&config_value(&objects, config, drain))
+                + seconds(&config_value(&objects, config, grace));
+            let allowed = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
+            assert!(
+                allowed > needed,
+                "{overlay} {name}: {allowed} s <= {needed} s"
+            );
+            // And a disruption budget covers it.
+            assert!(
+                objects.iter().any(|o| o["kind"] == "PodDisruptionBudget"
+                    && o["spec"]["selector"]["matchLabels"]
+                        == object["spec"]["selector"]["matchLabels"]),
+                "{overlay} {name} has no PodDisruptionBudget"
+            );
+        }
+        // Ingresses and HPAs point at things that exist.
+        for object in &objects {
+            match object["kind"].as_str() {
+                Some("Ingress") => {
+                    for rule in object["spec"]["rules"].as_array().unwrap() {
+                        for path in rule["http"]["paths"].as_array().unwrap() {
+                            let backend = &path["backend"]["service"];
+                            let service =
+                                find(&objects, "Service", backend["name"].as_str().unwrap())
+                                    .unwrap_or_else(|| {
+                                        panic!("{overlay}: no Service {}", backend["name"])
+                                    });
+                            assert!(
+                                service["spec"]["ports"]
+                                    .as_array()
+                                    .unwrap()
+                                    .iter()
+                                    .any(|p| p["name"] == backend["port"]["name"]),
+                                "{overlay}: {backend}"
+                            );
+                        }
+                    }
+                }
+                Some("HorizontalPodAutoscaler") => {
+                    let target = object["spec"]["scaleTargetRef"]["name"].as_str().unwrap();
+                    assert!(
+                        find(&objects, "Deployment", target).is_some(),
+                        "{overlay}: {target}"
+                    );
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Drops what Helm adds on its own (its labels, hook annotations, the
+/// checksums that roll pods when their configuration changes).
+fn without_helm_bookkeeping(mut object: Value) -> Value {
+    let metadata = object["metadata"].as_object_mut().unwrap();
+    if let Some(labels) = metadata.get_mut("labels").and_then(Value::as_object_mut) {
+        for label in [
+            "helm.sh/chart",
+            "app.kubernetes.io/managed-by",
+            "app.kubernetes.io/instance",
+        ] {
+            labels.remove(label);
+        }
+    }
+    if let Some(annotations) = metadata
+        .get_mut("annotations")
+        .and_then(Value::as_object_mut)
+    {
+        annotations.retain(|k, _| !k.starts_with("helm.sh/"));
+        if annotations.is_empty() {
+            metadata.remove("annotations");
+        }
+    }
+    if let Some(template) = object
+        .pointer_mut("/spec/template/metadata")
+        .and_then(Value::as_object_mut)
+        && let Some(annotations) = template
+            .get_mut("annotations")
+            .and_then(Value::as_object_mut)
+    {
+        annotations.retain(|k, _| !k.starts_with("checksum/"));
+        if annotations.is_empty() {
+            template.remove("annotations");
+        }
+    }
+    object
+}
+
+fn by_name(objects: Vec<Value>) -> BTreeMap<String, Value> {
+    objects
+        .into_iter()
+        .map(|o| {
+            let key = format!(
+                "{}/{}",
+                o["kind"].as_str().unwrap(),
+                o["metadata"]["name"].as_str().unwrap()
+            );
+            (key, without_helm_bookkeeping(o))
+        })
+        .collect()
+}
+
+#[test]
+fn the_helm_chart_lints_and_renders_the_same_objects_as_each_overlay() {
+    let chart = deploy().join("helm/duo-chat");
+    for values in [
+        "values.yaml",
+        "values-in-cluster-postgres.yaml",
+        "values-gateway-only.yaml",
+    ] {
+        run(Command::new(&tools().helm)
+            .args(["lint", "--strict"])
+            .arg(&chart)
+            .arg("-f")
+            .arg(chart.join(values)));
+    }
+    for overlay in OVERLAYS {
+        let from_kustomize = by_name(documents(&kustomize(overlay)));
+        let from_helm = by_name(documents(&helm_template(overlay)));
+        assert_eq!(
+            from_kustomize.keys().collect::<Vec<_>>(),
+            from_helm.keys().collect::<Vec<_>>(),
+            "{overlay}: different objects"
+        );
+        for (name, object) in &from_kustomize {
+            assert_eq!(
+                object, &from_helm[name],
+                "{overlay}: {name} differs between Kustomize (left) and Helm (right)"
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Variables
+
+/// Which process reads a variable, where it is documented and its code lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Component {
+    Monolith,
+    Gateway,
+    LocalLlm,
+}
+
+impl Component {
+    const ALL: [Component; 3] = [Component::Monolith, Component::Gateway, Component::LocalLlm];
+
+    /// The reference table: document and the heading it follows.
+    fn table(self) -> (&'static str, &'static str) {
+        match self {
+            Component::Monolith => ("docs/monolith.md", "## Configuration"),
+            Component::Gateway => ("docs/configuration.md", "# Gateway configuration"),
+            Component::LocalLlm => ("docs/local-llm.md", "## Running"),
+        }
+    }
+
+    /// Source files that read the environment.
+    fn sources(self) -> [&'static str; 2] {
+        match self {
+            Component::Monolith => [
+                "crates/monolith/src/config.rs",
+                "crates/monolith/src/main.rs",
+            ],
+            Component::Gateway => ["crates/gateway/src/config.rs", "crates/gateway/src/main.rs"],
+            Component::LocalLlm => [
+                "crates/local-llm/src/config.rs",
+                "crates/local-llm/src/main.rs",
+            ],
+        }
+    }
+
+    /// The ConfigMap and Secret name in the manifests.
+    fn config_name(self) -> &'static str {
+        match self {
+            Component::Monolith => "duo-monolith",
+            Component::Gateway => "duo-gateway",
+            Component::LocalLlm => "duo-local-llm",
+        }
+    }
+
+    /// Compose services that run it.
+    fn compose_services(self) -> &'static [&'static str] {
+        match self {
+            Component::Monolith => &["migrate", "web", "worker"],
+            Component::Gateway => &["gateway"],
+            Component::LocalLlm => &["local-llm"],
+        }
+    }
+}
+
+/// The variables in the first table after `heading` (first column, in backticks).
+fn documented(component: Component) -> BTreeSet<String> {
+    let (file, heading) = component.table();
+    let text = std::fs::read_to_string(repo_root().join(file)).unwrap();
+    let after = &text[text
+        .find(heading)
+        .unwrap_or_else(|| panic!("{file}: no {heading}"))..];
+    let variables: BTreeSet<String> = after
+        .lines()
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .filter_map(|l| l.split('|').nth(1))
+        .flat_map(|cell| {
+            cell.split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .filter(|name| is_variable_name(name))
+        .collect();
+    assert!(variables.len() > 5, "{file}: only {variables:?}");
+    variables
+}
+
+fn is_variable_name(name: &str) -> bool {
+    name.len() > 3
+        && name
+            .chars()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+        && name.contains('_')
+}
+
+/// Environment variable names quoted in the code that reads the environment.
+fn read_by_code(component: Component) -> BTreeSet<String> {
+    let pattern = regex::Regex::new(
+        r#""((?:AIGW|DUO|ANTHROPIC|OPENAI|CLOUD_CONNECTOR|DATABASE|AI_GATEWAY)_[A-Z0-9_]+)""#,
+    )
+    .unwrap();
+    component
+        .sources()
+        .iter()
+        .flat_map(|file| {
+            let text = std::fs::read_to_string(repo_root().join(file)).unwrap();
+            pattern
+                .captures_iter(&text)
+                .map(|c| c[1].to_owned())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// Variables another branch is adding with its code and documentation (see
+/// the workflow service decisions); the manifests carry them already.
+const ANNOUNCED: [&str; 2] = ["AIGW_WORKFLOW_SERVICE__LISTEN", "DUO_WORKFLOW_SERVICE_URL"];
+
+#[test]
+fn every_variable_the_code_reads_is_documented() {
+    for component in Component::ALL {
+        let documented = documented(component);
+        let missing: Vec<_> = read_by_code(component)
+            .difference(&documented)
+            .cloned()
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "{component:?} reads {missing:?}, which {} does not document",
+            component.table().0
+        );
+    }
+}
+
+#[test]
+fn every_documented_variable_is_set_in_every_overlay_the_chart_and_the_compose_file() {
+    let compose =
+        documents(&std::fs::read_to_string(deploy().join("compose/compose.yaml")).unwrap())
+            .remove(0);
+    let mut renders: Vec<(String, Vec<Value>)> = OVERLAYS
+        .iter()
+        .map(|o| (format!("overlay {o}"), documents(&kustomize(o))))
+        .collect();
+    renders.push(("Helm chart".into(), documents(&helm_template("default"))));
+    for component in Component::ALL {
+        let wanted: BTreeSet<String> = documented(component)
+            .union(&read_by_code(component))
+            .cloned()
+            .collect();
+        for (what, objects) in &renders {
+            if find(objects, "ConfigMap", component.config_name()).is_none() {
+                // This install leaves the component out (gateway-only).
+                assert!(what.contains("gateway-only") && component != Component::Gateway);
+                continue;
+            }
+            let keys = configured_keys(objects, component.config_name());
+            let missing: Vec<_> = wanted.difference(&keys).collect();
+            assert!(
+                missing.is_empty(),
+                "{what}, {component:?}: missing {missing:?}"
+            );
+            // Nothing undocumented either (a misspelt name would be ignored).
+            let unknown: Vec<_> = keys
+                .difference(&wanted)
+                .filter(|k| !ANNOUNCED.contains(&k.as_str()))
+                .collect();
+            assert!(
+                unknown.is_empty(),
+                "{what}, {component:?}: undocumented {unknown:?}"
+            );
+        }
+        for service in component.compose_services() {
+            let environment = compose["services"][service]["environment"]
+                .as_object()
+                .unwrap_or_else(|| panic!("compose service {service} has no environment map"));
+            let keys: BTreeSet<String> = environment.keys().cloned().collect();
+            let missing: Vec<_> = wanted.difference(&keys).collect();
+            assert!(missing.is_empty(), "compose {service}: missing {missing:?}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Compose, Containerfile, commands
+
+/// The subcommands each binary accepts, read from the binaries themselves.
+fn subcommands(program: &str) -> BTreeSet<String> {
+    let output = Command::new(binary(program).unwrap())
+        .arg("no-such-command")
+        // The monolith reads its configuration before the command.
+        .env("DATABASE_URL", "postgres://nobody@127.0.0.1:1/nothing")
+        .current_dir(repo_root())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let message = String::from_utf8_lossy(&output.stderr).into_owned();
+    let commands: BTreeSet<String> = match program {
+        // "usage: duo-monolith <web|worker|migrate|seed [--json]|rotate-keys>"
+        "duo-monolith" => message
+            .split_once('<')
+            .and_then(|(_, rest)| rest.split_once('>'))
+            .map(|(list, _)| {
+                list.split('|')
+                    .filter_map(|c| c.split_whitespace().next())
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default(),
+        // "unknown command ...; use `serve` or `fetch-models`"
+        "duo-local-llm" => message
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_owned)
+            .collect(),
+        other => panic!("{other} has no subcommands"),
+    };
+    assert!(commands.len() >= 2, "{program}: {message}");
+    commands
+}
+
+/// Fails unless `command` runs one of our binaries in a way it accepts.
+fn assert_real_command(command: &[String], context: &str) {
+    let (program, args) = command.split_first().unwrap();
+    match program.as_str() {
+        "duo-gateway" => assert!(args.is_empty(), "{context}: {command:?}"),
+        "duo-monolith" | "duo-local-llm" => {
+            let accepted = subcommands(program);
+            assert!(
+                args.len() == 1 && accepted.contains(&args[0]),
+                "{context}: {command:?} (accepted: {accepted:?})"
+            );
+        }
+        // The weights image's copy into the model volume.
+        "cp" => assert_eq!(
+            command,
+            ["cp", "-R", "/models/.", "/var/lib/duo-chat/models/"]
+        ),
+        other => panic!("{context}: unknown program {other}"),
+    }
+}
+
+fn strings(value: &Value) -> Vec<String> {
+    value
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn the_compose_file_follows_the_compose_specification_and_runs_real_commands_read_only() {
+    let file = deploy().join("compose/compose.yaml");
+    run(Command::new(tools().venv_bin.join("check-jsonschema"))
+        .args(["--builtin-schema", "vendor.compose-spec"])
+        .arg(&file));
+    let compose = documents(&std::fs::read_to_string(&file).unwrap()).remove(0);
+    let services = compose["services"].as_object().unwrap();
+    let volumes: BTreeSet<&String> = compose["volumes"].as_object().unwrap().keys().collect();
+    for (name, service) in services {
+        if name == "postgres" {
+            assert!(
+                service["image"].as_str().unwrap().contains("pgvector"),
+                "{service}"
+            );
+            continue;
+        }
+        assert_real_command(&strings(&service["command"]), &format!("compose {name}"));
+        assert_eq!(service["read_only"], true, "{name}");
+        assert_eq!(service["cap_drop"], json!(["ALL"]), "{name}");
+        // Long-running services are health-checked; one-shots are not restarted.
+        if matches!(name.as_str(), "migrate" | "models") {
+            assert_eq!(service["restart"], "no", "{name}");
+        } else {
+            assert!(service["healthcheck"]["test"].is_array(), "{name}");
+        }
+        for mount in service["volumes"].as_array().into_iter().flatten() {
+            let volume = mount.as_str().unwrap().split(':').next().unwrap();
+            assert!(
+                volumes.contains(&volume.to_owned()),
+                "{name}: {volume} is not a named volume"
+            );
+        }
+    }
+    // Everything the Kubernetes manifests run is real too.
+    for overlay in OVERLAYS {
+        for object in documents(&kustomize(overlay)) {
+            let Some(pod) = pod_spec(&object) else {
+                continue;
+            };
+            for container in containers(pod) {
+                let image = container["image"].as_str().unwrap();
+                if image.contains("pgvector") {
+                    continue;
+                }
+                assert_real_command(
+                    &strings(&container["command"]),
+                    &format!("{overlay} {}", object["metadata"]["name"]),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_containerfile_copies_what_exists_builds_real_binaries_and_runs_real_commands() {
+    let dir = deploy().join("container");
+    let text = std::fs::read_to_string(dir.join("Containerfile")).unwrap();
+    // Continuation lines joined, comments dropped.
+    let instructions: Vec<String> = text
+        .replace("\\\n", " ")
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_owned)
+        .collect();
+    let mut stages = BTreeSet::new();
+    let mut copied_to = Vec::new();
+    for line in &instructions {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words[0] {
+            "FROM" => {
+                if let Some(i) = words.iter().position(|w| w.eq_ignore_ascii_case("AS")) {
+                    stages.insert(words[i + 1].to_owned());
+                }
+            }
+            "COPY" if !words[1].starts_with("--") => {
+                let (sources, target) = words[1..].split_at(words.len() - 2);
+                for source in sources {
+                    assert!(
+                        repo_root().join(source).exists(),
+                        "COPY {source}: no such file"
+                    );
+                }
+                copied_to.push(target[0].to_owned());
+            }
+            "COPY" => {
+                let stage = words[1].trim_start_matches("--from=");
+                assert!(stages.contains(stage), "{line}: no stage {stage}");
+            }
+            "CMD" => {
+                let command: Vec<String> = serde_json::from_str(&line[3..]).unwrap();
+                assert_real_command(&command, "Containerfile CMD");
+            }
+            "RUN" if line.contains("cargo build") => {
+                for pair in words.windows(2) {
+                    match pair[0] {
+                        "--bin" => {
+                            binary(pair[1]).unwrap();
+                        }
+                        "-p" => assert!(
+                            repo_root()
+                                .join("crates")
+                                .join(pair[1])
+                                .join("Cargo.toml")
+                                .exists(),
+                            "no package {}",
+                            pair[1]
+                        ),
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    for stage in ["build", "weights", "models", "runtime"] {
+        assert!(stages.contains(stage), "no {stage} stage");
+    }
+    // The runtime image is the default one: its stage comes last.
+    assert!(
+        instructions
+            .iter()
+            .rev()
+            .find(|l| l.starts_with("FROM"))
+            .unwrap()
+            .ends_with("AS runtime")
+    );
+    assert!(instructions.iter().any(|l| l == "USER 10001:10001"));
+    // The paths the image's defaults name are the ones it fills.
+    for copied in [
+        "/opt/duo-chat/prompts",
+        "/opt/duo-chat/docs",
+        "/opt/duo-chat/config",
+    ] {
+        assert!(
+            copied_to.contains(&copied.to_owned()),
+            "{copied} is not copied"
+        );
+    }
+    let env_line = instructions.iter().find(|l| l.starts_with("ENV")).unwrap();
+    assert!(env_line.contains("DUO_ADD_ONS_FILE=/opt/duo-chat/config/duo_add_ons.yml"));
+    assert!(repo_root().join("config/duo_add_ons.yml").is_file());
+    // Build outputs and weights stay out of the build context.
+    let ignored = std::fs::read_to_string(dir.join("Containerfile.dockerignore")).unwrap();
+    for path in ["target/", ".models/", ".cache/", ".git/"] {
+        assert!(ignored.lines().any(|l| l == path), "{path} is not ignored");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// KEDA
+
+#[tokio::test]
+async fn the_keda_query_counts_running_and_due_jobs_in_the_job_queues_table() {
+    let objects = documents(&kustomize("default-with-keda"));
+    let scaled = find(&objects, "ScaledObject", "duo-worker").unwrap();
+    assert_eq!(scaled["spec"]["scaleTargetRef"]["name"], "duo-worker");
+    let trigger = &scaled["spec"]["triggers"][0];
+    assert_eq!(trigger["type"], "postgresql");
+    // KEDA reads the worker's own connection string, and aims at one full
+    // set of jobs per worker.
+    assert_eq!(trigger["metadata"]["connectionFromEnv"], "DATABASE_URL");
+    assert_eq!(
+        trigger["metadata"]["targetQueryValue"].as_str().unwrap(),
+        config_value(&objects, "duo-monolith", "DUO_WORKER_CONCURRENCY")
+    );
+    let query = trigger["metadata"]["query"].as_str().unwrap();
+
+    // The real schema, from the real migrations.
+    let db = devdb::TestDb::with_sql("SELECT 1").await.unwrap();
+    let migrate = tokio::process::Command::new(binary("duo-monolith").unwrap())
+        .arg("migrate")
+        .env("DATABASE_URL", db.url())
+        .current_dir(repo_root())
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        migrate.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrate.stderr)
+    );
+    let client = db.client().await.unwrap();
+    let before: i64 = client.query_one(query, &[]).await.unwrap().get(0);
+    assert_eq!(before, 0);
+    client
+        .batch_execute(
+            "INSERT INTO background_jobs (kind, state, run_at) VALUES
+               ('chat_completion', 'pending', now() - interval '5 seconds'),
+               ('chat_completion', 'pending', now() - interval '1 second'),
+               ('chat_completion', 'pending', now() + interval '1 hour'),
+               ('chat_completion', 'running', now() - interval '1 minute'),
+               ('chat_completion', 'done', now() - interval '1 minute'),
+               ('chat_completion', 'dead', now() - interval '1 minute');",
+        )
+        .await
+        .unwrap();
+    // Two due, one running; the future, finished and dead ones do not count.
+    let counted: i64 = client.query_one(query, &[]).await.unwrap().get(0);
+    assert_eq!(counted, 3);
+}
+
+// ---------------------------------------------------------------------------
+// Starting the processes as the manifests configure them
+
+/// The syscalls that change the filesystem, traced on every process.
+const WRITES: &str = "trace=open,openat,creat,mkdir,mkdirat,unlink,unlinkat,rmdir,rename,renameat,renameat2,link,linkat,symlink,symlinkat,truncate";
+
+/// Paths a traced process changed (`strace -ff -y` output: one file per
+/// thread, so no call is split), relative ones resolved against `cwd`.
+fn written_paths(trace: &str, cwd: &Path) -> BTreeSet<PathBuf> {
+    let mut paths = BTreeSet::new();
+    for line in trace.lines() {
+        let Some(call) = line.split_whitespace().next() else {
+            continue;
+        };
+        let name = call.split('(').next().unwrap_or_default();
+        let is_open = matches!(name, "open" | "openat");
+        if is_open
+            && !["O_WRONLY", "O_RDWR", "O_CREAT", "O_TRUNC"]
+                .iter()
+                .any(|f| line.contains(f))
+        {
+            continue;
+        }
+        if !WRITES.contains(name) || name.is_empty() || line.contains("= -1") {
+            continue;
+        }
+        let path = if is_open {
+            // `= 3</absolute/path>`: the descriptor's real path.
+            line.rsplit_once("= ")
+                .and_then(|(_, ret)| ret.split_once('<'))
+                .map(|(_, p)| p.trim_end_matches('>').to_owned())
+        } else {
+            line.split('"').nth(1).map(str::to_owned)
+        };
+        let Some(path) = path else { continue };
+        let path = PathBuf::from(path);
+        paths.insert(if path.is_absolute() {
+            path
+        } else {
+            cwd.join(path)
+        });
+    }
+    paths
+}
+
+/// Environment for one component from the rendered manifests, with the
+/// cluster's names and the image's paths replaced by this machine's.
+fn manifest_env(
+    objects: &[Value],
+    name: &str,
+    replacements: &[(String, String)],
+) -> Vec<(String, String)> {
+    let mut env = Vec::new();
+    for (kind, field) in [("ConfigMap", "data"), ("Secret", "stringData")] {
+        let Some(map) = find(objects, kind, name).and_then(|o| o[field].as_object()) else {
+            continue;
+        };
+        for (key, value) in map {
+            let mut value = value.as_str().unwrap().to_owned();
+            for (from, to) in replacements {
+                value = value.replace(from, to);
+            }
+            env.push((key.clone(), value));
+        }
+    }
+    env
+}
+
+#[tokio::test]
+async fn every_process_starts_with_the_manifests_configuration_and_writes_only_to_its_volumes() {
+    let objects = documents(&kustomize("default"));
+    let root = repo_root();
+    let scratch = Scratch::new("read-only");
+    // The signing keys Secret, made as the README says.
+    let keys = scratch.0.join("keys");
+    let kid = run(Command::new(deploy().join("kubernetes/make-signing-keys.sh")).arg(&keys));
+    let kid = kid.trim().to_owned();
+    let keys_before = std::fs::read_dir(&keys).unwrap().count();
+    // The working directory of every process stays empty (the image's is read-only).
+    let workdir = scratch.0.join("workdir");
+    std::fs::create_dir_all(&workdir).unwrap();
+    let (local_llm, models) = e2e_tests::local_model_server().await.unwrap();
+    let db = devdb::TestDb::with_sql("SELECT 1").await.unwrap();
+
+    let [web, probes, gateway, gateway_metrics, workflow, llm] =
+        std::array::from_fn::<u16, 6, _>(|_| free_port().unwrap());
+    let replacements: Vec<(String, String)> = [
+        ("0.0.0.0:3000", format!("127.0.0.1:{web}")),
+        ("0.0.0.0:3001", format!("127.0.0.1:{probes}")),
+        ("0.0.0.0:5053", format!("127.0.0.1:{llm}")),
+        ("0.0.0.0:50052", format!("127.0.0.1:{workflow}")),
+        (
+            "http://duo-gateway:5052",
+            format!("http://127.0.0.1:{gateway}"),
+        ),
+        (
+            "http://duo-gateway:50052",
+            format!("http://127.0.0.1:{workflow}"),
+        ),
+        ("http://duo-web:3000", format!("http://127.0.0.1:{web}")),
+        (
+            "http://duo-local-llm:5053",
+            format!("http://127.0.0.1:{llm}"),
+        ),
+        ("https://duo.example.com", format!("http://127.0.0.1:{web}")),
+        ("/var/lib/duo-chat/keys", keys.display().to_string()),
+        ("/var/lib/duo-chat/models", models.display().to_string()),
+        ("/opt/duo-chat", root.display().to_string()),
+    ]
+    .into_iter()
+    .map(|(from, to)| (from.to_owned(), to))
+    .collect();
+    let mut monolith_env = manifest_env(&objects, "duo-monolith", &replacements);
+    monolith_env.retain(|(k, _)| k != "DATABASE_URL");
+    monolith_env.push(("DATABASE_URL".into(), db.url().to_owned()));
+    let mut gateway_env = manifest_env(&objects, "duo-gateway", &replacements);
+    for (key, value) in &mut gateway_env {
+        match key.as_str() {
+            "AIGW_FASTAPI__API_HOST" => *value = "127.0.0.1".into(),
+            "AIGW_FASTAPI__API_PORT" => *value = gateway.to_string(),
+            "AIGW_FASTAPI__METRICS_PORT" => *value = gateway_metrics.to_string(),
+            _ => {}
+        }
+    }
+    let llm_env = manifest_env(&objects, "duo-local-llm", &replacements);
+
+    // Each process runs under strace, its temporary files in a TMPDIR of its own.
+    let traced = |name: &'static str, program: PathBuf, args: &[&str], env: &[(String, String)]| {
+        let tmp = scratch.0.join(format!("tmp-{name}"));
+        std::fs::create_dir_all(&tmp).unwrap();
+        let trace = scratch.0.join(format!("{name}.trace"));
+        let mut strace_args: Vec<String> = [
+            "-ff",
+            "--seccomp-bpf",
+            "-qq",
+            "-y",
+            "-e",
+            WRITES,
+            "-e",
+            "status=successful",
+            "-o",
+        ]
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+        strace_args.push(trace.display().to_string());
+        strace_args.push(program.display().to_string());
+        strace_args.extend(args.iter().map(|a| (*a).to_owned()));
+        let mut env = env.to_vec();
+        env.push(("TMPDIR".into(), tmp.display().to_string()));
+        let args: Vec<&str> = strace_args.iter().map(String::as_str).collect();
+        let service = Service::spawn_in(name, Path::new("strace"), &args, &env, &workdir)
+            .unwrap_or_else(|e| {
+                panic!("cannot start strace (scripts/install-build-deps.sh installs it): {e}")
+            });
+        (service, trace, tmp)
+    };
+
+    let monolith = binary("duo-monolith").unwrap();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let mut runs = Vec::new();
+
+    let (mut migrate, trace, tmp) =
+        traced("migrate", monolith.clone(), &["migrate"], &monolith_env);
+    let exit = migrate.wait_exit(Duration::from_secs(120)).await.unwrap();
+    assert!(exit.success(), "{}", migrate.log_tail(30));
+    runs.push(("migrate", migrate, trace, tmp));
+
+    let (mut llm_service, trace, tmp) = traced("local-llm", local_llm, &["serve"], &llm_env);
+    llm_service
+        .wait_ready(&http, &format!("http://127.0.0.1:{llm}/ready"))
+        .await
+        .unwrap();
+    runs.push(("local-llm", llm_service, trace, tmp));
+    let (mut gateway_service, trace, tmp) =
+        traced("gateway", binary("duo-gateway").unwrap(), &[], &gateway_env);
+    gateway_service
+        .wait_ready(
+            &http,
+            &format!("http://127.0.0.1:{gateway}/monitoring/ready"),
+        )
+        .await
+        .unwrap();
+    runs.push(("gateway", gateway_service, trace, tmp));
+    let (mut web_service, trace, tmp) = traced("web", monolith.clone(), &["web"], &monolith_env);
+    web_service
+        .wait_ready(&http, &format!("http://127.0.0.1:{web}/-/readiness"))
+        .await
+        .unwrap();
+    runs.push(("web", web_service, trace, tmp));
+    let (mut worker, trace, tmp) = traced("worker", monolith.clone(), &["worker"], &monolith_env);
+    worker
+        .wait_ready(&http, &format!("http://127.0.0.1:{probes}/-/readiness"))
+        .await
+        .unwrap();
+    runs.push(("worker", worker, trace, tmp));
+
+    // The JWKS publishes the key from the Secret; metrics are served.
+    let jwks: Value = http
+        .get(format!("http://127.0.0.1:{web}/oauth/discovery/keys"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(jwks["keys"][0]["kid"], kid.as_str(), "{jwks}");
+    for url in [
+        format!("http://127.0.0.1:{web}/-/metrics"),
+        format!("http://127.0.0.1:{probes}/-/metrics"),
+        format!("http://127.0.0.1:{gateway_metrics}/metrics"),
+        format!("http://127.0.0.1:{llm}/metrics"),
+    ] {
+        let response = http.get(&url).send().await.unwrap();
+        assert_eq!(response.status(), 200, "{url}");
+    }
+
+    // A question, answered through worker, gateway and model server.
+    let seed = tokio::process::Command::new(&monolith)
+        .args(["seed", "--json"])
+        .envs(monolith_env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .current_dir(&workdir)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        seed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&seed.stderr)
+    );
+    let report: Value = serde_json::from_slice(&seed.stdout).unwrap();
+    let token = report["users"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["username"] == "alice")
+        .unwrap()["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let graphql = |query: &'static str, variables: Value| {
+        let http = http.clone();
+        let token = token.clone();
+        async move {
+            http.post(format!("http://127.0.0.1:{web}/api/graphql"))
+                .bearer_auth(token)
+                .json(&json!({ "query": query, "variables": variables }))
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
+    };
+    let asked = graphql(
+        "mutation($input: AiActionInput!) { aiAction(input: $input) { requestId errors } }",
+        json!({ "input": { "chat": { "content": "What is a merge request?" } } }),
+    )
+    .await;
+    let request_id = asked["data"]["aiAction"]["requestId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let answer = loop {
+        let messages = graphql(
+            "{ aiMessages { nodes { requestId role content errors } } }",
+            json!({}),
+        )
+        .await;
+        if let Some(answer) = messages["data"]["aiMessages"]["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["requestId"] == request_id.as_str() && m["role"] == "ASSISTANT")
+        {
+            break answer.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no answer:\n{}",
+            runs.iter()
+                .map(|r| r.1.log_tail(10))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // A model this small may ramble past the prompt's time limit: then the
+    // answer is the coded A1004, still proof that every hop was taken (the
+    // gateway accepted the token and the model server generated).
+    let logs = || {
+        runs.iter()
+            .map(|r| format!("{}:\n{}", r.0, r.1.log_tail(15)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    match answer["errors"].as_array().unwrap().first() {
+        None => assert!(
+            !answer["content"].as_str().unwrap().trim().is_empty(),
+            "{answer}"
+        ),
+        Some(error) => assert!(
+            error.as_str().unwrap().contains("[A1004]"),
+            "{answer}\n{}",
+            logs()
+        ),
+    }
+    let generated = http
+        .get(format!("http://127.0.0.1:{llm}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let tokens: f64 = generated
+        .lines()
+        .find_map(|l| l.strip_prefix("duo_local_llm_completion_tokens_total "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(tokens > 0.0, "{generated}");
+
+    // Stop everything as Kubernetes does (SIGTERM to each process itself,
+    // not to strace, which would detach), then read the traces.
+    for (name, service, _, _) in runs.iter_mut().rev() {
+        if service.exited().is_none() {
+            let strace = service.pid().unwrap();
+            let child =
+                std::fs::read_to_string(format!("/proc/{strace}/task/{strace}/children")).unwrap();
+            let child = child.split_whitespace().next().unwrap().to_owned();
+            run(Command::new("kill").args(["-TERM", &child]));
+            let exit = service.wait_exit(Duration::from_secs(90)).await.unwrap();
+            assert!(exit.success(), "{name}: {exit}");
+        }
+        // JSON logs on stdout, as the manifests ask for.
+        let json_lines = service
+            .stdout_lines()
+            .iter()
+            .filter(|l| serde_json::from_str::<Value>(l).is_ok_and(|v| v["level"].is_string()))
+            .count();
+        assert!(
+            json_lines > 0,
+            "{name} logged no JSON on stdout:\n{}",
+            service.log_tail(10)
+        );
+    }
+    for (name, _, trace, tmp) in &runs {
+        // One file per thread: <trace>.<tid>.
+        let prefix = format!("{}.", trace.file_name().unwrap().to_string_lossy());
+        let mut trace_text = String::new();
+        for entry in std::fs::read_dir(trace.parent().unwrap()).unwrap() {
+            let entry = entry.unwrap();
+            if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                trace_text.push_str(&std::fs::read_to_string(entry.path()).unwrap());
+            }
+        }
+        assert!(!trace_text.is_empty(), "{name}: no trace");
+        let outside: Vec<_> = written_paths(&trace_text, &workdir)
+            .into_iter()
+            .filter(|p| {
+                !(p.starts_with("/dev")
+                    || p.starts_with("/proc")
+                    || p.starts_with("/sys")
+                    || p.starts_with(tmp))
+            })
+            .collect();
+        assert!(
+            outside.is_empty(),
+            "{name} wrote outside its volumes: {outside:?}"
+        );
+    }
+    assert_eq!(std::fs::read_dir(&workdir).unwrap().count(), 0);
+    assert_eq!(std::fs::read_dir(&keys).unwrap().count(), keys_before);
+}
+
+#[test]
+fn the_trace_reader_finds_every_kind_of_write_and_ignores_reads_and_failures() {
+    let trace = r#"openat(AT_FDCWD</w>, "/etc/hosts", O_RDONLY|O_CLOEXEC) = 3</etc/hosts>
+openat(AT_FDCWD</w>, "out.txt", O_WRONLY|O_CREAT|O_TRUNC, 0666) = 3</w/out.txt>
+openat(AT_FDCWD</w>, "/keys/a.pem", O_RDWR) = 4</keys/a.pem>
+mkdir("cache", 0777)                    = 0
+renameat2(AT_FDCWD</w>, "a", AT_FDCWD</w>, "b", RENAME_NOREPLACE) = 0
+unlinkat(AT_FDCWD</w>, "/models/x", 0) = 0
+--- SIGCHLD {si_signo=SIGCHLD, si_code=CLD_EXITED} ---
++++ exited with 0 +++
+"#;
+    let found: Vec<String> = written_paths(trace, Path::new("/w"))
+        .into_iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    assert_eq!(
+        found,
+        ["/keys/a.pem", "/models/x", "/w/a", "/w/cache", "/w/out.txt"]
+    );
+}
