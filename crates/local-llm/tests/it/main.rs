@@ -9,3 +9,4 @@ mod common;
 mod engines;
 mod http_api;
 mod queueing;
+mod tools;
