@@ -1,0 +1,211 @@
+//! The chat agent's step with the provider's own tool calling (a prompt
+//! family with `params.tool_calling: native`): the tools go to the model as
+//! function definitions, earlier steps as calls and their results, and the
+//! structured answer becomes the same NDJSON events the ReAct parser emits,
+//! so the monolith cannot tell which way the model was asked.
+//!
+//! The calls themselves go through the workflow service's
+//! [`ToolCallingModel`] (Anthropic tool use, OpenAI `tools`, which the
+//! bundled model server enforces with a grammar).
+
+use super::tools_registry::ToolDefinition;
+use crate::providers::{ModelParams, ProviderError};
+use crate::workflow_service::model::{ModelRoute, ModelTurn, ToolCallingModel, ToolSchema};
+use crate::workflow_service::state::{Message, ToolCall};
+use contracts::{AgentEvent, AgentStep};
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use serde_json::{Value, json};
+
+/// The one argument every chat tool takes: what the ReAct format calls the
+/// Action Input.
+pub const INPUT_ARGUMENT: &str = "input";
+
+/// Everything one native step needs, prepared before streaming starts.
+#[derive(Debug, Clone)]
+pub struct NativeStep {
+    pub route: ModelRoute,
+    pub system: String,
+    pub messages: Vec<Message>,
+    pub tools: Vec<ToolSchema>,
+    pub params: ModelParams,
+}
+
+/// The catalogue's tools as function definitions.
+pub fn tool_schemas(tools: &[&ToolDefinition]) -> Vec<ToolSchema> {
+    tools
+        .iter()
+        .map(|tool| ToolSchema {
+            name: tool.name.to_owned(),
+            description: tool.description.replace("the Action Input", "the input"),
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    INPUT_ARGUMENT: {
+                        "type": "string",
+                        "description": format!("What to read with {}", tool.name),
+                    }
+                },
+                "required": [INPUT_ARGUMENT],
+                "additionalProperties": false,
+            }),
+        })
+        .collect()
+}
+
+/// Earlier steps of this question as the model's own calls and their results.
+pub fn step_messages(steps: &[AgentStep]) -> Vec<Message> {
+    let mut messages = Vec::with_capacity(steps.len() * 2);
+    for (i, step) in steps.iter().enumerate() {
+        let call = ToolCall {
+            id: format!("call_step_{i}"),
+            name: step.tool.replace("\\_", "_"),
+            args: json!({ INPUT_ARGUMENT: step.tool_input }),
+        };
+        messages.push(Message::AiMessage {
+            content: step.thought.replace("\\_", "_"),
+            tool_calls: vec![call.clone()],
+        });
+        messages.push(Message::tool(&call, step.observation.clone(), false));
+    }
+    messages
+}
+
+/// The events for one model turn: an `action` for a call to a permitted
+/// tool, the answer as one `final_answer_delta` otherwise.
+pub fn turn_events(turn: ModelTurn, tools: &[&ToolDefinition]) -> Vec<AgentEvent> {
+    if let Some(call) = turn.tool_calls.into_iter().next() {
+        let Some(permitted) = tools.iter().find(|t| t.name == call.name) else {
+            return vec![AgentEvent::Error {
+                message: super::agent::TOOL_NOT_AVAILABLE.into(),
+                retryable: false,
+            }];
+        };
+        tracing::debug!(event = %format!("request_{}", permitted.unit_primitive), tool = %call.name, "agent chose a tool");
+        let tool_input = match call.args.get(INPUT_ARGUMENT) {
+            Some(Value::String(text)) => text.clone(),
+            // Another shape from a model that ignored the schema: pass it on as JSON.
+            _ => call.args.to_string(),
+        };
+        let thought = if turn.text.trim().is_empty() {
+            format!("I should use {} to answer this.", call.name)
+        } else {
+            turn.text.trim().to_owned()
+        };
+        return vec![AgentEvent::Action {
+            tool: call.name,
+            tool_input,
+            thought,
+        }];
+    }
+    if let Some((_, name, reason)) = turn.invalid_calls.into_iter().next() {
+        return vec![AgentEvent::Unknown {
+            text: format!("the model called {name} with unreadable arguments: {reason}"),
+        }];
+    }
+    if turn.text.trim().is_empty() {
+        return vec![AgentEvent::Unknown { text: turn.text }];
+    }
+    vec![AgentEvent::delta(turn.text)]
+}
+
+fn error_event(err: &ProviderError) -> AgentEvent {
+    tracing::warn!(error = %err, retryable = err.retryable(), "model call failed during a native agent step");
+    AgentEvent::Error {
+        message: err.to_string(),
+        retryable: err.retryable(),
+    }
+}
+
+/// Calls the model once and streams the step's events.
+pub fn run(
+    model: ToolCallingModel,
+    step: NativeStep,
+    tools: Vec<&'static ToolDefinition>,
+) -> BoxStream<'static, AgentEvent> {
+    async_stream::stream! {
+        if step.route == ModelRoute::Mock {
+            yield AgentEvent::Unknown { text: "mock".into() };
+            return;
+        }
+        match model
+            .complete(&step.route, &step.system, &step.messages, &step.tools, &step.params)
+            .await
+        {
+            Ok(turn) => {
+                for event in turn_events(turn, &tools) {
+                    yield event;
+                }
+            }
+            Err(err) => yield error_event(&err),
+        }
+    }
+    .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat::tools_registry::TOOLS;
+
+    fn catalogue() -> Vec<&'static ToolDefinition> {
+        TOOLS.iter().collect()
+    }
+
+    #[test]
+    fn a_call_becomes_an_action_with_its_input() {
+        let turn = ModelTurn {
+            text: String::new(),
+            tool_calls: vec![ToolCall {
+                id: "c".into(),
+                name: "issue_reader".into(),
+                args: json!({"input": "Summarize issue #1"}),
+            }],
+            invalid_calls: vec![],
+        };
+        assert_eq!(
+            turn_events(turn, &catalogue()),
+            vec![AgentEvent::Action {
+                tool: "issue_reader".into(),
+                tool_input: "Summarize issue #1".into(),
+                thought: "I should use issue_reader to answer this.".into(),
+            }]
+        );
+    }
+
+    #[test]
+    fn unknown_tools_text_and_empty_turns() {
+        let call = |name: &str| ModelTurn {
+            tool_calls: vec![ToolCall {
+                id: "c".into(),
+                name: name.into(),
+                args: json!({"input": "x"}),
+            }],
+            ..ModelTurn::default()
+        };
+        assert!(matches!(
+            turn_events(call("rm_rf"), &catalogue())[..],
+            [AgentEvent::Error { .. }]
+        ));
+        let text = ModelTurn {
+            text: "Rebase rewrites history.".into(),
+            ..ModelTurn::default()
+        };
+        assert_eq!(
+            turn_events(text, &catalogue()),
+            vec![AgentEvent::delta("Rebase rewrites history.")]
+        );
+        assert!(matches!(
+            turn_events(ModelTurn::default(), &catalogue())[..],
+            [AgentEvent::Unknown { .. }]
+        ));
+    }
+
+    #[test]
+    fn schemas_speak_of_the_input_argument() {
+        for schema in tool_schemas(&catalogue()) {
+            assert!(!schema.description.contains("Action Input"), "{}", schema.name);
+            assert_eq!(schema.parameters["required"], json!(["input"]));
+        }
+    }
+}
