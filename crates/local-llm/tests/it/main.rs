@@ -8,5 +8,6 @@ mod common;
 
 mod engines;
 mod http_api;
+mod prompt_cache;
 mod queueing;
 mod tools;
