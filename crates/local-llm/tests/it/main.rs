@@ -6,6 +6,7 @@
 
 mod common;
 
+mod chat_templates;
 mod engines;
 mod http_api;
 mod prompt_cache;
