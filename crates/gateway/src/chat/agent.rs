@@ -248,6 +248,7 @@ pub fn prepare(
             .collect(),
         tools: native::tool_schemas(&tools),
         params: call.params.clone(),
+        question: question.content.clone(),
     });
     Ok(PreparedAgent {
         call,

@@ -17,9 +17,16 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use serde_json::{Value, json};
 
-/// The one argument every chat tool takes: what the ReAct format calls the
-/// Action Input.
+/// The argument a model may give a chat tool: what the ReAct format calls
+/// the Action Input. The tools ask for none (every reader wants the user's
+/// question unchanged, and it makes a good documentation query), so a small
+/// model only has to choose; a model that sends one anyway is heard.
 pub const INPUT_ARGUMENT: &str = "input";
+
+/// The function that stands for answering without a tool: the model must
+/// call a function, so its choice is always well formed, and answering
+/// directly is one of the choices.
+pub const DIRECT_ANSWER: &str = "answer_directly";
 
 /// Everything one native step needs, prepared before streaming starts.
 #[derive(Debug, Clone)]
@@ -29,27 +36,42 @@ pub struct NativeStep {
     pub messages: Vec<Message>,
     pub tools: Vec<ToolSchema>,
     pub params: ModelParams,
+    /// The user's question: the tool input when the model gives none.
+    pub question: String,
 }
 
-/// The catalogue's tools as function definitions.
+/// The catalogue's tools as function definitions, then the direct answer.
 pub fn tool_schemas(tools: &[&ToolDefinition]) -> Vec<ToolSchema> {
+    let direct = ToolSchema {
+        name: DIRECT_ANSWER.to_owned(),
+        description: "Answers the user directly, without reading anything: for greetings, \
+            general programming questions, and questions the other functions cannot read."
+            .to_owned(),
+        parameters: json!({
+            "type": "object",
+            "properties": {"answer": {"type": "string", "description": "The answer, in Markdown"}},
+            "required": ["answer"],
+            "additionalProperties": false,
+        }),
+    };
     tools
         .iter()
         .map(|tool| ToolSchema {
             name: tool.name.to_owned(),
-            description: tool.description.replace("the Action Input", "the input"),
+            // The last sentence tells a ReAct model what to write as input.
+            description: tool
+                .description
+                .split(" Give ")
+                .next()
+                .unwrap_or(tool.description)
+                .to_owned(),
             parameters: json!({
                 "type": "object",
-                "properties": {
-                    INPUT_ARGUMENT: {
-                        "type": "string",
-                        "description": format!("What to read with {}", tool.name),
-                    }
-                },
-                "required": [INPUT_ARGUMENT],
+                "properties": {},
                 "additionalProperties": false,
             }),
         })
+        .chain(std::iter::once(direct))
         .collect()
 }
 
@@ -73,8 +95,18 @@ pub fn step_messages(steps: &[AgentStep]) -> Vec<Message> {
 
 /// The events for one model turn: an `action` for a call to a permitted
 /// tool, the answer as one `final_answer_delta` otherwise.
-pub fn turn_events(turn: ModelTurn, tools: &[&ToolDefinition]) -> Vec<AgentEvent> {
+pub fn turn_events(turn: ModelTurn, tools: &[&ToolDefinition], question: &str) -> Vec<AgentEvent> {
     if let Some(call) = turn.tool_calls.into_iter().next() {
+        if call.name == DIRECT_ANSWER {
+            let answer = match call.args.get("answer") {
+                Some(Value::String(text)) => text.clone(),
+                _ => String::new(),
+            };
+            if answer.trim().is_empty() {
+                return vec![AgentEvent::Unknown { text: answer }];
+            }
+            return vec![AgentEvent::delta(answer)];
+        }
         let Some(permitted) = tools.iter().find(|t| t.name == call.name) else {
             return vec![AgentEvent::Error {
                 message: super::agent::TOOL_NOT_AVAILABLE.into(),
@@ -83,9 +115,8 @@ pub fn turn_events(turn: ModelTurn, tools: &[&ToolDefinition]) -> Vec<AgentEvent
         };
         tracing::debug!(event = %format!("request_{}", permitted.unit_primitive), tool = %call.name, "agent chose a tool");
         let tool_input = match call.args.get(INPUT_ARGUMENT) {
-            Some(Value::String(text)) => text.clone(),
-            // Another shape from a model that ignored the schema: pass it on as JSON.
-            _ => call.args.to_string(),
+            Some(Value::String(text)) if !text.trim().is_empty() => text.clone(),
+            _ => question.to_owned(),
         };
         let thought = if turn.text.trim().is_empty() {
             format!("I should use {} to answer this.", call.name)
@@ -129,11 +160,11 @@ pub fn run(
             return;
         }
         match model
-            .complete(&step.route, &step.system, &step.messages, &step.tools, &step.params)
+            .complete_with(&step.route, &step.system, &step.messages, &step.tools, &step.params, true)
             .await
         {
             Ok(turn) => {
-                for event in turn_events(turn, &tools) {
+                for event in turn_events(turn, &tools, &step.question) {
                     yield event;
                 }
             }
@@ -164,13 +195,29 @@ mod tests {
             invalid_calls: vec![],
         };
         assert_eq!(
-            turn_events(turn, &catalogue()),
+            turn_events(turn, &catalogue(), "q"),
             vec![AgentEvent::Action {
                 tool: "issue_reader".into(),
                 tool_input: "Summarize issue #1".into(),
                 thought: "I should use issue_reader to answer this.".into(),
             }]
         );
+    }
+
+    #[test]
+    fn a_call_without_input_reads_with_the_question() {
+        let turn = ModelTurn {
+            tool_calls: vec![ToolCall {
+                id: "c".into(),
+                name: "epic_reader".into(),
+                args: json!({}),
+            }],
+            ..ModelTurn::default()
+        };
+        match &turn_events(turn, &catalogue(), "What is epic &1?")[..] {
+            [AgentEvent::Action { tool_input, .. }] => assert_eq!(tool_input, "What is epic &1?"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
@@ -184,7 +231,7 @@ mod tests {
             ..ModelTurn::default()
         };
         assert!(matches!(
-            turn_events(call("rm_rf"), &catalogue())[..],
+            turn_events(call("rm_rf"), &catalogue(), "q")[..],
             [AgentEvent::Error { .. }]
         ));
         let text = ModelTurn {
@@ -192,20 +239,32 @@ mod tests {
             ..ModelTurn::default()
         };
         assert_eq!(
-            turn_events(text, &catalogue()),
+            turn_events(text, &catalogue(), "q"),
             vec![AgentEvent::delta("Rebase rewrites history.")]
         );
         assert!(matches!(
-            turn_events(ModelTurn::default(), &catalogue())[..],
+            turn_events(ModelTurn::default(), &catalogue(), "q")[..],
             [AgentEvent::Unknown { .. }]
         ));
     }
 
     #[test]
     fn schemas_speak_of_the_input_argument() {
-        for schema in tool_schemas(&catalogue()) {
+        let schemas = tool_schemas(&catalogue());
+        let (direct, tools) = schemas.split_last().unwrap();
+        for schema in tools {
             assert!(!schema.description.contains("Action Input"), "{}", schema.name);
-            assert_eq!(schema.parameters["required"], json!(["input"]));
+            assert_eq!(schema.parameters["properties"], json!({}));
         }
+        assert_eq!(direct.name, DIRECT_ANSWER);
+        let answer = ModelTurn {
+            tool_calls: vec![ToolCall {
+                id: "c".into(),
+                name: DIRECT_ANSWER.into(),
+                args: json!({"answer": "Hi."}),
+            }],
+            ..ModelTurn::default()
+        };
+        assert_eq!(turn_events(answer, &catalogue(), "q"), vec![AgentEvent::delta("Hi.")]);
     }
 }

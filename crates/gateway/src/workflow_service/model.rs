@@ -275,6 +275,22 @@ impl ToolCallingModel {
         tools: &[ToolSchema],
         params: &ModelParams,
     ) -> Result<ModelTurn, ProviderError> {
+        self.complete_with(route, system, messages, tools, params, false)
+            .await
+    }
+
+    /// One model turn; with `require_call` the model must call one of the
+    /// tools (OpenAI `tool_choice: required`, Anthropic `tool_choice: any`).
+    pub async fn complete_with(
+        &self,
+        route: &ModelRoute,
+        system: &str,
+        messages: &[Message],
+        tools: &[ToolSchema],
+        params: &ModelParams,
+        require_call: bool,
+    ) -> Result<ModelTurn, ProviderError> {
+        let require_call = require_call && !tools.is_empty();
         let (request, wire) = match route {
             ModelRoute::Mock => {
                 return Ok(ModelTurn {
@@ -298,7 +314,13 @@ impl ToolCallingModel {
                     .post(format!("{root}/v1/messages"))
                     .header("x-api-key", key)
                     .header("anthropic-version", "2023-06-01")
-                    .json(&anthropic_body(model, system, messages, tools, params));
+                    .json(&{
+                        let mut body = anthropic_body(model, system, messages, tools, params);
+                        if require_call {
+                            body["tool_choice"] = json!({"type": "any"});
+                        }
+                        body
+                    });
                 (request, Wire::Anthropic)
             }
             ModelRoute::OpenAi {
@@ -312,7 +334,13 @@ impl ToolCallingModel {
                         "{}/chat/completions",
                         base_url.trim_end_matches('/')
                     ))
-                    .json(&openai_body(model, system, messages, tools, params));
+                    .json(&{
+                        let mut body = openai_body(model, system, messages, tools, params);
+                        if require_call {
+                            body["tool_choice"] = json!("required");
+                        }
+                        body
+                    });
                 if let Some(key) = api_key {
                     request = request.bearer_auth(key);
                 }
