@@ -144,7 +144,12 @@ fn conversation(wire: &[WireMessage]) -> Result<Vec<ChatMessage>, ApiError> {
             "system" | "developer" => "system",
             "user" => "user",
             "assistant" => {
-                for call in message.tool_calls.iter().flatten().take(MAX_HISTORY_CALLS + 1) {
+                for call in message
+                    .tool_calls
+                    .iter()
+                    .flatten()
+                    .take(MAX_HISTORY_CALLS + 1)
+                {
                     if !content.is_empty() {
                         content.push('\n');
                     }
@@ -411,7 +416,10 @@ pub fn sse_stream(
     let prompt_tokens = meta.prompt_tokens;
     let include_usage = prepared.include_usage;
     let mut parser = OutputParser::new(&prepared.plan);
-    let mut chunks = Chunks { meta, opened: false };
+    let mut chunks = Chunks {
+        meta,
+        opened: false,
+    };
     async_stream::stream! {
         if !prepared.plan.may_call_tools() {
             yield Ok(chunks.delta(json!({ "content": "" }), None));

@@ -140,7 +140,9 @@ impl ChatTemplate {
                 eos_token => self.eos_token.as_str(),
             })
             .map_err(|e| match e.kind() {
-                ErrorKind::InvalidOperation if e.detail().is_some_and(|d| d.starts_with(REFUSAL)) => {
+                ErrorKind::InvalidOperation
+                    if e.detail().is_some_and(|d| d.starts_with(REFUSAL)) =>
+                {
                     TemplateError::Refused(
                         e.detail()
                             .unwrap_or_default()

@@ -224,7 +224,11 @@ impl LlamaEngine {
     /// Puts `prompt` in the cache, reusing the cached prefix; returns how
     /// many tokens were reused. The last prompt token is always computed
     /// afresh: sampling needs its logits.
-    fn load_prompt(&mut self, prompt: &[i32], batch: &mut LlamaBatch) -> Result<usize, EngineError> {
+    fn load_prompt(
+        &mut self,
+        prompt: &[i32],
+        batch: &mut LlamaBatch,
+    ) -> Result<usize, EngineError> {
         let reuse = if self.prefix_cache {
             common_prefix(&self.cached, prompt).min(prompt.len() - 1)
         } else {
@@ -340,7 +344,9 @@ impl GrammarGate {
     fn allows(&mut self, token: LlamaToken) -> bool {
         let mut one = LlamaTokenDataArray::new(vec![LlamaTokenData::new(token, 0.0, 0.0)], false);
         one.apply_sampler(&mut self.grammar);
-        one.data.first().is_some_and(|d| d.logit() > f32::NEG_INFINITY)
+        one.data
+            .first()
+            .is_some_and(|d| d.logit() > f32::NEG_INFINITY)
     }
 
     fn sample(

@@ -168,7 +168,10 @@ impl GrammarBuilder {
     fn integer(&mut self, minimum: Option<i64>) -> Result<String, SchemaError> {
         match minimum {
             None => self.rule("integer", r#""-"? ( "0" | [1-9] [0-9]{0,17} )"#.to_owned()),
-            Some(0) => self.rule("nonneg-integer", r#"( "0" | [1-9] [0-9]{0,17} )"#.to_owned()),
+            Some(0) => self.rule(
+                "nonneg-integer",
+                r#"( "0" | [1-9] [0-9]{0,17} )"#.to_owned(),
+            ),
             Some(_) => self.rule("pos-integer", r#"[1-9] [0-9]{0,17}"#.to_owned()),
         }
     }
@@ -265,8 +268,7 @@ impl GrammarBuilder {
                 .as_array()
                 .filter(|v| !v.is_empty())
                 .ok_or_else(|| invalid(path, "enum must be a non-empty array"))?;
-            let alternatives: Vec<String> =
-                values.iter().map(|v| literal(&json_text(v))).collect();
+            let alternatives: Vec<String> = values.iter().map(|v| literal(&json_text(v))).collect();
             return Ok(format!("( {} )", alternatives.join(" | ")));
         }
         for keyword in ["anyOf", "oneOf"] {
@@ -274,7 +276,9 @@ impl GrammarBuilder {
                 let options = options
                     .as_array()
                     .filter(|v| !v.is_empty())
-                    .ok_or_else(|| invalid(path, &format!("{keyword} must be a non-empty array")))?;
+                    .ok_or_else(|| {
+                        invalid(path, &format!("{keyword} must be a non-empty array"))
+                    })?;
                 let mut alternatives = Vec::with_capacity(options.len());
                 for (i, option) in options.iter().enumerate() {
                     alternatives.push(self.schema_at(
@@ -369,8 +373,8 @@ impl GrammarBuilder {
                     None => None,
                     Some(v) => match v.as_f64() {
                         Some(m) if m <= f64::from(i32::MIN) => None,
-                        Some(m) if m == 0.0 => Some(0),
-                        Some(m) if m == 1.0 => Some(1),
+                        Some(0.0) => Some(0),
+                        Some(1.0) => Some(1),
                         _ => return Err(unsupported(path, "minimum (other than 0 or 1)")),
                     },
                 };
@@ -382,7 +386,7 @@ impl GrammarBuilder {
                 }
                 let non_negative = match object.get("minimum").and_then(Value::as_f64) {
                     None if !numeric_bounds => false,
-                    Some(m) if m == 0.0 => true,
+                    Some(0.0) => true,
                     _ => return Err(unsupported(path, "minimum (other than 0)")),
                 };
                 self.number(non_negative)
@@ -454,7 +458,10 @@ impl GrammarBuilder {
             Some(p) if !p.is_empty() => p,
             _ => {
                 if !required.is_empty() {
-                    return Err(invalid(path, "required names properties that are not declared"));
+                    return Err(invalid(
+                        path,
+                        "required names properties that are not declared",
+                    ));
                 }
                 // A map: values follow `additionalProperties` when it is a schema.
                 return match object.get("additionalProperties") {
@@ -703,7 +710,11 @@ mod tests {
             "$ref": "#/$defs/node"
         }))
         .unwrap();
-        assert!(grammar.text.starts_with("root ::= node\n"), "{}", grammar.text);
+        assert!(
+            grammar.text.starts_with("root ::= node\n"),
+            "{}",
+            grammar.text
+        );
         assert!(grammar.text.contains("node ::= "));
     }
 

@@ -15,6 +15,6 @@ pub mod generation;
 pub mod grammar;
 pub mod server;
 pub mod stop;
-pub mod tools;
 #[doc(hidden)]
 pub mod testing;
+pub mod tools;

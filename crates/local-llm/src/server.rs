@@ -77,15 +77,16 @@ impl AppState {
         chat: GenerationQueue,
         embedder: Arc<dyn EmbedModel>,
     ) -> Result<Self, StartError> {
-        let override_source = match &config.chat_template_path {
-            Some(path) => Some(std::fs::read_to_string(path).map_err(|source| {
-                StartError::TemplateFile {
-                    path: path.display().to_string(),
-                    source,
-                }
-            })?),
-            None => None,
-        };
+        let override_source =
+            match &config.chat_template_path {
+                Some(path) => Some(std::fs::read_to_string(path).map_err(|source| {
+                    StartError::TemplateFile {
+                        path: path.display().to_string(),
+                        source,
+                    }
+                })?),
+                None => None,
+            };
         let template = ChatTemplate::for_model(chat.model_info(), override_source)?;
         tracing::info!(source = ?template.source(), "chat template loaded");
         let embed_admission = Arc::new(Admission::new(

@@ -300,22 +300,18 @@ fn build_constraint(
     let mut builder = GrammarBuilder::new();
     let answer = match format {
         ResponseFormat::Text => None,
-        ResponseFormat::JsonObject => Some(builder.any_object().map_err(|source| {
-            ToolsError::Schema {
+        ResponseFormat::JsonObject => {
+            Some(builder.any_object().map_err(|source| ToolsError::Schema {
                 context: "response_format".into(),
                 source,
-            }
-        })?),
-        ResponseFormat::JsonSchema { schema } => {
-            Some(
-                builder
-                    .schema(schema, schema)
-                    .map_err(|source| ToolsError::Schema {
-                        context: "response_format.json_schema.schema".into(),
-                        source,
-                    })?,
-            )
+            })?)
         }
+        ResponseFormat::JsonSchema { schema } => Some(builder.schema(schema, schema).map_err(
+            |source| ToolsError::Schema {
+                context: "response_format.json_schema.schema".into(),
+                source,
+            },
+        )?),
     };
     if tools.is_empty() {
         return Ok(answer.map(|root| Constraint {
@@ -365,7 +361,10 @@ fn build_constraint(
 pub enum OutputEvent {
     Content(String),
     /// A call begins: its id and the function's name.
-    CallStart { id: String, name: String },
+    CallStart {
+        id: String,
+        name: String,
+    },
     /// More of the call's arguments (JSON text).
     CallArguments(String),
 }
@@ -542,7 +541,10 @@ mod tests {
         assert!(!grammar.contains(&literal(&format!("a{CALL_MIDDLE}"))));
         let plan = OutputPlan::from_request(Some(&tools), Some(&json!("none")), None).unwrap();
         assert!(plan.constraint.is_none() && plan.tools.is_empty());
-        for bad in [json!("sometimes"), json!({"type": "function", "function": {"name": "c"}})] {
+        for bad in [
+            json!("sometimes"),
+            json!({"type": "function", "function": {"name": "c"}}),
+        ] {
             assert!(OutputPlan::from_request(Some(&tools), Some(&bad), None).is_err());
         }
         assert!(OutputPlan::from_request(None, Some(&json!("required")), None).is_err());
@@ -575,7 +577,10 @@ mod tests {
             }
             let (_, name, arguments) = answer.call.expect("a call");
             assert_eq!(name, "issue_reader");
-            assert_eq!(arguments, "{\"q\": \"}\\n</tool_call>\"}", "split at {split}");
+            assert_eq!(
+                arguments, "{\"q\": \"}\\n</tool_call>\"}",
+                "split at {split}"
+            );
             assert_eq!(answer.content, "");
         }
     }

@@ -5,8 +5,9 @@
 //! bench prints the share of well-formed first steps and of correct tool
 //! choices for each.
 //!
-//! Options: `--limit N` asks only the first N questions (both modes);
-//! `DUO_LOCAL_LLM_THREADS` is passed to the model server.
+//! Options: `--limit N` asks only the first N questions; `--only native` or
+//! `--only react` runs one mode; `DUO_BENCH_VERBOSE=1` prints every step.
+//! The model server inherits the environment (`DUO_LOCAL_LLM_THREADS`, ...).
 
 use anyhow::{Context, bail};
 use bench::{Latencies, load_average, ms};
@@ -30,48 +31,135 @@ use Expected::{Direct, Tool};
 /// acme/platform/api#1 and #2, acme/website#1, hobby/notes#1, merge request
 /// acme/platform/api!1, epic &1 of acme, the api pipeline's builds.
 const QUESTIONS: &[(&str, Expected)] = &[
-    ("Summarize issue #1 in acme/platform/api", Tool("issue_reader", "1")),
-    ("What is issue acme/website#1 about?", Tool("issue_reader", "1")),
-    ("Summarize issue acme/platform/api#2", Tool("issue_reader", "2")),
-    ("Who should fix issue #2 of the api project?", Tool("issue_reader", "2")),
-    ("List the steps to reproduce in issue #1", Tool("issue_reader", "1")),
-    ("Is issue hobby/notes#1 a feature request or a bug?", Tool("issue_reader", "1")),
+    (
+        "Summarize issue #1 in acme/platform/api",
+        Tool("issue_reader", "1"),
+    ),
+    (
+        "What is issue acme/website#1 about?",
+        Tool("issue_reader", "1"),
+    ),
+    (
+        "Summarize issue acme/platform/api#2",
+        Tool("issue_reader", "2"),
+    ),
+    (
+        "Who should fix issue #2 of the api project?",
+        Tool("issue_reader", "2"),
+    ),
+    (
+        "List the steps to reproduce in issue #1",
+        Tool("issue_reader", "1"),
+    ),
+    (
+        "Is issue hobby/notes#1 a feature request or a bug?",
+        Tool("issue_reader", "1"),
+    ),
     ("What labels does issue #2 have?", Tool("issue_reader", "2")),
-    ("Explain the problem described in issue #1", Tool("issue_reader", "1")),
-    ("Write a short reply to issue acme/website#1", Tool("issue_reader", "1")),
-    ("How severe is the security issue #2?", Tool("issue_reader", "2")),
+    (
+        "Explain the problem described in issue #1",
+        Tool("issue_reader", "1"),
+    ),
+    (
+        "Write a short reply to issue acme/website#1",
+        Tool("issue_reader", "1"),
+    ),
+    (
+        "How severe is the security issue #2?",
+        Tool("issue_reader", "2"),
+    ),
     ("Suggest a fix for issue #1", Tool("issue_reader", "1")),
-    ("Read issue 2 and tell me what leaks", Tool("issue_reader", "2")),
-    ("What does merge request !1 change?", Tool("merge_request_reader", "1")),
-    ("Summarize merge request acme/platform/api!1", Tool("merge_request_reader", "1")),
-    ("Review the diff of merge request !1", Tool("merge_request_reader", "1")),
-    ("Which issue does merge request !1 fix?", Tool("merge_request_reader", "1")),
-    ("Is merge request !1 ready to merge?", Tool("merge_request_reader", "1")),
-    ("Explain the code change in MR !1", Tool("merge_request_reader", "1")),
-    ("Write a description for merge request !1", Tool("merge_request_reader", "1")),
+    (
+        "Read issue 2 and tell me what leaks",
+        Tool("issue_reader", "2"),
+    ),
+    (
+        "What does merge request !1 change?",
+        Tool("merge_request_reader", "1"),
+    ),
+    (
+        "Summarize merge request acme/platform/api!1",
+        Tool("merge_request_reader", "1"),
+    ),
+    (
+        "Review the diff of merge request !1",
+        Tool("merge_request_reader", "1"),
+    ),
+    (
+        "Which issue does merge request !1 fix?",
+        Tool("merge_request_reader", "1"),
+    ),
+    (
+        "Is merge request !1 ready to merge?",
+        Tool("merge_request_reader", "1"),
+    ),
+    (
+        "Explain the code change in MR !1",
+        Tool("merge_request_reader", "1"),
+    ),
+    (
+        "Write a description for merge request !1",
+        Tool("merge_request_reader", "1"),
+    ),
     ("What is epic &1 about?", Tool("epic_reader", "1")),
     ("Summarize epic acme&1", Tool("epic_reader", "1")),
-    ("Which sign-in methods does epic &1 plan?", Tool("epic_reader", "1")),
+    (
+        "Which sign-in methods does epic &1 plan?",
+        Tool("epic_reader", "1"),
+    ),
     ("What is left to do in epic &1?", Tool("epic_reader", "1")),
-    ("Describe the goal of epic &1 in one sentence", Tool("epic_reader", "1")),
+    (
+        "Describe the goal of epic &1 in one sentence",
+        Tool("epic_reader", "1"),
+    ),
     ("Who created epic &1?", Tool("epic_reader", "1")),
     ("Why did build 2 fail?", Tool("build_reader", "2")),
     ("Summarize the log of build 1", Tool("build_reader", "1")),
     ("Which test failed in build 2?", Tool("build_reader", "2")),
     ("How long did build 1 take?", Tool("build_reader", "1")),
     ("Explain the error in job 2", Tool("build_reader", "2")),
-    ("How do I fix the failure in build 2?", Tool("build_reader", "2")),
-    ("How do I protect a branch in GitLab?", Tool("gitlab_documentation", "")),
-    ("How do I configure a CI/CD cache in GitLab?", Tool("gitlab_documentation", "")),
-    ("What are GitLab merge request approval rules?", Tool("gitlab_documentation", "")),
-    ("How do I add a member to a GitLab group?", Tool("gitlab_documentation", "")),
-    ("How can I schedule a pipeline in GitLab?", Tool("gitlab_documentation", "")),
-    ("What is a GitLab runner and how do I register one?", Tool("gitlab_documentation", "")),
-    ("How do I enable two-factor authentication in GitLab?", Tool("gitlab_documentation", "")),
-    ("How do I create a GitLab personal access token?", Tool("gitlab_documentation", "")),
+    (
+        "How do I fix the failure in build 2?",
+        Tool("build_reader", "2"),
+    ),
+    (
+        "How do I protect a branch in GitLab?",
+        Tool("gitlab_documentation", ""),
+    ),
+    (
+        "How do I configure a CI/CD cache in GitLab?",
+        Tool("gitlab_documentation", ""),
+    ),
+    (
+        "What are GitLab merge request approval rules?",
+        Tool("gitlab_documentation", ""),
+    ),
+    (
+        "How do I add a member to a GitLab group?",
+        Tool("gitlab_documentation", ""),
+    ),
+    (
+        "How can I schedule a pipeline in GitLab?",
+        Tool("gitlab_documentation", ""),
+    ),
+    (
+        "What is a GitLab runner and how do I register one?",
+        Tool("gitlab_documentation", ""),
+    ),
+    (
+        "How do I enable two-factor authentication in GitLab?",
+        Tool("gitlab_documentation", ""),
+    ),
+    (
+        "How do I create a GitLab personal access token?",
+        Tool("gitlab_documentation", ""),
+    ),
     ("Hello!", Direct),
     ("Write a Python function that reverses a string", Direct),
-    ("What is the difference between a list and a tuple in Python?", Direct),
+    (
+        "What is the difference between a list and a tuple in Python?",
+        Direct,
+    ),
     ("Translate 'good morning' into French", Direct),
     ("Explain what a hash map is", Direct),
     ("Thank you, that helped", Direct),
@@ -82,7 +170,10 @@ const QUESTIONS: &[(&str, Expected)] = &[
 /// What the first step came out as.
 #[derive(Debug)]
 enum Step {
-    Action { tool: String, input: String },
+    Action {
+        tool: String,
+        input: String,
+    },
     Answer,
     /// Neither format (`unknown`), an error, or nothing.
     Malformed(String),
@@ -170,7 +261,10 @@ async fn first_step(client: &reqwest::Client, gateway: &str, question: &str) -> 
         match event["type"].as_str() {
             Some("action") => {
                 return Step::Action {
-                    tool: event["data"]["tool"].as_str().unwrap_or_default().to_owned(),
+                    tool: event["data"]["tool"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
                     input: event["data"]["tool_input"]
                         .as_str()
                         .unwrap_or_default()
@@ -235,7 +329,10 @@ async fn run_mode(
         let right = correct(&step, *expected);
         tally.correct += usize::from(right);
         if std::env::var_os("DUO_BENCH_VERBOSE").is_some() {
-            println!("  [{label}] {} {question:?} -> {step:?}", if right { "ok " } else { "BAD" });
+            println!(
+                "  [{label}] {} {question:?} -> {step:?}",
+                if right { "ok " } else { "BAD" }
+            );
         }
     }
     tally
@@ -252,9 +349,17 @@ fn percent(part: usize, whole: usize) -> f64 {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let mut limit = QUESTIONS.len();
+    let mut only: Option<String> = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
+            "--only" => {
+                let mode = args.next().context("--only needs native or react")?;
+                if mode != "native" && mode != "react" {
+                    bail!("--only needs native or react");
+                }
+                only = Some(mode);
+            }
             "--limit" => {
                 limit = args
                     .next()
@@ -262,7 +367,7 @@ async fn main() -> anyhow::Result<()> {
                     .parse()
                     .context("--limit needs a number")?;
             }
-            other => bail!("unknown option {other}; use --limit N"),
+            other => bail!("unknown option {other}; use --limit N or --only native|react"),
         }
     }
     let questions = &QUESTIONS[..limit.min(QUESTIONS.len())];
@@ -281,8 +386,22 @@ async fn main() -> anyhow::Result<()> {
         questions.len(),
         load_average()
     );
-    let native = run_mode(&client, &native_url, questions, "native").await;
-    let react = run_mode(&client, &react_url, questions, "react").await;
+    let wanted = |mode: &str| only.as_deref().is_none_or(|o| o == mode);
+    let none: &[(&str, Expected)] = &[];
+    let native = run_mode(
+        &client,
+        &native_url,
+        if wanted("native") { questions } else { none },
+        "native",
+    )
+    .await;
+    let react = run_mode(
+        &client,
+        &react_url,
+        if wanted("react") { questions } else { none },
+        "react",
+    )
+    .await;
     println!(
         "{:<28} {:>12} {:>16} {:>10} {:>10}",
         "mode", "well-formed", "correct choice", "p50", "p90"
@@ -291,6 +410,9 @@ async fn main() -> anyhow::Result<()> {
         ("native tool calls (default)", &native),
         ("ReAct text", &react),
     ] {
+        if tally.asked == 0 {
+            continue;
+        }
         println!(
             "{:<28} {:>11.1}% {:>15.1}% {:>10} {:>10}",
             name,
@@ -302,7 +424,10 @@ async fn main() -> anyhow::Result<()> {
     }
     for (name, tally) in [("native", &native), ("react", &react)] {
         for reason in tally.malformed.iter().take(3) {
-            println!("  {name} malformed: {}", reason.chars().take(160).collect::<String>());
+            println!(
+                "  {name} malformed: {}",
+                reason.chars().take(160).collect::<String>()
+            );
         }
     }
     println!("goals: well-formed 100%, correct choice >= 80% with native tool calls");

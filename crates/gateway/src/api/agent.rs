@@ -42,7 +42,6 @@ async fn chat_agent(
     config: web::Data<Config>,
     registry: web::Data<PromptRegistry>,
     model: web::Data<dyn ChatModel>,
-    tool_model: Option<web::Data<ToolCallingModel>>,
     clock: ModelWaitClock,
 ) -> Result<HttpResponse, ApiError> {
     let version = header(&req, headers::VERSION).map(str::to_owned);
@@ -62,7 +61,7 @@ async fn chat_agent(
     .await
     .map_err(|e| ApiError::Internal(format!("preparing the agent step: {e}")))??;
     prepared.call.wait_clock = Some(clock);
-    let tool_model = match tool_model {
+    let tool_model = match req.app_data::<web::Data<ToolCallingModel>>() {
         Some(tool_model) => tool_model.get_ref().clone(),
         // Apps that do not register one (tests of the ReAct path) still work.
         None => ToolCallingModel::new()

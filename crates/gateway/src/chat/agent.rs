@@ -14,9 +14,9 @@ use crate::auth::GatewayUser;
 use crate::config::Config;
 use crate::error::{ApiError, ValidationIssue};
 use crate::prompts::{PromptError, PromptRegistry, TemplateRole, ToolCalling, choose_families};
-use crate::workflow_service::model::{ToolCallingModel, route_for_target};
-use crate::workflow_service::state::Message;
 use crate::providers::{ChatMessage, ChatModel, ChatRole, ModelCall, ProviderError, ProviderKind};
+use crate::workflow_service::model::{ModelRoute, ToolCallingModel, route_for_target};
+use crate::workflow_service::state::Message;
 use contracts::{AgentEvent, AgentMessage, AgentRequest, MessageRole, UnitPrimitive};
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -231,24 +231,28 @@ pub fn prepare(
     messages.append(&mut call.messages);
     call.messages = messages;
     call.feature_category = FEATURE_CATEGORY;
-    let native = native_route.map(|route| NativeStep {
-        route,
-        system: call.system.clone().unwrap_or_default(),
-        messages: call
-            .messages
-            .iter()
-            .map(|m| match m.role {
-                ChatRole::Assistant => Message::AiMessage {
-                    content: m.content.clone(),
-                    tool_calls: Vec::new(),
-                },
-                _ => Message::human(m.content.clone()),
-            })
-            .chain(native::step_messages(request.steps()))
-            .collect(),
-        tools: native::tool_schemas(&tools),
-        params: call.params.clone(),
-        question: question.content.clone(),
+    let native = native_route.map(|route| {
+        let bundled = matches!(&route, ModelRoute::OpenAi { base_url, .. }
+            if *base_url == config.providers.local_llm_url);
+        NativeStep {
+            route,
+            system: call.system.clone().unwrap_or_default(),
+            messages: call
+                .messages
+                .iter()
+                .map(|m| match m.role {
+                    ChatRole::Assistant => Message::AiMessage {
+                        content: m.content.clone(),
+                        tool_calls: Vec::new(),
+                    },
+                    _ => Message::human(m.content.clone()),
+                })
+                .chain(native::step_messages(request.steps()))
+                .collect(),
+            tools: native::tool_schemas(&tools, bundled.then_some(native::BUNDLED_ANSWER_CHARS)),
+            params: call.params.clone(),
+            question: question.content.clone(),
+        }
     });
     Ok(PreparedAgent {
         call,

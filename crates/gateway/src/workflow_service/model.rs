@@ -202,7 +202,8 @@ pub fn route_for_target(
     {
         return Ok(ModelRoute::Mock);
     }
-    let secret = |s: &Option<secrecy::SecretString>| s.as_ref().map(|k| k.expose_secret().to_owned());
+    let secret =
+        |s: &Option<secrecy::SecretString>| s.as_ref().map(|k| k.expose_secret().to_owned());
     if config.uses_local_default() {
         return Ok(match (target.kind, &target.base_url) {
             (ProviderKind::OpenAiCompatible, Some(base_url)) => ModelRoute::OpenAi {

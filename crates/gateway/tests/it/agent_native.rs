@@ -30,7 +30,11 @@ fn call(name: &str, arguments: &str) -> ToolCall {
 
 /// The last model request the fake received.
 fn last_request(fake: &FakeProvider) -> Value {
-    fake.requests().last().expect("a model request").body.clone()
+    fake.requests()
+        .last()
+        .expect("a model request")
+        .body
+        .clone()
 }
 
 #[actix_web::test]
@@ -42,10 +46,14 @@ async fn a_native_tool_call_becomes_an_action_event() {
             "",
             vec![call("issue_reader", r#"{"input": "Summarize issue #1"}"#)],
         );
-        let lines = agent(&gw, "duo_chat,ask_issue,documentation_search", &question("Summarize issue #1"))
-            .await
-            .rest()
-            .await;
+        let lines = agent(
+            &gw,
+            "duo_chat,ask_issue,documentation_search",
+            &question("Summarize issue #1"),
+        )
+        .await
+        .rest()
+        .await;
         assert_eq!(
             lines,
             vec![line(
@@ -76,7 +84,10 @@ async fn a_native_tool_call_becomes_an_action_event() {
                 .collect(),
         };
         assert!(names.contains(&"issue_reader".to_owned()), "{names:?}");
-        assert!(names.contains(&"gitlab_documentation".to_owned()), "{names:?}");
+        assert!(
+            names.contains(&"gitlab_documentation".to_owned()),
+            "{names:?}"
+        );
         assert!(!names.contains(&"epic_reader".to_owned()), "{names:?}");
         assert!(!body.to_string().contains("Action Input"), "{body}");
     }
@@ -104,7 +115,10 @@ async fn a_text_answer_is_a_final_answer_and_earlier_steps_are_calls_with_result
     );
     let sent = last_request(&fake);
     let messages = sent["messages"].as_array().unwrap();
-    let roles: Vec<&str> = messages.iter().map(|m| m["role"].as_str().unwrap()).collect();
+    let roles: Vec<&str> = messages
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
     assert_eq!(roles, ["system", "user", "assistant", "tool"], "{sent}");
     let step = &messages[2]["tool_calls"][0];
     assert_eq!(step["function"]["name"], "issue_reader");
@@ -143,7 +157,10 @@ async fn the_react_family_is_unchanged() {
         .await
         .rest()
         .await;
-    assert_eq!(lines, vec![line("final_answer_delta", json!({"text": "Hi."}))]);
+    assert_eq!(
+        lines,
+        vec![line("final_answer_delta", json!({"text": "Hi."}))]
+    );
     let sent = last_request(&fake);
     assert!(sent.get("tools").is_none(), "{sent}");
     assert!(sent.to_string().contains("Action Input"));

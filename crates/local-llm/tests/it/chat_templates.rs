@@ -148,7 +148,11 @@ fn inst_model() -> PathBuf {
         let dir = std::env::temp_dir().join(format!("duo-local-llm-it-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let target = dir.join("inst-template.gguf");
-        with_chat_template(&common::test_config().chat_model_path, &target, INST_TEMPLATE);
+        with_chat_template(
+            &common::test_config().chat_model_path,
+            &target,
+            INST_TEMPLATE,
+        );
         target
     })
     .clone()

@@ -63,7 +63,9 @@ fn request(question: &str) -> Value {
 fn assert_valid_call(call: &Value) -> String {
     assert_eq!(call["type"], "function", "{call}");
     assert!(
-        call["id"].as_str().is_some_and(|id| id.starts_with("call_")),
+        call["id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("call_")),
         "{call}"
     );
     let name = call["function"]["name"].as_str().expect("name").to_owned();
@@ -91,10 +93,7 @@ fn assert_valid_call(call: &Value) -> String {
         "gitlab_documentation" => {
             assert!(object.len() == 1, "{arguments}");
             let query = object["query"].as_str().expect("query");
-            assert!(
-                (1..=60).contains(&query.chars().count()),
-                "{arguments}"
-            );
+            assert!((1..=60).contains(&query.chars().count()), "{arguments}");
         }
         other => panic!("called a tool that was not offered: {other}"),
     }
@@ -114,7 +113,10 @@ async fn required_tool_calls_always_parse_and_match_their_schema_over_many_seeds
         let (status, reply) = post(&base, &body).await;
         assert_eq!(status, StatusCode::OK, "{reply}");
         let choice = &reply["choices"][0];
-        assert_eq!(choice["finish_reason"], "tool_calls", "seed {seed}: {reply}");
+        assert_eq!(
+            choice["finish_reason"], "tool_calls",
+            "seed {seed}: {reply}"
+        );
         assert!(choice["message"]["content"].is_null(), "{reply}");
         let calls = choice["message"]["tool_calls"].as_array().expect("calls");
         assert_eq!(calls.len(), 1, "{reply}");
@@ -160,12 +162,12 @@ async fn json_schema_answers_always_parse_and_match_over_many_seeds() {
             .keys()
             .map(String::as_str)
             .collect();
-        assert_eq!(
-            keys.len(),
-            5,
-            "seed {seed}: {ticket}"
+        assert_eq!(keys.len(), 5, "seed {seed}: {ticket}");
+        assert!(
+            ticket["title"]
+                .as_str()
+                .is_some_and(|t| t.chars().count() <= 30)
         );
-        assert!(ticket["title"].as_str().is_some_and(|t| t.chars().count() <= 30));
         assert!(["low", "medium", "high"].contains(&ticket["priority"].as_str().unwrap_or("")));
         assert!(ticket["estimate_days"].as_u64().is_some(), "{ticket}");
         assert!(ticket["labels"].as_array().is_some_and(|l| l.len() <= 3));
@@ -253,7 +255,10 @@ async fn tool_choice_none_named_and_auto() {
 
     // Choices that cannot be honoured are refused before any generation.
     for (tools, choice) in [
-        (tools(), json!({"type": "function", "function": {"name": "epic_reader"}})),
+        (
+            tools(),
+            json!({"type": "function", "function": {"name": "epic_reader"}}),
+        ),
         (Value::Null, json!("required")),
         (tools(), json!("sometimes")),
     ] {
@@ -308,7 +313,11 @@ async fn a_streamed_tool_call_comes_in_openai_chunk_shapes() {
     body["stream_options"] = json!({"include_usage": true});
     let text = common::post_text(&format!("{base}/v1/chat/completions"), &body).await;
     let chunks = chunks(&text);
-    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk"));
+    assert!(
+        chunks
+            .iter()
+            .all(|c| c["object"] == "chat.completion.chunk")
+    );
     // The first chunk opens the call: role, index, id, type and name, empty arguments.
     let first = &chunks[0]["choices"][0]["delta"];
     assert_eq!(first["role"], "assistant", "{text}");
@@ -331,14 +340,23 @@ async fn a_streamed_tool_call_comes_in_openai_chunk_shapes() {
         assert!(choice["finish_reason"].is_null(), "{chunk}");
         let call = &choice["delta"]["tool_calls"][0];
         assert_eq!(call["index"], 0, "{chunk}");
-        assert!(call.get("id").is_none() && call["function"].get("name").is_none(), "{chunk}");
+        assert!(
+            call.get("id").is_none() && call["function"].get("name").is_none(),
+            "{chunk}"
+        );
         assert!(choice["delta"].get("content").is_none(), "{chunk}");
         arguments.push_str(call["function"]["arguments"].as_str().expect("piece"));
     }
-    assert!(middle.len() > 1, "the arguments should come in pieces: {text}");
+    assert!(
+        middle.len() > 1,
+        "the arguments should come in pieces: {text}"
+    );
     assert_eq!(last["choices"][0]["finish_reason"], "tool_calls");
     assert_eq!(last["choices"][0]["delta"], json!({}));
-    assert_eq!(arguments, expected["function"]["arguments"].as_str().expect("args"));
+    assert_eq!(
+        arguments,
+        expected["function"]["arguments"].as_str().expect("args")
+    );
     let parsed: Value = serde_json::from_str(&arguments).expect("arguments parse");
     assert!(parsed["issue_iid"].as_u64().is_some(), "{parsed}");
     assert_eq!(usage.len(), 1, "{text}");
