@@ -6,6 +6,10 @@
 //! user turn, and the current question, is rendered with the `user` template
 //! (input `message`); history assistant turns are passed through unchanged;
 //! the `assistant` template (the scratchpad ending in `Thought:`) is the prefill.
+//!
+//! A prompt family with `params.tool_calling: native` skips the ReAct text:
+//! the step goes to [`super::native`], which asks the model with its own tool
+//! calling and emits the same events.
 
 use super::native::{self, NativeStep};
 use super::react_parser::{ReactOutcome, ReactParser};
