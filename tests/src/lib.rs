@@ -113,6 +113,33 @@ pub async fn local_model_server() -> Result<(PathBuf, PathBuf)> {
 }
 
 /// A free loopback port (bound, read, released).
+/// The `grpc.health.v1.Health/Check` status of a whole gRPC server at `base`
+/// (`http://host:port`, plaintext HTTP/2): 1 is SERVING, 2 NOT_SERVING.
+/// Spoken by hand (one empty request message, one small answer) so the tests
+/// need no gRPC client.
+pub async fn grpc_health(base: &str) -> Result<u8> {
+    let client = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .timeout(Duration::from_secs(5))
+        .build()?;
+    let response = client
+        .post(format!("{base}/grpc.health.v1.Health/Check"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        // Not compressed, length 0: HealthCheckRequest { service: "" }.
+        .body(vec![0u8; 5])
+        .send()
+        .await?;
+    let body = response.bytes().await?;
+    // The 5-byte frame header, then field 1 (status) as a one-byte varint.
+    match body.get(5..) {
+        Some([0x08, status]) => Ok(*status),
+        _ => Err(HarnessError::Failed(format!(
+            "not a health answer from {base}: {body:?}"
+        ))),
+    }
+}
+
 pub fn free_port() -> Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?.port())

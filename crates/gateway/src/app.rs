@@ -244,6 +244,8 @@ fn start_workflow_service(
         address,
         tls.clone(),
         config.shutdown_grace,
+        // NOT_SERVING together with readiness, at SIGTERM.
+        state.readiness.stopping(),
     )?;
     tracing::info!(address = %running.address, tls = tls.is_some(), "Duo Workflow service listening");
     Ok(Some(running))

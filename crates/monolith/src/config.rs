@@ -116,6 +116,66 @@ pub struct Config {
     pub worker_probe_addr: Option<SocketAddr>,
     /// Duo Workflow's settings.
     pub duo_workflow: DuoWorkflowConfig,
+    /// The code index behind codebase search.
+    pub code_index: CodeIndexConfig,
+}
+
+/// The code index's settings (`DUO_CODE_INDEX_*`, `DUO_CODE_SEARCH_*`).
+#[derive(Debug, Clone)]
+pub struct CodeIndexConfig {
+    /// Larger files are not indexed (`DUO_CODE_INDEX_MAX_FILE_BYTES`, 1 MiB).
+    pub max_file_bytes: u64,
+    /// Files indexed per project at most (`DUO_CODE_INDEX_MAX_FILES`, 20000).
+    pub max_files: usize,
+    /// Chunks per embedding call to the gateway (`DUO_CODE_INDEX_EMBED_BATCH`, 32).
+    pub embed_batch: usize,
+    /// One indexing run may take this long (`DUO_CODE_INDEX_JOB_TIMEOUT_SECS`, 1800).
+    pub job_timeout: Duration,
+    /// How often a worker looks for projects whose index is behind their
+    /// default branch (`DUO_CODE_INDEX_CATCH_UP_SECS`, 600).
+    pub catch_up_interval: Duration,
+    /// Attempts of one indexing job before the index is marked failed
+    /// (`DUO_CODE_INDEX_MAX_ATTEMPTS`, 3).
+    pub max_attempts: i32,
+    /// Search results given to chat (`DUO_CODE_SEARCH_RESULTS`, 10).
+    pub search_results: usize,
+}
+
+impl CodeIndexConfig {
+    fn from_lookup(get: &impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        Ok(Self {
+            max_file_bytes: positive(
+                parse_or(get, "DUO_CODE_INDEX_MAX_FILE_BYTES", 1024 * 1024)?,
+                "DUO_CODE_INDEX_MAX_FILE_BYTES",
+            )?,
+            max_files: positive(
+                parse_or(get, "DUO_CODE_INDEX_MAX_FILES", 20_000)?,
+                "DUO_CODE_INDEX_MAX_FILES",
+            )?,
+            embed_batch: positive(
+                parse_or(get, "DUO_CODE_INDEX_EMBED_BATCH", 32)?,
+                "DUO_CODE_INDEX_EMBED_BATCH",
+            )?
+            .min(250),
+            job_timeout: Duration::from_secs(positive(
+                parse_or(get, "DUO_CODE_INDEX_JOB_TIMEOUT_SECS", 1800)?,
+                "DUO_CODE_INDEX_JOB_TIMEOUT_SECS",
+            )?),
+            catch_up_interval: Duration::from_secs(positive(
+                parse_or(get, "DUO_CODE_INDEX_CATCH_UP_SECS", 600)?,
+                "DUO_CODE_INDEX_CATCH_UP_SECS",
+            )?),
+            max_attempts: positive(
+                parse_or(get, "DUO_CODE_INDEX_MAX_ATTEMPTS", 3)?,
+                "DUO_CODE_INDEX_MAX_ATTEMPTS",
+            )?,
+            search_results: positive(
+                parse_or(get, "DUO_CODE_SEARCH_RESULTS", 10)?,
+                "DUO_CODE_SEARCH_RESULTS",
+            )?
+            .min(50),
+        })
+    }
 }
 
 /// Duo Workflow's settings (`DUO_WORKFLOW_*`).
@@ -293,6 +353,7 @@ impl Config {
                 .map(|v| v.trim().parse().map_err(invalid("DUO_WORKER_PROBE_ADDR")))
                 .transpose()?,
             duo_workflow: DuoWorkflowConfig::from_lookup(&get)?,
+            code_index: CodeIndexConfig::from_lookup(&get)?,
         })
     }
 }

@@ -97,6 +97,22 @@ pub struct GatewayAuth {
     pub gateway_url: Option<url::Url>,
 }
 
+/// The instance's realm and its `ai_gateway_url` setting (unset or blank:
+/// `None`, the configured `AI_GATEWAY_URL` applies): what every
+/// [`GatewayAuth`] is built from.
+pub async fn instance_route(
+    db: &impl tokio_postgres::GenericClient,
+) -> Result<(String, Option<url::Url>), tokio_postgres::Error> {
+    let settings = db
+        .query_one("SELECT realm, ai_gateway_url FROM instance_settings", &[])
+        .await?;
+    let gateway_url = settings
+        .get::<_, Option<String>>(1)
+        .filter(|u| !u.trim().is_empty())
+        .and_then(|u| url::Url::parse(u.trim()).ok());
+    Ok((settings.get(0), gateway_url))
+}
+
 /// Which code-embedding endpoint a call uses: bulk indexing or a question.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EmbeddingPurpose {

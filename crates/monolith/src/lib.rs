@@ -13,7 +13,9 @@
 //! 4. domains: [`ai_models`] (which model serves each feature),
 //!    [`gateway_client`] (calls to the AI gateway), [`chat`]
 //!    (threads, messages, the completion seam, live delivery),
-//!    [`agent`] (the agent loop, slash commands and tools), [`repositories`]
+//!    [`agent`] (the agent loop, slash commands and tools; above
+//!    [`code_index`], the code index and codebase search, which builds on
+//!    [`repositories`] and [`gateway_client`]), [`repositories`]
 //!    (git repositories on disk: serving, reading, writing, pushes), [`workflows`]
 //!    (Duo Workflow: workflows, checkpoints, events, run leases)
 //! 5. the state the interfaces share: [`app_state`]
@@ -37,6 +39,7 @@ pub mod policy;
 pub mod agent;
 pub mod ai_models;
 pub mod chat;
+pub mod code_index;
 pub mod gateway_client;
 pub mod repositories;
 pub mod workflows;

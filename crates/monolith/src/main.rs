@@ -9,7 +9,7 @@ use monolith::policy::add_ons::AddOnCatalogue;
 use monolith::probes::{ProbeState, Role};
 use monolith::{app_state::AppState, db, server};
 
-const USAGE: &str = "usage: duo-monolith <web|worker|migrate|seed [--json]|rotate-keys>";
+const USAGE: &str = "usage: duo-monolith <web|worker|migrate|seed [--json]|rotate-keys|reindex <group/project>|--all>";
 
 #[actix_web::main]
 async fn main() -> anyhow::Result<()> {
@@ -21,7 +21,7 @@ async fn main() -> anyhow::Result<()> {
     // orchestrator runs; `seed` and `rotate-keys` print their results on
     // stdout, so their logs stay on stderr. Text (for people) on stderr.
     let json = std::env::var("DUO_LOG_FORMAT").is_ok_and(|f| f.trim().eq_ignore_ascii_case("json"));
-    let prints_results = matches!(role, "seed" | "rotate-keys");
+    let prints_results = matches!(role, "seed" | "rotate-keys" | "reindex");
     match (json, prints_results) {
         (true, false) => tracing_subscriber::fmt()
             .json()
@@ -76,10 +76,17 @@ async fn main() -> anyhow::Result<()> {
             }
             // Jobs in this process too: the worker loop stops with the server.
             tracing::info!("DUO_WEB_RUNS_JOBS: this web process also runs queued jobs");
-            let responder = chat_responder(&config, &pool)?;
+            let (responder, code_index) = chat_responder(&config, &pool)?;
             let lifecycle = state.lifecycle.clone();
             let worker = tokio::spawn(async move {
-                monolith::worker::run(&config, pool, responder, lifecycle.stopped()).await
+                monolith::worker::run(
+                    &config,
+                    pool,
+                    responder,
+                    Some(code_index),
+                    lifecycle.stopped(),
+                )
+                .await
             });
             let served = server.await;
             state.lifecycle.begin_stopping();
@@ -114,7 +121,7 @@ async fn main() -> anyhow::Result<()> {
         "worker" => {
             let pool = db::pool(&config)?;
             ensure_signing_key(&pool, &config).await?;
-            let responder = chat_responder(&config, &pool)?;
+            let (responder, code_index) = chat_responder(&config, &pool)?;
             let lifecycle = monolith::lifecycle::Lifecycle::new();
             let probes = match config.worker_probe_addr {
                 Some(addr) => {
@@ -140,9 +147,15 @@ async fn main() -> anyhow::Result<()> {
                     lifecycle.begin_stopping();
                 }
             });
-            monolith::worker::run(&config, pool, responder, lifecycle.stopped())
-                .await
-                .context("running the worker role")?;
+            monolith::worker::run(
+                &config,
+                pool,
+                responder,
+                Some(code_index),
+                lifecycle.stopped(),
+            )
+            .await
+            .context("running the worker role")?;
             if let Some(handle) = probes {
                 handle.stop(true).await;
             }
@@ -161,6 +174,33 @@ async fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+        "reindex" => {
+            let target = args.get(1).map(String::as_str).unwrap_or("");
+            if target.is_empty() {
+                anyhow::bail!("{USAGE}");
+            }
+            let pool = db::pool(&config)?;
+            monolith::db::migrate_exclusively(&pool).await?;
+            let queued = monolith::code_index::indexer::request_reindex(
+                &pool,
+                (target != "--all").then_some(target),
+                config.code_index.max_attempts,
+            )
+            .await?;
+            #[expect(
+                clippy::print_stdout,
+                reason = "the queued projects are the command's output"
+            )]
+            {
+                for path in &queued {
+                    println!("re-index queued: {path}");
+                }
+            }
+            if queued.is_empty() {
+                anyhow::bail!("no project {target}");
+            }
+            Ok(())
+        }
         _ => anyhow::bail!("{USAGE}"),
     }
 }
@@ -170,10 +210,11 @@ async fn main() -> anyhow::Result<()> {
 fn chat_responder(
     config: &Config,
     pool: &deadpool_postgres::Pool,
-) -> anyhow::Result<Arc<dyn ChatResponder>> {
+) -> anyhow::Result<(Arc<dyn ChatResponder>, monolith::code_index::CodeIndex)> {
     let agent = monolith::agent::AgentResponder::from_config(config, pool.clone())
         .context("setting up the chat agent")?;
-    Ok(Arc::new(agent))
+    let code_index = agent.services().code_index.clone();
+    Ok((Arc::new(agent), code_index))
 }
 
 /// Ctrl-C, or SIGTERM from systemd, Kubernetes or `docker stop`.

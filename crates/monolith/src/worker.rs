@@ -287,6 +287,8 @@ pub struct WorkerSettings {
     /// Duo Workflow's periodic jobs (stuck workflows, checkpoint retention);
     /// `None` schedules neither.
     pub workflows: Option<crate::config::DuoWorkflowConfig>,
+    /// The code index's jobs (indexing on push, catch-up); `None` runs neither.
+    pub code_index: Option<crate::code_index::CodeIndex>,
 }
 
 impl WorkerSettings {
@@ -302,6 +304,7 @@ impl WorkerSettings {
             },
             retention_every: config.thread_retention_interval,
             workflows: Some(config.duo_workflow.clone()),
+            code_index: None,
         }
     }
 }
@@ -342,6 +345,28 @@ pub fn spawn(
             workflows.retention_interval,
         )?);
     }
+    if let Some(index) = settings.code_index {
+        let max_attempts = index.settings.max_attempts;
+        let catch_up = index.settings.catch_up_interval;
+        registry.register(crate::code_index::indexer::RepositoryPushedHandler { max_attempts });
+        registry.register(crate::code_index::indexer::CodeIndexCatchUpHandler {
+            index: index.clone(),
+        });
+        registry.register(crate::code_index::indexer::CodeIndexHandler { index });
+        queue.periodic.push(Periodic::new(
+            &crate::code_index::indexer::CodeIndexCatchUp {},
+            catch_up,
+        )?);
+        if !queue
+            .queues
+            .iter()
+            .any(|q| q == crate::code_index::indexer::QUEUE)
+        {
+            queue
+                .queues
+                .push(crate::code_index::indexer::QUEUE.to_owned());
+        }
+    }
     Ok(job_queue::Worker::new(pool, database_url, registry, queue).spawn())
 }
 
@@ -351,15 +376,20 @@ pub async fn run(
     config: &Config,
     pool: Pool,
     responder: Arc<dyn ChatResponder>,
+    code_index: Option<crate::code_index::CodeIndex>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), WorkerError> {
     crate::db::migrate_exclusively(&pool).await?;
+    let settings = WorkerSettings {
+        code_index,
+        ..WorkerSettings::from_config(config)
+    };
     let handle = spawn(
         pool,
         config.database_url.expose_secret(),
         responder,
         config.docs_base_url.to_string(),
-        WorkerSettings::from_config(config),
+        settings,
     )?;
     tracing::info!(
         concurrency = config.worker_concurrency,

@@ -272,6 +272,7 @@ fn every_overlay_renders_and_validates_against_the_kubernetes_api_schemas() {
             _ => &[
                 "ConfigMap/duo-monolith",
                 "Secret/duo-monolith",
+                "PersistentVolumeClaim/duo-repositories",
                 "Job/duo-migrate",
                 "Deployment/duo-web",
                 "Deployment/duo-worker",
@@ -397,20 +398,21 @@ fn every_pod_runs_unprivileged_read_only_with_requests_probes_and_enough_time_to
             if object["kind"] != "Deployment" {
                 continue;
             }
-            // Every serving container is probed on a port it declares.
+            // Every serving container is probed on a port it declares (HTTP
+            // by name, gRPC health by number).
             let main = &pod["containers"][0];
-            let ports: BTreeSet<&str> = main["ports"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter_map(|p| p["name"].as_str())
-                .collect();
+            let ports = main["ports"].as_array().unwrap();
             for probe in ["startupProbe", "livenessProbe", "readinessProbe"] {
-                let port = main[probe]["httpGet"]["port"].as_str();
-                assert!(
-                    port.is_some_and(|p| ports.contains(p)),
-                    "{overlay} {name}: {probe} on {port:?}"
-                );
+                let probe_spec = &main[probe];
+                let declared = match (
+                    probe_spec["httpGet"]["port"].as_str(),
+                    probe_spec["grpc"]["port"].as_u64(),
+                ) {
+                    (Some(port), None) => ports.iter().any(|p| p["name"] == port),
+                    (None, Some(port)) => ports.iter().any(|p| p["containerPort"] == port),
+                    _ => false,
+                };
+                assert!(declared, "{overlay} {name}: {probe} {probe_spec}");
             }
             // Kubernetes waits longer than the drain and grace periods together.
             let (config, drain, grace) = match name {
@@ -431,8 +433,16 @@ fn every_pod_runs_unprivileged_read_only_with_requests_probes_and_enough_time_to
                 ),
                 other => panic!("unexpected Deployment {other}"),
             };
-            let needed = seconds(&config_value(&objects, config, drain))
+            let mut needed = seconds(&config_value(&objects, config, drain))
                 + seconds(&config_value(&objects, config, grace));
+            if name == "duo-gateway" {
+                // Workflow streams get their own grace after the HTTP side stopped.
+                needed += seconds(&config_value(
+                    &objects,
+                    config,
+                    "AIGW_WORKFLOW_SERVICE__SHUTDOWN_GRACE_SECONDS",
+                ));
+            }
             let allowed = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
             assert!(
                 allowed > needed,
@@ -564,6 +574,97 @@ fn the_helm_chart_lints_and_renders_the_same_objects_as_each_overlay() {
     }
 }
 
+/// The volume mounted at `path` in a pod's first container: its `volumes` entry.
+fn volume_at<'a>(pod: &'a Value, path: &str) -> Option<&'a Value> {
+    let mount = pod["containers"][0]["volumeMounts"]
+        .as_array()?
+        .iter()
+        .find(|m| m["mountPath"] == path)?;
+    assert_ne!(mount["readOnly"], true, "{mount}");
+    pod["volumes"]
+        .as_array()?
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+}
+
+#[test]
+fn web_and_worker_share_one_repositories_volume_and_a_read_write_once_one_pins_them_together() {
+    for overlay in OVERLAYS.iter().filter(|o| **o != "gateway-only") {
+        let objects = documents(&kustomize(overlay));
+        let dir = config_value(&objects, "duo-monolith", "DUO_REPOSITORIES_DIR");
+        let claim = find(&objects, "PersistentVolumeClaim", "duo-repositories").unwrap();
+        assert_eq!(claim["spec"]["accessModes"], json!(["ReadWriteOnce"]));
+        for name in ["duo-web", "duo-worker"] {
+            let pod = pod_spec(find(&objects, "Deployment", name).unwrap()).unwrap();
+            let volume = volume_at(pod, &dir)
+                .unwrap_or_else(|| panic!("{overlay} {name}: nothing mounted at {dir}"));
+            assert_eq!(
+                volume["persistentVolumeClaim"]["claimName"], "duo-repositories",
+                "{overlay} {name}"
+            );
+            // One node for all of them: each goes where the others are.
+            let term = &pod["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+                [0];
+            assert_eq!(
+                term["topologyKey"], "kubernetes.io/hostname",
+                "{overlay} {name}"
+            );
+            assert_eq!(
+                term["labelSelector"]["matchExpressions"][0]["values"],
+                json!(["duo-web", "duo-worker"]),
+                "{overlay} {name}"
+            );
+            // The repositories are not re-owned file by file at each start.
+            assert_eq!(
+                pod["securityContext"]["fsGroupChangePolicy"], "OnRootMismatch",
+                "{overlay} {name}"
+            );
+        }
+        // The migration Job needs no repositories.
+        let job = pod_spec(find(&objects, "Job", "duo-migrate").unwrap()).unwrap();
+        assert!(volume_at(job, &dir).is_none());
+    }
+
+    // The chart's ReadWriteMany choice lets the pods spread.
+    let rendered = run(Command::new(&tools().helm)
+        .args(["template", "duo-chat"])
+        .arg(deploy().join("helm/duo-chat"))
+        .args([
+            "--set",
+            "monolith.repositories.accessMode=ReadWriteMany",
+            "--set",
+            "monolith.repositories.storageClassName=nfs",
+        ]));
+    let objects = documents(&rendered);
+    let claim = find(&objects, "PersistentVolumeClaim", "duo-repositories").unwrap();
+    assert_eq!(claim["spec"]["accessModes"], json!(["ReadWriteMany"]));
+    assert_eq!(claim["spec"]["storageClassName"], "nfs");
+    assert_eq!(
+        claim["metadata"]["annotations"]["helm.sh/resource-policy"], "keep",
+        "uninstalling must not delete the repositories"
+    );
+    for name in ["duo-web", "duo-worker"] {
+        let pod = pod_spec(find(&objects, "Deployment", name).unwrap()).unwrap();
+        assert!(pod["affinity"].is_null(), "{name}: {}", pod["affinity"]);
+    }
+
+    // Compose: one named volume at the same place in web and worker.
+    let compose =
+        documents(&std::fs::read_to_string(deploy().join("compose/compose.yaml")).unwrap())
+            .remove(0);
+    let dir = compose["x-monolith-env"]["DUO_REPOSITORIES_DIR"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for service in ["web", "worker"] {
+        let mounts = strings(&compose["services"][service]["volumes"]);
+        assert!(
+            mounts.contains(&format!("repositories:{dir}")),
+            "{service}: {mounts:?}"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Variables
 
@@ -673,10 +774,6 @@ fn read_by_code(component: Component) -> BTreeSet<String> {
         .collect()
 }
 
-/// Variables another branch is adding with its code and documentation (see
-/// the workflow service decisions); the manifests carry them already.
-const ANNOUNCED: [&str; 2] = ["AIGW_WORKFLOW_SERVICE__LISTEN", "DUO_WORKFLOW_SERVICE_URL"];
-
 #[test]
 fn every_variable_the_code_reads_is_documented() {
     for component in Component::ALL {
@@ -721,10 +818,7 @@ fn every_documented_variable_is_set_in_every_overlay_the_chart_and_the_compose_f
                 "{what}, {component:?}: missing {missing:?}"
             );
             // Nothing undocumented either (a misspelt name would be ignored).
-            let unknown: Vec<_> = keys
-                .difference(&wanted)
-                .filter(|k| !ANNOUNCED.contains(&k.as_str()))
-                .collect();
+            let unknown: Vec<_> = keys.difference(&wanted).collect();
             assert!(
                 unknown.is_empty(),
                 "{what}, {component:?}: undocumented {unknown:?}"
@@ -950,8 +1044,27 @@ fn the_containerfile_copies_what_exists_builds_real_binaries_and_runs_real_comma
             "{copied} is not copied"
         );
     }
+    // The runtime image has git (the monolith runs `git http-backend` and git
+    // plumbing) and the workflow executor beside the services.
+    let runtime = &instructions[instructions
+        .iter()
+        .rposition(|l| l.starts_with("FROM"))
+        .unwrap()..];
+    assert!(
+        runtime.iter().any(|l| l.starts_with("RUN")
+            && l.contains("apt-get install")
+            && l.split_whitespace().any(|w| w == "git")),
+        "the runtime stage does not install git"
+    );
+    assert!(
+        runtime.iter().any(|l| l.starts_with("COPY --from=build")
+            && l.contains("/out/duo-workflow-executor")
+            && l.ends_with("/usr/local/bin/")),
+        "the executor is not in the runtime image"
+    );
     let env_line = instructions.iter().find(|l| l.starts_with("ENV")).unwrap();
     assert!(env_line.contains("DUO_ADD_ONS_FILE=/opt/duo-chat/config/duo_add_ons.yml"));
+    assert!(env_line.contains("DUO_REPOSITORIES_DIR=/var/lib/duo-chat/repositories"));
     assert!(repo_root().join("config/duo_add_ons.yml").is_file());
     // Build outputs and weights stay out of the build context.
     let ignored = std::fs::read_to_string(dir.join("Containerfile.dockerignore")).unwrap();
@@ -1017,43 +1130,144 @@ async fn the_keda_query_counts_running_and_due_jobs_in_the_job_queues_table() {
 // Starting the processes as the manifests configure them
 
 /// The syscalls that change the filesystem, traced on every process.
-const WRITES: &str = "trace=open,openat,creat,mkdir,mkdirat,unlink,unlinkat,rmdir,rename,renameat,renameat2,link,linkat,symlink,symlinkat,truncate";
+const WRITES: [&str; 16] = [
+    "open",
+    "openat",
+    "creat",
+    "mkdir",
+    "mkdirat",
+    "unlink",
+    "unlinkat",
+    "rmdir",
+    "rename",
+    "renameat",
+    "renameat2",
+    "link",
+    "linkat",
+    "symlink",
+    "symlinkat",
+    "truncate",
+];
 
-/// Paths a traced process changed (`strace -ff -y` output: one file per
-/// thread, so no call is split), relative ones resolved against `cwd`.
-fn written_paths(trace: &str, cwd: &Path) -> BTreeSet<PathBuf> {
+/// Calls that move a working directory or start a process or thread, traced
+/// too: git changes into a repository and writes `./objects/...` there.
+const WORKING_DIRECTORY_CALLS: [&str; 6] = ["chdir", "fchdir", "clone", "clone3", "fork", "vfork"];
+
+/// strace's `-e trace=` expression for both lists.
+fn traced_calls() -> String {
+    let calls: Vec<&str> = WRITES
+        .iter()
+        .chain(WORKING_DIRECTORY_CALLS.iter())
+        .copied()
+        .collect();
+    format!("trace={}", calls.join(","))
+}
+
+/// The path inside `<...>` after a descriptor decoded by `strace -y`
+/// (`AT_FDCWD</w>`, `3</w/out.txt>`).
+fn decoded_path(text: &str) -> Option<PathBuf> {
+    let (_, rest) = text.split_once('<')?;
+    let (path, _) = rest.rsplit_once('>')?;
+    Some(PathBuf::from(path))
+}
+
+/// The directory a call's first argument names, when it is a descriptor.
+fn call_directory(line: &str) -> Option<PathBuf> {
+    let (_, arguments) = line.split_once('(')?;
+    let first = arguments.split([',', ')']).next()?;
+    decoded_path(first)
+}
+
+/// The number a call returned (`= 1234`).
+fn returned_number(line: &str) -> Option<u32> {
+    let (_, value) = line.rsplit_once("= ")?;
+    value.split_whitespace().next()?.parse().ok()
+}
+
+fn call_name(line: &str) -> &str {
+    line.split('(').next().unwrap_or_default().trim()
+}
+
+/// Paths the traced processes changed, from `strace -ff -y` output: one
+/// trace per thread, by thread id, so no call is split. A relative path is
+/// resolved where it was used: against the call's directory descriptor, else
+/// the thread's working directory, followed through `chdir`/`fchdir` and
+/// handed on to the processes and threads it starts (`cwd` for the first).
+fn written_paths(traces: &BTreeMap<u32, String>, cwd: &Path) -> BTreeSet<PathBuf> {
+    let started: BTreeSet<u32> = traces
+        .values()
+        .flat_map(|trace| trace.lines())
+        .filter(|line| matches!(call_name(line), "clone" | "clone3" | "fork" | "vfork"))
+        .filter_map(returned_number)
+        .collect();
+    let mut starting_directory: BTreeMap<u32, PathBuf> = traces
+        .keys()
+        .filter(|id| !started.contains(id))
+        .map(|id| (*id, cwd.to_path_buf()))
+        .collect();
+    let mut pending: Vec<u32> = starting_directory.keys().copied().collect();
     let mut paths = BTreeSet::new();
-    for line in trace.lines() {
-        let Some(call) = line.split_whitespace().next() else {
+    while let Some(id) = pending.pop() {
+        let Some(trace) = traces.get(&id) else {
             continue;
         };
-        let name = call.split('(').next().unwrap_or_default();
-        let is_open = matches!(name, "open" | "openat");
-        if is_open
-            && !["O_WRONLY", "O_RDWR", "O_CREAT", "O_TRUNC"]
-                .iter()
-                .any(|f| line.contains(f))
-        {
-            continue;
+        let mut here = starting_directory[&id].clone();
+        for line in trace.lines() {
+            let name = call_name(line);
+            if line.contains("= -1") {
+                continue;
+            }
+            match name {
+                "chdir" => {
+                    if let Some(path) = line.split('"').nth(1) {
+                        here = here.join(path);
+                    }
+                    continue;
+                }
+                "fchdir" => {
+                    if let Some(path) = call_directory(line) {
+                        here = path;
+                    }
+                    continue;
+                }
+                "clone" | "clone3" | "fork" | "vfork" => {
+                    if let Some(child) = returned_number(line) {
+                        starting_directory.insert(child, here.clone());
+                        pending.push(child);
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            if !WRITES.contains(&name) {
+                continue;
+            }
+            let is_open = matches!(name, "open" | "openat");
+            if is_open
+                && !["O_WRONLY", "O_RDWR", "O_CREAT", "O_TRUNC"]
+                    .iter()
+                    .any(|f| line.contains(f))
+            {
+                continue;
+            }
+            let path = if is_open {
+                // `= 3</absolute/path>`: the descriptor's real path.
+                line.rsplit_once("= ")
+                    .and_then(|(_, ret)| decoded_path(ret))
+            } else {
+                line.split('"').nth(1).map(PathBuf::from)
+            };
+            let Some(path) = path else { continue };
+            let path = if path.is_absolute() {
+                path
+            } else {
+                call_directory(line)
+                    .unwrap_or_else(|| here.clone())
+                    .join(path)
+            };
+            // Components drop the `.` of `./objects`.
+            paths.insert(path.components().collect());
         }
-        if !WRITES.contains(name) || name.is_empty() || line.contains("= -1") {
-            continue;
-        }
-        let path = if is_open {
-            // `= 3</absolute/path>`: the descriptor's real path.
-            line.rsplit_once("= ")
-                .and_then(|(_, ret)| ret.split_once('<'))
-                .map(|(_, p)| p.trim_end_matches('>').to_owned())
-        } else {
-            line.split('"').nth(1).map(str::to_owned)
-        };
-        let Some(path) = path else { continue };
-        let path = PathBuf::from(path);
-        paths.insert(if path.is_absolute() {
-            path
-        } else {
-            cwd.join(path)
-        });
     }
     paths
 }
@@ -1094,6 +1308,9 @@ async fn every_process_starts_with_the_manifests_configuration_and_writes_only_t
     // The working directory of every process stays empty (the image's is read-only).
     let workdir = scratch.0.join("workdir");
     std::fs::create_dir_all(&workdir).unwrap();
+    // The repositories volume of web and worker.
+    let repositories = scratch.0.join("repositories");
+    std::fs::create_dir_all(&repositories).unwrap();
     let (local_llm, models) = e2e_tests::local_model_server().await.unwrap();
     let db = devdb::TestDb::with_sql("SELECT 1").await.unwrap();
 
@@ -1119,6 +1336,10 @@ async fn every_process_starts_with_the_manifests_configuration_and_writes_only_t
         ),
         ("https://duo.example.com", format!("http://127.0.0.1:{web}")),
         ("/var/lib/duo-chat/keys", keys.display().to_string()),
+        (
+            "/var/lib/duo-chat/repositories",
+            repositories.display().to_string(),
+        ),
         ("/var/lib/duo-chat/models", models.display().to_string()),
         ("/opt/duo-chat", root.display().to_string()),
     ]
@@ -1144,13 +1365,14 @@ async fn every_process_starts_with_the_manifests_configuration_and_writes_only_t
         let tmp = scratch.0.join(format!("tmp-{name}"));
         std::fs::create_dir_all(&tmp).unwrap();
         let trace = scratch.0.join(format!("{name}.trace"));
+        let traced_calls = traced_calls();
         let mut strace_args: Vec<String> = [
             "-ff",
             "--seccomp-bpf",
             "-qq",
             "-y",
             "-e",
-            WRITES,
+            &traced_calls,
             "-e",
             "status=successful",
             "-o",
@@ -1200,6 +1422,14 @@ async fn every_process_starts_with_the_manifests_configuration_and_writes_only_t
         .await
         .unwrap();
     runs.push(("gateway", gateway_service, trace, tmp));
+    // The same process serves the workflow service's gRPC health.
+    assert_eq!(
+        e2e_tests::grpc_health(&format!("http://127.0.0.1:{workflow}"))
+            .await
+            .unwrap(),
+        1,
+        "the workflow service is not SERVING"
+    );
     let (mut web_service, trace, tmp) = traced("web", monolith.clone(), &["web"], &monolith_env);
     web_service
         .wait_ready(&http, &format!("http://127.0.0.1:{web}/-/readiness"))
@@ -1256,6 +1486,66 @@ async fn every_process_starts_with_the_manifests_configuration_and_writes_only_t
         .as_str()
         .unwrap()
         .to_owned();
+    // Git over HTTP through the web role (its `git http-backend` and hooks
+    // write to the repositories volume only): clone a seeded project, push a
+    // branch, see it arrive.
+    let git = |dir: PathBuf, args: Vec<String>| async move {
+        let output = tokio::process::Command::new("git")
+            .args(&args)
+            .current_dir(&dir)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_TERMINAL_PROMPT", "0")
+            .output()
+            .await
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).unwrap()
+    };
+    let args = |list: &[&str]| list.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>();
+    let clone_url = format!("http://alice:{token}@127.0.0.1:{web}/acme/website.git");
+    let checkout = scratch.0.join("checkout");
+    git(
+        scratch.0.clone(),
+        args(&["clone", "-q", &clone_url, "checkout"]),
+    )
+    .await;
+    std::fs::write(
+        checkout.join("DEPLOY.md"),
+        "Pushed through the manifests.\n",
+    )
+    .unwrap();
+    git(checkout.clone(), args(&["add", "DEPLOY.md"])).await;
+    git(
+        checkout.clone(),
+        args(&[
+            "-c",
+            "user.name=Alice",
+            "-c",
+            "user.email=alice@example.com",
+            "commit",
+            "-qm",
+            "Deployment check",
+        ]),
+    )
+    .await;
+    git(
+        checkout.clone(),
+        args(&["push", "-q", "origin", "HEAD:refs/heads/deploy-check"]),
+    )
+    .await;
+    let pushed = git(
+        checkout.clone(),
+        args(&["ls-remote", "origin", "refs/heads/deploy-check"]),
+    )
+    .await;
+    let head = git(checkout.clone(), args(&["rev-parse", "HEAD"])).await;
+    assert!(pushed.starts_with(head.trim()), "{pushed} vs {head}");
+
     let graphql = |query: &'static str, variables: Value| {
         let http = http.clone();
         let token = token.clone();
@@ -1329,17 +1619,23 @@ async fn every_process_starts_with_the_manifests_configuration_and_writes_only_t
         .get(format!("http://127.0.0.1:{llm}/metrics"))
         .send()
         .await
-        .unwrap()
+        .unwrap_or_else(|e| panic!("{e}\n{answer}\n{}", logs()))
         .text()
         .await
         .unwrap();
-    let tokens: f64 = generated
-        .lines()
-        .find_map(|l| l.strip_prefix("duo_local_llm_completion_tokens_total "))
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!(tokens > 0.0, "{generated}");
+    // Proof the question reached the model: a generation started (under load
+    // the gateway may give up, A1004, before the first token is counted).
+    let counter = |name: &str| -> f64 {
+        generated
+            .lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    let started = counter("duo_local_llm_generations_total")
+        + counter("duo_local_llm_generations_in_flight")
+        + counter("duo_local_llm_completion_tokens_total");
+    assert!(started > 0.0, "{generated}\n{answer}\n{}", logs());
 
     // Stop everything as Kubernetes does (SIGTERM to each process itself,
     // not to strace, which would detach), then read the traces.
@@ -1368,21 +1664,35 @@ async fn every_process_starts_with_the_manifests_configuration_and_writes_only_t
     for (name, _, trace, tmp) in &runs {
         // One file per thread: <trace>.<tid>.
         let prefix = format!("{}.", trace.file_name().unwrap().to_string_lossy());
-        let mut trace_text = String::new();
+        let mut traces = BTreeMap::new();
         for entry in std::fs::read_dir(trace.parent().unwrap()).unwrap() {
             let entry = entry.unwrap();
-            if entry.file_name().to_string_lossy().starts_with(&prefix) {
-                trace_text.push_str(&std::fs::read_to_string(entry.path()).unwrap());
+            let file_name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(id) = file_name.strip_prefix(&prefix) {
+                traces.insert(
+                    id.parse::<u32>().unwrap(),
+                    std::fs::read_to_string(entry.path()).unwrap(),
+                );
             }
         }
-        assert!(!trace_text.is_empty(), "{name}: no trace");
-        let outside: Vec<_> = written_paths(&trace_text, &workdir)
+        assert!(traces.values().any(|t| !t.is_empty()), "{name}: no trace");
+        // Web and worker also own the repositories volume.
+        let owns_repositories = matches!(*name, "web" | "worker");
+        let written = written_paths(&traces, &workdir);
+        if *name == "web" {
+            assert!(
+                written.iter().any(|p| p.starts_with(&repositories)),
+                "the push wrote nothing to the repositories volume"
+            );
+        }
+        let outside: Vec<_> = written
             .into_iter()
             .filter(|p| {
                 !(p.starts_with("/dev")
                     || p.starts_with("/proc")
                     || p.starts_with("/sys")
-                    || p.starts_with(tmp))
+                    || p.starts_with(tmp)
+                    || (owns_repositories && p.starts_with(&repositories)))
             })
             .collect();
         assert!(
@@ -1405,12 +1715,40 @@ unlinkat(AT_FDCWD</w>, "/models/x", 0) = 0
 --- SIGCHLD {si_signo=SIGCHLD, si_code=CLD_EXITED} ---
 +++ exited with 0 +++
 "#;
-    let found: Vec<String> = written_paths(trace, Path::new("/w"))
+    // A child process (git) starts where its parent is, changes into a
+    // repository and writes there with relative paths; a thread it starts
+    // shares that directory.
+    let parent = trace.to_owned() + "clone(child_stack=NULL, flags=SIGCHLD) = 11\n";
+    let child = r#"chdir("/repos/r.git")                 = 0
+mkdir("./objects/ce", 0777)       = 0
+clone3({flags=CLONE_VM|CLONE_THREAD, exit_signal=0}, 88) = 12
+link("./objects/ce/tmp_obj", "./objects/ce/0136") = 0
+fchdir(5</repos/other.git>) = 0
+unlink("HEAD.lock") = 0
+"#;
+    let thread = "mkdirat(AT_FDCWD</repos/r.git>, \"refs/x\", 0777) = 0\nrmdir(\"tmp\") = 0\n";
+    let traces = BTreeMap::from([
+        (10, parent),
+        (11, child.to_owned()),
+        (12, thread.to_owned()),
+    ]);
+    let found: Vec<String> = written_paths(&traces, Path::new("/w"))
         .into_iter()
         .map(|p| p.display().to_string())
         .collect();
     assert_eq!(
         found,
-        ["/keys/a.pem", "/models/x", "/w/a", "/w/cache", "/w/out.txt"]
+        [
+            "/keys/a.pem",
+            "/models/x",
+            "/repos/other.git/HEAD.lock",
+            "/repos/r.git/objects/ce",
+            "/repos/r.git/objects/ce/tmp_obj",
+            "/repos/r.git/refs/x",
+            "/repos/r.git/tmp",
+            "/w/a",
+            "/w/cache",
+            "/w/out.txt",
+        ]
     );
 }

@@ -18,6 +18,10 @@ use std::time::{Duration, Instant};
 use e2e_tests::{Options, System};
 use serde_json::json;
 
+/// grpc.health.v1 statuses.
+const SERVING: u8 = 1;
+const NOT_SERVING: u8 = 2;
+
 fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
     pairs
         .iter()
@@ -186,6 +190,8 @@ async fn a_stopping_gateway_finishes_the_streams_in_flight_and_exits_cleanly() {
     let fake = fake_provider::FakeProvider::start().await.unwrap();
     let root = e2e_tests::repo_root();
     let port = e2e_tests::free_port().unwrap();
+    let workflow_port = e2e_tests::free_port().unwrap();
+    let workflow_listen = format!("127.0.0.1:{workflow_port}");
     let mut gateway = e2e_tests::Service::spawn(
         "gateway",
         &e2e_tests::binary("duo-gateway").unwrap(),
@@ -205,6 +211,7 @@ async fn a_stopping_gateway_finishes_the_streams_in_flight_and_exits_cleanly() {
             ("AIGW_SHUTDOWN__DRAIN_SECONDS", "2"),
             ("AIGW_SHUTDOWN__GRACE_SECONDS", "30"),
             ("AIGW_LOGGING__FORMAT_JSON", "true"),
+            ("AIGW_WORKFLOW_SERVICE__LISTEN", &workflow_listen),
         ]),
     )
     .unwrap();
@@ -215,6 +222,8 @@ async fn a_stopping_gateway_finishes_the_streams_in_flight_and_exits_cleanly() {
         .unwrap();
     let ready = format!("{base}/monitoring/ready");
     gateway.wait_ready(&http, &ready).await.unwrap();
+    let workflow = format!("http://{workflow_listen}");
+    assert_eq!(e2e_tests::grpc_health(&workflow).await.unwrap(), SERVING);
 
     // The model answers half, then waits for the test.
     fake.push(fake_provider::Scripted::Held {
@@ -247,6 +256,17 @@ async fn a_stopping_gateway_finishes_the_streams_in_flight_and_exits_cleanly() {
         .await
         .unwrap();
     assert_eq!(live.status(), 200);
+    // The workflow service (same process) tells gRPC health checkers too,
+    // while it still answers (its own runtime notices within moments).
+    let deadline = Instant::now() + Duration::from_secs(1);
+    let health = loop {
+        let health = e2e_tests::grpc_health(&workflow).await.unwrap();
+        if health == NOT_SERVING || Instant::now() > deadline {
+            break health;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(health, NOT_SERVING, "{}", gateway.log_tail(20));
     // After the drain no new connection is accepted, while the stream goes on.
     assert!(
         refuses_connections_within(&http, &ready, Duration::from_secs(10)).await,

@@ -128,6 +128,24 @@ pub const TOOLS: &[ToolDefinition] = &[
         min_gitlab_version: Some(VERSION_17_5),
         feature_flag: Some("ai_commit_reader_for_chat"),
     },
+    ToolDefinition {
+        name: "codebase_search",
+        resource: "repository code",
+        description: "Searches the code of one project's repository (its default branch) \
+            and returns the most relevant pieces of files. Choose it for questions about \
+            how something is implemented or configured in a project's code, or where \
+            something is defined. Give the project's full path (such as acme/website) \
+            followed by a short search query as the Action Input; leave the path out \
+            when the user is looking at the project.",
+        example: "Question: Where is the rate limit configured in acme/website?\n\
+            Thought: This asks about the code of acme/website, so I should search it.\n\
+            Action: codebase_search\n\
+            Action Input: acme/website rate limit configuration",
+        unit_primitive: UnitPrimitive::CodebaseSearch,
+        min_gitlab_version: None,
+        // Offered only to monoliths that say they run it.
+        feature_flag: Some("ai_codebase_search_for_chat"),
+    },
 ];
 
 /// The tool catalogue (GitLab's `DuoChatToolsRegistry`).
@@ -276,6 +294,13 @@ mod tests {
                     None
                 ),
                 ("commit_reader", "commits", "ask_commit", Some("17.5.0-pre")),
+                // Ours, after GitLab's: searches the code index.
+                (
+                    "codebase_search",
+                    "repository code",
+                    "codebase_search",
+                    None
+                ),
             ]
         );
         for tool in TOOLS {

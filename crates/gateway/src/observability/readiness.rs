@@ -25,8 +25,9 @@ pub struct Probe {
 pub struct Readiness {
     probes: Vec<Probe>,
     passed: AtomicBool,
-    /// Set at SIGTERM: from then on the gateway is never ready again.
-    stopping: AtomicBool,
+    /// Set at SIGTERM: from then on the gateway is never ready again. A
+    /// watch, so the workflow service (on its own runtime) can wait for it.
+    stopping: tokio::sync::watch::Sender<bool>,
 }
 
 impl Readiness {
@@ -79,17 +80,29 @@ impl Readiness {
         Self {
             probes,
             passed: AtomicBool::new(false),
-            stopping: AtomicBool::new(false),
+            stopping: tokio::sync::watch::Sender::new(false),
         }
     }
 
     /// The process is shutting down: readiness fails from now on.
     pub fn begin_stopping(&self) {
-        self.stopping.store(true, Ordering::SeqCst);
+        self.stopping.send_replace(true);
     }
 
     pub fn is_stopping(&self) -> bool {
-        self.stopping.load(Ordering::SeqCst)
+        *self.stopping.borrow()
+    }
+
+    /// Resolves once the process has begun stopping (at once if it has).
+    pub fn stopping(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut stopping = self.stopping.subscribe();
+        async move {
+            // The sender lives as long as `self`; were it gone, nothing
+            // could begin stopping any more, so waiting forever is right.
+            if stopping.wait_for(|stopping| *stopping).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
     }
 
     pub fn probes(&self) -> &[Probe] {

@@ -65,11 +65,14 @@ pub struct RunningWorkflowService {
 impl RunningWorkflowService {
     /// Binds `address` and serves from a new thread with its own runtime
     /// (built there: a runtime may not be started or dropped inside another).
+    /// Health turns NOT_SERVING when `draining` resolves (the process began
+    /// stopping); calls are served until [`RunningWorkflowService::stop`].
     pub fn start(
         service: WorkflowService,
         address: &str,
         tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
         grace: std::time::Duration,
+        draining: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<Self, ServeError> {
         let bind_error = |source| ServeError::Bind {
             address: address.to_owned(),
@@ -94,7 +97,9 @@ impl RunningWorkflowService {
                         return;
                     }
                 };
-                runtime.block_on(run_until_stopped(service, listener, tls, stopped, grace));
+                runtime.block_on(run_until_stopped(
+                    service, listener, tls, draining, stopped, grace,
+                ));
             })
             .map_err(bind_error)?;
         Ok(Self {
@@ -129,6 +134,7 @@ async fn run_until_stopped(
     service: WorkflowService,
     listener: std::net::TcpListener,
     tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    draining: impl std::future::Future<Output = ()> + Send + 'static,
     stopped: tokio::sync::oneshot::Receiver<()>,
     grace: std::time::Duration,
 ) {
@@ -143,7 +149,7 @@ async fn run_until_stopped(
     let shutdown = async move {
         let _ = signal_rx.wait_for(|s| *s).await;
     };
-    let serving = server::serve(service, listener, tls, shutdown, grace);
+    let serving = server::serve_draining(service, listener, tls, draining, shutdown, grace);
     tokio::pin!(serving);
     tokio::select! {
         result = &mut serving => {

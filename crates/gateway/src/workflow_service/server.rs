@@ -333,6 +333,29 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     grace: Duration,
 ) -> Result<(), ServeError> {
+    serve_draining(
+        service,
+        listener,
+        tls,
+        std::future::pending::<()>(),
+        shutdown,
+        grace,
+    )
+    .await
+}
+
+/// As [`serve`], but health already turns NOT_SERVING when `draining`
+/// resolves (the gateway's readiness stopping at SIGTERM), while calls are
+/// still accepted until `shutdown`: health checkers and load balancers move
+/// new workflows elsewhere during the drain, as they do for the HTTP side.
+pub async fn serve_draining(
+    service: WorkflowService,
+    listener: tokio::net::TcpListener,
+    tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    draining: impl std::future::Future<Output = ()> + Send + 'static,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    grace: Duration,
+) -> Result<(), ServeError> {
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_serving::<DuoWorkflowServer<WorkflowService>>()
@@ -342,13 +365,15 @@ pub async fn serve(
         .await;
     let running = service.running.clone();
     let stopping = async move {
-        shutdown.await;
-        reporter
-            .set_not_serving::<DuoWorkflowServer<WorkflowService>>()
-            .await;
-        reporter
-            .set_service_status("", tonic_health::ServingStatus::NotServing)
-            .await;
+        tokio::pin!(shutdown);
+        tokio::select! {
+            () = draining => {
+                set_not_serving(&reporter).await;
+                (&mut shutdown).await;
+            }
+            () = &mut shutdown => {}
+        }
+        set_not_serving(&reporter).await;
         let deadline = tokio::time::Instant::now() + grace;
         while running.count() > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -361,6 +386,15 @@ pub async fn serve(
         .serve_with_incoming_shutdown(incoming, stopping)
         .await?;
     Ok(())
+}
+
+async fn set_not_serving(reporter: &tonic_health::server::HealthReporter) {
+    reporter
+        .set_not_serving::<DuoWorkflowServer<WorkflowService>>()
+        .await;
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::NotServing)
+        .await;
 }
 
 /// Binds `address` ("host:port").

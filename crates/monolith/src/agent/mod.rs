@@ -60,6 +60,8 @@ pub struct Services {
     pub models: crate::ai_models::ModelStore,
     /// The projects' repositories (read by `commit_reader`).
     pub repositories: crate::repositories::Repositories,
+    /// Codebase search (repository and directory context, `codebase_search`).
+    pub code_index: crate::code_index::CodeIndex,
 }
 
 impl std::fmt::Debug for Services {
@@ -131,18 +133,29 @@ impl AgentResponder {
             timeout: config.ai_gateway_timeout,
             // The gateway offers `commit_reader` only behind this flag; this
             // monolith implements the tool, so it always says so.
-            enabled_feature_flags: vec!["ai_commit_reader_for_chat".to_owned()],
+            enabled_feature_flags: vec![
+                "ai_commit_reader_for_chat".to_owned(),
+                "ai_codebase_search_for_chat".to_owned(),
+            ],
         };
+        let gateway = GatewayClient::new(keys, settings)?;
+        let repositories = crate::repositories::Repositories::new(
+            config.repositories_dir.clone(),
+            config.git_max_concurrent,
+        );
         Ok(Self::new(Services {
+            code_index: crate::code_index::CodeIndex {
+                pool: pool.clone(),
+                repositories: repositories.clone(),
+                gateway: gateway.clone(),
+                settings: config.code_index.clone(),
+            },
             pool,
             policy: Policy::new(Arc::new(catalogue)),
-            gateway: GatewayClient::new(keys, settings)?,
+            gateway,
             external_url: config.external_url.clone(),
             models: crate::ai_models::ModelStore::new(Arc::new(secrets)),
-            repositories: crate::repositories::Repositories::new(
-                config.repositories_dir.clone(),
-                config.git_max_concurrent,
-            ),
+            repositories,
         }))
     }
 
@@ -194,6 +207,10 @@ impl AgentResponder {
         let ctx = match self.prepare(&question).await {
             Ok(ctx) => ctx,
             Err(Refusal::Code(code, detail)) => return Ok(ChatAnswer::failed(code, detail)),
+            Err(Refusal::Answer(text)) => {
+                let _ = chunks.send(text.clone());
+                return Ok(ChatAnswer::text(text));
+            }
             Err(Refusal::Transient(e)) => return Err(ResponderError::Transient(e)),
         };
         if let Some(command) = slash_commands::SlashCommand::parse(&ctx.question) {
@@ -260,15 +277,9 @@ impl AgentResponder {
             .seat_unit_primitives(&**db, actor.id)
             .await
             .map_err(Refusal::transient)?;
-        let settings = db
-            .query_one("SELECT realm, ai_gateway_url FROM instance_settings", &[])
+        let (realm, gateway_url) = crate::gateway_client::instance_route(&**db)
             .await
             .map_err(Refusal::transient)?;
-        let realm: String = settings.get(0);
-        let gateway_url = settings
-            .get::<_, Option<String>>(1)
-            .filter(|u| !u.trim().is_empty())
-            .and_then(|u| url::Url::parse(u.trim()).ok());
         let (current_file, file_content) = match &question.current_file {
             Some(f) => (
                 Some(CurrentFile {
@@ -314,6 +325,30 @@ impl AgentResponder {
             }
             _ => (current_file, file_content),
         };
+        // Repository and directory context: searched now, before the agent
+        // loop, so the gateway receives the hits inside the items' content.
+        let additional_context = match crate::code_index::chat_context::prepare(
+            &services.code_index,
+            &services.policy,
+            actor,
+            &scopes,
+            &question.content,
+            question.additional_context.clone(),
+        )
+        .await
+        {
+            Ok(crate::code_index::chat_context::Outcome::Ready(items)) => items,
+            Ok(crate::code_index::chat_context::Outcome::Answer(text)) => {
+                return Err(Refusal::Answer(text));
+            }
+            Ok(crate::code_index::chat_context::Outcome::Refused(code, detail)) => {
+                return Err(Refusal::Code(code, detail));
+            }
+            Err(crate::code_index::CodeIndexError::Embedding(e)) => {
+                return Err(Refusal::Code(e.code(), format!("codebase search: {e}")));
+            }
+            Err(e) => return Err(Refusal::transient(e)),
+        };
         Ok(RequestContext {
             actor,
             request_id: question.request_id,
@@ -321,7 +356,7 @@ impl AgentResponder {
             resource,
             current_file,
             file_content,
-            additional_context: question.additional_context.clone(),
+            additional_context,
             history,
             auth: GatewayAuth {
                 user_id: actor.id,
@@ -399,6 +434,8 @@ impl ChatResponder for AgentResponder {
 /// Why a question is not even started.
 enum Refusal {
     Code(DuoErrorCode, String),
+    /// A plain answer instead of the agent's (a repository still being indexed).
+    Answer(String),
     Transient(String),
 }
 

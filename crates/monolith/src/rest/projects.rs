@@ -22,9 +22,13 @@ pub(super) const PROJECT_SQL: &str = "WITH RECURSIVE chain(id, full_path) AS (
         SELECT g.id, c.full_path || '/' || g.path FROM groups g JOIN chain c ON g.parent_id = c.id
     )
     SELECT p.id, p.name, p.path, p.description, p.visibility, p.group_id, p.duo_features_enabled, p.created_at,
-           p.default_branch,
+           p.default_branch, p.duo_context_exclusion_rules,
+           s.state AS code_index_state, s.chunk_count AS code_index_chunks,
+           s.indexed_commit AS code_index_commit, s.last_error_code AS code_index_error,
+           s.indexed_at AS code_index_at,
            c.full_path || '/' || p.path AS full_path
-    FROM projects p JOIN chain c ON c.id = p.group_id";
+    FROM projects p JOIN chain c ON c.id = p.group_id
+    LEFT JOIN code_index_states s ON s.project_id = p.id";
 
 pub(super) fn project_json(state: &AppState, row: &tokio_postgres::Row) -> Value {
     let base = &state.config.external_url;
@@ -41,6 +45,19 @@ pub(super) fn project_json(state: &AppState, row: &tokio_postgres::Row) -> Value
         "web_url": format!("{}{full_path}", base.as_str()),
         "duo_features_enabled": row.get::<_, bool>("duo_features_enabled"),
         "created_at": ts(row, "created_at"),
+        "duo_context_exclusion_settings": {
+            "exclusion_rules": row.get::<_, Vec<String>>("duo_context_exclusion_rules"),
+        },
+        // The code index behind codebase search (`docs/code-search.md`).
+        "code_index": row.get::<_, Option<String>>("code_index_state").map(|state| json!({
+            "state": state,
+            "chunk_count": row.get::<_, Option<i32>>("code_index_chunks"),
+            "indexed_commit": row.get::<_, Option<String>>("code_index_commit"),
+            "indexed_at": row
+                .get::<_, Option<chrono::DateTime<chrono::Utc>>>("code_index_at")
+                .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
+            "last_error_code": row.get::<_, Option<String>>("code_index_error"),
+        })),
     });
     super::repository::project_repository_fields(
         state,
@@ -173,6 +190,13 @@ pub(super) struct ProjectUpdate {
     description: Option<String>,
     visibility: Option<String>,
     duo_features_enabled: Option<bool>,
+    /// GitLab's Duo context exclusion: `{"exclusion_rules": ["*.env", "secrets/"]}`.
+    duo_context_exclusion_settings: Option<ExclusionSettings>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+pub(super) struct ExclusionSettings {
+    exclusion_rules: Vec<String>,
 }
 
 /// Maintainers edit a project; renaming it or changing its visibility takes an
@@ -234,6 +258,27 @@ pub(super) async fn update_project(
                 format!("{v} is not allowed in a {group_visibility} group."),
             ));
         }
+    }
+    let exclusion_rules = match &b.duo_context_exclusion_settings {
+        Some(settings) => {
+            crate::code_index::filters::validate_rules(&settings.exclusion_rules)
+                .map_err(|e| ApiError::invalid("duo_context_exclusion_settings", e))?;
+            Some(settings.exclusion_rules.clone())
+        }
+        None => None,
+    };
+    if let Some(rules) = &exclusion_rules {
+        // Chunks of newly excluded files are filtered from every search at
+        // once and leave the index at the next run (a full walk).
+        db.execute(
+            "UPDATE projects SET duo_context_exclusion_rules = $2 WHERE id = $1",
+            &[&id, rules],
+        )
+        .await?;
+        crate::code_index::store::request_full_walk(&**db, id).await?;
+        crate::code_index::enqueue_index(&**db, id, state.config.code_index.max_attempts)
+            .await
+            .map_err(|e| ApiError::Internal(e.to_string()))?;
     }
     let updated = db
         .execute(

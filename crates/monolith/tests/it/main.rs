@@ -18,6 +18,7 @@ mod agent_ndjson;
 mod agent_serialize;
 mod agent_tools;
 mod architecture;
+mod code_index;
 mod db_outage;
 mod fuzz_edges;
 mod graphql_chat;

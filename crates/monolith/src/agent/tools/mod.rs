@@ -6,6 +6,7 @@
 //! Adding a tool: `docs/adding-a-tool.md`.
 
 pub mod build_reader;
+pub mod codebase_search;
 pub mod commit_reader;
 pub mod epic_reader;
 pub mod gitlab_documentation;
@@ -79,6 +80,7 @@ impl ToolBox {
                 Box::new(issue_reader::issue_reader()),
                 Box::new(merge_request_reader::merge_request_reader()),
                 Box::new(gitlab_documentation::GitlabDocumentation),
+                Box::new(codebase_search::CodebaseSearch),
             ],
         }
     }

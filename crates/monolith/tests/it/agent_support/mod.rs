@@ -123,9 +123,14 @@ impl Bench {
                 let prompts = root.join("prompts").display().to_string();
                 let docs = root.join("docs").display().to_string();
                 let fake_url = fake.url();
+                let openai_url = fake.openai_base_url();
                 let config = gateway::Config::for_tests(&[
                     ("ANTHROPIC_API_KEY", "test-key"),
                     ("ANTHROPIC_BASE_URL", fake_url.as_str()),
+                    // Code embeddings from the fake's bag-of-words model.
+                    ("OPENAI_BASE_URL", openai_url.as_str()),
+                    ("AIGW_CODE_EMBEDDINGS__PROVIDER", "openai"),
+                    ("AIGW_CODE_EMBEDDINGS__MODEL", "fake-bow-minilm"),
                     ("AIGW_GITLAB_URL", external_url.as_str()),
                     ("AIGW_PROMPTS_DIR", prompts.as_str()),
                     ("AIGW_DOCS__DIR", docs.as_str()),
@@ -152,6 +157,8 @@ impl Bench {
             "DUO_SIGNING_KEY_DIR" => Some(key_dir.clone()),
             "DUO_INSTANCE_ID" => Some("11111111-2222-3333-4444-555555555555".into()),
             "DUO_REPOSITORIES_DIR" => Some(repositories_dir.clone()),
+            "DUO_CODE_INDEX_EMBED_BATCH" => Some("8".into()),
+            "DUO_CODE_INDEX_MAX_ATTEMPTS" => Some("2".into()),
             _ => None,
         })
         .unwrap();

@@ -1,0 +1,664 @@
+//! The `code_index` job: brings a project's index up to its default branch.
+//!
+//! - One job per project at a time: the queue keeps at most one pending or
+//!   running job per dedupe key, and a run that ends while the branch moved
+//!   on runs again; the periodic catch-up job covers a push that lands in
+//!   the instant between the last check and the job's end.
+//! - Incremental: only files changed between the indexed commit and the
+//!   head are read; each file's chunks are replaced in one transaction, so a
+//!   crash leaves every file either old or new, never half, and the rerun
+//!   (from the same indexed commit) reuses what was already embedded.
+//! - The indexed commit moves only when the whole run succeeded.
+
+use async_trait::async_trait;
+use job_queue::{EnqueueOptions, Job, JobContext, JobError, JobHandler};
+use serde::{Deserialize, Serialize};
+use tokio_postgres::GenericClient;
+use uuid::Uuid;
+
+use super::chunker::{self, Chunk};
+use super::filters::{self, Exclusions};
+use super::store::{self, IndexState, NewChunk};
+use super::{CodeIndex, CodeIndexError};
+use crate::gateway_client::EmbeddingPurpose;
+use crate::repositories::pushes::RepositoryPushed;
+
+/// Index (or re-index) one project.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CodeIndexJob {
+    pub project_id: i64,
+}
+
+impl Job for CodeIndexJob {
+    const KIND: &'static str = "code_index";
+}
+
+/// The queue the index's jobs run on (with the repositories' own).
+pub const QUEUE: &str = "repositories";
+
+/// Enqueues the project's index job unless one is pending or running;
+/// `true` when this call created it.
+pub async fn enqueue_index(
+    db: &impl GenericClient,
+    project_id: i64,
+    max_attempts: i32,
+) -> Result<bool, job_queue::QueueError> {
+    let options = EnqueueOptions {
+        max_attempts,
+        ..EnqueueOptions::default()
+    }
+    .queue(QUEUE)
+    .dedupe(format!("code_index:{project_id}"));
+    Ok(
+        job_queue::enqueue(db, &CodeIndexJob { project_id }, options)
+            .await?
+            .created,
+    )
+}
+
+/// Queues a full re-index (the whole tree walked again) of one project by
+/// its full path, or of every project with `None`; the worker runs it. The
+/// paths queued.
+pub async fn request_reindex(
+    pool: &deadpool_postgres::Pool,
+    full_path: Option<&str>,
+    max_attempts: i32,
+) -> Result<Vec<String>, CodeIndexError> {
+    let db = pool.get().await?;
+    let sql = format!(
+        "{} SELECT p.id, paths.full_path || '/' || p.path FROM projects p
+         JOIN paths ON paths.id = p.group_id
+         WHERE $1::text IS NULL OR lower(paths.full_path || '/' || p.path) = lower($1)
+         ORDER BY p.id",
+        crate::namespaces::FULL_PATHS
+    );
+    let rows = db.query(&sql, &[&full_path]).await?;
+    let mut queued = Vec::new();
+    for row in rows {
+        let id: i64 = row.get(0);
+        store::request_full_walk(&**db, id).await?;
+        enqueue_index(&**db, id, max_attempts).await?;
+        queued.push(row.get(1));
+    }
+    Ok(queued)
+}
+
+/// Runs [`CodeIndexJob`]s.
+pub struct CodeIndexHandler {
+    pub index: CodeIndex,
+}
+
+#[async_trait]
+impl JobHandler for CodeIndexHandler {
+    type Job = CodeIndexJob;
+
+    async fn run(&self, ctx: JobContext, job: CodeIndexJob) -> Result<(), JobError> {
+        let timeout = self.index.settings.job_timeout;
+        let result =
+            match tokio::time::timeout(timeout, index_project(&self.index, job.project_id)).await {
+                Ok(result) => result,
+                Err(_) => Err(CodeIndexError::Timeout(timeout.as_secs())),
+            };
+        let Err(error) = result else {
+            return Ok(());
+        };
+        let last = ctx.attempt >= ctx.max_attempts;
+        tracing::warn!(
+            project_id = job.project_id,
+            attempt = ctx.attempt,
+            error = %error,
+            "indexing the repository failed"
+        );
+        let db = self.index.pool.get().await.map_err(JobError::retryable)?;
+        store::record_error(
+            &**db,
+            job.project_id,
+            &error.code().to_string(),
+            &error.to_string(),
+            last,
+        )
+        .await
+        .map_err(JobError::retryable)?;
+        if last {
+            // Recorded as `failed`: the next push or a re-index starts over.
+            Ok(())
+        } else {
+            Err(JobError::retryable(error))
+        }
+    }
+}
+
+/// Turns a push into an index run when the default branch moved.
+pub struct RepositoryPushedHandler {
+    pub max_attempts: i32,
+}
+
+#[async_trait]
+impl JobHandler for RepositoryPushedHandler {
+    type Job = RepositoryPushed;
+
+    async fn run(&self, ctx: JobContext, job: RepositoryPushed) -> Result<(), JobError> {
+        let db = ctx.pool.get().await.map_err(JobError::retryable)?;
+        let exists = db
+            .query_opt("SELECT 1 FROM projects WHERE id = $1", &[&job.project_id])
+            .await
+            .map_err(JobError::retryable)?
+            .is_some();
+        if exists {
+            store::ensure_status(&**db, job.project_id)
+                .await
+                .map_err(JobError::retryable)?;
+            enqueue_index(&**db, job.project_id, self.max_attempts)
+                .await
+                .map_err(JobError::retryable)?;
+        }
+        Ok(())
+    }
+}
+
+/// The periodic catch-up: projects whose index is behind their default branch.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CodeIndexCatchUp {}
+
+impl Job for CodeIndexCatchUp {
+    const KIND: &'static str = "code_index_catch_up";
+}
+
+pub struct CodeIndexCatchUpHandler {
+    pub index: CodeIndex,
+}
+
+#[async_trait]
+impl JobHandler for CodeIndexCatchUpHandler {
+    type Job = CodeIndexCatchUp;
+
+    async fn run(&self, ctx: JobContext, _job: CodeIndexCatchUp) -> Result<(), JobError> {
+        let db = ctx.pool.get().await.map_err(JobError::retryable)?;
+        let rows = db
+            .query(
+                "SELECT s.project_id, s.indexed_commit, p.default_branch
+                 FROM code_index_states s JOIN projects p ON p.id = s.project_id
+                 WHERE s.state IN ('ready', 'pending') ORDER BY s.updated_at LIMIT 1000",
+                &[],
+            )
+            .await
+            .map_err(JobError::retryable)?;
+        for row in rows {
+            let project_id: i64 = row.get(0);
+            let indexed: Option<String> = row.get(1);
+            let branch: String = row.get(2);
+            let head = head_commit(&self.index, project_id, &branch).await;
+            if head.is_some() && head != indexed {
+                enqueue_index(&**db, project_id, self.index.settings.max_attempts)
+                    .await
+                    .map_err(JobError::retryable)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn head_commit(index: &CodeIndex, project_id: i64, branch: &str) -> Option<String> {
+    let path = index.repositories.path(project_id);
+    let branch = branch.to_owned();
+    tokio::task::spawn_blocking(move || {
+        if !path.exists() {
+            return None;
+        }
+        crate::repositories::reader::refs(&path)
+            .ok()?
+            .branches
+            .get(&branch)
+            .cloned()
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+/// What one run did (for tests, logs and the bench).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunSummary {
+    pub files_seen: usize,
+    pub files_embedded: usize,
+    pub files_reused: usize,
+    pub files_removed: usize,
+    pub chunks_embedded: usize,
+    pub embedding_calls: usize,
+}
+
+impl std::ops::AddAssign for RunSummary {
+    fn add_assign(&mut self, other: Self) {
+        self.files_seen += other.files_seen;
+        self.files_embedded += other.files_embedded;
+        self.files_reused += other.files_reused;
+        self.files_removed += other.files_removed;
+        self.chunks_embedded += other.chunks_embedded;
+        self.embedding_calls += other.embedding_calls;
+    }
+}
+
+/// Indexes the project up to its default branch, again while it keeps moving.
+pub async fn index_project(
+    index: &CodeIndex,
+    project_id: i64,
+) -> Result<RunSummary, CodeIndexError> {
+    let mut total = RunSummary::default();
+    for _ in 0..5 {
+        let db = index.pool.get().await?;
+        let Some(project) = db
+            .query_opt(
+                "SELECT default_branch, duo_context_exclusion_rules FROM projects WHERE id = $1",
+                &[&project_id],
+            )
+            .await?
+        else {
+            return Ok(total);
+        };
+        let branch: String = project.get(0);
+        let rules: Vec<String> = project.get(1);
+        let status = store::status(&**db, project_id).await?;
+        drop(db);
+        let head = head_commit(index, project_id, &branch).await;
+        let indexed = status.as_ref().and_then(|s| s.indexed_commit.clone());
+        let model = status.as_ref().and_then(|s| s.embedding_model.clone());
+        if head.is_some()
+            && head == indexed
+            && status
+                .as_ref()
+                .is_some_and(|s| s.state == IndexState::Ready)
+        {
+            return Ok(total);
+        }
+        let db = index.pool.get().await?;
+        store::set_state(&**db, project_id, IndexState::Indexing).await?;
+        drop(db);
+        let Some(head) = head else {
+            // An empty repository: nothing to search, and nothing wrong.
+            let db = index.pool.get().await?;
+            store::prune(&**db, project_id, "", Some(&[])).await?;
+            db.execute(
+                "UPDATE code_index_states SET state = 'ready', indexed_commit = NULL,
+                     chunk_count = 0, file_count = 0, last_error = NULL, last_error_code = NULL,
+                     updated_at = now(), indexed_at = now()
+                 WHERE project_id = $1",
+                &[&project_id],
+            )
+            .await?;
+            return Ok(total);
+        };
+        let exclusions = Exclusions::new(&rules)?;
+        let run = Run {
+            index,
+            project_id,
+            exclusions,
+            model,
+            dimensions: None,
+            summary: RunSummary::default(),
+        };
+        let summary = run.execute(indexed.as_deref(), &head).await?;
+        total += summary;
+        let db = index.pool.get().await?;
+        let status = store::status(&**db, project_id).await?;
+        if status.is_some_and(|s| {
+            s.state == IndexState::Ready && s.indexed_commit.as_deref() == Some(head.as_str())
+        }) {
+            let now = head_commit(index, project_id, &branch).await;
+            if now.as_deref() == Some(head.as_str()) {
+                tracing::info!(
+                    project_id,
+                    files_embedded = total.files_embedded,
+                    chunks_embedded = total.chunks_embedded,
+                    "repository indexed"
+                );
+                return Ok(total);
+            }
+        }
+    }
+    Ok(total)
+}
+
+/// A file to bring into the index.
+#[derive(Debug, Clone)]
+struct FileEntry {
+    path: String,
+    blob_id: String,
+    size: u64,
+}
+
+/// What changed: files to (re)index and paths that left the tree.
+#[derive(Debug, Default)]
+struct Changes {
+    upserts: Vec<FileEntry>,
+    deletions: Vec<String>,
+    /// Every indexable path of the tree (full walks only), to drop the rest.
+    full_tree: Option<Vec<String>>,
+}
+
+/// A file chunked and waiting for its vectors.
+struct Pending {
+    path: String,
+    blob_id: String,
+    language: &'static str,
+    chunks: Vec<Chunk>,
+}
+
+struct Run<'a> {
+    index: &'a CodeIndex,
+    project_id: i64,
+    exclusions: Exclusions,
+    /// The model the stored vectors come from (learnt from the first answer
+    /// of the gateway when nothing is stored yet).
+    model: Option<String>,
+    dimensions: Option<i32>,
+    summary: RunSummary,
+}
+
+impl Run<'_> {
+    async fn execute(
+        mut self,
+        indexed: Option<&str>,
+        head: &str,
+    ) -> Result<RunSummary, CodeIndexError> {
+        let git_dir = self.index.repositories.path(self.project_id);
+        let mut changes = match indexed {
+            Some(from) if self.model.is_some() && commit_exists(&git_dir, from).await => {
+                diff_changes(&git_dir, from, head).await?
+            }
+            _ => tree_changes(&git_dir, head, self.index.settings.max_files).await?,
+        };
+        match self.apply(&git_dir, &changes).await {
+            Err(CodeIndexError::ModelChanged) => {
+                // Vectors of two models cannot be compared: start over with
+                // the whole tree under the new one.
+                tracing::info!(
+                    project_id = self.project_id,
+                    "embedding model changed; re-indexing"
+                );
+                self.model = None;
+                changes = tree_changes(&git_dir, head, self.index.settings.max_files).await?;
+                self.apply(&git_dir, &changes).await?;
+            }
+            other => other?,
+        }
+        let model = self.model.clone().unwrap_or_default();
+        let db = self.index.pool.get().await?;
+        store::prune(&**db, self.project_id, &model, changes.full_tree.as_deref()).await?;
+        store::finish(&**db, self.project_id, head, &model, self.dimensions).await?;
+        Ok(self.summary)
+    }
+
+    async fn apply(
+        &mut self,
+        git_dir: &std::path::Path,
+        changes: &Changes,
+    ) -> Result<(), CodeIndexError> {
+        let max_bytes = self.index.settings.max_file_bytes;
+        let mut pending: Vec<Pending> = Vec::new();
+        let mut pending_chunks = 0;
+        for entry in &changes.upserts {
+            self.summary.files_seen += 1;
+            let mut db = self.index.pool.get().await?;
+            if filters::path_skip(&entry.path, entry.size, max_bytes, &self.exclusions).is_some() {
+                store::remove_file(&**db, self.project_id, &entry.path).await?;
+                continue;
+            }
+            if let Some(model) = &self.model {
+                // The file's old chunks go and the copies come in one transaction.
+                let tx = db.transaction().await?;
+                let reused =
+                    store::reuse_blob(&*tx, self.project_id, &entry.path, &entry.blob_id, model)
+                        .await?;
+                tx.commit().await?;
+                if reused {
+                    self.summary.files_reused += 1;
+                    continue;
+                }
+            }
+            drop(db);
+            let bytes = {
+                let dir = git_dir.to_owned();
+                let blob = entry.blob_id.clone();
+                tokio::task::spawn_blocking(move || {
+                    crate::repositories::reader::blob(&dir, &blob, max_bytes)
+                })
+                .await
+                .map_err(|e| crate::repositories::RepositoryError::Read(e.to_string()))??
+            };
+            if filters::content_skip(&bytes).is_some() {
+                let db = self.index.pool.get().await?;
+                store::remove_file(&**db, self.project_id, &entry.path).await?;
+                continue;
+            }
+            let text = String::from_utf8_lossy(&bytes).into_owned();
+            let language = chunker::language_of(&entry.path);
+            let chunks = tokio::task::spawn_blocking(move || chunker::chunk(language, &text))
+                .await
+                .map_err(|e| crate::repositories::RepositoryError::Read(e.to_string()))?;
+            pending_chunks += chunks.len();
+            pending.push(Pending {
+                path: entry.path.clone(),
+                blob_id: entry.blob_id.clone(),
+                language,
+                chunks,
+            });
+            if pending_chunks >= self.index.settings.embed_batch {
+                self.embed_and_store(std::mem::take(&mut pending)).await?;
+                pending_chunks = 0;
+            }
+        }
+        if !pending.is_empty() {
+            self.embed_and_store(pending).await?;
+        }
+        // Deletions last: a renamed file's new path has already taken the
+        // old path's vectors.
+        let db = self.index.pool.get().await?;
+        for path in &changes.deletions {
+            store::remove_file(&**db, self.project_id, path).await?;
+            self.summary.files_removed += 1;
+        }
+        Ok(())
+    }
+
+    /// Embeds the files' chunks (in calls of the configured batch size) and
+    /// stores each file in its own transaction.
+    async fn embed_and_store(&mut self, files: Vec<Pending>) -> Result<(), CodeIndexError> {
+        let texts: Vec<String> = files
+            .iter()
+            .flat_map(|f| f.chunks.iter().map(|c| chunker::embedding_text(&f.path, c)))
+            .collect();
+        let mut vectors: Vec<Vec<f32>> = Vec::with_capacity(texts.len());
+        let auth = {
+            let db = self.index.pool.get().await?;
+            super::embedding_auth(&**db, 0, Uuid::new_v4()).await?
+        };
+        for batch in texts.chunks(self.index.settings.embed_batch) {
+            let answer = self
+                .index
+                .gateway
+                .code_embeddings(&auth, EmbeddingPurpose::Index, batch)
+                .await?;
+            self.summary.embedding_calls += 1;
+            match &self.model {
+                Some(model) if *model != answer.model => return Err(CodeIndexError::ModelChanged),
+                Some(_) => {}
+                None => {
+                    // Recorded at once, so a crashed run's successor reuses
+                    // what this one stored.
+                    let db = self.index.pool.get().await?;
+                    db.execute(
+                        "UPDATE code_index_states SET embedding_model = $2 WHERE project_id = $1",
+                        &[&self.project_id, &answer.model],
+                    )
+                    .await?;
+                    self.model = Some(answer.model.clone());
+                }
+            }
+            if let Some(first) = answer.vectors.first() {
+                self.dimensions = Some(first.len() as i32);
+            }
+            vectors.extend(answer.vectors);
+        }
+        let model = self.model.clone().unwrap_or_default();
+        let mut vectors = vectors.into_iter();
+        let mut db = self.index.pool.get().await?;
+        for file in files {
+            let chunks: Vec<NewChunk> = file
+                .chunks
+                .into_iter()
+                .zip(vectors.by_ref())
+                .map(|(chunk, embedding)| NewChunk {
+                    chunk,
+                    language: file.language.to_owned(),
+                    embedding,
+                })
+                .collect();
+            let tx = db.transaction().await?;
+            store::replace_file(
+                &*tx,
+                self.project_id,
+                &file.path,
+                &file.blob_id,
+                &model,
+                &chunks,
+            )
+            .await?;
+            tx.commit().await?;
+            self.summary.files_embedded += 1;
+            self.summary.chunks_embedded += chunks.len();
+        }
+        Ok(())
+    }
+}
+
+async fn commit_exists(git_dir: &std::path::Path, sha: &str) -> bool {
+    let dir = git_dir.display().to_string();
+    let spec = format!("{sha}^{{commit}}");
+    crate::repositories::storage::git(&["--git-dir", &dir, "cat-file", "-e", &spec])
+        .await
+        .is_ok()
+}
+
+/// Every blob of the tree at `head` (at most `max_files`, in path order).
+async fn tree_changes(
+    git_dir: &std::path::Path,
+    head: &str,
+    max_files: usize,
+) -> Result<Changes, CodeIndexError> {
+    let dir = git_dir.display().to_string();
+    let raw = crate::repositories::storage::git(&[
+        "--git-dir",
+        &dir,
+        "ls-tree",
+        "-r",
+        "-z",
+        "-l",
+        "--full-tree",
+        head,
+    ])
+    .await?;
+    let mut upserts = Vec::new();
+    for record in raw.split(|b| *b == 0).filter(|r| !r.is_empty()) {
+        // "<mode> <type> <id> <size>\t<path>"
+        let record = String::from_utf8_lossy(record);
+        let Some((meta, path)) = record.split_once('\t') else {
+            continue;
+        };
+        let fields: Vec<&str> = meta.split_whitespace().collect();
+        if fields.len() < 4 || fields[1] != "blob" || fields[0] == "120000" {
+            continue;
+        }
+        upserts.push(FileEntry {
+            path: path.to_owned(),
+            blob_id: fields[2].to_owned(),
+            size: fields[3].parse().unwrap_or(u64::MAX),
+        });
+    }
+    if upserts.len() > max_files {
+        tracing::warn!(
+            files = upserts.len(),
+            max_files,
+            "repository has more files than are indexed"
+        );
+        upserts.truncate(max_files);
+    }
+    let full_tree = upserts.iter().map(|f| f.path.clone()).collect();
+    Ok(Changes {
+        upserts,
+        deletions: Vec::new(),
+        full_tree: Some(full_tree),
+    })
+}
+
+/// Files added, changed or deleted between two commits (renames as a
+/// deletion and an addition: the blob id lets the addition reuse vectors).
+async fn diff_changes(
+    git_dir: &std::path::Path,
+    from: &str,
+    to: &str,
+) -> Result<Changes, CodeIndexError> {
+    let dir = git_dir.display().to_string();
+    let raw = crate::repositories::storage::git(&[
+        "--git-dir",
+        &dir,
+        "diff-tree",
+        "-r",
+        "-z",
+        "--no-renames",
+        "--no-abbrev",
+        from,
+        to,
+    ])
+    .await?;
+    let fields: Vec<&[u8]> = raw.split(|b| *b == 0).collect();
+    let mut changes = Changes::default();
+    let mut i = 0;
+    while i + 1 < fields.len() {
+        let meta = String::from_utf8_lossy(fields[i]).into_owned();
+        if !meta.starts_with(':') {
+            i += 1;
+            continue;
+        }
+        let path = String::from_utf8_lossy(fields[i + 1]).into_owned();
+        i += 2;
+        // ":<old mode> <new mode> <old id> <new id> <status>"
+        let parts: Vec<&str> = meta.trim_start_matches(':').split_whitespace().collect();
+        if parts.len() < 5 {
+            continue;
+        }
+        let (new_mode, new_id, status) = (parts[1], parts[3], parts[4]);
+        if status.starts_with('D') || new_mode == "160000" || new_mode == "120000" {
+            changes.deletions.push(path);
+            continue;
+        }
+        changes.upserts.push(FileEntry {
+            path,
+            blob_id: new_id.to_owned(),
+            size: 0,
+        });
+    }
+    // Sizes come from the object headers (cheap, no content read).
+    if !changes.upserts.is_empty() {
+        let ids: Vec<String> = changes.upserts.iter().map(|f| f.blob_id.clone()).collect();
+        let dir = git_dir.to_owned();
+        let sizes = tokio::task::spawn_blocking(move || -> Vec<u64> {
+            let Ok(repo) = crate::repositories::reader::open(&dir) else {
+                return vec![u64::MAX; ids.len()];
+            };
+            ids.iter()
+                .map(|id| {
+                    gix::ObjectId::from_hex(id.as_bytes())
+                        .ok()
+                        .and_then(|oid| repo.find_header(oid).ok())
+                        .map_or(u64::MAX, |h| h.size())
+                })
+                .collect()
+        })
+        .await
+        .map_err(|e| crate::repositories::RepositoryError::Read(e.to_string()))?;
+        for (file, size) in changes.upserts.iter_mut().zip(sizes) {
+            file.size = size;
+        }
+    }
+    Ok(changes)
+}

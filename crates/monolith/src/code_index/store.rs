@@ -1,0 +1,357 @@
+//! The index's tables: one state row per project and the chunks.
+
+use tokio_postgres::GenericClient;
+
+use super::chunker::Chunk;
+
+/// Where a project's index stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IndexState {
+    Pending,
+    Indexing,
+    Ready,
+    Failed,
+}
+
+impl IndexState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Indexing => "indexing",
+            Self::Ready => "ready",
+            Self::Failed => "failed",
+        }
+    }
+
+    fn parse(text: &str) -> Self {
+        match text {
+            "indexing" => Self::Indexing,
+            "ready" => Self::Ready,
+            "failed" => Self::Failed,
+            _ => Self::Pending,
+        }
+    }
+}
+
+/// A project's index state row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IndexStatus {
+    pub project_id: i64,
+    pub state: IndexState,
+    pub indexed_commit: Option<String>,
+    pub embedding_model: Option<String>,
+    pub embedding_dimensions: Option<i32>,
+    pub chunk_count: i32,
+    pub file_count: i32,
+    pub last_error: Option<String>,
+    pub last_error_code: Option<String>,
+    pub updated_at: chrono::DateTime<chrono::Utc>,
+    pub indexed_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl IndexStatus {
+    /// Whether searches can be answered (a stale index still answers; the
+    /// next run brings it up to date).
+    pub fn searchable(&self) -> bool {
+        match self.state {
+            IndexState::Ready => true,
+            IndexState::Failed => false,
+            IndexState::Pending | IndexState::Indexing => {
+                self.indexed_commit.is_some() && self.embedding_model.is_some()
+            }
+        }
+    }
+
+    /// The state as the API shows it.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "state": self.state.as_str(),
+            "indexed_commit": self.indexed_commit,
+            "embedding_model": self.embedding_model,
+            "embedding_dimensions": self.embedding_dimensions,
+            "chunk_count": self.chunk_count,
+            "file_count": self.file_count,
+            "last_error": self.last_error,
+            "last_error_code": self.last_error_code,
+            "updated_at": self.updated_at,
+            "indexed_at": self.indexed_at,
+        })
+    }
+}
+
+const STATUS_COLUMNS: &str = "project_id, state, indexed_commit, embedding_model, \
+    embedding_dimensions, chunk_count, file_count, last_error, last_error_code, updated_at, indexed_at";
+
+fn status_from_row(row: &tokio_postgres::Row) -> IndexStatus {
+    IndexStatus {
+        project_id: row.get(0),
+        state: IndexState::parse(row.get(1)),
+        indexed_commit: row.get(2),
+        embedding_model: row.get(3),
+        embedding_dimensions: row.get(4),
+        chunk_count: row.get(5),
+        file_count: row.get(6),
+        last_error: row.get(7),
+        last_error_code: row.get(8),
+        updated_at: row.get(9),
+        indexed_at: row.get(10),
+    }
+}
+
+pub async fn status(
+    db: &impl GenericClient,
+    project_id: i64,
+) -> Result<Option<IndexStatus>, tokio_postgres::Error> {
+    let row = db
+        .query_opt(
+            &format!("SELECT {STATUS_COLUMNS} FROM code_index_states WHERE project_id = $1"),
+            &[&project_id],
+        )
+        .await?;
+    Ok(row.as_ref().map(status_from_row))
+}
+
+/// Creates the state row (pending) when missing.
+pub async fn ensure_status(
+    db: &impl GenericClient,
+    project_id: i64,
+) -> Result<(), tokio_postgres::Error> {
+    db.execute(
+        "INSERT INTO code_index_states (project_id) VALUES ($1) ON CONFLICT DO NOTHING",
+        &[&project_id],
+    )
+    .await?;
+    Ok(())
+}
+
+pub async fn set_state(
+    db: &impl GenericClient,
+    project_id: i64,
+    state: IndexState,
+) -> Result<(), tokio_postgres::Error> {
+    db.execute(
+        "INSERT INTO code_index_states (project_id, state) VALUES ($1, $2)
+         ON CONFLICT (project_id) DO UPDATE SET state = EXCLUDED.state, updated_at = now()",
+        &[&project_id, &state.as_str()],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Records a failure; `final_attempt` marks the index failed, otherwise the
+/// error is kept while the job retries.
+pub async fn record_error(
+    db: &impl GenericClient,
+    project_id: i64,
+    code: &str,
+    error: &str,
+    final_attempt: bool,
+) -> Result<(), tokio_postgres::Error> {
+    let state = if final_attempt { "failed" } else { "indexing" };
+    db.execute(
+        "INSERT INTO code_index_states (project_id, state, last_error, last_error_code)
+         VALUES ($1, $2, $3, $4)
+         ON CONFLICT (project_id) DO UPDATE SET state = EXCLUDED.state,
+             last_error = EXCLUDED.last_error, last_error_code = EXCLUDED.last_error_code,
+             updated_at = now()",
+        &[&project_id, &state, &error, &code],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Marks a run finished at `commit`, with the counts taken from the chunks.
+pub async fn finish(
+    db: &impl GenericClient,
+    project_id: i64,
+    commit: &str,
+    model: &str,
+    dimensions: Option<i32>,
+) -> Result<(), tokio_postgres::Error> {
+    db.execute(
+        "UPDATE code_index_states SET state = 'ready', indexed_commit = $2,
+             embedding_model = $3, embedding_dimensions = COALESCE($4, embedding_dimensions),
+             chunk_count = (SELECT count(*) FROM code_chunks WHERE project_id = $1),
+             file_count = (SELECT count(DISTINCT path) FROM code_chunks WHERE project_id = $1),
+             last_error = NULL, last_error_code = NULL, updated_at = now(), indexed_at = now()
+         WHERE project_id = $1",
+        &[&project_id, &commit, &model, &dimensions],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Forgets the indexed commit so the next run walks the whole tree.
+pub async fn request_full_walk(
+    db: &impl GenericClient,
+    project_id: i64,
+) -> Result<(), tokio_postgres::Error> {
+    db.execute(
+        "INSERT INTO code_index_states (project_id) VALUES ($1)
+         ON CONFLICT (project_id) DO UPDATE SET indexed_commit = NULL, updated_at = now()",
+        &[&project_id],
+    )
+    .await?;
+    Ok(())
+}
+
+/// A chunk ready to be stored.
+#[derive(Debug, Clone)]
+pub struct NewChunk {
+    pub chunk: Chunk,
+    pub language: String,
+    pub embedding: Vec<f32>,
+}
+
+/// Replaces a file's chunks (none: the file left the index).
+pub async fn replace_file(
+    db: &impl GenericClient,
+    project_id: i64,
+    path: &str,
+    blob_id: &str,
+    model: &str,
+    chunks: &[NewChunk],
+) -> Result<(), tokio_postgres::Error> {
+    db.execute(
+        "DELETE FROM code_chunks WHERE project_id = $1 AND path = $2",
+        &[&project_id, &path],
+    )
+    .await?;
+    for c in chunks {
+        let vector = vector_literal(&c.embedding);
+        let dims = c.embedding.len() as i32;
+        let words = super::chunker::search_words(path, &c.chunk.content);
+        db.execute(
+            "INSERT INTO code_chunks (project_id, path, blob_id, language, start_line, end_line,
+                 start_byte, end_byte, symbol, content, embedding_model, embedding, dimensions,
+                 search_text)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12::text::vector, $13,
+                 to_tsvector('english', $14))",
+            &[
+                &project_id,
+                &path,
+                &blob_id,
+                &c.language,
+                &(c.chunk.start_line as i32),
+                &(c.chunk.end_line as i32),
+                &(c.chunk.start_byte as i32),
+                &(c.chunk.end_byte as i32),
+                &c.chunk.symbol,
+                &c.chunk.content,
+                &model,
+                &vector,
+                &dims,
+                &words,
+            ],
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Stores `path` with the chunks already embedded for the same blob under the
+/// same model (a rename, a revert, or a resumed run). `false` when there are none.
+pub async fn reuse_blob(
+    db: &impl GenericClient,
+    project_id: i64,
+    path: &str,
+    blob_id: &str,
+    model: &str,
+) -> Result<bool, tokio_postgres::Error> {
+    let existing = db
+        .query_opt(
+            "SELECT path FROM code_chunks
+             WHERE project_id = $1 AND blob_id = $2 AND embedding_model = $3 LIMIT 1",
+            &[&project_id, &blob_id, &model],
+        )
+        .await?;
+    let Some(row) = existing else {
+        return Ok(false);
+    };
+    let source: String = row.get(0);
+    if source == path {
+        return Ok(true);
+    }
+    db.execute(
+        "DELETE FROM code_chunks WHERE project_id = $1 AND path = $2",
+        &[&project_id, &path],
+    )
+    .await?;
+    // Copied row by row: the full-text words include the path, which changed.
+    let rows = db
+        .query(
+            "SELECT id, content FROM code_chunks
+             WHERE project_id = $1 AND path = $2 AND blob_id = $3",
+            &[&project_id, &source, &blob_id],
+        )
+        .await?;
+    for row in rows {
+        let (id, content): (i64, String) = (row.get(0), row.get(1));
+        let words = super::chunker::search_words(path, &content);
+        db.execute(
+            "INSERT INTO code_chunks (project_id, path, blob_id, language, start_line, end_line,
+                 start_byte, end_byte, symbol, content, embedding_model, embedding, dimensions,
+                 search_text)
+             SELECT project_id, $2, blob_id, language, start_line, end_line, start_byte, end_byte,
+                 symbol, content, embedding_model, embedding, dimensions, to_tsvector('english', $3)
+             FROM code_chunks WHERE id = $1",
+            &[&id, &path, &words],
+        )
+        .await?;
+    }
+    Ok(true)
+}
+
+/// Removes a file's chunks.
+pub async fn remove_file(
+    db: &impl GenericClient,
+    project_id: i64,
+    path: &str,
+) -> Result<(), tokio_postgres::Error> {
+    db.execute(
+        "DELETE FROM code_chunks WHERE project_id = $1 AND path = $2",
+        &[&project_id, &path],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Removes chunks made by another model than `model` (after a model change)
+/// and chunks of paths no longer in the tree.
+pub async fn prune(
+    db: &impl GenericClient,
+    project_id: i64,
+    model: &str,
+    keep_paths: Option<&[String]>,
+) -> Result<u64, tokio_postgres::Error> {
+    let mut removed = db
+        .execute(
+            "DELETE FROM code_chunks WHERE project_id = $1 AND embedding_model <> $2",
+            &[&project_id, &model],
+        )
+        .await?;
+    if let Some(paths) = keep_paths {
+        removed += db
+            .execute(
+                "DELETE FROM code_chunks WHERE project_id = $1 AND NOT (path = ANY($2))",
+                &[&project_id, &paths],
+            )
+            .await?;
+    }
+    Ok(removed)
+}
+
+/// pgvector's text form, `[1,2,3]`.
+pub fn vector_literal(v: &[f32]) -> String {
+    let mut out = String::with_capacity(v.len() * 10 + 2);
+    out.push('[');
+    for (i, x) in v.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let x = if x.is_finite() { *x } else { 0.0 };
+        out.push_str(&x.to_string());
+    }
+    out.push(']');
+    out
+}
