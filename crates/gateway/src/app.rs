@@ -37,6 +37,8 @@ pub struct AppState {
     pub readiness: Arc<Readiness>,
     /// The documentation search index, built once at start-up.
     pub docs: Arc<DocsIndex>,
+    /// Model calls with native tool calling (chat agent prompts that ask for it).
+    pub tool_model: crate::workflow_service::model::ToolCallingModel,
 }
 
 impl std::fmt::Debug for AppState {
@@ -92,6 +94,7 @@ impl AppState {
             metrics: Metrics::global(),
             http,
             docs,
+            tool_model: crate::workflow_service::model::ToolCallingModel::new()?,
         })
     }
 }
@@ -102,6 +105,7 @@ pub fn configure_app(cfg: &mut web::ServiceConfig, state: &AppState) {
     cfg.app_data(web::Data::new(state.clone()))
         .app_data(web::Data::from(state.prompts.clone()))
         .app_data(web::Data::from(state.model.clone()))
+        .app_data(web::Data::new(state.tool_model.clone()))
         .app_data(web::Data::from(state.authenticator.clone()))
         .app_data(web::Data::new((*state.config).clone()))
         .app_data(

@@ -128,6 +128,10 @@ impl ProvidersConfig {
     }
 }
 
+/// The chat agent's prompt id and the family it uses on the bundled model.
+const CHAT_AGENT_PROMPT: &str = "chat/react";
+const LOCAL_CHAT_AGENT_FAMILY: &str = "native";
+
 #[derive(Debug, Clone)]
 pub struct PromptsConfig {
     /// `AIGW_PROMPTS_DIR`: the prompt definitions (`prompts/`).
@@ -357,6 +361,14 @@ impl Config {
                 "a JSON object of model engine to {model name: limit}",
             )?,
         };
+        let mut default_families = default_families;
+        if providers.uses_local_default() {
+            // The bundled model cannot be trusted with ReAct text; its server
+            // constrains tool calls, so the chat agent asks it natively.
+            default_families
+                .entry(CHAT_AGENT_PROMPT.to_owned())
+                .or_insert_with(|| LOCAL_CHAT_AGENT_FAMILY.to_owned());
+        }
         let default_family = if providers.uses_local_default()
             || (providers.anthropic_api_key.is_none() && providers.openai_base_url.is_some())
         {

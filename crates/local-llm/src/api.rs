@@ -18,6 +18,14 @@ pub struct ChatCompletionRequest {
     pub stop: Option<StopField>,
     pub seed: Option<u32>,
     pub stream_options: Option<StreamOptions>,
+    /// OpenAI function tools: `[{"type": "function", "function": {...}}]`.
+    pub tools: Option<Vec<Value>>,
+    /// `"auto"`, `"none"`, `"required"` or `{"type": "function", "function": {"name": ...}}`.
+    pub tool_choice: Option<Value>,
+    /// `{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}`.
+    pub response_format: Option<Value>,
+    /// Accepted for compatibility; one call per turn is generated.
+    pub parallel_tool_calls: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -33,6 +41,14 @@ pub struct WireMessage {
     /// A string, an array of `{"type":"text","text":...}` parts, or null.
     #[serde(default)]
     pub content: Value,
+    /// An assistant turn's earlier calls, in OpenAI's shape.
+    #[serde(default)]
+    pub tool_calls: Option<Vec<Value>>,
+    /// A `tool` turn answers this call.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
 }
 
 impl WireMessage {
@@ -85,6 +101,24 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    /// `cached_tokens`: prompt tokens whose KV cache was reused.
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PromptTokensDetails {
+    pub cached_tokens: usize,
+}
+
+impl Usage {
+    pub fn new(prompt_tokens: usize, completion_tokens: usize, cached_tokens: usize) -> Self {
+        Self {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens_details: PromptTokensDetails { cached_tokens },
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -39,6 +39,10 @@ pub struct Config {
     pub embed_concurrency: usize,
     /// Embedding requests that may wait beyond those running.
     pub embed_queue_capacity: usize,
+    /// A Jinja chat template file used instead of the model's own.
+    pub chat_template_path: Option<PathBuf>,
+    /// Reuse the previous request's KV cache for a shared prompt prefix.
+    pub prompt_cache: bool,
     /// After SIGTERM, keep serving this long while `/ready` answers 503.
     pub shutdown_drain: Duration,
     /// Then stop accepting and give requests in flight this long to finish;
@@ -63,6 +67,8 @@ impl Config {
             max_embedding_inputs: 256,
             embed_concurrency: 1,
             embed_queue_capacity: 16,
+            chat_template_path: None,
+            prompt_cache: true,
             shutdown_drain: Duration::ZERO,
             shutdown_grace: Duration::from_secs(30),
         }
@@ -80,6 +86,21 @@ impl Config {
         }
         if let Some(path) = var("DUO_LOCAL_LLM_CHAT_MODEL") {
             config.chat_model_path = PathBuf::from(path);
+        }
+        if let Some(path) = var("DUO_LOCAL_LLM_CHAT_TEMPLATE") {
+            config.chat_template_path = Some(PathBuf::from(path));
+        }
+        if let Some(flag) = var("DUO_LOCAL_LLM_PROMPT_CACHE") {
+            config.prompt_cache = match flag.trim().to_ascii_lowercase().as_str() {
+                "1" | "true" | "yes" | "on" => true,
+                "0" | "false" | "no" | "off" => false,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        name: "DUO_LOCAL_LLM_PROMPT_CACHE",
+                        reason: format!("expected true or false, got {flag:?}"),
+                    });
+                }
+            };
         }
         if let Some(id) = var("DUO_LOCAL_LLM_CHAT_MODEL_ID") {
             config.chat_model_id = id;

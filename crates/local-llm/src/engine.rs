@@ -13,6 +13,11 @@ use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::LlamaToken;
+use llama_cpp_2::token::data::LlamaTokenData;
+use llama_cpp_2::token::data_array::LlamaTokenDataArray;
+
+use crate::grammar::Grammar;
+use crate::tools::Constraint;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -24,6 +29,8 @@ pub enum EngineError {
     EmptyPrompt,
     #[error("inference failed: {0}")]
     Inference(String),
+    #[error("the output grammar failed: {0}")]
+    Grammar(String),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -33,6 +40,8 @@ pub struct SamplingParams {
     pub top_p: f32,
     pub max_tokens: u32,
     pub seed: u32,
+    /// A grammar the output must follow.
+    pub constraint: Option<Constraint>,
 }
 
 impl Default for SamplingParams {
@@ -42,6 +51,7 @@ impl Default for SamplingParams {
             top_p: 1.0,
             max_tokens: 256,
             seed: 0x5eed,
+            constraint: None,
         }
     }
 }
@@ -60,6 +70,20 @@ pub enum EngineFinish {
 pub struct EngineRun {
     pub completion_tokens: usize,
     pub finish: EngineFinish,
+    /// Prompt tokens whose KV cache was kept from the previous request.
+    pub cached_tokens: usize,
+}
+
+/// What the model file says about how to talk to it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ModelInfo {
+    /// `tokenizer.chat_template` (Jinja), when the file has one.
+    pub chat_template: Option<String>,
+    pub bos_token: String,
+    pub eos_token: String,
+    /// Texts of the end-of-generation tokens, stopped at should the model
+    /// spell one out of ordinary tokens.
+    pub end_of_turn_texts: Vec<String>,
 }
 
 /// What the token sink tells the engine after each piece.
@@ -74,6 +98,7 @@ pub trait ChatEngine {
     fn tokenize(&self, text: &str) -> Vec<i32>;
     fn detokenize(&self, tokens: &[i32]) -> String;
     fn context_tokens(&self) -> u32;
+    fn model_info(&self) -> ModelInfo;
     /// Generates after `prompt`, handing each token's bytes to `on_piece`.
     fn generate(
         &mut self,
@@ -95,16 +120,27 @@ fn backend() -> Result<&'static LlamaBackend, EngineError> {
         .map_err(|e| EngineError::Inference(format!("llama.cpp backend: {e}")))
 }
 
-/// One model and one context whose KV cache is emptied between requests:
-/// creating a context allocates and clears the cache and reserves compute
-/// buffers, which is worth doing once rather than per request.
+/// One model and one context. The KV cache keeps the tokens of the previous
+/// request (prompt and answer); the next request reuses its longest common
+/// prefix and computes only the rest: the agent loop resends the same system
+/// prompt and a growing scratchpad at every step. The cache is the context's
+/// own fixed-size buffer, so it costs no memory beyond the context window.
+/// Requests run one at a time on the generator thread, so there is one
+/// cached sequence and no sharing to get wrong.
 pub struct LlamaEngine {
     model: &'static LlamaModel,
     ctx: LlamaContext<'static>,
     context_tokens: u32,
+    /// Tokens whose keys and values sit in the cache, positions 0.., in order.
+    cached: Vec<i32>,
+    prefix_cache: bool,
+    info: ModelInfo,
 }
 
 const PROMPT_CHUNK: usize = 512;
+/// Candidates checked against the grammar before falling back to the whole
+/// vocabulary, when the unconstrained choice is refused.
+const GRAMMAR_SHORTLIST: usize = 64;
 
 impl LlamaEngine {
     /// The model stays loaded for the rest of the process (the context
@@ -128,11 +164,23 @@ impl LlamaEngine {
         let ctx = model
             .new_context(backend, ctx_params)
             .map_err(|e| load_error(format!("creating the context: {e}")))?;
+        let info = read_model_info(model);
         Ok(Self {
             model,
             ctx,
             context_tokens,
+            cached: Vec::new(),
+            prefix_cache: true,
+            info,
         })
+    }
+
+    /// Turns the prompt-prefix cache on or off (off: every request starts
+    /// from an empty cache).
+    #[must_use]
+    pub fn with_prefix_cache(mut self, enabled: bool) -> Self {
+        self.prefix_cache = enabled;
+        self
     }
 
     fn sampler(params: &SamplingParams) -> LlamaSampler {
@@ -147,6 +195,252 @@ impl LlamaEngine {
         chain.push(LlamaSampler::dist(params.seed));
         LlamaSampler::chain_simple(chain)
     }
+
+    /// Forgets everything after `keep` cached tokens; `false` when the
+    /// cache cannot cut there (then it is emptied).
+    fn truncate_cache(&mut self, keep: usize) -> Result<(), EngineError> {
+        if keep >= self.cached.len() {
+            return Ok(());
+        }
+        let cut = u32::try_from(keep).map_err(inference)?;
+        let removed = self
+            .ctx
+            .clear_kv_cache_seq(Some(0), Some(cut), None)
+            .map_err(inference)?;
+        if removed {
+            self.cached.truncate(keep);
+        } else {
+            self.ctx.clear_kv_cache();
+            self.cached.clear();
+        }
+        Ok(())
+    }
+
+    fn reset_cache(&mut self) {
+        self.ctx.clear_kv_cache();
+        self.cached.clear();
+    }
+
+    /// Puts `prompt` in the cache, reusing the cached prefix; returns how
+    /// many tokens were reused. The last prompt token is always computed
+    /// afresh: sampling needs its logits.
+    fn load_prompt(
+        &mut self,
+        prompt: &[i32],
+        batch: &mut LlamaBatch,
+    ) -> Result<usize, EngineError> {
+        let reuse = if self.prefix_cache {
+            common_prefix(&self.cached, prompt).min(prompt.len() - 1)
+        } else {
+            0
+        };
+        if reuse == 0 {
+            self.reset_cache();
+        } else {
+            self.truncate_cache(reuse)?;
+        }
+        let reused = self.cached.len();
+        let rest = &prompt[reused..];
+        let mut position = reused;
+        for chunk in rest.chunks(PROMPT_CHUNK) {
+            batch.clear();
+            for (i, token) in chunk.iter().enumerate() {
+                let last = position + i + 1 == prompt.len();
+                batch
+                    .add(LlamaToken(*token), to_pos(position + i)?, &[0], last)
+                    .map_err(inference)?;
+            }
+            self.ctx.decode(batch).map_err(inference)?;
+            self.cached.extend_from_slice(chunk);
+            position += chunk.len();
+        }
+        Ok(reused)
+    }
+
+    fn generate_inner(
+        &mut self,
+        prompt: &[i32],
+        params: &SamplingParams,
+        on_piece: &mut dyn FnMut(&[u8]) -> Flow,
+    ) -> Result<EngineRun, EngineError> {
+        let context = self.context_tokens as usize;
+        let mut batch = LlamaBatch::new(PROMPT_CHUNK, 1);
+        let cached_tokens = self.load_prompt(prompt, &mut batch)?;
+        let mut sampler = Self::sampler(params);
+        let mut gate = match &params.constraint {
+            Some(constraint) => Some(GrammarGate::new(self.model, constraint)?),
+            None => None,
+        };
+        let budget = (params.max_tokens as usize).min(context - prompt.len());
+        let mut produced = 0;
+        let mut piece = Vec::new();
+        let run = |produced, finish| EngineRun {
+            completion_tokens: produced,
+            finish,
+            cached_tokens,
+        };
+        loop {
+            if produced >= budget {
+                return Ok(run(produced, EngineFinish::Length));
+            }
+            let vocab = self.model.vocab();
+            let last = batch.n_tokens() - 1;
+            let token = match gate.as_mut() {
+                Some(gate) => gate.sample(&self.ctx, last, &mut sampler)?,
+                None => sampler.sample(&self.ctx, last),
+            };
+            produced += 1;
+            if vocab.is_eog(token) {
+                return Ok(run(produced, EngineFinish::EndOfTurn));
+            }
+            piece.clear();
+            vocab.token_to_piece_into(token, &mut piece, false, None);
+            if let Some(active) = gate.as_mut()
+                && active.accept(token, &piece)
+            {
+                gate = None;
+            }
+            if on_piece(&piece) == Flow::Halt {
+                return Ok(run(produced, EngineFinish::Halted));
+            }
+            // The last allowed token needs no decode: nothing samples after it.
+            if produced >= budget {
+                return Ok(run(produced, EngineFinish::Length));
+            }
+            batch.clear();
+            let position = self.cached.len();
+            batch
+                .add(token, to_pos(position)?, &[0], true)
+                .map_err(inference)?;
+            self.ctx.decode(&mut batch).map_err(inference)?;
+            self.cached.push(token.0);
+        }
+    }
+}
+
+/// A grammar sampler used beside the ordinary chain: the chain's choice is
+/// checked against the grammar first (cheap: one token), and only when the
+/// grammar refuses it are the candidates filtered (a shortlist of the most
+/// likely tokens first, the whole vocabulary last). Greedy decoding gives
+/// exactly the grammar-constrained argmax this way.
+struct GrammarGate {
+    grammar: LlamaSampler,
+    lift_unless_prefix: Option<String>,
+    /// Output so far, while the lift condition is undecided.
+    text: String,
+}
+
+impl GrammarGate {
+    fn new(model: &LlamaModel, constraint: &Constraint) -> Result<Self, EngineError> {
+        let grammar = LlamaSampler::grammar(model, &constraint.grammar.text, Grammar::ROOT)
+            .map_err(|e| EngineError::Grammar(e.to_string()))?;
+        Ok(Self {
+            grammar,
+            lift_unless_prefix: constraint.lift_unless_prefix.clone(),
+            text: String::new(),
+        })
+    }
+
+    fn allows(&mut self, token: LlamaToken) -> bool {
+        let mut one = LlamaTokenDataArray::new(vec![LlamaTokenData::new(token, 0.0, 0.0)], false);
+        one.apply_sampler(&mut self.grammar);
+        one.data
+            .first()
+            .is_some_and(|d| d.logit() > f32::NEG_INFINITY)
+    }
+
+    fn sample(
+        &mut self,
+        ctx: &LlamaContext<'_>,
+        index: i32,
+        chain: &mut LlamaSampler,
+    ) -> Result<LlamaToken, EngineError> {
+        let mut candidates = ctx.token_data_array_ith(index);
+        let mut trial = candidates.clone();
+        trial.apply_sampler(chain);
+        if let Some(token) = trial.selected_token()
+            && self.allows(token)
+        {
+            return Ok(token);
+        }
+        // The most likely tokens first: usually the grammar's next token is among them.
+        let shortlist_len = GRAMMAR_SHORTLIST.min(candidates.data.len());
+        if shortlist_len > 0 {
+            candidates
+                .data
+                .select_nth_unstable_by(shortlist_len - 1, |a, b| b.logit().total_cmp(&a.logit()));
+            let mut shortlist: Vec<LlamaTokenData> = candidates.data[..shortlist_len].to_vec();
+            shortlist.sort_by(|a, b| b.logit().total_cmp(&a.logit()));
+            let mut shortlist = LlamaTokenDataArray::new(shortlist, true);
+            shortlist.apply_sampler(&mut self.grammar);
+            if shortlist.data.iter().any(|d| d.logit() > f32::NEG_INFINITY) {
+                shortlist.sorted = false;
+                shortlist.apply_sampler(chain);
+                if let Some(token) = shortlist.selected_token()
+                    && self.allows(token)
+                {
+                    return Ok(token);
+                }
+            }
+        }
+        candidates.sorted = false;
+        candidates.apply_sampler(&mut self.grammar);
+        candidates.apply_sampler(chain);
+        match candidates.selected_token() {
+            Some(token) if self.allows(token) => Ok(token),
+            _ => Err(EngineError::Grammar(
+                "the grammar allows no token here".to_owned(),
+            )),
+        }
+    }
+
+    /// Advances the grammar past `token`; `true` when the grammar no longer
+    /// applies (the output can no longer become a tool call).
+    fn accept(&mut self, token: LlamaToken, piece: &[u8]) -> bool {
+        self.grammar.accept(token);
+        let Some(marker) = &self.lift_unless_prefix else {
+            return false;
+        };
+        self.text.push_str(&String::from_utf8_lossy(piece));
+        !(self.text.starts_with(marker.as_str()) || marker.starts_with(self.text.as_str()))
+    }
+}
+
+fn common_prefix(a: &[i32], b: &[i32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+fn to_pos(position: usize) -> Result<i32, EngineError> {
+    i32::try_from(position).map_err(inference)
+}
+
+fn token_text(model: &LlamaModel, token: LlamaToken) -> String {
+    if token.0 < 0 || token.0 >= model.n_vocab() {
+        return String::new();
+    }
+    String::from_utf8_lossy(&model.vocab().token_to_piece(token, true, None)).into_owned()
+}
+
+fn read_model_info(model: &LlamaModel) -> ModelInfo {
+    let vocab = model.vocab();
+    let chat_template = model
+        .chat_template(None)
+        .ok()
+        .and_then(|t| t.to_string().ok())
+        .filter(|t| !t.trim().is_empty());
+    let mut end_of_turn_texts = Vec::new();
+    for token in [vocab.eos(), vocab.eot()] {
+        let text = token_text(model, token);
+        if !text.is_empty() && !end_of_turn_texts.contains(&text) {
+            end_of_turn_texts.push(text);
+        }
+    }
+    ModelInfo {
+        chat_template,
+        bos_token: token_text(model, vocab.bos()),
+        eos_token: token_text(model, vocab.eos()),
+        end_of_turn_texts,
+    }
 }
 
 fn inference(e: impl std::fmt::Display) -> EngineError {
@@ -154,13 +448,20 @@ fn inference(e: impl std::fmt::Display) -> EngineError {
 }
 
 impl ChatEngine for LlamaEngine {
+    /// Adds the model's BOS token when its tokenizer wants one and the
+    /// rendered prompt does not already start with it.
     fn tokenize(&self, text: &str) -> Vec<i32> {
-        self.model
-            .vocab()
+        let vocab = self.model.vocab();
+        let mut tokens: Vec<i32> = vocab
             .tokenize(text.as_bytes(), false, true)
             .into_iter()
             .map(|t| t.0)
-            .collect()
+            .collect();
+        let bos = vocab.bos();
+        if vocab.should_add_bos() && tokens.first() != Some(&bos.0) {
+            tokens.insert(0, bos.0);
+        }
+        tokens
     }
 
     fn detokenize(&self, tokens: &[i32]) -> String {
@@ -176,6 +477,10 @@ impl ChatEngine for LlamaEngine {
         self.context_tokens
     }
 
+    fn model_info(&self) -> ModelInfo {
+        self.info.clone()
+    }
+
     fn generate(
         &mut self,
         prompt: &[i32],
@@ -185,73 +490,17 @@ impl ChatEngine for LlamaEngine {
         if prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
-        let context = self.context_tokens as usize;
-        if prompt.len() >= context {
+        if prompt.len() >= self.context_tokens as usize {
             return Err(EngineError::PromptTooLong {
                 prompt: prompt.len(),
                 context: self.context_tokens,
             });
         }
-        // Forget the previous request's tokens; only the bookkeeping is reset,
-        // the cache memory is simply overwritten.
-        self.ctx
-            .clear_kv_cache_seq(None, None, None)
-            .map_err(inference)?;
-        let ctx = &mut self.ctx;
-        let vocab = self.model.vocab();
-
-        let mut batch = LlamaBatch::new(PROMPT_CHUNK, 1);
-        let mut position: i32 = 0;
-        for chunk in prompt.chunks(PROMPT_CHUNK) {
-            batch.clear();
-            for (i, token) in chunk.iter().enumerate() {
-                let last = position as usize + i + 1 == prompt.len();
-                batch
-                    .add(LlamaToken(*token), position + i as i32, &[0], last)
-                    .map_err(inference)?;
-            }
-            ctx.decode(&mut batch).map_err(inference)?;
-            position += chunk.len() as i32;
+        let result = self.generate_inner(prompt, params, on_piece);
+        if result.is_err() {
+            // The cache may hold a half-decoded batch: trust none of it.
+            self.reset_cache();
         }
-
-        let mut sampler = Self::sampler(params);
-        let budget = (params.max_tokens as usize).min(context - prompt.len());
-        let mut produced = 0;
-        let mut piece = Vec::new();
-        loop {
-            if produced >= budget {
-                return Ok(EngineRun {
-                    completion_tokens: produced,
-                    finish: EngineFinish::Length,
-                });
-            }
-            let token = sampler.sample(ctx, batch.n_tokens() - 1);
-            produced += 1;
-            if vocab.is_eog(token) {
-                return Ok(EngineRun {
-                    completion_tokens: produced,
-                    finish: EngineFinish::EndOfTurn,
-                });
-            }
-            piece.clear();
-            vocab.token_to_piece_into(token, &mut piece, false, None);
-            if on_piece(&piece) == Flow::Halt {
-                return Ok(EngineRun {
-                    completion_tokens: produced,
-                    finish: EngineFinish::Halted,
-                });
-            }
-            // The last allowed token needs no decode: nothing samples after it.
-            if produced >= budget {
-                return Ok(EngineRun {
-                    completion_tokens: produced,
-                    finish: EngineFinish::Length,
-                });
-            }
-            batch.clear();
-            batch.add(token, position, &[0], true).map_err(inference)?;
-            position += 1;
-            ctx.decode(&mut batch).map_err(inference)?;
-        }
+        result
     }
 }

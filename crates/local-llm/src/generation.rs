@@ -8,8 +8,7 @@ use std::thread;
 
 use tokio::sync::mpsc;
 
-use crate::chat_template::END_OF_TURN;
-use crate::engine::{ChatEngine, EngineError, EngineFinish, Flow, SamplingParams};
+use crate::engine::{ChatEngine, EngineError, EngineFinish, Flow, ModelInfo, SamplingParams};
 use crate::stop::StopScanner;
 
 #[derive(Debug, Clone)]
@@ -44,6 +43,8 @@ pub enum GenerationEvent {
     Finished {
         reason: FinishReason,
         completion_tokens: usize,
+        /// Prompt tokens served from the prefix cache.
+        cached_tokens: usize,
     },
     Failed(EngineError),
 }
@@ -175,6 +176,7 @@ impl Drop for GeneratorExit {
 #[derive(Clone)]
 pub struct GenerationQueue {
     owner: Arc<Owner>,
+    info: Arc<ModelInfo>,
 }
 
 impl GenerationQueue {
@@ -199,7 +201,7 @@ impl GenerationQueue {
                 let _exit = GeneratorExit(worker.clone());
                 let mut engine = match make_engine() {
                     Ok(engine) => {
-                        let _ = ready_tx.send(Ok(()));
+                        let _ = ready_tx.send(Ok(engine.model_info()));
                         engine
                     }
                     Err(err) => {
@@ -218,12 +220,18 @@ impl GenerationQueue {
             .map_err(|e| {
                 EngineError::Inference(format!("cannot start the generator thread: {e}"))
             })?;
-        ready_rx.recv().map_err(|_| {
+        let info = ready_rx.recv().map_err(|_| {
             EngineError::Inference("the generator thread exited while loading".into())
         })??;
         Ok(Self {
             owner: Arc::new(Owner(shared)),
+            info: Arc::new(info),
         })
+    }
+
+    /// What the loaded model file says about itself (chat template, special tokens).
+    pub fn model_info(&self) -> &ModelInfo {
+        &self.info
     }
 
     /// Queues a request, or refuses it at once when the queue is full. Jobs
@@ -284,8 +292,8 @@ fn run_job<E: ChatEngine>(
     let Job { request, events } = job;
     let prompt = engine.tokenize(&request.prompt);
     let mut stops = request.stop;
-    // The template's end-of-turn marker may also come out as plain text.
-    stops.push(END_OF_TURN.to_owned());
+    // The end-of-turn marker may also come out spelled in ordinary tokens.
+    stops.extend(engine.model_info().end_of_turn_texts);
     let mut scanner = StopScanner::new(stops);
     let mut started = false;
     let mut hit_stop = false;
@@ -341,6 +349,7 @@ fn run_job<E: ChatEngine>(
             GenerationEvent::Finished {
                 reason,
                 completion_tokens: run.completion_tokens,
+                cached_tokens: run.cached_tokens,
             }
         }
         Err(err) => GenerationEvent::Failed(err),

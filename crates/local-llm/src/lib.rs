@@ -4,6 +4,7 @@
 
 pub mod admission;
 pub mod api;
+pub mod chat;
 pub mod chat_template;
 pub mod config;
 pub mod embeddings;
@@ -11,7 +12,9 @@ pub mod engine;
 pub mod error;
 pub mod fetch;
 pub mod generation;
+pub mod grammar;
 pub mod server;
 pub mod stop;
 #[doc(hidden)]
 pub mod testing;
+pub mod tools;

@@ -4,7 +4,6 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use actix_web::dev::Server;
 use actix_web::{App, HttpResponse, HttpServer, web};
@@ -12,19 +11,18 @@ use base64::Engine as _;
 use bytes::Bytes;
 use futures::StreamExt;
 use serde_json::{Value, json};
-use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::admission::{Admission, AdmitError};
 use crate::api::{
-    ChatCompletionRequest, EmbeddingInput, EmbeddingsRequest, Usage, VertexPredictRequest,
-    parse_json,
+    ChatCompletionRequest, EmbeddingInput, EmbeddingsRequest, VertexPredictRequest, parse_json,
 };
-use crate::chat_template::{ChatMessage, render_chatml};
+use crate::chat;
+use crate::chat_template::{ChatTemplate, TemplateError};
 use crate::config::Config;
 use crate::embeddings::{EmbedError, EmbedModel, Embedded, Embedder};
-use crate::engine::{EngineError, LlamaEngine, SamplingParams};
+use crate::engine::{EngineError, LlamaEngine};
 use crate::error::ApiError;
-use crate::generation::{GenerationEvent, GenerationQueue, GenerationRequest, SubmitError};
+use crate::generation::{GenerationQueue, SubmitError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -32,6 +30,13 @@ pub enum StartError {
     Chat(#[from] EngineError),
     #[error(transparent)]
     Embeddings(#[from] EmbedError),
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    #[error("cannot read the chat template {path}: {source}")]
+    TemplateFile {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -46,6 +51,8 @@ pub struct AppState {
     pub embedder: Arc<dyn EmbedModel>,
     /// Bounds embedding work the way the generation queue bounds chat.
     pub embed_admission: Arc<Admission>,
+    /// The chat model's prompt template.
+    pub template: Arc<ChatTemplate>,
     /// Set at SIGTERM: `/ready` answers 503 from then on.
     stopping: Arc<AtomicBool>,
 }
@@ -55,11 +62,12 @@ impl AppState {
     pub fn load(config: Config) -> Result<Self, StartError> {
         let path = config.chat_model_path.clone();
         let (threads, context) = (config.threads, config.context_tokens);
+        let prefix_cache = config.prompt_cache;
         let chat = GenerationQueue::start(config.queue_capacity, move || {
-            LlamaEngine::load(&path, threads, context)
+            Ok(LlamaEngine::load(&path, threads, context)?.with_prefix_cache(prefix_cache))
         })?;
         let embedder = Arc::new(Embedder::load(&config.embed_model_dir)?);
-        Ok(Self::from_parts(config, chat, embedder))
+        Self::from_parts(config, chat, embedder)
     }
 
     /// Builds the app around any chat queue and embedder: the seam for other
@@ -68,18 +76,31 @@ impl AppState {
         config: Config,
         chat: GenerationQueue,
         embedder: Arc<dyn EmbedModel>,
-    ) -> Self {
+    ) -> Result<Self, StartError> {
+        let override_source =
+            match &config.chat_template_path {
+                Some(path) => Some(std::fs::read_to_string(path).map_err(|source| {
+                    StartError::TemplateFile {
+                        path: path.display().to_string(),
+                        source,
+                    }
+                })?),
+                None => None,
+            };
+        let template = ChatTemplate::for_model(chat.model_info(), override_source)?;
+        tracing::info!(source = ?template.source(), "chat template loaded");
         let embed_admission = Arc::new(Admission::new(
             config.embed_concurrency,
             config.embed_queue_capacity,
         ));
-        Self {
+        Ok(Self {
             config: Arc::new(config),
             chat,
             embedder,
             embed_admission,
+            template: Arc::new(template),
             stopping: Arc::new(AtomicBool::new(false)),
-        }
+        })
     }
 
     /// The process is shutting down: not ready any more (it keeps serving).
@@ -136,6 +157,7 @@ async fn health(state: web::Data<AppState>) -> HttpResponse {
     HttpResponse::Ok().json(json!({
         "status": "ok",
         "chat_model": state.config.chat_model_id,
+        "chat_template": state.template.source(),
         "embedding_model": state.config.embed_model_id,
         "chat_queue": state.chat.stats(),
         "embedding_queue": state.embed_admission.stats(),
@@ -263,248 +285,29 @@ async fn read_body(mut payload: web::Payload, limit: usize) -> Result<Bytes, Api
     Ok(body.freeze())
 }
 
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
-fn validated_generation(
-    state: &AppState,
-    request: ChatCompletionRequest,
-) -> Result<GenerationRequest, ApiError> {
-    if request.model != state.config.chat_model_id {
-        return Err(ApiError::ModelNotFound(format!(
-            "model {:?} does not exist; this server serves {:?}",
-            request.model, state.config.chat_model_id
-        )));
-    }
-    if request.messages.is_empty() {
-        return Err(ApiError::BadRequest(
-            "messages must not be empty".to_owned(),
-        ));
-    }
-    let mut messages = Vec::with_capacity(request.messages.len());
-    for message in &request.messages {
-        if !matches!(
-            message.role.as_str(),
-            "system" | "developer" | "user" | "assistant" | "tool"
-        ) {
-            return Err(ApiError::Unprocessable(format!(
-                "unknown message role {:?}",
-                message.role
-            )));
-        }
-        let role = if message.role == "developer" {
-            "system"
-        } else {
-            message.role.as_str()
-        };
-        messages.push(ChatMessage {
-            role: role.to_owned(),
-            content: message.text()?,
-        });
-    }
-    let temperature = request.temperature.unwrap_or(0.7);
-    if !(0.0..=2.0).contains(&temperature) {
-        return Err(ApiError::Unprocessable(
-            "temperature must be between 0 and 2".to_owned(),
-        ));
-    }
-    let top_p = request.top_p.unwrap_or(1.0);
-    if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(ApiError::Unprocessable(
-            "top_p must be in (0, 1]".to_owned(),
-        ));
-    }
-    let max_tokens = request
-        .max_completion_tokens
-        .or(request.max_tokens)
-        .unwrap_or(512);
-    if max_tokens == 0 {
-        return Err(ApiError::Unprocessable(
-            "max_tokens must be at least 1".to_owned(),
-        ));
-    }
-    let stop = request.stop.map(|s| s.into_vec()).unwrap_or_default();
-    if stop.len() > 4 {
-        return Err(ApiError::Unprocessable(
-            "at most 4 stop sequences are allowed".to_owned(),
-        ));
-    }
-    Ok(GenerationRequest {
-        prompt: render_chatml(&messages),
-        params: SamplingParams {
-            temperature,
-            top_p,
-            max_tokens,
-            seed: pick_seed(request.seed),
-        },
-        stop,
-    })
-}
-
-/// The client's seed keeps sampling reproducible; without one each request
-/// draws its own, so identical requests at temperature > 0 can differ, as
-/// OpenAI's do. (Greedy decoding ignores the seed.)
-fn pick_seed(requested: Option<u32>) -> u32 {
-    requested.unwrap_or_else(|| {
-        let bytes = uuid::Uuid::new_v4().into_bytes();
-        u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
-    })
-}
-
-fn engine_error(err: EngineError) -> ApiError {
-    match err {
-        EngineError::PromptTooLong { .. } => ApiError::PayloadTooLarge(err.to_string()),
-        EngineError::EmptyPrompt => ApiError::BadRequest(err.to_string()),
-        other => ApiError::Internal(other.to_string()),
-    }
-}
-
-/// Waits until the generator has taken the prompt, so prompt errors still get a status code.
-async fn await_start(events: &mut UnboundedReceiver<GenerationEvent>) -> Result<usize, ApiError> {
-    match events.recv().await {
-        Some(GenerationEvent::Started { prompt_tokens }) => Ok(prompt_tokens),
-        Some(GenerationEvent::Failed(err)) => Err(engine_error(err)),
-        Some(_) | None => Err(ApiError::Internal(
-            "generator ended without starting".to_owned(),
-        )),
-    }
-}
-
 async fn chat_completions(
     state: web::Data<AppState>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let body = read_body(payload, state.config.max_body_bytes).await?;
     let request: ChatCompletionRequest = parse_json(&body)?;
-    let stream = request.stream;
-    let include_usage = request
-        .stream_options
-        .as_ref()
-        .is_some_and(|o| o.include_usage);
-    let generation = validated_generation(&state, request)?;
-    let mut events = state.chat.submit(generation).map_err(|e| match e {
-        SubmitError::QueueFull => ApiError::QueueFull("chat"),
-        SubmitError::Stopped => ApiError::Internal(e.to_string()),
-    })?;
-    let prompt_tokens = await_start(&mut events).await?;
-    let id = format!("chatcmpl-{}", uuid::Uuid::new_v4().simple());
-    let model = state.config.chat_model_id.clone();
-    let created = unix_now();
-    if stream {
+    let prepared = chat::prepare(&state.config, &state.template, request)?;
+    let mut events = state
+        .chat
+        .submit(prepared.generation.clone())
+        .map_err(|e| match e {
+            SubmitError::QueueFull => ApiError::QueueFull("chat"),
+            SubmitError::Stopped => ApiError::Internal(e.to_string()),
+        })?;
+    let prompt_tokens = chat::await_start(&mut events).await?;
+    let meta = chat::ResponseMeta::new(&state.config.chat_model_id, prompt_tokens);
+    if prepared.stream {
         return Ok(HttpResponse::Ok()
             .content_type("text/event-stream")
             .insert_header(("Cache-Control", "no-cache"))
-            .streaming(sse_stream(
-                events,
-                SseMeta {
-                    id,
-                    model,
-                    created,
-                    prompt_tokens,
-                    include_usage,
-                },
-            )));
+            .streaming(chat::sse_stream(events, meta, prepared)));
     }
-    let mut content = String::new();
-    loop {
-        match events.recv().await {
-            Some(GenerationEvent::Delta(text)) => content.push_str(&text),
-            Some(GenerationEvent::Finished {
-                reason,
-                completion_tokens,
-            }) => {
-                let usage = Usage {
-                    prompt_tokens,
-                    completion_tokens,
-                    total_tokens: prompt_tokens + completion_tokens,
-                };
-                return Ok(HttpResponse::Ok().json(json!({
-                    "id": id,
-                    "object": "chat.completion",
-                    "created": created,
-                    "model": model,
-                    "choices": [{
-                        "index": 0,
-                        "message": { "role": "assistant", "content": content },
-                        "finish_reason": reason.as_str(),
-                    }],
-                    "usage": usage,
-                })));
-            }
-            Some(GenerationEvent::Failed(err)) => return Err(engine_error(err)),
-            Some(GenerationEvent::Started { .. }) => {}
-            None => {
-                return Err(ApiError::Internal(
-                    "generator stopped mid-answer".to_owned(),
-                ));
-            }
-        }
-    }
-}
-
-struct SseMeta {
-    id: String,
-    model: String,
-    created: u64,
-    prompt_tokens: usize,
-    include_usage: bool,
-}
-
-/// Dropping this stream (actix does when the client disconnects) drops the
-/// event receiver, which halts generation at the next token.
-fn sse_stream(
-    mut events: UnboundedReceiver<GenerationEvent>,
-    meta: SseMeta,
-) -> impl futures::Stream<Item = Result<Bytes, actix_web::Error>> {
-    let frame = |payload: Value| Bytes::from(format!("data: {payload}\n\n"));
-    let chunk = move |choices: Value, usage: Option<Usage>| {
-        let mut payload = json!({
-            "id": meta.id,
-            "object": "chat.completion.chunk",
-            "created": meta.created,
-            "model": meta.model,
-            "choices": choices,
-        });
-        if let Some(usage) = usage {
-            payload["usage"] = json!(usage);
-        }
-        frame(payload)
-    };
-    let choice = |delta: Value, finish: Option<&str>| json!([{ "index": 0, "delta": delta, "finish_reason": finish }]);
-    let (prompt_tokens, include_usage) = (meta.prompt_tokens, meta.include_usage);
-    async_stream::stream! {
-        yield Ok(chunk(choice(json!({ "role": "assistant", "content": "" }), None), None));
-        while let Some(event) = events.recv().await {
-            match event {
-                GenerationEvent::Delta(text) => {
-                    yield Ok(chunk(choice(json!({ "content": text }), None), None));
-                }
-                GenerationEvent::Finished { reason, completion_tokens } => {
-                    yield Ok(chunk(choice(json!({}), Some(reason.as_str())), None));
-                    if include_usage {
-                        let usage = Usage {
-                            prompt_tokens,
-                            completion_tokens,
-                            total_tokens: prompt_tokens + completion_tokens,
-                        };
-                        yield Ok(chunk(json!([]), Some(usage)));
-                    }
-                    break;
-                }
-                GenerationEvent::Failed(err) => {
-                    tracing::error!(error = %err, "generation failed mid-stream");
-                    yield Ok(frame(ApiError::Internal(err.to_string()).body()));
-                    break;
-                }
-                GenerationEvent::Started { .. } => {}
-            }
-        }
-        yield Ok(Bytes::from_static(b"data: [DONE]\n\n"));
-    }
+    Ok(HttpResponse::Ok().json(chat::complete(events, meta, &prepared).await?))
 }
 
 fn check_inputs(state: &AppState, texts: &[String]) -> Result<(), ApiError> {
@@ -633,20 +436,4 @@ async fn vertex_predict(
         "predictions": predictions,
         "metadata": { "billableCharacterCount": characters },
     })))
-}
-
-#[cfg(test)]
-mod tests {
-    use std::collections::HashSet;
-
-    use super::*;
-
-    #[test]
-    fn a_given_seed_is_kept_and_a_missing_one_is_drawn_per_request() {
-        assert_eq!(pick_seed(Some(7)), 7);
-        assert_eq!(pick_seed(Some(0x5eed)), 0x5eed);
-        let drawn: HashSet<u32> = (0..8).map(|_| pick_seed(None)).collect();
-        // Eight draws from 2^32 values all colliding would mean a fixed seed.
-        assert!(drawn.len() > 1, "{drawn:?}");
-    }
 }

@@ -10,7 +10,9 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use crate::embeddings::{EmbedError, EmbedModel, Embedded};
-use crate::engine::{ChatEngine, EngineError, EngineFinish, EngineRun, Flow, SamplingParams};
+use crate::engine::{
+    ChatEngine, EngineError, EngineFinish, EngineRun, Flow, ModelInfo, SamplingParams,
+};
 
 /// How long a test waits for a report before giving up (a hang guard, not a delay).
 pub const REPORT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -104,6 +106,16 @@ impl ChatEngine for GatedEngine {
         4096
     }
 
+    /// No template of its own: the server falls back to ChatML.
+    fn model_info(&self) -> ModelInfo {
+        ModelInfo {
+            chat_template: None,
+            bos_token: String::new(),
+            eos_token: "<|im_end|>".to_owned(),
+            end_of_turn_texts: vec!["<|im_end|>".to_owned()],
+        }
+    }
+
     fn generate(
         &mut self,
         prompt: &[i32],
@@ -135,6 +147,7 @@ impl ChatEngine for GatedEngine {
         let run = EngineRun {
             completion_tokens: produced,
             finish,
+            cached_tokens: 0,
         };
         let _ = self.reports.send(GateReport::Finished { prompt, run });
         Ok(run)

@@ -4,6 +4,7 @@
 //! - `web::Data<Config>`
 //! - `web::Data<PromptRegistry>` (holds `chat/react`)
 //! - `web::Data<dyn ChatModel>` (`web::Data::from(Arc<dyn ChatModel>)`)
+//! - `web::Data<ToolCallingModel>` (prompt families with native tool calling)
 //!
 //! and a [`GatewayUser`] in the request extensions, put there by the
 //! authentication middleware before the handler runs.
@@ -15,6 +16,7 @@ use crate::config::Config;
 use crate::error::ApiError;
 use crate::prompts::PromptRegistry;
 use crate::providers::{ChatModel, ModelWaitClock};
+use crate::workflow_service::model::ToolCallingModel;
 use actix_web::{HttpRequest, HttpResponse, web};
 use bytes::Bytes;
 use contracts::{AgentRequest, headers};
@@ -59,7 +61,13 @@ async fn chat_agent(
     .await
     .map_err(|e| ApiError::Internal(format!("preparing the agent step: {e}")))??;
     prepared.call.wait_clock = Some(clock);
-    let events = agent::run(model.into_inner(), prepared)
+    let tool_model = match req.app_data::<web::Data<ToolCallingModel>>() {
+        Some(tool_model) => tool_model.get_ref().clone(),
+        // Apps that do not register one (tests of the ReAct path) still work.
+        None => ToolCallingModel::new()
+            .map_err(|e| ApiError::Internal(format!("tool-calling client: {e}")))?,
+    };
+    let events = agent::run(model.into_inner(), tool_model, prepared)
         .map(|event| Ok::<_, Infallible>(Bytes::from(event.to_ndjson_line())));
     Ok(HttpResponse::Ok().content_type(NDJSON).streaming(events))
 }

@@ -6,14 +6,21 @@
 //! user turn, and the current question, is rendered with the `user` template
 //! (input `message`); history assistant turns are passed through unchanged;
 //! the `assistant` template (the scratchpad ending in `Thought:`) is the prefill.
+//!
+//! A prompt family with `params.tool_calling: native` skips the ReAct text:
+//! the step goes to [`super::native`], which asks the model with its own tool
+//! calling and emits the same events.
 
+use super::native::{self, NativeStep};
 use super::react_parser::{ReactOutcome, ReactParser};
 use super::tools_registry::{DuoChatToolsRegistry, ToolDefinition, parse_feature_flags};
 use crate::auth::GatewayUser;
 use crate::config::Config;
 use crate::error::{ApiError, ValidationIssue};
-use crate::prompts::{PromptError, PromptRegistry, TemplateRole, choose_families};
+use crate::prompts::{PromptError, PromptRegistry, TemplateRole, ToolCalling, choose_families};
 use crate::providers::{ChatMessage, ChatModel, ChatRole, ModelCall, ProviderError, ProviderKind};
+use crate::workflow_service::model::{ModelRoute, ToolCallingModel, route_for_target};
+use crate::workflow_service::state::Message;
 use contracts::{AgentEvent, AgentMessage, AgentRequest, MessageRole, UnitPrimitive};
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -41,6 +48,9 @@ pub enum AgentError {
     },
     #[error(transparent)]
     Prompt(#[from] PromptError),
+    /// The prompt asks for native tool calling on a model that has none.
+    #[error("{0}")]
+    ModelChoice(String),
 }
 
 impl From<AgentError> for ApiError {
@@ -53,6 +63,7 @@ impl From<AgentError> for ApiError {
                 kind: "value_error".into(),
             }]),
             AgentError::Prompt(e) => e.into(),
+            AgentError::ModelChoice(message) => Self::Unprocessable(message),
         }
     }
 }
@@ -142,6 +153,8 @@ pub fn validate(request: &AgentRequest) -> Result<(), AgentError> {
 pub struct PreparedAgent {
     pub call: ModelCall,
     pub tools: Vec<&'static ToolDefinition>,
+    /// Set when the prompt family asks for the provider's own tool calling.
+    pub native: Option<NativeStep>,
 }
 
 /// Runs every check, in GitLab's order (body, then scopes), and renders
@@ -211,11 +224,45 @@ pub fn prepare(
             }
         }
     }
+    let native_route = match definition.params.tool_calling {
+        ToolCalling::React => None,
+        ToolCalling::Native => Some(
+            route_for_target(&config.providers, &target)
+                .map_err(|e| AgentError::ModelChoice(e.to_string()))?,
+        ),
+    };
     let mut call = definition.model_call(rendered, target);
     messages.append(&mut call.messages);
     call.messages = messages;
     call.feature_category = FEATURE_CATEGORY;
-    Ok(PreparedAgent { call, tools })
+    let native = native_route.map(|route| {
+        let bundled = matches!(&route, ModelRoute::OpenAi { base_url, .. }
+            if *base_url == config.providers.local_llm_url);
+        NativeStep {
+            route,
+            system: call.system.clone().unwrap_or_default(),
+            messages: call
+                .messages
+                .iter()
+                .map(|m| match m.role {
+                    ChatRole::Assistant => Message::AiMessage {
+                        content: m.content.clone(),
+                        tool_calls: Vec::new(),
+                    },
+                    _ => Message::human(m.content.clone()),
+                })
+                .chain(native::step_messages(request.steps()))
+                .collect(),
+            tools: native::tool_schemas(&tools, bundled.then_some(native::BUNDLED_ANSWER_CHARS)),
+            params: call.params.clone(),
+            question: question.content.clone(),
+        }
+    });
+    Ok(PreparedAgent {
+        call,
+        tools,
+        native,
+    })
 }
 
 /// The `chat/react` inputs (see `prompts/chat/react/base/1.0.0.yml`).
@@ -291,9 +338,16 @@ fn error_event(err: &ProviderError) -> AgentEvent {
 
 /// Calls the model and streams the events: live `final_answer_delta`s, then
 /// one `action` or `unknown` at the end, or an `error` that ends the stream.
-pub fn run(model: Arc<dyn ChatModel>, prepared: PreparedAgent) -> BoxStream<'static, AgentEvent> {
+pub fn run(
+    model: Arc<dyn ChatModel>,
+    tool_model: ToolCallingModel,
+    prepared: PreparedAgent,
+) -> BoxStream<'static, AgentEvent> {
+    if let Some(step) = prepared.native {
+        return native::run(tool_model, step, prepared.tools);
+    }
     async_stream::stream! {
-        let PreparedAgent { call, tools } = prepared;
+        let PreparedAgent { call, tools, .. } = prepared;
         if call.target.kind == ProviderKind::Mock {
             yield AgentEvent::Unknown { text: "mock".into() };
             return;

@@ -2,6 +2,7 @@
 //! and the agent that streams events for `/v2/chat/agent`.
 
 pub mod agent;
+pub mod native;
 pub mod react_parser;
 pub mod tools_registry;
 

@@ -9,7 +9,9 @@ mod version;
 
 pub use invoke::{PreparedPrompt, PromptInvocation, choose_families, prepare};
 pub use registry::{PromptDefinition, PromptRegistry, RenderedMessage};
-pub use schema::{ModelClassProvider, ModelConfig, ModelSettings, PromptParams, TemplateRole};
+pub use schema::{
+    ModelClassProvider, ModelConfig, ModelSettings, PromptParams, TemplateRole, ToolCalling,
+};
 pub use version::{DEFAULT_CONSTRAINT, VersionConstraint};
 
 use crate::error::ApiError;

@@ -130,6 +130,24 @@ pub struct PromptParams {
     /// Seconds for the whole call.
     pub timeout: Option<f64>,
     pub vertex_location: Option<String>,
+    /// How an agent prompt asks for tools: ReAct text or the provider's own
+    /// tool calling.
+    #[serde(default)]
+    pub tool_calling: ToolCalling,
+}
+
+/// `params.tool_calling` of an agent prompt (`chat/react`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolCalling {
+    /// The model writes `Thought:` / `Action:` / `Action Input:` text that
+    /// the gateway parses; works with any text model.
+    #[default]
+    React,
+    /// The tools go to the provider as function definitions (OpenAI
+    /// `tools`, Anthropic tool use, the bundled server's grammar-constrained
+    /// tools) and the model answers with a structured call.
+    Native,
 }
 
 /// The role of one template, which becomes the role of its message.

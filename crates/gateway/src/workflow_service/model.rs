@@ -7,7 +7,7 @@
 use super::state::{Message, ToolCall};
 use crate::config::ProvidersConfig;
 use crate::prompts::PromptDefinition;
-use crate::providers::{ModelParams, ProviderError, ProviderKind};
+use crate::providers::{ModelParams, ModelTarget, ProviderError, ProviderKind};
 use secrecy::ExposeSecret;
 use serde_json::{Value, json};
 
@@ -187,33 +187,64 @@ pub fn route_for(
     let target = definition
         .model_target(config, None)
         .map_err(|e| ModelChoiceError::NotConfigured(e.to_string()))?;
+    route_for_target(config, &target)
+}
+
+/// Where a resolved model target goes, as the model router would send it
+/// (the bundled local model when nothing is configured; a custom model's
+/// own endpoint and key first).
+pub fn route_for_target(
+    config: &ProvidersConfig,
+    target: &ModelTarget,
+) -> Result<ModelRoute, ModelChoiceError> {
+    if target.kind == ProviderKind::Mock
+        || (config.mock_model_responses && target.kind == ProviderKind::Anthropic)
+    {
+        return Ok(ModelRoute::Mock);
+    }
+    let secret =
+        |s: &Option<secrecy::SecretString>| s.as_ref().map(|k| k.expose_secret().to_owned());
     if config.uses_local_default() {
-        return Ok(ModelRoute::OpenAi {
-            base_url: config.local_llm_url.clone(),
-            api_key: None,
-            model: config.local_llm_model.clone(),
+        return Ok(match (target.kind, &target.base_url) {
+            (ProviderKind::OpenAiCompatible, Some(base_url)) => ModelRoute::OpenAi {
+                base_url: base_url.clone(),
+                api_key: target.api_key.clone(),
+                model: target.model.clone(),
+            },
+            _ => ModelRoute::OpenAi {
+                base_url: config.local_llm_url.clone(),
+                api_key: None,
+                model: config.local_llm_model.clone(),
+            },
         });
     }
     match target.kind {
         ProviderKind::Anthropic => Ok(ModelRoute::Anthropic {
-            base_url: config.anthropic_base_url.clone(),
-            api_key: config
-                .anthropic_api_key
-                .as_ref()
-                .map(|k| k.expose_secret().to_owned()),
-            model: target.model,
+            base_url: target
+                .base_url
+                .clone()
+                .unwrap_or_else(|| config.anthropic_base_url.clone()),
+            api_key: target
+                .api_key
+                .clone()
+                .or_else(|| secret(&config.anthropic_api_key)),
+            model: target.model.clone(),
         }),
         ProviderKind::OpenAiCompatible => Ok(ModelRoute::OpenAi {
-            base_url: config.openai_base_url.clone().ok_or_else(|| {
-                ModelChoiceError::NotConfigured(
-                    "no OpenAI-compatible endpoint (OPENAI_BASE_URL)".into(),
-                )
-            })?,
-            api_key: config
-                .openai_api_key
-                .as_ref()
-                .map(|k| k.expose_secret().to_owned()),
-            model: target.model,
+            base_url: target
+                .base_url
+                .clone()
+                .or_else(|| config.openai_base_url.clone())
+                .ok_or_else(|| {
+                    ModelChoiceError::NotConfigured(
+                        "no OpenAI-compatible endpoint (OPENAI_BASE_URL)".into(),
+                    )
+                })?,
+            api_key: target
+                .api_key
+                .clone()
+                .or_else(|| secret(&config.openai_api_key)),
+            model: target.model.clone(),
         }),
         ProviderKind::Mock => Ok(ModelRoute::Mock),
         ProviderKind::VertexAi => Err(ModelChoiceError::Unsupported),
@@ -245,6 +276,22 @@ impl ToolCallingModel {
         tools: &[ToolSchema],
         params: &ModelParams,
     ) -> Result<ModelTurn, ProviderError> {
+        self.complete_with(route, system, messages, tools, params, false)
+            .await
+    }
+
+    /// One model turn; with `require_call` the model must call one of the
+    /// tools (OpenAI `tool_choice: required`, Anthropic `tool_choice: any`).
+    pub async fn complete_with(
+        &self,
+        route: &ModelRoute,
+        system: &str,
+        messages: &[Message],
+        tools: &[ToolSchema],
+        params: &ModelParams,
+        require_call: bool,
+    ) -> Result<ModelTurn, ProviderError> {
+        let require_call = require_call && !tools.is_empty();
         let (request, wire) = match route {
             ModelRoute::Mock => {
                 return Ok(ModelTurn {
@@ -268,7 +315,13 @@ impl ToolCallingModel {
                     .post(format!("{root}/v1/messages"))
                     .header("x-api-key", key)
                     .header("anthropic-version", "2023-06-01")
-                    .json(&anthropic_body(model, system, messages, tools, params));
+                    .json(&{
+                        let mut body = anthropic_body(model, system, messages, tools, params);
+                        if require_call {
+                            body["tool_choice"] = json!({"type": "any"});
+                        }
+                        body
+                    });
                 (request, Wire::Anthropic)
             }
             ModelRoute::OpenAi {
@@ -282,7 +335,13 @@ impl ToolCallingModel {
                         "{}/chat/completions",
                         base_url.trim_end_matches('/')
                     ))
-                    .json(&openai_body(model, system, messages, tools, params));
+                    .json(&{
+                        let mut body = openai_body(model, system, messages, tools, params);
+                        if require_call {
+                            body["tool_choice"] = json!("required");
+                        }
+                        body
+                    });
                 if let Some(key) = api_key {
                     request = request.bearer_auth(key);
                 }

@@ -113,19 +113,31 @@ fn scratchpad_steps_then_thought() {
 }
 
 #[test]
-fn openai_family_uses_4096_tokens() {
+fn the_local_default_asks_natively_and_the_openai_family_keeps_react() {
     let request: AgentRequest =
         serde_json::from_str(r#"{"messages":[{"role":"user","content":"hi"}]}"#).unwrap();
-    let cfg = gateway::Config::for_tests(&[]).unwrap();
-    let call = prepare(
-        &registry(),
-        &cfg,
-        &GatewayUser::debug(),
-        ClientInfo::default(),
-        &request,
-    )
-    .unwrap()
-    .call;
-    assert_eq!(call.params.max_tokens, 4096);
-    assert_eq!(call.params.stop, vec!["Observation:".to_owned()]);
+    let prepared = |cfg: &gateway::Config| {
+        prepare(
+            &registry(),
+            cfg,
+            &GatewayUser::debug(),
+            ClientInfo::default(),
+            &request,
+        )
+        .unwrap()
+    };
+    // Nothing configured: the bundled model, asked with native tool calls.
+    let local = prepared(&gateway::Config::for_tests(&[]).unwrap());
+    let step = local.native.expect("a native step");
+    assert!(!step.tools.is_empty());
+    assert!(!step.system.contains("Action Input"), "{}", step.system);
+    assert_eq!(step.params.max_tokens, 1024);
+    // The ReAct family stays available by name.
+    let cfg =
+        gateway::Config::for_tests(&[("AIGW_DEFAULT_PROMPTS", r#"{"chat/react": "openai"}"#)])
+            .unwrap();
+    let react = prepared(&cfg);
+    assert!(react.native.is_none());
+    assert_eq!(react.call.params.max_tokens, 4096);
+    assert_eq!(react.call.params.stop, vec!["Observation:".to_owned()]);
 }

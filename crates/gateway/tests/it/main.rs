@@ -10,6 +10,7 @@ mod stream_support;
 mod workflow_support;
 
 mod agent_api;
+mod agent_native;
 mod agent_prompt;
 mod agent_stream;
 mod app_health;

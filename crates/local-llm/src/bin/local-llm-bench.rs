@@ -1,7 +1,9 @@
 //! `local-llm-bench`: decode speed and time to first token for a 300-token
 //! prompt on our server and on llama.cpp itself (llama-cpp-python, installed
 //! into `.bench/`), their ratio against the 0.7x goal, embeddings per second
-//! and peak RSS.
+//! and peak RSS; decode speed under a JSON-schema grammar against
+//! unconstrained (goal 0.8x), and the time to first token of an agent's second
+//! step with the prompt-prefix cache against without it (goal 5x).
 //!
 //! Both sides use the same thread count: 2 unless `--threads N` or
 //! `DUO_BENCH_THREADS` says otherwise. The exit status is non-zero when the
@@ -28,6 +30,10 @@ const DEFAULT_THREADS: i32 = 2;
 /// Measured runs per side; the median is reported, which tames a noisy machine.
 const RUNS: usize = 3;
 const DECODE_GOAL: f64 = 0.7;
+/// Decode speed under a grammar, against unconstrained.
+const GRAMMAR_GOAL: f64 = 0.8;
+/// Time to first token of a second agent step: without the cache / with it.
+const CACHE_GOAL: f64 = 5.0;
 /// Its vendored llama.cpp (ggml 0.25.3) is the release closest to the one
 /// `llama-cpp-sys-2` 0.1.161 builds (ggml 0.26.0).
 const LLAMA_CPP_PYTHON: &str = "0.3.36";
@@ -91,6 +97,9 @@ async fn run() -> anyhow::Result<ExitCode> {
     let threads = bench_threads()?;
     let mut config = Config::from_env()?;
     config.threads = threads;
+    // The figures compared with llama.cpp are for a fresh prompt each time:
+    // without the prefix cache (the same prompt would be served from it).
+    config.prompt_cache = false;
     fetch_models(&config.models_dir).context("fetching weights")?;
     let gguf = config.chat_model_path.clone();
     let chat_model = config.chat_model_id.clone();
@@ -108,12 +117,60 @@ async fn run() -> anyhow::Result<ExitCode> {
         content: user_text.clone(),
     }]);
     // A short warm-up, then the measured runs.
-    chat_run(&client, &base, &chat_model, &user_text, 8).await?;
+    let plain = json!({});
+    chat_run(&client, &base, &chat_model, &user_text, 8, &plain).await?;
     let mut runs = Vec::with_capacity(RUNS);
     for _ in 0..RUNS {
-        runs.push(chat_run(&client, &base, &chat_model, &user_text, DECODE_TOKENS).await?);
+        runs.push(
+            chat_run(
+                &client,
+                &base,
+                &chat_model,
+                &user_text,
+                DECODE_TOKENS,
+                &plain,
+            )
+            .await?,
+        );
     }
     let ours = median_run(runs).context("no measured runs")?;
+    // The same answer under a grammar: a JSON object with one free string.
+    let constrained = json!({"response_format": {"type": "json_schema", "json_schema": {
+    "name": "summary", "strict": true, "schema": {
+        "type": "object",
+        "properties": {"summary": {"type": "string"}},
+        "required": ["summary"],
+        "additionalProperties": false
+    }}}});
+    let mut runs = Vec::with_capacity(RUNS);
+    for _ in 0..RUNS {
+        runs.push(
+            chat_run(
+                &client,
+                &base,
+                &chat_model,
+                &user_text,
+                DECODE_TOKENS,
+                &constrained,
+            )
+            .await?,
+        );
+    }
+    let grammar = median_run(runs).context("no measured grammar runs")?;
+    let no_cache = agent_step_ttft(&client, &base, &chat_model, &user_text).await?;
+    let mut cached_config = Config::from_env()?;
+    cached_config.threads = threads;
+    cached_config.prompt_cache = true;
+    let (cached_server, cached_addr) =
+        bind(AppState::load(cached_config)?, "127.0.0.1:0".parse()?)?;
+    actix_web::rt::spawn(cached_server);
+    let cache = agent_step_ttft(
+        &client,
+        &format!("http://{cached_addr}"),
+        &chat_model,
+        &user_text,
+    )
+    .await?;
     let (embeds_per_sec, embed_tokens) = embeddings_rate(&client, &base, &embed_model).await?;
     let our_rss_mb = peak_rss_kb().unwrap_or(0) as f64 / 1024.0;
 
@@ -130,6 +187,27 @@ async fn run() -> anyhow::Result<ExitCode> {
         ours.ttft.as_secs_f64() * 1000.0,
         ours.tokens_per_second(),
         ours.decode_tokens
+    );
+    let grammar_ratio = grammar.tokens_per_second() / ours.tokens_per_second().max(1e-9);
+    println!(
+        "  grammar    decode {:>6.1} tok/s under a json_schema grammar = {grammar_ratio:.2}x unconstrained; goal >= {GRAMMAR_GOAL}x: {}",
+        grammar.tokens_per_second(),
+        if grammar_ratio >= GRAMMAR_GOAL {
+            "MET"
+        } else {
+            "NOT MET"
+        }
+    );
+    let cache_ratio = no_cache.as_secs_f64() / cache.as_secs_f64().max(1e-9);
+    println!(
+        "  prefix cache: second agent step TTFT {:.1} ms with the cache, {:.1} ms without = {cache_ratio:.1}x faster; goal >= {CACHE_GOAL}x: {}",
+        cache.as_secs_f64() * 1000.0,
+        no_cache.as_secs_f64() * 1000.0,
+        if cache_ratio >= CACHE_GOAL {
+            "MET"
+        } else {
+            "NOT MET"
+        }
     );
     let reference = llama_cpp_reference(&gguf, &prompt, threads, context_tokens);
     let mut exit = ExitCode::SUCCESS;
@@ -246,6 +324,48 @@ async fn prompt_of_about(
     Ok(best)
 }
 
+/// Time to the first token of an agent's second step (the first step's
+/// prompt, its answer and an observation, then a new turn), after the first
+/// step ran on the same server; median of three.
+async fn agent_step_ttft(
+    client: &reqwest::Client,
+    base: &str,
+    model: &str,
+    context: &str,
+) -> anyhow::Result<Duration> {
+    let system = format!("You are a helpful agent. Use the context below.\n{context}");
+    let first = json!({"model": model, "max_tokens": 1, "temperature": 0, "messages": [
+        {"role": "system", "content": system},
+        {"role": "user", "content": "What does the pipeline publish?"}
+    ]});
+    let second = json!({"model": model, "max_tokens": 1, "temperature": 0, "messages": [
+        {"role": "system", "content": system},
+        {"role": "user", "content": "What does the pipeline publish?"},
+        {"role": "assistant", "content": "Thought: read the log.\nAction: build_reader"},
+        {"role": "user", "content": "Observation: the report was published."}
+    ]});
+    let mut times = Vec::with_capacity(3);
+    for _ in 0..3 {
+        for (body, timed) in [(&first, false), (&second, true)] {
+            let started = Instant::now();
+            let resp = client
+                .post(format!("{base}/v1/chat/completions"))
+                .json(body)
+                .send()
+                .await?;
+            if !resp.status().is_success() {
+                bail!("agent step failed: {}", resp.status());
+            }
+            resp.bytes().await?;
+            if timed {
+                times.push(started.elapsed());
+            }
+        }
+    }
+    times.sort();
+    Ok(times[times.len() / 2])
+}
+
 /// One streamed greedy answer. The token count comes from the server's own
 /// `usage` (asked for with `stream_options.include_usage`): SSE deltas are
 /// not tokens, since the stop scanner may merge or hold back pieces.
@@ -255,8 +375,9 @@ async fn chat_run(
     model: &str,
     user_text: &str,
     max_tokens: u32,
+    extra: &Value,
 ) -> anyhow::Result<ChatFigures> {
-    let body = json!({
+    let mut body = json!({
         "model": model,
         "messages": [{ "role": "user", "content": user_text }],
         "max_tokens": max_tokens,
@@ -264,6 +385,11 @@ async fn chat_run(
         "stream": true,
         "stream_options": { "include_usage": true },
     });
+    if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
+        for (key, value) in extra {
+            body.insert(key.clone(), value.clone());
+        }
+    }
     let started = Instant::now();
     let resp = client
         .post(format!("{base}/v1/chat/completions"))

@@ -6,6 +6,9 @@
 
 mod common;
 
+mod chat_templates;
 mod engines;
 mod http_api;
+mod prompt_cache;
 mod queueing;
+mod tools;

@@ -44,7 +44,7 @@ async fn gated_server(pieces: &[&str], tweak: impl FnOnce(&mut Config)) -> Gated
     let (engine, engine_gate) = gated_engine(pieces);
     let chat = GenerationQueue::start(config.queue_capacity, move || Ok(engine)).expect("queue");
     let (embedder, embed_gate) = gated_embedder();
-    let state = AppState::from_parts(config, chat, Arc::new(embedder));
+    let state = AppState::from_parts(config, chat, Arc::new(embedder)).expect("app state");
     let base = common::start_app(state.clone()).await;
     Gated {
         base,

@@ -36,6 +36,9 @@ pub fn test_config() -> Config {
     config.addr = "127.0.0.1:0".parse().expect("addr");
     config.max_body_bytes = 64 * 1024;
     config.queue_capacity = 4;
+    // One thread: llama.cpp's threads spin waiting for each other, which on
+    // a shared, busy machine is ten times slower than one thread alone.
+    config.threads = 1;
     config
 }
 
