@@ -10,7 +10,9 @@
 
 use super::tools_registry::ToolDefinition;
 use crate::providers::{ModelParams, ProviderError};
-use crate::workflow_service::model::{ModelRoute, ModelTurn, ToolCallingModel, ToolSchema};
+use crate::workflow_service::model::{
+    ModelRoute, ModelTurn, ToolCallingModel, ToolSchema, TurnAssembler, TurnDelta, TurnOptions,
+};
 use crate::workflow_service::state::{Message, ToolCall};
 use contracts::{AgentEvent, AgentStep};
 use futures::StreamExt;
@@ -159,7 +161,128 @@ fn error_event(err: &ProviderError) -> AgentEvent {
     }
 }
 
-/// Calls the model once and streams the step's events.
+/// Reads the `answer` string out of `answer_directly`'s arguments while they
+/// are still being generated, so a direct answer streams like a ReAct final
+/// answer instead of arriving in one piece at the end.
+#[derive(Debug, Default)]
+pub struct AnswerStreamer {
+    raw: String,
+    /// Where unread text starts in `raw`; `None` until the string opened.
+    cursor: Option<usize>,
+    closed: bool,
+}
+
+impl AnswerStreamer {
+    /// Adds more argument text; returns the answer's newly decoded characters.
+    pub fn push(&mut self, arguments: &str) -> String {
+        self.raw.push_str(arguments);
+        if self.closed {
+            return String::new();
+        }
+        let start = match self.cursor {
+            Some(at) => at,
+            None => match answer_opening(&self.raw) {
+                Some(at) => at,
+                None => return String::new(),
+            },
+        };
+        let mut out = String::new();
+        let bytes = self.raw.as_bytes();
+        let mut at = start;
+        while at < bytes.len() {
+            match bytes[at] {
+                b'"' => {
+                    self.closed = true;
+                    at += 1;
+                    break;
+                }
+                b'\\' => match unescape(&self.raw[at..]) {
+                    Some((text, used)) => {
+                        out.push_str(&text);
+                        at += used;
+                    }
+                    // An escape cut in half: wait for the rest.
+                    None => break,
+                },
+                _ => {
+                    let Some(ch) = self.raw[at..].chars().next() else {
+                        break;
+                    };
+                    out.push(ch);
+                    at += ch.len_utf8();
+                }
+            }
+        }
+        self.cursor = Some(at);
+        out
+    }
+}
+
+/// Where the `answer` value's text starts (just past its opening quote).
+fn answer_opening(raw: &str) -> Option<usize> {
+    let key = raw.find("\"answer\"")? + "\"answer\"".len();
+    let rest = &raw[key..];
+    let colon = rest.find(|c: char| !c.is_whitespace())?;
+    if !rest[colon..].starts_with(':') {
+        return None;
+    }
+    let after = &rest[colon + 1..];
+    let quote = after.find(|c: char| !c.is_whitespace())?;
+    after[quote..]
+        .starts_with('"')
+        .then(|| key + colon + 1 + quote + 1)
+}
+
+/// One JSON escape at the start of `text` (which begins with a backslash):
+/// its characters and how many bytes it used; `None` when incomplete.
+fn unescape(text: &str) -> Option<(String, usize)> {
+    let kind = *text.as_bytes().get(1)?;
+    let simple = match kind {
+        b'n' => Some('\n'),
+        b't' => Some('\t'),
+        b'r' => Some('\r'),
+        b'b' => Some('\u{8}'),
+        b'f' => Some('\u{c}'),
+        b'/' => Some('/'),
+        b'\\' => Some('\\'),
+        b'"' => Some('"'),
+        _ => None,
+    };
+    if let Some(ch) = simple {
+        return Some((ch.to_string(), 2));
+    }
+    if kind != b'u' {
+        // Not JSON; pass it through as written.
+        return Some((text[..2].to_owned(), 2));
+    }
+    let unit = |from: usize| -> Option<u16> {
+        text.get(from..from + 4)
+            .and_then(|hex| u16::from_str_radix(hex, 16).ok())
+    };
+    let first = unit(2)?;
+    if (0xD800..0xDC00).contains(&first) {
+        // A surrogate pair: `\uD83D\uDE00`.
+        if text.len() < 12 {
+            return None;
+        }
+        let second = if text.get(6..8) == Some("\\u") {
+            unit(8)
+        } else {
+            None
+        };
+        let decoded: String = char::decode_utf16(second.map_or(vec![first], |s| vec![first, s]))
+            .map(|c| c.unwrap_or(char::REPLACEMENT_CHARACTER))
+            .collect();
+        return Some((decoded, if second.is_some() { 12 } else { 6 }));
+    }
+    let decoded: String = char::decode_utf16([first])
+        .map(|c| c.unwrap_or(char::REPLACEMENT_CHARACTER))
+        .collect();
+    Some((decoded, 6))
+}
+
+/// Calls the model and streams the step's events. On the OpenAI wire the
+/// turn streams, and a direct answer's text comes out as it is generated.
 pub fn run(
     model: ToolCallingModel,
     step: NativeStep,
@@ -170,16 +293,72 @@ pub fn run(
             yield AgentEvent::Unknown { text: "mock".into() };
             return;
         }
-        match model
-            .complete_with(&step.route, &step.system, &step.messages, &step.tools, &step.params, true)
-            .await
-        {
-            Ok(turn) => {
-                for event in turn_events(turn, &tools, &step.question) {
-                    yield event;
+        let options = TurnOptions {
+            require_call: true,
+            feature_category: super::agent::FEATURE_CATEGORY,
+        };
+        let streamed = model
+            .stream_turn(&step.route, &step.system, &step.messages, &step.tools, &step.params, options)
+            .await;
+        let turn = match streamed {
+            Err(err) => {
+                yield error_event(&err);
+                return;
+            }
+            Ok(None) => {
+                match model
+                    .complete_with(&step.route, &step.system, &step.messages, &step.tools, &step.params, options)
+                    .await
+                {
+                    Ok(turn) => turn,
+                    Err(err) => {
+                        yield error_event(&err);
+                        return;
+                    }
                 }
             }
-            Err(err) => yield error_event(&err),
+            Ok(Some(mut pieces)) => {
+                let mut turn = TurnAssembler::default();
+                let mut answer = AnswerStreamer::default();
+                let mut sent = String::new();
+                while let Some(piece) = pieces.next().await {
+                    let piece = match piece {
+                        Ok(piece) => piece,
+                        Err(err) => {
+                            yield error_event(&err);
+                            return;
+                        }
+                    };
+                    turn.push(&piece);
+                    if let TurnDelta::Call { index: 0, arguments, .. } = &piece
+                        && turn.first_call_name() == Some(DIRECT_ANSWER)
+                    {
+                        let text = answer.push(arguments);
+                        if !text.is_empty() {
+                            sent.push_str(&text);
+                            yield AgentEvent::delta(text);
+                        }
+                    }
+                }
+                let events = turn_events(turn.finish(), &tools, &step.question);
+                for event in events {
+                    // The answer's streamed part is not sent twice.
+                    match event {
+                        AgentEvent::FinalAnswerDelta { text, .. } if !sent.is_empty() => {
+                            if let Some(rest) = text.strip_prefix(sent.as_str())
+                                && !rest.is_empty()
+                            {
+                                yield AgentEvent::delta(rest.to_owned());
+                            }
+                        }
+                        other => yield other,
+                    }
+                }
+                return;
+            }
+        };
+        for event in turn_events(turn, &tools, &step.question) {
+            yield event;
         }
     }
     .boxed()
@@ -188,6 +367,34 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_direct_answer_streams_out_of_its_arguments_over_any_split() {
+        let arguments = r#"{ "answer" : "Line one\nA \"quote\", caf\u00e9 \ud83d\ude00 done" }"#;
+        let expected = "Line one\nA \"quote\", café 😀 done";
+        for size in 1..=arguments.len() {
+            let mut streamer = AnswerStreamer::default();
+            let mut out = String::new();
+            let mut at = 0;
+            while at < arguments.len() {
+                let mut end = (at + size).min(arguments.len());
+                while !arguments.is_char_boundary(end) {
+                    end += 1;
+                }
+                out.push_str(&streamer.push(&arguments[at..end]));
+                at = end;
+            }
+            assert_eq!(out, expected, "pieces of {size}");
+        }
+    }
+
+    #[test]
+    fn text_before_the_answer_key_and_after_its_end_is_not_streamed() {
+        let mut streamer = AnswerStreamer::default();
+        assert_eq!(streamer.push(r#"{"ans"#), "");
+        assert_eq!(streamer.push(r#"wer": "hi"#), "hi");
+        assert_eq!(streamer.push(r#"", "extra": "no"}"#), "");
+    }
     use crate::chat::tools_registry::TOOLS;
 
     fn catalogue() -> Vec<&'static ToolDefinition> {

@@ -12,6 +12,7 @@ mod streaming;
 mod vertex;
 
 pub use crate::observability::ModelWaitClock;
+pub(crate) use openai::stream_deltas as stream_openai_deltas;
 pub use router::{ModelRouter, ProbeResult};
 
 use futures::stream::BoxStream;

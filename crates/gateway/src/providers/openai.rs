@@ -49,21 +49,30 @@ pub(crate) fn error_for_status(status: u16, body: &str) -> ProviderError {
     ProviderError::Status { status, message }
 }
 
+/// One chunk's JSON, `None` at `[DONE]`; an error chunk is an error.
+fn chunk(event: &SseEvent) -> Result<Option<Value>, ProviderError> {
+    if event.data.trim() == "[DONE]" {
+        return Ok(None);
+    }
+    let json: Value = serde_json::from_str(&event.data)
+        .map_err(|e| ProviderError::Malformed(format!("bad chunk: {e}")))?;
+    if let Some(error) = json.get("error") {
+        let message = error["message"].as_str().unwrap_or("unknown error");
+        return Err(ProviderError::Malformed(format!(
+            "the provider reported an error: {message}"
+        )));
+    }
+    Ok(Some(json))
+}
+
+/// The text of each chunk.
 struct Decoder;
 
 impl EventDecoder for Decoder {
     fn decode(&mut self, event: SseEvent) -> Result<Step, ProviderError> {
-        if event.data.trim() == "[DONE]" {
+        let Some(json) = chunk(&event)? else {
             return Ok(Step::Done);
-        }
-        let json: Value = serde_json::from_str(&event.data)
-            .map_err(|e| ProviderError::Malformed(format!("bad chunk: {e}")))?;
-        if let Some(error) = json.get("error") {
-            let message = error["message"].as_str().unwrap_or("unknown error");
-            return Err(ProviderError::Malformed(format!(
-                "the provider reported an error: {message}"
-            )));
-        }
+        };
         Ok(Step::Text(
             json["choices"][0]["delta"]["content"]
                 .as_str()
@@ -71,6 +80,41 @@ impl EventDecoder for Decoder {
                 .to_owned(),
         ))
     }
+}
+
+/// Each chunk's whole `delta` object as JSON text, tool-call pieces included.
+struct DeltaDecoder;
+
+impl EventDecoder for DeltaDecoder {
+    fn decode(&mut self, event: SseEvent) -> Result<Step, ProviderError> {
+        let Some(json) = chunk(&event)? else {
+            return Ok(Step::Done);
+        };
+        Ok(match &json["choices"][0]["delta"] {
+            delta @ Value::Object(fields) if !fields.is_empty() => Step::Text(delta.to_string()),
+            _ => Step::Skip,
+        })
+    }
+}
+
+/// Streams a prepared chat-completions `body` (with `"stream": true`) and
+/// yields each chunk's `delta` as JSON text, for callers that read tool calls
+/// as they are generated. Deadlines and errors as [`stream`]'s.
+pub(crate) async fn stream_deltas(
+    http: &reqwest::Client,
+    base_url: &str,
+    api_key: Option<&str>,
+    body: &Value,
+    params: &super::ModelParams,
+) -> Result<TextStream, ProviderError> {
+    let mut request = http
+        .post(endpoint(base_url, "chat/completions"))
+        .header("accept", "text/event-stream")
+        .json(body);
+    if let Some(key) = api_key {
+        request = request.bearer_auth(key);
+    }
+    streaming::start(request, params, DeltaDecoder, error_for_status).await
 }
 
 fn endpoint(base_url: &str, path: &str) -> String {

@@ -6,10 +6,28 @@
 
 use super::state::{Message, ToolCall};
 use crate::config::ProvidersConfig;
+use crate::observability::{InferenceLabels, InferenceRecorder};
 use crate::prompts::PromptDefinition;
-use crate::providers::{ModelParams, ModelTarget, ProviderError, ProviderKind};
+use crate::providers::{
+    ModelParams, ModelTarget, ProviderError, ProviderKind, stream_openai_deltas,
+};
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use secrecy::ExposeSecret;
 use serde_json::{Value, json};
+
+/// The `feature_category` of the workflow service's model calls.
+pub const WORKFLOW_FEATURE_CATEGORY: &str = "duo_workflow";
+
+/// How one model turn is asked for.
+#[derive(Debug, Clone, Copy)]
+pub struct TurnOptions {
+    /// The model must call one of the tools (OpenAI `tool_choice: required`,
+    /// Anthropic `tool_choice: any`).
+    pub require_call: bool,
+    /// The `feature_category` label of the call's metrics.
+    pub feature_category: &'static str,
+}
 
 /// A tool as the model sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,6 +46,93 @@ pub struct ModelTurn {
     /// Calls the model made that could not be read (bad JSON arguments):
     /// (id, name, reason). They are answered with an error, not run.
     pub invalid_calls: Vec<(String, String, String)>,
+}
+
+/// A piece of a streamed turn (OpenAI chunk shapes: a call's id and name
+/// come in its first piece, its arguments in pieces after).
+#[derive(Debug, Clone, PartialEq)]
+pub enum TurnDelta {
+    Text(String),
+    Call {
+        /// Which call of the turn (`tool_calls[].index`).
+        index: u64,
+        id: Option<String>,
+        name: Option<String>,
+        arguments: String,
+    },
+}
+
+/// Collects a streamed turn's pieces into the turn they make.
+#[derive(Debug, Default)]
+pub struct TurnAssembler {
+    text: String,
+    /// By index: id, name, arguments so far.
+    calls: std::collections::BTreeMap<u64, (String, String, String)>,
+}
+
+impl TurnAssembler {
+    pub fn push(&mut self, delta: &TurnDelta) {
+        match delta {
+            TurnDelta::Text(text) => self.text.push_str(text),
+            TurnDelta::Call {
+                index,
+                id,
+                name,
+                arguments,
+            } => {
+                let call = self.calls.entry(*index).or_default();
+                if let Some(id) = id {
+                    call.0.clone_from(id);
+                }
+                if let Some(name) = name {
+                    call.1.push_str(name);
+                }
+                call.2.push_str(arguments);
+            }
+        }
+    }
+
+    /// The first call's name so far.
+    pub fn first_call_name(&self) -> Option<&str> {
+        self.calls.values().next().map(|c| c.1.as_str())
+    }
+
+    /// The turn, read as a whole answer in OpenAI's shape is.
+    pub fn finish(self) -> ModelTurn {
+        let calls: Vec<Value> = self
+            .calls
+            .into_values()
+            .map(|(id, name, arguments)| {
+                json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}})
+            })
+            .collect();
+        read_openai(&json!({
+            "choices": [{"message": {"content": self.text, "tool_calls": calls}}],
+        }))
+    }
+}
+
+/// The pieces in one chunk's `delta` (given as JSON text).
+fn turn_deltas(delta: &str) -> Vec<TurnDelta> {
+    let Ok(delta) = serde_json::from_str::<Value>(delta) else {
+        return Vec::new();
+    };
+    let mut pieces = Vec::new();
+    if let Some(text) = delta["content"].as_str().filter(|t| !t.is_empty()) {
+        pieces.push(TurnDelta::Text(text.to_owned()));
+    }
+    for call in delta["tool_calls"].as_array().into_iter().flatten() {
+        pieces.push(TurnDelta::Call {
+            index: call["index"].as_u64().unwrap_or(0),
+            id: call["id"].as_str().map(str::to_owned),
+            name: call["function"]["name"].as_str().map(str::to_owned),
+            arguments: call["function"]["arguments"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        });
+    }
+    pieces
 }
 
 /// Which wire and where.
@@ -276,13 +381,119 @@ impl ToolCallingModel {
         tools: &[ToolSchema],
         params: &ModelParams,
     ) -> Result<ModelTurn, ProviderError> {
-        self.complete_with(route, system, messages, tools, params, false)
+        let turn = TurnOptions {
+            require_call: false,
+            feature_category: WORKFLOW_FEATURE_CATEGORY,
+        };
+        self.complete_with(route, system, messages, tools, params, turn)
             .await
     }
 
-    /// One model turn; with `require_call` the model must call one of the
-    /// tools (OpenAI `tool_choice: required`, Anthropic `tool_choice: any`).
+    /// One model turn, counted in the inference metrics like the router's.
     pub async fn complete_with(
+        &self,
+        route: &ModelRoute,
+        system: &str,
+        messages: &[Message],
+        tools: &[ToolSchema],
+        params: &ModelParams,
+        turn: TurnOptions,
+    ) -> Result<ModelTurn, ProviderError> {
+        let require_call = turn.require_call && !tools.is_empty();
+        let (engine, model) = match route {
+            ModelRoute::Mock => (ProviderKind::Mock.engine(), String::new()),
+            ModelRoute::Anthropic { model, .. } => (ProviderKind::Anthropic.engine(), model.clone()),
+            ModelRoute::OpenAi { model, .. } => {
+                (ProviderKind::OpenAiCompatible.engine(), model.clone())
+            }
+        };
+        // The same inference metrics as the router's calls (one-shot calls).
+        let mut recorder = InferenceRecorder::start(
+            InferenceLabels {
+                engine,
+                model,
+                feature_category: turn.feature_category,
+                streaming: false,
+            },
+            None,
+        );
+        let outcome = self
+            .turn(route, system, messages, tools, params, require_call)
+            .await;
+        if outcome.is_err() {
+            recorder.fail();
+        }
+        outcome
+    }
+
+    /// One model turn streamed as it is generated, on the OpenAI wire (the
+    /// bundled model server and self-hosted models); `None` for routes that
+    /// answer in one piece here (Anthropic, mock), which callers ask with
+    /// [`Self::complete_with`].
+    pub async fn stream_turn(
+        &self,
+        route: &ModelRoute,
+        system: &str,
+        messages: &[Message],
+        tools: &[ToolSchema],
+        params: &ModelParams,
+        turn: TurnOptions,
+    ) -> Result<Option<BoxStream<'static, Result<TurnDelta, ProviderError>>>, ProviderError> {
+        let ModelRoute::OpenAi {
+            base_url,
+            api_key,
+            model,
+        } = route
+        else {
+            return Ok(None);
+        };
+        let mut body = openai_body(model, system, messages, tools, params);
+        body["stream"] = json!(true);
+        if turn.require_call && !tools.is_empty() {
+            body["tool_choice"] = json!("required");
+        }
+        let mut recorder = InferenceRecorder::start(
+            InferenceLabels {
+                engine: ProviderKind::OpenAiCompatible.engine(),
+                model: model.clone(),
+                feature_category: turn.feature_category,
+                streaming: true,
+            },
+            None,
+        );
+        let mut chunks =
+            match stream_openai_deltas(&self.http, base_url, api_key.as_deref(), &body, params)
+                .await
+            {
+                Ok(chunks) => chunks,
+                Err(err) => {
+                    recorder.fail();
+                    return Err(err);
+                }
+            };
+        Ok(Some(
+            async_stream::stream! {
+                while let Some(chunk) = chunks.next().await {
+                    match chunk {
+                        Ok(delta) => {
+                            for piece in turn_deltas(&delta) {
+                                yield Ok(piece);
+                            }
+                        }
+                        Err(err) => {
+                            recorder.fail();
+                            yield Err(err);
+                            break;
+                        }
+                    }
+                }
+                drop(recorder);
+            }
+            .boxed(),
+        ))
+    }
+
+    async fn turn(
         &self,
         route: &ModelRoute,
         system: &str,
@@ -291,7 +502,6 @@ impl ToolCallingModel {
         params: &ModelParams,
         require_call: bool,
     ) -> Result<ModelTurn, ProviderError> {
-        let require_call = require_call && !tools.is_empty();
         let (request, wire) = match route {
             ModelRoute::Mock => {
                 return Ok(ModelTurn {
