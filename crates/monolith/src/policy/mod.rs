@@ -52,6 +52,9 @@ pub enum Ability {
     /// Read the container and Duo features are switched on for it.
     AccessDuoFeatures,
     AccessDuoChat,
+    /// Administer the instance (its settings, seats, models): instance admins
+    /// only, on the global subject.
+    AdministerInstance,
 }
 
 impl Ability {
