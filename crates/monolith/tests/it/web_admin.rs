@@ -769,3 +769,82 @@ async fn a_connection_test_says_clearly_when_the_gateway_is_unreachable() {
     );
     assert!(!html.contains(SECRET_KEY));
 }
+
+#[tokio::test]
+async fn the_graphql_api_narrows_models_and_settings_as_gitlab_does() {
+    let s = setup().await;
+    let first = s.create_model("team-mistral", SECRET_KEY).await;
+    let second = s.create_model("team-claude", "").await;
+    s.post(
+        "/admin/ai/duo_self_hosted/features",
+        &[
+            ("duo_chat", &format!("self_hosted:{first}")),
+            ("duo_chat_fix_code", &format!("self_hosted:{first}")),
+            ("duo_chat_explain_code", &format!("self_hosted:{second}")),
+        ],
+    )
+    .await;
+    let root = s.fx.admin("root2").await;
+    let token = s.fx.token(root, &["api"]).await;
+    let gql = |query: &'static str, variables: serde_json::Value| {
+        let token = token.clone();
+        let url = s.server.url("/api/graphql");
+        async move {
+            reqwest::Client::new()
+                .post(url)
+                .bearer_auth(token)
+                .json(&serde_json::json!({ "query": query, "variables": variables }))
+                .send()
+                .await
+                .unwrap()
+                .json::<serde_json::Value>()
+                .await
+                .unwrap()
+        }
+    };
+    let gid = format!("gid://gitlab/Ai::SelfHostedModel/{first}");
+    let one = gql(
+        "query($id: AiSelfHostedModelID) { aiSelfHostedModels(id: $id) { nodes { name model modelDisplayName hasApiToken } } }",
+        serde_json::json!({ "id": gid }),
+    )
+    .await;
+    assert_eq!(
+        one["data"]["aiSelfHostedModels"]["nodes"],
+        serde_json::json!([{ "name": "team-mistral", "model": "mistral", "modelDisplayName": "Mistral", "hasApiToken": true }]),
+        "{one}"
+    );
+    assert!(!one.to_string().contains(SECRET_KEY));
+    let used = gql(
+        "query($id: AiSelfHostedModelID) { aiFeatureSettings(selfHostedModelId: $id) { nodes { feature provider } } }",
+        serde_json::json!({ "id": gid }),
+    )
+    .await;
+    let features: Vec<&str> = used["data"]["aiFeatureSettings"]["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["feature"].as_str().unwrap())
+        .collect();
+    assert_eq!(features, ["duo_chat", "duo_chat_fix_code"], "{used}");
+    let all = gql(
+        "{ aiFeatureSettings { nodes { feature } } }",
+        serde_json::json!({}),
+    )
+    .await;
+    assert_eq!(
+        all["data"]["aiFeatureSettings"]["nodes"]
+            .as_array()
+            .unwrap()
+            .len(),
+        9
+    );
+    let bad = gql(
+        "{ aiSelfHostedModels(id: \"gid://gitlab/Project/1\") { nodes { name } } }",
+        serde_json::json!({}),
+    )
+    .await;
+    assert_eq!(
+        bad["errors"][0]["extensions"]["code"], "ARGUMENT_ERROR",
+        "{bad}"
+    );
+}
