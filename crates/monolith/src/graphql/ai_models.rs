@@ -164,13 +164,13 @@ pub struct AiFeatureSettingUpdatePayload {
 
 /// Admins only: anyone else gets GitLab's "does not exist" answer.
 fn require_admin(ctx: &GqlContext) -> FieldResult<()> {
-    match ctx.user {
-        Some(actor) if actor.admin => Ok(()),
-        _ => Err(coded(
-            "The resource that you are attempting to access does not exist or you don't have permission to perform this action",
-            "RESOURCE_NOT_AVAILABLE",
-        )),
+    if crate::policy::Policy::administers_instance(ctx.user) {
+        return Ok(());
     }
+    Err(coded(
+        "The resource that you are attempting to access does not exist or you don't have permission to perform this action",
+        "RESOURCE_NOT_AVAILABLE",
+    ))
 }
 
 fn require_mutate(ctx: &GqlContext) -> FieldResult<()> {

@@ -145,4 +145,11 @@ impl Policy {
     pub fn catalogue(&self) -> &AddOnCatalogue {
         &self.catalogue
     }
+
+    /// Instance administration (settings, seats, models): instance admins
+    /// only. Needs no database, so synchronous callers ask it directly; it is
+    /// also [`Ability::AdministerInstance`] on the global subject.
+    pub fn administers_instance(user: Option<Actor>) -> bool {
+        user.is_some_and(|u| u.admin)
+    }
 }
