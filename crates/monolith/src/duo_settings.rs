@@ -197,8 +197,27 @@ pub struct SeatHolder {
     pub add_ons: Vec<AddOn>,
 }
 
-/// Active people (no service accounts), by username, with their valid seats.
-pub async fn seat_holders(db: &impl GenericClient) -> Result<Vec<SeatHolder>, DuoSettingsError> {
+/// Users the seats page lists at once.
+pub const SEAT_PAGE_ROWS: usize = 100;
+/// Longest search text taken.
+pub const MAX_SEARCH_CHARS: usize = 100;
+
+/// Active people (no service accounts), by username, with their valid seats:
+/// the first [`SEAT_PAGE_ROWS`] whose username or name contains `search`
+/// (any case), and whether there are more.
+pub async fn seat_holders(
+    db: &impl GenericClient,
+    search: &str,
+) -> Result<(Vec<SeatHolder>, bool), DuoSettingsError> {
+    let search: String = search.trim().chars().take(MAX_SEARCH_CHARS).collect();
+    let pattern = format!(
+        "%{}%",
+        search
+            .replace('\\', "\\\\")
+            .replace('%', "\\%")
+            .replace('_', "\\_")
+    );
+    let limit = i64::try_from(SEAT_PAGE_ROWS + 1).unwrap_or(i64::MAX);
     let rows = db
         .query(
             "SELECT u.id, u.username, u.name, u.admin,
@@ -208,12 +227,15 @@ pub async fn seat_holders(db: &impl GenericClient) -> Result<Vec<SeatHolder>, Du
              LEFT JOIN add_on_purchases p ON p.id = a.purchase_id
                    AND p.started_on <= current_date AND p.expires_on >= current_date
              WHERE u.state = 'active' AND NOT u.service_account
+               AND (u.username ILIKE $2 OR u.name ILIKE $2)
              GROUP BY u.id ORDER BY u.username LIMIT $1",
-            &[&LIST_LIMIT],
+            &[&limit, &pattern],
         )
         .await?;
-    Ok(rows
+    let more = rows.len() > SEAT_PAGE_ROWS;
+    let holders = rows
         .iter()
+        .take(SEAT_PAGE_ROWS)
         .map(|r| SeatHolder {
             user_id: r.get(0),
             username: r.get(1),
@@ -225,7 +247,8 @@ pub async fn seat_holders(db: &impl GenericClient) -> Result<Vec<SeatHolder>, Du
                 .filter_map(|a| AddOn::parse(a))
                 .collect(),
         })
-        .collect())
+        .collect();
+    Ok((holders, more))
 }
 
 /// Seats of one add-on: bought (valid purchases) and assigned.

@@ -157,13 +157,21 @@ pub(super) fn admin_page(
 /// no text travels in the URL).
 pub(super) fn back_to(path: &str, notice: &str) -> HttpResponse {
     HttpResponse::SeeOther()
-        .insert_header(("Location", format!("{path}?notice={notice}")))
+        .insert_header((
+            "Location",
+            format!(
+                "{path}{}notice={notice}",
+                if path.contains('?') { '&' } else { '?' }
+            ),
+        ))
         .finish()
 }
 
 #[derive(Deserialize)]
 pub(super) struct NoticeQuery {
     notice: Option<String>,
+    /// The seats page's user search.
+    search: Option<String>,
 }
 
 impl NoticeQuery {
@@ -321,10 +329,11 @@ async fn seats_response(
     session: &SessionUser,
     status: StatusCode,
     flash: &Flash,
+    search: &str,
 ) -> Result<HttpResponse, PageError> {
     let db = state.pool.get().await?;
     let counts = duo_settings::seat_counts(&**db).await?;
-    let holders = duo_settings::seat_holders(&**db).await?;
+    let (holders, more) = duo_settings::seat_holders(&**db, search).await?;
     let body = html! {
         p class="hint" {
             "A user needs a Duo seat to use Duo Chat. Duo Pro gives chat and the slash commands; "
@@ -345,6 +354,12 @@ async fn seats_response(
                 }
             }
         }
+        form method="get" action="/admin/gitlab_duo/seat_utilization" class="search" role="search" {
+            label for="search" class="visually-hidden" { "Search users" }
+            input id="search" name="search" type="search" maxlength=(duo_settings::MAX_SEARCH_CHARS)
+                value=(search) placeholder="Search by username or name";
+            button type="submit" { "Search" }
+        }
         table class="admin-table" id="seats" {
             thead { tr { th { "User" } @for (_, label) in &ADD_ONS { th { (label) } } } }
             tbody {
@@ -361,6 +376,7 @@ async fn seats_response(
                                     (hidden_token(session))
                                     input type="hidden" name="user_id" value=(holder.user_id);
                                     input type="hidden" name="add_on" value=(add_on.as_str());
+                                    input type="hidden" name="search" value=(search);
                                     @if held {
                                         span class="badge opened" { "assigned" } " "
                                         input type="hidden" name="action" value="unassign";
@@ -376,7 +392,11 @@ async fn seats_response(
                         }
                     }
                 }
+                @if holders.is_empty() { tr { td colspan="3" class="muted" { "No users match." } } }
             }
+        }
+        @if more {
+            p class="hint" { "Showing the first " (duo_settings::SEAT_PAGE_ROWS) " users: search to find others." }
         }
     };
     Ok(admin_page(
@@ -395,7 +415,8 @@ async fn seats_page(
     query: web::Query<NoticeQuery>,
 ) -> Result<HttpResponse, PageError> {
     let session = admin_session(&state, &req).await?;
-    seats_response(&state, &session, StatusCode::OK, &query.flash()).await
+    let search = query.search.as_deref().unwrap_or("");
+    seats_response(&state, &session, StatusCode::OK, &query.flash(), search).await
 }
 
 #[derive(Deserialize)]
@@ -408,6 +429,8 @@ struct SeatForm {
     add_on: String,
     #[serde(default)]
     action: String,
+    #[serde(default)]
+    search: String,
 }
 
 async fn change_seat(
@@ -425,6 +448,7 @@ async fn change_seat(
             &session,
             StatusCode::UNPROCESSABLE_ENTITY,
             &refuse("Choose a user and an add-on."),
+            &form.search,
         )
         .await;
     };
@@ -444,7 +468,18 @@ async fn change_seat(
     match outcome {
         Ok(notice) => {
             tx.commit().await?;
-            Ok(back_to("/admin/gitlab_duo/seat_utilization", notice))
+            let search = form.search.trim();
+            Ok(if search.is_empty() {
+                back_to("/admin/gitlab_duo/seat_utilization", notice)
+            } else {
+                back_to(
+                    &format!(
+                        "/admin/gitlab_duo/seat_utilization?search={}",
+                        url::form_urlencoded::byte_serialize(search.as_bytes()).collect::<String>()
+                    ),
+                    notice,
+                )
+            })
         }
         Err(DuoSettingsError::Db(e)) => Err(e.into()),
         Err(e) => {
@@ -455,7 +490,14 @@ async fn change_seat(
                 DuoSettingsError::UnknownUser => StatusCode::NOT_FOUND,
                 _ => StatusCode::UNPROCESSABLE_ENTITY,
             };
-            seats_response(&state, &session, status, &refuse(&e.to_string())).await
+            seats_response(
+                &state,
+                &session,
+                status,
+                &refuse(&e.to_string()),
+                &form.search,
+            )
+            .await
         }
     }
 }

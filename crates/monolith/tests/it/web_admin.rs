@@ -531,7 +531,24 @@ async fn admin_changes_reach_the_policy() {
             .unwrap()
     );
 
-    // A seat: chat becomes available; the seats page shows it.
+    // Finding her: any case, wildcards taken literally.
+    let (_, found) = s
+        .page("/admin/gitlab_duo/seat_utilization?search=ALI")
+        .await;
+    assert!(
+        found.contains("<tr data-username=\"alice\"")
+            && !found.contains("<tr data-username=\"root\""),
+        "{found}"
+    );
+    let (_, none) = s
+        .page("/admin/gitlab_duo/seat_utilization?search=%25")
+        .await;
+    assert!(
+        none.contains("No users match.") && !none.contains("<tr data-username="),
+        "{none}"
+    );
+
+    // A seat: chat becomes available; the seats page shows it, still searched.
     let res = s
         .post(
             "/admin/gitlab_duo/seat_utilization",
@@ -539,10 +556,15 @@ async fn admin_changes_reach_the_policy() {
                 ("user_id", &alice_id),
                 ("add_on", "duo_pro"),
                 ("action", "assign"),
+                ("search", "ali"),
             ],
         )
         .await;
     assert_eq!(res.status(), 303);
+    assert_eq!(
+        res.headers()["location"],
+        "/admin/gitlab_duo/seat_utilization?search=ali&notice=assigned"
+    );
     assert!(
         policy
             .can(&**db, alice, Ability::AccessDuoChat, Subject::Global)
