@@ -265,3 +265,49 @@ async fn duo_chat_answers_with_the_self_hosted_model_an_admin_selected() {
         Some(format!("Bearer {key}").as_str())
     );
 }
+
+#[tokio::test]
+async fn a_connection_test_shows_why_the_gateway_refused() {
+    // Custom models are off on this gateway (its default).
+    let system = System::start().await.unwrap();
+    let root_token = system.token("root").unwrap();
+    let created = system
+        .graphql(
+            &root_token,
+            "mutation($input: AiSelfHostedModelCreateInput!) { aiSelfHostedModelCreate(input: $input) { errors } }",
+            serde_json::json!({ "input": {
+                "name": "team-mistral",
+                "model": "mistral",
+                "endpoint": system.fake.openai_base_url(),
+            }}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        created["data"]["aiSelfHostedModelCreate"]["errors"],
+        serde_json::json!([]),
+        "{created}"
+    );
+    let before = system.fake.requests().len();
+    let root = signed_in(&system, "root").await;
+    root.goto(&format!("{}/admin/ai/duo_self_hosted", system.web_url))
+        .await
+        .unwrap();
+    root.click("tr[data-model='team-mistral'] .test-connection")
+        .await
+        .unwrap();
+    let error = root
+        .until(
+            "the refusal",
+            "return document.querySelector('.flash.error')?.textContent",
+        )
+        .await
+        .unwrap();
+    let error = error.as_str().unwrap();
+    assert!(
+        error.contains("Connection to team-mistral failed: the AI gateway answered HTTP 422")
+            && error.contains("AIGW_CUSTOM_MODELS__ENABLED"),
+        "{error}"
+    );
+    assert_eq!(system.fake.requests().len(), before, "no model was called");
+}
