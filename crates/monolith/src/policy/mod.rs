@@ -114,6 +114,19 @@ impl From<tokio_postgres::Error> for PolicyError {
     }
 }
 
+/// Why a user may not use Duo Chat at all ([`Policy::why_no_duo_chat`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoDuoChat {
+    SignedOut,
+    /// The instance's subscription (self-managed) or none of the user's
+    /// paid groups with Duo on (GitLab.com) includes Duo.
+    NotIncluded,
+    /// An administrator turned Duo features off for the instance.
+    TurnedOff,
+    /// The user holds no seat that grants Duo Chat.
+    NoSeat,
+}
+
 /// Why chat was refused, as the Duo error code the user sees.
 #[derive(Debug, thiserror::Error)]
 pub enum ChatAuthError {

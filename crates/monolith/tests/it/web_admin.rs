@@ -870,3 +870,69 @@ async fn the_graphql_api_narrows_models_and_settings_as_gitlab_does() {
         "{bad}"
     );
 }
+
+#[tokio::test]
+async fn the_chat_page_says_why_duo_chat_is_unavailable() {
+    let s = setup().await;
+    let (alice, _) = signed_in(&s.server, "alice").await;
+    let reason = |html: String| {
+        let start = html.find("id=\"page-data\">").unwrap() + "id=\"page-data\">".len();
+        let end = html[start..].find("</script>").unwrap();
+        let json: serde_json::Value = serde_json::from_str(&html[start..start + end]).unwrap();
+        json["unavailable"].as_str().map(str::to_owned)
+    };
+    let chat = || async {
+        alice
+            .get(s.server.url("/-/chat"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    let no_seat = reason(chat().await).unwrap();
+    assert!(no_seat.contains("you need a GitLab Duo seat"), "{no_seat}");
+
+    let alice_id = s.alice.id.to_string();
+    s.post(
+        "/admin/gitlab_duo/seat_utilization",
+        &[
+            ("user_id", &alice_id),
+            ("add_on", "duo_pro"),
+            ("action", "assign"),
+        ],
+    )
+    .await;
+    assert_eq!(reason(chat().await), None);
+
+    s.post(
+        "/admin/ai/duo_self_hosted/features",
+        &[("duo_chat", "disabled")],
+    )
+    .await;
+    let off = reason(chat().await).unwrap();
+    assert!(off.contains("an administrator turned it off"), "{off}");
+    assert!(!off.contains("As an administrator"), "{off}");
+
+    s.post("/admin/gitlab_duo", &[("ai_gateway_url", "")]).await;
+    let instance_off = reason(chat().await).unwrap();
+    assert!(
+        instance_off.contains("turned GitLab Duo off for this instance"),
+        "{instance_off}"
+    );
+    // The admin is told they can change it.
+    let (_, root_chat) = s.page("/-/chat").await;
+    let for_root = reason(root_chat).unwrap();
+    assert!(
+        for_root.contains("As an administrator, you can change this"),
+        "{for_root}"
+    );
+
+    s.fx.instance(Realm::SelfManaged, "free", true).await;
+    let not_included = reason(chat().await).unwrap();
+    assert!(
+        not_included.contains("not part of this instance's subscription"),
+        "{not_included}"
+    );
+}
