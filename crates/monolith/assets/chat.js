@@ -319,10 +319,13 @@ $('new-chat').addEventListener('click', () => openThread(null));
 
 async function start() {
   const me = await gql('query { currentUser { duoChatAvailable } }');
-  if (!me.currentUser?.duoChatAvailable) {
+  // The server says why (from the policy); the API alone only says whether.
+  const unavailable = data.unavailable
+    || (!me.currentUser?.duoChatAvailable && 'Duo Chat is not available to you: you need a GitLab Duo seat. Ask an administrator to assign you one.');
+  if (unavailable) {
     const notice = $('availability');
     notice.hidden = false;
-    notice.textContent = 'Duo Chat is not available to you: you need a GitLab Duo seat. Ask an administrator to assign you one.';
+    notice.textContent = unavailable;
     question.disabled = true;
     $('send').disabled = true;
   }

@@ -113,6 +113,29 @@ pub async fn instance_route(
     Ok((settings.get(0), gateway_url))
 }
 
+/// The prompt a model check runs: small, needs only the `explain_code` unit
+/// primitive, and every model family can answer it.
+pub const CHECK_PROMPT: &str = "chat/explain_code";
+/// Longest answer or explanation a model check keeps.
+const CHECK_TEXT_CHARS: usize = 500;
+
+/// What a model check found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelCheck {
+    /// The model answered (the start of its answer).
+    Answered(String),
+    /// The gateway or the model refused, with the gateway's explanation.
+    Refused { status: u16, detail: String },
+}
+
+fn clip(text: &str, chars: usize) -> String {
+    let mut out: String = text.chars().take(chars).collect();
+    if text.chars().count() > chars {
+        out.push('…');
+    }
+    out
+}
+
 /// Which code-embedding endpoint a call uses: bulk indexing or a question.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EmbeddingPurpose {
@@ -167,7 +190,8 @@ impl GatewayClient {
         Self::with_shared_keys(SharedKeyRing::new(keys), settings)
     }
 
-    fn with_shared_keys(
+    /// A client signing with keys shared with others (the web role's ring).
+    pub fn with_shared_keys(
         keys: SharedKeyRing,
         settings: GatewaySettings,
     ) -> Result<Self, reqwest::Error> {
@@ -263,7 +287,8 @@ impl GatewayClient {
             .map_err(|e| GatewayError::Body(e.to_string()))
     }
 
-    async fn post(
+    /// Sends a request and returns whatever the gateway answered.
+    async fn send(
         &self,
         auth: &GatewayAuth,
         path: &str,
@@ -273,10 +298,19 @@ impl GatewayClient {
         for (name, value) in self.headers(auth)? {
             request = request.header(name, value);
         }
-        let response = request
+        request
             .send()
             .await
-            .map_err(|e| GatewayError::from_reqwest(&e))?;
+            .map_err(|e| GatewayError::from_reqwest(&e))
+    }
+
+    async fn post(
+        &self,
+        auth: &GatewayAuth,
+        path: &str,
+        body: &impl serde::Serialize,
+    ) -> Result<reqwest::Response, GatewayError> {
+        let response = self.send(auth, path, body).await?;
         let status = response.status();
         if status.is_success() {
             return Ok(response);
@@ -347,6 +381,62 @@ impl GatewayClient {
             .map_err(|e| GatewayError::from_reqwest(&e))?;
         // The gateway answers a JSON string; accept plain text too.
         Ok(serde_json::from_str::<String>(&text).unwrap_or(text))
+    }
+
+    /// Checks a self-hosted model: asks it a tiny question through the
+    /// gateway (`/v1/prompts/`[`CHECK_PROMPT`] with its `model_metadata`), so
+    /// the check goes the same way as a feature's call: gateway settings,
+    /// prompt family, endpoint, identifier and key. A refusal by the gateway
+    /// or the model comes back with the gateway's own explanation; only a
+    /// gateway that cannot be reached is an error.
+    pub async fn check_model(
+        &self,
+        auth: &GatewayAuth,
+        model_metadata: &contracts::ModelMetadata,
+    ) -> Result<ModelCheck, GatewayError> {
+        let mut inputs = Map::new();
+        for (name, value) in [
+            ("selected_text", "fn ok() -> bool { true }"),
+            ("language_info", "The code is written in Rust."),
+            ("file_content", ""),
+            (
+                "input",
+                "This is a connection test: answer in one short sentence.",
+            ),
+        ] {
+            inputs.insert(name.to_owned(), Value::String(value.to_owned()));
+        }
+        let body = PromptRequest {
+            inputs,
+            prompt_version: None,
+            stream: false,
+            model_metadata: Some(model_metadata.clone()),
+        };
+        let response = self
+            .send(auth, &format!("/v1/prompts/{CHECK_PROMPT}"), &body)
+            .await?;
+        let status = response.status();
+        let text = response
+            .text()
+            .await
+            .map_err(|e| GatewayError::from_reqwest(&e))?;
+        if status.is_success() {
+            let answer = serde_json::from_str::<String>(&text).unwrap_or(text);
+            return Ok(ModelCheck::Answered(clip(&answer, CHECK_TEXT_CHARS)));
+        }
+        // The gateway explains itself in `detail` (FastAPI's error shape).
+        let detail = serde_json::from_str::<Value>(&text)
+            .ok()
+            .and_then(|v| match &v["detail"] {
+                Value::String(s) => Some(s.clone()),
+                Value::Null => None,
+                other => Some(other.to_string()),
+            })
+            .unwrap_or(text);
+        Ok(ModelCheck::Refused {
+            status: status.as_u16(),
+            detail: clip(&detail, CHECK_TEXT_CHARS),
+        })
     }
 
     /// `/v1/embeddings/code_embeddings/{index,search}`: one vector per text, in

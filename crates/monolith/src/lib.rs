@@ -11,6 +11,7 @@
 //!    gateway tokens)
 //! 3. who may do what: [`policy`] (abilities, Duo access, seats and add-ons)
 //! 4. domains: [`ai_models`] (which model serves each feature),
+//!    [`duo_settings`] (instance Duo settings, seats, group and project switches),
 //!    [`gateway_client`] (calls to the AI gateway), [`chat`]
 //!    (threads, messages, the completion seam, live delivery),
 //!    [`agent`] (the agent loop, slash commands and tools; above
@@ -40,6 +41,7 @@ pub mod agent;
 pub mod ai_models;
 pub mod chat;
 pub mod code_index;
+pub mod duo_settings;
 pub mod gateway_client;
 pub mod repositories;
 pub mod workflows;

@@ -15,7 +15,7 @@ use fake_provider::Scripted;
 
 const LOGIN_ISSUE_TEXT: &str = "Users with a session older than 30 days";
 
-async fn signed_in(system: &System, user: &str) -> Browser {
+pub(crate) async fn signed_in(system: &System, user: &str) -> Browser {
     let browser = Browser::start().await.unwrap();
     browser
         .sign_in(&system.web_url, user, &system.password(user).unwrap())
@@ -24,7 +24,7 @@ async fn signed_in(system: &System, user: &str) -> Browser {
     browser
 }
 
-async fn open_chat(browser: &Browser, system: &System) {
+pub(crate) async fn open_chat(browser: &Browser, system: &System) {
     browser
         .goto(&format!("{}/-/chat", system.web_url))
         .await
@@ -38,7 +38,7 @@ async fn open_chat(browser: &Browser, system: &System) {
         .unwrap();
 }
 
-async fn ask(browser: &Browser, question: &str) {
+pub(crate) async fn ask(browser: &Browser, question: &str) {
     browser.type_into("#question", question).await.unwrap();
     browser.click("#send").await.unwrap();
 }

@@ -141,6 +141,22 @@ pub const ACCEPTED_MODELS: &[&str] = &[
     "general",
 ];
 
+/// A model family as people write it (GitLab's `modelDisplayName`).
+pub fn family_display_name(family: &str) -> &'static str {
+    match family {
+        "mistral" => "Mistral",
+        "mixtral" => "Mixtral",
+        "codestral" => "Codestral",
+        "llama3" => "Llama 3",
+        "codellama" => "Code Llama",
+        "codegemma" => "CodeGemma",
+        "deepseekcoder" => "DeepSeek Coder",
+        "gpt" => "GPT",
+        "claude_3" => "Claude 3",
+        _ => "General",
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ModelsError {
     #[error("{0}")]

@@ -63,6 +63,8 @@ pub struct AiSelfHostedModel {
     pub name: String,
     /// The model family (`mistral`, `gpt`, `claude_3`, ...).
     pub model: String,
+    /// The family as people write it (`Mistral`, `Claude 3`, ...).
+    pub model_display_name: String,
     pub endpoint: String,
     pub identifier: Option<String>,
     pub has_api_token: bool,
@@ -75,6 +77,7 @@ impl From<ai_models::SelfHostedModel> for AiSelfHostedModel {
         Self {
             id: AiSelfHostedModelId(gid::format("Ai::SelfHostedModel", m.id)),
             name: m.name,
+            model_display_name: ai_models::family_display_name(&m.model).to_owned(),
             model: m.model,
             endpoint: m.endpoint,
             identifier: m.identifier,
@@ -161,13 +164,13 @@ pub struct AiFeatureSettingUpdatePayload {
 
 /// Admins only: anyone else gets GitLab's "does not exist" answer.
 fn require_admin(ctx: &GqlContext) -> FieldResult<()> {
-    match ctx.user {
-        Some(actor) if actor.admin => Ok(()),
-        _ => Err(coded(
-            "The resource that you are attempting to access does not exist or you don't have permission to perform this action",
-            "RESOURCE_NOT_AVAILABLE",
-        )),
+    if crate::policy::Policy::administers_instance(ctx.user) {
+        return Ok(());
     }
+    Err(coded(
+        "The resource that you are attempting to access does not exist or you don't have permission to perform this action",
+        "RESOURCE_NOT_AVAILABLE",
+    ))
 }
 
 fn require_mutate(ctx: &GqlContext) -> FieldResult<()> {
@@ -209,21 +212,37 @@ fn setting_object(s: ai_models::FeatureSetting) -> AiFeatureSetting {
 
 pub(crate) async fn self_hosted_models(
     ctx: &GqlContext,
+    id: Option<AiSelfHostedModelId>,
 ) -> FieldResult<AiSelfHostedModelConnection> {
     require_admin(ctx)?;
+    let wanted = id.as_ref().map(model_id).transpose()?;
     let db = ctx.pool.get().await.map_err(internal)?;
     let models = ctx.models.list_models(&**db).await.map_err(internal)?;
     Ok(AiSelfHostedModelConnection {
-        nodes: models.into_iter().map(Into::into).collect(),
+        nodes: models
+            .into_iter()
+            .filter(|m| wanted.is_none_or(|w| w == m.id))
+            .map(Into::into)
+            .collect(),
     })
 }
 
-pub(crate) async fn feature_settings(ctx: &GqlContext) -> FieldResult<AiFeatureSettingConnection> {
+pub(crate) async fn feature_settings(
+    ctx: &GqlContext,
+    self_hosted_model_id: Option<AiSelfHostedModelId>,
+) -> FieldResult<AiFeatureSettingConnection> {
     require_admin(ctx)?;
+    let wanted = self_hosted_model_id.as_ref().map(model_id).transpose()?;
     let db = ctx.pool.get().await.map_err(internal)?;
     let settings = ctx.models.feature_settings(&**db).await.map_err(internal)?;
     Ok(AiFeatureSettingConnection {
-        nodes: settings.into_iter().map(setting_object).collect(),
+        nodes: settings
+            .into_iter()
+            .filter(|s| {
+                wanted.is_none_or(|w| s.self_hosted_model.as_ref().is_some_and(|m| m.id == w))
+            })
+            .map(setting_object)
+            .collect(),
     })
 }
 

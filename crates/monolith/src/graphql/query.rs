@@ -10,18 +10,21 @@ pub struct Query;
 #[graphql_object]
 #[graphql(context = GqlContext)]
 impl Query {
-    /// Self-hosted model definitions (admins).
+    /// Self-hosted model definitions (admins); `id` narrows to one.
     async fn ai_self_hosted_models(
         ctx: &GqlContext,
+        id: Option<AiSelfHostedModelId>,
     ) -> FieldResult<super::ai_models::AiSelfHostedModelConnection> {
-        super::ai_models::self_hosted_models(ctx).await
+        super::ai_models::self_hosted_models(ctx, id).await
     }
 
-    /// The model chosen for each AI feature (admins).
+    /// The model chosen for each AI feature (admins); `selfHostedModelId`
+    /// narrows to the features that model serves.
     async fn ai_feature_settings(
         ctx: &GqlContext,
+        self_hosted_model_id: Option<AiSelfHostedModelId>,
     ) -> FieldResult<super::ai_models::AiFeatureSettingConnection> {
-        super::ai_models::feature_settings(ctx).await
+        super::ai_models::feature_settings(ctx, self_hosted_model_id).await
     }
 
     /// Duo Workflow sessions: one by id, or the caller's own.

@@ -78,19 +78,38 @@ impl Policy {
         db: &impl GenericClient,
         user: Option<Actor>,
     ) -> Result<bool, PolicyError> {
-        let Some(user) = user else { return Ok(false) };
-        let instance = self.instance(db).await?;
-        let realm_allows = match instance.realm {
-            Realm::SelfManaged => paid(&instance.tier) && instance.duo_features_enabled,
-            Realm::Saas => self.saas_memberships(db, user.id).await?.0,
+        Ok(self.why_no_duo_chat(db, user).await?.is_none())
+    }
+
+    /// Why the user may not use Duo Chat at all (`access_duo_chat` on the
+    /// global subject), or `None` when they may: the one place that rule lives,
+    /// so what a page tells the user is what the policy decided.
+    pub async fn why_no_duo_chat(
+        &self,
+        db: &impl GenericClient,
+        user: Option<Actor>,
+    ) -> Result<Option<NoDuoChat>, PolicyError> {
+        let Some(user) = user else {
+            return Ok(Some(NoDuoChat::SignedOut));
         };
-        if !realm_allows {
-            return Ok(false);
+        let instance = self.instance(db).await?;
+        match instance.realm {
+            Realm::SelfManaged if !paid(&instance.tier) => return Ok(Some(NoDuoChat::NotIncluded)),
+            Realm::SelfManaged if !instance.duo_features_enabled => {
+                return Ok(Some(NoDuoChat::TurnedOff));
+            }
+            Realm::SelfManaged => {}
+            Realm::Saas => {
+                if !self.saas_memberships(db, user.id).await?.0 {
+                    return Ok(Some(NoDuoChat::NotIncluded));
+                }
+            }
         }
-        Ok(self
+        let seated = self
             .seat_unit_primitives(db, user.id)
             .await?
-            .contains(&UnitPrimitive::DuoChat))
+            .contains(&UnitPrimitive::DuoChat);
+        Ok((!seated).then_some(NoDuoChat::NoSeat))
     }
 
     pub(super) async fn duo_chat_group(

@@ -52,6 +52,9 @@ pub enum Ability {
     /// Read the container and Duo features are switched on for it.
     AccessDuoFeatures,
     AccessDuoChat,
+    /// Administer the instance (its settings, seats, models): instance admins
+    /// only, on the global subject.
+    AdministerInstance,
 }
 
 impl Ability {
@@ -111,6 +114,19 @@ impl From<tokio_postgres::Error> for PolicyError {
     }
 }
 
+/// Why a user may not use Duo Chat at all ([`Policy::why_no_duo_chat`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoDuoChat {
+    SignedOut,
+    /// The instance's subscription (self-managed) or none of the user's
+    /// paid groups with Duo on (GitLab.com) includes Duo.
+    NotIncluded,
+    /// An administrator turned Duo features off for the instance.
+    TurnedOff,
+    /// The user holds no seat that grants Duo Chat.
+    NoSeat,
+}
+
 /// Why chat was refused, as the Duo error code the user sees.
 #[derive(Debug, thiserror::Error)]
 pub enum ChatAuthError {
@@ -141,5 +157,12 @@ impl Policy {
 
     pub fn catalogue(&self) -> &AddOnCatalogue {
         &self.catalogue
+    }
+
+    /// Instance administration (settings, seats, models): instance admins
+    /// only. Needs no database, so synchronous callers ask it directly; it is
+    /// also [`Ability::AdministerInstance`] on the global subject.
+    pub fn administers_instance(user: Option<Actor>) -> bool {
+        user.is_some_and(|u| u.admin)
     }
 }

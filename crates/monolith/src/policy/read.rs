@@ -54,6 +54,7 @@ impl Policy {
             (AccessDuoChat, Subject::Global) => self.duo_chat_global(db, user).await,
             (AccessDuoChat, Subject::Group(id)) => self.duo_chat_group(db, user, id).await,
             (AccessDuoChat, Subject::Project(id)) => self.duo_chat_project(db, user, id).await,
+            (AdministerInstance, Subject::Global) => Ok(Self::administers_instance(user)),
             // An ability that does not apply to the subject is never granted.
             _ => Ok(false),
         }

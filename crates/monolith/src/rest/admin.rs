@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 use super::require_admin;
 use super::{ApiError, READ_SCOPES, WRITE_SCOPES};
 use crate::app_state::AppState;
+use crate::duo_settings::DuoSettingsError;
 
 // ---- application settings and seats ---------------------------------------------
 
@@ -19,10 +20,11 @@ pub(super) fn settings_json(row: &tokio_postgres::Row) -> Value {
         "ai_gateway_url": row.get::<_, Option<String>>("ai_gateway_url"),
         "ai_action_api_rate_limit": row.get::<_, i32>("ai_action_api_rate_limit"),
         "duo_chat_expiration_days": row.get::<_, i32>("duo_chat_expiration_days"),
+        "instance_level_ai_beta_features_enabled": row.get::<_, bool>("instance_level_ai_beta_features_enabled"),
     })
 }
 
-pub(super) const SETTINGS_SQL: &str = "SELECT realm, instance_tier, duo_features_enabled, ai_gateway_url, ai_action_api_rate_limit, duo_chat_expiration_days FROM instance_settings";
+pub(super) const SETTINGS_SQL: &str = "SELECT realm, instance_tier, duo_features_enabled, ai_gateway_url, ai_action_api_rate_limit, duo_chat_expiration_days, instance_level_ai_beta_features_enabled FROM instance_settings";
 
 pub(super) async fn show_settings(
     state: web::Data<AppState>,
@@ -40,6 +42,7 @@ pub(super) struct SettingsUpdate {
     duo_features_enabled: Option<bool>,
     ai_gateway_url: Option<String>,
     duo_chat_expiration_days: Option<i32>,
+    instance_level_ai_beta_features_enabled: Option<bool>,
 }
 
 pub(super) async fn update_settings(
@@ -75,12 +78,14 @@ pub(super) async fn update_settings(
            duo_features_enabled = coalesce($2, duo_features_enabled),
            ai_gateway_url = coalesce($3, ai_gateway_url),
            duo_chat_expiration_days = coalesce($4, duo_chat_expiration_days),
+           instance_level_ai_beta_features_enabled = coalesce($5, instance_level_ai_beta_features_enabled),
            updated_at = now()",
         &[
             &b.instance_tier,
             &b.duo_features_enabled,
             &b.ai_gateway_url,
             &b.duo_chat_expiration_days,
+            &b.instance_level_ai_beta_features_enabled,
         ],
     )
     .await?;
@@ -106,48 +111,16 @@ pub(super) async fn assign_seat(
         .ok_or(ApiError::NotFound("Add-on"))?;
     let mut db = state.pool.get().await?;
     let tx = db.transaction().await?;
-    let purchase: i64 = match tx
-        .query_opt(
-            "SELECT id FROM add_on_purchases WHERE add_on = $1 AND namespace_id IS NULL AND expires_on >= current_date
-             ORDER BY id LIMIT 1 FOR UPDATE",
-            &[&add_on.as_str()],
-        )
-        .await?
-    {
-        Some(r) => r.get(0),
-        None => tx
-            .query_one(
-                "INSERT INTO add_on_purchases (add_on, quantity, expires_on) VALUES ($1, 100, current_date + 365) RETURNING id",
-                &[&add_on.as_str()],
-            )
-            .await?
-            .get(0),
-    };
-    let used: i64 = tx
-        .query_one(
-            "SELECT count(*) FROM add_on_seat_assignments WHERE purchase_id = $1",
-            &[&purchase],
-        )
-        .await?
-        .get(0);
-    let quantity: i32 = tx
-        .query_one(
-            "SELECT quantity FROM add_on_purchases WHERE id = $1",
-            &[&purchase],
-        )
-        .await?
-        .get(0);
-    if used >= i64::from(quantity) {
-        return Err(ApiError::Conflict("No seats available".into()));
-    }
-    tx.execute(
-        "INSERT INTO add_on_seat_assignments (purchase_id, user_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
-        &[&purchase, &body.user_id],
-    )
-    .await
-    .map_err(|e| if e.code().is_some() { ApiError::NotFound("User") } else { e.into() })?;
+    let seat = crate::duo_settings::assign_seat(&*tx, add_on, body.user_id)
+        .await
+        .map_err(|e| match e {
+            DuoSettingsError::NoSeatsLeft => ApiError::Conflict(e.to_string()),
+            DuoSettingsError::UnknownUser => ApiError::NotFound("User"),
+            DuoSettingsError::Db(db) => db.into(),
+            other => ApiError::BadRequest(other.to_string()),
+        })?;
     tx.commit().await?;
     Ok(HttpResponse::Created().json(
-        json!({ "add_on": add_on.as_str(), "user_id": body.user_id, "purchase_id": purchase }),
+        json!({ "add_on": seat.add_on.as_str(), "user_id": seat.user_id, "purchase_id": seat.purchase_id }),
     ))
 }

@@ -98,7 +98,7 @@ pub async fn require_admin(
     scopes: &[&'static str],
 ) -> Result<AuthenticatedUser, ApiError> {
     let user = require_user(state, req, scopes).await?;
-    if !user.admin {
+    if !crate::policy::Policy::administers_instance(Some(crate::policy::Actor::from(&user))) {
         return Err(ApiError::Forbidden);
     }
     Ok(user)

@@ -11,8 +11,11 @@ use serde_json::json;
 
 use super::PageError;
 use super::layout::{self, Page};
+use crate::ai_models::{Feature, Provider};
 use crate::app_state::AppState;
 use crate::gid;
+use crate::identity::sessions::SessionUser;
+use crate::policy::{Ability, Actor, NoDuoChat, Subject};
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/-/chat", web::get().to(page));
@@ -44,6 +47,51 @@ pub const SLASH_COMMANDS: &[(&str, &str)] = &[
     ("/new", "Start a new conversation"),
 ];
 
+/// Why Duo Chat is unavailable to the user, in words, or `None` when it is
+/// available: the policy's reason, then the admin's model selection.
+async fn unavailable_reason(
+    state: &AppState,
+    session: &SessionUser,
+) -> Result<Option<String>, PageError> {
+    let db = state.pool.get().await?;
+    let actor = Some(Actor::from(&session.user));
+    let reason = match state.policy.why_no_duo_chat(&**db, actor).await? {
+        Some(NoDuoChat::NoSeat) => {
+            "Duo Chat is not available to you: you need a GitLab Duo seat. Ask an administrator to assign you one."
+        }
+        Some(NoDuoChat::TurnedOff) => {
+            "Duo Chat is not available: an administrator turned GitLab Duo off for this instance."
+        }
+        Some(NoDuoChat::NotIncluded) => {
+            "Duo Chat is not available: GitLab Duo is not part of this instance's subscription (on GitLab.com: of a paid group of yours with Duo on)."
+        }
+        Some(NoDuoChat::SignedOut) => "Sign in to use Duo Chat.",
+        None => {
+            let settings = state
+                .models
+                .feature_settings(&**db)
+                .await
+                .map_err(|e| PageError::Internal(e.to_string()))?;
+            let off = settings
+                .iter()
+                .any(|s| s.feature == Feature::DuoChat && s.provider == Provider::Disabled);
+            if !off {
+                return Ok(None);
+            }
+            "Duo Chat is not available: an administrator turned it off for this instance."
+        }
+    };
+    let mut text = reason.to_owned();
+    if state
+        .policy
+        .can(&**db, actor, Ability::AdministerInstance, Subject::Global)
+        .await?
+    {
+        text.push_str(" As an administrator, you can change this in the Admin area.");
+    }
+    Ok(Some(text))
+}
+
 async fn page(
     state: web::Data<AppState>,
     req: HttpRequest,
@@ -59,8 +107,10 @@ async fn page(
     let thread = query
         .thread
         .filter(|t| matches!(gid::parse(t), Some(("Ai::Conversation::Thread", _))));
+    let unavailable = unavailable_reason(&state, &session).await?;
     let data = json!({
         "userGid": gid::format("User", session.user.id),
+        "unavailable": unavailable,
         "thread": thread,
         "resource": resource,
         "resourceTitle": query.resource_title.map(|t| t.chars().take(200).collect::<String>()),

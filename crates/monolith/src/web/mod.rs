@@ -8,8 +8,11 @@
 //! - [`sign_in`]: sign in and out (passwords, sessions, CSRF, rate limit);
 //! - [`chat`]: the chat page;
 //! - [`resources`]: project, issue, merge request and epic pages with "Ask Duo";
-//! - [`help`]: the error-code help page.
+//! - [`help`]: the error-code help page;
+//! - [`admin`], [`admin_models`]: the admin area (instance admins only).
 
+pub mod admin;
+pub mod admin_models;
 pub mod assets;
 pub mod chat;
 pub mod help;
@@ -28,7 +31,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .configure(sign_in::routes)
         .configure(chat::routes)
         .configure(help::routes)
-        .configure(resources::routes);
+        .configure(resources::routes)
+        .configure(admin::routes);
 }
 
 /// Why a page could not be shown.

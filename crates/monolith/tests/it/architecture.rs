@@ -21,6 +21,7 @@ const RANKS: &[(&str, u32)] = &[
     ("policy", 5),
     ("ai_models", 6),
     ("chat", 6),
+    ("duo_settings", 6),
     ("gateway_client", 6),
     ("repositories", 6),
     ("code_index", 7),

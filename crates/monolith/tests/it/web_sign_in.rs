@@ -12,12 +12,12 @@ use serde_json::{Value, json};
 use support::{Fx, Server};
 
 /// A minimal browser: keeps the cookies the server sets, follows no redirects.
-struct Browser {
+pub(crate) struct Browser {
     http: reqwest::Client,
     cookies: std::sync::Mutex<std::collections::BTreeMap<String, String>>,
 }
 
-fn browser() -> Browser {
+pub(crate) fn browser() -> Browser {
     Browser {
         http: reqwest::Client::builder()
             .redirect(Redirects::none())
@@ -28,7 +28,7 @@ fn browser() -> Browser {
 }
 
 impl Browser {
-    fn cookie_header(&self) -> String {
+    pub(crate) fn cookie_header(&self) -> String {
         let jar = self.cookies.lock().unwrap();
         jar.iter()
             .map(|(k, v)| format!("{k}={v}"))
@@ -36,7 +36,7 @@ impl Browser {
             .join("; ")
     }
 
-    fn set_cookie(&self, name: &str, value: &str) {
+    pub(crate) fn set_cookie(&self, name: &str, value: &str) {
         self.cookies
             .lock()
             .unwrap()
@@ -57,14 +57,14 @@ impl Browser {
         }
     }
 
-    fn get(&self, url: String) -> Req<'_> {
+    pub(crate) fn get(&self, url: String) -> Req<'_> {
         Req {
             browser: self,
             builder: self.http.get(url).header("Cookie", self.cookie_header()),
         }
     }
 
-    fn post(&self, url: String) -> Req<'_> {
+    pub(crate) fn post(&self, url: String) -> Req<'_> {
         Req {
             browser: self,
             builder: self.http.post(url).header("Cookie", self.cookie_header()),
@@ -72,17 +72,17 @@ impl Browser {
     }
 }
 
-struct Req<'a> {
+pub(crate) struct Req<'a> {
     browser: &'a Browser,
     builder: reqwest::RequestBuilder,
 }
 
 impl Req<'_> {
-    fn header(mut self, name: &str, value: &str) -> Self {
+    pub(crate) fn header(mut self, name: &str, value: &str) -> Self {
         self.builder = self.builder.header(name, value);
         self
     }
-    fn form(mut self, fields: &[(&str, &str)]) -> Self {
+    pub(crate) fn form(mut self, fields: &[(&str, &str)]) -> Self {
         let body: String = url::form_urlencoded::Serializer::new(String::new())
             .extend_pairs(fields)
             .finish();
@@ -92,11 +92,11 @@ impl Req<'_> {
             .body(body);
         self
     }
-    fn json(mut self, body: &Value) -> Self {
+    pub(crate) fn json(mut self, body: &Value) -> Self {
         self.builder = self.builder.json(body);
         self
     }
-    async fn send(self) -> reqwest::Result<reqwest::Response> {
+    pub(crate) async fn send(self) -> reqwest::Result<reqwest::Response> {
         let res = self.builder.send().await?;
         self.browser.keep_cookies(&res);
         Ok(res)
@@ -104,7 +104,7 @@ impl Req<'_> {
 }
 
 /// The value of `name="authenticity_token"` (or the csrf meta tag) in a page.
-fn token_in(html: &str, marker: &str) -> String {
+pub(crate) fn token_in(html: &str, marker: &str) -> String {
     let start = html
         .find(marker)
         .unwrap_or_else(|| panic!("{marker} not in {html}"));
@@ -119,7 +119,7 @@ fn token_in(html: &str, marker: &str) -> String {
     rest[open..open + close].to_owned()
 }
 
-async fn set_password(fx: &Fx, user: i64, password: &str) {
+pub(crate) async fn set_password(fx: &Fx, user: i64, password: &str) {
     let hashed = monolith::identity::passwords::hash(password).unwrap();
     fx.exec(
         "UPDATE users SET encrypted_password = $2 WHERE id = $1",
@@ -128,7 +128,7 @@ async fn set_password(fx: &Fx, user: i64, password: &str) {
     .await;
 }
 
-async fn sign_in(
+pub(crate) async fn sign_in(
     client: &Browser,
     server: &Server,
     user: &str,
