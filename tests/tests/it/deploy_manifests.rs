@@ -1595,9 +1595,10 @@ async fn every_process_starts_with_the_manifests_configuration_and_writes_only_t
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    // A model this small may ramble past the prompt's time limit: then the
-    // answer is the coded A1004, still proof that every hop was taken (the
-    // gateway accepted the token and the model server generated).
+    // A model this small may ramble past the time limits: then the answer
+    // is a coded timeout, and the model server's counters are the proof that
+    // every hop was taken (the gateway accepted the token and the model
+    // server generated).
     let logs = || {
         runs.iter()
             .map(|r| format!("{}:\n{}", r.0, r.1.log_tail(15)))
@@ -1609,8 +1610,14 @@ async fn every_process_starts_with_the_manifests_configuration_and_writes_only_t
             !answer["content"].as_str().unwrap().trim().is_empty(),
             "{answer}"
         ),
+        // A1004: the gateway gave up on the model; A1000: the bundled model
+        // (two llama.cpp threads, as the manifests set, on a loaded 2-core
+        // machine) stayed silent past the monolith's limit. Either way the
+        // metrics below must show the question reached the model.
         Some(error) => assert!(
-            error.as_str().unwrap().contains("[A1004]"),
+            ["[A1004]", "[A1000]"]
+                .iter()
+                .any(|code| error.as_str().unwrap().contains(code)),
             "{answer}\n{}",
             logs()
         ),

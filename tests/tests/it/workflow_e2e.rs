@@ -399,7 +399,12 @@ async fn an_approved_edit_is_committed_and_pushed_to_the_monolith() {
         .replacen("://", &format!("://alice:{alice}@"), 1);
     git(
         &scratch.0,
-        &["clone", "-q", &format!("{url}/acme/platform/api.git"), "api"],
+        &[
+            "clone",
+            "-q",
+            &format!("{url}/acme/platform/api.git"),
+            "api",
+        ],
     );
     let checkout = scratch.0.join("api");
     git(&checkout, &["config", "user.name", "Alice Owner"]);
@@ -448,7 +453,11 @@ async fn an_approved_edit_is_committed_and_pushed_to_the_monolith() {
     assert_chained(&checkpoints);
     // Every git step succeeded as far as the model was told.
     let bodies = system.provider_bodies();
-    assert!(!bodies.last().unwrap().contains("error:"), "{}", bodies.last().unwrap());
+    assert!(
+        !bodies.last().unwrap().contains("error:"),
+        "{}",
+        bodies.last().unwrap()
+    );
 
     // The monolith has the commit on main, exactly once, by alice.
     let (status, content) = system

@@ -402,7 +402,9 @@ impl ToolCallingModel {
         let require_call = turn.require_call && !tools.is_empty();
         let (engine, model) = match route {
             ModelRoute::Mock => (ProviderKind::Mock.engine(), String::new()),
-            ModelRoute::Anthropic { model, .. } => (ProviderKind::Anthropic.engine(), model.clone()),
+            ModelRoute::Anthropic { model, .. } => {
+                (ProviderKind::Anthropic.engine(), model.clone())
+            }
             ModelRoute::OpenAi { model, .. } => {
                 (ProviderKind::OpenAiCompatible.engine(), model.clone())
             }

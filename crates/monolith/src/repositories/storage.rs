@@ -61,7 +61,9 @@ const LAST_COMMIT_CACHE_ENTRIES: usize = 16_384;
 /// through history, and never different for the same commit and path, so it
 /// is computed once (GitLab caches it too).
 #[derive(Clone)]
-struct LastCommitCache(Arc<std::sync::Mutex<lru::LruCache<(PathBuf, String, String), Option<String>>>>);
+struct LastCommitCache(
+    Arc<std::sync::Mutex<lru::LruCache<(PathBuf, String, String), Option<String>>>>,
+);
 
 impl std::fmt::Debug for LastCommitCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
