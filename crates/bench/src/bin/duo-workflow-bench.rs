@@ -45,11 +45,25 @@ impl Approver for Never {
     }
 }
 
-/// Times between consecutive checkpoint notifications.
+/// Times between consecutive checkpoint notifications, and from each event
+/// the executor sees to the next one (what the executor did with it plus
+/// whatever the service did before its next message), by kind of event.
 #[derive(Default)]
 struct StepClock {
     last: Option<Instant>,
     steps: Latencies,
+    previous: Option<(String, Instant)>,
+    after: std::collections::BTreeMap<String, Latencies>,
+}
+
+impl StepClock {
+    fn event(&mut self, label: String) {
+        let now = Instant::now();
+        if let Some((previous, at)) = self.previous.take() {
+            self.after.entry(previous).or_default().push(now - at);
+        }
+        self.previous = Some((label, now));
+    }
 }
 
 impl Reporter for StepClock {
@@ -59,9 +73,35 @@ impl Reporter for StepClock {
             self.steps.push(now - last);
         }
         self.last = Some(now);
+        self.event("checkpoint notification".to_owned());
     }
 
-    fn action(&mut self, _: &action::Action) {}
+    fn action(&mut self, action: &action::Action) {
+        let label = match action {
+            action::Action::RunHttpRequest(http) => {
+                // Ids out of the path, so requests of one kind group together.
+                let path: String = http
+                    .path
+                    .split('?')
+                    .next()
+                    .unwrap_or_default()
+                    .split('/')
+                    .map(|part| {
+                        if part.bytes().all(|b| b.is_ascii_digit()) {
+                            ":id"
+                        } else {
+                            part
+                        }
+                    })
+                    .collect::<Vec<_>>()
+                    .join("/");
+                format!("runHTTPRequest {} {path}", http.method)
+            }
+            action::Action::RunReadFile(_) => "runReadFile".to_owned(),
+            other => format!("{other:?}").chars().take(24).collect(),
+        };
+        self.event(label);
+    }
 }
 
 #[tokio::main]
@@ -246,6 +286,17 @@ async fn run(
         "   per tool round (model node + tools node): {} ms on average",
         ms(total / (steps as u32 + 1))
     );
+    println!(
+        "   from each event the executor sees to the next (its own work, then the service's):"
+    );
+    for (label, gaps) in &clock.after {
+        println!(
+            "     {label:<58} p50 {:>9} ms  p99 {:>9} ms  ({} times)",
+            ms(gaps.quantile(0.5)),
+            ms(gaps.quantile(0.99)),
+            gaps.len()
+        );
+    }
 
     // 2. Checkpoints through the monolith's REST API.
     let http = reqwest::Client::new();

@@ -568,6 +568,46 @@ pub struct FileChange {
     pub deletions: u64,
 }
 
+/// git's empty tree: what a root commit is compared with.
+const EMPTY_TREE: &str = "4b825dc642cb6eb9a060e54bf8d69288fbee4904";
+
+/// Lines added and removed from `from` to `to` (`from` `None`: the root
+/// commit's content) over every file, binary files counting nothing: one
+/// `git diff --numstat`, without the patches.
+pub async fn diff_stats(
+    path: &Path,
+    from: Option<&str>,
+    to: &str,
+) -> Result<(u64, u64), RepositoryError> {
+    let git_dir = path.display().to_string();
+    let out = super::storage::git(&[
+        "--git-dir",
+        &git_dir,
+        "diff",
+        "--no-color",
+        "--no-ext-diff",
+        "-M",
+        "--numstat",
+        from.unwrap_or(EMPTY_TREE),
+        to,
+    ])
+    .await?;
+    // One line per file: "<added>\t<deleted>\t<path>" ("-" for binary files).
+    Ok(String::from_utf8_lossy(&out)
+        .lines()
+        .fold((0, 0), |(added, deleted), line| {
+            let mut fields = line.split('\t');
+            let mut count = || {
+                fields
+                    .next()
+                    .and_then(|f| f.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            let (a, d) = (count(), count());
+            (added + a, deleted + d)
+        }))
+}
+
 /// The changes from `from` to `to` (`from` `None`: the root commit's content),
 /// computed by `git diff` (renames found), each file's patch without its
 /// `diff --git` header as GitLab sends it, at most `max_files`.
@@ -578,8 +618,7 @@ pub async fn diff(
     max_files: usize,
 ) -> Result<Vec<FileChange>, RepositoryError> {
     let git_dir = path.display().to_string();
-    let empty_tree = "4b825dc642cb6eb9a060e54bf8d69288fbee4904";
-    let base = from.unwrap_or(empty_tree);
+    let base = from.unwrap_or(EMPTY_TREE);
     let raw = super::storage::git(&[
         "--git-dir",
         &git_dir,

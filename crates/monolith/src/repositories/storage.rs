@@ -51,31 +51,46 @@ pub struct Repositories {
     /// Bounds how many git processes serve clones and pushes at once, so a
     /// flood of (anonymous) clones cannot fork the machine to death.
     slots: Arc<Semaphore>,
-    last_commits: LastCommitCache,
+    last_commits: CommitFactsCache<(PathBuf, String, String), Option<String>>,
+    commit_stats: CommitFactsCache<(PathBuf, String), (u64, u64)>,
 }
 
-/// Entries the last-commit cache keeps (about 200 bytes each).
-const LAST_COMMIT_CACHE_ENTRIES: usize = 16_384;
+/// Entries each cache of facts about commits keeps (a few hundred bytes each).
+const COMMIT_FACTS_CACHE_ENTRIES: usize = 16_384;
 
-/// "The last commit that changed this path, seen from that commit": a walk
-/// through history, and never different for the same commit and path, so it
-/// is computed once (GitLab caches it too).
-#[derive(Clone)]
-struct LastCommitCache(
-    Arc<std::sync::Mutex<lru::LruCache<(PathBuf, String, String), Option<String>>>>,
-);
+/// Facts computed from commits by id ("the last commit that changed this
+/// path, seen from that commit", "a commit's line counts"): a walk or a git
+/// process each time, and never different for the same commit, so each is
+/// computed once (GitLab caches them too). Bounded, least recently used out.
+struct CommitFactsCache<K, V>(Arc<std::sync::Mutex<lru::LruCache<K, V>>>);
 
-impl std::fmt::Debug for LastCommitCache {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("LastCommitCache")
+impl<K, V> Clone for CommitFactsCache<K, V> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
     }
 }
 
-impl LastCommitCache {
+impl<K, V> std::fmt::Debug for CommitFactsCache<K, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CommitFactsCache")
+    }
+}
+
+impl<K: std::hash::Hash + Eq, V: Clone> CommitFactsCache<K, V> {
     fn new() -> Self {
-        let size = std::num::NonZeroUsize::new(LAST_COMMIT_CACHE_ENTRIES)
+        let size = std::num::NonZeroUsize::new(COMMIT_FACTS_CACHE_ENTRIES)
             .unwrap_or(std::num::NonZeroUsize::MIN);
         Self(Arc::new(std::sync::Mutex::new(lru::LruCache::new(size))))
+    }
+
+    fn get(&self, key: &K) -> Option<V> {
+        self.0.lock().ok()?.get(key).cloned()
+    }
+
+    fn put(&self, key: K, value: V) {
+        if let Ok(mut cache) = self.0.lock() {
+            cache.put(key, value);
+        }
     }
 }
 
@@ -84,7 +99,8 @@ impl Repositories {
         Self {
             root: root.into(),
             slots: Arc::new(Semaphore::new(max_concurrent.max(1))),
-            last_commits: LastCommitCache::new(),
+            last_commits: CommitFactsCache::new(),
+            commit_stats: CommitFactsCache::new(),
         }
     }
 
@@ -101,10 +117,8 @@ impl Repositories {
             commit.to_owned(),
             file_path.to_owned(),
         );
-        if let Ok(mut cache) = self.last_commits.0.lock()
-            && let Some(known) = cache.get(&key)
-        {
-            return Ok(known.clone());
+        if let Some(known) = self.last_commits.get(&key) {
+            return Ok(known);
         }
         let (path, start, file) = key.clone();
         let found = tokio::task::spawn_blocking(move || {
@@ -112,10 +126,25 @@ impl Repositories {
         })
         .await
         .map_err(|e| RepositoryError::Read(e.to_string()))??;
-        if let Ok(mut cache) = self.last_commits.0.lock() {
-            cache.put(key, found.clone());
-        }
+        self.last_commits.put(key, found.clone());
         Ok(found)
+    }
+
+    /// Lines added and removed by `commit` against its first parent (`None`
+    /// for a root commit), over every file.
+    pub async fn commit_stats(
+        &self,
+        repository: &Path,
+        commit: &str,
+        parent: Option<&str>,
+    ) -> Result<(u64, u64), RepositoryError> {
+        let key = (repository.to_path_buf(), commit.to_owned());
+        if let Some(known) = self.commit_stats.get(&key) {
+            return Ok(known);
+        }
+        let stats = super::reader::diff_stats(repository, parent, commit).await?;
+        self.commit_stats.put(key, stats);
+        Ok(stats)
     }
 
     /// A slot for one git process; `None` when all are busy for `wait`.

@@ -197,10 +197,15 @@ async fn commit_with_stats(
     state: &AppState,
     commit: &CommitInfo,
 ) -> Result<Value, ApiError> {
-    let changes = changes_of(repo, commit).await?;
-    let (additions, deletions) = changes
-        .iter()
-        .fold((0u64, 0u64), |(a, d), c| (a + c.additions, d + c.deletions));
+    let (additions, deletions) = state
+        .repositories
+        .commit_stats(
+            &repo.path,
+            &commit.id,
+            commit.parent_ids.first().map(String::as_str),
+        )
+        .await
+        .map_err(repository_error)?;
     let mut body = commit_json(repo, state, commit);
     if let Some(map) = body.as_object_mut() {
         map.insert(
