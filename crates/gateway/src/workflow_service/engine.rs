@@ -656,6 +656,7 @@ impl Run {
     }
 
     async fn run_agent(&mut self, spec: &AgentSpec) -> Result<(), RunError> {
+        let started = std::time::Instant::now();
         let tools = self.policy.tools(spec.tools);
         let tool_names: Vec<&str> = tools.iter().map(|t| t.name).collect();
         let definition = self.prompt(spec)?;
@@ -703,6 +704,7 @@ impl Run {
         trim_context(self.state.conversation(spec.name), budget);
         let schemas: Vec<_> = tools.iter().map(|t| t.schema()).collect();
         let params = definition.model_params();
+        let prepared = started.elapsed();
         let turn = self
             .services
             .model
@@ -718,6 +720,12 @@ impl Run {
             )
             .await
             .map_err(|e| RunError::failure("ModelError", e))?;
+        tracing::debug!(
+            agent = spec.name,
+            prepare_ms = prepared.as_secs_f64() * 1000.0,
+            model_ms = (started.elapsed() - prepared).as_secs_f64() * 1000.0,
+            "agent step timed"
+        );
         self.take_turn(spec, turn, &route);
         Ok(())
     }
