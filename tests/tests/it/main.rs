@@ -12,5 +12,7 @@ mod migrations_e2e;
 mod model_selection_e2e;
 mod python_gitlab_e2e;
 mod shutdown_e2e;
+mod web_code_e2e;
 mod web_e2e;
+mod web_support;
 mod workflow_e2e;

@@ -37,6 +37,7 @@ mod rest_resources;
 mod rest_tokens;
 mod rest_writes;
 mod subscriptions_live;
+mod web_code_pages;
 mod web_sign_in;
 mod worker_completion;
 mod workflows_graphql;
