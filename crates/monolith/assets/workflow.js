@@ -48,8 +48,8 @@ function describeConnection(extra) {
     line.textContent = extra;
     return;
   }
-  if (socket) line.textContent = 'Running in this tab. Closing it stops the run.';
-  else if (status === 'tool_call_approval_required') line.textContent = 'Waiting for your approval.';
+  if (status === 'tool_call_approval_required' && !answered) line.textContent = 'Waiting for your approval.';
+  else if (socket) line.textContent = 'Running in this tab. Closing it stops the run.';
   else line.textContent = '';
 }
 

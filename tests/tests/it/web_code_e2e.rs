@@ -137,6 +137,7 @@ async fn wait_for_approval(browser: &Browser) -> String {
         .until(
             "the pending tool call",
             "return document.body.dataset.status === 'tool_call_approval_required' \
+               && document.body.dataset.running !== 'true' \
                && !document.getElementById('approval').hidden \
                && document.getElementById('pending-call').textContent",
         )
@@ -198,7 +199,19 @@ async fn a_workflow_started_on_its_page_waits_for_approval_then_comments_and_fin
     assert_eq!(notes_with(&system, NOTE_BODY).await, 1, "commented once");
     let log = browser.text("#log").await.unwrap();
     assert!(log.contains("I left the summary on issue #1."), "{log}");
-    assert!(log.contains("create_issue_note"), "{log}");
+    // The call ran once, successfully, and the log says so.
+    let ran = browser
+        .js(
+            "return [...document.querySelectorAll('#log .entry.tool')] \
+               .map(e => [e.dataset.status, e.textContent])",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let ran = ran.as_array().unwrap();
+    assert_eq!(ran.len(), 1, "{ran:?}");
+    assert_eq!(ran[0][0], "success", "{ran:?}");
+    assert!(ran[0][1].as_str().unwrap().contains("create_issue_note"));
     assert!(
         browser
             .js("return !document.getElementById('stop-form')", vec![])

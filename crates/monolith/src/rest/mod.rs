@@ -109,7 +109,8 @@ pub async fn require_user(
     let user = token_user(state, req)
         .await?
         .ok_or(ApiError::Unauthorized)?;
-    if !user.has_any_scope(scopes) && !(workflow_only(&user) && workflow_tool_endpoint(req)) {
+    let workflow_tool = workflow_only(&user) && workflow_tool_endpoint(req);
+    if !(user.has_any_scope(scopes) || workflow_tool) {
         return Err(ApiError::InsufficientScope(scopes.join(" ")));
     }
     Ok(user)

@@ -277,11 +277,10 @@ async fn start(
         ));
     }
     let goal = form.goal.trim();
-    let refuse = |why: &str| why.to_owned();
     let problem = if goal.is_empty() {
-        Some(refuse("Describe the goal first."))
+        Some("Describe the goal first.".to_owned())
     } else if goal.contains('\0') {
-        Some(refuse("The goal must not contain NUL characters."))
+        Some("The goal must not contain NUL characters.".to_owned())
     } else if goal.chars().count() > store::GOAL_MAX_CHARS {
         Some(format!(
             "The goal is too long (at most {} characters).",
@@ -424,6 +423,17 @@ async fn run(
             p class="goal" { (workflow.goal) }
             p id="connection" class="muted" aria-live="polite" {}
         }
+        section class="card approval" id="approval" hidden aria-labelledby="approval-title" {
+            h2 id="approval-title" { "Approval needed" }
+            p { "Duo wants to run this tool:" }
+            pre id="pending-call" class="code" {}
+            label for="reject-message" { "Message to Duo (optional, sent when you reject)" }
+            textarea id="reject-message" rows="2" maxlength="2000" {}
+            div class="actions" {
+                button type="button" class="primary" id="approve" { "Approve" }
+                button type="button" id="reject" { "Reject" }
+            }
+        }
         section class="card" id="plan-card" hidden {
             h2 { "Plan" }
             ol id="plan" {}
@@ -438,17 +448,6 @@ async fn run(
                         (entry["content"].as_str().unwrap_or_default())
                     }
                 }
-            }
-        }
-        section class="card approval" id="approval" hidden aria-labelledby="approval-title" {
-            h2 id="approval-title" { "Approval needed" }
-            p { "Duo wants to run this tool:" }
-            pre id="pending-call" class="code" {}
-            label for="reject-message" { "Message to Duo (optional, sent when you reject)" }
-            textarea id="reject-message" rows="2" maxlength="2000" {}
-            div class="actions" {
-                button type="button" class="primary" id="approve" { "Approve" }
-                button type="button" id="reject" { "Reject" }
             }
         }
     };
