@@ -32,6 +32,8 @@ pub const MAX_LOCATION_BYTES: usize = 4096;
 pub const MAX_VIEW_BYTES: u64 = 512 * 1024;
 /// Most entries of one directory listed.
 const MAX_LISTED_ENTRIES: usize = 1000;
+/// Most other branches and tags offered to switch to.
+const MAX_LISTED_REFS: usize = 50;
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/{project:.+}/-/tree", web::get().to(tree_root))
@@ -118,6 +120,8 @@ struct Located {
     reference: String,
     commit: String,
     path: String,
+    /// Branch and tag names (at most [`MAX_LISTED_REFS`]) to switch to.
+    others: Vec<String>,
 }
 
 /// Splits `<ref>/<path>`: the longest leading run of segments that is a
@@ -143,10 +147,19 @@ fn locate(
         }
         match reader::resolve(repository, &candidate) {
             Ok(commit) => {
+                let others = refs
+                    .branches
+                    .keys()
+                    .chain(refs.tags.keys())
+                    .filter(|name| **name != candidate)
+                    .take(MAX_LISTED_REFS)
+                    .cloned()
+                    .collect();
                 return Ok(Some(Located {
                     reference: candidate,
                     commit,
                     path: parts[split..].join("/"),
+                    others,
                 }));
             }
             Err(RepositoryError::NotFound(_)) => continue,
@@ -459,6 +472,16 @@ async fn show_tree(
             }
             @if dir.is_empty() && !project.description.is_empty() {
                 p class="muted" { (project.description) }
+            }
+            @if !located.others.is_empty() {
+                details class="refs" {
+                    summary { "Switch branch or tag" }
+                    ul {
+                        @for other in &located.others {
+                            li { a href=(tree_url(&project, other, "")) { (other) } }
+                        }
+                    }
+                }
             }
             table class="files" {
                 thead { tr { th scope="col" { "Name" } th scope="col" { "Kind" } } }

@@ -133,6 +133,19 @@ async fn site() -> Site {
     )
     .await;
     assert_eq!(status, 201, "{body}");
+    let (status, body) = post(
+        &server,
+        &format!("/projects/{project}/repository/commits"),
+        &token,
+        json!({
+            "branch": "feature/more",
+            "start_branch": "main",
+            "commit_message": "More",
+            "actions": [{ "action": "create", "file_path": "NEW.md", "content": "Only on the branch\n" }]
+        }),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
     let owner = alice;
     let (alice, bob) = (session(&fx, alice.id).await, session(&fx, bob.id).await);
     Site {
@@ -157,6 +170,24 @@ async fn members_browse_the_tree_and_files_and_others_get_404() {
     assert!(html.contains("href=\"/acme/site/-/blob/main/README.md\""));
     assert!(html.contains("Ask Duo about this repository"));
     assert!(html.contains("context=repository"));
+    // Another branch, with a slash in its name, is offered and browsable.
+    assert!(
+        html.contains("href=\"/acme/site/-/tree/feature/more\""),
+        "{html}"
+    );
+    let (status, html) = s
+        .alice
+        .get(&s.server, "/acme/site/-/blob/feature/more/NEW.md")
+        .await;
+    assert_eq!(status, 200, "{html}");
+    assert!(html.contains("Only on the branch"));
+    assert_eq!(
+        s.alice
+            .get(&s.server, "/acme/site/-/blob/main/NEW.md")
+            .await
+            .0,
+        404
+    );
 
     let (status, html) = s.alice.get(&s.server, "/acme/site/-/tree/main/src").await;
     assert_eq!(status, 200);
@@ -390,6 +421,30 @@ async fn workflow_forms_need_their_token_and_runs_are_their_owners() {
     assert!(html.contains("workflow-"), "the run page loads its script");
     let (_, list) = s.alice.get(&s.server, "/acme/site/-/workflows").await;
     assert!(list.contains(&location));
+    // The log of the newest checkpoint is in the page (and readable without
+    // the script); the agents' conversation is not.
+    db.execute(
+        "INSERT INTO duo_workflows_checkpoints
+           (workflow_id, project_id, thread_ts, checkpoint_ns, checkpoint, metadata)
+         VALUES ($1, $2, 'ts-1', '', $3, '{}')",
+        &[
+            &id,
+            &s.project,
+            &json!({"channel_values": {
+                "ui_chat_log": [{"message_type": "agent", "content": "Reading issue #1 <b>now</b>"}],
+                "conversation_history": {"chat": [{"content": "the system prompt"}]}
+            }}),
+        ],
+    )
+    .await
+    .unwrap();
+    let (_, html) = s.alice.get(&s.server, &location).await;
+    assert!(
+        html.contains("Reading issue #1 &lt;b&gt;now&lt;/b&gt;"),
+        "{html}"
+    );
+    assert!(!html.contains("the system prompt"));
+    assert_eq!(page_data(&html)["log"][0]["message_type"], "agent");
 
     // Another user's run does not exist for them, even with a project of their own.
     assert_eq!(s.bob.get(&s.server, &location).await.0, 404);
