@@ -194,9 +194,51 @@ async fn a_workflow_started_on_its_page_waits_for_approval_then_comments_and_fin
     // Nothing happened before the approval.
     assert_eq!(notes_with(&system, NOTE_BODY).await, 0);
 
+    // A second tab on the same run follows it live (it does not run it).
+    let run_url = browser.client.current_url().await.unwrap().to_string();
+    let first = browser.client.window().await.unwrap();
+    let second = browser.client.new_window(true).await.unwrap().handle;
+    browser
+        .client
+        .switch_to_window(second.clone())
+        .await
+        .unwrap();
+    browser.goto(&run_url).await.unwrap();
+    browser
+        .until(
+            "the second tab's subscription",
+            "return document.body.dataset.live === 'true'",
+        )
+        .await
+        .unwrap();
+    browser
+        .client
+        .switch_to_window(first.clone())
+        .await
+        .unwrap();
+
     browser.click("#approve").await.unwrap();
     wait_for_status(&browser, "finished").await;
     assert_eq!(notes_with(&system, NOTE_BODY).await, 1, "commented once");
+    browser.client.switch_to_window(second).await.unwrap();
+    browser
+        .until(
+            "the finished run in the second tab",
+            "return document.body.dataset.status === 'finished' \
+               && document.getElementById('log').textContent.includes('I left the summary')",
+        )
+        .await
+        .unwrap();
+    assert!(
+        browser
+            .js("return document.getElementById('approval').hidden", vec![])
+            .await
+            .unwrap()
+            .as_bool()
+            .unwrap()
+    );
+    browser.client.close_window().await.unwrap();
+    browser.client.switch_to_window(first).await.unwrap();
     let log = browser.text("#log").await.unwrap();
     assert!(log.contains("I left the summary on issue #1."), "{log}");
     // The call ran once, successfully, and the log says so.
