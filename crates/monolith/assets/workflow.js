@@ -48,7 +48,9 @@ function describeConnection(extra) {
     line.textContent = extra;
     return;
   }
-  if (status === 'tool_call_approval_required' && !answered) line.textContent = 'Waiting for your approval.';
+  if (!data.browserClient && !['finished', 'failed', 'stopped'].includes(status)) {
+    line.textContent = 'This run uses workspace tools (files, commands): it continues in its executor (your IDE or duo-workflow-executor), not in this page.';
+  } else if (status === 'tool_call_approval_required' && !answered) line.textContent = 'Waiting for your approval.';
   else if (socket) line.textContent = 'Running in this tab. Closing it stops the run.';
   else line.textContent = '';
 }
@@ -135,7 +137,7 @@ function pendingCall() {
 
 function showApproval() {
   const box = $('approval');
-  const call = status === 'tool_call_approval_required' && data.owner && !answered ? pendingCall() : null;
+  const call = status === 'tool_call_approval_required' && data.owner && data.browserClient && !answered ? pendingCall() : null;
   box.hidden = !call;
   if (call) $('pending-call').textContent = call.tool_info ? toolText(call.tool_info) : call.content;
 }
@@ -223,7 +225,7 @@ async function start() {
   await live.whenReady();
   document.body.dataset.live = 'true';
   // A new run starts as soon as its owner opens it (right after the form).
-  if (status === 'created' && data.owner) run({ goal: data.goal });
+  if (status === 'created' && data.owner && data.browserClient) run({ goal: data.goal });
 }
 
 start();

@@ -361,6 +361,16 @@ async fn visible_run(
     Ok(workflow)
 }
 
+/// Whether this page can be the run's client: only when the workflow has no
+/// workspace privileges (files, commands, git, MCP tools), since a browser has
+/// no checkout. Other runs continue in their executor (IDE, CLI).
+fn browser_can_run(workflow: &Workflow) -> bool {
+    workflow
+        .agent_privileges
+        .iter()
+        .all(|p| i64::from(*p) == READ_GITLAB || i64::from(*p) == WRITE_GITLAB)
+}
+
 /// The parts of a checkpoint the page shows: the log (newest entries at most
 /// [`MAX_LOG_ENTRIES`]) and the plan.
 fn client_view(checkpoint: Option<&Value>) -> Value {
@@ -400,6 +410,7 @@ async fn run(
         "goal": workflow.goal,
         "status": workflow.status.name(),
         "owner": workflow.user_id == session.user.id,
+        "browserClient": browser_can_run(&workflow),
         "log": view["ui_chat_log"],
         "plan": view["plan"],
     });

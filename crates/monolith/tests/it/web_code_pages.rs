@@ -418,6 +418,7 @@ async fn workflow_forms_need_their_token_and_runs_are_their_owners() {
     let data = page_data(&html);
     assert_eq!(data["status"], "created");
     assert_eq!(data["workflowId"], id);
+    assert_eq!(data["browserClient"], true, "GitLab privileges only");
     assert!(html.contains("workflow-"), "the run page loads its script");
     let (_, list) = s.alice.get(&s.server, "/acme/site/-/workflows").await;
     assert!(list.contains(&location));
@@ -445,6 +446,26 @@ async fn workflow_forms_need_their_token_and_runs_are_their_owners() {
     );
     assert!(!html.contains("the system prompt"));
     assert_eq!(page_data(&html)["log"][0]["message_type"], "agent");
+
+    // A run with workspace privileges (as the IDE creates them) continues in
+    // its executor: the page only follows it.
+    let token = s.fx.token(s.owner, &["api"]).await;
+    let (status, created) = post(
+        &s.server,
+        "/ai/duo_workflows/workflows",
+        &token,
+        json!({"project_id": s.project, "goal": "Edit files", "agent_privileges": [1, 2]}),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let (_, html) = s
+        .alice
+        .get(
+            &s.server,
+            &format!("/acme/site/-/workflows/{}", created["id"]),
+        )
+        .await;
+    assert_eq!(page_data(&html)["browserClient"], false);
 
     // Another user's run does not exist for them, even with a project of their own.
     assert_eq!(s.bob.get(&s.server, &location).await.0, 404);
