@@ -102,6 +102,13 @@ async fn browsing_the_repository_and_asking_duo_about_a_file() {
         )
         .await
         .unwrap();
+    browser
+        .until(
+            "the stop button to go away",
+            "return document.getElementById('stop').hidden",
+        )
+        .await
+        .unwrap();
     browser.screenshot("chat-about-a-file").await.unwrap();
     // The file went to the model as additional context, read by the monolith.
     let bodies = system.provider_bodies();
