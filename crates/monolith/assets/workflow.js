@@ -42,7 +42,13 @@ function setStatus(next) {
   describeConnection();
 }
 
+// A run left `running` or `paused` without a client can be resumed here.
+function showResume() {
+  $('resume').hidden = !(data.owner && data.browserClient && !socket && ['running', 'paused'].includes(status));
+}
+
 function describeConnection(extra) {
+  showResume();
   const line = $('connection');
   if (extra) {
     line.textContent = extra;
@@ -201,6 +207,9 @@ function decide(approval) {
 }
 
 $('approve').addEventListener('click', () => decide({ approval: {} }));
+$('resume').addEventListener('click', () => {
+  if (!socket) run({ goal: '' });
+});
 $('reject').addEventListener('click', () => {
   const message = $('reject-message').value.trim();
   decide({ rejection: message ? { message } : {} });

@@ -15,7 +15,7 @@
 use crate::web_support::{ask, chat_is_live, signed_in};
 use e2e_tests::System;
 use e2e_tests::browser::Browser;
-use fake_provider::ToolCall;
+use fake_provider::{Failure, ToolCall};
 use serde_json::json;
 
 /// A line only `src/rate_limit.rs` of the demo `acme/platform/api` holds.
@@ -303,4 +303,69 @@ async fn a_rejected_tool_call_never_runs_and_its_message_reaches_the_model() {
     assert!(last.contains("Do not comment, just tell me"), "{last}");
     let log = browser.text("#log").await.unwrap();
     assert!(log.contains("Understood, no comment then."), "{log}");
+}
+
+#[tokio::test]
+async fn a_run_left_by_its_page_resumes_from_its_last_checkpoint() {
+    let system = System::start().await.unwrap();
+    // The first model call never answers: the step is under way when the
+    // page goes away.
+    system.fake.push_failure(Failure::Hang);
+    system.fake.push_text("All done after the interruption.");
+    let browser = signed_in(&system, "alice").await;
+    start_workflow(&browser, &system, "Tell me about issue #1").await;
+    browser
+        .until(
+            "the run to be under way",
+            "return document.body.dataset.status === 'running' && document.body.dataset.running === 'true'",
+        )
+        .await
+        .unwrap();
+    for _ in 0..500 {
+        if !system.provider_bodies().is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(system.provider_bodies().len(), 1);
+
+    // Reloading closes the socket; the run stays `running`, without a client.
+    let url = browser.client.current_url().await.unwrap().to_string();
+    browser.goto(&url).await.unwrap();
+    browser
+        .until(
+            "the resume button",
+            "return document.body.dataset.live === 'true' && !document.getElementById('resume').hidden",
+        )
+        .await
+        .unwrap();
+    // The service may still hold the old stream for a moment: a refused
+    // attempt says so and the button stays.
+    let mut finished = false;
+    for _ in 0..20 {
+        browser.click("#resume").await.unwrap();
+        let outcome = browser
+            .until(
+                "the resumed stream to end",
+                "return document.body.dataset.running === 'false' && document.body.dataset.status",
+            )
+            .await
+            .unwrap();
+        if outcome == "finished" {
+            finished = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert!(finished, "the run never resumed");
+    let log = browser.text("#log").await.unwrap();
+    assert!(log.contains("All done after the interruption."), "{log}");
+    assert!(
+        browser
+            .js("return document.getElementById('resume').hidden", vec![])
+            .await
+            .unwrap()
+            .as_bool()
+            .unwrap()
+    );
 }

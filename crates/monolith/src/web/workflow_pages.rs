@@ -433,6 +433,9 @@ async fn run(
             h2 { "Goal" }
             p class="goal" { (workflow.goal) }
             p id="connection" class="muted" aria-live="polite" {}
+            // For a run whose client went away mid-step (the page was closed):
+            // the service continues from the newest checkpoint.
+            button type="button" id="resume" hidden { "Resume" }
         }
         section class="card approval" id="approval" hidden aria-labelledby="approval-title" {
             h2 id="approval-title" { "Approval needed" }
