@@ -14,8 +14,8 @@ const stopButton = $('stop');
 const MESSAGE_FIELDS = 'id requestId content contentHtml errors errorCode role timestamp chunkId threadId extras { sources hasFeedback }';
 const THREADS = `query { aiConversationThreads { nodes { id title lastUpdatedAt conversationType } } }`;
 const MESSAGES = `query($threadId: AiConversationThreadID!) { aiMessages(threadId: $threadId) { nodes { ${MESSAGE_FIELDS} } } }`;
-const ASK = `mutation($content: String!, $resourceId: AiModelID, $clientSubscriptionId: String, $threadId: AiConversationThreadID, $conversationType: AiConversationsThreadsConversationType) {
-  aiAction(input: { chat: { content: $content, resourceId: $resourceId }, clientSubscriptionId: $clientSubscriptionId, threadId: $threadId, conversationType: $conversationType }) { requestId threadId errors }
+const ASK = `mutation($content: String!, $resourceId: AiModelID, $additionalContext: [AiAdditionalContextInput!], $clientSubscriptionId: String, $threadId: AiConversationThreadID, $conversationType: AiConversationsThreadsConversationType) {
+  aiAction(input: { chat: { content: $content, resourceId: $resourceId, additionalContext: $additionalContext }, clientSubscriptionId: $clientSubscriptionId, threadId: $threadId, conversationType: $conversationType }) { requestId threadId errors }
 }`;
 const LIVE = `subscription($userId: UserID!, $clientSubscriptionId: String) {
   aiCompletionResponse(userId: $userId, aiAction: CHAT, clientSubscriptionId: $clientSubscriptionId) { ${MESSAGE_FIELDS} }
@@ -27,6 +27,8 @@ const FEEDBACK = `mutation($messageId: ID!, $helpful: Boolean!, $reason: String)
 const tabId = `tab-${crypto.randomUUID()}`;
 let thread = data.thread ?? null;
 let resource = data.resource ?? null;
+// A file, directory or repository attached by the repository browser.
+let additionalContext = data.additionalContext ?? null;
 // Answers being streamed to this tab: requestId -> { text, chunks, stopped }.
 const streaming = new Map();
 // Requests whose final answer arrived (a late chunk from the other
@@ -179,13 +181,15 @@ function showAttached() {
   }
   box.hidden = false;
   box.replaceChildren();
-  box.append(`Asking about: ${data.resourceTitle || resource} `);
+  const title = additionalContext ? data.contextTitle : (data.resourceTitle || resource);
+  box.append(`Asking about: ${title} `);
   const remove = document.createElement('button');
   remove.type = 'button';
   remove.className = 'link';
   remove.textContent = 'Remove';
   remove.addEventListener('click', () => {
     resource = null;
+    additionalContext = null;
     showAttached();
   });
   box.append(remove);
@@ -195,6 +199,7 @@ async function ask(content) {
   const variables = { content, clientSubscriptionId: tabId };
   if (resource) variables.resourceId = resource;
   else variables.resourceId = data.userGid;
+  if (additionalContext) variables.additionalContext = additionalContext;
   if (thread) variables.threadId = thread;
   else variables.conversationType = 'DUO_CHAT';
   const result = await gql(ASK, variables);

@@ -13,5 +13,7 @@ mod model_selection_e2e;
 mod python_gitlab_e2e;
 mod shutdown_e2e;
 mod web_admin_e2e;
+mod web_code_e2e;
 mod web_e2e;
+mod web_support;
 mod workflow_e2e;

@@ -13,7 +13,7 @@
 
 use e2e_tests::{Options, System};
 
-use crate::web_e2e::{ask, open_chat, signed_in};
+use crate::web_support::{ask, open_chat, signed_in};
 
 const FINISHED_ANSWER: &str =
     "return document.querySelector('.message.assistant .body:not(.streaming)')?.textContent";

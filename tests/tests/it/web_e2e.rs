@@ -9,39 +9,11 @@
     reason = "a failed fixture fails the test"
 )]
 
+use crate::web_support::{ask, open_chat, signed_in};
 use e2e_tests::System;
-use e2e_tests::browser::Browser;
 use fake_provider::Scripted;
 
 const LOGIN_ISSUE_TEXT: &str = "Users with a session older than 30 days";
-
-pub(crate) async fn signed_in(system: &System, user: &str) -> Browser {
-    let browser = Browser::start().await.unwrap();
-    browser
-        .sign_in(&system.web_url, user, &system.password(user).unwrap())
-        .await
-        .unwrap();
-    browser
-}
-
-pub(crate) async fn open_chat(browser: &Browser, system: &System) {
-    browser
-        .goto(&format!("{}/-/chat", system.web_url))
-        .await
-        .unwrap();
-    browser
-        .until(
-            "the live subscription",
-            "return document.body.dataset.live === 'true'",
-        )
-        .await
-        .unwrap();
-}
-
-pub(crate) async fn ask(browser: &Browser, question: &str) {
-    browser.type_into("#question", question).await.unwrap();
-    browser.click("#send").await.unwrap();
-}
 
 #[tokio::test]
 async fn an_answer_streams_in_then_renders_with_feedback() {

@@ -325,6 +325,26 @@ impl AgentResponder {
             }
             _ => (current_file, file_content),
         };
+        // Files named by the web pages' "Ask Duo about this file": read now,
+        // through the policy, like the current file above.
+        let items = match repository_file::fill_file_items(
+            &**db,
+            &services.policy,
+            &services.repositories,
+            actor,
+            question.additional_context.clone(),
+        )
+        .await
+        {
+            Ok(items) => items,
+            Err(repository_file::FileItemError::Unreadable) => {
+                return Err(Refusal::Code(
+                    DuoErrorCode::M3003,
+                    "file context not readable".into(),
+                ));
+            }
+            Err(repository_file::FileItemError::Failed(e)) => return Err(Refusal::transient(e)),
+        };
         // Repository and directory context: searched now, before the agent
         // loop, so the gateway receives the hits inside the items' content.
         let additional_context = match crate::code_index::chat_context::prepare(
@@ -333,7 +353,7 @@ impl AgentResponder {
             actor,
             &scopes,
             &question.content,
-            question.additional_context.clone(),
+            items,
         )
         .await
         {

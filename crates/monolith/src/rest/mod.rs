@@ -37,8 +37,9 @@ use crate::identity::request::request_user;
 use crate::identity::tokens::{AuthenticatedUser, TokenError};
 
 /// The signed-in user, `None` when no token was sent; a bad token is a 401.
-/// A Duo Workflow token (`ai_workflows` only) is refused here: it is good for
-/// the workflow endpoints alone, which ask through [`require_user`].
+/// A Duo Workflow token (`ai_workflows` only) is refused here, except on the
+/// endpoints its GitLab tools call ([`WORKFLOW_TOOL_ENDPOINTS`]); the workflow
+/// endpoints ask through [`require_user`].
 pub async fn optional_user(
     state: &AppState,
     req: &HttpRequest,
@@ -46,10 +47,37 @@ pub async fn optional_user(
     let user = token_user(state, req).await?;
     if let Some(u) = &user
         && workflow_only(u)
+        && !workflow_tool_endpoint(req)
     {
         return Err(ApiError::InsufficientScope(READ_SCOPES.join(" ")));
     }
     Ok(user)
+}
+
+/// The endpoints the workflow service's GitLab tools call, where GitLab also
+/// accepts `ai_workflows` tokens (`allow_access_with_scope :ai_workflows`): a
+/// run's token reads and writes there as its user (the policy decides), and
+/// nowhere else outside the workflow endpoints.
+const WORKFLOW_TOOL_ENDPOINTS: &[(&str, &str)] = &[
+    ("GET", "/api/v4/projects/{id}/issues/{iid}"),
+    ("GET", "/api/v4/projects/{id}/issues/{iid}/notes"),
+    ("POST", "/api/v4/projects/{id}/issues/{iid}/notes"),
+    ("GET", "/api/v4/projects/{id}/merge_requests/{iid}"),
+    ("POST", "/api/v4/projects/{id}/merge_requests"),
+    ("GET", "/api/v4/projects/{id}/pipelines/{pipeline_id}/jobs"),
+    (
+        "GET",
+        "/api/v4/projects/{id}/repository/files/{file_path:.+}/raw",
+    ),
+];
+
+fn workflow_tool_endpoint(req: &HttpRequest) -> bool {
+    let Some(pattern) = req.match_pattern() else {
+        return false;
+    };
+    WORKFLOW_TOOL_ENDPOINTS
+        .iter()
+        .any(|(method, route)| req.method().as_str() == *method && pattern == *route)
 }
 
 /// Whether the token carries nothing but Duo Workflow's scope (and the
@@ -81,7 +109,8 @@ pub async fn require_user(
     let user = token_user(state, req)
         .await?
         .ok_or(ApiError::Unauthorized)?;
-    if !user.has_any_scope(scopes) {
+    let workflow_tool = workflow_only(&user) && workflow_tool_endpoint(req);
+    if !(user.has_any_scope(scopes) || workflow_tool) {
         return Err(ApiError::InsufficientScope(scopes.join(" ")));
     }
     Ok(user)

@@ -30,6 +30,11 @@ const FILES: &[(&str, &str, &str)] = &[
         "text/javascript; charset=utf-8",
         include_str!("../../assets/markdown.js"),
     ),
+    (
+        "workflow.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../assets/workflow.js"),
+    ),
 ];
 
 struct Asset {

@@ -12,6 +12,7 @@ use serde_json::json;
 use super::PageError;
 use super::layout::{self, Page};
 use crate::ai_models::{Feature, Provider};
+use super::repository_browser::{self, AskAbout};
 use crate::app_state::AppState;
 use crate::gid;
 use crate::identity::sessions::SessionUser;
@@ -28,6 +29,11 @@ struct ChatQuery {
     /// A resource to ask about (its global id), and how to show it.
     resource: Option<String>,
     resource_title: Option<String>,
+    /// "Ask Duo about this file / directory / repository" of the repository
+    /// browser: `file`, `directory` or `repository`, with the ref and path.
+    context: Option<String>,
+    context_ref: Option<String>,
+    context_path: Option<String>,
 }
 
 /// The slash commands the menu offers, with what each does.
@@ -108,12 +114,33 @@ async fn page(
         .thread
         .filter(|t| matches!(gid::parse(t), Some(("Ai::Conversation::Thread", _))));
     let unavailable = unavailable_reason(&state, &session).await?;
+    // The additional context of the repository browser's "Ask Duo" buttons,
+    // rebuilt here (never taken from the URL as is).
+    let context = match (
+        query.context.as_deref().and_then(AskAbout::parse),
+        resource.as_deref().and_then(gid::parse),
+    ) {
+        (Some(about), Some(("Project", project_id))) => {
+            repository_browser::chat_context_item(
+                &state,
+                &session,
+                project_id,
+                about,
+                query.context_ref.as_deref(),
+                query.context_path.as_deref(),
+            )
+            .await?
+        }
+        _ => None,
+    };
     let data = json!({
         "userGid": gid::format("User", session.user.id),
         "unavailable": unavailable,
         "thread": thread,
         "resource": resource,
         "resourceTitle": query.resource_title.map(|t| t.chars().take(200).collect::<String>()),
+        "additionalContext": context.as_ref().map(|(item, _)| vec![item.clone()]),
+        "contextTitle": context.map(|(_, title)| title),
         "commands": SLASH_COMMANDS.iter().map(|(c, d)| json!({ "command": c, "description": d })).collect::<Vec<_>>(),
     });
     let body = html! {

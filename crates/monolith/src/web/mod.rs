@@ -8,6 +8,10 @@
 //! - [`sign_in`]: sign in and out (passwords, sessions, CSRF, rate limit);
 //! - [`chat`]: the chat page;
 //! - [`resources`]: project, issue, merge request and epic pages with "Ask Duo";
+//! - [`repository_browser`]: a project's files, with "Ask Duo" about a file,
+//!   a directory or the repository;
+//! - [`workflow_pages`]: Duo Workflow sessions of a project: start, follow,
+//!   approve, stop;
 //! - [`help`]: the error-code help page;
 //! - [`admin`], [`admin_models`]: the admin area (instance admins only).
 
@@ -17,8 +21,10 @@ pub mod assets;
 pub mod chat;
 pub mod help;
 pub mod layout;
+pub mod repository_browser;
 pub mod resources;
 pub mod sign_in;
+pub mod workflow_pages;
 
 use actix_web::{HttpRequest, HttpResponse, web};
 
@@ -31,6 +37,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .configure(sign_in::routes)
         .configure(chat::routes)
         .configure(help::routes)
+        .configure(repository_browser::routes)
+        .configure(workflow_pages::routes)
         .configure(resources::routes)
         .configure(admin::routes);
 }

@@ -208,6 +208,11 @@ async fn project(
                 }
                 p { (row.get::<_, String>(1)) }
                 p class="muted" { "Visibility: " (row.get::<_, String>(2)) }
+                p class="actions" {
+                    a class="button" href={ "/" (path) "/-/tree" } { "Files" }
+                    " "
+                    a class="button" href={ "/" (path) "/-/workflows" } { "Workflows" }
+                }
             }
             section class="card" {
                 h2 { "Issues" }
