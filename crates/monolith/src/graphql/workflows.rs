@@ -14,8 +14,7 @@ use crate::workflows::live::{self, WorkflowEventMessage};
 use crate::workflows::store::{self, ListFilter, Workflow};
 use crate::workflows::{Status, privileges};
 
-/// GitLab's global-id model name of a workflow.
-pub const WORKFLOW_GID_MODEL: &str = "Ai::DuoWorkflows::Workflow";
+pub use crate::workflows::WORKFLOW_GID_MODEL;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, GraphQLEnum)]
 #[graphql(name = "DuoWorkflowStatus")]

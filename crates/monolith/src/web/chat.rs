@@ -11,8 +11,8 @@ use serde_json::json;
 
 use super::PageError;
 use super::layout::{self, Page};
-use crate::ai_models::{Feature, Provider};
 use super::repository_browser::{self, AskAbout};
+use crate::ai_models::{Feature, Provider};
 use crate::app_state::AppState;
 use crate::gid;
 use crate::identity::sessions::SessionUser;

@@ -405,7 +405,7 @@ async fn run(
     let view = client_view(latest.as_ref().map(|c| &c.checkpoint));
     let data = json!({
         "workflowId": workflow.id,
-        "workflowGid": crate::gid::format(crate::graphql::workflows::WORKFLOW_GID_MODEL, workflow.id),
+        "workflowGid": crate::gid::format(crate::workflows::WORKFLOW_GID_MODEL, workflow.id),
         "definition": workflow.workflow_definition,
         "goal": workflow.goal,
         "status": workflow.status.name(),

@@ -8,6 +8,9 @@
 //! Authorization is the policy's ([`crate::policy::Policy::can_access_workflow`]);
 //! these functions take the already-authorized caller.
 
+/// GitLab's global-id model name of a workflow.
+pub const WORKFLOW_GID_MODEL: &str = "Ai::DuoWorkflows::Workflow";
+
 pub mod access;
 pub mod checkpoints;
 pub mod events;
