@@ -1,7 +1,8 @@
 //! The web pages in a real browser (headless Chromium through chromedriver)
 //! against real processes: signing in, asking and watching an answer stream in,
 //! the slash-command menu, error codes, two tabs, "Ask Duo" on an issue, a user
-//! without a seat, and the page budget. Screenshots go to target/screenshots/.
+//! without a seat, the page budget, and how soon a streamed chunk is on screen.
+//! Screenshots go to target/screenshots/.
 
 #![allow(
     clippy::unwrap_used,
@@ -279,4 +280,84 @@ async fn the_chat_page_is_small_and_interactive_fast() {
     println!("chat page: {bytes} bytes, interactive after {interactive:.1} ms");
     assert!(bytes < 150.0 * 1024.0, "{figures}");
     assert!(interactive < 300.0, "{figures}");
+}
+
+/// Milliseconds since the Unix epoch, the clock the browser's `Date.now()`
+/// reads on this same machine.
+fn epoch_ms() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+        * 1000.0
+}
+
+#[tokio::test]
+async fn a_streamed_chunk_is_on_screen_within_50_ms() {
+    let system = System::start().await.unwrap();
+    let rounds = 5;
+    for _ in 0..rounds {
+        system.fake.push(Scripted::Held {
+            before: vec!["Thought: easy.\nFinal Answer: First part.".into()],
+            after: vec![" MARKER then the end.".into()],
+        });
+    }
+    let browser = signed_in(&system, "alice").await;
+    open_chat(&browser, &system).await;
+    let mut delays = Vec::new();
+    for round in 0..rounds {
+        ask(&browser, &format!("Question {round}")).await;
+        browser
+            .until(
+                "the first part streaming",
+                "const all = document.querySelectorAll('.message.assistant .body.streaming'); \
+                 const b = all[all.length - 1]; \
+                 return b && b.textContent.includes('First part.')",
+            )
+            .await
+            .unwrap();
+        // The moment the held text shows anywhere in the conversation.
+        browser
+            .js(
+                "window.__seen = null; \
+                 const list = document.getElementById('messages'); \
+                 const seen = () => { \
+                   const all = list.querySelectorAll('.message.assistant'); \
+                   const last = all[all.length - 1]; \
+                   if (window.__seen === null && last && last.textContent.includes('MARKER')) { window.__seen = Date.now(); } \
+                 }; \
+                 window.__observer = new MutationObserver(seen); \
+                 window.__observer.observe(list, {childList: true, subtree: true, characterData: true});",
+                vec![],
+            )
+            .await
+            .unwrap();
+        // The provider sends the rest now: it has to pass the gateway, the
+        // monolith's worker, the subscription and the page before it shows.
+        let released = epoch_ms();
+        system.fake.release();
+        let seen = browser
+            .until("the held text on screen", "return window.__seen")
+            .await
+            .unwrap();
+        delays.push(seen.as_f64().unwrap() - released);
+        browser
+            .until(
+                "the answer to finish",
+                "return document.getElementById('stop').hidden",
+            )
+            .await
+            .unwrap();
+        browser
+            .js("window.__observer.disconnect()", vec![])
+            .await
+            .unwrap();
+    }
+    delays.sort_by(f64::total_cmp);
+    println!("provider to screen, ms: {delays:?}");
+    // From the provider (so the gateway's hop is included, a stricter bound
+    // than from the monolith); the median of five, so one scheduling hiccup
+    // on a shared 2-core machine does not decide it.
+    let median = delays[rounds / 2];
+    assert!(median < 50.0, "median {median:.1} ms of {delays:?}");
 }
