@@ -447,12 +447,17 @@ impl GatewayClient {
         auth: &GatewayAuth,
         purpose: EmbeddingPurpose,
         texts: &[String],
+        model_metadata: Option<&contracts::ModelMetadata>,
     ) -> Result<CodeEmbeddings, GatewayError> {
         let path = match purpose {
             EmbeddingPurpose::Index => "/v1/embeddings/code_embeddings/index",
             EmbeddingPurpose::Search => "/v1/embeddings/code_embeddings/search",
         };
-        let body = serde_json::json!({ "contents": texts });
+        let mut body = serde_json::json!({ "contents": texts });
+        if let Some(model) = model_metadata {
+            body["model_metadata"] =
+                serde_json::to_value(model).map_err(|e| GatewayError::Body(e.to_string()))?;
+        }
         let response = self.post(auth, path, &body).await?;
         let value: Value = response
             .json()

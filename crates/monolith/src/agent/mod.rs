@@ -143,18 +143,20 @@ impl AgentResponder {
             config.repositories_dir.clone(),
             config.git_max_concurrent,
         );
+        let models = crate::ai_models::ModelStore::new(Arc::new(secrets));
         Ok(Self::new(Services {
             code_index: crate::code_index::CodeIndex {
                 pool: pool.clone(),
                 repositories: repositories.clone(),
                 gateway: gateway.clone(),
                 settings: config.code_index.clone(),
+                models: models.clone(),
             },
             pool,
             policy: Policy::new(Arc::new(catalogue)),
             gateway,
             external_url: config.external_url.clone(),
-            models: crate::ai_models::ModelStore::new(Arc::new(secrets)),
+            models,
             repositories,
         }))
     }

@@ -199,9 +199,15 @@ async fn project_context(
         None => {
             if query_vector.is_none() {
                 let auth = super::embedding_auth(&**db, actor.id, Uuid::new_v4()).await?;
+                let model = index.embedding_model(&**db).await?;
                 let answer = index
                     .gateway
-                    .code_embeddings(&auth, EmbeddingPurpose::Search, &[question.to_owned()])
+                    .code_embeddings(
+                        &auth,
+                        EmbeddingPurpose::Search,
+                        &[question.to_owned()],
+                        model.as_ref(),
+                    )
                     .await?;
                 *query_vector = answer.vectors.into_iter().next().map(|vector| QueryVector {
                     model: answer.model,

@@ -468,15 +468,18 @@ impl Run<'_> {
             .flat_map(|f| f.chunks.iter().map(|c| chunker::embedding_text(&f.path, c)))
             .collect();
         let mut vectors: Vec<Vec<f32>> = Vec::with_capacity(texts.len());
-        let auth = {
+        let (auth, model) = {
             let db = self.index.pool.get().await?;
-            super::embedding_auth(&**db, 0, Uuid::new_v4()).await?
+            (
+                super::embedding_auth(&**db, 0, Uuid::new_v4()).await?,
+                self.index.embedding_model(&**db).await?,
+            )
         };
         for batch in texts.chunks(self.index.settings.embed_batch) {
             let answer = self
                 .index
                 .gateway
-                .code_embeddings(&auth, EmbeddingPurpose::Index, batch)
+                .code_embeddings(&auth, EmbeddingPurpose::Index, batch, model.as_ref())
                 .await?;
             self.summary.embedding_calls += 1;
             match &self.model {

@@ -34,6 +34,26 @@ pub struct CodeIndex {
     pub repositories: Repositories,
     pub gateway: GatewayClient,
     pub settings: CodeIndexConfig,
+    /// The admin's model choice for code embeddings.
+    pub models: crate::ai_models::ModelStore,
+}
+
+impl CodeIndex {
+    /// The model code embeddings use: `None` for the gateway's configured
+    /// one, a self-hosted model's metadata, or [`CodeIndexError::SwitchedOff`].
+    pub async fn embedding_model(
+        &self,
+        db: &impl tokio_postgres::GenericClient,
+    ) -> Result<Option<contracts::ModelMetadata>, CodeIndexError> {
+        match self
+            .models
+            .choice(db, crate::ai_models::Feature::CodeEmbeddings)
+            .await?
+        {
+            crate::ai_models::Choice::Disabled => Err(CodeIndexError::SwitchedOff),
+            choice => Ok(choice.metadata().cloned()),
+        }
+    }
 }
 
 impl std::fmt::Debug for CodeIndex {
@@ -67,6 +87,11 @@ pub enum CodeIndexError {
     ModelChanged,
     #[error("indexing took longer than {0} seconds")]
     Timeout(u64),
+    /// Code embeddings are switched off in the AI model settings.
+    #[error("code embeddings are switched off in the AI model settings")]
+    SwitchedOff,
+    #[error("the AI model settings: {0}")]
+    Models(#[from] crate::ai_models::ModelsError),
 }
 
 impl CodeIndexError {
@@ -77,6 +102,7 @@ impl CodeIndexError {
             Self::Embedding(GatewayError::Status { .. }) => contracts::DuoErrorCode::A1004,
             Self::Embedding(e) => e.code(),
             Self::Timeout(_) => contracts::DuoErrorCode::A1000,
+            Self::SwitchedOff => contracts::DuoErrorCode::M3004,
             _ => contracts::DuoErrorCode::A9999,
         }
     }

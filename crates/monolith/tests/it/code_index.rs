@@ -581,3 +581,62 @@ async fn the_agent_searches_a_named_project_with_codebase_search() {
             .all(|r| !r.path.ends_with("/embeddings"))
     );
 }
+
+#[tokio::test]
+async fn the_admins_embedding_model_choice_is_used_and_off_sends_nothing() {
+    use monolith::ai_models::{Feature, ModelInput, Provider};
+    let bench = Bench::start().await;
+    let world = seeded(&bench).await;
+    let services = bench.responder.services();
+    let index = &services.code_index;
+    let db = bench.fx.pool.get().await.unwrap();
+
+    // Switched off: nothing is embedded, and the failure says why.
+    services
+        .models
+        .update_features(&**db, &[Feature::CodeEmbeddings], Provider::Disabled, None)
+        .await
+        .unwrap();
+    let refused = index_project(index, world.project).await.unwrap_err();
+    assert_eq!(refused.code(), DuoErrorCode::M3004, "{refused}");
+    assert!(embedded_texts(&bench).is_empty());
+
+    // A self-hosted embedding model: the gateway calls it, by its identifier.
+    let model = services
+        .models
+        .create_model(
+            &**db,
+            &ModelInput {
+                name: "team embeddings".into(),
+                model: "mistral".into(),
+                endpoint: bench.fake.openai_base_url(),
+                identifier: Some("fake-bow-team".into()),
+                api_token: Some("sk-team".into()),
+            },
+        )
+        .await
+        .unwrap();
+    services
+        .models
+        .update_features(
+            &**db,
+            &[Feature::CodeEmbeddings],
+            Provider::SelfHosted,
+            Some(model.id),
+        )
+        .await
+        .unwrap();
+    index_project(index, world.project).await.unwrap();
+    let calls: Vec<_> = bench
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.ends_with("/embeddings"))
+        .collect();
+    assert!(!calls.is_empty());
+    assert!(
+        calls.iter().all(|r| r.body["model"] == "fake-bow-team"),
+        "{:?}",
+        calls.iter().map(|r| &r.body["model"]).collect::<Vec<_>>()
+    );
+}

@@ -131,6 +131,8 @@ impl Bench {
                     ("OPENAI_BASE_URL", openai_url.as_str()),
                     ("AIGW_CODE_EMBEDDINGS__PROVIDER", "openai"),
                     ("AIGW_CODE_EMBEDDINGS__MODEL", "fake-bow-minilm"),
+                    // Admins' self-hosted models (model selection per feature).
+                    ("AIGW_CUSTOM_MODELS__ENABLED", "true"),
                     ("AIGW_GITLAB_URL", external_url.as_str()),
                     ("AIGW_PROMPTS_DIR", prompts.as_str()),
                     ("AIGW_DOCS__DIR", docs.as_str()),
