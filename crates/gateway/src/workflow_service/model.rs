@@ -29,6 +29,26 @@ pub struct TurnOptions {
     pub feature_category: &'static str,
 }
 
+impl TurnOptions {
+    /// Counts the turn in the same inference metrics as the router's calls.
+    fn recorder(&self, route: &ModelRoute, streaming: bool) -> InferenceRecorder {
+        let (kind, model) = match route {
+            ModelRoute::Mock => (ProviderKind::Mock, String::new()),
+            ModelRoute::Anthropic { model, .. } => (ProviderKind::Anthropic, model.clone()),
+            ModelRoute::OpenAi { model, .. } => (ProviderKind::OpenAiCompatible, model.clone()),
+        };
+        InferenceRecorder::start(
+            InferenceLabels {
+                engine: kind.engine(),
+                model,
+                feature_category: self.feature_category,
+                streaming,
+            },
+            None,
+        )
+    }
+}
+
 /// A tool as the model sees it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolSchema {
@@ -400,25 +420,7 @@ impl ToolCallingModel {
         turn: TurnOptions,
     ) -> Result<ModelTurn, ProviderError> {
         let require_call = turn.require_call && !tools.is_empty();
-        let (engine, model) = match route {
-            ModelRoute::Mock => (ProviderKind::Mock.engine(), String::new()),
-            ModelRoute::Anthropic { model, .. } => {
-                (ProviderKind::Anthropic.engine(), model.clone())
-            }
-            ModelRoute::OpenAi { model, .. } => {
-                (ProviderKind::OpenAiCompatible.engine(), model.clone())
-            }
-        };
-        // The same inference metrics as the router's calls (one-shot calls).
-        let mut recorder = InferenceRecorder::start(
-            InferenceLabels {
-                engine,
-                model,
-                feature_category: turn.feature_category,
-                streaming: false,
-            },
-            None,
-        );
+        let mut recorder = turn.recorder(route, false);
         let outcome = self
             .turn(route, system, messages, tools, params, require_call)
             .await;
@@ -454,15 +456,7 @@ impl ToolCallingModel {
         if turn.require_call && !tools.is_empty() {
             body["tool_choice"] = json!("required");
         }
-        let mut recorder = InferenceRecorder::start(
-            InferenceLabels {
-                engine: ProviderKind::OpenAiCompatible.engine(),
-                model: model.clone(),
-                feature_category: turn.feature_category,
-                streaming: true,
-            },
-            None,
-        );
+        let mut recorder = turn.recorder(route, true);
         let mut chunks =
             match stream_openai_deltas(&self.http, base_url, api_key.as_deref(), &body, params)
                 .await

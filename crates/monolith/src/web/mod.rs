@@ -131,6 +131,31 @@ pub async fn signed_in(state: &AppState, req: &HttpRequest) -> Result<SessionUse
     }
 }
 
+/// The id of the project at `full_path` when the user may do every one of
+/// `abilities` on it; otherwise a 404, as for a project that does not exist.
+pub(crate) async fn project_with(
+    state: &AppState,
+    db: &impl tokio_postgres::GenericClient,
+    session: &SessionUser,
+    full_path: &str,
+    abilities: &[crate::policy::Ability],
+) -> Result<i64, PageError> {
+    let Some(id) = crate::namespaces::project_id_by_full_path(db, full_path).await? else {
+        return Err(PageError::NotFound);
+    };
+    let actor = Some(crate::policy::Actor::from(&session.user));
+    for ability in abilities {
+        if !state
+            .policy
+            .can(db, actor, *ability, crate::policy::Subject::Project(id))
+            .await?
+        {
+            return Err(PageError::NotFound);
+        }
+    }
+    Ok(id)
+}
+
 /// The session of the request, if any (pages that work signed out too).
 pub async fn maybe_signed_in(
     state: &AppState,

@@ -59,22 +59,14 @@ async fn code_project(
     full_path: &str,
 ) -> Result<CodeProject, PageError> {
     let db = state.pool.get().await?;
-    let Some(id) = crate::namespaces::project_id_by_full_path(&**db, full_path).await? else {
-        return Err(PageError::NotFound);
-    };
-    let actor = Some(Actor::from(&session.user));
-    let subject = Subject::Project(id);
-    if !state
-        .policy
-        .can(&**db, actor, Ability::ReadProject, subject)
-        .await?
-        || !state
-            .policy
-            .can(&**db, actor, Ability::ReadCode, subject)
-            .await?
-    {
-        return Err(PageError::NotFound);
-    }
+    let id = super::project_with(
+        state,
+        &**db,
+        session,
+        full_path,
+        &[Ability::ReadProject, Ability::ReadCode],
+    )
+    .await?;
     let row = db
         .query_one(
             "SELECT name, description, default_branch FROM projects WHERE id = $1",

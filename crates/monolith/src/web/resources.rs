@@ -137,20 +137,7 @@ async fn project(
     let path = path.into_inner();
     let session = super::signed_in(&state, &req).await?;
     let db = state.pool.get().await?;
-    let Some(id) = project_id(&**db, &path).await? else {
-        return Err(PageError::NotFound);
-    };
-    if !readable(
-        &state,
-        &**db,
-        &session,
-        Ability::ReadProject,
-        Subject::Project(id),
-    )
-    .await?
-    {
-        return Err(PageError::NotFound);
-    }
+    let id = super::project_with(&state, &**db, &session, &path, &[Ability::ReadProject]).await?;
     let row = db
         .query_one(
             "SELECT name, description, visibility FROM projects WHERE id = $1",

@@ -62,21 +62,7 @@ async fn readable_project(
     full_path: &str,
 ) -> Result<ReadableProject, PageError> {
     let db = state.pool.get().await?;
-    let Some(id) = crate::namespaces::project_id_by_full_path(&**db, full_path).await? else {
-        return Err(PageError::NotFound);
-    };
-    if !state
-        .policy
-        .can(
-            &**db,
-            Some(Actor::from(&session.user)),
-            Ability::ReadProject,
-            Subject::Project(id),
-        )
-        .await?
-    {
-        return Err(PageError::NotFound);
-    }
+    let id = super::project_with(state, &**db, session, full_path, &[Ability::ReadProject]).await?;
     let name: String = db
         .query_one("SELECT name FROM projects WHERE id = $1", &[&id])
         .await?
