@@ -104,7 +104,7 @@ impl AppState {
     /// A gateway JWT for the user, scoped to the unit primitives their seats grant.
     pub async fn gateway_token(&self, user_id: i64) -> Result<String, GatewayTokenError> {
         let db = self.pool.get().await?;
-        let scopes = self.policy.seat_unit_primitives(&**db, user_id).await?;
+        let scopes = self.policy.seat_unit_primitives(&*db, user_id).await?;
         let realm: String = db
             .query_one("SELECT realm FROM instance_settings", &[])
             .await

@@ -4,6 +4,8 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use secrecy::ExposeSecret;
 use tokio_postgres::NoTls;
 
+use crate::queries::Queries;
+
 use crate::config::Config;
 
 mod embedded {
@@ -88,9 +90,7 @@ pub fn migrations_fingerprint() -> String {
 
 /// Whether the database lacks some of the embedded migrations (a release newer
 /// than the schema is running, or migrating is still under way).
-pub async fn migrations_pending(
-    client: &impl tokio_postgres::GenericClient,
-) -> Result<bool, DbError> {
+pub async fn migrations_pending(client: &impl Queries) -> Result<bool, DbError> {
     let latest = embedded::migrations::runner()
         .get_migrations()
         .iter()

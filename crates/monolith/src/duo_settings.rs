@@ -4,7 +4,7 @@
 //! Plain functions on a database client, shared by the REST API and the admin
 //! pages; who may call them is the policy module's decision, made by the caller.
 
-use tokio_postgres::GenericClient;
+use crate::queries::Queries;
 
 use crate::namespaces::FULL_PATHS;
 use crate::policy::add_ons::AddOn;
@@ -41,9 +41,7 @@ pub struct InstanceDuoSettings {
     pub experiment_features_enabled: bool,
 }
 
-pub async fn instance_settings(
-    db: &impl GenericClient,
-) -> Result<InstanceDuoSettings, DuoSettingsError> {
+pub async fn instance_settings(db: &impl Queries) -> Result<InstanceDuoSettings, DuoSettingsError> {
     let row = db
         .query_one(
             "SELECT duo_features_enabled, ai_gateway_url, instance_level_ai_beta_features_enabled
@@ -81,7 +79,7 @@ pub fn checked_gateway_url(text: &str) -> Result<Option<String>, DuoSettingsErro
 }
 
 pub async fn update_instance_settings(
-    db: &impl GenericClient,
+    db: &impl Queries,
     settings: &InstanceDuoSettings,
 ) -> Result<(), DuoSettingsError> {
     let url = match &settings.ai_gateway_url {
@@ -115,7 +113,7 @@ pub struct SeatAssignment {
 /// first use). Run it in a transaction: the purchase row is locked while its
 /// seats are counted. Assigning a seat the user holds already is a no-op.
 pub async fn assign_seat(
-    db: &impl GenericClient,
+    db: &impl Queries,
     add_on: AddOn,
     user_id: i64,
 ) -> Result<SeatAssignment, DuoSettingsError> {
@@ -172,7 +170,7 @@ pub async fn assign_seat(
 
 /// Takes every seat of `add_on` from the user; false when they held none.
 pub async fn unassign_seat(
-    db: &impl GenericClient,
+    db: &impl Queries,
     add_on: AddOn,
     user_id: i64,
 ) -> Result<bool, DuoSettingsError> {
@@ -206,7 +204,7 @@ pub const MAX_SEARCH_CHARS: usize = 100;
 /// the first [`SEAT_PAGE_ROWS`] whose username or name contains `search`
 /// (any case), and whether there are more.
 pub async fn seat_holders(
-    db: &impl GenericClient,
+    db: &impl Queries,
     search: &str,
 ) -> Result<(Vec<SeatHolder>, bool), DuoSettingsError> {
     let search: String = search.trim().chars().take(MAX_SEARCH_CHARS).collect();
@@ -259,7 +257,7 @@ pub struct SeatCount {
     pub assigned: i64,
 }
 
-pub async fn seat_counts(db: &impl GenericClient) -> Result<Vec<SeatCount>, DuoSettingsError> {
+pub async fn seat_counts(db: &impl Queries) -> Result<Vec<SeatCount>, DuoSettingsError> {
     let mut out = Vec::new();
     for add_on in [AddOn::DuoPro, AddOn::DuoEnterprise] {
         let row = db
@@ -305,7 +303,7 @@ pub struct ProjectSwitch {
     pub effective: bool,
 }
 
-pub async fn group_switches(db: &impl GenericClient) -> Result<Vec<GroupSwitch>, DuoSettingsError> {
+pub async fn group_switches(db: &impl Queries) -> Result<Vec<GroupSwitch>, DuoSettingsError> {
     let rows = db
         .query(
             "WITH RECURSIVE chain(id, full_path, effective) AS (
@@ -333,9 +331,7 @@ pub async fn group_switches(db: &impl GenericClient) -> Result<Vec<GroupSwitch>,
         .collect())
 }
 
-pub async fn project_switches(
-    db: &impl GenericClient,
-) -> Result<Vec<ProjectSwitch>, DuoSettingsError> {
+pub async fn project_switches(db: &impl Queries) -> Result<Vec<ProjectSwitch>, DuoSettingsError> {
     let groups = group_switches(db).await?;
     let rows = db
         .query(
@@ -367,7 +363,7 @@ pub async fn project_switches(
 
 /// Switches Duo features for a group (and so for everything below it).
 pub async fn set_group_duo(
-    db: &impl GenericClient,
+    db: &impl Queries,
     group_id: i64,
     enabled: bool,
 ) -> Result<(), DuoSettingsError> {
@@ -385,7 +381,7 @@ pub async fn set_group_duo(
 
 /// Experiment and beta features of a top-level group.
 pub async fn set_group_experiments(
-    db: &impl GenericClient,
+    db: &impl Queries,
     group_id: i64,
     enabled: bool,
 ) -> Result<(), DuoSettingsError> {
@@ -407,7 +403,7 @@ pub async fn set_group_experiments(
 }
 
 pub async fn set_project_duo(
-    db: &impl GenericClient,
+    db: &impl Queries,
     project_id: i64,
     enabled: bool,
 ) -> Result<(), DuoSettingsError> {

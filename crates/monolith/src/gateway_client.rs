@@ -101,7 +101,7 @@ pub struct GatewayAuth {
 /// `None`, the configured `AI_GATEWAY_URL` applies): what every
 /// [`GatewayAuth`] is built from.
 pub async fn instance_route(
-    db: &impl tokio_postgres::GenericClient,
+    db: &impl crate::queries::Queries,
 ) -> Result<(String, Option<url::Url>), tokio_postgres::Error> {
     let settings = db
         .query_one("SELECT realm, ai_gateway_url FROM instance_settings", &[])

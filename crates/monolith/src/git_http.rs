@@ -140,7 +140,7 @@ async fn basic_user(
         return Err(denied);
     }
     let db = state.pool.get().await?;
-    match tokens::authenticate(&**db, password).await {
+    match tokens::authenticate(&*db, password).await {
         Ok(user) => Ok(Some(user)),
         Err(TokenError::Invalid) => Err(denied),
         Err(TokenError::Blocked) => Err(GitHttpError::Forbidden(
@@ -179,12 +179,12 @@ async fn authorize(
     }
     let actor = user.as_ref().map(Actor::from);
     let db = state.pool.get().await?;
-    let project = crate::namespaces::project_id_by_full_path(&**db, project_path(repo)).await?;
+    let project = crate::namespaces::project_id_by_full_path(&*db, project_path(repo)).await?;
     let readable = match project {
         Some(id) => {
             state
                 .policy
-                .can(&**db, actor, Ability::ReadCode, Subject::Project(id))
+                .can(&*db, actor, Ability::ReadCode, Subject::Project(id))
                 .await?
         }
         None => false,
@@ -197,7 +197,7 @@ async fn authorize(
             (Some(id), Some(_)) => {
                 state
                     .policy
-                    .can(&**db, actor, Ability::ReadProject, Subject::Project(id))
+                    .can(&*db, actor, Ability::ReadProject, Subject::Project(id))
                     .await?
             }
             _ => false,
@@ -216,7 +216,7 @@ async fn authorize(
             if user.is_none() {
                 return Err(GitHttpError::Challenge("HTTP Basic: Access denied"));
             }
-            let push = state.policy.push_access(&**db, actor, project_id).await?;
+            let push = state.policy.push_access(&*db, actor, project_id).await?;
             if push == PushAccess::None {
                 return Err(GitHttpError::Forbidden(
                     "You are not allowed to push code to this project.".into(),
@@ -490,7 +490,7 @@ async fn record_push(
     let updates = pushes::ref_updates(before, &after);
     let mut db = pool.get().await.map_err(|e| e.to_string())?;
     let tx = db.transaction().await.map_err(|e| e.to_string())?;
-    pushes::record(&*tx, project_id, pusher, &updates)
+    pushes::record(&tx, project_id, pusher, &updates)
         .await
         .map_err(|e| e.to_string())?;
     tx.commit().await.map_err(|e| e.to_string())

@@ -6,7 +6,8 @@
 //! (`tests/it/architecture.rs` checks it):
 //!
 //! 1. foundations: [`config`], [`db`], [`gid`], [`namespaces`], [`instance`],
-//!    [`lifecycle`]
+//!    [`lifecycle`], [`queries`] (what SQL runs on, with statements prepared
+//!    once per pooled connection)
 //! 2. who is calling: [`identity`] (personal access tokens, the signing keys of
 //!    gateway tokens)
 //! 3. who may do what: [`policy`] (abilities, Duo access, seats and add-ons)
@@ -32,6 +33,7 @@ pub mod gid;
 pub mod instance;
 pub mod lifecycle;
 pub mod namespaces;
+pub mod queries;
 
 pub mod identity;
 

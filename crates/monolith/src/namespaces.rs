@@ -3,7 +3,7 @@
 //! case-insensitively, as GitLab's routes do. Finding an id says nothing about
 //! access: callers authorize with the policy module before showing anything.
 
-use tokio_postgres::GenericClient;
+use crate::queries::Queries;
 
 /// A `WITH` clause giving every group's `full_path` as `paths(id, full_path)`.
 pub const FULL_PATHS: &str = "WITH RECURSIVE paths(id, full_path) AS (
@@ -13,7 +13,7 @@ pub const FULL_PATHS: &str = "WITH RECURSIVE paths(id, full_path) AS (
     )";
 
 pub async fn group_id_by_full_path(
-    db: &impl GenericClient,
+    db: &impl Queries,
     full_path: &str,
 ) -> Result<Option<i64>, tokio_postgres::Error> {
     let sql = format!("{FULL_PATHS} SELECT id FROM paths WHERE lower(full_path) = lower($1)");
@@ -21,7 +21,7 @@ pub async fn group_id_by_full_path(
 }
 
 pub async fn project_id_by_full_path(
-    db: &impl GenericClient,
+    db: &impl Queries,
     full_path: &str,
 ) -> Result<Option<i64>, tokio_postgres::Error> {
     let sql = format!(

@@ -78,7 +78,7 @@ async fn database_check(pool: &Pool) -> Result<bool, String> {
             .query_one("SELECT 1", &[])
             .await
             .map_err(|e| e.to_string())?;
-        crate::db::migrations_pending(&**client)
+        crate::db::migrations_pending(&*client)
             .await
             .map_err(|e| e.to_string())
     };

@@ -72,14 +72,14 @@ impl JobHandler for CompletionHandler {
     async fn run(&self, ctx: JobContext, job: CompletionJob) -> Result<(), JobError> {
         {
             let db = ctx.pool.get().await.map_err(JobError::retryable)?;
-            if chat::answer_exists(&**db, job.request_id)
+            if chat::answer_exists(&*db, job.request_id)
                 .await
                 .map_err(JobError::retryable)?
             {
                 tracing::info!(job_id = ctx.job_id, "request already answered; skipping");
                 return Ok(());
             }
-            if !chat::thread_exists(&**db, job.thread_id)
+            if !chat::thread_exists(&*db, job.thread_id)
                 .await
                 .map_err(JobError::retryable)?
             {
@@ -181,7 +181,7 @@ pub async fn store_and_broadcast(
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     let Some(stored) = chat::store_answer_once(
-        &*tx,
+        &tx,
         job.thread_id,
         job.request_id,
         &content,
@@ -194,9 +194,9 @@ pub async fn store_and_broadcast(
         return Ok(());
     };
     let live = LiveMessage::stored(stored);
-    live::publish_to_user(&*tx, job.user_id, &live).await?;
+    live::publish_to_user(&tx, job.user_id, &live).await?;
     if let Some(client_id) = job.client_subscription_id.as_deref() {
-        live::publish_to_client(&*tx, job.user_id, client_id, &live).await?;
+        live::publish_to_client(&tx, job.user_id, client_id, &live).await?;
     }
     tx.commit().await?;
     Ok(())
@@ -271,7 +271,7 @@ impl JobHandler for CheckpointRetentionHandler {
 
     async fn run(&self, ctx: JobContext, _job: CheckpointRetention) -> Result<(), JobError> {
         let db = ctx.pool.get().await.map_err(JobError::retryable)?;
-        let deleted = crate::workflows::maintenance::apply_retention(&**db, self.days)
+        let deleted = crate::workflows::maintenance::apply_retention(&*db, self.days)
             .await
             .map_err(JobError::retryable)?;
         tracing::info!(deleted, "old workflow checkpoints removed");

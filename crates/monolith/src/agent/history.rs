@@ -1,8 +1,8 @@
 //! The conversation history sent with a question: GitLab's rules for which
 //! earlier messages of the thread the model sees.
 
+use crate::queries::Queries;
 use contracts::{AgentMessage, MessageRole};
-use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
 /// At most this many history messages reach the model.
@@ -21,7 +21,7 @@ pub struct HistoryRow {
 /// Loads the thread's messages after its last `/reset`, except those of the
 /// request being answered, and applies [`build_history`].
 pub async fn load(
-    db: &impl GenericClient,
+    db: &impl Queries,
     thread_id: i64,
     current_request: Uuid,
 ) -> Result<Vec<AgentMessage>, tokio_postgres::Error> {

@@ -15,13 +15,13 @@ pub mod tools;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use crate::queries::Queries;
 use async_trait::async_trait;
 use contracts::{
     AdditionalContext, AgentMessage, CurrentFile, DuoErrorCode, ResourceContext, UnitPrimitive,
 };
 use deadpool_postgres::Pool;
 use serde_json::Value;
-use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
 use crate::chat::completion::{
@@ -236,13 +236,13 @@ impl AgentResponder {
     async fn prepare(&self, question: &Question) -> Result<RequestContext, Refusal> {
         let services = &self.services;
         let db = services.pool.get().await.map_err(Refusal::transient)?;
-        let actor = load_actor(&**db, question.user_id)
+        let actor = load_actor(&*db, question.user_id)
             .await
             .map_err(Refusal::transient)?
             .ok_or_else(|| Refusal::Code(DuoErrorCode::M3004, "unknown or inactive user".into()))?;
         services
             .policy
-            .authorize_chat_user(&**db, Some(actor))
+            .authorize_chat_user(&*db, Some(actor))
             .await
             .map_err(Refusal::from_auth)?;
 
@@ -253,7 +253,7 @@ impl AgentResponder {
             .unwrap_or(crate::ai_models::Feature::DuoChat);
         let model = services
             .models
-            .choice(&**db, feature)
+            .choice(&*db, feature)
             .await
             .map_err(Refusal::transient)?;
         if feature == crate::ai_models::Feature::DuoChat
@@ -266,20 +266,20 @@ impl AgentResponder {
         }
 
         let resource = match question.resource_id.as_deref() {
-            Some(text) => readable_resource(&services.policy, &**db, actor, text)
+            Some(text) => readable_resource(&services.policy, &*db, actor, text)
                 .await
                 .map_err(Refusal::transient)?,
             None => None,
         };
-        let history = history::load(&**db, question.thread_id, question.request_id)
+        let history = history::load(&*db, question.thread_id, question.request_id)
             .await
             .map_err(Refusal::transient)?;
         let scopes = services
             .policy
-            .seat_unit_primitives(&**db, actor.id)
+            .seat_unit_primitives(&*db, actor.id)
             .await
             .map_err(Refusal::transient)?;
-        let (realm, gateway_url) = crate::gateway_client::instance_route(&**db)
+        let (realm, gateway_url) = crate::gateway_client::instance_route(&*db)
             .await
             .map_err(Refusal::transient)?;
         let (current_file, file_content) = match &question.current_file {
@@ -303,7 +303,7 @@ impl AgentResponder {
         let (current_file, file_content) = match &question.current_file {
             Some(f) if file_content.trim().is_empty() && !f.file_name.trim().is_empty() => {
                 match repository_file::read(
-                    &**db,
+                    &*db,
                     &services.policy,
                     &services.repositories,
                     &services.external_url,
@@ -330,7 +330,7 @@ impl AgentResponder {
         // Files named by the web pages' "Ask Duo about this file": read now,
         // through the policy, like the current file above.
         let items = match repository_file::fill_file_items(
-            &**db,
+            &*db,
             &services.policy,
             &services.repositories,
             actor,
@@ -475,7 +475,7 @@ impl Refusal {
 }
 
 async fn load_actor(
-    db: &impl GenericClient,
+    db: &impl Queries,
     user_id: i64,
 ) -> Result<Option<Actor>, tokio_postgres::Error> {
     Ok(db
@@ -495,7 +495,7 @@ async fn load_actor(
 /// features off (GitLab silently drops it; nothing of it reaches a prompt).
 pub async fn readable_resource(
     policy: &Policy,
-    db: &impl GenericClient,
+    db: &impl Queries,
     actor: Actor,
     gid_text: &str,
 ) -> Result<Option<Subject>, PolicyError> {
@@ -550,5 +550,5 @@ pub async fn page_context(
             return Ok(None);
         }
     };
-    tools::resource_identifier::serialize_subject(&**db, subject, &services.external_url).await
+    tools::resource_identifier::serialize_subject(&*db, subject, &services.external_url).await
 }

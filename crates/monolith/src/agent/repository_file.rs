@@ -4,7 +4,7 @@
 //! only after the policy lets the user read the project's code and send it to
 //! AI; otherwise nothing is read and the command says no code was given.
 
-use tokio_postgres::GenericClient;
+use crate::queries::Queries;
 
 use crate::policy::{Ability, Actor, Policy, Subject};
 use crate::repositories::{Repositories, reader};
@@ -43,7 +43,7 @@ pub fn parse_blob_url(text: &str, base: &url::Url) -> Option<FileLocation> {
 /// Reads the file `name` refers to for `actor`, if it names one they may send
 /// to AI; `None` otherwise. `resource` is the question's page resource.
 pub async fn read(
-    db: &impl GenericClient,
+    db: &impl Queries,
     policy: &Policy,
     repositories: &Repositories,
     base: &url::Url,
@@ -117,7 +117,7 @@ pub enum FileItemError {
 /// project's code and send it to AI. Items that carry their own content (an
 /// editor's open file) and every other category pass through unchanged.
 pub async fn fill_file_items(
-    db: &impl GenericClient,
+    db: &impl Queries,
     policy: &Policy,
     repositories: &Repositories,
     actor: Actor,
@@ -173,7 +173,7 @@ impl RepositoryFileItem {
 }
 
 async fn read_item(
-    db: &impl GenericClient,
+    db: &impl Queries,
     policy: &Policy,
     repositories: &Repositories,
     actor: Actor,

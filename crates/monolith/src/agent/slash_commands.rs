@@ -262,7 +262,7 @@ async fn authorize_resource(
         .map_err(|e| (DuoErrorCode::M4000, e.to_string()))?;
     services
         .policy
-        .authorize_chat_resource(&**db, Some(ctx.actor), resource)
+        .authorize_chat_resource(&*db, Some(ctx.actor), resource)
         .await
         .map_err(|e| match e {
             ChatAuthError::Denied(code) => (code, "not readable".to_owned()),
@@ -296,7 +296,7 @@ async fn readable_notes(
         let id: i64 = row.get(0);
         let readable = services
             .policy
-            .can(&**db, Some(ctx.actor), Ability::ReadNote, Subject::Note(id))
+            .can(&*db, Some(ctx.actor), Ability::ReadNote, Subject::Note(id))
             .await
             .map_err(|e| (DuoErrorCode::M4000, e.to_string()))?;
         if readable {

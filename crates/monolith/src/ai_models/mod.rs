@@ -6,8 +6,8 @@
 
 use std::sync::Arc;
 
+use crate::queries::Queries;
 use contracts::ModelMetadata;
-use tokio_postgres::GenericClient;
 
 use crate::identity::secret_box::{SecretBox, SecretBoxError};
 
@@ -294,7 +294,7 @@ impl ModelStore {
 
     pub async fn list_models(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
     ) -> Result<Vec<SelfHostedModel>, ModelsError> {
         let rows = db
             .query(
@@ -305,11 +305,7 @@ impl ModelStore {
         Ok(rows.iter().map(model_from_row).collect())
     }
 
-    pub async fn model(
-        &self,
-        db: &impl GenericClient,
-        id: i64,
-    ) -> Result<SelfHostedModel, ModelsError> {
+    pub async fn model(&self, db: &impl Queries, id: i64) -> Result<SelfHostedModel, ModelsError> {
         db.query_opt(
             &format!("SELECT {MODEL_COLUMNS} FROM ai_self_hosted_models WHERE id = $1"),
             &[&id],
@@ -322,7 +318,7 @@ impl ModelStore {
 
     pub async fn create_model(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         input: &ModelInput,
     ) -> Result<SelfHostedModel, ModelsError> {
         input.validate()?;
@@ -349,7 +345,7 @@ impl ModelStore {
 
     pub async fn update_model(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         id: i64,
         input: &ModelInput,
     ) -> Result<SelfHostedModel, ModelsError> {
@@ -383,7 +379,7 @@ impl ModelStore {
 
     async fn store_token(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         id: i64,
         token: Option<&str>,
     ) -> Result<(), ModelsError> {
@@ -404,7 +400,7 @@ impl ModelStore {
     /// Deletes a model no feature uses.
     pub async fn delete_model(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         id: i64,
     ) -> Result<SelfHostedModel, ModelsError> {
         let model = self.model(db, id).await?;
@@ -428,7 +424,7 @@ impl ModelStore {
     /// Every feature's setting (features never set are vendored).
     pub async fn feature_settings(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
     ) -> Result<Vec<FeatureSetting>, ModelsError> {
         let rows = db
             .query(
@@ -458,7 +454,7 @@ impl ModelStore {
     /// Sets the provider (and model) of several features at once.
     pub async fn update_features(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         features: &[Feature],
         provider: Provider,
         model_id: Option<i64>,
@@ -489,11 +485,7 @@ impl ModelStore {
     }
 
     /// How `feature` is served now, with a self-hosted model's key opened.
-    pub async fn choice(
-        &self,
-        db: &impl GenericClient,
-        feature: Feature,
-    ) -> Result<Choice, ModelsError> {
+    pub async fn choice(&self, db: &impl Queries, feature: Feature) -> Result<Choice, ModelsError> {
         let row = db
             .query_opt(
                 "SELECT s.provider, m.id, m.name, m.model, m.endpoint, m.identifier, m.api_token_sealed
@@ -537,7 +529,7 @@ impl ModelStore {
     /// A model's metadata as it would be sent (for the connection test).
     pub async fn metadata_of(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         id: i64,
     ) -> Result<ModelMetadata, ModelsError> {
         let row = db

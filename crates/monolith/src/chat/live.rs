@@ -10,10 +10,10 @@
 
 use std::sync::Arc;
 
+use crate::queries::Queries;
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{OnceCell, broadcast};
-use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
 use crate::chat::{Role, StoredMessage};
@@ -70,23 +70,28 @@ impl LiveMessage {
 /// Publishes to the user's `aiAction` subscribers. Inside a transaction the
 /// message goes out at commit.
 pub async fn publish_to_user(
-    db: &impl GenericClient,
+    db: &impl Queries,
     user_id: i64,
     message: &LiveMessage,
 ) -> Result<(), job_queue::QueueError> {
     let payload = serde_json::to_value(message)?;
-    job_queue::pubsub::publish(db, &user_topic(user_id), &payload).await
+    job_queue::pubsub::publish(db.plain(), &user_topic(user_id), &payload).await
 }
 
 /// Publishes to the subscribers of one request's `clientSubscriptionId`.
 pub async fn publish_to_client(
-    db: &impl GenericClient,
+    db: &impl Queries,
     user_id: i64,
     client_subscription_id: &str,
     message: &LiveMessage,
 ) -> Result<(), job_queue::QueueError> {
     let payload = serde_json::to_value(message)?;
-    job_queue::pubsub::publish(db, &client_topic(user_id, client_subscription_id), &payload).await
+    job_queue::pubsub::publish(
+        db.plain(),
+        &client_topic(user_id, client_subscription_id),
+        &payload,
+    )
+    .await
 }
 
 /// This process's one LISTEN connection for live messages, opened on the first

@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
+use crate::queries::Queries;
 use deadpool_postgres::Pool;
 use serde_json::json;
-use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
 use super::resource::ChatResource;
@@ -40,22 +40,22 @@ impl ChatService {
 
         let mut client = self.pool.get().await?;
         self.policy
-            .authorize_chat_user(&**client, Some(user))
+            .authorize_chat_user(&*client, Some(user))
             .await?;
         if let Some(resource) = &request.resource_id {
-            self.authorize_resource(&**client, user, resource).await?;
+            self.authorize_resource(&*client, user, resource).await?;
         }
 
         let tx = client.transaction().await?;
         let thread =
-            resolve_thread_for_write(&*tx, user.id, request.thread_id, request.conversation_type)
+            resolve_thread_for_write(&tx, user.id, request.thread_id, request.conversation_type)
                 .await?;
         let command = request.content.trim();
         let request_id = Uuid::new_v4();
         if command == "/new" {
             // What GitLab's clients do for `/new` (they drop the thread id):
             // a fresh multi-thread conversation; the old one stays listed.
-            let fresh = create_thread(&*tx, user.id, ConversationType::DuoChat).await?;
+            let fresh = create_thread(&tx, user.id, ConversationType::DuoChat).await?;
             tx.commit().await?;
             return Ok(ChatAccepted {
                 request_id,
@@ -64,7 +64,7 @@ impl ChatService {
         }
         if command == "/clear" {
             // Nothing is stored: the conversation continues in a fresh thread.
-            let fresh = create_thread(&*tx, user.id, thread.conversation_type).await?;
+            let fresh = create_thread(&tx, user.id, thread.conversation_type).await?;
             tx.commit().await?;
             return Ok(ChatAccepted {
                 request_id,
@@ -77,7 +77,7 @@ impl ChatService {
             })).collect::<Vec<_>>(),
         });
         let question = store_message(
-            &*tx,
+            &tx,
             thread.id,
             Role::User,
             &request.content,
@@ -103,7 +103,7 @@ impl ChatService {
         // GitLab echoes the question to the user's open chats; NOTIFY inside the
         // transaction is delivered at commit, so nobody sees an unsaved question.
         crate::chat::live::publish_to_user(
-            &*tx,
+            &tx,
             user.id,
             &crate::chat::live::LiveMessage::stored(question),
         )
@@ -121,7 +121,7 @@ impl ChatService {
     /// group or project with Duo features off is `ResourceNotPermitted`.
     pub async fn authorize_resource(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user: Actor,
         gid_text: &str,
     ) -> Result<(), ChatError> {
@@ -196,14 +196,14 @@ impl ChatService {
         };
         let client = self.pool.get().await?;
         let thread = match thread_id {
-            Some(id) => find_thread(&**client, user.id, id)
+            Some(id) => find_thread(&*client, user.id, id)
                 .await?
                 .ok_or(ChatError::ThreadNotFound)?,
             None => {
                 let kind = conversation_type.unwrap_or(ConversationType::DuoChatLegacy);
-                match latest_thread(&**client, user.id, kind).await? {
+                match latest_thread(&*client, user.id, kind).await? {
                     Some(t) => t,
-                    None => create_thread(&**client, user.id, kind).await?,
+                    None => create_thread(&*client, user.id, kind).await?,
                 }
             }
         };

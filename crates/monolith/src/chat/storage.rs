@@ -1,15 +1,15 @@
 //! Threads and messages in PostgreSQL (`ai_conversation_threads`,
 //! `ai_conversation_messages`), with GitLab's thread rules and retention.
 
+use crate::queries::Queries;
 use deadpool_postgres::Pool;
 use serde_json::Value;
-use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
 use super::{ChatError, ConversationType, Role, StoredMessage, Thread};
 
 pub async fn store_message(
-    db: &impl GenericClient,
+    db: &impl Queries,
     thread_id: i64,
     role: Role,
     content: &str,
@@ -35,7 +35,7 @@ pub async fn store_message(
 /// Stores the assistant's answer to `request_xid` unless one is stored already
 /// (a unique index allows one per request); `None` when it was already there.
 pub async fn store_answer_once(
-    db: &impl GenericClient,
+    db: &impl Queries,
     thread_id: i64,
     request_xid: Uuid,
     content: &str,
@@ -61,7 +61,7 @@ pub async fn store_answer_once(
 }
 
 /// Whether the request already has a stored assistant answer.
-pub async fn answer_exists(db: &impl GenericClient, request_xid: Uuid) -> Result<bool, ChatError> {
+pub async fn answer_exists(db: &impl Queries, request_xid: Uuid) -> Result<bool, ChatError> {
     Ok(db
         .query_opt(
             "SELECT 1 FROM ai_conversation_messages WHERE request_xid = $1 AND role = 2",
@@ -72,7 +72,7 @@ pub async fn answer_exists(db: &impl GenericClient, request_xid: Uuid) -> Result
 }
 
 /// Whether the thread still exists (retention or `/clear` may have removed it).
-pub async fn thread_exists(db: &impl GenericClient, thread_id: i64) -> Result<bool, ChatError> {
+pub async fn thread_exists(db: &impl Queries, thread_id: i64) -> Result<bool, ChatError> {
     Ok(db
         .query_opt(
             "SELECT 1 FROM ai_conversation_threads WHERE id = $1",
@@ -119,7 +119,7 @@ pub(crate) fn message_from_row(row: &tokio_postgres::Row) -> StoredMessage {
 }
 
 /// Deletes threads (and their messages) idle for more than `days`; returns how many.
-pub async fn delete_idle_threads(db: &impl GenericClient, days: i32) -> Result<u64, ChatError> {
+pub async fn delete_idle_threads(db: &impl Queries, days: i32) -> Result<u64, ChatError> {
     Ok(db
         .execute(
             "DELETE FROM ai_conversation_threads WHERE last_updated_at < now() - make_interval(days => $1)",
@@ -138,7 +138,7 @@ pub async fn apply_retention(pool: &Pool) -> Result<u64, ChatError> {
         )
         .await?
         .get(0);
-    delete_idle_threads(&**db, days).await
+    delete_idle_threads(&*db, days).await
 }
 
 pub(crate) fn thread_from_row(row: &tokio_postgres::Row) -> Thread {
@@ -152,7 +152,7 @@ pub(crate) fn thread_from_row(row: &tokio_postgres::Row) -> Thread {
 }
 
 pub(crate) async fn find_thread(
-    db: &impl GenericClient,
+    db: &impl Queries,
     user_id: i64,
     id: i64,
 ) -> Result<Option<Thread>, ChatError> {
@@ -167,7 +167,7 @@ pub(crate) async fn find_thread(
 }
 
 pub(crate) async fn latest_thread(
-    db: &impl GenericClient,
+    db: &impl Queries,
     user_id: i64,
     kind: ConversationType,
 ) -> Result<Option<Thread>, ChatError> {
@@ -182,7 +182,7 @@ pub(crate) async fn latest_thread(
 }
 
 pub(crate) async fn create_thread(
-    db: &impl GenericClient,
+    db: &impl Queries,
     user_id: i64,
     kind: ConversationType,
 ) -> Result<Thread, ChatError> {
@@ -199,7 +199,7 @@ pub(crate) async fn create_thread(
 /// GitLab's write-mode thread rules: an explicit thread must be the user's; no
 /// thread and no type continues the legacy thread; a type alone starts a new one.
 pub(crate) async fn resolve_thread_for_write(
-    db: &impl GenericClient,
+    db: &impl Queries,
     user_id: i64,
     thread_id: Option<i64>,
     conversation_type: Option<ConversationType>,
@@ -223,7 +223,7 @@ pub const MAX_FEEDBACK_REASON_CHARS: usize = 2000;
 /// when there is no such answer for them (someone else's, or unknown: the same
 /// answer, so nothing leaks). Feedback given twice keeps the last verdict.
 pub async fn record_feedback(
-    db: &impl GenericClient,
+    db: &impl Queries,
     user_id: i64,
     message_xid: Uuid,
     helpful: bool,
@@ -253,7 +253,7 @@ pub async fn record_feedback(
 /// Deletes one of the user's threads with its messages; `false` when the user
 /// has no such thread (unknown or someone else's: the same answer).
 pub async fn delete_thread(
-    db: &impl GenericClient,
+    db: &impl Queries,
     user_id: i64,
     thread_id: i64,
 ) -> Result<bool, ChatError> {

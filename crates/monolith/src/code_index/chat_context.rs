@@ -9,8 +9,8 @@
 
 use std::collections::BTreeSet;
 
+use crate::queries::Queries;
 use contracts::{AdditionalContext, ContextCategory, DuoErrorCode, UnitPrimitive};
-use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
 use super::filters::Exclusions;
@@ -130,16 +130,16 @@ async fn project_context(
     let mut db = index.pool.get().await?;
     let subject = Subject::Project(target.project_id);
     let allowed = policy
-        .can(&**db, Some(actor), Ability::ReadCode, subject)
+        .can(&*db, Some(actor), Ability::ReadCode, subject)
         .await?
-        && policy.may_send_to_ai(&**db, actor, subject).await?;
+        && policy.may_send_to_ai(&*db, actor, subject).await?;
     if !allowed {
         return Ok(Searched::Other(Outcome::Refused(
             DuoErrorCode::M3003,
             "project not readable".into(),
         )));
     }
-    let status = store::status(&**db, target.project_id).await?;
+    let status = store::status(&*db, target.project_id).await?;
     match status {
         Some(s) if s.state == IndexState::Failed => {
             let code = s
@@ -157,8 +157,8 @@ async fn project_context(
         }
         Some(s) if s.searchable() => {}
         _ => {
-            store::ensure_status(&**db, target.project_id).await?;
-            super::enqueue_index(&**db, target.project_id, index.settings.max_attempts).await?;
+            store::ensure_status(&*db, target.project_id).await?;
+            super::enqueue_index(&*db, target.project_id, index.settings.max_attempts).await?;
             return Ok(Searched::Other(Outcome::Answer(BEING_INDEXED.to_owned())));
         }
     }
@@ -188,7 +188,7 @@ async fn project_context(
         }
     }
     let whole = match &target.directory {
-        Some(dir) => small_directory(index, &**db, target.project_id, dir, &exclusions).await?,
+        Some(dir) => small_directory(index, &*db, target.project_id, dir, &exclusions).await?,
         None => None,
     };
     let blocks = match whole {
@@ -198,8 +198,8 @@ async fn project_context(
         }
         None => {
             if query_vector.is_none() {
-                let auth = super::embedding_auth(&**db, actor.id, Uuid::new_v4()).await?;
-                let model = index.embedding_model(&**db).await?;
+                let auth = super::embedding_auth(&*db, actor.id, Uuid::new_v4()).await?;
+                let model = index.embedding_model(&*db).await?;
                 let answer = index
                     .gateway
                     .code_embeddings(
@@ -289,7 +289,7 @@ fn target_of(item: &AdditionalContext) -> Option<Target> {
 /// A directory's files whole, when there are few and they are small.
 async fn small_directory(
     index: &CodeIndex,
-    db: &impl GenericClient,
+    db: &impl Queries,
     project_id: i64,
     directory: &str,
     exclusions: &Exclusions,

@@ -10,10 +10,10 @@
 //!   (from the same indexed commit) reuses what was already embedded.
 //! - The indexed commit moves only when the whole run succeeded.
 
+use crate::queries::Queries;
 use async_trait::async_trait;
 use job_queue::{EnqueueOptions, Job, JobContext, JobError, JobHandler};
 use serde::{Deserialize, Serialize};
-use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
 use super::chunker::{self, Chunk};
@@ -39,7 +39,7 @@ pub const QUEUE: &str = "repositories";
 /// Enqueues the project's index job unless one is pending or running;
 /// `true` when this call created it.
 pub async fn enqueue_index(
-    db: &impl GenericClient,
+    db: &impl Queries,
     project_id: i64,
     max_attempts: i32,
 ) -> Result<bool, job_queue::QueueError> {
@@ -50,7 +50,7 @@ pub async fn enqueue_index(
     .queue(QUEUE)
     .dedupe(format!("code_index:{project_id}"));
     Ok(
-        job_queue::enqueue(db, &CodeIndexJob { project_id }, options)
+        job_queue::enqueue(db.plain(), &CodeIndexJob { project_id }, options)
             .await?
             .created,
     )
@@ -76,8 +76,8 @@ pub async fn request_reindex(
     let mut queued = Vec::new();
     for row in rows {
         let id: i64 = row.get(0);
-        store::request_full_walk(&**db, id).await?;
-        enqueue_index(&**db, id, max_attempts).await?;
+        store::request_full_walk(&*db, id).await?;
+        enqueue_index(&*db, id, max_attempts).await?;
         queued.push(row.get(1));
     }
     Ok(queued)
@@ -111,7 +111,7 @@ impl JobHandler for CodeIndexHandler {
         );
         let db = self.index.pool.get().await.map_err(JobError::retryable)?;
         store::record_error(
-            &**db,
+            &*db,
             job.project_id,
             &error.code().to_string(),
             &error.to_string(),
@@ -145,10 +145,10 @@ impl JobHandler for RepositoryPushedHandler {
             .map_err(JobError::retryable)?
             .is_some();
         if exists {
-            store::ensure_status(&**db, job.project_id)
+            store::ensure_status(&*db, job.project_id)
                 .await
                 .map_err(JobError::retryable)?;
-            enqueue_index(&**db, job.project_id, self.max_attempts)
+            enqueue_index(&*db, job.project_id, self.max_attempts)
                 .await
                 .map_err(JobError::retryable)?;
         }
@@ -189,7 +189,7 @@ impl JobHandler for CodeIndexCatchUpHandler {
             let branch: String = row.get(2);
             let head = head_commit(&self.index, project_id, &branch).await;
             if head.is_some() && head != indexed {
-                enqueue_index(&**db, project_id, self.index.settings.max_attempts)
+                enqueue_index(&*db, project_id, self.index.settings.max_attempts)
                     .await
                     .map_err(JobError::retryable)?;
             }
@@ -257,7 +257,7 @@ pub async fn index_project(
         };
         let branch: String = project.get(0);
         let rules: Vec<String> = project.get(1);
-        let status = store::status(&**db, project_id).await?;
+        let status = store::status(&*db, project_id).await?;
         drop(db);
         let head = head_commit(index, project_id, &branch).await;
         let indexed = status.as_ref().and_then(|s| s.indexed_commit.clone());
@@ -271,12 +271,12 @@ pub async fn index_project(
             return Ok(total);
         }
         let db = index.pool.get().await?;
-        store::set_state(&**db, project_id, IndexState::Indexing).await?;
+        store::set_state(&*db, project_id, IndexState::Indexing).await?;
         drop(db);
         let Some(head) = head else {
             // An empty repository: nothing to search, and nothing wrong.
             let db = index.pool.get().await?;
-            store::prune(&**db, project_id, "", Some(&[])).await?;
+            store::prune(&*db, project_id, "", Some(&[])).await?;
             db.execute(
                 "UPDATE code_index_states SET state = 'ready', indexed_commit = NULL,
                      chunk_count = 0, file_count = 0, last_error = NULL, last_error_code = NULL,
@@ -299,7 +299,7 @@ pub async fn index_project(
         let summary = run.execute(indexed.as_deref(), &head).await?;
         total += summary;
         let db = index.pool.get().await?;
-        let status = store::status(&**db, project_id).await?;
+        let status = store::status(&*db, project_id).await?;
         if status.is_some_and(|s| {
             s.state == IndexState::Ready && s.indexed_commit.as_deref() == Some(head.as_str())
         }) {
@@ -383,8 +383,8 @@ impl Run<'_> {
         }
         let model = self.model.clone().unwrap_or_default();
         let db = self.index.pool.get().await?;
-        store::prune(&**db, self.project_id, &model, changes.full_tree.as_deref()).await?;
-        store::finish(&**db, self.project_id, head, &model, self.dimensions).await?;
+        store::prune(&*db, self.project_id, &model, changes.full_tree.as_deref()).await?;
+        store::finish(&*db, self.project_id, head, &model, self.dimensions).await?;
         Ok(self.summary)
     }
 
@@ -400,14 +400,14 @@ impl Run<'_> {
             self.summary.files_seen += 1;
             let mut db = self.index.pool.get().await?;
             if filters::path_skip(&entry.path, entry.size, max_bytes, &self.exclusions).is_some() {
-                store::remove_file(&**db, self.project_id, &entry.path).await?;
+                store::remove_file(&*db, self.project_id, &entry.path).await?;
                 continue;
             }
             if let Some(model) = &self.model {
                 // The file's old chunks go and the copies come in one transaction.
                 let tx = db.transaction().await?;
                 let reused =
-                    store::reuse_blob(&*tx, self.project_id, &entry.path, &entry.blob_id, model)
+                    store::reuse_blob(&tx, self.project_id, &entry.path, &entry.blob_id, model)
                         .await?;
                 tx.commit().await?;
                 if reused {
@@ -427,7 +427,7 @@ impl Run<'_> {
             };
             if filters::content_skip(&bytes).is_some() {
                 let db = self.index.pool.get().await?;
-                store::remove_file(&**db, self.project_id, &entry.path).await?;
+                store::remove_file(&*db, self.project_id, &entry.path).await?;
                 continue;
             }
             let text = String::from_utf8_lossy(&bytes).into_owned();
@@ -454,7 +454,7 @@ impl Run<'_> {
         // old path's vectors.
         let db = self.index.pool.get().await?;
         for path in &changes.deletions {
-            store::remove_file(&**db, self.project_id, path).await?;
+            store::remove_file(&*db, self.project_id, path).await?;
             self.summary.files_removed += 1;
         }
         Ok(())
@@ -471,8 +471,8 @@ impl Run<'_> {
         let (auth, model) = {
             let db = self.index.pool.get().await?;
             (
-                super::embedding_auth(&**db, 0, Uuid::new_v4()).await?,
-                self.index.embedding_model(&**db).await?,
+                super::embedding_auth(&*db, 0, Uuid::new_v4()).await?,
+                self.index.embedding_model(&*db).await?,
             )
         };
         for batch in texts.chunks(self.index.settings.embed_batch) {
@@ -518,7 +518,7 @@ impl Run<'_> {
                 .collect();
             let tx = db.transaction().await?;
             store::replace_file(
-                &*tx,
+                &tx,
                 self.project_id,
                 &file.path,
                 &file.blob_id,

@@ -16,8 +16,8 @@ pub mod indexer;
 pub mod search;
 pub mod store;
 
+use crate::queries::Queries;
 use deadpool_postgres::Pool;
-use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
 use crate::config::CodeIndexConfig;
@@ -43,7 +43,7 @@ impl CodeIndex {
     /// one, a self-hosted model's metadata, or [`CodeIndexError::SwitchedOff`].
     pub async fn embedding_model(
         &self,
-        db: &impl tokio_postgres::GenericClient,
+        db: &impl crate::queries::Queries,
     ) -> Result<Option<contracts::ModelMetadata>, CodeIndexError> {
         match self
             .models
@@ -112,7 +112,7 @@ impl CodeIndexError {
 /// instance itself, for indexing). Embedding needs only
 /// `generate_embeddings_codebase`: the user's own access was checked before.
 pub async fn embedding_auth(
-    db: &impl GenericClient,
+    db: &impl Queries,
     user_id: i64,
     request_id: Uuid,
 ) -> Result<GatewayAuth, tokio_postgres::Error> {

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use tokio_postgres::GenericClient;
+use crate::queries::Queries;
 
 use super::filters::Exclusions;
 
@@ -147,7 +147,7 @@ async fn vector_candidates(
 }
 
 async fn text_candidates(
-    db: &impl GenericClient,
+    db: &impl Queries,
     project_id: i64,
     pattern: Option<&str>,
     query: &str,

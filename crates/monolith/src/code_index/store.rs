@@ -1,6 +1,6 @@
 //! The index's tables: one state row per project and the chunks.
 
-use tokio_postgres::GenericClient;
+use crate::queries::Queries;
 
 use super::chunker::Chunk;
 
@@ -99,7 +99,7 @@ fn status_from_row(row: &tokio_postgres::Row) -> IndexStatus {
 }
 
 pub async fn status(
-    db: &impl GenericClient,
+    db: &impl Queries,
     project_id: i64,
 ) -> Result<Option<IndexStatus>, tokio_postgres::Error> {
     let row = db
@@ -113,7 +113,7 @@ pub async fn status(
 
 /// Creates the state row (pending) when missing.
 pub async fn ensure_status(
-    db: &impl GenericClient,
+    db: &impl Queries,
     project_id: i64,
 ) -> Result<(), tokio_postgres::Error> {
     db.execute(
@@ -125,7 +125,7 @@ pub async fn ensure_status(
 }
 
 pub async fn set_state(
-    db: &impl GenericClient,
+    db: &impl Queries,
     project_id: i64,
     state: IndexState,
 ) -> Result<(), tokio_postgres::Error> {
@@ -141,7 +141,7 @@ pub async fn set_state(
 /// Records a failure; `final_attempt` marks the index failed, otherwise the
 /// error is kept while the job retries.
 pub async fn record_error(
-    db: &impl GenericClient,
+    db: &impl Queries,
     project_id: i64,
     code: &str,
     error: &str,
@@ -162,7 +162,7 @@ pub async fn record_error(
 
 /// Marks a run finished at `commit`, with the counts taken from the chunks.
 pub async fn finish(
-    db: &impl GenericClient,
+    db: &impl Queries,
     project_id: i64,
     commit: &str,
     model: &str,
@@ -183,7 +183,7 @@ pub async fn finish(
 
 /// Forgets the indexed commit so the next run walks the whole tree.
 pub async fn request_full_walk(
-    db: &impl GenericClient,
+    db: &impl Queries,
     project_id: i64,
 ) -> Result<(), tokio_postgres::Error> {
     db.execute(
@@ -205,7 +205,7 @@ pub struct NewChunk {
 
 /// Replaces a file's chunks (none: the file left the index).
 pub async fn replace_file(
-    db: &impl GenericClient,
+    db: &impl Queries,
     project_id: i64,
     path: &str,
     blob_id: &str,
@@ -252,7 +252,7 @@ pub async fn replace_file(
 /// Stores `path` with the chunks already embedded for the same blob under the
 /// same model (a rename, a revert, or a resumed run). `false` when there are none.
 pub async fn reuse_blob(
-    db: &impl GenericClient,
+    db: &impl Queries,
     project_id: i64,
     path: &str,
     blob_id: &str,
@@ -304,7 +304,7 @@ pub async fn reuse_blob(
 
 /// Removes a file's chunks.
 pub async fn remove_file(
-    db: &impl GenericClient,
+    db: &impl Queries,
     project_id: i64,
     path: &str,
 ) -> Result<(), tokio_postgres::Error> {
@@ -319,7 +319,7 @@ pub async fn remove_file(
 /// Removes chunks made by another model than `model` (after a model change)
 /// and chunks of paths no longer in the tree.
 pub async fn prune(
-    db: &impl GenericClient,
+    db: &impl Queries,
     project_id: i64,
     model: &str,
     keep_paths: Option<&[String]>,

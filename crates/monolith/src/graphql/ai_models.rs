@@ -217,7 +217,7 @@ pub(crate) async fn self_hosted_models(
     require_admin(ctx)?;
     let wanted = id.as_ref().map(model_id).transpose()?;
     let db = ctx.pool.get().await.map_err(internal)?;
-    let models = ctx.models.list_models(&**db).await.map_err(internal)?;
+    let models = ctx.models.list_models(&*db).await.map_err(internal)?;
     Ok(AiSelfHostedModelConnection {
         nodes: models
             .into_iter()
@@ -234,7 +234,7 @@ pub(crate) async fn feature_settings(
     require_admin(ctx)?;
     let wanted = self_hosted_model_id.as_ref().map(model_id).transpose()?;
     let db = ctx.pool.get().await.map_err(internal)?;
-    let settings = ctx.models.feature_settings(&**db).await.map_err(internal)?;
+    let settings = ctx.models.feature_settings(&*db).await.map_err(internal)?;
     Ok(AiFeatureSettingConnection {
         nodes: settings
             .into_iter()
@@ -259,7 +259,7 @@ pub(crate) async fn create_model(
         identifier: input.identifier,
         api_token: input.api_token,
     };
-    Ok(match ctx.models.create_model(&**db, &model_input).await {
+    Ok(match ctx.models.create_model(&*db, &model_input).await {
         Ok(m) => AiSelfHostedModelPayload {
             self_hosted_model: Some(m.into()),
             errors: vec![],
@@ -286,7 +286,7 @@ pub(crate) async fn update_model(
         api_token: input.api_token,
     };
     Ok(
-        match ctx.models.update_model(&**db, id, &model_input).await {
+        match ctx.models.update_model(&*db, id, &model_input).await {
             Ok(m) => AiSelfHostedModelPayload {
                 self_hosted_model: Some(m.into()),
                 errors: vec![],
@@ -306,7 +306,7 @@ pub(crate) async fn delete_model(
     require_mutate(ctx)?;
     let id = model_id(&input.id)?;
     let db = ctx.pool.get().await.map_err(internal)?;
-    Ok(match ctx.models.delete_model(&**db, id).await {
+    Ok(match ctx.models.delete_model(&*db, id).await {
         Ok(m) => AiSelfHostedModelPayload {
             self_hosted_model: Some(m.into()),
             errors: vec![],
@@ -332,7 +332,7 @@ pub(crate) async fn update_feature_setting(
     let db = ctx.pool.get().await.map_err(internal)?;
     if let Err(e) = ctx
         .models
-        .update_features(&**db, &features, input.provider.provider(), model)
+        .update_features(&*db, &features, input.provider.provider(), model)
         .await
     {
         return Ok(AiFeatureSettingUpdatePayload {
@@ -340,7 +340,7 @@ pub(crate) async fn update_feature_setting(
             errors: payload_error(e)?,
         });
     }
-    let settings = ctx.models.feature_settings(&**db).await.map_err(internal)?;
+    let settings = ctx.models.feature_settings(&*db).await.map_err(internal)?;
     Ok(AiFeatureSettingUpdatePayload {
         ai_feature_settings: settings
             .into_iter()

@@ -378,14 +378,14 @@ impl CurrentUser {
         let db = ctx.pool.get().await.map_err(internal)?;
         Ok(ctx
             .policy
-            .authorize_chat_user(&**db, Some(self.actor))
+            .authorize_chat_user(&*db, Some(self.actor))
             .await
             .is_ok())
     }
     async fn duo_chat_available_features(&self, ctx: &GqlContext) -> FieldResult<Vec<String>> {
         let db = ctx.pool.get().await.map_err(internal)?;
         ctx.policy
-            .duo_chat_available_features(&**db, Some(self.actor))
+            .duo_chat_available_features(&*db, Some(self.actor))
             .await
             .map_err(internal)
     }

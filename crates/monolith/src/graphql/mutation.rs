@@ -61,7 +61,7 @@ impl Mutation {
         };
         let thread_id = parse_thread_id(&input.thread_id).map_err(|_| not_available())?;
         let db = ctx.pool.get().await.map_err(internal)?;
-        if !chat::delete_thread(&**db, user.id, thread_id)
+        if !chat::delete_thread(&*db, user.id, thread_id)
             .await
             .map_err(chat_field_error)?
         {
@@ -96,7 +96,7 @@ impl Mutation {
         };
         let db = ctx.pool.get().await.map_err(internal)?;
         let reason = input.reason.unwrap_or_default();
-        let recorded = chat::record_feedback(&**db, user.id, message_xid, input.helpful, &reason)
+        let recorded = chat::record_feedback(&*db, user.id, message_xid, input.helpful, &reason)
             .await
             .map_err(chat_field_error)?;
         Ok(if recorded {

@@ -48,7 +48,7 @@ impl Subscription {
         if let Some(resource) = &resource_id {
             let db = ctx.pool.get().await.map_err(internal)?;
             ctx.chat
-                .authorize_resource(&**db, user, &resource.0)
+                .authorize_resource(&*db, user, &resource.0)
                 .await
                 .map_err(chat_field_error)?;
         }

@@ -285,7 +285,7 @@ async fn open_socket(
                     .get()
                     .await
                     .map_err(|_| SocketAuthError::Internal)?;
-                crate::identity::tokens::authenticate(&**db, &token)
+                crate::identity::tokens::authenticate(&*db, &token)
                     .await
                     .map_err(|e| match e {
                         crate::identity::tokens::TokenError::Invalid => {

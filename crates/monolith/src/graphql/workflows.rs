@@ -211,14 +211,14 @@ async fn readable_workflow(ctx: &GqlContext, id: i64) -> FieldResult<Workflow> {
         return Err(not_available());
     };
     let db = ctx.pool.get().await.map_err(internal)?;
-    let workflow = store::find(&**db, id)
+    let workflow = store::find(&*db, id)
         .await
         .map_err(internal)?
         .filter(|w| w.user_id == user.id || user.admin)
         .ok_or_else(not_available)?;
     if !ctx
         .policy
-        .can_access_workflow(&**db, user, None, workflow.facts())
+        .can_access_workflow(&*db, user, None, workflow.facts())
         .await
         .map_err(internal)?
     {
@@ -247,7 +247,7 @@ pub async fn workflows(
             let db = ctx.pool.get().await.map_err(internal)?;
             let project_id = match project_path {
                 Some(path) => Some(
-                    crate::namespaces::project_id_by_full_path(&**db, &path)
+                    crate::namespaces::project_id_by_full_path(&*db, &path)
                         .await
                         .map_err(internal)?
                         .unwrap_or(-1),
@@ -255,7 +255,7 @@ pub async fn workflows(
                 None => None,
             };
             store::list_for_user(
-                &**db,
+                &*db,
                 user.id,
                 &ListFilter {
                     project_id,
@@ -271,7 +271,7 @@ pub async fn workflows(
     let db = ctx.pool.get().await.map_err(internal)?;
     let mut nodes = Vec::with_capacity(list.len());
     for w in &list {
-        let latest = checkpoints::latest(&**db, w.id).await.map_err(internal)?;
+        let latest = checkpoints::latest(&*db, w.id).await.map_err(internal)?;
         nodes.push(workflow_of(w, latest.as_ref()));
     }
     Ok(DuoWorkflowConnection {
@@ -287,7 +287,7 @@ pub async fn events(
 ) -> FieldResult<DuoWorkflowEventConnection> {
     let workflow = readable_workflow(ctx, parse_workflow_id(&workflow_id)?).await?;
     let db = ctx.pool.get().await.map_err(internal)?;
-    let (list, _) = checkpoints::list(&**db, workflow.id, None, 0, 100)
+    let (list, _) = checkpoints::list(&*db, workflow.id, None, 0, 100)
         .await
         .map_err(internal)?;
     Ok(DuoWorkflowEventConnection {

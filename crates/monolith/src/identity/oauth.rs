@@ -4,10 +4,10 @@
 //! digests, revocable. A composite token is owned by a service account and acts
 //! on behalf of a human: the request runs as the human, and both must be allowed.
 
+use crate::queries::Queries;
 use chrono::{DateTime, Duration, Utc};
 use rand::RngCore;
 use subtle::ConstantTimeEq;
-use tokio_postgres::GenericClient;
 
 use super::tokens::{AuthenticatedUser, TokenError, digest};
 
@@ -39,7 +39,7 @@ fn generate() -> String {
 
 /// Mints an `ai_workflows` token for `user_id`, valid for `lifetime`.
 pub async fn mint(
-    client: &impl GenericClient,
+    client: &impl Queries,
     user_id: i64,
     lifetime: Duration,
 ) -> Result<MintedToken, TokenError> {
@@ -48,7 +48,7 @@ pub async fn mint(
 
 /// Mints a composite token: owned by `service_account_id`, acting for `human_id`.
 pub async fn mint_composite(
-    client: &impl GenericClient,
+    client: &impl Queries,
     service_account_id: i64,
     human_id: i64,
     lifetime: Duration,
@@ -57,7 +57,7 @@ pub async fn mint_composite(
 }
 
 async fn insert(
-    client: &impl GenericClient,
+    client: &impl Queries,
     owner: i64,
     on_behalf_of: Option<i64>,
     lifetime: Duration,
@@ -99,7 +99,7 @@ pub fn looks_like_token(presented: &str) -> bool {
 /// Expired and revoked tokens are [`TokenError::Invalid`]; a blocked owner or
 /// human is [`TokenError::Blocked`].
 pub async fn authenticate(
-    client: &impl GenericClient,
+    client: &impl Queries,
     presented: &str,
 ) -> Result<Option<AuthenticatedUser>, TokenError> {
     if !looks_like_token(presented) {
@@ -190,7 +190,7 @@ pub enum Revocation {
 /// Revokes the OAuth token `presented` if the caller owns it (as its owner or
 /// the human it acts for).
 pub async fn revoke(
-    client: &impl GenericClient,
+    client: &impl Queries,
     caller_id: i64,
     presented: &str,
 ) -> Result<Revocation, TokenError> {
@@ -224,7 +224,7 @@ pub async fn revoke(
 }
 
 /// Revokes a token by id (the socket's own token when the run ends).
-pub async fn revoke_by_id(client: &impl GenericClient, id: i64) -> Result<(), TokenError> {
+pub async fn revoke_by_id(client: &impl Queries, id: i64) -> Result<(), TokenError> {
     client
         .execute(
             "UPDATE oauth_access_tokens SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL",
@@ -235,7 +235,7 @@ pub async fn revoke_by_id(client: &impl GenericClient, id: i64) -> Result<(), To
 }
 
 /// Deletes tokens that expired more than a day ago (they can never be used).
-pub async fn purge_expired(client: &impl GenericClient) -> Result<u64, TokenError> {
+pub async fn purge_expired(client: &impl Queries) -> Result<u64, TokenError> {
     Ok(client
         .execute(
             "DELETE FROM oauth_access_tokens WHERE expires_at < now() - interval '1 day'",

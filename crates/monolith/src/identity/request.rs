@@ -33,7 +33,7 @@ pub async fn request_user(
         return Ok(None);
     };
     let client = pool.get().await.map_err(DbError::from)?;
-    tokens::authenticate(&**client, &token).await.map(Some)
+    tokens::authenticate(&*client, &token).await.map(Some)
 }
 
 /// The session cookie's value, when the request carries one.
@@ -52,7 +52,7 @@ pub async fn request_session(
         return Ok(None);
     };
     let client = pool.get().await.map_err(DbError::from)?;
-    super::sessions::lookup(&**client, &cookie).await
+    super::sessions::lookup(&*client, &cookie).await
 }
 
 /// Whether a cookie-authenticated request comes from our own pages: browsers

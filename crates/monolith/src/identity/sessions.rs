@@ -2,8 +2,8 @@
 //! is stored (like tokens, never the value itself), a CSRF token per session, a
 //! sliding expiry, and a fresh session id at every sign-in (no fixation).
 
+use crate::queries::Queries;
 use rand::RngCore;
-use tokio_postgres::GenericClient;
 
 use super::tokens::{AuthenticatedUser, TokenError, digest};
 
@@ -34,7 +34,7 @@ pub fn random_secret(bytes: usize) -> String {
 }
 
 /// Starts a session for `user_id`.
-pub async fn create(client: &impl GenericClient, user_id: i64) -> Result<NewSession, TokenError> {
+pub async fn create(client: &impl Queries, user_id: i64) -> Result<NewSession, TokenError> {
     let cookie_value = random_secret(32);
     let csrf_token = random_secret(32);
     client
@@ -58,7 +58,7 @@ pub async fn create(client: &impl GenericClient, user_id: i64) -> Result<NewSess
 /// The signed-in user of a session cookie, or `None` (unknown, expired, or a
 /// blocked user). Using a session extends it, at most once a minute.
 pub async fn lookup(
-    client: &impl GenericClient,
+    client: &impl Queries,
     cookie_value: &str,
 ) -> Result<Option<SessionUser>, TokenError> {
     if cookie_value.len() != 64 {
@@ -93,7 +93,7 @@ pub async fn lookup(
 }
 
 /// Ends the session of this cookie (sign out).
-pub async fn destroy(client: &impl GenericClient, cookie_value: &str) -> Result<(), TokenError> {
+pub async fn destroy(client: &impl Queries, cookie_value: &str) -> Result<(), TokenError> {
     client
         .execute(
             "DELETE FROM web_sessions WHERE session_digest = $1",
@@ -104,10 +104,7 @@ pub async fn destroy(client: &impl GenericClient, cookie_value: &str) -> Result<
 }
 
 /// Ends every session of a user (blocked, or password changed).
-pub async fn destroy_all_for_user(
-    client: &impl GenericClient,
-    user_id: i64,
-) -> Result<u64, TokenError> {
+pub async fn destroy_all_for_user(client: &impl Queries, user_id: i64) -> Result<u64, TokenError> {
     Ok(client
         .execute("DELETE FROM web_sessions WHERE user_id = $1", &[&user_id])
         .await?)

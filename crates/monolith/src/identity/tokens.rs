@@ -1,10 +1,10 @@
 //! Personal access tokens: random secrets stored only as SHA-256 digests.
 
+use crate::queries::Queries;
 use chrono::{NaiveDate, Utc};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
-use tokio_postgres::GenericClient;
 
 use crate::db::DbError;
 
@@ -88,7 +88,7 @@ fn generate() -> String {
 }
 
 pub async fn create(
-    client: &impl GenericClient,
+    client: &impl Queries,
     user_id: i64,
     name: &str,
     scopes: &[String],
@@ -117,7 +117,7 @@ pub async fn create(
 /// Stores a token whose plain text the caller chose (the demo seed prints stable
 /// tokens so it can be re-run); otherwise identical to [`create`].
 pub async fn create_with_secret(
-    client: &impl GenericClient,
+    client: &impl Queries,
     user_id: i64,
     name: &str,
     token: &str,
@@ -135,7 +135,7 @@ pub async fn create_with_secret(
     Ok(row.get(0))
 }
 
-pub async fn revoke(client: &impl GenericClient, token_id: i64) -> Result<bool, TokenError> {
+pub async fn revoke(client: &impl Queries, token_id: i64) -> Result<bool, TokenError> {
     let n = client
         .execute(
             "UPDATE personal_access_tokens SET revoked = true WHERE id = $1",
@@ -147,7 +147,7 @@ pub async fn revoke(client: &impl GenericClient, token_id: i64) -> Result<bool, 
 
 /// Resolves a presented token to its user, or explains why it cannot be used.
 pub async fn authenticate(
-    client: &impl GenericClient,
+    client: &impl Queries,
     presented: &str,
 ) -> Result<AuthenticatedUser, TokenError> {
     let wanted = digest(presented.trim());

@@ -1,7 +1,7 @@
 //! Duo abilities: `access_duo_chat`, Duo feature switches, seats and the unit
 //! primitives they grant, and the chat authorizer's coded denials.
 
-use tokio_postgres::GenericClient;
+use crate::queries::Queries;
 
 use super::facts::{GroupFacts, ProjectFacts, paid};
 use super::*;
@@ -20,7 +20,7 @@ impl Policy {
     /// The add-ons whose seats are assigned to the user and currently valid.
     pub async fn assigned_add_ons(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user_id: i64,
     ) -> Result<BTreeSet<AddOn>, PolicyError> {
         let rows = db
@@ -40,7 +40,7 @@ impl Policy {
     /// Unit primitives the user's seats grant (the `scopes` of the gateway JWT).
     pub async fn seat_unit_primitives(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user_id: i64,
     ) -> Result<BTreeSet<UnitPrimitive>, PolicyError> {
         let add_ons = self.assigned_add_ons(db, user_id).await?;
@@ -51,7 +51,7 @@ impl Policy {
     /// with Duo features (and, second value, experiment and beta features) on.
     pub(super) async fn saas_memberships(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user_id: i64,
     ) -> Result<(bool, bool), PolicyError> {
         let row = db
@@ -75,7 +75,7 @@ impl Policy {
 
     pub(super) async fn duo_chat_global(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user: Option<Actor>,
     ) -> Result<bool, PolicyError> {
         Ok(self.why_no_duo_chat(db, user).await?.is_none())
@@ -86,7 +86,7 @@ impl Policy {
     /// so what a page tells the user is what the policy decided.
     pub async fn why_no_duo_chat(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user: Option<Actor>,
     ) -> Result<Option<NoDuoChat>, PolicyError> {
         let Some(user) = user else {
@@ -114,7 +114,7 @@ impl Policy {
 
     pub(super) async fn duo_chat_group(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user: Option<Actor>,
         id: i64,
     ) -> Result<bool, PolicyError> {
@@ -136,7 +136,7 @@ impl Policy {
 
     pub(super) async fn duo_chat_project(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user: Option<Actor>,
         id: i64,
     ) -> Result<bool, PolicyError> {
@@ -162,7 +162,7 @@ impl Policy {
     /// The realm-specific column of the seed table for a group or project context.
     pub(super) async fn realm_allows_container(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user: Actor,
         root_plan: &str,
         is_project: bool,
@@ -184,7 +184,7 @@ impl Policy {
     /// `include_<category>_context` unit primitives the user may use in chat.
     pub async fn duo_chat_available_features(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user: Option<Actor>,
     ) -> Result<Vec<String>, PolicyError> {
         let Some(actor) = user else {
@@ -206,7 +206,7 @@ impl Policy {
     /// The user may use chat at all; otherwise M3004.
     pub async fn authorize_chat_user(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user: Option<Actor>,
     ) -> Result<(), ChatAuthError> {
         if self
@@ -223,7 +223,7 @@ impl Policy {
     /// for a container the user can read, M3003 when the user cannot read it.
     pub async fn authorize_chat_container(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user: Option<Actor>,
         container: Subject,
     ) -> Result<(), ChatAuthError> {
@@ -249,7 +249,7 @@ impl Policy {
     /// use Duo in its container.
     pub async fn authorize_chat_resource(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user: Option<Actor>,
         resource: Subject,
     ) -> Result<(), ChatAuthError> {
@@ -271,7 +271,7 @@ impl Policy {
     /// in as page context.
     pub async fn may_send_to_ai(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user: Actor,
         resource: Subject,
     ) -> Result<bool, PolicyError> {
@@ -287,7 +287,7 @@ impl Policy {
     /// callers that already checked readability).
     pub async fn duo_features_on_for(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user: Actor,
         resource: Subject,
     ) -> Result<bool, PolicyError> {
@@ -303,7 +303,7 @@ impl Policy {
     /// The group or project a resource belongs to.
     pub async fn container_of(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         resource: Subject,
     ) -> Result<Option<Subject>, PolicyError> {
         let (sql, is_group) = match resource {

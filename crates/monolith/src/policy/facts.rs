@@ -1,7 +1,7 @@
 //! What the rules decide on: the instance's settings, and a user's standing in a
 //! group or project (visibility, plan, Duo switches, inherited access level).
 
-use tokio_postgres::GenericClient;
+use crate::queries::Queries;
 
 use super::*;
 
@@ -37,10 +37,7 @@ pub(super) fn paid(plan: &str) -> bool {
 }
 
 impl Policy {
-    pub(super) async fn instance(
-        &self,
-        db: &impl GenericClient,
-    ) -> Result<InstanceFacts, PolicyError> {
+    pub(super) async fn instance(&self, db: &impl Queries) -> Result<InstanceFacts, PolicyError> {
         let row = db
             .query_one(
                 "SELECT realm, instance_tier, duo_features_enabled FROM instance_settings",
@@ -56,7 +53,7 @@ impl Policy {
 
     pub(super) async fn group_facts(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user: Option<Actor>,
         group_id: i64,
     ) -> Result<Option<GroupFacts>, PolicyError> {
@@ -97,7 +94,7 @@ impl Policy {
 
     pub(super) async fn project_facts(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user: Option<Actor>,
         project_id: i64,
     ) -> Result<Option<ProjectFacts>, PolicyError> {

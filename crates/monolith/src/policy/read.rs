@@ -1,6 +1,6 @@
 //! Read abilities: GitLab's visibility and inherited-membership rules.
 
-use tokio_postgres::GenericClient;
+use crate::queries::Queries;
 
 use super::facts::{GroupFacts, ProjectFacts};
 use super::*;
@@ -8,7 +8,7 @@ use super::*;
 impl Policy {
     pub async fn can(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user: Option<Actor>,
         ability: Ability,
         subject: Subject,
@@ -86,7 +86,7 @@ impl Policy {
     /// Whether the group exists and `rule` holds for the user on it.
     pub(super) async fn group_allows(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user: Option<Actor>,
         id: i64,
         rule: fn(&GroupFacts, Option<Actor>) -> bool,
@@ -98,7 +98,7 @@ impl Policy {
     /// Whether the project exists and `rule` holds for the user on it.
     pub(super) async fn project_allows(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user: Option<Actor>,
         id: i64,
         rule: fn(&ProjectFacts, Option<Actor>) -> bool,
@@ -109,7 +109,7 @@ impl Policy {
 
     pub(super) async fn read_issue(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user: Option<Actor>,
         id: i64,
     ) -> Result<bool, PolicyError> {
@@ -142,7 +142,7 @@ impl Policy {
 
     pub(super) async fn read_epic(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user: Option<Actor>,
         id: i64,
     ) -> Result<bool, PolicyError> {
@@ -174,7 +174,7 @@ impl Policy {
     /// access, elsewhere whoever reads the project reads them.
     pub(super) async fn read_project_code_item(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user: Option<Actor>,
         table: &'static str,
         id: i64,
@@ -194,7 +194,7 @@ impl Policy {
 
     pub(super) async fn read_note(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user: Option<Actor>,
         id: i64,
     ) -> Result<bool, PolicyError> {
@@ -251,7 +251,7 @@ impl Policy {
 
     pub(super) async fn access_of_item_project(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user: Option<Actor>,
         table: &'static str,
         id: i64,

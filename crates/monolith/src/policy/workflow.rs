@@ -2,7 +2,7 @@
 //! workflow policy): who may create and run workflows in a group or project,
 //! and who may read or change one workflow.
 
-use tokio_postgres::GenericClient;
+use crate::queries::Queries;
 
 use super::*;
 
@@ -28,7 +28,7 @@ impl Policy {
     /// grants `duo_agent_platform`.
     pub async fn can_run_duo_workflow(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user: Actor,
         container: Subject,
     ) -> Result<bool, PolicyError> {
@@ -43,7 +43,7 @@ impl Policy {
     /// group or project): Duo on for the instance and a seat granting it.
     pub async fn may_use_duo_agent_platform(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user: Actor,
     ) -> Result<bool, PolicyError> {
         if !self.instance(db).await?.duo_features_enabled {
@@ -58,7 +58,7 @@ impl Policy {
     /// service accounts hold no seats).
     pub async fn can_run_duo_workflow_as(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user: Actor,
         service_account: Option<Actor>,
         container: Subject,
@@ -76,7 +76,7 @@ impl Policy {
     /// admin, who may still run workflows where it lives.
     pub async fn can_access_workflow(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user: Actor,
         service_account: Option<Actor>,
         workflow: WorkflowFacts,
@@ -90,7 +90,7 @@ impl Policy {
 
     async fn container_allows_workflow(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user: Actor,
         container: Subject,
     ) -> Result<bool, PolicyError> {

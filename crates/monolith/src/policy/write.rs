@@ -1,6 +1,6 @@
 //! Write abilities (REST changes, project code) by role.
 
-use tokio_postgres::GenericClient;
+use crate::queries::Queries;
 
 use super::facts::ProjectFacts;
 use super::*;
@@ -93,7 +93,7 @@ impl Policy {
     /// `NO_ACCESS` for anonymous users, strangers and other subjects.
     pub async fn access_level(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user: Option<Actor>,
         container: Subject,
     ) -> Result<i32, PolicyError> {
@@ -117,7 +117,7 @@ impl Policy {
     /// they can read it and either are an admin or hold the role the change needs.
     pub async fn can_write(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user: Option<Actor>,
         ability: WriteAbility,
         container: Subject,
@@ -145,7 +145,7 @@ impl Policy {
     /// roles up to their own (a maintainer cannot make or touch an owner).
     pub async fn may_manage_role(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user: Option<Actor>,
         container: Subject,
         level: i32,
@@ -174,7 +174,7 @@ impl Policy {
     /// issues and epics, developer for merge requests); admins always.
     pub async fn may_edit(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user: Option<Actor>,
         item: EditableItem,
     ) -> Result<bool, PolicyError> {
@@ -236,7 +236,7 @@ impl Policy {
     /// for maintainers and above.
     pub async fn push_access(
         &self,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user: Option<Actor>,
         project: i64,
     ) -> Result<PushAccess, PolicyError> {

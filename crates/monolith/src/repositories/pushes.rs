@@ -5,9 +5,9 @@
 
 use std::collections::BTreeSet;
 
+use crate::queries::Queries;
 use job_queue::{EnqueueOptions, Job};
 use serde::{Deserialize, Serialize};
-use tokio_postgres::GenericClient;
 
 use super::reader::Refs;
 
@@ -58,7 +58,7 @@ impl Job for RepositoryPushed {
 /// caller's transaction when it passes one. Nothing is written for an empty list
 /// (a rejected push, or one that changed nothing).
 pub async fn record(
-    db: &impl GenericClient,
+    db: &impl Queries,
     project_id: i64,
     pusher_id: Option<i64>,
     updates: &[RefUpdate],
@@ -81,7 +81,7 @@ pub async fn record(
         .await?;
     }
     job_queue::enqueue(
-        db,
+        db.plain(),
         &RepositoryPushed { project_id },
         EnqueueOptions::default()
             .queue("repositories")

@@ -111,7 +111,7 @@ pub(super) async fn assign_seat(
         .ok_or(ApiError::NotFound("Add-on"))?;
     let mut db = state.pool.get().await?;
     let tx = db.transaction().await?;
-    let seat = crate::duo_settings::assign_seat(&*tx, add_on, body.user_id)
+    let seat = crate::duo_settings::assign_seat(&tx, add_on, body.user_id)
         .await
         .map_err(|e| match e {
             DuoSettingsError::NoSeatsLeft => ApiError::Conflict(e.to_string()),

@@ -42,7 +42,7 @@ async fn push_access(state: &AppState, repo: &Repo) -> Result<PushAccess, ApiErr
     let db = state.pool.get().await?;
     Ok(state
         .policy
-        .push_access(&**db, Some(Actor::from(user)), repo.project_id)
+        .push_access(&*db, Some(Actor::from(user)), repo.project_id)
         .await?)
 }
 

@@ -47,12 +47,12 @@ async fn readable_ci(
     let db = state.pool.get().await?;
     if !state
         .policy
-        .can(&**db, user, Ability::ReadBuild, Subject::Project(project))
+        .can(&*db, user, Ability::ReadBuild, Subject::Project(project))
         .await?
     {
         return Err(ApiError::Forbidden);
     }
-    project_full_path(&**db, project).await
+    project_full_path(&*db, project).await
 }
 
 // ---- pipelines ------------------------------------------------------------------
@@ -313,7 +313,7 @@ async fn import_job(
     let sql = format!("{JOB_SQL} WHERE b.id = $1");
     created(
         &state,
-        &**db,
+        &*db,
         Container::Project(project),
         &sql,
         id,

@@ -1,10 +1,10 @@
 //! Pieces every REST resource module shares: who is asking, what the policy says,
 //! pagination, and the small JSON fragments GitLab repeats (users, references).
 
+use crate::queries::Queries;
 use actix_web::{HttpRequest, HttpResponse};
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
-use tokio_postgres::GenericClient;
 
 use super::pagination::PageParams;
 use super::{ApiError, WRITE_SCOPES, optional_user, require_user};
@@ -24,7 +24,7 @@ pub(super) async fn can(
     subject: Subject,
 ) -> Result<bool, ApiError> {
     let db = state.pool.get().await?;
-    Ok(state.policy.can(&**db, user, ability, subject).await?)
+    Ok(state.policy.can(&*db, user, ability, subject).await?)
 }
 
 /// 403 unless the policy grants the change on the group or project.
@@ -37,7 +37,7 @@ pub(super) async fn require_write(
     let db = state.pool.get().await?;
     if state
         .policy
-        .can_write(&**db, Some(Actor::from(user)), ability, container)
+        .can_write(&*db, Some(Actor::from(user)), ability, container)
         .await?
     {
         Ok(())
@@ -87,7 +87,7 @@ impl Container {
     }
 
     /// `acme/platform` for a group, `acme/platform/api` for a project.
-    pub async fn full_path(self, db: &impl GenericClient) -> Result<String, ApiError> {
+    pub async fn full_path(self, db: &impl Queries) -> Result<String, ApiError> {
         match self {
             Container::Group(id) => group_full_path(db, id).await,
             Container::Project(id) => project_full_path(db, id).await,
@@ -183,10 +183,7 @@ pub(super) fn references(full_path: &str, sigil: char, iid: i32) -> Value {
     })
 }
 
-pub(super) async fn project_full_path(
-    db: &impl GenericClient,
-    project: i64,
-) -> Result<String, ApiError> {
+pub(super) async fn project_full_path(db: &impl Queries, project: i64) -> Result<String, ApiError> {
     let sql = format!(
         "{FULL_PATHS} SELECT paths.full_path || '/' || p.path FROM projects p JOIN paths ON paths.id = p.group_id
          WHERE p.id = $1"
@@ -198,10 +195,7 @@ pub(super) async fn project_full_path(
     Ok(row.get(0))
 }
 
-pub(super) async fn group_full_path(
-    db: &impl GenericClient,
-    group: i64,
-) -> Result<String, ApiError> {
+pub(super) async fn group_full_path(db: &impl Queries, group: i64) -> Result<String, ApiError> {
     let sql = format!("{FULL_PATHS} SELECT full_path FROM paths WHERE id = $1");
     let row = db
         .query_opt(&sql, &[&group])

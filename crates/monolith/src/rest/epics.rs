@@ -73,9 +73,9 @@ async fn list_epics(
     let group = path.into_inner();
     let user = readable_group(&state, &req, group).await?;
     let db = state.pool.get().await?;
-    let full_path = Container::Group(group).full_path(&**db).await?;
+    let full_path = Container::Group(group).full_path(&*db).await?;
     let sql = format!("{} WHERE e.group_id = $1 ORDER BY e.id DESC", epic_sql());
-    let rows = readable_rows(&state, &**db, user, Item::EPIC, &sql, &[&group]).await?;
+    let rows = readable_rows(&state, &*db, user, Item::EPIC, &sql, &[&group]).await?;
     let items = rows
         .iter()
         .map(|r| epic_json(r, &state.config.external_url, &full_path))
@@ -156,7 +156,7 @@ async fn create_epic(
         .get(0);
     tx.commit().await?;
     let sql = format!("{} WHERE e.id = $1", epic_sql());
-    created(&state, &**db, Container::Group(group), &sql, id, epic_json).await
+    created(&state, &*db, Container::Group(group), &sql, id, epic_json).await
 }
 
 /// Notes of an epic, which GitLab addresses by the epic's global id:

@@ -54,7 +54,7 @@ pub(super) async fn list_groups(
     let user = actor(&optional_user(&state, &req).await?);
     let db = state.pool.get().await?;
     let sql = format!("{GROUP_SQL} ORDER BY g.id");
-    let rows = readable_rows(&state, &**db, user, Item::GROUP, &sql, &[]).await?;
+    let rows = readable_rows(&state, &*db, user, Item::GROUP, &sql, &[]).await?;
     let items = rows
         .iter()
         .map(|r| group_json(r, &state.config.external_url))
@@ -152,7 +152,7 @@ pub(super) struct GroupUpdate {
 
 /// The most open visibility among a group's direct subgroups and projects.
 pub(super) async fn widest_child_visibility(
-    db: &impl tokio_postgres::GenericClient,
+    db: &impl crate::queries::Queries,
     group: i64,
 ) -> Result<usize, ApiError> {
     let rows = db
@@ -211,7 +211,7 @@ pub(super) async fn update_group(
                 format!("{v} is not allowed since the parent group has a {pv} visibility."),
             ));
         }
-        if widest_child_visibility(&**db, id).await? > visibility_rank(&v) {
+        if widest_child_visibility(&*db, id).await? > visibility_rank(&v) {
             return Err(ApiError::invalid(
                 "visibility_level",
                 format!(

@@ -104,7 +104,7 @@ pub(super) async fn list_issues(
     let wanted_state = state_filter(q.state.as_deref(), &["opened", "closed"])?;
     let (label_mode, label_list) = labels_filter(q.labels.as_deref());
     let db = state.pool.get().await?;
-    let full_path = Container::Project(id).full_path(&**db).await?;
+    let full_path = Container::Project(id).full_path(&*db).await?;
     let sql = format!(
         "{} WHERE i.project_id = $1 AND ($2::text IS NULL OR i.state = $2)
          AND CASE $3::text WHEN 'none' THEN cardinality(i.labels) = 0
@@ -115,7 +115,7 @@ pub(super) async fn list_issues(
     );
     let rows = readable_rows(
         &state,
-        &**db,
+        &*db,
         user,
         Item::ISSUE,
         &sql,
@@ -200,7 +200,7 @@ pub(super) async fn create_issue(
     let sql = format!("{} WHERE i.id = $1", issue_sql());
     created(
         &state,
-        &**db,
+        &*db,
         Container::Project(project),
         &sql,
         id,

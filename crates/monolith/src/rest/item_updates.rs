@@ -4,9 +4,9 @@
 //! (`close`/`reopen`, recording who closed the item and when). Who may edit is
 //! the policy's `may_edit`.
 
+use crate::queries::Queries;
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
-use tokio_postgres::GenericClient;
 
 use super::common::on_constraint;
 use super::params::{LabelList, Params};
@@ -85,7 +85,7 @@ pub(super) async fn editor(
     let db = state.pool.get().await?;
     if !state
         .policy
-        .may_edit(&**db, Some(actor), kind.editable(id))
+        .may_edit(&*db, Some(actor), kind.editable(id))
         .await?
     {
         return Err(ApiError::Forbidden);
@@ -122,10 +122,10 @@ pub(super) async fn apply(
         if title.trim().is_empty() {
             return Err(ApiError::invalid("title", "can't be blank"));
         }
-        set(&*tx, table, id, "title", title).await?;
+        set(&tx, table, id, "title", title).await?;
     }
     if let Some(description) = &update.description {
-        set(&*tx, table, id, "description", description).await?;
+        set(&tx, table, id, "description", description).await?;
     }
     let labels_changed =
         update.labels.is_some() || update.add_labels.is_some() || update.remove_labels.is_some();
@@ -187,7 +187,7 @@ pub(super) async fn apply(
         if branch.trim().is_empty() {
             return Err(ApiError::invalid("target_branch", "can't be blank"));
         }
-        set(&*tx, table, id, "target_branch", branch).await?;
+        set(&tx, table, id, "target_branch", branch).await?;
     }
     let assignees = match (update.assignee_ids, update.assignee_id) {
         (Some(ids), _) => Some(ids.into_iter().filter(|i| *i != 0).collect::<Vec<_>>()),
@@ -255,7 +255,7 @@ pub(super) async fn apply(
 }
 
 async fn set(
-    tx: &impl GenericClient,
+    tx: &impl Queries,
     table: &str,
     id: i64,
     column: &str,

@@ -4,8 +4,10 @@
 
 use actix_web::{HttpRequest, HttpResponse};
 use serde_json::Value;
+use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{GenericClient, Row};
+
+use crate::queries::Queries;
 
 use super::ApiError;
 use super::common::Container;
@@ -47,7 +49,7 @@ impl Item {
     async fn readable(
         self,
         state: &AppState,
-        db: &impl GenericClient,
+        db: &impl Queries,
         user: Option<Actor>,
         id: i64,
     ) -> Result<bool, ApiError> {
@@ -61,7 +63,7 @@ impl Item {
 /// The rows of `sql` the caller may read, in the query's order.
 pub(super) async fn readable_rows(
     state: &AppState,
-    db: &impl GenericClient,
+    db: &impl Queries,
     user: Option<Actor>,
     item: Item,
     sql: &str,
@@ -109,10 +111,10 @@ pub(super) async fn find_readable(
         .query_opt(sql, &[&id, key])
         .await?
         .ok_or(ApiError::NotFound(item.name))?;
-    if !item.readable(state, &**db, user, row.get("id")).await? {
+    if !item.readable(state, &*db, user, row.get("id")).await? {
         return Err(ApiError::NotFound(item.name));
     }
-    let full_path = container.full_path(&**db).await?;
+    let full_path = container.full_path(&*db).await?;
     Ok(Found {
         user,
         row,
@@ -128,7 +130,7 @@ pub(super) type ItemJson = fn(&Row, &url::Url, &str) -> Value;
 /// by its `id` (`$1`).
 pub(super) async fn created(
     state: &AppState,
-    db: &impl GenericClient,
+    db: &impl Queries,
     container: Container,
     sql: &str,
     id: i64,

@@ -193,7 +193,7 @@ async fn require_manage(
     let db = state.pool.get().await?;
     if state
         .policy
-        .may_manage_role(&**db, Some(Actor::from(me)), source.subject(), level)
+        .may_manage_role(&*db, Some(Actor::from(me)), source.subject(), level)
         .await?
     {
         Ok(())

@@ -101,14 +101,14 @@ async fn list_merge_requests(
         &["opened", "closed", "merged", "locked"],
     )?;
     let db = state.pool.get().await?;
-    let full_path = Container::Project(project).full_path(&**db).await?;
+    let full_path = Container::Project(project).full_path(&*db).await?;
     let sql = format!(
         "{} WHERE m.project_id = $1 AND ($2::text IS NULL OR m.state = $2) ORDER BY m.id DESC",
         mr_sql()
     );
     let rows = readable_rows(
         &state,
-        &**db,
+        &*db,
         user,
         Item::MERGE_REQUEST,
         &sql,
@@ -239,15 +239,7 @@ async fn create_merge_request(
         .get(0);
     tx.commit().await?;
     let sql = format!("{} WHERE m.id = $1", mr_sql());
-    created(
-        &state,
-        &**db,
-        Container::Project(project),
-        &sql,
-        id,
-        mr_json,
-    )
-    .await
+    created(&state, &*db, Container::Project(project), &sql, id, mr_json).await
 }
 
 /// The merge request's per-file changes: the real comparison of its branches

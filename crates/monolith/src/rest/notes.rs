@@ -123,7 +123,7 @@ pub(super) async fn list<T: NoteTarget>(
     );
     let rows = readable_rows(
         &state,
-        &**db,
+        &*db,
         user,
         Item::NOTE,
         &sql,

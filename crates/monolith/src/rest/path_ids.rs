@@ -60,8 +60,8 @@ pub fn percent_decode(text: &str) -> Option<String> {
 async fn id_for(state: &AppState, container: Container, full_path: &str) -> Result<i64, ApiError> {
     let db = state.pool.get().await?;
     let found = match container {
-        Container::Project => crate::namespaces::project_id_by_full_path(&**db, full_path).await?,
-        Container::Group => crate::namespaces::group_id_by_full_path(&**db, full_path).await?,
+        Container::Project => crate::namespaces::project_id_by_full_path(&*db, full_path).await?,
+        Container::Group => crate::namespaces::group_id_by_full_path(&*db, full_path).await?,
     };
     Ok(found.unwrap_or(0))
 }

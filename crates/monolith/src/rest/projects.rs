@@ -77,7 +77,7 @@ pub(super) async fn list_projects(
     let user = actor(&optional_user(&state, &req).await?);
     let db = state.pool.get().await?;
     let sql = format!("{PROJECT_SQL} ORDER BY p.id DESC");
-    let rows = readable_rows(&state, &**db, user, Item::PROJECT, &sql, &[]).await?;
+    let rows = readable_rows(&state, &*db, user, Item::PROJECT, &sql, &[]).await?;
     let items = rows.iter().map(|r| project_json(&state, r)).collect();
     Ok(paged(&req, q.into_inner(), items))
 }
@@ -275,8 +275,8 @@ pub(super) async fn update_project(
             &[&id, rules],
         )
         .await?;
-        crate::code_index::store::request_full_walk(&**db, id).await?;
-        crate::code_index::enqueue_index(&**db, id, state.config.code_index.max_attempts)
+        crate::code_index::store::request_full_walk(&*db, id).await?;
+        crate::code_index::enqueue_index(&*db, id, state.config.code_index.max_attempts)
             .await
             .map_err(|e| ApiError::Internal(e.to_string()))?;
     }

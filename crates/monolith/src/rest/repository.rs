@@ -136,12 +136,7 @@ pub(super) async fn readable_repo(
     let db = state.pool.get().await?;
     if !state
         .policy
-        .can(
-            &**db,
-            actor,
-            Ability::ReadCode,
-            Subject::Project(project_id),
-        )
+        .can(&*db, actor, Ability::ReadCode, Subject::Project(project_id))
         .await?
     {
         return Err(ApiError::NotFound("Project"));
@@ -153,7 +148,7 @@ pub(super) async fn readable_repo(
         )
         .await?
         .get(0);
-    let full_path = project_full_path(&**db, project_id).await?;
+    let full_path = project_full_path(&*db, project_id).await?;
     let path = state
         .repositories
         .ensure(project_id, &default_branch)
@@ -181,7 +176,7 @@ pub(super) async fn writable_repo(
     let db = state.pool.get().await?;
     let access = state
         .policy
-        .push_access(&**db, Some(Actor::from(&me)), project_id)
+        .push_access(&*db, Some(Actor::from(&me)), project_id)
         .await?;
     let allowed = match access {
         PushAccess::All => true,
@@ -205,7 +200,7 @@ pub(super) async fn record_update(
 ) -> Result<(), ApiError> {
     let mut db = state.pool.get().await?;
     let tx = db.transaction().await?;
-    pushes::record(&*tx, project_id, Some(pusher), &[update])
+    pushes::record(&tx, project_id, Some(pusher), &[update])
         .await
         .map_err(|e| ApiError::Internal(e.to_string()))?;
     tx.commit().await?;

@@ -357,14 +357,8 @@ async fn create_token(
     {
         return Err(ApiError::NotFound("User"));
     }
-    let created = tokens::create(
-        &**client,
-        user_id,
-        &body.name,
-        &body.scopes,
-        body.expires_at,
-    )
-    .await?;
+    let created =
+        tokens::create(&*client, user_id, &body.name, &body.scopes, body.expires_at).await?;
     let row = client
         .query_one(
             &format!("SELECT {TOKEN_COLUMNS} FROM personal_access_tokens WHERE id = $1"),
@@ -477,7 +471,7 @@ async fn revoke_token_self(
 ) -> Result<HttpResponse, ApiError> {
     let me: AuthenticatedUser = require_user(&state, &req, tokens::KNOWN_SCOPES).await?;
     let client = state.pool.get().await?;
-    tokens::revoke(&**client, me.token_id).await?;
+    tokens::revoke(&*client, me.token_id).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 
@@ -499,7 +493,7 @@ async fn revoke_token(
     match owner {
         // Someone else's token is not found unless the caller is an admin.
         Some(owner) if owner == me.id || me.admin => {
-            tokens::revoke(&**client, token_id).await?;
+            tokens::revoke(&*client, token_id).await?;
             Ok(HttpResponse::NoContent().finish())
         }
         _ => Err(ApiError::NotFound("Personal Access Token")),

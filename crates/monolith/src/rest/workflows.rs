@@ -107,13 +107,13 @@ pub(super) async fn find_workflow(
 ) -> Result<Workflow, ApiError> {
     let id: i64 = id.parse().map_err(|_| ApiError::RecordNotFound)?;
     let db = state.pool.get().await?;
-    let workflow = store::find(&**db, id)
+    let workflow = store::find(&*db, id)
         .await?
         .filter(|w| w.user_id == who.actor.id || who.actor.admin)
         .ok_or(ApiError::RecordNotFound)?;
     if !state
         .policy
-        .can_access_workflow(&**db, who.actor, who.service_account, workflow.facts())
+        .can_access_workflow(&*db, who.actor, who.service_account, workflow.facts())
         .await?
     {
         return Err(ApiError::Forbidden);
@@ -189,7 +189,7 @@ pub(super) async fn resolve_container(
                 IdOrPath::Id(id) => Some(*id),
                 IdOrPath::Path(text) => match text.parse::<i64>() {
                     Ok(id) => Some(id),
-                    Err(_) => crate::namespaces::project_id_by_full_path(&**db, text).await?,
+                    Err(_) => crate::namespaces::project_id_by_full_path(&*db, text).await?,
                 },
             };
             let Some(id) = id else {
@@ -198,7 +198,7 @@ pub(super) async fn resolve_container(
             if !state
                 .policy
                 .can(
-                    &**db,
+                    &*db,
                     Some(actor),
                     Ability::ReadProject,
                     Subject::Project(id),
@@ -214,7 +214,7 @@ pub(super) async fn resolve_container(
                 IdOrPath::Id(id) => Some(*id),
                 IdOrPath::Path(text) => match text.parse::<i64>() {
                     Ok(id) => Some(id),
-                    Err(_) => crate::namespaces::group_id_by_full_path(&**db, text).await?,
+                    Err(_) => crate::namespaces::group_id_by_full_path(&*db, text).await?,
                 },
             };
             let Some(id) = id else {
@@ -222,7 +222,7 @@ pub(super) async fn resolve_container(
             };
             if !state
                 .policy
-                .can(&**db, Some(actor), Ability::ReadGroup, Subject::Group(id))
+                .can(&*db, Some(actor), Ability::ReadGroup, Subject::Group(id))
                 .await?
             {
                 return Err(ApiError::NotFound("Namespace"));
@@ -273,13 +273,13 @@ async fn create_workflow(
     // account on behalf of the user when one is configured.
     let remote = matches!(params.environment.as_deref(), Some("ambient" | "web"));
     let service_account = if remote {
-        crate::workflows::store::instance_service_account(&**db).await?
+        crate::workflows::store::instance_service_account(&*db).await?
     } else {
         None
     };
     if !state
         .policy
-        .can_run_duo_workflow_as(&**db, who.actor, service_account, container)
+        .can_run_duo_workflow_as(&*db, who.actor, service_account, container)
         .await?
     {
         return Err(ApiError::Forbidden);
@@ -303,7 +303,7 @@ async fn create_workflow(
             .map(|s| s.id)
             .or(who.caller().service_account_id),
     };
-    let workflow = store::create(&**db, caller, &new).await?;
+    let workflow = store::create(&*db, caller, &new).await?;
     Ok(HttpResponse::Created().json(workflow_json(&workflow, &state.config.external_url)))
 }
 
@@ -334,7 +334,7 @@ async fn list_workflows(
     let db = state.pool.get().await?;
     // Bounded: a user's list is read whole (at most this many) and paged here.
     let workflows = store::list_for_user(
-        &**db,
+        &*db,
         who.actor.id,
         &ListFilter {
             project_id: q.project_id,
@@ -395,13 +395,13 @@ async fn authorize_platform(
         Some(container) => {
             state
                 .policy
-                .can_run_duo_workflow_as(&**db, who.actor, who.service_account, container)
+                .can_run_duo_workflow_as(&*db, who.actor, who.service_account, container)
                 .await?
         }
         None => {
             state
                 .policy
-                .may_use_duo_agent_platform(&**db, who.actor)
+                .may_use_duo_agent_platform(&*db, who.actor)
                 .await?
         }
     };
@@ -452,7 +452,7 @@ async fn direct_access(
         None => None,
     };
     let db = state.pool.get().await?;
-    let model = match crate::workflows::access::model_metadata(&**db, &state.models, false).await {
+    let model = match crate::workflows::access::model_metadata(&*db, &state.models, false).await {
         Ok(model) => model,
         Err(crate::workflows::access::AccessError::Disabled) => {
             return Err(ApiError::ForbiddenBecause(
@@ -462,7 +462,7 @@ async fn direct_access(
         Err(e) => return Err(ApiError::Internal(e.to_string())),
     };
     let headers = crate::workflows::access::cloud_connector_headers(
-        &**db,
+        &*db,
         &state.policy,
         &state.keys,
         &state.config,
@@ -481,7 +481,7 @@ async fn direct_access(
     let minted = match workflow.as_ref().and_then(|w| w.service_account_id) {
         Some(bot) => {
             crate::identity::oauth::mint_composite(
-                &**db,
+                &*db,
                 bot,
                 who.actor.id,
                 crate::identity::oauth::COMPOSITE_TOKEN_LIFETIME,
@@ -490,7 +490,7 @@ async fn direct_access(
         }
         None => {
             crate::identity::oauth::mint(
-                &**db,
+                &*db,
                 who.actor.id,
                 crate::identity::oauth::USER_TOKEN_LIFETIME,
             )
@@ -498,7 +498,7 @@ async fn direct_access(
         }
     };
     crate::workflows::audit(
-        &**db,
+        &*db,
         workflow.as_ref().map(|w| w.id),
         "ai_workflows_token_created",
         Caller {
@@ -573,7 +573,7 @@ async fn list_tools(
     authorize_platform(&state, &who, None).await?;
     let db = state.pool.get().await?;
     let headers = crate::workflows::access::cloud_connector_headers(
-        &**db,
+        &*db,
         &state.policy,
         &state.keys,
         &state.config,

@@ -75,10 +75,10 @@ async fn revoke_token(
         .filter(|t| !t.is_empty())
         .ok_or_else(|| ApiError::BadRequest("token is missing".into()))?;
     let db = state.pool.get().await?;
-    match oauth::revoke(&**db, who.actor.id, &token).await? {
+    match oauth::revoke(&*db, who.actor.id, &token).await? {
         Revocation::Revoked => {
             crate::workflows::audit(
-                &**db,
+                &*db,
                 None,
                 "ai_workflows_token_revoked",
                 who.caller(),
@@ -222,7 +222,7 @@ async fn list_checkpoints(
     let offset = ((page.page - 1) * page.per_page) as i64;
     let db = state.pool.get().await?;
     let (list, total) = checkpoints::list(
-        &**db,
+        &*db,
         workflow.id,
         q.checkpoint_ns.as_deref(),
         offset,
@@ -258,7 +258,7 @@ async fn show_checkpoint(
         .parse()
         .map_err(|_| ApiError::RecordNotFound)?;
     let db = state.pool.get().await?;
-    let checkpoint = checkpoints::get(&**db, workflow.id, checkpoint_id)
+    let checkpoint = checkpoints::get(&*db, workflow.id, checkpoint_id)
         .await?
         .ok_or(ApiError::RecordNotFound)?;
     Ok(HttpResponse::Ok().json(checkpoints::to_json(&checkpoint, compressed)))
@@ -314,7 +314,7 @@ async fn create_event(
     let workflow = find_workflow(&state, &who, &path).await?;
     let db = state.pool.get().await?;
     let event = events::create(
-        &**db,
+        &*db,
         &workflow,
         p.event_type.as_deref(),
         p.message.as_deref(),
@@ -342,7 +342,7 @@ async fn list_events(
     let page = PageParams::new(query.page, query.per_page).resolve();
     let db = state.pool.get().await?;
     let (list, total) = events::queued(
-        &**db,
+        &*db,
         workflow.id,
         ((page.page - 1) * page.per_page) as i64,
         page.per_page as i64,
@@ -371,7 +371,7 @@ async fn update_event(
     let event_id: i64 = event_id.parse().map_err(|_| ApiError::RecordNotFound)?;
     let db = state.pool.get().await?;
     let event = events::set_status(
-        &**db,
+        &*db,
         workflow.id,
         event_id,
         params.into_inner().event_status.as_deref(),

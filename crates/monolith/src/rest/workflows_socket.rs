@@ -135,7 +135,7 @@ async fn open(
 async fn claim_run(state: &AppState, who: &WorkflowCaller, id: &str) -> Result<Run, ApiError> {
     let workflow = find_workflow(state, who, id).await?;
     let db = state.pool.get().await?;
-    let lease = lease::acquire(&**db, workflow.id, state.config.duo_workflow.lock_lease)
+    let lease = lease::acquire(&*db, workflow.id, state.config.duo_workflow.lock_lease)
         .await?
         .ok_or_else(|| {
             ApiError::Conflict(format!(
@@ -145,20 +145,15 @@ async fn claim_run(state: &AppState, who: &WorkflowCaller, id: &str) -> Result<R
         })?;
     let minted = match workflow.service_account_id {
         Some(bot) => {
-            oauth::mint_composite(
-                &**db,
-                bot,
-                workflow.user_id,
-                oauth::COMPOSITE_TOKEN_LIFETIME,
-            )
-            .await
+            oauth::mint_composite(&*db, bot, workflow.user_id, oauth::COMPOSITE_TOKEN_LIFETIME)
+                .await
         }
-        None => oauth::mint(&**db, who.actor.id, oauth::USER_TOKEN_LIFETIME).await,
+        None => oauth::mint(&*db, who.actor.id, oauth::USER_TOKEN_LIFETIME).await,
     };
     let token = match minted {
         Ok(token) => token,
         Err(e) => {
-            let _ = lease::release(&**db, &lease).await;
+            let _ = lease::release(&*db, &lease).await;
             return Err(e.into());
         }
     };
@@ -167,7 +162,7 @@ async fn claim_run(state: &AppState, who: &WorkflowCaller, id: &str) -> Result<R
         service_account_id: workflow.service_account_id,
     };
     audit(
-        &**db,
+        &*db,
         Some(workflow.id),
         "duo_session_run_started",
         caller,
@@ -187,10 +182,10 @@ async fn end_run(state: &AppState, run: Run) {
         // The lease lapses by itself and the token expires.
         return;
     };
-    let _ = lease::release(&**db, &run.lease).await;
-    let _ = oauth::revoke_by_id(&**db, run.token.id).await;
+    let _ = lease::release(&*db, &run.lease).await;
+    let _ = oauth::revoke_by_id(&*db, run.token.id).await;
     let _ = audit(
-        &**db,
+        &*db,
         Some(run.workflow.id),
         "duo_session_run_ended",
         run.caller,
@@ -340,10 +335,10 @@ async fn service_headers(
     let db = state.pool.get().await.map_err(|e| unavailable(&e))?;
     let user = run.workflow.user_id;
     let mut headers =
-        access::cloud_connector_headers(&**db, &state.policy, &state.keys, &state.config, user)
+        access::cloud_connector_headers(&*db, &state.policy, &state.keys, &state.config, user)
             .await
             .map_err(|e| unavailable(&e))?;
-    let model = match access::model_metadata(&**db, &state.models, true).await {
+    let model = match access::model_metadata(&*db, &state.models, true).await {
         Ok(model) => model,
         Err(e @ access::AccessError::Disabled) => {
             return Err(close_reason(CloseCode::Policy, &e.to_string()));
@@ -490,7 +485,7 @@ async fn run_stream(
             },
             _ = renew.tick() => {
                 let renewed = match state.pool.get().await {
-                    Ok(db) => lease::renew(&**db, &run.lease, lease_ttl).await.unwrap_or(false),
+                    Ok(db) => lease::renew(&*db, &run.lease, lease_ttl).await.unwrap_or(false),
                     Err(_) => true,
                 };
                 if !renewed {

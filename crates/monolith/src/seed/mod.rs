@@ -2,9 +2,9 @@
 //! nothing but the printed tokens (each run revokes the previous seed tokens and
 //! prints fresh ones, because only digests are stored).
 
+use crate::queries::Queries;
 use deadpool_postgres::Pool;
 use serde::Serialize;
-use tokio_postgres::GenericClient;
 
 use crate::db::DbError;
 use crate::identity::tokens::{self, TokenError};
@@ -121,7 +121,7 @@ const USERS: &[DemoUser] = &[
     },
 ];
 
-async fn upsert_user(db: &impl GenericClient, u: &DemoUser) -> Result<i64, SeedError> {
+async fn upsert_user(db: &impl Queries, u: &DemoUser) -> Result<i64, SeedError> {
     let row = db
         .query_one(
             "INSERT INTO users (username, name, email, admin) VALUES ($1, $2, $3, $4)
@@ -135,7 +135,7 @@ async fn upsert_user(db: &impl GenericClient, u: &DemoUser) -> Result<i64, SeedE
 
 #[allow(clippy::too_many_arguments)]
 async fn upsert_group(
-    db: &impl GenericClient,
+    db: &impl Queries,
     parent: Option<i64>,
     path: &str,
     name: &str,
@@ -163,7 +163,7 @@ async fn upsert_group(
 }
 
 async fn upsert_project(
-    db: &impl GenericClient,
+    db: &impl Queries,
     group: i64,
     path: &str,
     name: &str,
@@ -180,7 +180,7 @@ async fn upsert_project(
 }
 
 async fn member(
-    db: &impl GenericClient,
+    db: &impl Queries,
     table: &str,
     source: i64,
     user: i64,
@@ -199,7 +199,7 @@ async fn member(
 
 #[allow(clippy::too_many_arguments)]
 async fn issue(
-    db: &impl GenericClient,
+    db: &impl Queries,
     project: i64,
     iid: i32,
     title: &str,
@@ -232,13 +232,13 @@ pub async fn run(pool: &Pool, repos: &Repositories) -> Result<SeedReport, SeedEr
 
     let mut ids = Vec::new();
     for u in USERS {
-        ids.push(upsert_user(&*tx, u).await?);
+        ids.push(upsert_user(&tx, u).await?);
     }
     let (root, alice, bob, carol) = (ids[0], ids[1], ids[2], ids[3]);
 
-    let acme = upsert_group(&*tx, None, "acme", "Acme", "private", "ultimate", true).await?;
+    let acme = upsert_group(&tx, None, "acme", "Acme", "private", "ultimate", true).await?;
     let platform = upsert_group(
-        &*tx,
+        &tx,
         Some(acme),
         "platform",
         "Platform",
@@ -247,19 +247,19 @@ pub async fn run(pool: &Pool, repos: &Repositories) -> Result<SeedReport, SeedEr
         false,
     )
     .await?;
-    let hobby = upsert_group(&*tx, None, "hobby", "Hobby", "public", "free", false).await?;
-    member(&*tx, "group", acme, alice, 50).await?;
-    member(&*tx, "group", platform, bob, 30).await?;
-    member(&*tx, "group", acme, carol, 10).await?;
-    member(&*tx, "group", hobby, root, 50).await?;
+    let hobby = upsert_group(&tx, None, "hobby", "Hobby", "public", "free", false).await?;
+    member(&tx, "group", acme, alice, 50).await?;
+    member(&tx, "group", platform, bob, 30).await?;
+    member(&tx, "group", acme, carol, 10).await?;
+    member(&tx, "group", hobby, root, 50).await?;
 
-    let api = upsert_project(&*tx, platform, "api", "API", "private").await?;
-    let website = upsert_project(&*tx, acme, "website", "Website", "public").await?;
-    let notes_app = upsert_project(&*tx, hobby, "notes", "Notes", "public").await?;
+    let api = upsert_project(&tx, platform, "api", "API", "private").await?;
+    let website = upsert_project(&tx, acme, "website", "Website", "public").await?;
+    let notes_app = upsert_project(&tx, hobby, "notes", "Notes", "public").await?;
 
-    let login = issue(&*tx, api, 1, "Login fails with expired sessions", "Users with a session older than 30 days get a 500 on login.\n\nSteps:\n1. Sign in\n2. Wait\n3. Reload", bob, false, &["bug", "auth"]).await?;
+    let login = issue(&tx, api, 1, "Login fails with expired sessions", "Users with a session older than 30 days get a 500 on login.\n\nSteps:\n1. Sign in\n2. Wait\n3. Reload", bob, false, &["bug", "auth"]).await?;
     issue(
-        &*tx,
+        &tx,
         api,
         2,
         "Security: token leak in debug logs",
@@ -270,7 +270,7 @@ pub async fn run(pool: &Pool, repos: &Repositories) -> Result<SeedReport, SeedEr
     )
     .await?;
     issue(
-        &*tx,
+        &tx,
         website,
         1,
         "Update the pricing page",
@@ -281,7 +281,7 @@ pub async fn run(pool: &Pool, repos: &Repositories) -> Result<SeedReport, SeedEr
     )
     .await?;
     issue(
-        &*tx,
+        &tx,
         notes_app,
         1,
         "Add dark mode",
@@ -305,7 +305,7 @@ pub async fn run(pool: &Pool, repos: &Repositories) -> Result<SeedReport, SeedEr
     .await?;
     // The code, then the merge request between its two branches.
     for (project, update) in repositories::seed(repos, api, website, notes_app).await? {
-        crate::repositories::pushes::record(&*tx, project, None, &[update]).await?;
+        crate::repositories::pushes::record(&tx, project, None, &[update]).await?;
     }
     tx.execute(
         "INSERT INTO merge_requests (project_id, iid, title, description, author_id, source_branch, diff)
@@ -384,7 +384,7 @@ pub async fn run(pool: &Pool, repos: &Repositories) -> Result<SeedReport, SeedEr
         )
         .await?;
         let scopes = vec!["api".to_string(), "ai_features".to_string()];
-        let token = tokens::create(&*tx, *id, "seed", &scopes, None).await?;
+        let token = tokens::create(&tx, *id, "seed", &scopes, None).await?;
         // A fresh password each run, like the tokens: a demo instance never has
         // a password anyone could guess from the source.
         let password = format!("duo-{}", crate::identity::sessions::random_secret(6));
@@ -395,7 +395,7 @@ pub async fn run(pool: &Pool, repos: &Repositories) -> Result<SeedReport, SeedEr
             &[id, &hashed],
         )
         .await?;
-        crate::identity::sessions::destroy_all_for_user(&*tx, *id).await?;
+        crate::identity::sessions::destroy_all_for_user(&tx, *id).await?;
         report.users.push(SeededUser {
             username: u.username.to_string(),
             token: token.token,

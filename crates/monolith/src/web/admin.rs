@@ -56,7 +56,7 @@ pub(super) async fn admin_session(
     let allowed = state
         .policy
         .can(
-            &**db,
+            &*db,
             Some(Actor::from(&session.user)),
             Ability::AdministerInstance,
             Subject::Global,
@@ -257,7 +257,7 @@ async fn settings_page(
 ) -> Result<HttpResponse, PageError> {
     let session = admin_session(&state, &req).await?;
     let db = state.pool.get().await?;
-    let settings = duo_settings::instance_settings(&**db).await?;
+    let settings = duo_settings::instance_settings(&*db).await?;
     let (realm, tier) = realm_and_tier(&state).await?;
     let url = settings.ai_gateway_url.clone().unwrap_or_default();
     Ok(admin_page(
@@ -293,7 +293,7 @@ async fn update_settings(
         experiment_features_enabled: form.experiment_features_enabled.is_some(),
     };
     let db = state.pool.get().await?;
-    match duo_settings::update_instance_settings(&**db, &settings).await {
+    match duo_settings::update_instance_settings(&*db, &settings).await {
         Ok(()) => Ok(back_to("/admin/gitlab_duo", "saved")),
         Err(DuoSettingsError::Invalid(why)) => {
             let (realm, tier) = realm_and_tier(&state).await?;
@@ -332,8 +332,8 @@ async fn seats_response(
     search: &str,
 ) -> Result<HttpResponse, PageError> {
     let db = state.pool.get().await?;
-    let counts = duo_settings::seat_counts(&**db).await?;
-    let (holders, more) = duo_settings::seat_holders(&**db, search).await?;
+    let counts = duo_settings::seat_counts(&*db).await?;
+    let (holders, more) = duo_settings::seat_holders(&*db, search).await?;
     let body = html! {
         p class="hint" {
             "A user needs a Duo seat to use Duo Chat. Duo Pro gives chat and the slash commands; "
@@ -455,10 +455,10 @@ async fn change_seat(
     let mut db = state.pool.get().await?;
     let tx = db.transaction().await?;
     let outcome = match form.action.as_str() {
-        "assign" => duo_settings::assign_seat(&*tx, add_on, user_id)
+        "assign" => duo_settings::assign_seat(&tx, add_on, user_id)
             .await
             .map(|_| "assigned"),
-        "unassign" => duo_settings::unassign_seat(&*tx, add_on, user_id)
+        "unassign" => duo_settings::unassign_seat(&tx, add_on, user_id)
             .await
             .map(|_| "unassigned"),
         _ => Err(DuoSettingsError::Invalid(
@@ -534,8 +534,8 @@ async fn switches_response(
     flash: &Flash,
 ) -> Result<HttpResponse, PageError> {
     let db = state.pool.get().await?;
-    let groups = duo_settings::group_switches(&**db).await?;
-    let projects = duo_settings::project_switches(&**db).await?;
+    let groups = duo_settings::group_switches(&*db).await?;
+    let projects = duo_settings::project_switches(&*db).await?;
     let body = html! {
         p class="hint" {
             "Duo features switched off on a group are off for all its subgroups and projects. "
@@ -629,9 +629,9 @@ async fn change_switch(
     };
     let db = state.pool.get().await?;
     let outcome = match form.kind.as_str() {
-        "group" => duo_settings::set_group_duo(&**db, id, enabled).await,
-        "group_experiments" => duo_settings::set_group_experiments(&**db, id, enabled).await,
-        "project" => duo_settings::set_project_duo(&**db, id, enabled).await,
+        "group" => duo_settings::set_group_duo(&*db, id, enabled).await,
+        "group_experiments" => duo_settings::set_group_experiments(&*db, id, enabled).await,
+        "project" => duo_settings::set_project_duo(&*db, id, enabled).await,
         _ => Err(DuoSettingsError::Invalid(
             "Unknown switch: group, group_experiments or project.".into(),
         )),

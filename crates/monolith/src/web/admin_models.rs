@@ -74,8 +74,8 @@ async fn list_response(
     flash: &Flash,
 ) -> Result<HttpResponse, PageError> {
     let db = state.pool.get().await?;
-    let models = state.models.list_models(&**db).await?;
-    let settings = state.models.feature_settings(&**db).await?;
+    let models = state.models.list_models(&*db).await?;
+    let settings = state.models.feature_settings(&*db).await?;
     let body = html! {
         p class="hint" {
             "Models your organisation runs itself (vLLM, Ollama, a cloud provider's endpoint, ...). "
@@ -263,7 +263,7 @@ async fn edit_form(
     let session = admin_session(&state, &req).await?;
     let id = parse_id(&path)?;
     let db = state.pool.get().await?;
-    let m = state.models.model(&**db, id).await?;
+    let m = state.models.model(&*db, id).await?;
     Ok(form_response(
         &session,
         StatusCode::OK,
@@ -331,7 +331,7 @@ async fn create(
     let db = state.pool.get().await?;
     match state
         .models
-        .create_model(&**db, &model_input(&form, false))
+        .create_model(&*db, &model_input(&form, false))
         .await
     {
         Ok(_) => Ok(back_to(MODELS, "created")),
@@ -350,10 +350,10 @@ async fn update(
     check_form_token(&session, &form.authenticity_token)?;
     let id = parse_id(&path)?;
     let db = state.pool.get().await?;
-    let current = state.models.model(&**db, id).await?;
+    let current = state.models.model(&*db, id).await?;
     match state
         .models
-        .update_model(&**db, id, &model_input(&form, true))
+        .update_model(&*db, id, &model_input(&form, true))
         .await
     {
         Ok(_) => Ok(back_to(MODELS, "updated")),
@@ -384,7 +384,7 @@ async fn delete(
     check_form_token(&session, &form.authenticity_token)?;
     let id = parse_id(&path)?;
     let db = state.pool.get().await?;
-    let outcome = state.models.delete_model(&**db, id).await;
+    let outcome = state.models.delete_model(&*db, id).await;
     drop(db);
     match outcome {
         Ok(_) => Ok(back_to(MODELS, "deleted")),
@@ -429,9 +429,9 @@ async fn test_connection(
     check_form_token(&session, &form.authenticity_token)?;
     let id = parse_id(&path)?;
     let db = state.pool.get().await?;
-    let model = state.models.model(&**db, id).await?;
-    let metadata = state.models.metadata_of(&**db, id).await?;
-    let (realm, gateway_url) = crate::gateway_client::instance_route(&**db).await?;
+    let model = state.models.model(&*db, id).await?;
+    let metadata = state.models.metadata_of(&*db, id).await?;
+    let (realm, gateway_url) = crate::gateway_client::instance_route(&*db).await?;
     drop(db);
     // The check is the instance's, as GitLab's: its token carries only the
     // unit primitive of the prompt it runs.
@@ -539,8 +539,8 @@ async fn features_response(
     chosen: &HashMap<String, String>,
 ) -> Result<HttpResponse, PageError> {
     let db = state.pool.get().await?;
-    let settings = state.models.feature_settings(&**db).await?;
-    let models = state.models.list_models(&**db).await?;
+    let settings = state.models.feature_settings(&*db).await?;
+    let models = state.models.list_models(&*db).await?;
     Ok(admin_page(
         session,
         status,
@@ -604,7 +604,7 @@ async fn update_features(
         for (feature, provider, model) in &changes {
             match state
                 .models
-                .update_features(&*tx, &[*feature], *provider, *model)
+                .update_features(&tx, &[*feature], *provider, *model)
                 .await
             {
                 Ok(()) => {}

@@ -61,7 +61,7 @@ async fn unavailable_reason(
 ) -> Result<Option<String>, PageError> {
     let db = state.pool.get().await?;
     let actor = Some(Actor::from(&session.user));
-    let reason = match state.policy.why_no_duo_chat(&**db, actor).await? {
+    let reason = match state.policy.why_no_duo_chat(&*db, actor).await? {
         Some(NoDuoChat::NoSeat) => {
             "Duo Chat is not available to you: you need a GitLab Duo seat. Ask an administrator to assign you one."
         }
@@ -75,7 +75,7 @@ async fn unavailable_reason(
         None => {
             let settings = state
                 .models
-                .feature_settings(&**db)
+                .feature_settings(&*db)
                 .await
                 .map_err(|e| PageError::Internal(e.to_string()))?;
             let off = settings
@@ -90,7 +90,7 @@ async fn unavailable_reason(
     let mut text = reason.to_owned();
     if state
         .policy
-        .can(&**db, actor, Ability::AdministerInstance, Subject::Global)
+        .can(&*db, actor, Ability::AdministerInstance, Subject::Global)
         .await?
     {
         text.push_str(" As an administrator, you can change this in the Admin area.");

@@ -135,7 +135,7 @@ pub async fn signed_in(state: &AppState, req: &HttpRequest) -> Result<SessionUse
 /// `abilities` on it; otherwise a 404, as for a project that does not exist.
 pub(crate) async fn project_with(
     state: &AppState,
-    db: &impl tokio_postgres::GenericClient,
+    db: &impl crate::queries::Queries,
     session: &SessionUser,
     full_path: &str,
     abilities: &[crate::policy::Ability],

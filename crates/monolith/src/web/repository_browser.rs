@@ -61,7 +61,7 @@ async fn code_project(
     let db = state.pool.get().await?;
     let id = super::project_with(
         state,
-        &**db,
+        &*db,
         session,
         full_path,
         &[Ability::ReadProject, Ability::ReadCode],
@@ -273,12 +273,7 @@ pub async fn chat_context_item(
     let actor = Some(Actor::from(&session.user));
     if !state
         .policy
-        .can(
-            &**db,
-            actor,
-            Ability::ReadCode,
-            Subject::Project(project_id),
-        )
+        .can(&*db, actor, Ability::ReadCode, Subject::Project(project_id))
         .await?
     {
         return Ok(None);

@@ -2,10 +2,10 @@
 //! "Ask Duo" button that opens the chat with that resource attached. Every page
 //! asks the policy first; what a user may not read is "not found", as on the API.
 
+use crate::queries::Queries;
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use maud::{Markup, PreEscaped, html};
-use tokio_postgres::GenericClient;
 
 use super::PageError;
 use super::layout::{self, Page};
@@ -60,13 +60,13 @@ fn page(session: &SessionUser, title: &str, body: Markup) -> HttpResponse {
     )
 }
 
-async fn project_id(db: &impl GenericClient, path: &str) -> Result<Option<i64>, PageError> {
+async fn project_id(db: &impl Queries, path: &str) -> Result<Option<i64>, PageError> {
     Ok(crate::namespaces::project_id_by_full_path(db, path).await?)
 }
 
 async fn readable(
     state: &AppState,
-    db: &impl GenericClient,
+    db: &impl Queries,
     session: &SessionUser,
     ability: Ability,
     subject: Subject,
@@ -94,7 +94,7 @@ async fn projects(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpRe
         let id: i64 = row.get(0);
         if readable(
             &state,
-            &**db,
+            &*db,
             &session,
             Ability::ReadProject,
             Subject::Project(id),
@@ -137,7 +137,7 @@ async fn project(
     let path = path.into_inner();
     let session = super::signed_in(&state, &req).await?;
     let db = state.pool.get().await?;
-    let id = super::project_with(&state, &**db, &session, &path, &[Ability::ReadProject]).await?;
+    let id = super::project_with(&state, &*db, &session, &path, &[Ability::ReadProject]).await?;
     let row = db
         .query_one(
             "SELECT name, description, visibility FROM projects WHERE id = $1",
@@ -155,7 +155,7 @@ async fn project(
     for r in &issues {
         if readable(
             &state,
-            &**db,
+            &*db,
             &session,
             Ability::ReadIssue,
             Subject::Issue(r.get(0)),
@@ -177,7 +177,7 @@ async fn project(
         .await?;
     let can_read_mrs = readable(
         &state,
-        &**db,
+        &*db,
         &session,
         Ability::ReadProject,
         Subject::Project(id),
@@ -229,7 +229,7 @@ async fn project(
 /// say), oldest first.
 async fn notes(
     state: &AppState,
-    db: &impl GenericClient,
+    db: &impl Queries,
     session: &SessionUser,
     kind: &str,
     id: i64,
@@ -308,7 +308,7 @@ async fn issue(
     let iid = parse_iid(&iid)?;
     let session = super::signed_in(&state, &req).await?;
     let db = state.pool.get().await?;
-    let Some(project) = project_id(&**db, &project_path).await? else {
+    let Some(project) = project_id(&*db, &project_path).await? else {
         return Err(PageError::NotFound);
     };
     let Some(row) = db
@@ -323,7 +323,7 @@ async fn issue(
     let id: i64 = row.get(0);
     if !readable(
         &state,
-        &**db,
+        &*db,
         &session,
         Ability::ReadIssue,
         Subject::Issue(id),
@@ -332,7 +332,7 @@ async fn issue(
     {
         return Err(PageError::NotFound);
     }
-    let notes = notes(&state, &**db, &session, "Issue", id).await?;
+    let notes = notes(&state, &*db, &session, "Issue", id).await?;
     Ok(item_page(
         &session,
         format!("{} (#{iid})", row.get::<_, String>(1)),
@@ -352,7 +352,7 @@ async fn merge_request(
     let iid = parse_iid(&iid)?;
     let session = super::signed_in(&state, &req).await?;
     let db = state.pool.get().await?;
-    let Some(project) = project_id(&**db, &project_path).await? else {
+    let Some(project) = project_id(&*db, &project_path).await? else {
         return Err(PageError::NotFound);
     };
     let Some(row) = db
@@ -367,7 +367,7 @@ async fn merge_request(
     let id: i64 = row.get(0);
     if !readable(
         &state,
-        &**db,
+        &*db,
         &session,
         Ability::ReadMergeRequest,
         Subject::MergeRequest(id),
@@ -376,7 +376,7 @@ async fn merge_request(
     {
         return Err(PageError::NotFound);
     }
-    let notes = notes(&state, &**db, &session, "MergeRequest", id).await?;
+    let notes = notes(&state, &*db, &session, "MergeRequest", id).await?;
     Ok(item_page(
         &session,
         format!("{} (!{iid})", row.get::<_, String>(1)),
@@ -396,7 +396,7 @@ async fn epic(
     let iid = parse_iid(&iid)?;
     let session = super::signed_in(&state, &req).await?;
     let db = state.pool.get().await?;
-    let Some(group) = crate::namespaces::group_id_by_full_path(&**db, &group_path).await? else {
+    let Some(group) = crate::namespaces::group_id_by_full_path(&*db, &group_path).await? else {
         return Err(PageError::NotFound);
     };
     let Some(row) = db
@@ -409,18 +409,10 @@ async fn epic(
         return Err(PageError::NotFound);
     };
     let id: i64 = row.get(0);
-    if !readable(
-        &state,
-        &**db,
-        &session,
-        Ability::ReadEpic,
-        Subject::Epic(id),
-    )
-    .await?
-    {
+    if !readable(&state, &*db, &session, Ability::ReadEpic, Subject::Epic(id)).await? {
         return Err(PageError::NotFound);
     }
-    let notes = notes(&state, &**db, &session, "Epic", id).await?;
+    let notes = notes(&state, &*db, &session, "Epic", id).await?;
     Ok(item_page(
         &session,
         format!("{} (&{iid})", row.get::<_, String>(1)),

@@ -137,7 +137,7 @@ struct SignInForm {
 
 /// Failures recorded for these keys within the window.
 async fn recent_failures(
-    db: &impl tokio_postgres::GenericClient,
+    db: &impl crate::queries::Queries,
     keys: &[String],
 ) -> Result<i64, tokio_postgres::Error> {
     let row = db
@@ -182,7 +182,7 @@ async fn sign_in(
         .unwrap_or_default();
     let keys = vec![format!("user:{username}"), format!("ip:{address}")];
     let db = state.pool.get().await?;
-    if recent_failures(&**db, &keys).await? >= MAX_FAILURES {
+    if recent_failures(&*db, &keys).await? >= MAX_FAILURES {
         return Ok(form_page(
             &state,
             &csrf,
@@ -227,9 +227,9 @@ async fn sign_in(
     .await?;
     // Never reuse a session the browser brought along.
     if let Some(old) = request::session_cookie(&req) {
-        sessions::destroy(&**db, &old).await?;
+        sessions::destroy(&*db, &old).await?;
     }
-    let session = sessions::create(&**db, user_id).await?;
+    let session = sessions::create(&*db, user_id).await?;
     let cookie = Cookie::build(sessions::SESSION_COOKIE, session.cookie_value)
         .path("/")
         .http_only(true)
@@ -265,7 +265,7 @@ async fn sign_out(
     }
     if let Some(cookie) = request::session_cookie(&req) {
         let db = state.pool.get().await?;
-        sessions::destroy(&**db, &cookie).await?;
+        sessions::destroy(&*db, &cookie).await?;
     }
     let mut removal = Cookie::build(sessions::SESSION_COOKIE, "")
         .path("/")

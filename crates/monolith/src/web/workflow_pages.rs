@@ -62,7 +62,7 @@ async fn readable_project(
     full_path: &str,
 ) -> Result<ReadableProject, PageError> {
     let db = state.pool.get().await?;
-    let id = super::project_with(state, &**db, session, full_path, &[Ability::ReadProject]).await?;
+    let id = super::project_with(state, &*db, session, full_path, &[Ability::ReadProject]).await?;
     let name: String = db
         .query_one("SELECT name FROM projects WHERE id = $1", &[&id])
         .await?
@@ -83,7 +83,7 @@ async fn may_start(
     Ok(state
         .policy
         .can_run_duo_workflow_as(
-            &**db,
+            &*db,
             Actor::from(&session.user),
             None,
             Subject::Project(project.id),
@@ -179,7 +179,7 @@ async fn list_page(
     let can_start = may_start(state, session, project).await?;
     let db = state.pool.get().await?;
     let runs = store::list_for_user(
-        &**db,
+        &*db,
         session.user.id,
         &ListFilter {
             project_id: Some(project.id),
@@ -305,7 +305,7 @@ async fn start(
         user_id: session.user.id,
         service_account_id: None,
     };
-    let workflow = store::create(&**db, caller, &new)
+    let workflow = store::create(&*db, caller, &new)
         .await
         .map_err(workflow_error)?;
     Ok(HttpResponse::SeeOther()
@@ -331,7 +331,7 @@ async fn visible_run(
     let id: i64 = id.parse().map_err(|_| PageError::NotFound)?;
     let db = state.pool.get().await?;
     let actor = Actor::from(&session.user);
-    let workflow = store::find(&**db, id)
+    let workflow = store::find(&*db, id)
         .await
         .map_err(workflow_error)?
         .filter(|w| w.project_id == Some(project.id))
@@ -339,7 +339,7 @@ async fn visible_run(
         .ok_or(PageError::NotFound)?;
     if !state
         .policy
-        .can_access_workflow(&**db, actor, None, workflow.facts())
+        .can_access_workflow(&*db, actor, None, workflow.facts())
         .await?
     {
         return Err(PageError::NotFound);
@@ -385,7 +385,7 @@ async fn run(
     let project = readable_project(&state, &session, &full_path).await?;
     let workflow = visible_run(&state, &session, &project, &id).await?;
     let db = state.pool.get().await?;
-    let latest = checkpoints::latest(&**db, workflow.id)
+    let latest = checkpoints::latest(&*db, workflow.id)
         .await
         .map_err(workflow_error)?;
     let view = client_view(latest.as_ref().map(|c| &c.checkpoint));

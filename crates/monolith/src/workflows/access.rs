@@ -3,8 +3,8 @@
 //! unit primitives, realm, instance and global user id) and the model the
 //! instance chose for the Duo Agent Platform feature.
 
+use crate::queries::Queries;
 use serde_json::{Value, json};
-use tokio_postgres::GenericClient;
 
 use crate::ai_models::{Choice, Feature, ModelStore};
 use crate::config::Config;
@@ -32,7 +32,7 @@ pub enum AccessError {
 /// it: GitLab-managed (`provider: gitlab`) or a self-hosted model. The API key
 /// is included only when `with_key` (server-to-server, never to a client).
 pub async fn model_metadata(
-    db: &impl GenericClient,
+    db: &impl Queries,
     models: &ModelStore,
     with_key: bool,
 ) -> Result<Value, AccessError> {
@@ -67,7 +67,7 @@ pub async fn model_metadata(
 /// unit primitives the user's seats grant), `x-gitlab-authentication-type`,
 /// realm, instance id, global user id, host name and version.
 pub async fn cloud_connector_headers(
-    db: &impl GenericClient,
+    db: &impl Queries,
     policy: &Policy,
     keys: &SharedKeyRing,
     config: &Config,

@@ -9,10 +9,10 @@
 
 use std::io::Read;
 
+use crate::queries::Queries;
 use base64::Engine;
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
-use tokio_postgres::GenericClient;
 
 use super::store::{Workflow, remember_model_metadata, sanitize_model_metadata};
 use super::{WorkflowError, live};
@@ -291,12 +291,12 @@ pub async fn create(
         .as_deref()
         .and_then(sanitize_model_metadata)
     {
-        remember_model_metadata(&*tx, workflow.id, &clean).await?;
+        remember_model_metadata(&tx, workflow.id, &clean).await?;
     }
     let status = locked
         .and_then(|r| super::Status::from_code(r.get(0)))
         .unwrap_or(workflow.status);
-    live::publish_checkpoint(&*tx, workflow, status, &stored).await?;
+    live::publish_checkpoint(&tx, workflow, status, &stored).await?;
     tx.commit().await?;
     Ok(stored)
 }
@@ -304,7 +304,7 @@ pub async fn create(
 /// A page of the workflow's checkpoints, newest first, with their writes, and
 /// how many there are in all. `checkpoint_ns = None` lists every namespace.
 pub async fn list(
-    db: &impl GenericClient,
+    db: &impl Queries,
     workflow_id: i64,
     checkpoint_ns: Option<&str>,
     offset: i64,
@@ -335,7 +335,7 @@ pub async fn list(
 
 /// One checkpoint of the workflow by id.
 pub async fn get(
-    db: &impl GenericClient,
+    db: &impl Queries,
     workflow_id: i64,
     checkpoint_id: i64,
 ) -> Result<Option<Checkpoint>, WorkflowError> {
@@ -356,14 +356,14 @@ pub async fn get(
 
 /// The newest checkpoint of the workflow, if any.
 pub async fn latest(
-    db: &impl GenericClient,
+    db: &impl Queries,
     workflow_id: i64,
 ) -> Result<Option<Checkpoint>, WorkflowError> {
     Ok(list(db, workflow_id, None, 0, 1).await?.0.pop())
 }
 
 async fn attach_writes(
-    db: &impl GenericClient,
+    db: &impl Queries,
     workflow_id: i64,
     checkpoints: &mut [Checkpoint],
 ) -> Result<(), WorkflowError> {
@@ -488,7 +488,7 @@ pub async fn create_writes(
 
 /// Deletes checkpoints and writes older than `days`; returns how many
 /// checkpoints went.
-pub async fn apply_retention(db: &impl GenericClient, days: i32) -> Result<u64, WorkflowError> {
+pub async fn apply_retention(db: &impl Queries, days: i32) -> Result<u64, WorkflowError> {
     let gone = db
         .execute(
             "DELETE FROM duo_workflows_checkpoints WHERE created_at < now() - make_interval(days => $1)",

@@ -2,9 +2,9 @@
 //! resume, stop, a message, a response, or a request for input. The service
 //! reads the queued ones and marks each delivered.
 
+use crate::queries::Queries;
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
-use tokio_postgres::GenericClient;
 
 use super::WorkflowError;
 use super::store::Workflow;
@@ -78,7 +78,7 @@ pub fn to_json(e: &Event) -> Value {
 /// Queues an event. `event_type` must be one of GitLab's; `message` is
 /// required; `correlation_id`, when given, is a UUID no other event has.
 pub async fn create(
-    db: &impl GenericClient,
+    db: &impl Queries,
     workflow: &Workflow,
     event_type: Option<&str>,
     message: Option<&str>,
@@ -134,7 +134,7 @@ pub async fn create(
 
 /// The workflow's queued events, oldest first.
 pub async fn queued(
-    db: &impl GenericClient,
+    db: &impl Queries,
     workflow_id: i64,
     offset: i64,
     limit: i64,
@@ -159,7 +159,7 @@ pub async fn queued(
 }
 
 /// Every event of the workflow, newest first (GraphQL).
-pub async fn all(db: &impl GenericClient, workflow_id: i64) -> Result<Vec<Event>, WorkflowError> {
+pub async fn all(db: &impl Queries, workflow_id: i64) -> Result<Vec<Event>, WorkflowError> {
     let rows = db
         .query(
             &format!(
@@ -174,7 +174,7 @@ pub async fn all(db: &impl GenericClient, workflow_id: i64) -> Result<Vec<Event>
 /// Sets an event's status (`queued` or `delivered`); 404 for an event of
 /// another workflow.
 pub async fn set_status(
-    db: &impl GenericClient,
+    db: &impl Queries,
     workflow_id: i64,
     event_id: i64,
     event_status: Option<&str>,

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use tokio_postgres::GenericClient;
+use crate::queries::Queries;
 use uuid::Uuid;
 
 use super::WorkflowError;
@@ -19,7 +19,7 @@ pub struct Lease {
 /// Takes the workflow's lease for `ttl`, unless a live one is held by someone
 /// else (then `None`). Atomic: of two racing callers exactly one gets it.
 pub async fn acquire(
-    db: &impl GenericClient,
+    db: &impl Queries,
     workflow_id: i64,
     ttl: Duration,
 ) -> Result<Option<Lease>, WorkflowError> {
@@ -44,11 +44,7 @@ pub async fn acquire(
 }
 
 /// Extends the lease; `false` when it was lost (it lapsed and another run took it).
-pub async fn renew(
-    db: &impl GenericClient,
-    lease: &Lease,
-    ttl: Duration,
-) -> Result<bool, WorkflowError> {
+pub async fn renew(db: &impl Queries, lease: &Lease, ttl: Duration) -> Result<bool, WorkflowError> {
     let n = db
         .execute(
             "UPDATE duo_workflows_run_leases SET expires_at = now() + make_interval(secs => $3)
@@ -60,7 +56,7 @@ pub async fn renew(
 }
 
 /// Gives the lease up (only if still ours).
-pub async fn release(db: &impl GenericClient, lease: &Lease) -> Result<(), WorkflowError> {
+pub async fn release(db: &impl Queries, lease: &Lease) -> Result<(), WorkflowError> {
     db.execute(
         "DELETE FROM duo_workflows_run_leases WHERE workflow_id = $1 AND holder = $2",
         &[&lease.workflow_id, &lease.holder],
@@ -70,7 +66,7 @@ pub async fn release(db: &impl GenericClient, lease: &Lease) -> Result<(), Workf
 }
 
 /// Whether a live run holds the workflow.
-pub async fn is_held(db: &impl GenericClient, workflow_id: i64) -> Result<bool, WorkflowError> {
+pub async fn is_held(db: &impl Queries, workflow_id: i64) -> Result<bool, WorkflowError> {
     Ok(db
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM duo_workflows_run_leases WHERE workflow_id = $1 AND expires_at > now())",

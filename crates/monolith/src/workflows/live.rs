@@ -3,10 +3,10 @@
 //! through `job_queue::pubsub`, at commit) on the owner's topic; subscribers
 //! keep the messages of the workflow they asked for.
 
+use crate::queries::Queries;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tokio_postgres::GenericClient;
 
 use super::checkpoints::{self, Checkpoint};
 use super::store::Workflow;
@@ -60,21 +60,18 @@ pub fn timestamp_of(_thread_ts: &str, checkpoint: &Value) -> Option<DateTime<Utc
 }
 
 async fn publish(
-    db: &impl GenericClient,
+    db: &impl Queries,
     owner: i64,
     message: &WorkflowEventMessage,
 ) -> Result<(), WorkflowError> {
     let payload = serde_json::to_value(message).map_err(job_queue::QueueError::from)?;
-    job_queue::pubsub::publish(db, &user_topic(owner), &payload).await?;
+    job_queue::pubsub::publish(db.plain(), &user_topic(owner), &payload).await?;
     Ok(())
 }
 
 /// Tells the owner's subscribers about a status change, with the newest
 /// checkpoint (as GitLab's trigger does).
-pub async fn publish_status(
-    db: &impl GenericClient,
-    workflow: &Workflow,
-) -> Result<(), WorkflowError> {
+pub async fn publish_status(db: &impl Queries, workflow: &Workflow) -> Result<(), WorkflowError> {
     let latest = checkpoints::latest(db, workflow.id).await?;
     let message = WorkflowEventMessage::new(workflow, workflow.status, latest.as_ref());
     publish(db, workflow.user_id, &message).await
@@ -82,7 +79,7 @@ pub async fn publish_status(
 
 /// Tells the owner's subscribers about a new checkpoint.
 pub async fn publish_checkpoint(
-    db: &impl GenericClient,
+    db: &impl Queries,
     workflow: &Workflow,
     status: Status,
     checkpoint: &Checkpoint,

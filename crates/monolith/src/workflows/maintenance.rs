@@ -40,7 +40,7 @@ pub async fn fail_stuck(
     for row in &rows {
         let workflow = from_row(row);
         audit(
-            &*tx,
+            &tx,
             Some(workflow.id),
             "duo_session_dropped_as_stuck",
             Caller {
@@ -50,7 +50,7 @@ pub async fn fail_stuck(
             json!({ "event": "drop", "stale_after_secs": stale_after.as_secs() }),
         )
         .await?;
-        live::publish_status(&*tx, &workflow).await?;
+        live::publish_status(&tx, &workflow).await?;
         ids.push(workflow.id);
     }
     tx.commit().await?;
@@ -60,7 +60,7 @@ pub async fn fail_stuck(
 /// Deletes checkpoints (and writes) older than `days` and long-expired
 /// workflow tokens.
 pub async fn apply_retention(
-    db: &impl tokio_postgres::GenericClient,
+    db: &impl crate::queries::Queries,
     days: i32,
 ) -> Result<u64, WorkflowError> {
     let gone = super::checkpoints::apply_retention(db, days).await?;

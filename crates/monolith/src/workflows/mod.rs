@@ -91,7 +91,7 @@ impl WorkflowError {
 
 /// Records an action on a workflow with both identities of the caller.
 pub async fn audit(
-    db: &impl tokio_postgres::GenericClient,
+    db: &impl crate::queries::Queries,
     workflow_id: Option<i64>,
     action: &str,
     caller: Caller,

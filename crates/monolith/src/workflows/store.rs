@@ -1,9 +1,9 @@
 //! Workflow records: creation with GitLab's validations, lookups, lists, and
 //! status events applied atomically.
 
+use crate::queries::Queries;
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
-use tokio_postgres::GenericClient;
 
 use super::status::{self, Decision, Status};
 use super::{Caller, WorkflowError, audit, privileges};
@@ -250,7 +250,7 @@ struct ValidWorkflow {
 
 /// Creates a workflow for `caller` (status `created`) and audits it.
 pub async fn create(
-    db: &impl GenericClient,
+    db: &impl Queries,
     caller: Caller,
     new: &NewWorkflow,
 ) -> Result<Workflow, WorkflowError> {
@@ -302,7 +302,7 @@ pub async fn create(
     Ok(workflow)
 }
 
-pub async fn find(db: &impl GenericClient, id: i64) -> Result<Option<Workflow>, WorkflowError> {
+pub async fn find(db: &impl Queries, id: i64) -> Result<Option<Workflow>, WorkflowError> {
     let row = db
         .query_opt(
             &format!("SELECT {COLUMNS} FROM duo_workflows_workflows WHERE id = $1"),
@@ -325,7 +325,7 @@ pub struct ListFilter {
 
 /// The user's own workflows, newest first.
 pub async fn list_for_user(
-    db: &impl GenericClient,
+    db: &impl Queries,
     user_id: i64,
     filter: &ListFilter,
 ) -> Result<Vec<Workflow>, WorkflowError> {
@@ -407,14 +407,14 @@ pub async fn apply_status_event(
                 .await?;
             let workflow = from_row(&row);
             audit(
-                &*tx,
+                &tx,
                 Some(workflow_id),
                 "duo_session_status_changed",
                 caller,
                 json!({ "event": event_name, "from": from.name(), "to": to.name() }),
             )
             .await?;
-            super::live::publish_status(&*tx, &workflow).await?;
+            super::live::publish_status(&tx, &workflow).await?;
             tx.commit().await?;
             Ok(StatusChange {
                 workflow,
@@ -428,7 +428,7 @@ pub async fn apply_status_event(
 /// The instance's Duo Workflow service account, when one is configured (and
 /// still a service account).
 pub async fn instance_service_account(
-    db: &impl GenericClient,
+    db: &impl Queries,
 ) -> Result<Option<crate::policy::Actor>, WorkflowError> {
     let row = db
         .query_opt(
@@ -445,7 +445,7 @@ pub async fn instance_service_account(
 
 /// Stores the session's model (without any API key) so a resume keeps it.
 pub async fn remember_model_metadata(
-    db: &impl GenericClient,
+    db: &impl Queries,
     workflow_id: i64,
     model_metadata_json: &str,
 ) -> Result<(), WorkflowError> {

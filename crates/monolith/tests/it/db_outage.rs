@@ -64,7 +64,9 @@ async fn connections_dropped_mid_question_lose_nothing_and_recover() {
 
     // The connection dies right when the question is being written, inside
     // the transaction that also enqueues its job.
-    proxy.cut_when_sent(b"INSERT INTO ai_conversation_messages");
+    // Statements are prepared once per connection, so the question text (a
+    // parameter of the INSERT) is what is sure to cross the wire then.
+    proxy.cut_when_sent(b"second question");
     let (broken, ()) = tokio::join!(
         ask(&http, &graphql, &token, "second question"),
         proxy.wait_cut()

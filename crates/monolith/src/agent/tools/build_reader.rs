@@ -52,7 +52,7 @@ impl Tool for BuildReader {
         match env
             .services
             .policy
-            .authorize_chat_resource(&**db, Some(env.ctx.actor), subject)
+            .authorize_chat_resource(&*db, Some(env.ctx.actor), subject)
             .await
         {
             Ok(()) => {}
@@ -63,7 +63,7 @@ impl Tool for BuildReader {
                 return ToolOutcome::failed(DuoErrorCode::M4002, e.to_string());
             }
         }
-        match serialize_subject(&**db, subject, &env.services.external_url).await {
+        match serialize_subject(&*db, subject, &env.services.external_url).await {
             Ok(Some(context)) => ToolOutcome::Observation(format!(
                 "Please use this information about the identified CI job: {}",
                 context.content

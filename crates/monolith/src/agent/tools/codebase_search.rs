@@ -60,7 +60,7 @@ impl Tool for CodebaseSearch {
         let mut project = None;
         let mut query = input.input.clone();
         for candidate in path_candidates(&input.input) {
-            match crate::namespaces::project_id_by_full_path(&**db, &candidate).await {
+            match crate::namespaces::project_id_by_full_path(&*db, &candidate).await {
                 Ok(Some(id)) => {
                     project = Some(id);
                     query = query.replacen(&candidate, " ", 1);
@@ -73,7 +73,7 @@ impl Tool for CodebaseSearch {
         if project.is_none()
             && let Some(resource) = env.ctx.resource
         {
-            project = match services.policy.container_of(&**db, resource).await {
+            project = match services.policy.container_of(&*db, resource).await {
                 Ok(Some(Subject::Project(id))) => Some(id),
                 Ok(_) => None,
                 Err(e) => return ToolOutcome::failed(DuoErrorCode::A9999, e.to_string()),

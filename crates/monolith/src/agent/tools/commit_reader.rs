@@ -9,10 +9,10 @@
 //! before the repository is opened: a missing commit and an unreadable one end
 //! the same way (M3003).
 
+use crate::queries::Queries;
 use async_trait::async_trait;
 use contracts::{DuoErrorCode, UnitPrimitive};
 use serde_json::{Map, Value, json};
-use tokio_postgres::GenericClient;
 
 use super::resource_identifier::{MAX_TEXT_CHARS, bounded};
 use super::{Tool, ToolEnv, ToolInput, ToolOutcome};
@@ -183,7 +183,7 @@ impl CommitReader {
     async fn project(
         &self,
         env: &ToolEnv<'_>,
-        db: &impl GenericClient,
+        db: &impl Queries,
         commit: &CommitRef,
     ) -> Result<Option<(i64, String)>, String> {
         match commit {
@@ -233,7 +233,7 @@ impl Tool for CommitReader {
             Ok(db) => db,
             Err(e) => return ToolOutcome::failed(DuoErrorCode::M4001, e.to_string()),
         };
-        let (project, sha) = match self.project(env, &**db, &commit).await {
+        let (project, sha) = match self.project(env, &*db, &commit).await {
             Ok(Some(found)) => found,
             Ok(None) => return not_found(),
             Err(e) => return ToolOutcome::failed(DuoErrorCode::M4001, e),
@@ -244,7 +244,7 @@ impl Tool for CommitReader {
         match env
             .services
             .policy
-            .can(&**db, Some(env.ctx.actor), Ability::ReadCode, subject)
+            .can(&*db, Some(env.ctx.actor), Ability::ReadCode, subject)
             .await
         {
             Ok(true) => {}
@@ -254,7 +254,7 @@ impl Tool for CommitReader {
         match env
             .services
             .policy
-            .authorize_chat_resource(&**db, Some(env.ctx.actor), subject)
+            .authorize_chat_resource(&*db, Some(env.ctx.actor), subject)
             .await
         {
             Ok(()) => {}

@@ -11,10 +11,10 @@
 //!
 //! A missing item and one the user may not read end the same way: M3003.
 
+use crate::queries::Queries;
 use async_trait::async_trait;
 use contracts::{DuoErrorCode, ResourceContext, ResourceType, UnitPrimitive};
 use serde_json::{Map, Value, json};
-use tokio_postgres::GenericClient;
 
 use super::{Tool, ToolEnv, ToolInput, ToolOutcome};
 use crate::policy::{ChatAuthError, Subject};
@@ -216,7 +216,7 @@ pub fn parse_identifier_json(kind: ReaderKind, text: &str, base: &url::Url) -> O
 }
 
 async fn container_by_path(
-    db: &impl GenericClient,
+    db: &impl Queries,
     kind: ReaderKind,
     path: &str,
 ) -> Result<Option<i64>, tokio_postgres::Error> {
@@ -228,7 +228,7 @@ async fn container_by_path(
 }
 
 async fn item_by_iid(
-    db: &impl GenericClient,
+    db: &impl Queries,
     kind: ReaderKind,
     container: i64,
     iid: i32,
@@ -250,7 +250,7 @@ async fn item_by_iid(
 /// container of the page resource.
 async fn context_container(
     env: &ToolEnv<'_>,
-    db: &impl GenericClient,
+    db: &impl Queries,
     kind: ReaderKind,
 ) -> Result<Option<i64>, String> {
     let Some(resource) = env.ctx.resource else {
@@ -276,7 +276,7 @@ async fn context_container(
 /// The item an identifier names, if it exists. Says nothing about access.
 async fn resolve(
     env: &ToolEnv<'_>,
-    db: &impl GenericClient,
+    db: &impl Queries,
     kind: ReaderKind,
     identifier: &Identifier,
 ) -> Result<Option<i64>, String> {
@@ -394,7 +394,7 @@ impl Tool for ResourceReader {
             Ok(db) => db,
             Err(e) => return ToolOutcome::failed(DuoErrorCode::M4001, e.to_string()),
         };
-        let id = match resolve(env, &**db, self.kind, &identifier).await {
+        let id = match resolve(env, &*db, self.kind, &identifier).await {
             Ok(Some(id)) => id,
             Ok(None) => return not_found(),
             Err(e) => return ToolOutcome::failed(DuoErrorCode::M4001, e.to_string()),
@@ -404,7 +404,7 @@ impl Tool for ResourceReader {
         match env
             .services
             .policy
-            .authorize_chat_resource(&**db, Some(env.ctx.actor), subject)
+            .authorize_chat_resource(&*db, Some(env.ctx.actor), subject)
             .await
         {
             Ok(()) => {}
@@ -415,7 +415,7 @@ impl Tool for ResourceReader {
                 return ToolOutcome::failed(DuoErrorCode::M4001, e.to_string());
             }
         }
-        match serialize_subject(&**db, subject, &env.services.external_url).await {
+        match serialize_subject(&*db, subject, &env.services.external_url).await {
             Ok(Some(context)) => ToolOutcome::Observation(format!(
                 "Please use this information about the identified {}: {}",
                 self.kind.noun(),
@@ -445,7 +445,7 @@ fn escape(text: &str) -> String {
 
 /// Serialises a readable resource for the model. Callers authorize first.
 pub async fn serialize_subject(
-    db: &impl GenericClient,
+    db: &impl Queries,
     subject: Subject,
     base: &url::Url,
 ) -> Result<Option<ResourceContext>, tokio_postgres::Error> {
