@@ -312,11 +312,27 @@ pub async fn events_updated(
         .subscribe(&live::user_topic(workflow.user_id))
         .await
         .map_err(internal)?;
-    let stream =
-        tokio_stream::wrappers::BroadcastStream::new(receiver).filter_map(move |item| async move {
+    let pool = ctx.pool.clone();
+    let stream = tokio_stream::wrappers::BroadcastStream::new(receiver).filter_map(move |item| {
+        let pool = pool.clone();
+        async move {
             let value = item.ok()?;
             let message: WorkflowEventMessage = serde_json::from_value(value).ok()?;
-            (message.workflow_id == wanted).then(|| Ok(event_of_message(message)))
-        });
+            if message.workflow_id != wanted {
+                return None;
+            }
+            let db = match pool.get().await {
+                Ok(db) => db,
+                Err(e) => return Some(Err(internal(e))),
+            };
+            Some(
+                message
+                    .resolve(&db)
+                    .await
+                    .map(event_of_message)
+                    .map_err(internal),
+            )
+        }
+    });
     Ok(Box::pin(stream))
 }

@@ -177,7 +177,7 @@ async fn create_checkpoint(
     let stored = checkpoints::create(
         &mut client,
         &workflow,
-        &new,
+        new,
         state.config.duo_workflow.max_checkpoint_bytes,
     )
     .await?;

@@ -129,9 +129,9 @@ fn check_text(field: &'static str, value: &str, max: usize) -> Result<(), Workfl
 
 /// The checkpoint body of a post, checked: exactly one of the two forms, a JSON
 /// object, within `max_bytes`.
-fn body_of(new: &NewCheckpoint, max_bytes: usize) -> Result<Value, WorkflowError> {
-    let checkpoint = match (&new.checkpoint, &new.compressed_checkpoint) {
-        (Some(v), _) if !is_blank(v) => v.clone(),
+fn body_of(new: &mut NewCheckpoint, max_bytes: usize) -> Result<Value, WorkflowError> {
+    let checkpoint = match (new.checkpoint.take(), &new.compressed_checkpoint) {
+        (Some(v), _) if !is_blank(&v) => v,
         (_, Some(text)) if !text.trim().is_empty() => {
             if text.len() > max_bytes.saturating_mul(2) {
                 return Err(too_large(max_bytes));
@@ -147,7 +147,7 @@ fn body_of(new: &NewCheckpoint, max_bytes: usize) -> Result<Value, WorkflowError
     if !checkpoint.is_object() {
         return Err(WorkflowError::Param("checkpoint is invalid".into()));
     }
-    if checkpoint.to_string().len() > max_bytes {
+    if json_len(&checkpoint) > max_bytes {
         return Err(too_large(max_bytes));
     }
     if has_nul(&checkpoint) {
@@ -156,6 +156,24 @@ fn body_of(new: &NewCheckpoint, max_bytes: usize) -> Result<Value, WorkflowError
         ));
     }
     Ok(checkpoint)
+}
+
+/// The length of `value` as compact JSON, counted without building the text.
+fn json_len(value: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Counting cannot fail.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
 }
 
 /// Rails' `present?`: an empty object or null counts as absent.
@@ -191,7 +209,7 @@ fn from_row(row: &tokio_postgres::Row) -> Checkpoint {
 pub async fn create(
     client: &mut deadpool_postgres::Client,
     workflow: &Workflow,
-    new: &NewCheckpoint,
+    mut new: NewCheckpoint,
     max_bytes: usize,
 ) -> Result<Checkpoint, WorkflowError> {
     if new.thread_ts.trim().is_empty() {
@@ -206,46 +224,23 @@ pub async fn create(
     if !new.metadata.is_object() {
         return Err(WorkflowError::Param("metadata is invalid".into()));
     }
-    if new.metadata.to_string().len() > max_bytes || has_nul(&new.metadata) {
+    if json_len(&new.metadata) > max_bytes || has_nul(&new.metadata) {
         return Err(WorkflowError::Param("metadata is invalid".into()));
     }
-    let checkpoint = body_of(new, max_bytes)?;
+    let checkpoint = body_of(&mut new, max_bytes)?;
     let parent_ts = new.parent_ts.clone().filter(|p| !p.is_empty());
 
     let tx = client.transaction().await?;
-    // The workflow's row lock orders concurrent writers of one workflow.
+    // Taking the workflow's row lock (and touching it) orders concurrent
+    // writers of one workflow: the chain check below sees every checkpoint
+    // committed before it.
     let locked = tx
         .query_opt(
-            "SELECT status FROM duo_workflows_workflows WHERE id = $1 FOR UPDATE",
+            "UPDATE duo_workflows_workflows SET updated_at = now() WHERE id = $1 RETURNING status",
             &[&workflow.id],
         )
-        .await?;
-    if locked.is_none() {
-        return Err(WorkflowError::NotFound);
-    }
-    if let Some(existing) = tx
-        .query_opt(
-            &format!(
-                "SELECT {CHECKPOINT_COLUMNS} FROM duo_workflows_checkpoints
-                 WHERE workflow_id = $1 AND thread_ts = $2"
-            ),
-            &[&workflow.id, &new.thread_ts],
-        )
         .await?
-    {
-        let existing = from_row(&existing);
-        // A retried post of the very same checkpoint is answered as the first.
-        if existing.parent_ts == parent_ts
-            && existing.checkpoint_ns == ns
-            && existing.checkpoint == checkpoint
-            && existing.metadata == new.metadata
-        {
-            return Ok(existing);
-        }
-        return Err(WorkflowError::BadRequest(
-            "thread_ts has already been taken".into(),
-        ));
-    }
+        .ok_or(WorkflowError::NotFound)?;
     let latest: Option<String> = tx
         .query_opt(
             "SELECT thread_ts FROM duo_workflows_checkpoints
@@ -254,20 +249,42 @@ pub async fn create(
         )
         .await?
         .map(|r| r.get(0));
-    if parent_ts != latest {
+    if latest.as_deref() == Some(new.thread_ts.as_str()) || parent_ts != latest {
+        // Not a plain next link: a retried post of a stored checkpoint (answered
+        // as the first; dropping the transaction undoes the touch), a taken
+        // thread_ts, or a broken chain.
+        if let Some(existing) = tx
+            .query_opt(
+                &format!(
+                    "SELECT {CHECKPOINT_COLUMNS} FROM duo_workflows_checkpoints
+                     WHERE workflow_id = $1 AND thread_ts = $2"
+                ),
+                &[&workflow.id, &new.thread_ts],
+            )
+            .await?
+        {
+            let existing = from_row(&existing);
+            if existing.parent_ts == parent_ts
+                && existing.checkpoint_ns == ns
+                && existing.checkpoint == checkpoint
+                && existing.metadata == new.metadata
+            {
+                return Ok(existing);
+            }
+            return Err(taken());
+        }
         return Err(WorkflowError::BadRequest(match &latest {
             Some(ts) => format!("parent_ts must be the thread_ts of the latest checkpoint ({ts})"),
             None => "parent_ts must be empty for the first checkpoint".into(),
         }));
     }
+    // Only the small columns come back: the body is already here.
     let row = tx
         .query_one(
-            &format!(
-                "INSERT INTO duo_workflows_checkpoints
-                   (workflow_id, project_id, namespace_id, thread_ts, parent_ts, checkpoint_ns, checkpoint, metadata)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-                 RETURNING {CHECKPOINT_COLUMNS}"
-            ),
+            "INSERT INTO duo_workflows_checkpoints
+               (workflow_id, project_id, namespace_id, thread_ts, parent_ts, checkpoint_ns, checkpoint, metadata)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+             RETURNING id, created_at",
             &[
                 &workflow.id,
                 &workflow.project_id,
@@ -279,13 +296,26 @@ pub async fn create(
                 &new.metadata,
             ],
         )
-        .await?;
-    let stored = from_row(&row);
-    tx.execute(
-        "UPDATE duo_workflows_workflows SET updated_at = now() WHERE id = $1",
-        &[&workflow.id],
-    )
-    .await?;
+        .await
+        .map_err(|e| {
+            // An older checkpoint already has this thread_ts.
+            if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) {
+                taken()
+            } else {
+                e.into()
+            }
+        })?;
+    let stored = Checkpoint {
+        id: row.get(0),
+        workflow_id: workflow.id,
+        thread_ts: new.thread_ts.clone(),
+        parent_ts,
+        checkpoint_ns: ns,
+        checkpoint,
+        metadata: new.metadata,
+        created_at: row.get(1),
+        writes: Vec::new(),
+    };
     if let Some(clean) = new
         .model_metadata_json
         .as_deref()
@@ -293,12 +323,14 @@ pub async fn create(
     {
         remember_model_metadata(&tx, workflow.id, &clean).await?;
     }
-    let status = locked
-        .and_then(|r| super::Status::from_code(r.get(0)))
-        .unwrap_or(workflow.status);
+    let status = super::Status::from_code(locked.get(0)).unwrap_or(workflow.status);
     live::publish_checkpoint(&tx, workflow, status, &stored).await?;
     tx.commit().await?;
     Ok(stored)
+}
+
+fn taken() -> WorkflowError {
+    WorkflowError::BadRequest("thread_ts has already been taken".into())
 }
 
 /// A page of the workflow's checkpoints, newest first, with their writes, and

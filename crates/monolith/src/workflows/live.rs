@@ -2,6 +2,11 @@
 //! each status change and each new checkpoint is published (PostgreSQL NOTIFY
 //! through `job_queue::pubsub`, at commit) on the owner's topic; subscribers
 //! keep the messages of the workflow they asked for.
+//!
+//! A checkpoint travels by reference (its id): it is already stored, and
+//! copying a long run's state into every notification would write it twice
+//! and serialize it again for nobody when no one is subscribed. A subscriber
+//! reads it when it delivers the event ([`WorkflowEventMessage::resolve`]).
 
 use crate::queries::Queries;
 use chrono::{DateTime, Utc};
@@ -27,6 +32,9 @@ pub struct WorkflowEventMessage {
     pub workflow_definition: String,
     pub checkpoint: Option<Value>,
     pub metadata: Option<Value>,
+    /// The stored checkpoint this event is about, when it is not inline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_id: Option<i64>,
     pub thread_ts: Option<String>,
     pub parent_ts: Option<String>,
     pub timestamp: Option<DateTime<Utc>>,
@@ -40,13 +48,26 @@ impl WorkflowEventMessage {
             status: status.name().to_owned(),
             goal: workflow.goal.clone(),
             workflow_definition: workflow.workflow_definition.clone(),
-            checkpoint: checkpoint.map(|c| c.checkpoint.clone()),
-            metadata: checkpoint.map(|c| c.metadata.clone()),
+            checkpoint: None,
+            metadata: None,
+            checkpoint_id: checkpoint.map(|c| c.id),
             thread_ts: checkpoint.map(|c| c.thread_ts.clone()),
             parent_ts: checkpoint.and_then(|c| c.parent_ts.clone()),
             timestamp: checkpoint.and_then(|c| timestamp_of(&c.thread_ts, &c.checkpoint)),
             parent_timestamp: None,
         }
+    }
+
+    /// Reads the referenced checkpoint into the message (it may be gone by
+    /// now, deleted with its workflow: then the event carries none).
+    pub async fn resolve(mut self, db: &impl Queries) -> Result<Self, WorkflowError> {
+        if let (None, Some(id)) = (&self.checkpoint, self.checkpoint_id) {
+            if let Some(stored) = checkpoints::get(db, self.workflow_id, id).await? {
+                self.checkpoint = Some(stored.checkpoint);
+                self.metadata = Some(stored.metadata);
+            }
+        }
+        Ok(self)
     }
 }
 
