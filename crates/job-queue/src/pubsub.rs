@@ -33,18 +33,27 @@ struct Envelope {
     id: Option<i64>,
 }
 
+/// The NOTIFY text that carries `payload` on `topic` by itself, or `None`
+/// when it is too large and must go through [`publish`] (stored by id).
+/// Callers with their own prepared statements send it with
+/// `SELECT pg_notify(PUBSUB_CHANNEL, text)`.
+pub fn inline_notification(topic: &str, payload: &Value) -> Result<Option<String>, QueueError> {
+    #[derive(Serialize)]
+    struct Inline<'a> {
+        topic: &'a str,
+        payload: &'a Value,
+    }
+    let text = serde_json::to_string(&Inline { topic, payload })?;
+    Ok((text.len() <= MAX_INLINE_BYTES).then_some(text))
+}
+
 /// Publishes `payload` on `topic`. Inside a transaction, delivery happens at commit.
 pub async fn publish<C: GenericClient>(
     client: &C,
     topic: &str,
     payload: &Value,
 ) -> Result<(), QueueError> {
-    let inline = serde_json::to_string(&Envelope {
-        topic: topic.to_owned(),
-        payload: Some(payload.clone()),
-        id: None,
-    })?;
-    let text = if inline.len() <= MAX_INLINE_BYTES {
+    let text = if let Some(inline) = inline_notification(topic, payload)? {
         inline
     } else {
         let row = client

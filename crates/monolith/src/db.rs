@@ -6,6 +6,28 @@ use tokio_postgres::NoTls;
 
 use crate::queries::Queries;
 
+/// Publishes on the job queue's pub/sub bus (delivered at commit inside a
+/// transaction). Messages small enough to travel in the notification itself
+/// go out on this connection's prepared statement; larger ones take the job
+/// queue's stored path.
+pub async fn publish(
+    db: &impl Queries,
+    topic: &str,
+    payload: &serde_json::Value,
+) -> Result<(), job_queue::QueueError> {
+    match job_queue::pubsub::inline_notification(topic, payload)? {
+        Some(text) => {
+            db.execute(
+                "SELECT pg_notify($1, $2)",
+                &[&job_queue::pubsub::PUBSUB_CHANNEL, &text],
+            )
+            .await?;
+            Ok(())
+        }
+        None => job_queue::pubsub::publish(db.plain(), topic, payload).await,
+    }
+}
+
 use crate::config::Config;
 
 mod embedded {

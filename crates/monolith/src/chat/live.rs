@@ -75,7 +75,7 @@ pub async fn publish_to_user(
     message: &LiveMessage,
 ) -> Result<(), job_queue::QueueError> {
     let payload = serde_json::to_value(message)?;
-    job_queue::pubsub::publish(db.plain(), &user_topic(user_id), &payload).await
+    crate::db::publish(db, &user_topic(user_id), &payload).await
 }
 
 /// Publishes to the subscribers of one request's `clientSubscriptionId`.
@@ -86,12 +86,7 @@ pub async fn publish_to_client(
     message: &LiveMessage,
 ) -> Result<(), job_queue::QueueError> {
     let payload = serde_json::to_value(message)?;
-    job_queue::pubsub::publish(
-        db.plain(),
-        &client_topic(user_id, client_subscription_id),
-        &payload,
-    )
-    .await
+    crate::db::publish(db, &client_topic(user_id, client_subscription_id), &payload).await
 }
 
 /// This process's one LISTEN connection for live messages, opened on the first

@@ -44,6 +44,17 @@ impl<T: DeserializeOwned + 'static> FromRequest for Params<T> {
             let body = body
                 .await
                 .map_err(|e| ApiError::BadRequest(format!("could not read the body: {e}")))?;
+            let json = content_type.is_empty() || content_type.contains("json");
+            if query.is_empty()
+                && json
+                && !content_type.starts_with("application/x-www-form-urlencoded")
+                && let Ok(typed) = serde_json::from_slice::<T>(&body)
+            {
+                // Already of the right types: no coercion needed, and a large
+                // body (a long run's checkpoint) is read once, not copied
+                // into a map first. Anything else takes the lenient path.
+                return Ok(Params(typed));
+            }
             let mut merged = form_values(&query);
             let from_body = if body.iter().all(u8::is_ascii_whitespace) {
                 Map::new()

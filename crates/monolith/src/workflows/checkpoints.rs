@@ -14,7 +14,7 @@ use base64::Engine;
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
-use super::store::{Workflow, remember_model_metadata, sanitize_model_metadata};
+use super::store::{Workflow, sanitize_model_metadata};
 use super::{WorkflowError, live};
 
 /// Longest `thread_ts`, `parent_ts`, `task`, `channel` and `write_type`.
@@ -205,7 +205,8 @@ fn from_row(row: &tokio_postgres::Row) -> Checkpoint {
 
 /// Stores a checkpoint (or, for a repeated post of the same checkpoint,
 /// returns the stored one), touches the workflow, remembers its model and
-/// tells the owner's subscribers, all in one transaction.
+/// tells the owner's subscribers, all in one transaction of five statements
+/// when the chain simply grows.
 pub async fn create(
     client: &mut deadpool_postgres::Client,
     workflow: &Workflow,
@@ -234,10 +235,16 @@ pub async fn create(
     // Taking the workflow's row lock (and touching it) orders concurrent
     // writers of one workflow: the chain check below sees every checkpoint
     // committed before it.
+    let model_metadata = new
+        .model_metadata_json
+        .as_deref()
+        .and_then(sanitize_model_metadata);
     let locked = tx
         .query_opt(
-            "UPDATE duo_workflows_workflows SET updated_at = now() WHERE id = $1 RETURNING status",
-            &[&workflow.id],
+            "UPDATE duo_workflows_workflows
+             SET updated_at = now(), model_metadata_json = coalesce($2, model_metadata_json)
+             WHERE id = $1 RETURNING status",
+            &[&workflow.id, &model_metadata],
         )
         .await?
         .ok_or(WorkflowError::NotFound)?;
@@ -316,13 +323,6 @@ pub async fn create(
         created_at: row.get(1),
         writes: Vec::new(),
     };
-    if let Some(clean) = new
-        .model_metadata_json
-        .as_deref()
-        .and_then(sanitize_model_metadata)
-    {
-        remember_model_metadata(&tx, workflow.id, &clean).await?;
-    }
     let status = super::Status::from_code(locked.get(0)).unwrap_or(workflow.status);
     live::publish_checkpoint(&tx, workflow, status, &stored).await?;
     tx.commit().await?;

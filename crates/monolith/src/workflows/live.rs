@@ -86,7 +86,7 @@ async fn publish(
     message: &WorkflowEventMessage,
 ) -> Result<(), WorkflowError> {
     let payload = serde_json::to_value(message).map_err(job_queue::QueueError::from)?;
-    job_queue::pubsub::publish(db.plain(), &user_topic(owner), &payload).await?;
+    crate::db::publish(db, &user_topic(owner), &payload).await?;
     Ok(())
 }
 
