@@ -7,6 +7,8 @@ use contracts::duo_workflow::{
     Approval, ClientEvent, HeartbeatRequest, NewCheckpoint, StartWorkflowRequest, action, approval,
     client_event,
 };
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use serde_json::Value;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -309,19 +311,15 @@ async fn stream_once(
         })
     });
     let mut last = None;
+    // Actions run side by side: the service stores checkpoints while its
+    // next step goes on, so a checkpoint's HTTP call must not hold up the
+    // step's own action (replies carry their request id). The service waits
+    // for each tool action before sending the next, so those stay in order.
+    let mut running = FuturesUnordered::new();
     loop {
-        match actions.message().await {
-            Ok(Some(action)) => {
-                let Some(kind) = action.action.as_ref() else {
-                    continue;
-                };
-                if let action::Action::NewCheckpoint(checkpoint) = kind {
-                    reporter.checkpoint(checkpoint);
-                    last = Some(checkpoint.clone());
-                    continue;
-                }
-                reporter.action(kind);
-                if let Some(reply) = runner.perform(&action.request_id, kind).await {
+        let message = tokio::select! {
+            Some(reply) = running.next(), if !running.is_empty() => {
+                if let Some(reply) = reply {
                     let event = ClientEvent {
                         response: Some(client_event::Response::ActionResponse(reply)),
                     };
@@ -329,8 +327,30 @@ async fn stream_once(
                         return Err(StreamError::Dropped("the stream closed".to_owned()));
                     }
                 }
+                continue;
             }
-            Ok(None) => return Ok(last),
+            message = actions.message() => message,
+        };
+        match message {
+            Ok(Some(action)) => {
+                let Some(kind) = action.action else {
+                    continue;
+                };
+                if let action::Action::NewCheckpoint(checkpoint) = &kind {
+                    reporter.checkpoint(checkpoint);
+                    last = Some(checkpoint.clone());
+                    continue;
+                }
+                reporter.action(&kind);
+                let request_id = action.request_id;
+                running.push(async move { runner.perform(&request_id, &kind).await });
+            }
+            Ok(None) => {
+                // Let actions under way finish (a half-written file helps no
+                // one); their replies have nowhere to go.
+                while running.next().await.is_some() {}
+                return Ok(last);
+            }
             Err(status) => {
                 return Err(match status.code() {
                     Code::Unavailable | Code::Unknown | Code::Cancelled => {

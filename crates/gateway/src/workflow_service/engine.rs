@@ -5,6 +5,7 @@
 //! Flows are data ([`Flow::agents`]): each agent is a model node `<name>`
 //! and a tools node `<name>_tools`; `plan_approval` is the one special node.
 
+use super::checkpoint_writer::CheckpointWriter;
 use super::gitlab::{GitLab, GitLabError, WorkflowRecord};
 use super::link::{ExecutorLink, INFRA_STOP_REASONS, LinkError, StreamSignal};
 use super::model::{AgentModelMetadata, ModelRoute, ModelTurn, ToolCallingModel, route_for};
@@ -243,7 +244,7 @@ pub struct Run {
     record: WorkflowRecord,
     policy: ToolPolicy,
     state: WorkflowState,
-    parent_ts: Option<String>,
+    writer: CheckpointWriter,
     model_metadata: Option<AgentModelMetadata>,
     command_timeout: bool,
     additional_context: String,
@@ -308,6 +309,11 @@ impl Run {
         } else {
             gitlab.latest_checkpoint(&workflow_id).await?
         };
+        let writer = CheckpointWriter::start(
+            gitlab.clone(),
+            workflow_id.clone(),
+            latest.as_ref().map(|c| c.thread_ts.clone()),
+        );
         let mut run = Self {
             policy: ToolPolicy {
                 privileges: record.agent_privileges.iter().copied().collect(),
@@ -330,7 +336,7 @@ impl Run {
             flow,
             record,
             state: WorkflowState::default(),
-            parent_ts: latest.as_ref().map(|c| c.thread_ts.clone()),
+            writer,
             model_metadata,
             model_calls: 0,
         };
@@ -472,6 +478,12 @@ impl Run {
             if let StreamSignal::Stop(reason) = self.link.signal() {
                 return self.stop(&reason).await;
             }
+            // Around tools with side effects the state is made durable: what
+            // led to them before they run, their results after.
+            let effects = self.next_tools_have_effects(&node);
+            if effects && let Err(err) = self.writer.flush().await {
+                return self.fail(err.into()).await;
+            }
             let link = self.link.clone();
             let step = tokio::select! {
                 result = self.run_node(&node) => NodeEnd::Ran(result),
@@ -507,6 +519,11 @@ impl Run {
             if let Err(err) = self.save().await {
                 return self.fail(err).await;
             }
+            if (effects || self.state.status == WorkflowStatus::Completed)
+                && let Err(err) = self.writer.flush().await
+            {
+                return self.fail(err.into()).await;
+            }
             if self.state.status == WorkflowStatus::Completed
                 && let Err(err) = self.gitlab.status_event(&self.workflow_id, "finish").await
             {
@@ -519,7 +536,9 @@ impl Run {
 
     async fn stop(mut self, reason: &str) -> Result<RunOutcome, RunError> {
         if INFRA_STOP_REASONS.contains(&reason) {
-            // The session is resumed later from the newest checkpoint.
+            // The session is resumed later from the newest checkpoint: store
+            // what is still on its way, if the executor is still there.
+            let _ = self.writer.flush().await;
             return Ok(RunOutcome::Stopped);
         }
         self.state.status = WorkflowStatus::Cancelled;
@@ -542,10 +561,23 @@ impl Run {
         Err(err)
     }
 
-    /// Saves a checkpoint and tells the client.
+    /// Saves a checkpoint, waits until it (and every one before it) is
+    /// stored, and tells the client.
     async fn persist(&mut self, source: &str) -> Result<(), RunError> {
         self.save_as(source).await?;
+        self.writer.flush().await?;
         self.notify().await
+    }
+
+    /// Whether `node` runs tools with side effects (anything but reading
+    /// the workspace, reading GitLab and planning).
+    fn next_tools_have_effects(&self, node: &str) -> bool {
+        node.ends_with(TOOLS_SUFFIX)
+            && self
+                .state
+                .pending_tool_calls
+                .iter()
+                .any(|call| tools::find(&call.name).is_none_or(|tool| tool.has_side_effects()))
     }
 
     async fn save(&mut self) -> Result<(), RunError> {
@@ -555,17 +587,15 @@ impl Run {
     async fn save_as(&mut self, source: &str) -> Result<(), RunError> {
         let thread_ts = new_thread_ts();
         let stored_metadata = self.model_metadata.as_ref().map(AgentModelMetadata::stored);
+        // The writer fills in the parent: the checkpoint it stored last.
         let body = checkpoint_body(
             &self.state,
             &thread_ts,
-            self.parent_ts.as_deref(),
+            None,
             source,
             stored_metadata.as_ref(),
         );
-        self.gitlab
-            .save_checkpoint(&self.workflow_id, &body)
-            .await?;
-        self.parent_ts = Some(thread_ts);
+        self.writer.submit(thread_ts, body)?;
         Ok(())
     }
 

@@ -12,6 +12,7 @@
 //! approval interrupts. See `docs/duo-workflow.md`.
 
 pub mod auth;
+pub mod checkpoint_writer;
 pub mod engine;
 pub mod gitlab;
 pub mod link;

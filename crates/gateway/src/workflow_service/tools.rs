@@ -49,6 +49,16 @@ pub struct ToolSpec {
 }
 
 impl ToolSpec {
+    /// Whether running the tool can change anything outside the run: every
+    /// tool but reading the workspace, reading GitLab and planning.
+    pub fn has_side_effects(&self) -> bool {
+        match self.kind {
+            ToolKind::WorkspaceRead | ToolKind::Internal => false,
+            ToolKind::GitLab => self.privilege != Some(Privilege::ReadOnlyGitlab),
+            ToolKind::Executor => true,
+        }
+    }
+
     pub fn schema(&self) -> ToolSchema {
         ToolSchema {
             name: self.name.to_owned(),

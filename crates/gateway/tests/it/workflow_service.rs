@@ -256,6 +256,89 @@ async fn invalid_tool_calls_are_sent_back_on_the_openai_wire() {
     assert_eq!(monolith.workflow(id).status, "finished");
 }
 
+/// Counts checkpoint notifications and opens the monolith's checkpoint gate
+/// once `open_after` of them have arrived.
+struct OpenGateAfter {
+    gate: std::sync::Arc<tokio::sync::Semaphore>,
+    open_after: usize,
+    notifications: usize,
+}
+
+impl workflow_executor::session::Reporter for OpenGateAfter {
+    fn checkpoint(&mut self, _: &contracts::duo_workflow::NewCheckpoint) {
+        self.notifications += 1;
+        if self.notifications == self.open_after {
+            self.gate.add_permits(1000);
+        }
+    }
+
+    fn action(&mut self, _: &contracts::duo_workflow::action::Action) {}
+}
+
+#[actix_web::test]
+async fn read_only_steps_go_on_while_checkpoints_are_stored_behind_them() {
+    let fake = FakeProvider::start().await.unwrap();
+    let monolith = Monolith::start();
+    // The first checkpoint (the run's start, stored before anything else
+    // happens) goes through; every later one waits at the gate.
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(1));
+    monolith.state.lock().unwrap().checkpoint_gate = Some(gate.clone());
+    let service = Service::start(support::config(&monolith, &support::anthropic(&fake))).await;
+    let workspace = TempWorkspace::new(&[("README.md", "Hello\n")]);
+    let id = monolith.create_workflow("chat", &[1, 2], &[1, 2]);
+    const READS: usize = 4;
+    for _ in 0..READS {
+        fake.push_tool_calls("", vec![read_call()]);
+    }
+    fake.push_text("The README says Hello.");
+    // Start, then a model step and a tools step per read: if any of these
+    // waited for its checkpoint to be stored, the run would stop at the
+    // gate and never get there.
+    let open_after = 1 + 2 * READS;
+    let mut reporter = OpenGateAfter {
+        gate,
+        open_after,
+        notifications: 0,
+    };
+    let mut approver = ScriptedApprover::new(vec![]);
+    let end = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        session::run(Session {
+            target: service.target(&support::monolith_token(CHAT_SCOPES)),
+            workflow_id: id.to_string(),
+            goal: "read the README".into(),
+            workflow_definition: "chat".into(),
+            runner: support::runner(&workspace.path, &monolith),
+            approver: &mut approver,
+            reporter: &mut reporter,
+            max_reconnects: 0,
+        }),
+    )
+    .await
+    .expect("the run went on without waiting for held checkpoints")
+    .unwrap();
+    assert_eq!(end, SessionEnd::Finished);
+    assert!(reporter.notifications > open_after);
+
+    let stored = monolith.workflow(id);
+    assert_eq!(stored.events, ["start", "finish"]);
+    assert_chained(&stored.checkpoints);
+    // Checkpoints that waited behind a held write were replaced by newer
+    // ones: fewer are stored than steps were taken, and the newest stored
+    // one is the finished run, written before the run said "finish".
+    assert!(
+        stored.checkpoints.len() < reporter.notifications,
+        "{} stored for {} steps",
+        stored.checkpoints.len(),
+        reporter.notifications
+    );
+    let newest = stored.checkpoints.last().unwrap();
+    assert_eq!(
+        newest["checkpoint"]["channel_values"]["status"], "Completed",
+        "{newest}"
+    );
+}
+
 #[actix_web::test]
 async fn a_crashed_executor_resumes_from_the_newest_checkpoint() {
     let fake = FakeProvider::start().await.unwrap();

@@ -130,6 +130,9 @@ pub struct MonolithState {
     pub workflows: BTreeMap<i64, StoredWorkflow>,
     /// Method and path of every workflow API request.
     pub requests: Vec<String>,
+    /// When set, each checkpoint POST takes a permit first (and keeps it):
+    /// a test holds writes back to see the run go on without them.
+    pub checkpoint_gate: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 /// The monolith's side for the service: OIDC discovery and JWKS, and the
@@ -196,6 +199,12 @@ async fn workflow_api(
     state: web::Data<Arc<Mutex<MonolithState>>>,
 ) -> HttpResponse {
     let path = req.path().to_owned();
+    if req.method() == actix_web::http::Method::POST && path.ends_with("/checkpoints") {
+        let gate = state.lock().unwrap().checkpoint_gate.clone();
+        if let Some(gate) = gate {
+            gate.acquire().await.unwrap().forget();
+        }
+    }
     let mut state = state.lock().unwrap();
     state
         .requests

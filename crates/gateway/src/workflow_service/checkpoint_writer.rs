@@ -1,0 +1,156 @@
+//! Checkpoints stored behind the run instead of in its path (LangGraph's
+//! "async" durability): a step hands its checkpoint over and goes on while a
+//! writer task posts it to the monolith through the executor.
+//!
+//! The writer posts one checkpoint at a time, in order, each continuing the
+//! chain of the one stored before it. When steps come faster than the
+//! monolith stores them, a checkpoint still waiting is replaced by the newer
+//! one: the newest state is what a resume needs, and a long run no longer
+//! waits on writes that grow with its history. The run makes its state
+//! durable ([`CheckpointWriter::flush`]) wherever that matters: before and
+//! after any tool with side effects, before every status change, and before
+//! a stream ends, so a crash can only lose read-only steps, which are simply
+//! taken again on resume.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use serde_json::Value;
+use tokio::sync::{Notify, watch};
+
+use super::gitlab::{GitLab, GitLabError};
+
+/// Checkpoints handed over and not yet stored.
+#[derive(Default)]
+struct Queue {
+    /// The newest checkpoint not yet sent: its sequence number, `thread_ts`
+    /// and body.
+    next: Option<(u64, String, Value)>,
+    /// Sequence number of the newest checkpoint handed over.
+    submitted: u64,
+}
+
+/// What the writer has done so far.
+#[derive(Debug, Clone, Default)]
+struct Progress {
+    /// Sequence number of the newest checkpoint stored (every older one is
+    /// stored or replaced by a newer one).
+    stored: u64,
+    /// Stored checkpoints posted (replaced ones are not).
+    posted: u64,
+    /// The failure that stopped the writer.
+    error: Option<GitLabError>,
+}
+
+/// The run's checkpoint writer; dropping it stops the writer.
+pub struct CheckpointWriter {
+    queue: Arc<Mutex<Queue>>,
+    wake: Arc<Notify>,
+    progress: watch::Receiver<Progress>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CheckpointWriter {
+    /// A writer for workflow `workflow_id` whose chain continues after
+    /// `parent_ts` (the newest stored checkpoint, none for a new workflow).
+    pub fn start(gitlab: GitLab, workflow_id: String, parent_ts: Option<String>) -> Self {
+        let queue = Arc::new(Mutex::new(Queue::default()));
+        let wake = Arc::new(Notify::new());
+        let (report, progress) = watch::channel(Progress::default());
+        let task = tokio::spawn(write_in_order(
+            gitlab,
+            workflow_id,
+            parent_ts,
+            queue.clone(),
+            wake.clone(),
+            report,
+        ));
+        Self {
+            queue,
+            wake,
+            progress,
+            task,
+        }
+    }
+
+    /// Hands over the newest checkpoint (`parent_ts` is filled in when it is
+    /// sent). Fails with the error that stopped an earlier write.
+    pub fn submit(&self, thread_ts: String, body: Value) -> Result<(), GitLabError> {
+        if let Some(err) = self.progress.borrow().error.clone() {
+            return Err(err);
+        }
+        {
+            let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            queue.submitted += 1;
+            let sequence = queue.submitted;
+            queue.next = Some((sequence, thread_ts, body));
+        }
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    /// Waits until everything handed over is stored.
+    pub async fn flush(&mut self) -> Result<(), GitLabError> {
+        let target = self
+            .queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .submitted;
+        let progress = self
+            .progress
+            .wait_for(|p| p.stored >= target || p.error.is_some())
+            .await
+            .map_err(|_| GitLabError::Action("the checkpoint writer stopped".to_owned()))?;
+        match &progress.error {
+            Some(err) => Err(err.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// Checkpoints posted so far (for tests and logs).
+    pub fn posted(&self) -> u64 {
+        self.progress.borrow().posted
+    }
+}
+
+impl Drop for CheckpointWriter {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn write_in_order(
+    gitlab: GitLab,
+    workflow_id: String,
+    mut parent_ts: Option<String>,
+    queue: Arc<Mutex<Queue>>,
+    wake: Arc<Notify>,
+    report: watch::Sender<Progress>,
+) {
+    loop {
+        wake.notified().await;
+        loop {
+            let next = queue
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .next
+                .take();
+            let Some((sequence, thread_ts, mut body)) = next else {
+                break;
+            };
+            body["parent_ts"] = parent_ts.clone().map_or(Value::Null, Value::String);
+            match gitlab.save_checkpoint(&workflow_id, &body).await {
+                Ok(()) => {
+                    parent_ts = Some(thread_ts);
+                    report.send_modify(|p| {
+                        p.stored = sequence;
+                        p.posted += 1;
+                    });
+                }
+                Err(err) => {
+                    report.send_modify(|p| p.error = Some(err));
+                    return;
+                }
+            }
+        }
+    }
+}
