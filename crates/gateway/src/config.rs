@@ -204,6 +204,10 @@ pub struct WorkflowServiceConfig {
     /// back-off of a GitLab call that answered 5xx (then doubled, at most 10 s,
     /// 3 retries).
     pub http_retry_base: Duration,
+    /// `AIGW_WORKFLOW_SERVICE__CHECKPOINT_INTERVAL_MILLISECONDS` (25): the
+    /// least time between two checkpoints stored behind a run's read-only
+    /// steps (durability points never wait for it).
+    pub checkpoint_interval: Duration,
     /// `AIGW_WORKFLOW_SERVICE__ACTION_TIMEOUT_SECONDS` (600): the longest the
     /// service waits for the executor's answer to one action.
     pub action_timeout: Duration,
@@ -468,6 +472,10 @@ impl Config {
                 http_retry_base: Duration::from_millis(
                     env.number("AIGW_WORKFLOW_SERVICE__HTTP_RETRY_BASE_MILLISECONDS", 1000)?,
                 ),
+                checkpoint_interval: Duration::from_millis(env.number(
+                    "AIGW_WORKFLOW_SERVICE__CHECKPOINT_INTERVAL_MILLISECONDS",
+                    25,
+                )?),
                 action_timeout: env
                     .seconds("AIGW_WORKFLOW_SERVICE__ACTION_TIMEOUT_SECONDS", 600)?,
                 shutdown_grace: env.seconds("AIGW_WORKFLOW_SERVICE__SHUTDOWN_GRACE_SECONDS", 10)?,

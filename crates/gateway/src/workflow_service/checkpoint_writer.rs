@@ -13,6 +13,7 @@
 //! taken again on resume.
 
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use serde_json::Value;
 use tokio::sync::{Notify, watch};
@@ -45,28 +46,43 @@ struct Progress {
 pub struct CheckpointWriter {
     queue: Arc<Mutex<Queue>>,
     wake: Arc<Notify>,
+    /// Cuts the pause between background writes short.
+    hurry: Arc<Notify>,
     progress: watch::Receiver<Progress>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl CheckpointWriter {
     /// A writer for workflow `workflow_id` whose chain continues after
-    /// `parent_ts` (the newest stored checkpoint, none for a new workflow).
-    pub fn start(gitlab: GitLab, workflow_id: String, parent_ts: Option<String>) -> Self {
+    /// `parent_ts` (the newest stored checkpoint, none for a new workflow),
+    /// pausing at least `interval` between writes nobody waits for: a run of
+    /// quick read-only steps then costs the monolith a write per interval,
+    /// not one per step, and leaves the machine to the steps themselves.
+    pub fn start(
+        gitlab: GitLab,
+        workflow_id: String,
+        parent_ts: Option<String>,
+        interval: Duration,
+    ) -> Self {
         let queue = Arc::new(Mutex::new(Queue::default()));
         let wake = Arc::new(Notify::new());
+        let hurry = Arc::new(Notify::new());
         let (report, progress) = watch::channel(Progress::default());
         let task = tokio::spawn(write_in_order(
-            gitlab,
-            workflow_id,
+            Writer {
+                gitlab,
+                workflow_id,
+                interval,
+            },
             parent_ts,
             queue.clone(),
-            wake.clone(),
+            (wake.clone(), hurry.clone()),
             report,
         ));
         Self {
             queue,
             wake,
+            hurry,
             progress,
             task,
         }
@@ -95,6 +111,7 @@ impl CheckpointWriter {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .submitted;
+        self.hurry.notify_one();
         let progress = self
             .progress
             .wait_for(|p| p.stored >= target || p.error.is_some())
@@ -118,14 +135,24 @@ impl Drop for CheckpointWriter {
     }
 }
 
-async fn write_in_order(
+struct Writer {
     gitlab: GitLab,
     workflow_id: String,
+    interval: Duration,
+}
+
+async fn write_in_order(
+    writer: Writer,
     mut parent_ts: Option<String>,
     queue: Arc<Mutex<Queue>>,
-    wake: Arc<Notify>,
+    (wake, hurry): (Arc<Notify>, Arc<Notify>),
     report: watch::Sender<Progress>,
 ) {
+    let Writer {
+        gitlab,
+        workflow_id,
+        interval,
+    } = writer;
     loop {
         wake.notified().await;
         loop {
@@ -145,6 +172,14 @@ async fn write_in_order(
                         p.stored = sequence;
                         p.posted += 1;
                     });
+                    // A flush may already wait on what comes next; its
+                    // permit (or a later one) ends the pause at once.
+                    if !interval.is_zero() {
+                        tokio::select! {
+                            () = tokio::time::sleep(interval) => {}
+                            () = hurry.notified() => {}
+                        }
+                    }
                 }
                 Err(err) => {
                     report.send_modify(|p| p.error = Some(err));

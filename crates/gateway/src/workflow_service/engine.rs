@@ -313,6 +313,7 @@ impl Run {
             gitlab.clone(),
             workflow_id.clone(),
             latest.as_ref().map(|c| c.thread_ts.clone()),
+            services.config.checkpoint_interval,
         );
         let mut run = Self {
             policy: ToolPolicy {
