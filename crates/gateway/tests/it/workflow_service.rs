@@ -346,7 +346,10 @@ async fn a_crashed_executor_resumes_from_the_newest_checkpoint() {
     let service = Service::start(support::config(&monolith, &support::anthropic(&fake))).await;
     let workspace = TempWorkspace::new(&[("README.md", "Hello\n")]);
     let id = monolith.create_workflow("chat", &[1, 2], &[1, 2]);
-    fake.push_tool_calls("", vec![read_call()]);
+    // A pre-approved edit: a tool with side effects, whose result the run
+    // stores before it goes on (read-only steps are stored behind the run
+    // and may be taken again after a crash).
+    fake.push_tool_calls("", vec![edit_call()]);
     // The second model call hangs: the executor "crashes" meanwhile.
     fake.push_failure(fake_provider::Failure::Hang);
     let crashed = {
@@ -407,9 +410,10 @@ async fn a_crashed_executor_resumes_from_the_newest_checkpoint() {
     assert_eq!(stored.events, ["start", "retry", "finish"]);
     assert!(stored.checkpoints.len() > checkpoints_before);
     assert_chained(&stored.checkpoints);
-    // The resumed run did not read the file again: it went on from the
-    // checkpoint stored after the read.
-    assert!(!recorder.actions.iter().any(|a| a.starts_with("read ")));
+    // The resumed run did not edit the file again: it went on from the
+    // checkpoint stored after the edit.
+    assert!(!recorder.actions.iter().any(|a| a.starts_with("edit ")));
+    assert_eq!(workspace.read("README.md"), "Hello, world\n");
     let last_request = request_bodies(&fake).pop().unwrap();
     assert!(last_request.contains("tool_result"), "{last_request}");
 }
