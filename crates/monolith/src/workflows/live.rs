@@ -61,11 +61,11 @@ impl WorkflowEventMessage {
     /// Reads the referenced checkpoint into the message (it may be gone by
     /// now, deleted with its workflow: then the event carries none).
     pub async fn resolve(mut self, db: &impl Queries) -> Result<Self, WorkflowError> {
-        if let (None, Some(id)) = (&self.checkpoint, self.checkpoint_id) {
-            if let Some(stored) = checkpoints::get(db, self.workflow_id, id).await? {
-                self.checkpoint = Some(stored.checkpoint);
-                self.metadata = Some(stored.metadata);
-            }
+        if let (None, Some(id)) = (&self.checkpoint, self.checkpoint_id)
+            && let Some(stored) = checkpoints::get(db, self.workflow_id, id).await?
+        {
+            self.checkpoint = Some(stored.checkpoint);
+            self.metadata = Some(stored.metadata);
         }
         Ok(self)
     }
