@@ -30,11 +30,14 @@ pub trait Queries: Sync {
 
     fn plain(&self) -> &Self::Plain;
 
-    /// The prepared statement for `sql`.
+    /// The prepared statement for `sql` (prepared anew unless the
+    /// connection keeps a cache).
     fn statement(
         &self,
         sql: &str,
-    ) -> impl Future<Output = Result<Statement, tokio_postgres::Error>> + Send;
+    ) -> impl Future<Output = Result<Statement, tokio_postgres::Error>> + Send {
+        async move { self.plain().prepare(sql).await }
+    }
 
     fn query(
         &self,
@@ -89,6 +92,19 @@ pub trait Queries: Sync {
     }
 }
 
+/// `sql` from the connection's statement cache while it has room.
+async fn prepare_cached(
+    cache: &deadpool_postgres::StatementCache,
+    client: &tokio_postgres::Client,
+    sql: &str,
+) -> Result<Statement, tokio_postgres::Error> {
+    if cache.size() < MAX_CACHED_STATEMENTS {
+        cache.prepare(client, sql).await
+    } else {
+        client.prepare(sql).await
+    }
+}
+
 impl Queries for deadpool_postgres::ClientWrapper {
     type Plain = tokio_postgres::Client;
 
@@ -97,11 +113,7 @@ impl Queries for deadpool_postgres::ClientWrapper {
     }
 
     async fn statement(&self, sql: &str) -> Result<Statement, tokio_postgres::Error> {
-        if self.statement_cache.size() < MAX_CACHED_STATEMENTS {
-            self.prepare_cached(sql).await
-        } else {
-            self.prepare(sql).await
-        }
+        prepare_cached(&self.statement_cache, self, sql).await
     }
 }
 
@@ -129,11 +141,7 @@ impl<'a> Queries for deadpool_postgres::Transaction<'a> {
     }
 
     async fn statement(&self, sql: &str) -> Result<Statement, tokio_postgres::Error> {
-        if self.statement_cache.size() < MAX_CACHED_STATEMENTS {
-            self.prepare_cached(sql).await
-        } else {
-            self.prepare(sql).await
-        }
+        prepare_cached(&self.statement_cache, self.client(), sql).await
     }
 }
 
@@ -143,13 +151,6 @@ impl Queries for tokio_postgres::Client {
     fn plain(&self) -> &Self::Plain {
         self
     }
-
-    fn statement(
-        &self,
-        sql: &str,
-    ) -> impl Future<Output = Result<Statement, tokio_postgres::Error>> + Send {
-        self.prepare(sql)
-    }
 }
 
 impl<'a> Queries for tokio_postgres::Transaction<'a> {
@@ -157,12 +158,5 @@ impl<'a> Queries for tokio_postgres::Transaction<'a> {
 
     fn plain(&self) -> &Self::Plain {
         self
-    }
-
-    fn statement(
-        &self,
-        sql: &str,
-    ) -> impl Future<Output = Result<Statement, tokio_postgres::Error>> + Send {
-        self.prepare(sql)
     }
 }

@@ -36,18 +36,23 @@ struct Progress {
     /// Sequence number of the newest checkpoint stored (every older one is
     /// stored or replaced by a newer one).
     stored: u64,
-    /// Stored checkpoints posted (replaced ones are not).
-    posted: u64,
     /// The failure that stopped the writer.
     error: Option<GitLabError>,
 }
 
+/// What the run and its writer task share.
+#[derive(Default)]
+struct Shared {
+    queue: Mutex<Queue>,
+    /// A checkpoint was handed over.
+    wake: Notify,
+    /// Someone waits for the writer: cut the pause between writes short.
+    hurry: Notify,
+}
+
 /// The run's checkpoint writer; dropping it stops the writer.
 pub struct CheckpointWriter {
-    queue: Arc<Mutex<Queue>>,
-    wake: Arc<Notify>,
-    /// Cuts the pause between background writes short.
-    hurry: Arc<Notify>,
+    shared: Arc<Shared>,
     progress: watch::Receiver<Progress>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -64,25 +69,18 @@ impl CheckpointWriter {
         parent_ts: Option<String>,
         interval: Duration,
     ) -> Self {
-        let queue = Arc::new(Mutex::new(Queue::default()));
-        let wake = Arc::new(Notify::new());
-        let hurry = Arc::new(Notify::new());
+        let shared = Arc::new(Shared::default());
         let (report, progress) = watch::channel(Progress::default());
         let task = tokio::spawn(write_in_order(
-            Writer {
-                gitlab,
-                workflow_id,
-                interval,
-            },
+            gitlab,
+            workflow_id,
             parent_ts,
-            queue.clone(),
-            (wake.clone(), hurry.clone()),
+            interval,
+            shared.clone(),
             report,
         ));
         Self {
-            queue,
-            wake,
-            hurry,
+            shared,
             progress,
             task,
         }
@@ -95,23 +93,28 @@ impl CheckpointWriter {
             return Err(err);
         }
         {
-            let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut queue = self
+                .shared
+                .queue
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             queue.submitted += 1;
             let sequence = queue.submitted;
             queue.next = Some((sequence, thread_ts, body));
         }
-        self.wake.notify_one();
+        self.shared.wake.notify_one();
         Ok(())
     }
 
     /// Waits until everything handed over is stored.
     pub async fn flush(&mut self) -> Result<(), GitLabError> {
         let target = self
+            .shared
             .queue
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .submitted;
-        self.hurry.notify_one();
+        self.shared.hurry.notify_one();
         let progress = self
             .progress
             .wait_for(|p| p.stored >= target || p.error.is_some())
@@ -122,11 +125,6 @@ impl CheckpointWriter {
             None => Ok(()),
         }
     }
-
-    /// Checkpoints posted so far (for tests and logs).
-    pub fn posted(&self) -> u64 {
-        self.progress.borrow().posted
-    }
 }
 
 impl Drop for CheckpointWriter {
@@ -135,28 +133,19 @@ impl Drop for CheckpointWriter {
     }
 }
 
-struct Writer {
+async fn write_in_order(
     gitlab: GitLab,
     workflow_id: String,
-    interval: Duration,
-}
-
-async fn write_in_order(
-    writer: Writer,
     mut parent_ts: Option<String>,
-    queue: Arc<Mutex<Queue>>,
-    (wake, hurry): (Arc<Notify>, Arc<Notify>),
+    interval: Duration,
+    shared: Arc<Shared>,
     report: watch::Sender<Progress>,
 ) {
-    let Writer {
-        gitlab,
-        workflow_id,
-        interval,
-    } = writer;
     loop {
-        wake.notified().await;
+        shared.wake.notified().await;
         loop {
-            let next = queue
+            let next = shared
+                .queue
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .next
@@ -168,16 +157,13 @@ async fn write_in_order(
             match gitlab.save_checkpoint(&workflow_id, &body).await {
                 Ok(()) => {
                     parent_ts = Some(thread_ts);
-                    report.send_modify(|p| {
-                        p.stored = sequence;
-                        p.posted += 1;
-                    });
+                    report.send_modify(|p| p.stored = sequence);
                     // A flush may already wait on what comes next; its
                     // permit (or a later one) ends the pause at once.
                     if !interval.is_zero() {
                         tokio::select! {
                             () = tokio::time::sleep(interval) => {}
-                            () = hurry.notified() => {}
+                            () = shared.hurry.notified() => {}
                         }
                     }
                 }

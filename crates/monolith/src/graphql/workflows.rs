@@ -321,13 +321,9 @@ pub async fn events_updated(
             if message.workflow_id != wanted {
                 return None;
             }
-            let db = match pool.get().await {
-                Ok(db) => db,
-                Err(e) => return Some(Err(internal(e))),
-            };
             Some(
                 message
-                    .resolve(&db)
+                    .resolve(&pool)
                     .await
                     .map(event_of_message)
                     .map_err(internal),

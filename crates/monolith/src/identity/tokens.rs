@@ -151,11 +151,10 @@ pub async fn authenticate(
     presented: &str,
 ) -> Result<AuthenticatedUser, TokenError> {
     let presented = presented.trim();
-    // Tokens without the personal-access-token prefix are most likely the
-    // `ai_workflows` OAuth tokens the Duo Workflow service presents on every
-    // call; look there first so those calls cost one lookup, not two.
-    let prefixed = presented.starts_with(TOKEN_PREFIX);
-    if !prefixed && let Some(user) = super::oauth::authenticate(client, presented).await? {
+    // `ai_workflows` OAuth tokens (the Duo Workflow service presents one on
+    // every call) are told apart by their shape, without a query: look them up
+    // first so those calls cost one lookup, not two.
+    if let Some(user) = super::oauth::authenticate(client, presented).await? {
         return Ok(user);
     }
     let wanted = digest(presented);
@@ -170,13 +169,7 @@ pub async fn authenticate(
         )
         .await?;
     let Some(row) = row else {
-        // Not a personal access token: perhaps an `ai_workflows` OAuth token.
-        if !prefixed {
-            return Err(TokenError::Invalid);
-        }
-        return super::oauth::authenticate(client, presented)
-            .await?
-            .ok_or(TokenError::Invalid);
+        return Err(TokenError::Invalid);
     };
     let stored: Vec<u8> = row.get(1);
     // The index lookup already matched; compare again in constant time so the

@@ -47,7 +47,6 @@ impl<T: DeserializeOwned + 'static> FromRequest for Params<T> {
             let json = content_type.is_empty() || content_type.contains("json");
             if query.is_empty()
                 && json
-                && !content_type.starts_with("application/x-www-form-urlencoded")
                 && let Ok(typed) = serde_json::from_slice::<T>(&body)
             {
                 // Already of the right types: no coercion needed, and a large
@@ -62,7 +61,7 @@ impl<T: DeserializeOwned + 'static> FromRequest for Params<T> {
                 let text = std::str::from_utf8(&body)
                     .map_err(|_| ApiError::BadRequest("the body is not UTF-8".into()))?;
                 form_values(text)
-            } else if content_type.is_empty() || content_type.contains("json") {
+            } else if json {
                 match serde_json::from_slice::<Value>(&body) {
                     Ok(Value::Object(map)) => map,
                     Ok(_) => {

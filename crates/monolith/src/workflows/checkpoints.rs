@@ -205,8 +205,8 @@ fn from_row(row: &tokio_postgres::Row) -> Checkpoint {
 
 /// Stores a checkpoint (or, for a repeated post of the same checkpoint,
 /// returns the stored one), touches the workflow, remembers its model and
-/// tells the owner's subscribers, all in one transaction of five statements
-/// when the chain simply grows.
+/// tells the owner's subscribers, all in one transaction (four statements
+/// between BEGIN and COMMIT when the chain simply grows).
 pub async fn create(
     client: &mut deadpool_postgres::Client,
     workflow: &Workflow,

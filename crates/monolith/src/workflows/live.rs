@@ -60,10 +60,13 @@ impl WorkflowEventMessage {
 
     /// Reads the referenced checkpoint into the message (it may be gone by
     /// now, deleted with its workflow: then the event carries none).
-    pub async fn resolve(mut self, db: &impl Queries) -> Result<Self, WorkflowError> {
-        if let (None, Some(id)) = (&self.checkpoint, self.checkpoint_id)
-            && let Some(stored) = checkpoints::get(db, self.workflow_id, id).await?
-        {
+    /// A connection is taken only for that.
+    pub async fn resolve(mut self, pool: &deadpool_postgres::Pool) -> Result<Self, WorkflowError> {
+        let (None, Some(id)) = (&self.checkpoint, self.checkpoint_id) else {
+            return Ok(self);
+        };
+        let db = pool.get().await.map_err(crate::db::DbError::from)?;
+        if let Some(stored) = checkpoints::get(&db, self.workflow_id, id).await? {
             self.checkpoint = Some(stored.checkpoint);
             self.metadata = Some(stored.metadata);
         }
