@@ -15,17 +15,17 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use serde_json::Value;
 use tokio::sync::{Notify, watch};
 
 use super::gitlab::{GitLab, GitLabError};
+use super::state::CheckpointPost;
 
 /// Checkpoints handed over and not yet stored.
 #[derive(Default)]
 struct Queue {
     /// The newest checkpoint not yet sent: its sequence number, `thread_ts`
     /// and body.
-    next: Option<(u64, String, Value)>,
+    next: Option<(u64, String, CheckpointPost)>,
     /// Sequence number of the newest checkpoint handed over.
     submitted: u64,
 }
@@ -88,7 +88,7 @@ impl CheckpointWriter {
 
     /// Hands over the newest checkpoint (`parent_ts` is filled in when it is
     /// sent). Fails with the error that stopped an earlier write.
-    pub fn submit(&self, thread_ts: String, body: Value) -> Result<(), GitLabError> {
+    pub fn submit(&self, thread_ts: String, post: CheckpointPost) -> Result<(), GitLabError> {
         if let Some(err) = self.progress.borrow().error.clone() {
             return Err(err);
         }
@@ -100,7 +100,7 @@ impl CheckpointWriter {
                 .unwrap_or_else(PoisonError::into_inner);
             queue.submitted += 1;
             let sequence = queue.submitted;
-            queue.next = Some((sequence, thread_ts, body));
+            queue.next = Some((sequence, thread_ts, post));
         }
         self.shared.wake.notify_one();
         Ok(())
@@ -150,10 +150,10 @@ async fn write_in_order(
                 .unwrap_or_else(PoisonError::into_inner)
                 .next
                 .take();
-            let Some((sequence, thread_ts, mut body)) = next else {
+            let Some((sequence, thread_ts, post)) = next else {
                 break;
             };
-            body["parent_ts"] = parent_ts.clone().map_or(Value::Null, Value::String);
+            let body = post.with_parent(parent_ts.as_deref());
             match gitlab.save_checkpoint(&workflow_id, &body).await {
                 Ok(()) => {
                     parent_ts = Some(thread_ts);

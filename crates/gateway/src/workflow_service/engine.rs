@@ -10,8 +10,8 @@ use super::gitlab::{GitLab, GitLabError, WorkflowRecord};
 use super::link::{ExecutorLink, INFRA_STOP_REASONS, LinkError, StreamSignal};
 use super::model::{AgentModelMetadata, ModelRoute, ModelTurn, ToolCallingModel, route_for};
 use super::state::{
-    Message, PlanStep, ToolCall, ToolInfo, UiChatLogEntry, WorkflowState, WorkflowStatus,
-    checkpoint_body, new_thread_ts,
+    CheckpointPost, Message, PlanStep, ToolCall, ToolInfo, UiChatLogEntry, WorkflowState,
+    WorkflowStatus, new_thread_ts,
 };
 use super::tools::{self, ToolKind, ToolPolicy, ToolResult};
 use crate::config::{PromptsConfig, ProvidersConfig, WorkflowServiceConfig};
@@ -589,14 +589,8 @@ impl Run {
         let thread_ts = new_thread_ts();
         let stored_metadata = self.model_metadata.as_ref().map(AgentModelMetadata::stored);
         // The writer fills in the parent: the checkpoint it stored last.
-        let body = checkpoint_body(
-            &self.state,
-            &thread_ts,
-            None,
-            source,
-            stored_metadata.as_ref(),
-        );
-        self.writer.submit(thread_ts, body)?;
+        let post = CheckpointPost::new(&self.state, &thread_ts, source, stored_metadata.as_ref());
+        self.writer.submit(thread_ts, post)?;
         Ok(())
     }
 

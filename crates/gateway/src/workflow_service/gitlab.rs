@@ -96,12 +96,13 @@ impl GitLab {
         Self { link, retry_base }
     }
 
-    /// One request; 5xx answers are retried with exponential back-off.
+    /// One request with an optional JSON body (as text); 5xx answers are
+    /// retried with exponential back-off.
     pub async fn request(
         &self,
         method: &str,
         path: &str,
-        body: Option<&Value>,
+        body: Option<&str>,
     ) -> Result<HttpReply, GitLabError> {
         let mut backoff = self.retry_base;
         let mut attempt = 0;
@@ -126,14 +127,14 @@ impl GitLab {
         &self,
         method: &str,
         path: &str,
-        body: Option<&Value>,
+        body: Option<&str>,
     ) -> Result<HttpReply, GitLabError> {
         let response = self
             .link
             .call(action::Action::RunHttpRequest(RunHttpRequest {
                 method: method.to_owned(),
                 path: path.to_owned(),
-                body: body.map(Value::to_string),
+                body: body.map(str::to_owned),
             }))
             .await?;
         match response.response_type {
@@ -162,7 +163,7 @@ impl GitLab {
         &self,
         method: &str,
         path: &str,
-        body: Option<&Value>,
+        body: Option<&str>,
     ) -> Result<T, GitLabError> {
         let reply = self.request(method, path, body).await?;
         if !(200..300).contains(&reply.status) {
@@ -184,13 +185,14 @@ impl GitLab {
             .json(
                 "PATCH",
                 &workflow_path(id),
-                Some(&serde_json::json!({ "status_event": event })),
+                Some(&serde_json::json!({ "status_event": event }).to_string()),
             )
             .await?;
         Ok(())
     }
 
-    pub async fn save_checkpoint(&self, id: &str, body: &Value) -> Result<(), GitLabError> {
+    /// Posts a checkpoint body (JSON text, [`super::state::CheckpointPost`]).
+    pub async fn save_checkpoint(&self, id: &str, body: &str) -> Result<(), GitLabError> {
         let _: Value = self
             .json(
                 "POST",

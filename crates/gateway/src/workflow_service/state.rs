@@ -3,7 +3,7 @@
 //! monolith's events).
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::collections::BTreeMap;
 
 /// The state channel's status (GitLab's `WorkflowStatusEnum` names).
@@ -227,14 +227,25 @@ impl WorkflowState {
 
     /// What `newCheckpoint.checkpoint` carries: the parts a client shows.
     pub fn client_view(&self) -> String {
-        json!({
-            "channel_values": {
-                "status": self.status,
-                "ui_chat_log": self.ui_chat_log,
-                "plan": self.plan,
-            }
-        })
-        .to_string()
+        #[derive(Serialize)]
+        struct Values<'a> {
+            status: WorkflowStatus,
+            ui_chat_log: &'a [UiChatLogEntry],
+            plan: &'a Plan,
+        }
+        #[derive(Serialize)]
+        struct View<'a> {
+            channel_values: Values<'a>,
+        }
+        let view = View {
+            channel_values: Values {
+                status: self.status,
+                ui_chat_log: &self.ui_chat_log,
+                plan: &self.plan,
+            },
+        };
+        // Plain structs, string keys: serializing cannot fail.
+        serde_json::to_string(&view).unwrap_or_default()
     }
 }
 
@@ -270,42 +281,97 @@ fn chrono_like_now() -> String {
     format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{millis:03}Z")
 }
 
-/// The body of `POST …/checkpoints`.
-pub fn checkpoint_body(
-    state: &WorkflowState,
-    thread_ts: &str,
-    parent_ts: Option<&str>,
-    source: &str,
-    model_metadata: Option<&Value>,
-) -> Value {
-    let mut body = json!({
-        "thread_ts": thread_ts,
-        "parent_ts": parent_ts,
-        "checkpoint": {
-            "v": 1,
-            "id": thread_ts,
-            "ts": now_iso(),
-            "channel_values": state,
-            "channel_versions": {},
-            "versions_seen": {},
-            "pending_sends": [],
-        },
-        "metadata": {
-            "source": source,
-            "step": state.step,
-            "writes": {},
-            "parents": {},
-        },
-    });
-    if let Some(metadata) = model_metadata {
-        body["model_metadata_json"] = Value::String(metadata.to_string());
+/// The body of `POST …/checkpoints`, serialized once when a step hands it
+/// over: writing the state straight to text costs a fraction of building a
+/// JSON tree of it first, and the text is what travels to the executor.
+/// `parent_ts` is left out until the writer knows which checkpoint it stored
+/// last ([`CheckpointPost::with_parent`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckpointPost {
+    /// A JSON object without `parent_ts`.
+    object: String,
+}
+
+impl CheckpointPost {
+    pub fn new(
+        state: &WorkflowState,
+        thread_ts: &str,
+        source: &str,
+        model_metadata: Option<&Value>,
+    ) -> Self {
+        #[derive(Serialize)]
+        struct Empty {}
+        #[derive(Serialize)]
+        struct Document<'a> {
+            v: u8,
+            id: &'a str,
+            ts: String,
+            channel_values: &'a WorkflowState,
+            channel_versions: Empty,
+            versions_seen: Empty,
+            pending_sends: [u8; 0],
+        }
+        #[derive(Serialize)]
+        struct Metadata<'a> {
+            source: &'a str,
+            step: i64,
+            writes: Empty,
+            parents: Empty,
+        }
+        #[derive(Serialize)]
+        struct Post<'a> {
+            thread_ts: &'a str,
+            checkpoint: Document<'a>,
+            metadata: Metadata<'a>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            model_metadata_json: Option<String>,
+        }
+        let post = Post {
+            thread_ts,
+            checkpoint: Document {
+                v: 1,
+                id: thread_ts,
+                ts: now_iso(),
+                channel_values: state,
+                channel_versions: Empty {},
+                versions_seen: Empty {},
+                pending_sends: [],
+            },
+            metadata: Metadata {
+                source,
+                step: state.step,
+                writes: Empty {},
+                parents: Empty {},
+            },
+            model_metadata_json: model_metadata.map(Value::to_string),
+        };
+        // Plain structs, string keys: serializing cannot fail.
+        let object = serde_json::to_string(&post).unwrap_or_else(|_| "{}".to_owned());
+        Self { object }
     }
-    body
+
+    /// The whole body, chained to `parent_ts` (none for a first checkpoint).
+    pub fn with_parent(&self, parent_ts: Option<&str>) -> String {
+        let parent = match parent_ts {
+            Some(ts) => Value::String(ts.to_owned()).to_string(),
+            None => "null".to_owned(),
+        };
+        let rest = self.object.strip_prefix('{').unwrap_or(&self.object);
+        let mut body = String::with_capacity(self.object.len() + parent.len() + 16);
+        body.push_str("{\"parent_ts\":");
+        body.push_str(&parent);
+        if rest != "}" {
+            body.push(',');
+        }
+        body.push_str(rest);
+        body
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn state_round_trips_through_a_checkpoint() {
@@ -323,8 +389,25 @@ mod tests {
                 args: json!({"file_path": "a"}),
             }],
         });
-        let body = checkpoint_body(&state, "t2", Some("t1"), "loop", None);
+        let post = CheckpointPost::new(&state, "t2", "loop", None);
+        let body: Value = serde_json::from_str(&post.with_parent(Some("t1"))).unwrap();
         assert_eq!(body["parent_ts"], "t1");
+        assert_eq!(body["thread_ts"], "t2");
+        assert_eq!(
+            body["metadata"],
+            json!({"source": "loop", "step": 0, "writes": {}, "parents": {}})
+        );
+        assert_eq!(body["checkpoint"]["pending_sends"], json!([]));
+        assert_eq!(body.get("model_metadata_json"), None);
+        let first: Value = serde_json::from_str(&post.with_parent(None)).unwrap();
+        assert_eq!(first["parent_ts"], Value::Null);
+        let chosen = json!({"provider": "anthropic"});
+        let with_model: Value = serde_json::from_str(
+            &CheckpointPost::new(&state, "t3", "loop", Some(&chosen)).with_parent(Some("t\"2")),
+        )
+        .unwrap();
+        assert_eq!(with_model["parent_ts"], "t\"2");
+        assert_eq!(with_model["model_metadata_json"], chosen.to_string());
         assert_eq!(
             body["checkpoint"]["channel_values"]["status"],
             "tool_call_approval_required"

@@ -629,7 +629,8 @@ pub async fn run_gitlab_tool(
         Ok(request) => request,
         Err(reason) => return Ok(ToolResult::error(reason)),
     };
-    match gitlab.request(method, &path, body.as_ref()).await {
+    let body = body.as_ref().map(Value::to_string);
+    match gitlab.request(method, &path, body.as_deref()).await {
         Ok(reply) if (200..300).contains(&reply.status) => Ok(ToolResult::ok(truncate(reply.body))),
         Ok(reply) => Ok(ToolResult::error(truncate(format!(
             "GitLab answered {}: {}",

@@ -13,6 +13,7 @@ use crate::workflows::checkpoints::{self, Checkpoint};
 use crate::workflows::live::{self, WorkflowEventMessage};
 use crate::workflows::store::{self, ListFilter, Workflow};
 use crate::workflows::{Status, privileges};
+use serde_json::value::RawValue;
 
 pub use crate::workflows::WORKFLOW_GID_MODEL;
 
@@ -68,23 +69,21 @@ pub struct DuoWorkflowEvent {
     pub workflow_definition: Option<String>,
 }
 
-fn execution_status(checkpoint: Option<&serde_json::Value>, status: Status) -> String {
+fn execution_status(checkpoint: Option<&RawValue>, status: Status) -> String {
     checkpoint
-        .and_then(|c| c.pointer("/channel_values/status"))
-        .and_then(serde_json::Value::as_str)
-        .map(str::to_owned)
+        .and_then(live::status_of)
         .unwrap_or_else(|| status.human_name())
 }
 
 fn event_of(workflow: &Workflow, checkpoint: Option<&Checkpoint>) -> DuoWorkflowEvent {
     DuoWorkflowEvent {
-        checkpoint: checkpoint.map(|c| Json(c.checkpoint.to_string())),
-        compressed_checkpoint: checkpoint.map(|c| checkpoints::compress(&c.checkpoint)),
+        checkpoint: checkpoint.map(|c| Json(c.checkpoint.get().to_owned())),
+        compressed_checkpoint: checkpoint.map(|c| checkpoints::compress(c.checkpoint.get())),
         metadata: checkpoint.map(|c| Json(c.metadata.to_string())),
         workflow_status: Some(workflow.status.into()),
-        execution_status: execution_status(checkpoint.map(|c| &c.checkpoint), workflow.status),
+        execution_status: execution_status(checkpoint.map(|c| &*c.checkpoint), workflow.status),
         timestamp: checkpoint.map(|c| {
-            live::timestamp_of(&c.thread_ts, &c.checkpoint)
+            live::timestamp_of(&c.checkpoint)
                 .map(time)
                 .unwrap_or_else(|| time(c.created_at))
         }),
@@ -98,9 +97,12 @@ fn event_of(workflow: &Workflow, checkpoint: Option<&Checkpoint>) -> DuoWorkflow
 fn event_of_message(m: WorkflowEventMessage) -> DuoWorkflowEvent {
     let status = Status::from_name(&m.status).unwrap_or(Status::Failed);
     DuoWorkflowEvent {
-        compressed_checkpoint: m.checkpoint.as_ref().map(checkpoints::compress),
-        execution_status: execution_status(m.checkpoint.as_ref(), status),
-        checkpoint: m.checkpoint.map(|c| Json(c.to_string())),
+        compressed_checkpoint: m
+            .checkpoint
+            .as_ref()
+            .map(|c| checkpoints::compress(c.get())),
+        execution_status: execution_status(m.checkpoint.as_deref(), status),
+        checkpoint: m.checkpoint.map(|c| Json(c.get().to_owned())),
         metadata: m.metadata.map(|c| Json(c.to_string())),
         workflow_status: Some(status.into()),
         timestamp: m.timestamp.map(time),

@@ -115,6 +115,9 @@ pub fn form_values(text: &str) -> Map<String, Value> {
     out
 }
 
+/// The name serde_json gives `RawValue` when it asks a deserializer for one.
+const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
+
 /// A JSON value read with Grape's coercions (see the module doc).
 pub struct Lenient(pub Value);
 
@@ -214,9 +217,14 @@ impl<'de> Deserializer<'de> for Lenient {
 
     fn deserialize_newtype_struct<V: Visitor<'de>>(
         self,
-        _name: &'static str,
+        name: &'static str,
         visitor: V,
     ) -> Result<V::Value, Self::Error> {
+        // serde_json's raw JSON text (`Box<RawValue>`, a checkpoint's body)
+        // takes the value as it is, without coercion.
+        if name == RAW_VALUE_TOKEN {
+            return self.0.deserialize_newtype_struct(name, visitor);
+        }
         visitor.visit_newtype_struct(self)
     }
 
@@ -305,6 +313,19 @@ mod tests {
         let parsed = read(csv).unwrap();
         assert_eq!(parsed.assignee_ids, Some(vec![3, 4]));
         assert_eq!(parsed.confidential, Some(false));
+    }
+
+    #[test]
+    fn raw_json_is_taken_as_it_is_on_the_lenient_path() {
+        #[derive(Deserialize)]
+        struct WithRaw {
+            count: i64,
+            body: Box<serde_json::value::RawValue>,
+        }
+        let value = serde_json::json!({"count": "3", "body": {"n": "4", "list": [1, "x"]}});
+        let read = WithRaw::deserialize(Lenient(value)).unwrap();
+        assert_eq!(read.count, 3);
+        assert_eq!(read.body.get(), r#"{"n":"4","list":[1,"x"]}"#);
     }
 
     #[test]

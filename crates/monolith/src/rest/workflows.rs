@@ -61,6 +61,7 @@ impl From<WorkflowError> for ApiError {
             WorkflowError::Conflict(msg) => ApiError::Conflict(msg),
             WorkflowError::Db(e) => ApiError::Internal(e.to_string()),
             WorkflowError::Queue(e) => ApiError::Internal(e.to_string()),
+            WorkflowError::Stored(msg) => ApiError::Internal(msg),
         }
     }
 }

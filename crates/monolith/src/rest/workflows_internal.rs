@@ -138,7 +138,8 @@ struct CheckpointParams {
     thread_ts: Option<String>,
     parent_ts: Option<String>,
     checkpoint_ns: Option<String>,
-    checkpoint: Option<Value>,
+    /// Kept as the text it came in: checked, stored and served as it is.
+    checkpoint: Option<Box<serde_json::value::RawValue>>,
     compressed_checkpoint: Option<String>,
     metadata: Option<Value>,
     /// A JSON text, as GitLab's service sends it (an object is taken too).
@@ -229,7 +230,7 @@ async fn list_checkpoints(
         page.per_page as i64,
     )
     .await?;
-    let items: Vec<Value> = list
+    let items: Vec<_> = list
         .iter()
         .map(|c| checkpoints::to_json(c, compressed))
         .collect();

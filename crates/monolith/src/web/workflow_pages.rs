@@ -388,7 +388,10 @@ async fn run(
     let latest = checkpoints::latest(&*db, workflow.id)
         .await
         .map_err(workflow_error)?;
-    let view = client_view(latest.as_ref().map(|c| &c.checkpoint));
+    let body = latest
+        .as_ref()
+        .and_then(|c| serde_json::from_str::<Value>(c.checkpoint.get()).ok());
+    let view = client_view(body.as_ref());
     let data = json!({
         "workflowId": workflow.id,
         "workflowGid": crate::gid::format(crate::workflows::WORKFLOW_GID_MODEL, workflow.id),

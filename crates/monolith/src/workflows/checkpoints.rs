@@ -6,13 +6,21 @@
 //! `thread_ts` of the newest checkpoint of the same namespace (none for the
 //! first). A checkpoint is stored whole or not at all, under a lock on its
 //! workflow, so two writers cannot both extend the same parent.
+//!
+//! A checkpoint body is JSON text ([`RawValue`]) from the request to the
+//! database and back: it is checked once (syntax, an object, size, no NUL)
+//! and never built into a tree or serialized again. A long run's state is
+//! hundreds of kilobytes, and a `jsonb` column spent more time parsing it
+//! than the rest of the request took; the column is `text` (still
+//! compressed by PostgreSQL), which nothing queries inside.
 
 use std::io::Read;
 
 use crate::queries::Queries;
 use base64::Engine;
 use chrono::{DateTime, Utc};
-use serde_json::{Value, json};
+use serde_json::Value;
+use serde_json::value::RawValue;
 
 use super::store::{Workflow, sanitize_model_metadata};
 use super::{WorkflowError, live};
@@ -41,14 +49,15 @@ pub struct CheckpointWrite {
 }
 
 /// One stored checkpoint with its writes.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Checkpoint {
     pub id: i64,
     pub workflow_id: i64,
     pub thread_ts: String,
     pub parent_ts: Option<String>,
     pub checkpoint_ns: String,
-    pub checkpoint: Value,
+    /// The body as posted (a JSON object).
+    pub checkpoint: Box<RawValue>,
     pub metadata: Value,
     pub created_at: DateTime<Utc>,
     pub writes: Vec<CheckpointWrite>,
@@ -60,26 +69,26 @@ pub struct NewCheckpoint {
     pub thread_ts: String,
     pub parent_ts: Option<String>,
     pub checkpoint_ns: Option<String>,
-    pub checkpoint: Option<Value>,
+    pub checkpoint: Option<Box<RawValue>>,
     pub compressed_checkpoint: Option<String>,
     pub metadata: Value,
     pub model_metadata_json: Option<String>,
 }
 
-/// Base64 of zlib-compressed JSON, as GitLab sends `compressed_checkpoint`.
-pub fn compress(value: &Value) -> String {
+/// Base64 of zlib-compressed JSON text, as GitLab sends `compressed_checkpoint`.
+pub fn compress(json: &str) -> String {
     use std::io::Write;
     let mut encoder =
         flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::new(COMPRESS_LEVEL));
     // Writing to a Vec cannot fail.
-    let _ = encoder.write_all(value.to_string().as_bytes());
+    let _ = encoder.write_all(json.as_bytes());
     let bytes = encoder.finish().unwrap_or_default();
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
 /// Opens a `compressed_checkpoint`, inflating at most `max_bytes` (a small
 /// body must not grow into gigabytes).
-pub fn decompress(text: &str, max_bytes: usize) -> Result<Value, WorkflowError> {
+pub fn decompress(text: &str, max_bytes: usize) -> Result<Box<RawValue>, WorkflowError> {
     let bad = |detail: &str| {
         WorkflowError::BadRequest(format!("Invalid compressed checkpoint data: {detail}"))
     };
@@ -94,13 +103,36 @@ pub fn decompress(text: &str, max_bytes: usize) -> Result<Value, WorkflowError> 
     if inflated.len() > max_bytes {
         return Err(too_large(max_bytes));
     }
-    serde_json::from_slice(&inflated).map_err(|e| bad(&format!("not JSON ({e})")))
+    let inflated = String::from_utf8(inflated).map_err(|_| bad("not UTF-8"))?;
+    RawValue::from_string(inflated).map_err(|e| bad(&format!("not JSON ({e})")))
 }
 
 fn too_large(max_bytes: usize) -> WorkflowError {
     WorkflowError::BadRequest(format!(
         "Checkpoint is too large (the limit is {max_bytes} bytes)"
     ))
+}
+
+/// Whether JSON text holds an escaped NUL character (`\u0000`), which
+/// GitLab's `jsonb` column cannot store. Valid JSON has no raw control
+/// characters in its strings, so the escape is the only way one appears; a
+/// `\\u0000` (an escaped backslash, then text) is not one.
+pub fn has_nul_escape(json: &str) -> bool {
+    let bytes = json.as_bytes();
+    let mut from = 0;
+    while let Some(found) = json[from..].find("u0000") {
+        let at = from + found;
+        let backslashes = bytes[..at]
+            .iter()
+            .rev()
+            .take_while(|b| **b == b'\\')
+            .count();
+        if backslashes % 2 == 1 {
+            return true;
+        }
+        from = at + 1;
+    }
+    false
 }
 
 /// Whether any string (or key) in `value` holds a NUL character, which
@@ -129,9 +161,9 @@ fn check_text(field: &'static str, value: &str, max: usize) -> Result<(), Workfl
 
 /// The checkpoint body of a post, checked: exactly one of the two forms, a JSON
 /// object, within `max_bytes`.
-fn body_of(new: &mut NewCheckpoint, max_bytes: usize) -> Result<Value, WorkflowError> {
+fn body_of(new: &mut NewCheckpoint, max_bytes: usize) -> Result<Box<RawValue>, WorkflowError> {
     let checkpoint = match (new.checkpoint.take(), &new.compressed_checkpoint) {
-        (Some(v), _) if !is_blank(&v) => v,
+        (Some(v), _) if !is_blank(v.get()) => v,
         (_, Some(text)) if !text.trim().is_empty() => {
             if text.len() > max_bytes.saturating_mul(2) {
                 return Err(too_large(max_bytes));
@@ -144,13 +176,13 @@ fn body_of(new: &mut NewCheckpoint, max_bytes: usize) -> Result<Value, WorkflowE
             ));
         }
     };
-    if !checkpoint.is_object() {
+    if !checkpoint.get().trim_start().starts_with('{') {
         return Err(WorkflowError::Param("checkpoint is invalid".into()));
     }
-    if json_len(&checkpoint) > max_bytes {
+    if checkpoint.get().len() > max_bytes {
         return Err(too_large(max_bytes));
     }
-    if has_nul(&checkpoint) {
+    if has_nul_escape(checkpoint.get()) {
         return Err(WorkflowError::BadRequest(
             "checkpoint contains a NUL character".into(),
         ));
@@ -176,31 +208,37 @@ fn json_len(value: &Value) -> usize {
     count.0
 }
 
-/// Rails' `present?`: an empty object or null counts as absent.
-fn is_blank(v: &Value) -> bool {
-    match v {
-        Value::Null => true,
-        Value::Object(m) => m.is_empty(),
-        Value::String(s) => s.trim().is_empty(),
-        _ => false,
+/// Rails' `present?` of JSON text: null, an empty object or a blank string
+/// counts as absent.
+fn is_blank(json: &str) -> bool {
+    let json = json.trim();
+    if json == "null" {
+        return true;
     }
+    if let Some(inside) = json.strip_prefix('{').and_then(|j| j.strip_suffix('}')) {
+        return inside.trim().is_empty();
+    }
+    json.starts_with('"') && serde_json::from_str::<String>(json).is_ok_and(|s| s.trim().is_empty())
 }
 
 const CHECKPOINT_COLUMNS: &str =
     "id, workflow_id, thread_ts, parent_ts, checkpoint_ns, checkpoint, metadata, created_at";
 
-fn from_row(row: &tokio_postgres::Row) -> Checkpoint {
-    Checkpoint {
+fn from_row(row: &tokio_postgres::Row) -> Result<Checkpoint, WorkflowError> {
+    let text: String = row.get(5);
+    let checkpoint = RawValue::from_string(text)
+        .map_err(|e| WorkflowError::Stored(format!("checkpoint {}: {e}", row.get::<_, i64>(0))))?;
+    Ok(Checkpoint {
         id: row.get(0),
         workflow_id: row.get(1),
         thread_ts: row.get(2),
         parent_ts: row.get(3),
         checkpoint_ns: row.get(4),
-        checkpoint: row.get(5),
+        checkpoint,
         metadata: row.get(6),
         created_at: row.get(7),
         writes: Vec::new(),
-    }
+    })
 }
 
 /// Stores a checkpoint (or, for a repeated post of the same checkpoint,
@@ -270,10 +308,10 @@ pub async fn create(
             )
             .await?
         {
-            let existing = from_row(&existing);
+            let existing = from_row(&existing)?;
             if existing.parent_ts == parent_ts
                 && existing.checkpoint_ns == ns
-                && existing.checkpoint == checkpoint
+                && existing.checkpoint.get() == checkpoint.get()
                 && existing.metadata == new.metadata
             {
                 return Ok(existing);
@@ -299,7 +337,7 @@ pub async fn create(
                 &new.thread_ts,
                 &parent_ts,
                 &ns,
-                &checkpoint,
+                &checkpoint.get(),
                 &new.metadata,
             ],
         )
@@ -360,7 +398,7 @@ pub async fn list(
             &[&workflow_id, &checkpoint_ns, &offset.max(0), &limit.max(0)],
         )
         .await?;
-    let mut checkpoints: Vec<Checkpoint> = rows.iter().map(from_row).collect();
+    let mut checkpoints = rows.iter().map(from_row).collect::<Result<Vec<_>, _>>()?;
     attach_writes(db, workflow_id, &mut checkpoints).await?;
     Ok((checkpoints, total))
 }
@@ -381,7 +419,7 @@ pub async fn get(
         )
         .await?;
     let Some(row) = row else { return Ok(None) };
-    let mut one = vec![from_row(&row)];
+    let mut one = vec![from_row(&row)?];
     attach_writes(db, workflow_id, &mut one).await?;
     Ok(one.pop())
 }
@@ -536,54 +574,75 @@ pub async fn apply_retention(db: &impl Queries, days: i32) -> Result<u64, Workfl
 }
 
 /// GitLab's checkpoint entity; `compressed` replaces `checkpoint` with
-/// `compressed_checkpoint`.
-pub fn to_json(c: &Checkpoint, compressed: bool) -> Value {
-    let writes: Vec<Value> = c
-        .writes
-        .iter()
-        .map(|w| {
-            json!({
-                "id": w.id,
-                "thread_ts": w.thread_ts,
-                "task": w.task,
-                "idx": w.idx,
-                "channel": w.channel,
-                "write_type": w.write_type,
-                "data": w.data,
+/// `compressed_checkpoint`. The body goes out as the text it was stored as.
+pub fn to_json(c: &Checkpoint, compressed: bool) -> CheckpointEntity<'_> {
+    let (checkpoint, compressed_checkpoint) = if compressed {
+        (None, Some(compress(c.checkpoint.get())))
+    } else {
+        (Some(&*c.checkpoint), None)
+    };
+    CheckpointEntity {
+        id: c.id,
+        thread_ts: &c.thread_ts,
+        parent_ts: c.parent_ts.as_deref(),
+        checkpoint_ns: &c.checkpoint_ns,
+        metadata: &c.metadata,
+        checkpoint_writes: c
+            .writes
+            .iter()
+            .map(|w| WriteEntity {
+                id: w.id,
+                thread_ts: &w.thread_ts,
+                task: &w.task,
+                idx: w.idx,
+                channel: &w.channel,
+                write_type: &w.write_type,
+                data: &w.data,
             })
-        })
-        .collect();
-    let mut v = json!({
-        "id": c.id,
-        "thread_ts": c.thread_ts,
-        "parent_ts": c.parent_ts,
-        "checkpoint_ns": c.checkpoint_ns,
-        "metadata": c.metadata,
-        "checkpoint_writes": writes,
-        "current_thread": 0,
-    });
-    if let Some(obj) = v.as_object_mut() {
-        if compressed {
-            obj.insert(
-                "compressed_checkpoint".into(),
-                json!(compress(&c.checkpoint)),
-            );
-        } else {
-            obj.insert("checkpoint".into(), c.checkpoint.clone());
-        }
+            .collect(),
+        current_thread: 0,
+        checkpoint,
+        compressed_checkpoint,
     }
-    v
+}
+
+/// GitLab's checkpoint entity, as [`to_json`] makes it.
+#[derive(Debug, serde::Serialize)]
+pub struct CheckpointEntity<'a> {
+    id: i64,
+    thread_ts: &'a str,
+    parent_ts: Option<&'a str>,
+    checkpoint_ns: &'a str,
+    metadata: &'a Value,
+    checkpoint_writes: Vec<WriteEntity<'a>>,
+    current_thread: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    checkpoint: Option<&'a RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    compressed_checkpoint: Option<String>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct WriteEntity<'a> {
+    id: i64,
+    thread_ts: &'a str,
+    task: &'a str,
+    idx: i32,
+    channel: &'a str,
+    write_type: &'a str,
+    data: &'a str,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn compression_round_trips_and_bounds_inflation() {
-        let v = json!({"channel_values": {"ui_chat_log": ["x".repeat(1000)]}});
+        let v = json!({"channel_values": {"ui_chat_log": ["x".repeat(1000)]}}).to_string();
         let text = compress(&v);
-        assert_eq!(decompress(&text, 1 << 20).unwrap(), v);
+        assert_eq!(decompress(&text, 1 << 20).unwrap().get(), v);
         assert!(matches!(
             decompress(&text, 100),
             Err(WorkflowError::BadRequest(m)) if m.contains("too large")
@@ -591,6 +650,36 @@ mod tests {
         assert!(decompress("not base64!", 100).is_err());
         let not_zlib = base64::engine::general_purpose::STANDARD.encode(b"plain");
         assert!(decompress(&not_zlib, 100).is_err());
+    }
+
+    #[test]
+    fn escaped_nul_is_found_and_an_escaped_backslash_is_not_one() {
+        assert!(has_nul_escape(r#"{"a":"b\u0000"}"#));
+        assert!(has_nul_escape(r#"{"k\u0000":1}"#));
+        assert!(
+            has_nul_escape(r#"{"a":"\\\u0000"}"#),
+            "a backslash, then NUL"
+        );
+        assert!(
+            !has_nul_escape(r#"{"a":"\\u0000"}"#),
+            "a backslash, then text"
+        );
+        assert!(!has_nul_escape(r#"{"a":"u0000","b":"\u0001"}"#));
+        // What serde_json reads agrees.
+        for text in [r#"{"a":"\\\u0000"}"#, r#"{"a":"\\u0000"}"#] {
+            let value: Value = serde_json::from_str(text).unwrap();
+            assert_eq!(has_nul(&value), has_nul_escape(text), "{text}");
+        }
+    }
+
+    #[test]
+    fn blank_bodies_count_as_absent() {
+        for blank in ["null", "{}", "{ \n }", "\"  \"", " null "] {
+            assert!(is_blank(blank), "{blank}");
+        }
+        for present in [r#"{"a":1}"#, "[]", "0", r#""x""#] {
+            assert!(!is_blank(present), "{present}");
+        }
     }
 
     #[test]

@@ -12,6 +12,7 @@ use crate::queries::Queries;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use super::checkpoints::{self, Checkpoint};
 use super::store::Workflow;
@@ -23,14 +24,14 @@ pub fn user_topic(user_id: i64) -> String {
 }
 
 /// One `DuoWorkflowEvent` as it travels between processes.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WorkflowEventMessage {
     pub workflow_id: i64,
     /// The status name (`running`).
     pub status: String,
     pub goal: String,
     pub workflow_definition: String,
-    pub checkpoint: Option<Value>,
+    pub checkpoint: Option<Box<RawValue>>,
     pub metadata: Option<Value>,
     /// The stored checkpoint this event is about, when it is not inline.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -53,7 +54,9 @@ impl WorkflowEventMessage {
             checkpoint_id: checkpoint.map(|c| c.id),
             thread_ts: checkpoint.map(|c| c.thread_ts.clone()),
             parent_ts: checkpoint.and_then(|c| c.parent_ts.clone()),
-            timestamp: checkpoint.and_then(|c| timestamp_of(&c.thread_ts, &c.checkpoint)),
+            // Read from the body when the checkpoint is resolved: a long
+            // run's body is not scanned for nobody.
+            timestamp: None,
             parent_timestamp: None,
         }
     }
@@ -67,6 +70,7 @@ impl WorkflowEventMessage {
         };
         let db = pool.get().await.map_err(crate::db::DbError::from)?;
         if let Some(stored) = checkpoints::get(&db, self.workflow_id, id).await? {
+            self.timestamp = timestamp_of(&stored.checkpoint);
             self.checkpoint = Some(stored.checkpoint);
             self.metadata = Some(stored.metadata);
         }
@@ -75,12 +79,36 @@ impl WorkflowEventMessage {
 }
 
 /// The time a checkpoint was taken: LangGraph's `ts` in the checkpoint.
-pub fn timestamp_of(_thread_ts: &str, checkpoint: &Value) -> Option<DateTime<Utc>> {
-    checkpoint
-        .get("ts")
-        .and_then(Value::as_str)
-        .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
+pub fn timestamp_of(checkpoint: &RawValue) -> Option<DateTime<Utc>> {
+    let ts = Peek::of(checkpoint).ts?;
+    DateTime::parse_from_rfc3339(ts.as_str()?)
+        .ok()
         .map(|t| t.with_timezone(&Utc))
+}
+
+/// The state's own status (`channel_values.status`) in a checkpoint.
+pub fn status_of(checkpoint: &RawValue) -> Option<String> {
+    let status = Peek::of(checkpoint).channel_values?.status?;
+    status.as_str().map(str::to_owned)
+}
+
+/// The two small fields events show, read from a checkpoint's text without
+/// building the rest of it.
+#[derive(Default, Deserialize)]
+struct Peek {
+    ts: Option<Value>,
+    channel_values: Option<PeekValues>,
+}
+
+#[derive(Deserialize)]
+struct PeekValues {
+    status: Option<Value>,
+}
+
+impl Peek {
+    fn of(checkpoint: &RawValue) -> Self {
+        serde_json::from_str(checkpoint.get()).unwrap_or_default()
+    }
 }
 
 async fn publish(

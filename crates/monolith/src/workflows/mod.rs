@@ -66,6 +66,9 @@ pub enum WorkflowError {
     Db(#[from] crate::db::DbError),
     #[error(transparent)]
     Queue(#[from] job_queue::QueueError),
+    /// Something stored cannot be read back (a checkpoint that is not JSON).
+    #[error("stored data is unreadable: {0}")]
+    Stored(String),
 }
 
 impl From<tokio_postgres::Error> for WorkflowError {

@@ -434,7 +434,8 @@ async fn workflow_forms_need_their_token_and_runs_are_their_owners() {
             &json!({"channel_values": {
                 "ui_chat_log": [{"message_type": "agent", "content": "Reading issue #1 <b>now</b>"}],
                 "conversation_history": {"chat": [{"content": "the system prompt"}]}
-            }}),
+            }})
+            .to_string(),
         ],
     )
     .await
