@@ -104,7 +104,7 @@ pub(crate) async fn stream_deltas(
     http: &reqwest::Client,
     base_url: &str,
     api_key: Option<&str>,
-    body: &Value,
+    body: &(impl serde::Serialize + ?Sized),
     params: &super::ModelParams,
 ) -> Result<TextStream, ProviderError> {
     let mut request = http

@@ -14,6 +14,7 @@ use crate::providers::{
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use secrecy::ExposeSecret;
+use serde::Serialize;
 use serde_json::{Value, json};
 
 /// The `feature_category` of the workflow service's model calls.
@@ -452,9 +453,9 @@ impl ToolCallingModel {
             return Ok(None);
         };
         let mut body = openai_body(model, system, messages, tools, params);
-        body["stream"] = json!(true);
+        body.stream = true;
         if turn.require_call && !tools.is_empty() {
-            body["tool_choice"] = json!("required");
+            body.tool_choice = Some("required");
         }
         let mut recorder = turn.recorder(route, true);
         let mut chunks =
@@ -524,7 +525,7 @@ impl ToolCallingModel {
                     .json(&{
                         let mut body = anthropic_body(model, system, messages, tools, params);
                         if require_call {
-                            body["tool_choice"] = json!({"type": "any"});
+                            body.tool_choice = Some(json!({"type": "any"}));
                         }
                         body
                     });
@@ -544,7 +545,7 @@ impl ToolCallingModel {
                     .json(&{
                         let mut body = openai_body(model, system, messages, tools, params);
                         if require_call {
-                            body["tool_choice"] = json!("required");
+                            body.tool_choice = Some("required");
                         }
                         body
                     });
@@ -606,30 +607,80 @@ enum Wire {
     OpenAi,
 }
 
-fn anthropic_body(
-    model: &str,
-    system: &str,
-    messages: &[Message],
-    tools: &[ToolSchema],
+/// Anthropic's Messages API request, borrowed from the conversation and
+/// serialized straight onto the wire: a long run's history is not built into
+/// a JSON tree before every model call.
+#[derive(Serialize)]
+struct AnthropicRequest<'a> {
+    model: &'a str,
+    max_tokens: u32,
+    system: &'a str,
+    messages: Vec<AnthropicTurn<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<AnthropicTool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<Value>,
+}
+
+#[derive(Serialize)]
+struct AnthropicTurn<'a> {
+    role: &'static str,
+    content: Vec<AnthropicBlock<'a>>,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum AnthropicBlock<'a> {
+    Text {
+        text: &'a str,
+    },
+    ToolUse {
+        id: &'a str,
+        name: &'a str,
+        input: &'a Value,
+    },
+    ToolResult {
+        tool_use_id: &'a str,
+        content: &'a str,
+        is_error: bool,
+    },
+}
+
+#[derive(Serialize)]
+struct AnthropicTool<'a> {
+    name: &'a str,
+    description: &'a str,
+    input_schema: &'a Value,
+}
+
+fn anthropic_body<'a>(
+    model: &'a str,
+    system: &'a str,
+    messages: &'a [Message],
+    tools: &'a [ToolSchema],
     params: &ModelParams,
-) -> Value {
+) -> AnthropicRequest<'a> {
     // Anthropic wants strictly alternating roles: tool results and a
     // following user message share one user turn.
-    let mut wire: Vec<Value> = Vec::new();
-    let mut push = |role: &str, block: Value| {
-        if let Some(last) = wire.last_mut()
-            && last["role"] == role
-            && let Some(content) = last["content"].as_array_mut()
-        {
-            content.push(block);
-            return;
-        }
-        wire.push(json!({"role": role, "content": [block]}));
+    let mut wire: Vec<AnthropicTurn<'a>> = Vec::new();
+    let mut push = |role: &'static str, block: AnthropicBlock<'a>| match wire.last_mut() {
+        Some(last) if last.role == role => last.content.push(block),
+        _ => wire.push(AnthropicTurn {
+            role,
+            content: vec![block],
+        }),
     };
     for message in messages {
         match message {
             Message::HumanMessage { content } => {
-                push("user", json!({"type": "text", "text": non_empty(content)}));
+                push(
+                    "user",
+                    AnthropicBlock::Text {
+                        text: non_empty(content),
+                    },
+                );
             }
             Message::AiMessage {
                 content,
@@ -638,13 +689,19 @@ fn anthropic_body(
                 if !content.is_empty() || tool_calls.is_empty() {
                     push(
                         "assistant",
-                        json!({"type": "text", "text": non_empty(content)}),
+                        AnthropicBlock::Text {
+                            text: non_empty(content),
+                        },
                     );
                 }
                 for call in tool_calls {
                     push(
                         "assistant",
-                        json!({"type": "tool_use", "id": call.id, "name": call.name, "input": call.args}),
+                        AnthropicBlock::ToolUse {
+                            id: &call.id,
+                            name: &call.name,
+                            input: &call.args,
+                        },
                     );
                 }
             }
@@ -655,26 +712,30 @@ fn anthropic_body(
                 ..
             } => push(
                 "user",
-                json!({"type": "tool_result", "tool_use_id": tool_call_id, "content": content, "is_error": is_error}),
+                AnthropicBlock::ToolResult {
+                    tool_use_id: tool_call_id,
+                    content,
+                    is_error: *is_error,
+                },
             ),
         }
     }
-    let mut body = json!({
-        "model": model,
-        "max_tokens": params.max_tokens,
-        "system": system,
-        "messages": wire,
-    });
-    if !tools.is_empty() {
-        body["tools"] = tools
+    AnthropicRequest {
+        model,
+        max_tokens: params.max_tokens,
+        system,
+        messages: wire,
+        tools: tools
             .iter()
-            .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}))
-            .collect();
+            .map(|t| AnthropicTool {
+                name: &t.name,
+                description: &t.description,
+                input_schema: &t.parameters,
+            })
+            .collect(),
+        temperature: params.temperature,
+        tool_choice: None,
     }
-    if let Some(t) = params.temperature {
-        body["temperature"] = json!(t);
-    }
-    body
 }
 
 fn non_empty(text: &str) -> &str {
@@ -685,64 +746,125 @@ fn non_empty(text: &str) -> &str {
     }
 }
 
-fn openai_body(
-    model: &str,
-    system: &str,
-    messages: &[Message],
-    tools: &[ToolSchema],
+/// An OpenAI chat completions request, borrowed from the conversation (see
+/// [`AnthropicRequest`]).
+#[derive(Serialize)]
+struct OpenAiRequest<'a> {
+    model: &'a str,
+    messages: Vec<OpenAiMessage<'a>>,
+    max_tokens: u32,
+    stream: bool,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<OpenAiTool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<&'static str>,
+}
+
+#[derive(Serialize)]
+struct OpenAiMessage<'a> {
+    role: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_call_id: Option<&'a str>,
+    content: &'a str,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<OpenAiToolCall<'a>>,
+}
+
+#[derive(Serialize)]
+struct OpenAiToolCall<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: OpenAiFunctionCall<'a>,
+}
+
+#[derive(Serialize)]
+struct OpenAiFunctionCall<'a> {
+    name: &'a str,
+    /// The arguments as JSON text, as the API takes them.
+    arguments: String,
+}
+
+#[derive(Serialize)]
+struct OpenAiTool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: OpenAiFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct OpenAiFunction<'a> {
+    name: &'a str,
+    description: &'a str,
+    parameters: &'a Value,
+}
+
+fn openai_body<'a>(
+    model: &'a str,
+    system: &'a str,
+    messages: &'a [Message],
+    tools: &'a [ToolSchema],
     params: &ModelParams,
-) -> Value {
-    let mut wire = vec![json!({"role": "system", "content": system})];
+) -> OpenAiRequest<'a> {
+    let plain = |role, content| OpenAiMessage {
+        role,
+        tool_call_id: None,
+        content,
+        tool_calls: Vec::new(),
+    };
+    let mut wire = Vec::with_capacity(messages.len() + 1);
+    wire.push(plain("system", system));
     for message in messages {
         wire.push(match message {
-            Message::HumanMessage { content } => json!({"role": "user", "content": content}),
+            Message::HumanMessage { content } => plain("user", content),
             Message::AiMessage {
                 content,
                 tool_calls,
-            } => {
-                let mut turn = json!({"role": "assistant", "content": content});
-                if !tool_calls.is_empty() {
-                    turn["tool_calls"] = tool_calls
-                        .iter()
-                        .map(|c| {
-                            json!({
-                                "id": c.id,
-                                "type": "function",
-                                "function": {"name": c.name, "arguments": c.args.to_string()},
-                            })
-                        })
-                        .collect();
-                }
-                turn
-            }
+            } => OpenAiMessage {
+                tool_calls: tool_calls
+                    .iter()
+                    .map(|c| OpenAiToolCall {
+                        id: &c.id,
+                        kind: "function",
+                        function: OpenAiFunctionCall {
+                            name: &c.name,
+                            arguments: c.args.to_string(),
+                        },
+                    })
+                    .collect(),
+                ..plain("assistant", content)
+            },
             Message::ToolMessage {
                 content,
                 tool_call_id,
                 ..
-            } => json!({"role": "tool", "tool_call_id": tool_call_id, "content": content}),
+            } => OpenAiMessage {
+                tool_call_id: Some(tool_call_id),
+                ..plain("tool", content)
+            },
         });
     }
-    let mut body = json!({
-        "model": model,
-        "messages": wire,
-        "max_tokens": params.max_tokens,
-        "stream": false,
-    });
-    if !tools.is_empty() {
-        body["tools"] = tools
+    OpenAiRequest {
+        model,
+        messages: wire,
+        max_tokens: params.max_tokens,
+        stream: false,
+        tools: tools
             .iter()
-            .map(|t| {
-                json!({
-                    "type": "function",
-                    "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
-                })
+            .map(|t| OpenAiTool {
+                kind: "function",
+                function: OpenAiFunction {
+                    name: &t.name,
+                    description: &t.description,
+                    parameters: &t.parameters,
+                },
             })
-            .collect();
+            .collect(),
+        temperature: params.temperature,
+        tool_choice: None,
     }
-    if let Some(t) = params.temperature {
-        body["temperature"] = json!(t);
-    }
-    body
 }
 
 fn read_anthropic(json: &Value) -> ModelTurn {
@@ -808,6 +930,69 @@ mod tests {
     use super::*;
 
     #[test]
+    fn both_wires_are_written_in_the_providers_shapes() {
+        let call = ToolCall {
+            id: "t1".into(),
+            name: "read_file".into(),
+            args: json!({"file_path": "a"}),
+        };
+        let messages = vec![
+            Message::human("goal"),
+            Message::AiMessage {
+                content: String::new(),
+                tool_calls: vec![call.clone()],
+            },
+            Message::tool(&call, "text", true),
+        ];
+        let tools = vec![ToolSchema {
+            name: "read_file".into(),
+            description: "Reads a file".into(),
+            parameters: json!({"type": "object"}),
+        }];
+        let params = ModelParams {
+            max_tokens: 100,
+            temperature: Some(0.5),
+            ..ModelParams::default()
+        };
+        let mut openai = openai_body("m", "sys", &messages, &tools, &params);
+        openai.tool_choice = Some("required");
+        assert_eq!(
+            serde_json::to_value(&openai).unwrap(),
+            json!({
+                "model": "m",
+                "messages": [
+                    {"role": "system", "content": "sys"},
+                    {"role": "user", "content": "goal"},
+                    {"role": "assistant", "content": "", "tool_calls": [
+                        {"id": "t1", "type": "function", "function": {"name": "read_file", "arguments": "{\"file_path\":\"a\"}"}}
+                    ]},
+                    {"role": "tool", "tool_call_id": "t1", "content": "text"},
+                ],
+                "max_tokens": 100,
+                "stream": false,
+                "tools": [{"type": "function", "function": {"name": "read_file", "description": "Reads a file", "parameters": {"type": "object"}}}],
+                "temperature": 0.5,
+                "tool_choice": "required",
+            })
+        );
+        let anthropic = anthropic_body("m", "sys", &messages, &tools, &ModelParams::default());
+        assert_eq!(
+            serde_json::to_value(&anthropic).unwrap(),
+            json!({
+                "model": "m",
+                "max_tokens": ModelParams::default().max_tokens,
+                "system": "sys",
+                "messages": [
+                    {"role": "user", "content": [{"type": "text", "text": "goal"}]},
+                    {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "read_file", "input": {"file_path": "a"}}]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "text", "is_error": true}]},
+                ],
+                "tools": [{"name": "read_file", "description": "Reads a file", "input_schema": {"type": "object"}}],
+            })
+        );
+    }
+
+    #[test]
     fn anthropic_merges_tool_results_and_the_next_user_turn() {
         let call = ToolCall {
             id: "t1".into(),
@@ -823,7 +1008,14 @@ mod tests {
             Message::tool(&call, "contents", false),
             Message::human("rejected: use b"),
         ];
-        let body = anthropic_body("m", "sys", &messages, &[], &ModelParams::default());
+        let body = serde_json::to_value(anthropic_body(
+            "m",
+            "sys",
+            &messages,
+            &[],
+            &ModelParams::default(),
+        ))
+        .unwrap();
         let wire = body["messages"].as_array().unwrap();
         assert_eq!(wire.len(), 3);
         assert_eq!(wire[1]["content"][0]["type"], "tool_use");
