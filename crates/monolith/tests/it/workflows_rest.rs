@@ -382,6 +382,14 @@ async fn bad_checkpoints_are_refused_and_store_nothing() {
             json!({"thread_ts": "ts-2", "parent_ts": "ts-1", "compressed_checkpoint": compressed(&json!({"a": "\u{0}"})), "metadata": {}}),
         ),
         (
+            "NUL inside, plain",
+            json!({"thread_ts": "ts-2", "parent_ts": "ts-1", "checkpoint": {"a": ["x", {"b\u{0}": 1}]}, "metadata": {}}),
+        ),
+        (
+            "empty checkpoint",
+            json!({"thread_ts": "ts-2", "parent_ts": "ts-1", "checkpoint": {}, "metadata": {}}),
+        ),
+        (
             "long thread_ts",
             json!({"thread_ts": "t".repeat(256), "parent_ts": "ts-1", "checkpoint": {"a": 1}, "metadata": {}}),
         ),
@@ -393,6 +401,40 @@ async fn bad_checkpoints_are_refused_and_store_nothing() {
     }
     assert_eq!(count(&w, "duo_workflows_checkpoints").await, 1);
     insta::assert_json_snapshot!("checkpoint_refusals", transcript);
+}
+
+#[tokio::test]
+async fn a_checkpoint_is_served_as_the_text_it_was_posted_as() {
+    let w = world().await;
+    let id = w.workflow(&w.dev_token, json!({})).await;
+    let token = w.workflow_token(w.dev).await;
+    // Keys out of alphabetical order, a backslash followed by the text
+    // "u0000" (not a NUL), non-ASCII text and numbers as written.
+    let body = json!({
+        "v": 1,
+        "id": "ts-1",
+        "channel_values": {"zeta": "\\u0000 is text", "alpha": "héllo ✓", "n": 1.5e3},
+    });
+    let (status, created) = post(
+        &w.server,
+        &format!("/ai/duo_workflows/workflows/{id}/checkpoints"),
+        &token,
+        json!({"thread_ts": "ts-1", "checkpoint": body, "metadata": {"source": "input", "step": -1}}),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let (status, listed) = get(
+        &w.server,
+        &format!("/ai/duo_workflows/workflows/{id}/checkpoints"),
+        &token,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        listed[0]["checkpoint"].to_string(),
+        body.to_string(),
+        "same keys in the same order, same text"
+    );
 }
 
 fn zlib(bytes: &[u8]) -> Vec<u8> {
