@@ -157,7 +157,7 @@ async fn stored(system: &System, workflow: i64) -> (i16, Vec<(String, Option<Str
         .get(0);
     let rows = db
         .query(
-            "SELECT thread_ts, parent_ts, checkpoint FROM duo_workflows_checkpoints WHERE workflow_id = $1 ORDER BY id",
+            "SELECT thread_ts, parent_ts, checkpoint::jsonb FROM duo_workflows_checkpoints WHERE workflow_id = $1 ORDER BY id",
             &[&workflow],
         )
         .await

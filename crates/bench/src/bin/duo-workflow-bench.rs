@@ -54,6 +54,10 @@ struct StepClock {
     steps: Latencies,
     previous: Option<(String, Instant)>,
     after: std::collections::BTreeMap<String, Latencies>,
+    /// From one tool action to the next: a whole tool round (the model node
+    /// with its call, the tools node with the action and its checkpoints).
+    rounds: Latencies,
+    last_tool: Option<Instant>,
 }
 
 impl StepClock {
@@ -97,7 +101,13 @@ impl Reporter for StepClock {
                     .join("/");
                 format!("runHTTPRequest {} {path}", http.method)
             }
-            action::Action::RunReadFile(_) => "runReadFile".to_owned(),
+            action::Action::RunReadFile(_) => {
+                let now = Instant::now();
+                if let Some(last) = self.last_tool.replace(now) {
+                    self.rounds.push(now - last);
+                }
+                "runReadFile".to_owned()
+            }
             other => format!("{other:?}").chars().take(24).collect(),
         };
         self.event(label);
@@ -283,7 +293,10 @@ async fn run(
         clock.steps.len()
     );
     println!(
-        "   per tool round (model node + tools node): {} ms on average",
+        "   per tool round (model node + tools node): p50 {} ms, p99 {} ms over {} rounds, {} ms on average",
+        ms(clock.rounds.quantile(0.5)),
+        ms(clock.rounds.quantile(0.99)),
+        clock.rounds.len(),
         ms(total / (steps as u32 + 1))
     );
     println!(

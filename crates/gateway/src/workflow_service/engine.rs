@@ -517,7 +517,15 @@ impl Run {
                     .ui_chat_log
                     .push(UiChatLogEntry::new("workflow_end", "Workflow completed."));
             }
-            if let Err(err) = self.save().await {
+            // A model's calls to read-only tools are stored with their
+            // results a moment later: writing the state now would only put a
+            // checkpoint in the writer's queue for the next one to replace,
+            // and writing a long run's state costs more than the step. Calls
+            // with side effects, or waiting for approval, are stored first.
+            let next_reads_only = self.state.next_node.as_deref().is_some_and(|next| {
+                next.ends_with(TOOLS_SUFFIX) && !self.next_tools_have_effects(next)
+            });
+            if !next_reads_only && let Err(err) = self.save().await {
                 return self.fail(err).await;
             }
             if (effects || self.state.status == WorkflowStatus::Completed)
