@@ -380,7 +380,7 @@ async fn serve(
     let repo_path = path.clone();
     // The task owns the git process: it reads the answer, hands it to the
     // response stream while the client listens, and after the process ends it
-    // records the push (even when the client has gone).
+    // records the push (even when the client has gone) before the answer ends.
     tokio::spawn(async move {
         let _permit = permit;
         let head = http_backend::read_head(&mut stdout).await;
@@ -426,13 +426,17 @@ async fn serve(
                 }
             }
         }
-        drop(chunk_tx);
+        // A fetch's answer ends here; a push's only once the push is
+        // recorded, so that when `git push` returns, the record and its job
+        // exist.
+        let chunk_tx = refs_before.is_some().then_some(chunk_tx);
         let _ = child.wait().await;
         if let Some(before) = refs_before
             && let Err(e) = record_push(&pool, project_id, pusher, &repo_path, &before).await
         {
             tracing::error!(project_id, error = %e, "recording a push failed");
         }
+        drop(chunk_tx);
         release(push_lock).await;
     });
 
