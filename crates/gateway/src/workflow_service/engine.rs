@@ -518,10 +518,10 @@ impl Run {
                     .push(UiChatLogEntry::new("workflow_end", "Workflow completed."));
             }
             // A model's calls to read-only tools are stored with their
-            // results a moment later: writing the state now would only put a
-            // checkpoint in the writer's queue for the next one to replace,
-            // and writing a long run's state costs more than the step. Calls
-            // with side effects, or waiting for approval, are stored first.
+            // results a moment later: writing a long run's state costs more
+            // than such a step, and the writer would mostly replace it with
+            // the next one before sending it. Calls with side effects, or
+            // waiting for approval, are stored before they run.
             let next_reads_only = self.state.next_node.as_deref().is_some_and(|next| {
                 next.ends_with(TOOLS_SUFFIX) && !self.next_tools_have_effects(next)
             });
