@@ -88,6 +88,8 @@ struct QueueState {
     running: bool,
     /// The generator is gone (all handles dropped, or its thread ended).
     stopped: bool,
+    /// The generator thread has ended and its engine is freed.
+    exited: bool,
     skipped: u64,
     completed: u64,
     prompt_tokens: u64,
@@ -170,6 +172,8 @@ struct GeneratorExit(Arc<Shared>);
 impl Drop for GeneratorExit {
     fn drop(&mut self) {
         self.0.stop();
+        self.0.lock().exited = true;
+        self.0.wake.notify_all();
     }
 }
 
@@ -227,6 +231,22 @@ impl GenerationQueue {
             owner: Arc::new(Owner(shared)),
             info: Arc::new(info),
         })
+    }
+
+    /// Stops taking jobs and waits up to `within` for the generator thread to
+    /// end (the running job ends at its next token once its client is gone)
+    /// and free its engine. The process must not exit before that: the
+    /// native inference library's globals are torn down at exit while its
+    /// thread may still be decoding. Returns whether the thread ended.
+    pub fn stop_and_wait(&self, within: std::time::Duration) -> bool {
+        let shared = &self.owner.0;
+        shared.stop();
+        let state = shared.lock();
+        let (state, _) = shared
+            .wake
+            .wait_timeout_while(state, within, |s| !s.exited)
+            .unwrap_or_else(PoisonError::into_inner);
+        state.exited
     }
 
     /// What the loaded model file says about itself (chat template, special tokens).
@@ -524,6 +544,31 @@ mod tests {
         assert_eq!(gate.finished().await.expect("finished").0, "next");
         assert_eq!(queue.stats().skipped, 1);
         assert_eq!(queue.stats().completed, 2);
+    }
+
+    #[tokio::test]
+    async fn stopping_waits_until_the_running_job_has_ended_and_the_engine_is_freed() {
+        let (queue, mut gate) = start(&["a", "b", "c"], 2);
+        let running = queue.submit(request("running", &[])).expect("accepted");
+        started(&mut gate, "running").await;
+        // The engine is inside the job, held by the gate: the thread goes on.
+        let waiter = queue.clone();
+        let early = tokio::task::spawn_blocking(move || {
+            waiter.stop_and_wait(std::time::Duration::from_millis(100))
+        });
+        assert!(!early.await.unwrap(), "returned while the job still ran");
+        assert!(matches!(
+            queue.submit(request("late", &[])),
+            Err(SubmitError::Stopped)
+        ));
+        // The client leaves; the job ends at its next token and the thread with it.
+        drop(running);
+        gate.allow(3);
+        let waiter = queue.clone();
+        let ended = tokio::task::spawn_blocking(move || {
+            waiter.stop_and_wait(std::time::Duration::from_secs(10))
+        });
+        assert!(ended.await.unwrap(), "the generator thread did not end");
     }
 
     #[tokio::test]

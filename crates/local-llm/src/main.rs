@@ -45,6 +45,9 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
+/// How long the generator thread gets to end once the server has stopped.
+const GENERATOR_EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 async fn serve(config: Config) -> anyhow::Result<()> {
     if let Some(hint) = missing_weights_hint(&config) {
         eprintln!("{hint}");
@@ -56,6 +59,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let (server, bound) = bind(state.clone(), addr)?;
     tracing::info!(%bound, "duo-local-llm listening");
     let handle = server.handle();
+    let chat = state.chat.clone();
     let stopper = tokio::spawn(async move {
         stop_requested().await;
         // Not ready, still serving while load balancers take it out; then no
@@ -72,6 +76,15 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     });
     let served = server.await;
     stopper.abort();
+    // The connections are closed, so a generation still running ends at its
+    // next token. Exiting before its thread has freed the model would tear
+    // the inference library down under it (a crash at exit).
+    let ended = tokio::task::spawn_blocking(move || chat.stop_and_wait(GENERATOR_EXIT_WAIT))
+        .await
+        .unwrap_or(false);
+    if !ended {
+        tracing::warn!("the generator thread was still running at exit");
+    }
     served.context("server stopped")?;
     tracing::info!("duo-local-llm stopped");
     Ok(())
