@@ -4,7 +4,26 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use secrecy::ExposeSecret;
 use tokio_postgres::NoTls;
 
+use crate::config::Config;
 use crate::queries::Queries;
+
+mod embedded {
+    refinery::embed_migrations!("migrations");
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error("invalid DATABASE_URL: {0}")]
+    Url(tokio_postgres::Error),
+    #[error("building the connection pool failed: {0}")]
+    Pool(String),
+    #[error("database unavailable: {0}")]
+    Checkout(#[from] deadpool_postgres::PoolError),
+    #[error("database error: {0}")]
+    Query(#[from] tokio_postgres::Error),
+    #[error("migration failed: {0}")]
+    Migration(#[from] refinery::Error),
+}
 
 /// Publishes on the job queue's pub/sub bus (delivered at commit inside a
 /// transaction). Messages small enough to travel in the notification itself
@@ -26,26 +45,6 @@ pub async fn publish(
         }
         None => job_queue::pubsub::publish(db.plain(), topic, payload).await,
     }
-}
-
-use crate::config::Config;
-
-mod embedded {
-    refinery::embed_migrations!("migrations");
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum DbError {
-    #[error("invalid DATABASE_URL: {0}")]
-    Url(tokio_postgres::Error),
-    #[error("building the connection pool failed: {0}")]
-    Pool(String),
-    #[error("database unavailable: {0}")]
-    Checkout(#[from] deadpool_postgres::PoolError),
-    #[error("database error: {0}")]
-    Query(#[from] tokio_postgres::Error),
-    #[error("migration failed: {0}")]
-    Migration(#[from] refinery::Error),
 }
 
 pub fn pool(config: &Config) -> Result<Pool, DbError> {

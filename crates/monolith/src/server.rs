@@ -84,21 +84,24 @@ pub fn serve(state: AppState, listener: TcpListener) -> std::io::Result<actix_we
             ))
             .configure(configure)
     })
-    // Nagle's algorithm held a response's last small write (the end of a
-    // chunked body: a streamed answer, git's pack) until the client's
-    // delayed ACK, about 40 ms on every such response.
-    .on_connect(|connection, _| {
-        if let Some(tcp) = connection.downcast_ref::<actix_web::rt::net::TcpStream>()
-            && let Err(e) = tcp.set_nodelay(true)
-        {
-            tracing::debug!(error = %e, "TCP_NODELAY could not be set");
-        }
-    })
+    .on_connect(tcp_nodelay)
     .disable_signals()
     .shutdown_timeout(grace.as_secs())
     .listen(listener)?
     .run();
     Ok(server)
+}
+
+/// `HttpServer::on_connect` hook turning Nagle's algorithm off: it held a
+/// response's last small write (the end of a chunked body: a streamed answer,
+/// git's pack) until the client's delayed ACK, about 40 ms on every such
+/// response.
+pub fn tcp_nodelay(connection: &dyn std::any::Any, _: &mut actix_web::dev::Extensions) {
+    if let Some(tcp) = connection.downcast_ref::<actix_web::rt::net::TcpStream>()
+        && let Err(e) = tcp.set_nodelay(true)
+    {
+        tracing::debug!(error = %e, "TCP_NODELAY could not be set");
+    }
 }
 
 /// The `web` role's stop: report "not ready" (and tell subscription sockets to

@@ -336,11 +336,14 @@ async fn stream_once(
                 let Some(kind) = action.action else {
                     continue;
                 };
-                if let action::Action::NewCheckpoint(checkpoint) = &kind {
-                    reporter.checkpoint(checkpoint);
-                    last = Some(checkpoint.clone());
-                    continue;
-                }
+                let kind = match kind {
+                    action::Action::NewCheckpoint(checkpoint) => {
+                        reporter.checkpoint(&checkpoint);
+                        last = Some(checkpoint);
+                        continue;
+                    }
+                    kind => kind,
+                };
                 reporter.action(&kind);
                 let request_id = action.request_id;
                 running.push(async move { runner.perform(&request_id, &kind).await });

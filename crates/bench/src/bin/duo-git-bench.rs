@@ -292,13 +292,8 @@ async fn main() -> anyhow::Result<()> {
             .default_service(web::to(direct_cgi))
     })
     .workers(2)
-    // As the monolith does: without it, Nagle's algorithm holds the end of
-    // each chunked answer for the client's delayed ACK (~40 ms a request).
-    .on_connect(|connection, _| {
-        if let Some(tcp) = connection.downcast_ref::<actix_web::rt::net::TcpStream>() {
-            let _ = tcp.set_nodelay(true);
-        }
-    })
+    // As the monolith does, so the comparison is of git, not of Nagle.
+    .on_connect(monolith::server::tcp_nodelay)
     .listen(listener)?
     .run();
     let handle = server.handle();

@@ -929,21 +929,26 @@ fn read_openai(json: &Value) -> ModelTurn {
 mod tests {
     use super::*;
 
-    #[test]
-    fn both_wires_are_written_in_the_providers_shapes() {
+    /// A goal, the model's `read_file` call `t1`, and the tool's result.
+    fn read_file_round(result: &str, is_error: bool) -> Vec<Message> {
         let call = ToolCall {
             id: "t1".into(),
             name: "read_file".into(),
             args: json!({"file_path": "a"}),
         };
-        let messages = vec![
+        vec![
             Message::human("goal"),
             Message::AiMessage {
                 content: String::new(),
                 tool_calls: vec![call.clone()],
             },
-            Message::tool(&call, "text", true),
-        ];
+            Message::tool(&call, result, is_error),
+        ]
+    }
+
+    #[test]
+    fn both_wires_are_written_in_the_providers_shapes() {
+        let messages = read_file_round("text", true);
         let tools = vec![ToolSchema {
             name: "read_file".into(),
             description: "Reads a file".into(),
@@ -994,20 +999,8 @@ mod tests {
 
     #[test]
     fn anthropic_merges_tool_results_and_the_next_user_turn() {
-        let call = ToolCall {
-            id: "t1".into(),
-            name: "read_file".into(),
-            args: json!({"file_path": "a"}),
-        };
-        let messages = vec![
-            Message::human("goal"),
-            Message::AiMessage {
-                content: String::new(),
-                tool_calls: vec![call.clone()],
-            },
-            Message::tool(&call, "contents", false),
-            Message::human("rejected: use b"),
-        ];
+        let mut messages = read_file_round("contents", false);
+        messages.push(Message::human("rejected: use b"));
         let body = serde_json::to_value(anthropic_body(
             "m",
             "sys",

@@ -69,24 +69,21 @@ pub struct DuoWorkflowEvent {
     pub workflow_definition: Option<String>,
 }
 
-fn execution_status(checkpoint: Option<&RawValue>, status: Status) -> String {
-    checkpoint
-        .and_then(live::status_of)
-        .unwrap_or_else(|| status.human_name())
+fn summary(checkpoint: Option<&RawValue>) -> live::CheckpointSummary {
+    checkpoint.map(live::summary_of).unwrap_or_default()
 }
 
 fn event_of(workflow: &Workflow, checkpoint: Option<&Checkpoint>) -> DuoWorkflowEvent {
+    let summary = summary(checkpoint.map(|c| &*c.checkpoint));
     DuoWorkflowEvent {
         checkpoint: checkpoint.map(|c| Json(c.checkpoint.get().to_owned())),
         compressed_checkpoint: checkpoint.map(|c| checkpoints::compress(c.checkpoint.get())),
         metadata: checkpoint.map(|c| Json(c.metadata.to_string())),
         workflow_status: Some(workflow.status.into()),
-        execution_status: execution_status(checkpoint.map(|c| &*c.checkpoint), workflow.status),
-        timestamp: checkpoint.map(|c| {
-            live::timestamp_of(&c.checkpoint)
-                .map(time)
-                .unwrap_or_else(|| time(c.created_at))
-        }),
+        execution_status: summary
+            .status
+            .unwrap_or_else(|| workflow.status.human_name()),
+        timestamp: checkpoint.map(|c| time(summary.timestamp.unwrap_or(c.created_at))),
         parent_timestamp: None,
         errors: Some(Vec::new()),
         workflow_goal: Some(workflow.goal.clone()),
@@ -96,16 +93,17 @@ fn event_of(workflow: &Workflow, checkpoint: Option<&Checkpoint>) -> DuoWorkflow
 
 fn event_of_message(m: WorkflowEventMessage) -> DuoWorkflowEvent {
     let status = Status::from_name(&m.status).unwrap_or(Status::Failed);
+    let summary = summary(m.checkpoint.as_deref());
     DuoWorkflowEvent {
         compressed_checkpoint: m
             .checkpoint
             .as_ref()
             .map(|c| checkpoints::compress(c.get())),
-        execution_status: execution_status(m.checkpoint.as_deref(), status),
+        execution_status: summary.status.unwrap_or_else(|| status.human_name()),
         checkpoint: m.checkpoint.map(|c| Json(c.get().to_owned())),
         metadata: m.metadata.map(|c| Json(c.to_string())),
         workflow_status: Some(status.into()),
-        timestamp: m.timestamp.map(time),
+        timestamp: m.timestamp.or(summary.timestamp).map(time),
         parent_timestamp: m.parent_timestamp.map(time),
         errors: Some(Vec::new()),
         workflow_goal: Some(m.goal),

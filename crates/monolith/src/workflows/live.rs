@@ -54,8 +54,8 @@ impl WorkflowEventMessage {
             checkpoint_id: checkpoint.map(|c| c.id),
             thread_ts: checkpoint.map(|c| c.thread_ts.clone()),
             parent_ts: checkpoint.and_then(|c| c.parent_ts.clone()),
-            // Read from the body when the checkpoint is resolved: a long
-            // run's body is not scanned for nobody.
+            // Read from the body when the event is delivered
+            // ([`summary_of`]): a long run's body is not scanned for nobody.
             timestamp: None,
             parent_timestamp: None,
         }
@@ -70,7 +70,6 @@ impl WorkflowEventMessage {
         };
         let db = pool.get().await.map_err(crate::db::DbError::from)?;
         if let Some(stored) = checkpoints::get(&db, self.workflow_id, id).await? {
-            self.timestamp = timestamp_of(&stored.checkpoint);
             self.checkpoint = Some(stored.checkpoint);
             self.metadata = Some(stored.metadata);
         }
@@ -78,36 +77,39 @@ impl WorkflowEventMessage {
     }
 }
 
-/// The time a checkpoint was taken: LangGraph's `ts` in the checkpoint.
-pub fn timestamp_of(checkpoint: &RawValue) -> Option<DateTime<Utc>> {
-    let ts = Peek::of(checkpoint).ts?;
-    DateTime::parse_from_rfc3339(ts.as_str()?)
-        .ok()
-        .map(|t| t.with_timezone(&Utc))
+/// The two small fields an event shows from its checkpoint.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CheckpointSummary {
+    /// When the checkpoint was taken: LangGraph's `ts`.
+    pub timestamp: Option<DateTime<Utc>>,
+    /// The state's own status (`channel_values.status`).
+    pub status: Option<String>,
 }
 
-/// The state's own status (`channel_values.status`) in a checkpoint.
-pub fn status_of(checkpoint: &RawValue) -> Option<String> {
-    let status = Peek::of(checkpoint).channel_values?.status?;
-    status.as_str().map(str::to_owned)
-}
-
-/// The two small fields events show, read from a checkpoint's text without
+/// Reads [`CheckpointSummary`] from a checkpoint's text in one pass, without
 /// building the rest of it.
-#[derive(Default, Deserialize)]
-struct Peek {
-    ts: Option<Value>,
-    channel_values: Option<PeekValues>,
-}
-
-#[derive(Deserialize)]
-struct PeekValues {
-    status: Option<Value>,
-}
-
-impl Peek {
-    fn of(checkpoint: &RawValue) -> Self {
-        serde_json::from_str(checkpoint.get()).unwrap_or_default()
+pub fn summary_of(checkpoint: &RawValue) -> CheckpointSummary {
+    #[derive(Default, Deserialize)]
+    struct Peek {
+        ts: Option<Value>,
+        channel_values: Option<PeekValues>,
+    }
+    #[derive(Deserialize)]
+    struct PeekValues {
+        status: Option<Value>,
+    }
+    let peek: Peek = serde_json::from_str(checkpoint.get()).unwrap_or_default();
+    CheckpointSummary {
+        timestamp: peek
+            .ts
+            .as_ref()
+            .and_then(Value::as_str)
+            .and_then(|ts| DateTime::parse_from_rfc3339(ts).ok())
+            .map(|t| t.with_timezone(&Utc)),
+        status: peek
+            .channel_values
+            .and_then(|v| v.status)
+            .and_then(|s| s.as_str().map(str::to_owned)),
     }
 }
 
