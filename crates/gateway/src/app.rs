@@ -39,6 +39,9 @@ pub struct AppState {
     pub docs: Arc<DocsIndex>,
     /// Model calls with native tool calling (chat agent prompts that ask for it).
     pub tool_model: crate::workflow_service::model::ToolCallingModel,
+    /// The model calls' HTTP clients (configured endpoints, and endpoints a
+    /// request named, behind the egress policy).
+    pub provider_clients: crate::providers::ProviderClients,
 }
 
 impl std::fmt::Debug for AppState {
@@ -83,7 +86,11 @@ impl AppState {
             .build()?;
         let prompts = Arc::new(PromptRegistry::load(&config.prompts.dir)?);
         let authenticator = Arc::new(Authenticator::from_config(&config.auth)?);
-        let model: Arc<dyn ChatModel> = Arc::new(ModelRouter::new(&config.providers)?);
+        let provider_clients = crate::providers::ProviderClients::new(&config.providers)?;
+        let model: Arc<dyn ChatModel> = Arc::new(ModelRouter::with_clients(
+            &config.providers,
+            provider_clients.clone(),
+        ));
         let docs = Arc::new(DocsIndex::build(&config.docs.dir, &config.docs.base_url)?);
         Ok(Self {
             prompts,
@@ -94,7 +101,10 @@ impl AppState {
             metrics: Metrics::global(),
             http,
             docs,
-            tool_model: crate::workflow_service::model::ToolCallingModel::new()?,
+            tool_model: crate::workflow_service::model::ToolCallingModel::with_clients(
+                provider_clients.clone(),
+            ),
+            provider_clients,
         })
     }
 }

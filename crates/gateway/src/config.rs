@@ -79,6 +79,11 @@ pub struct ProvidersConfig {
     pub mock_model_responses: bool,
     /// `AIGW_CUSTOM_MODELS__ENABLED`: honour `model_metadata` (self-hosted models).
     pub custom_models_enabled: bool,
+    /// `AIGW_CUSTOM_MODELS__EGRESS_ALLOW_LIST`: hosts (`llm.internal`,
+    /// `*.example.com`), addresses and CIDR networks that self-hosted model
+    /// endpoints may be on; empty: any host except link-local and cloud
+    /// metadata addresses (see `providers::egress`).
+    pub egress: crate::providers::EgressPolicy,
     /// `ANTHROPIC_API_KEY`.
     pub anthropic_api_key: Option<SecretString>,
     /// `ANTHROPIC_BASE_URL` (https://api.anthropic.com).
@@ -338,6 +343,13 @@ impl Config {
         let providers = ProvidersConfig {
             mock_model_responses: env.flag("AIGW_MOCK_MODEL_RESPONSES")?,
             custom_models_enabled: env.flag("AIGW_CUSTOM_MODELS__ENABLED")?,
+            egress: crate::providers::EgressPolicy::parse(
+                &env.string("AIGW_CUSTOM_MODELS__EGRESS_ALLOW_LIST", ""),
+            )
+            .map_err(|e| ConfigError {
+                name: "AIGW_CUSTOM_MODELS__EGRESS_ALLOW_LIST",
+                reason: e.to_string(),
+            })?,
             anthropic_api_key: env.secret("ANTHROPIC_API_KEY"),
             anthropic_base_url: env.string("ANTHROPIC_BASE_URL", "https://api.anthropic.com"),
             openai_base_url: env.get("OPENAI_BASE_URL"),

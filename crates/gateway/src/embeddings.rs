@@ -26,6 +26,8 @@ pub struct EmbeddingTarget {
     /// Vertex only.
     pub vertex_project: String,
     pub vertex_location: String,
+    /// A request named the endpoint: the egress-checked client calls it.
+    pub egress: crate::providers::Egress,
 }
 
 impl EmbeddingTarget {
@@ -58,6 +60,7 @@ impl EmbeddingTarget {
             api_key,
             vertex_project: providers.vertex_project.clone(),
             vertex_location: providers.vertex_location.clone(),
+            egress: crate::providers::Egress::Configured,
         }
     }
 

@@ -113,6 +113,7 @@ impl AppState {
         let claims = crate::identity::jwt::claims_for(crate::identity::jwt::TokenSubject {
             user_id,
             scopes: scopes.iter().map(|s| s.as_str().to_owned()).collect(),
+            model_endpoints: Vec::new(),
             realm: &realm,
             instance_id: &self.config.instance_id,
             issuer: self.config.external_url.as_str(),

@@ -224,11 +224,18 @@ impl GatewayClient {
         &self.settings
     }
 
-    /// GitLab's headers for a call made on behalf of `auth`.
-    pub fn headers(&self, auth: &GatewayAuth) -> Result<Vec<(&'static str, String)>, GatewayError> {
+    /// GitLab's headers for a call made on behalf of `auth`. The token
+    /// vouches for `model`'s endpoint, the one self-hosted model the call
+    /// may name (the gateway refuses any other).
+    pub fn headers(
+        &self,
+        auth: &GatewayAuth,
+        model: Option<&contracts::ModelMetadata>,
+    ) -> Result<Vec<(&'static str, String)>, GatewayError> {
         let claims: GatewayClaims = crate::identity::jwt::claims_for(TokenSubject {
             user_id: auth.user_id,
             scopes: auth.scopes.clone(),
+            model_endpoints: model.map(|m| m.endpoint.clone()).into_iter().collect(),
             realm: &auth.realm,
             instance_id: &self.settings.instance_id,
             issuer: &self.settings.issuer,
@@ -293,9 +300,10 @@ impl GatewayClient {
         auth: &GatewayAuth,
         path: &str,
         body: &impl serde::Serialize,
+        model: Option<&contracts::ModelMetadata>,
     ) -> Result<reqwest::Response, GatewayError> {
         let mut request = self.http.post(self.url(auth, path)?).json(body);
-        for (name, value) in self.headers(auth)? {
+        for (name, value) in self.headers(auth, model)? {
             request = request.header(name, value);
         }
         request
@@ -309,8 +317,9 @@ impl GatewayClient {
         auth: &GatewayAuth,
         path: &str,
         body: &impl serde::Serialize,
+        model: Option<&contracts::ModelMetadata>,
     ) -> Result<reqwest::Response, GatewayError> {
-        let response = self.send(auth, path, body).await?;
+        let response = self.send(auth, path, body, model).await?;
         let status = response.status();
         if status.is_success() {
             return Ok(response);
@@ -334,7 +343,9 @@ impl GatewayClient {
         auth: &GatewayAuth,
         body: &AgentRequest,
     ) -> Result<EventStream, GatewayError> {
-        let response = self.post(auth, "/v2/chat/agent", body).await?;
+        let response = self
+            .post(auth, "/v2/chat/agent", body, body.model_metadata.as_ref())
+            .await?;
         let mut bytes = response.bytes_stream();
         let stream = async_stream::stream! {
             let mut decoder = NdjsonDecoder::default();
@@ -373,7 +384,12 @@ impl GatewayClient {
             model_metadata: model_metadata.cloned(),
         };
         let response = self
-            .post(auth, &format!("/v1/prompts/{prompt_id}"), &body)
+            .post(
+                auth,
+                &format!("/v1/prompts/{prompt_id}"),
+                &body,
+                model_metadata,
+            )
             .await?;
         let text = response
             .text()
@@ -413,7 +429,12 @@ impl GatewayClient {
             model_metadata: Some(model_metadata.clone()),
         };
         let response = self
-            .send(auth, &format!("/v1/prompts/{CHECK_PROMPT}"), &body)
+            .send(
+                auth,
+                &format!("/v1/prompts/{CHECK_PROMPT}"),
+                &body,
+                Some(model_metadata),
+            )
             .await?;
         let status = response.status();
         let text = response
@@ -458,7 +479,7 @@ impl GatewayClient {
             body["model_metadata"] =
                 serde_json::to_value(model).map_err(|e| GatewayError::Body(e.to_string()))?;
         }
-        let response = self.post(auth, path, &body).await?;
+        let response = self.post(auth, path, &body, model_metadata).await?;
         let value: Value = response
             .json()
             .await
@@ -511,7 +532,12 @@ impl GatewayClient {
             model_metadata: model_metadata.cloned(),
         };
         let response = self
-            .post(auth, &format!("/v1/prompts/{prompt_id}"), &body)
+            .post(
+                auth,
+                &format!("/v1/prompts/{prompt_id}"),
+                &body,
+                model_metadata,
+            )
             .await?;
         let mut bytes = response.bytes_stream();
         let stream = async_stream::stream! {
@@ -551,7 +577,9 @@ impl GatewayClient {
                 page_size: contracts::docs_search::default_page_size(),
             },
         };
-        let response = self.post(auth, "/v1/search/gitlab-docs", &body).await?;
+        let response = self
+            .post(auth, "/v1/search/gitlab-docs", &body, None)
+            .await?;
         response
             .json()
             .await

@@ -46,6 +46,8 @@ async fn chat_agent(
 ) -> Result<HttpResponse, ApiError> {
     let version = header(&req, headers::VERSION).map(str::to_owned);
     let flags = header(&req, headers::ENABLED_FEATURE_FLAGS).map(str::to_owned);
+    // `Data` is an `Arc`: the closure below takes one handle, this keeps one.
+    let shared_config = config.clone();
     // Parsing and rendering a large request is CPU work: on the blocking pool,
     // so the async workers keep answering health checks and other requests.
     let mut prepared = web::block(move || -> Result<agent::PreparedAgent, ApiError> {
@@ -64,7 +66,7 @@ async fn chat_agent(
     let tool_model = match req.app_data::<web::Data<ToolCallingModel>>() {
         Some(tool_model) => tool_model.get_ref().clone(),
         // Apps that do not register one (tests of the ReAct path) still work.
-        None => ToolCallingModel::new()
+        None => ToolCallingModel::new(&shared_config.providers)
             .map_err(|e| ApiError::Internal(format!("tool-calling client: {e}")))?,
     };
     let events = agent::run(model.into_inner(), tool_model, prepared)

@@ -21,6 +21,7 @@ use crate::auth::GatewayUser;
 use crate::config::EmbeddingProvider;
 use crate::embeddings::{self, EmbedError, EmbeddingTarget};
 use crate::error::{ApiError, ValidationIssue};
+use crate::providers::Egress;
 
 /// Most texts one request may carry.
 pub const MAX_CONTENTS: usize = 1000;
@@ -115,7 +116,7 @@ async fn handle(
     let config = &state.config;
     let target = match request.model_metadata {
         // A self-hosted OpenAI-compatible embedding model, when the instance
-        // allows custom models.
+        // allows custom models and the caller's token vouches for it.
         Some(ModelMetadata {
             provider: Some(provider),
             endpoint: Some(endpoint),
@@ -128,19 +129,24 @@ async fn handle(
                     "Custom models are not enabled on this gateway".into(),
                 ));
             }
+            let admitted = user
+                .endpoint_guard(&config.providers.egress)
+                .admit(&endpoint, api_key.as_deref())
+                .map_err(|e| ApiError::Forbidden(e.to_string()))?;
             EmbeddingTarget {
                 provider: EmbeddingProvider::OpenAi,
-                base_url: endpoint,
+                base_url: admitted.base_url().to_owned(),
                 model: identifier.or(name).unwrap_or_default(),
-                api_key,
+                api_key: admitted.api_key().map(str::to_owned),
                 vertex_project: String::new(),
                 vertex_location: String::new(),
+                egress: Egress::CallerNamed,
             }
         }
         _ => EmbeddingTarget::configured(&config.code_embeddings, &config.providers),
     };
     let vectors = embeddings::embed(
-        &state.http,
+        state.provider_clients.get(target.egress),
         &target,
         &request.contents,
         config.code_embeddings.batch_size,

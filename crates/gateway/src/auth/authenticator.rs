@@ -143,6 +143,7 @@ impl Authenticator {
 
         Ok(GatewayUser {
             is_debug: false,
+            model_endpoints: super::vouched_endpoints(claims.model_endpoints),
             scopes: claims.scopes.unwrap_or_default().into_iter().collect(),
             claims: UserClaims {
                 subject: claims.sub,

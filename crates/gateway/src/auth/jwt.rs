@@ -39,6 +39,11 @@ pub struct TokenClaims {
     /// Unit primitive names.
     #[serde(default)]
     pub scopes: Option<Vec<String>>,
+    /// Our monolith's claim (not in GitLab's tokens): the self-hosted model
+    /// endpoints its admin configured, the only ones a request carrying this
+    /// token may name (`providers::egress`).
+    #[serde(default)]
+    pub model_endpoints: Option<Vec<String>>,
 }
 
 /// Why a token was refused. Callers answer every variant except

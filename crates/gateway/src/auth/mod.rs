@@ -19,6 +19,8 @@ pub struct GatewayUser {
     /// The `scopes` claim: unit primitive names (unknown names are kept as text).
     pub scopes: BTreeSet<String>,
     pub claims: UserClaims,
+    /// The token's `model_endpoints`, normalized: what its requests may name.
+    pub model_endpoints: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -56,4 +58,26 @@ impl GatewayUser {
     pub fn can_str(&self, unit_primitive: &str) -> bool {
         self.is_debug || self.scopes.contains(unit_primitive)
     }
+
+    /// What this caller's requests may name as a model endpoint.
+    pub fn endpoint_guard<'a>(
+        &'a self,
+        policy: &'a crate::providers::EgressPolicy,
+    ) -> crate::providers::EndpointGuard<'a> {
+        crate::providers::EndpointGuard {
+            vouched: &self.model_endpoints,
+            debug: self.is_debug,
+            policy,
+        }
+    }
+}
+
+/// The `model_endpoints` claim in the form requests are compared in;
+/// entries that are not endpoints are dropped.
+pub fn vouched_endpoints(claim: Option<Vec<String>>) -> Vec<String> {
+    claim
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|e| crate::providers::egress::normalize_endpoint(e))
+        .collect()
 }

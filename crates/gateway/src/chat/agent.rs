@@ -19,7 +19,8 @@ use crate::config::Config;
 use crate::error::{ApiError, ValidationIssue};
 use crate::prompts::{PromptError, PromptRegistry, TemplateRole, ToolCalling, choose_families};
 use crate::providers::{ChatMessage, ChatModel, ChatRole, ModelCall, ProviderError, ProviderKind};
-use crate::workflow_service::model::{ModelRoute, ToolCallingModel, route_for_target};
+use crate::providers::{ModelRoute, route_for_target};
+use crate::workflow_service::model::ToolCallingModel;
 use crate::workflow_service::state::Message;
 use contracts::{AgentEvent, AgentMessage, AgentRequest, MessageRole, UnitPrimitive};
 use futures::StreamExt;
@@ -176,7 +177,11 @@ pub fn prepare(
         .iter()
         .find_map(|family| registry.resolve(PROMPT_ID, family, None).ok())
         .ok_or_else(|| PromptError::NotFound(PROMPT_ID.to_owned()))?;
-    let target = definition.model_target(&config.providers, metadata)?;
+    let target = definition.model_target(
+        &config.providers,
+        metadata,
+        &user.endpoint_guard(&config.providers.egress),
+    )?;
 
     let (history, question) = match request.messages.split_last() {
         Some((question, history)) => (history, question),

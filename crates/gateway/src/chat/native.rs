@@ -9,9 +9,9 @@
 //! bundled model server enforces with a grammar).
 
 use super::tools_registry::ToolDefinition;
-use crate::providers::{ModelParams, ProviderError};
+use crate::providers::{ModelParams, ModelRoute, ProviderError};
 use crate::workflow_service::model::{
-    ModelRoute, ModelTurn, ToolCallingModel, ToolSchema, TurnAssembler, TurnDelta, TurnOptions,
+    ModelTurn, ToolCallingModel, ToolSchema, TurnAssembler, TurnDelta, TurnOptions,
 };
 use crate::workflow_service::state::{Message, ToolCall};
 use contracts::{AgentEvent, AgentStep};

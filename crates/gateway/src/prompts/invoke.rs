@@ -112,7 +112,11 @@ pub fn prepare(
     }
     let definition = selected.cloned().ok_or(PromptError::NoMatchingVersion)?;
 
-    let target = definition.model_target(&config.providers, request.model_metadata.as_ref())?;
+    let target = definition.model_target(
+        &config.providers,
+        request.model_metadata.as_ref(),
+        &user.endpoint_guard(&config.providers.egress),
+    )?;
     let inputs = serde_json::Value::Object(request.inputs.clone());
     let messages = definition.render(registry, &inputs)?;
     let mut call = definition.model_call(messages, target);

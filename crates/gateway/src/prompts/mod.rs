@@ -70,13 +70,28 @@ pub enum PromptError {
     CustomModelsDisabled,
     #[error("{0}")]
     InvalidModelMetadata(String),
+    /// `model_metadata.endpoint` is not one the caller's token vouches
+    /// for, or the egress policy refuses it.
+    #[error("{0}")]
+    ModelEndpointRefused(#[from] crate::providers::egress::EgressError),
+}
+
+impl From<crate::providers::CustomModelError> for PromptError {
+    fn from(err: crate::providers::CustomModelError) -> Self {
+        match err {
+            crate::providers::CustomModelError::Disabled => Self::CustomModelsDisabled,
+            crate::providers::CustomModelError::Endpoint(e) => Self::ModelEndpointRefused(e),
+        }
+    }
 }
 
 impl From<PromptError> for ApiError {
     fn from(err: PromptError) -> Self {
         match err {
             PromptError::NotFound(_) => Self::NotFound(err.to_string()),
-            PromptError::Unauthorized(_) => Self::Forbidden(err.to_string()),
+            PromptError::Unauthorized(_) | PromptError::ModelEndpointRefused(_) => {
+                Self::Forbidden(err.to_string())
+            }
             PromptError::NotSupported(_)
             | PromptError::InvalidVersionConstraint
             | PromptError::NoMatchingVersion

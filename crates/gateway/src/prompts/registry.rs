@@ -5,7 +5,10 @@ use super::schema::{ModelConfig, PromptFile, PromptParams, TemplateRole};
 use super::version::VersionConstraint;
 use super::{PromptError, PromptLoadError};
 use crate::config::ProvidersConfig;
-use crate::providers::{ChatMessage, ChatRole, ModelCall, ModelParams, ModelTarget, ProviderKind};
+use crate::providers::{
+    ChatMessage, ChatRole, CustomModel, EndpointGuard, ModelCall, ModelParams, ModelTarget,
+    ProviderKind,
+};
 use minijinja::syntax::SyntaxConfig;
 use minijinja::{AutoEscape, Environment, ErrorKind, UndefinedBehavior, Value};
 use semver::Version;
@@ -54,7 +57,7 @@ pub struct RenderedMessage {
 }
 
 /// `custom_llm_provider` (and `model_metadata.provider`) naming Vertex AI.
-const VERTEX_AI: &str = "vertex_ai";
+use crate::providers::route::VERTEX_AI;
 
 /// Timeout for prompts that set none (GitLab's tool prompts use 60 s).
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -401,11 +404,13 @@ impl PromptDefinition {
     }
 
     /// Where the call goes. Mock mode wins; then `model_metadata` (only when
-    /// custom models are enabled); then the definition's model class.
+    /// custom models are enabled, its endpoint admitted by `guard`); then
+    /// the definition's model class.
     pub fn model_target(
         &self,
         cfg: &ProvidersConfig,
         model_metadata: Option<&contracts::ModelMetadata>,
+        guard: &EndpointGuard<'_>,
     ) -> Result<ModelTarget, PromptError> {
         if let Some(metadata) = model_metadata {
             if !cfg.custom_models_enabled {
@@ -425,29 +430,14 @@ impl PromptDefinition {
             ));
         }
         if let Some(metadata) = model_metadata {
-            // `identifier` names the served model, optionally as `provider/model`.
-            let model = match metadata.identifier.as_deref().filter(|i| !i.is_empty()) {
-                Some(identifier) => identifier
-                    .split_once('/')
-                    .map_or(identifier, |(_, model)| model)
-                    .to_owned(),
-                None => metadata.name.clone(),
+            let custom = CustomModel {
+                provider: &metadata.provider,
+                name: &metadata.name,
+                identifier: metadata.identifier.as_deref(),
+                endpoint: &metadata.endpoint,
+                api_key: metadata.api_key.as_deref(),
             };
-            let kind = if metadata.provider.eq_ignore_ascii_case("anthropic") {
-                ProviderKind::Anthropic
-            } else if metadata.provider.eq_ignore_ascii_case(VERTEX_AI) {
-                ProviderKind::VertexAi
-            } else {
-                ProviderKind::OpenAiCompatible
-            };
-            return Ok(ModelTarget {
-                kind,
-                model,
-                base_url: Some(metadata.endpoint.trim_end_matches('/').to_owned())
-                    .filter(|u| !u.is_empty()),
-                api_key: metadata.api_key.clone().filter(|k| !k.is_empty()),
-                location: None,
-            });
+            return custom.target(cfg, guard).map_err(PromptError::from);
         }
         let settings = &self.model.params;
         let kind = match settings.model_class_provider {

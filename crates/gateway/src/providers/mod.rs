@@ -4,15 +4,21 @@
 //! text-model predict.
 
 mod anthropic;
+pub mod egress;
 mod mock;
 mod openai;
+pub mod route;
 mod router;
 mod sse;
 mod streaming;
 mod vertex;
 
 pub use crate::observability::ModelWaitClock;
+pub use egress::{CallerEndpoint, EgressPolicy, EndpointGuard};
 pub(crate) use openai::stream_deltas as stream_openai_deltas;
+pub use route::{
+    CustomModel, CustomModelError, Egress, ModelRoute, ProviderClients, route_for_target,
+};
 pub use router::{ModelRouter, ProbeResult};
 
 use futures::stream::BoxStream;
@@ -91,10 +97,10 @@ pub struct ModelTarget {
     pub kind: ProviderKind,
     /// The provider's model id (`claude-3-5-sonnet-20241022`, `mistral`, ...).
     pub model: String,
-    /// Overrides the configured base URL (custom models' `endpoint`).
-    pub base_url: Option<String>,
-    /// Overrides the configured API key (custom models' `api_key`).
-    pub api_key: Option<String>,
+    /// An endpoint the request named (custom models' `endpoint`, admitted
+    /// by an [`EndpointGuard`]) with the request's own key: the call goes
+    /// there instead of to a configured provider.
+    pub endpoint: Option<CallerEndpoint>,
     /// Vertex AI only: overrides `AIGW_GOOGLE_CLOUD_PLATFORM__LOCATION`
     /// (a prompt's `params.vertex_location`).
     pub location: Option<String>,
@@ -106,8 +112,7 @@ impl ModelTarget {
         Self {
             kind,
             model: model.into(),
-            base_url: None,
-            api_key: None,
+            endpoint: None,
             location: None,
         }
     }

@@ -2,50 +2,16 @@
 //! provider over one shared HTTP client, with retries, metrics and the
 //! model-wait clock.
 
+use super::route::{ModelRoute, ProviderClients, route_for_target};
 use super::vertex::{self, VertexModel};
-use super::{
-    ChatModel, ModelCall, ModelTarget, ProviderError, ProviderKind, TextStream, anthropic, mock,
-    openai,
-};
+use super::{ChatModel, ModelCall, ProviderError, TextStream, anthropic, mock, openai};
 use crate::config::ProvidersConfig;
 use crate::observability::{InferenceLabels, InferenceRecorder};
-use crate::proxy::vertex_base_url;
 use futures::StreamExt;
 use secrecy::ExposeSecret;
 use std::time::Duration;
 
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Where one call goes after configuration and overrides are applied.
-#[derive(Debug, Clone, PartialEq)]
-enum Route {
-    Mock,
-    Anthropic {
-        base_url: String,
-        api_key: Option<String>,
-    },
-    OpenAi {
-        base_url: String,
-        api_key: Option<String>,
-        model: String,
-    },
-    Vertex {
-        base_url: String,
-        location: String,
-        access_token: Option<String>,
-    },
-}
-
-impl Route {
-    fn kind(&self) -> ProviderKind {
-        match self {
-            Self::Mock => ProviderKind::Mock,
-            Self::Anthropic { .. } => ProviderKind::Anthropic,
-            Self::OpenAi { .. } => ProviderKind::OpenAiCompatible,
-            Self::Vertex { .. } => ProviderKind::VertexAi,
-        }
-    }
-}
 
 /// The outcome of one provider's readiness probe.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,146 +22,60 @@ pub struct ProbeResult {
 }
 
 pub struct ModelRouter {
-    http: reqwest::Client,
+    clients: ProviderClients,
     config: ProvidersConfig,
 }
 
 impl ModelRouter {
     pub fn new(config: &ProvidersConfig) -> Result<Self, ProviderError> {
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .pool_idle_timeout(Duration::from_secs(90))
-            .tcp_nodelay(true)
-            .build()
-            .map_err(|e| ProviderError::NotConfigured(format!("HTTP client: {e}")))?;
-        Ok(Self {
-            http,
+        Ok(Self::with_clients(config, ProviderClients::new(config)?))
+    }
+
+    /// A router sharing its connection pools with other model clients.
+    pub fn with_clients(config: &ProvidersConfig, clients: ProviderClients) -> Self {
+        Self {
+            clients,
             config: config.clone(),
-        })
+        }
     }
 
-    /// The pooled HTTP client, for other upstream calls (proxies).
+    /// The pooled HTTP client for configured upstreams (proxies).
     pub fn http_client(&self) -> &reqwest::Client {
-        &self.http
+        self.clients.configured()
     }
 
-    fn route(&self, call: &ModelCall) -> Result<Route, ProviderError> {
-        let target = &call.target;
-        let config = &self.config;
-        let secret =
-            |s: &Option<secrecy::SecretString>| s.as_ref().map(|s| s.expose_secret().to_owned());
-        if target.kind == ProviderKind::Mock
-            || (config.mock_model_responses && target.kind == ProviderKind::Anthropic)
-        {
-            return Ok(Route::Mock);
-        }
-        if target.kind == ProviderKind::VertexAi {
-            // A prompt written for Vertex AI goes there even when nothing
-            // else is configured: the local model server cannot serve it.
-            return Ok(self.vertex_route(target));
-        }
-        if config.uses_local_default() {
-            // Nothing configured: everything goes to the bundled local model
-            // server, except a custom model that names its own endpoint.
-            if let (ProviderKind::OpenAiCompatible, Some(base_url)) =
-                (target.kind, &target.base_url)
-            {
-                return Ok(Route::OpenAi {
-                    base_url: base_url.clone(),
-                    api_key: target.api_key.clone(),
-                    model: target.model.clone(),
-                });
-            }
-            return Ok(Route::OpenAi {
-                base_url: config.local_llm_url.clone(),
-                api_key: None,
-                model: config.local_llm_model.clone(),
-            });
-        }
-        match target.kind {
-            ProviderKind::Mock => Ok(Route::Mock),
-            ProviderKind::VertexAi => Ok(self.vertex_route(target)),
-            ProviderKind::Anthropic => Ok(Route::Anthropic {
-                base_url: target
-                    .base_url
-                    .clone()
-                    .unwrap_or_else(|| config.anthropic_base_url.clone()),
-                api_key: target
-                    .api_key
-                    .clone()
-                    .or_else(|| secret(&config.anthropic_api_key)),
-            }),
-            ProviderKind::OpenAiCompatible => {
-                let base_url = target
-                    .base_url
-                    .clone()
-                    .or_else(|| config.openai_base_url.clone())
-                    .ok_or_else(|| {
-                        ProviderError::NotConfigured(
-                            "no OpenAI-compatible endpoint (OPENAI_BASE_URL)".to_owned(),
-                        )
-                    })?;
-                Ok(Route::OpenAi {
-                    base_url,
-                    api_key: target
-                        .api_key
-                        .clone()
-                        .or_else(|| secret(&config.openai_api_key)),
-                    model: target.model.clone(),
-                })
-            }
-        }
-    }
-
-    /// `AIGW_VERTEX_TEXT_MODEL__ENDPOINT` and the Google Cloud settings, with
-    /// the target's overrides (a custom model's endpoint and key, a prompt's
-    /// location).
-    fn vertex_route(&self, target: &ModelTarget) -> Route {
-        let config = &self.config;
-        Route::Vertex {
-            base_url: vertex_base_url(
-                target
-                    .base_url
-                    .as_deref()
-                    .unwrap_or(&config.vertex_endpoint),
-            ),
-            location: target
-                .location
-                .clone()
-                .unwrap_or_else(|| config.vertex_location.clone()),
-            access_token: target.api_key.clone().or_else(|| {
-                config
-                    .vertex_access_token
-                    .as_ref()
-                    .map(|s| s.expose_secret().to_owned())
-            }),
-        }
-    }
-
-    async fn attempt(&self, route: &Route, call: &ModelCall) -> Result<TextStream, ProviderError> {
+    async fn attempt(
+        &self,
+        route: &ModelRoute,
+        call: &ModelCall,
+    ) -> Result<TextStream, ProviderError> {
+        let http = self.clients.get(route.egress());
         match route {
-            Route::Mock => Ok(mock::stream()),
-            Route::Anthropic { base_url, api_key } => {
-                anthropic::stream(&self.http, base_url, api_key.as_deref(), call).await
-            }
-            Route::OpenAi {
+            ModelRoute::Mock => Ok(mock::stream()),
+            ModelRoute::Anthropic {
+                base_url, api_key, ..
+            } => anthropic::stream(http, base_url, api_key.as_deref(), call).await,
+            ModelRoute::OpenAi {
                 base_url,
                 api_key,
                 model,
-            } => openai::stream(&self.http, base_url, api_key.as_deref(), model, call).await,
-            Route::Vertex {
+                ..
+            } => openai::stream(http, base_url, api_key.as_deref(), model, call).await,
+            ModelRoute::Vertex {
                 base_url,
                 location,
                 access_token,
+                model,
+                ..
             } => {
                 let target = VertexModel {
                     base_url,
                     project: &self.config.vertex_project,
                     location,
-                    model: &call.target.model,
+                    model,
                     access_token: access_token.as_deref(),
                 };
-                vertex::stream(&self.http, &target, call).await
+                vertex::stream(http, &target, call).await
             }
         }
     }
@@ -211,7 +91,7 @@ impl ModelRouter {
             results.push(ProbeResult {
                 provider: "local",
                 result: openai::probe(
-                    &self.http,
+                    self.clients.configured(),
                     &config.local_llm_url,
                     None,
                     Some(&config.local_llm_model),
@@ -225,7 +105,7 @@ impl ModelRouter {
             results.push(ProbeResult {
                 provider: "anthropic",
                 result: anthropic::probe(
-                    &self.http,
+                    self.clients.configured(),
                     &config.anthropic_base_url,
                     key.expose_secret(),
                     PROBE_TIMEOUT,
@@ -237,7 +117,14 @@ impl ModelRouter {
             let key = config.openai_api_key.as_ref().map(|k| k.expose_secret());
             results.push(ProbeResult {
                 provider: "openai_compatible",
-                result: openai::probe(&self.http, base_url, key, None, PROBE_TIMEOUT).await,
+                result: openai::probe(
+                    self.clients.configured(),
+                    base_url,
+                    key,
+                    None,
+                    PROBE_TIMEOUT,
+                )
+                .await,
             });
         }
         results
@@ -255,14 +142,14 @@ impl ModelRouter {
 #[async_trait::async_trait]
 impl ChatModel for ModelRouter {
     async fn stream(&self, mut call: ModelCall) -> Result<TextStream, ProviderError> {
-        let route = self.route(&call)?;
+        let route = route_for_target(&self.config, &call.target)?;
         let engine = route.kind().engine();
         let model = match &route {
-            Route::OpenAi { model, .. } => model.clone(),
-            _ => call.target.model.clone(),
+            ModelRoute::Mock => call.target.model.clone(),
+            other => other.model().to_owned(),
         };
         // Only Vertex AI has a one-shot call; the others always stream.
-        let streaming = !matches!(route, Route::Vertex { .. }) || call.streaming;
+        let streaming = !matches!(route, ModelRoute::Vertex { .. }) || call.streaming;
         let limit = self.config.concurrency_limit(engine, &model);
         let mut recorder = InferenceRecorder::start(
             InferenceLabels {

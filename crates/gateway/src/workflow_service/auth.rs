@@ -34,11 +34,26 @@ pub struct WorkflowCaller {
     pub global_user_id: Option<String>,
     pub realm: Option<String>,
     pub instance_id: Option<String>,
+    /// The token's `model_endpoints`, normalized: the self-hosted model
+    /// endpoints the monolith vouches for (minted tokens keep them).
+    pub model_endpoints: Vec<String>,
 }
 
 impl WorkflowCaller {
     pub fn can(&self, unit_primitive: &str) -> bool {
         self.is_debug || self.scopes.contains(unit_primitive)
+    }
+
+    /// What this caller's model header may name as an endpoint.
+    pub fn endpoint_guard<'a>(
+        &'a self,
+        policy: &'a crate::providers::EgressPolicy,
+    ) -> crate::providers::EndpointGuard<'a> {
+        crate::providers::EndpointGuard {
+            vouched: &self.model_endpoints,
+            debug: self.is_debug,
+            policy,
+        }
     }
 
     /// Who holds the per-workflow lock: the same workflow id from another
@@ -136,6 +151,8 @@ struct MintedClaims<'a> {
     gitlab_instance_id: Option<&'a str>,
     gitlab_global_user_id: &'a str,
     scopes: Vec<&'a str>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    model_endpoints: &'a [String],
     jti: String,
     iat: i64,
     nbf: i64,
@@ -221,6 +238,7 @@ impl WorkflowAuth {
         Ok(WorkflowCaller {
             is_debug: false,
             self_signed,
+            model_endpoints: crate::auth::vouched_endpoints(claims.model_endpoints),
             scopes: claims.scopes.unwrap_or_default().into_iter().collect(),
             global_user_id: metadata_str(metadata, HEADER_GLOBAL_USER_ID)
                 .map(str::to_owned)
@@ -295,6 +313,7 @@ impl WorkflowAuth {
             gitlab_instance_id: caller.instance_id.as_deref(),
             gitlab_global_user_id: user_id,
             scopes,
+            model_endpoints: &caller.model_endpoints,
             jti: uuid::Uuid::new_v4().to_string(),
             iat: now,
             nbf: now,

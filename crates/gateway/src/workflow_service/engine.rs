@@ -8,7 +8,7 @@
 use super::checkpoint_writer::CheckpointWriter;
 use super::gitlab::{GitLab, GitLabError, WorkflowRecord};
 use super::link::{ExecutorLink, INFRA_STOP_REASONS, LinkError, StreamSignal};
-use super::model::{AgentModelMetadata, ModelRoute, ModelTurn, ToolCallingModel, route_for};
+use super::model::{AgentModelMetadata, ModelChoice, ModelTurn, ToolCallingModel, route_for};
 use super::state::{
     CheckpointPost, Message, PlanStep, ToolCall, ToolInfo, UiChatLogEntry, WorkflowState,
     WorkflowStatus, new_thread_ts,
@@ -16,6 +16,7 @@ use super::state::{
 use super::tools::{self, ToolKind, ToolPolicy, ToolResult};
 use crate::config::{PromptsConfig, ProvidersConfig, WorkflowServiceConfig};
 use crate::prompts::{PromptDefinition, PromptRegistry, TemplateRole};
+use crate::providers::ModelRoute;
 use contracts::duo_workflow::{NewCheckpoint, StartWorkflowRequest, approval};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
@@ -245,7 +246,7 @@ pub struct Run {
     policy: ToolPolicy,
     state: WorkflowState,
     writer: CheckpointWriter,
-    model_metadata: Option<AgentModelMetadata>,
+    model: ModelChoice,
     command_timeout: bool,
     additional_context: String,
     model_calls: u32,
@@ -281,7 +282,7 @@ impl Run {
         link: ExecutorLink,
         start: StartWorkflowRequest,
         flow: Flow,
-        model_metadata: Option<AgentModelMetadata>,
+        model: ModelChoice,
     ) -> Result<RunOutcome, RunError> {
         let workflow_id = start.workflow_id.trim().to_owned();
         if !valid_workflow_id(&workflow_id) {
@@ -338,7 +339,7 @@ impl Run {
             record,
             state: WorkflowState::default(),
             writer,
-            model_metadata,
+            model,
             model_calls: 0,
         };
         match &latest {
@@ -595,7 +596,7 @@ impl Run {
 
     async fn save_as(&mut self, source: &str) -> Result<(), RunError> {
         let thread_ts = new_thread_ts();
-        let stored_metadata = self.model_metadata.as_ref().map(AgentModelMetadata::stored);
+        let stored_metadata = self.model.metadata.as_ref().map(AgentModelMetadata::stored);
         // The writer fills in the parent: the checkpoint it stored last.
         let post = CheckpointPost::new(&self.state, &thread_ts, source, stored_metadata.as_ref());
         self.writer.submit(thread_ts, post)?;
@@ -659,7 +660,8 @@ impl Run {
             .map(String::as_str)
             .unwrap_or(&self.services.prompts_config.default_family);
         let family = self
-            .model_metadata
+            .model
+            .metadata
             .as_ref()
             .and_then(AgentModelMetadata::family)
             .unwrap_or(configured);
@@ -723,12 +725,8 @@ impl Run {
             ));
         }
         self.model_calls += 1;
-        let route = route_for(
-            &self.services.providers,
-            &definition,
-            self.model_metadata.as_ref(),
-        )
-        .map_err(|e| RunError::failure("ModelChoiceError", e))?;
+        let route = route_for(&self.services.providers, &definition, &self.model)
+            .map_err(|e| RunError::failure("ModelChoiceError", e))?;
         let budget = self
             .services
             .config

@@ -45,7 +45,7 @@ impl WorkflowService {
                 providers: config.providers.clone(),
                 prompts_config: config.prompts.clone(),
                 prompts: state.prompts.clone(),
-                model: model::ToolCallingModel::new()?,
+                model: state.tool_model.clone(),
                 config: config.workflow.clone(),
             }),
             auth: Arc::new(auth),

@@ -9,11 +9,11 @@ use crate::config::ProvidersConfig;
 use crate::observability::{InferenceLabels, InferenceRecorder};
 use crate::prompts::PromptDefinition;
 use crate::providers::{
-    ModelParams, ModelTarget, ProviderError, ProviderKind, stream_openai_deltas,
+    CustomModel, CustomModelError, EgressPolicy, EndpointGuard, ModelParams, ModelRoute,
+    ProviderClients, ProviderError, route_for_target, stream_openai_deltas,
 };
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use secrecy::ExposeSecret;
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -33,15 +33,10 @@ pub struct TurnOptions {
 impl TurnOptions {
     /// Counts the turn in the same inference metrics as the router's calls.
     fn recorder(&self, route: &ModelRoute, streaming: bool) -> InferenceRecorder {
-        let (kind, model) = match route {
-            ModelRoute::Mock => (ProviderKind::Mock, String::new()),
-            ModelRoute::Anthropic { model, .. } => (ProviderKind::Anthropic, model.clone()),
-            ModelRoute::OpenAi { model, .. } => (ProviderKind::OpenAiCompatible, model.clone()),
-        };
         InferenceRecorder::start(
             InferenceLabels {
-                engine: kind.engine(),
-                model,
+                engine: route.kind().engine(),
+                model: route.model().to_owned(),
                 feature_category: self.feature_category,
                 streaming,
             },
@@ -156,33 +151,6 @@ fn turn_deltas(delta: &str) -> Vec<TurnDelta> {
     pieces
 }
 
-/// Which wire and where.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ModelRoute {
-    /// `AIGW_MOCK_MODEL_RESPONSES`: answers "mock" without calling anything.
-    Mock,
-    Anthropic {
-        base_url: String,
-        api_key: Option<String>,
-        model: String,
-    },
-    OpenAi {
-        base_url: String,
-        api_key: Option<String>,
-        model: String,
-    },
-}
-
-impl ModelRoute {
-    /// The model family whose prompts fit this route.
-    pub fn family(&self) -> &'static str {
-        match self {
-            Self::Anthropic { .. } | Self::Mock => "base",
-            Self::OpenAi { .. } => "openai",
-        }
-    }
-}
-
 /// `x-gitlab-agent-platform-model-metadata`, as far as the service reads it.
 #[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
 pub struct AgentModelMetadata {
@@ -241,6 +209,17 @@ impl AgentModelMetadata {
         value
     }
 
+    /// The model as the provider layer reads a self-hosted choice.
+    pub fn custom(&self) -> CustomModel<'_> {
+        CustomModel {
+            provider: &self.provider,
+            name: &self.name,
+            identifier: self.identifier.as_deref(),
+            endpoint: &self.endpoint,
+            api_key: self.api_key.as_deref(),
+        }
+    }
+
     /// The family for this model before a prompt is picked.
     pub fn family(&self) -> Option<&'static str> {
         if !self.is_self_hosted() {
@@ -260,137 +239,93 @@ pub enum ModelChoiceError {
         "self-hosted models are not accepted: custom models are disabled on this gateway (AIGW_CUSTOM_MODELS__ENABLED)"
     )]
     CustomModelsDisabled,
+    /// The header named an endpoint the caller's token does not vouch for,
+    /// or one the egress policy refuses.
+    #[error("{0}")]
+    EndpointRefused(#[from] crate::providers::egress::EgressError),
     #[error("Vertex AI models cannot call tools in workflows")]
     Unsupported,
     #[error("{0}")]
     NotConfigured(String),
 }
 
+impl From<CustomModelError> for ModelChoiceError {
+    fn from(err: CustomModelError) -> Self {
+        match err {
+            CustomModelError::Disabled => Self::CustomModelsDisabled,
+            CustomModelError::Endpoint(e) => Self::EndpointRefused(e),
+        }
+    }
+}
+
+/// The model a run was asked for, and the endpoints its caller's token
+/// vouches for.
+#[derive(Debug, Clone, Default)]
+pub struct ModelChoice {
+    pub metadata: Option<AgentModelMetadata>,
+    pub vouched: Vec<String>,
+    /// Authentication is off (development): any endpoint is vouched for.
+    pub debug: bool,
+}
+
+impl ModelChoice {
+    pub fn guard<'a>(&'a self, policy: &'a EgressPolicy) -> EndpointGuard<'a> {
+        EndpointGuard {
+            vouched: &self.vouched,
+            debug: self.debug,
+            policy,
+        }
+    }
+
+    /// Refuses, before a run starts, a self-hosted endpoint the caller may
+    /// not name.
+    pub fn check(&self, config: &ProvidersConfig) -> Result<(), ModelChoiceError> {
+        if let Some(metadata) = self.metadata.as_ref().filter(|m| m.is_self_hosted()) {
+            metadata
+                .custom()
+                .target(config, &self.guard(&config.egress))?;
+        }
+        Ok(())
+    }
+}
+
 /// Where the model for `definition` is, given the caller's choice.
 pub fn route_for(
     config: &ProvidersConfig,
     definition: &PromptDefinition,
-    metadata: Option<&AgentModelMetadata>,
+    choice: &ModelChoice,
 ) -> Result<ModelRoute, ModelChoiceError> {
-    if let Some(metadata) = metadata.filter(|m| m.is_self_hosted()) {
-        if !config.custom_models_enabled {
-            return Err(ModelChoiceError::CustomModelsDisabled);
-        }
-        let model = match metadata.identifier.as_deref().filter(|i| !i.is_empty()) {
-            Some(identifier) => identifier
-                .split_once('/')
-                .map_or(identifier, |(_, model)| model)
-                .to_owned(),
-            None => metadata.name.clone(),
-        };
-        let base_url =
-            Some(metadata.endpoint.trim_end_matches('/').to_owned()).filter(|u| !u.is_empty());
-        let api_key = metadata.api_key.clone().filter(|k| !k.is_empty());
-        if metadata.provider.eq_ignore_ascii_case("anthropic") {
-            return Ok(ModelRoute::Anthropic {
-                base_url: base_url.unwrap_or_else(|| config.anthropic_base_url.clone()),
-                api_key: api_key.or_else(|| {
-                    config
-                        .anthropic_api_key
-                        .as_ref()
-                        .map(|k| k.expose_secret().to_owned())
-                }),
-                model,
-            });
-        }
-        let base_url = base_url
-            .or_else(|| config.openai_base_url.clone())
-            .ok_or_else(|| ModelChoiceError::NotConfigured("the model has no endpoint".into()))?;
-        return Ok(ModelRoute::OpenAi {
-            base_url,
-            api_key,
-            model,
-        });
-    }
-    if config.mock_model_responses {
-        return Ok(ModelRoute::Mock);
-    }
-    let target = definition
-        .model_target(config, None)
-        .map_err(|e| ModelChoiceError::NotConfigured(e.to_string()))?;
-    route_for_target(config, &target)
-}
-
-/// Where a resolved model target goes, as the model router would send it
-/// (the bundled local model when nothing is configured; a custom model's
-/// own endpoint and key first).
-pub fn route_for_target(
-    config: &ProvidersConfig,
-    target: &ModelTarget,
-) -> Result<ModelRoute, ModelChoiceError> {
-    if target.kind == ProviderKind::Mock
-        || (config.mock_model_responses && target.kind == ProviderKind::Anthropic)
+    let guard = choice.guard(&config.egress);
+    let guard = &guard;
+    let target = match choice.metadata.as_ref().filter(|m| m.is_self_hosted()) {
+        Some(metadata) => metadata.custom().target(config, guard)?,
+        None if config.mock_model_responses => return Ok(ModelRoute::Mock),
+        None => definition
+            .model_target(config, None, guard)
+            .map_err(|e| ModelChoiceError::NotConfigured(e.to_string()))?,
+    };
+    match route_for_target(config, &target)
+        .map_err(|e| ModelChoiceError::NotConfigured(e.to_string()))?
     {
-        return Ok(ModelRoute::Mock);
-    }
-    let secret =
-        |s: &Option<secrecy::SecretString>| s.as_ref().map(|k| k.expose_secret().to_owned());
-    if config.uses_local_default() {
-        return Ok(match (target.kind, &target.base_url) {
-            (ProviderKind::OpenAiCompatible, Some(base_url)) => ModelRoute::OpenAi {
-                base_url: base_url.clone(),
-                api_key: target.api_key.clone(),
-                model: target.model.clone(),
-            },
-            _ => ModelRoute::OpenAi {
-                base_url: config.local_llm_url.clone(),
-                api_key: None,
-                model: config.local_llm_model.clone(),
-            },
-        });
-    }
-    match target.kind {
-        ProviderKind::Anthropic => Ok(ModelRoute::Anthropic {
-            base_url: target
-                .base_url
-                .clone()
-                .unwrap_or_else(|| config.anthropic_base_url.clone()),
-            api_key: target
-                .api_key
-                .clone()
-                .or_else(|| secret(&config.anthropic_api_key)),
-            model: target.model.clone(),
-        }),
-        ProviderKind::OpenAiCompatible => Ok(ModelRoute::OpenAi {
-            base_url: target
-                .base_url
-                .clone()
-                .or_else(|| config.openai_base_url.clone())
-                .ok_or_else(|| {
-                    ModelChoiceError::NotConfigured(
-                        "no OpenAI-compatible endpoint (OPENAI_BASE_URL)".into(),
-                    )
-                })?,
-            api_key: target
-                .api_key
-                .clone()
-                .or_else(|| secret(&config.openai_api_key)),
-            model: target.model.clone(),
-        }),
-        ProviderKind::Mock => Ok(ModelRoute::Mock),
-        ProviderKind::VertexAi => Err(ModelChoiceError::Unsupported),
+        ModelRoute::Vertex { .. } => Err(ModelChoiceError::Unsupported),
+        route => Ok(route),
     }
 }
 
-/// Calls models; one per process (shares the connection pool).
+/// Calls models; one per process (shares the connection pools).
 #[derive(Clone)]
 pub struct ToolCallingModel {
-    http: reqwest::Client,
+    clients: ProviderClients,
 }
 
 impl ToolCallingModel {
-    pub fn new() -> Result<Self, ProviderError> {
-        let http = reqwest::Client::builder()
-            .connect_timeout(std::time::Duration::from_secs(10))
-            .tcp_nodelay(true)
-            .build()
-            .map_err(|e| ProviderError::NotConfigured(format!("HTTP client: {e}")))?;
-        Ok(Self { http })
+    pub fn new(config: &ProvidersConfig) -> Result<Self, ProviderError> {
+        Ok(Self::with_clients(ProviderClients::new(config)?))
+    }
+
+    /// A client sharing its connection pools with other model clients.
+    pub fn with_clients(clients: ProviderClients) -> Self {
+        Self { clients }
     }
 
     /// One model turn.
@@ -448,6 +383,7 @@ impl ToolCallingModel {
             base_url,
             api_key,
             model,
+            egress,
         } = route
         else {
             return Ok(None);
@@ -458,16 +394,21 @@ impl ToolCallingModel {
             body.tool_choice = Some("required");
         }
         let mut recorder = turn.recorder(route, true);
-        let mut chunks =
-            match stream_openai_deltas(&self.http, base_url, api_key.as_deref(), &body, params)
-                .await
-            {
-                Ok(chunks) => chunks,
-                Err(err) => {
-                    recorder.fail();
-                    return Err(err);
-                }
-            };
+        let mut chunks = match stream_openai_deltas(
+            self.clients.get(*egress),
+            base_url,
+            api_key.as_deref(),
+            &body,
+            params,
+        )
+        .await
+        {
+            Ok(chunks) => chunks,
+            Err(err) => {
+                recorder.fail();
+                return Err(err);
+            }
+        };
         Ok(Some(
             async_stream::stream! {
                 while let Some(chunk) = chunks.next().await {
@@ -506,10 +447,16 @@ impl ToolCallingModel {
                     ..ModelTurn::default()
                 });
             }
+            ModelRoute::Vertex { .. } => {
+                return Err(ProviderError::NotConfigured(
+                    "Vertex AI models cannot call tools".to_owned(),
+                ));
+            }
             ModelRoute::Anthropic {
                 base_url,
                 api_key,
                 model,
+                egress,
             } => {
                 let key = api_key.as_deref().ok_or_else(|| {
                     ProviderError::NotConfigured(
@@ -518,7 +465,8 @@ impl ToolCallingModel {
                 })?;
                 let root = base_url.trim_end_matches('/').trim_end_matches("/v1");
                 let request = self
-                    .http
+                    .clients
+                    .get(*egress)
                     .post(format!("{root}/v1/messages"))
                     .header("x-api-key", key)
                     .header("anthropic-version", "2023-06-01")
@@ -535,9 +483,11 @@ impl ToolCallingModel {
                 base_url,
                 api_key,
                 model,
+                egress,
             } => {
                 let mut request = self
-                    .http
+                    .clients
+                    .get(*egress)
                     .post(format!(
                         "{}/chat/completions",
                         base_url.trim_end_matches('/')

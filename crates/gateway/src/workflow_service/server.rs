@@ -4,7 +4,7 @@
 use super::auth::{HEADER_MODEL_METADATA, MintedToken, WorkflowAuth, WorkflowCaller, may_run_flow};
 use super::engine::{Flow, Run, RunError, Services};
 use super::link::{ExecutorLink, MAX_ACTION_BYTES};
-use super::model::AgentModelMetadata;
+use super::model::{AgentModelMetadata, ModelChoice};
 use super::tools::CATALOGUE;
 use contracts::duo_workflow::duo_workflow_server::{DuoWorkflow, DuoWorkflowServer};
 use contracts::duo_workflow::{
@@ -143,12 +143,21 @@ impl DuoWorkflow for WorkflowService {
         request: Request<Streaming<ClientEvent>>,
     ) -> Result<Response<Self::ExecuteWorkflowStream>, Status> {
         let caller = self.caller(&request).await?;
-        let model_metadata = AgentModelMetadata::parse(
-            request
-                .metadata()
-                .get(HEADER_MODEL_METADATA)
-                .and_then(|v| v.to_str().ok()),
-        );
+        let model = ModelChoice {
+            metadata: AgentModelMetadata::parse(
+                request
+                    .metadata()
+                    .get(HEADER_MODEL_METADATA)
+                    .and_then(|v| v.to_str().ok()),
+            ),
+            vouched: caller.model_endpoints.clone(),
+            debug: caller.is_debug,
+        };
+        // A header may name only an endpoint the token vouches for; refused
+        // before anything runs (the gateway's keys never go there anyway).
+        model
+            .check(&self.services.providers)
+            .map_err(|e| Status::permission_denied(e.to_string()))?;
         let mut inbound = request.into_inner();
         let first = tokio::time::timeout(START_TIMEOUT, inbound.message())
             .await
@@ -187,7 +196,7 @@ impl DuoWorkflow for WorkflowService {
         let services = self.services.clone();
         tokio::spawn(async move {
             let workflow_id = start.workflow_id.clone();
-            let outcome = Run::execute(services, link.clone(), start, flow, model_metadata).await;
+            let outcome = Run::execute(services, link.clone(), start, flow, model).await;
             match outcome {
                 Ok(outcome) => {
                     tracing::info!(%workflow_id, ?outcome, "{}", outcome.message());

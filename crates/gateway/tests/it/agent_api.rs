@@ -359,11 +359,17 @@ async fn unprocessable_requests() {
     assert_eq!(reply.status, 422);
     // Accepted when enabled and within limits.
     let body = json!({"messages": [{"role": "user", "content": "q"}], "model_metadata": metadata});
+    // (A development caller: the endpoint needs no token vouching for it,
+    // see model_endpoints.rs for the rule with real tokens.)
     let scripted = model(&["Final Answer: ok"]);
-    let reply = call(scripted.clone(), "duo_chat", body, &[], &env).await;
+    let reply = call(scripted.clone(), "debug", body, &[], &env).await;
     assert_eq!(reply.status, 200);
     assert_eq!(
-        scripted.calls()[0].target.base_url.as_deref(),
+        scripted.calls()[0]
+            .target
+            .endpoint
+            .as_ref()
+            .map(|e| e.base_url()),
         Some("http://127.0.0.1:1/v1")
     );
 }

@@ -20,6 +20,7 @@ mod code_embeddings;
 mod docs_search;
 mod fuzz_requests;
 mod hostile_requests;
+mod model_endpoints;
 mod model_metrics;
 mod prompts_api;
 mod prompts_registry;

@@ -53,6 +53,10 @@ async fn model_calls_are_counted_with_engine_model_and_feature_category() {
     let response = client()
         .post(format!("{gw}/v1/prompts/chat/explain_code"))
         .header(TEST_SCOPES, "explain_code")
+        .header(
+            crate::app_support::TEST_MODEL_ENDPOINTS,
+            crate::app_support::vouched_by(&explain_code(false)),
+        )
         .json(&explain_code(false))
         .send()
         .await
@@ -145,6 +149,10 @@ async fn a_streamed_prompt_answer_does_not_count_the_first_token_wait_as_overhea
     let response = client()
         .post(format!("{gw}/v1/prompts/chat/explain_code"))
         .header(TEST_SCOPES, "explain_code")
+        .header(
+            crate::app_support::TEST_MODEL_ENDPOINTS,
+            crate::app_support::vouched_by(&body),
+        )
         .json(&body)
         .send()
         .await

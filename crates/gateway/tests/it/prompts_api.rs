@@ -482,7 +482,7 @@ async fn custom_models_use_model_metadata() {
     assert_eq!(call.target.kind, ProviderKind::OpenAiCompatible);
     assert_eq!(call.target.model, "mistral");
     assert_eq!(
-        call.target.base_url.as_deref(),
+        call.target.endpoint.as_ref().map(|e| e.base_url()),
         Some("http://127.0.0.1:11434/v1")
     );
     // `mistral` has no prompts of its own: the openai family serves it.

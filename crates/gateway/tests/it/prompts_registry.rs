@@ -14,6 +14,7 @@ use gateway::prompts::{
     ModelClassProvider, PromptError, PromptInvocation, PromptLoadError, PromptRegistry,
     TemplateRole, choose_families, prepare,
 };
+use gateway::providers::EndpointGuard;
 use gateway::providers::ProviderKind;
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -475,6 +476,12 @@ fn family_choice_and_fallback() {
 
 #[test]
 fn model_targets() {
+    // A development caller: any endpoint is vouched for (the rule with real
+    // tokens is in model_endpoints.rs).
+    let guard = EndpointGuard {
+        debug: true,
+        ..EndpointGuard::NOTHING
+    };
     let registry = shipped();
     let base = registry.resolve("chat/explain_code", "base", None).unwrap();
     let openai = registry
@@ -482,48 +489,48 @@ fn model_targets() {
         .unwrap();
 
     let cfg = Config::for_tests(&[("ANTHROPIC_API_KEY", "k")]).unwrap();
-    let target = base.model_target(&cfg.providers, None).unwrap();
+    let target = base.model_target(&cfg.providers, None, &guard).unwrap();
     assert_eq!(target.kind, ProviderKind::Anthropic);
     assert_eq!(target.model, "claude-3-5-sonnet-20241022");
-    let target = openai.model_target(&cfg.providers, None).unwrap();
+    let target = openai.model_target(&cfg.providers, None, &guard).unwrap();
     assert_eq!(target.kind, ProviderKind::OpenAiCompatible);
     assert_eq!(target.model, "smollm2-135m-instruct");
 
     assert_eq!(
-        base.model_target(&cfg.providers, Some(&metadata("mistral")))
+        base.model_target(&cfg.providers, Some(&metadata("mistral")), &guard)
             .unwrap_err(),
         PromptError::CustomModelsDisabled
     );
 
     let custom = Config::for_tests(&[("AIGW_CUSTOM_MODELS__ENABLED", "true")]).unwrap();
     let target = openai
-        .model_target(&custom.providers, Some(&metadata("mistral")))
+        .model_target(&custom.providers, Some(&metadata("mistral")), &guard)
         .unwrap();
     assert_eq!(target.kind, ProviderKind::OpenAiCompatible);
     assert_eq!(target.model, "mistral");
-    assert_eq!(
-        target.base_url.as_deref(),
-        Some("http://127.0.0.1:11434/v1")
-    );
-    assert_eq!(target.api_key.as_deref(), Some("secret"));
+    let endpoint = target.endpoint.as_ref().unwrap();
+    assert_eq!(endpoint.base_url(), "http://127.0.0.1:11434/v1");
+    assert_eq!(endpoint.api_key(), Some("secret"));
 
     let mut with_identifier = metadata("mistral");
     with_identifier.identifier = Some("custom_openai/mistral-7b-instruct".into());
     let target = openai
-        .model_target(&custom.providers, Some(&with_identifier))
+        .model_target(&custom.providers, Some(&with_identifier), &guard)
         .unwrap();
     assert_eq!(target.model, "mistral-7b-instruct");
 
     let mut oversized = metadata("mistral");
     oversized.endpoint = "x".repeat(300);
     assert!(matches!(
-        openai.model_target(&custom.providers, Some(&oversized)),
+        openai.model_target(&custom.providers, Some(&oversized), &guard),
         Err(PromptError::InvalidModelMetadata(m)) if m.contains("endpoint")
     ));
 
     let mock = Config::for_tests(&[("AIGW_MOCK_MODEL_RESPONSES", "true")]).unwrap();
     assert_eq!(
-        base.model_target(&mock.providers, None).unwrap().kind,
+        base.model_target(&mock.providers, None, &guard)
+            .unwrap()
+            .kind,
         ProviderKind::Mock
     );
 }
@@ -541,7 +548,9 @@ fn model_call_puts_system_apart_and_keeps_order() {
         )
         .unwrap();
     let cfg = Config::for_tests(&[("ANTHROPIC_API_KEY", "k")]).unwrap();
-    let target = def.model_target(&cfg.providers, None).unwrap();
+    let target = def
+        .model_target(&cfg.providers, None, &EndpointGuard::NOTHING)
+        .unwrap();
     let call = def.model_call(messages.clone(), target);
     assert_eq!(call.system.as_deref(), Some(messages[0].content.as_str()));
     assert_eq!(call.messages.len(), 1);

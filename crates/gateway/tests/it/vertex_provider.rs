@@ -50,6 +50,10 @@ async fn invoke(gw: &str, body: &Value) -> (u16, String) {
     let response = client()
         .post(format!("{gw}/v1/prompts/chat/explain_code"))
         .header(TEST_SCOPES, "explain_code")
+        .header(
+            crate::app_support::TEST_MODEL_ENDPOINTS,
+            crate::app_support::vouched_by(body),
+        )
         .json(body)
         .send()
         .await
@@ -199,7 +203,13 @@ fn the_shipped_vertex_prompt_is_chosen_by_its_family() {
         .resolve("chat/explain_code", "vertex", None)
         .unwrap();
     let config = Config::for_tests(&[]).unwrap();
-    let target = definition.model_target(&config.providers, None).unwrap();
+    let target = definition
+        .model_target(
+            &config.providers,
+            None,
+            &gateway::providers::EndpointGuard::NOTHING,
+        )
+        .unwrap();
     assert_eq!(target.kind, gateway::providers::ProviderKind::VertexAi);
     assert_eq!(target.model, "text-bison@002");
     assert_eq!(target.location, None);

@@ -680,7 +680,12 @@ async fn a_self_hosted_model_is_used_and_stored_without_its_key() {
         "api_key": "sk-self-hosted-secret",
         "identifier": "openai/my-model",
     });
-    let mut target = service.target(&support::monolith_token(CHAT_SCOPES));
+    // The monolith vouches for the endpoint its admin configured.
+    let endpoint = fake.openai_base_url();
+    let mut target = service.target(&support::monolith_token_vouching(
+        CHAT_SCOPES,
+        &[endpoint.as_str()],
+    ));
     target.headers.push((
         "x-gitlab-agent-platform-model-metadata".into(),
         metadata.to_string(),

@@ -484,10 +484,7 @@ async fn load_actor(
             &[&user_id],
         )
         .await?
-        .map(|r| Actor {
-            id: r.get(0),
-            admin: r.get(1),
-        }))
+        .map(|r| Actor::user(r.get(0), r.get(1))))
 }
 
 /// The page resource named by `resourceId`, or `None` when it is the user,

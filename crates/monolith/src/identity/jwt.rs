@@ -118,6 +118,10 @@ pub struct GatewayClaims {
     /// can match it against `X-Gitlab-Global-User-Id`.
     pub gitlab_global_user_id: String,
     pub scopes: Vec<String>,
+    /// The self-hosted model endpoints a request with this token may name
+    /// (the gateway refuses any other): the admin's configured models only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub model_endpoints: Vec<String>,
 }
 
 fn now_secs() -> u64 {
@@ -277,6 +281,8 @@ fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 pub struct TokenSubject<'a> {
     pub user_id: i64,
     pub scopes: Vec<String>,
+    /// See [`GatewayClaims::model_endpoints`].
+    pub model_endpoints: Vec<String>,
     pub realm: &'a str,
     pub instance_id: &'a str,
     pub issuer: &'a str,
@@ -305,6 +311,7 @@ pub fn claims_for(subject: TokenSubject<'_>) -> GatewayClaims {
         gitlab_instance_id: subject.instance_id.to_owned(),
         gitlab_global_user_id: global_user_id(subject.instance_id, subject.user_id),
         scopes: subject.scopes,
+        model_endpoints: subject.model_endpoints,
     }
 }
 

@@ -46,6 +46,17 @@ impl AuthenticatedUser {
     pub fn has_any_scope(&self, wanted: &[&str]) -> bool {
         self.scopes.iter().any(|s| wanted.contains(&s.as_str()))
     }
+
+    /// Who authors what this caller writes: the service account of a
+    /// composite identity, else the user.
+    pub fn author_id(&self) -> i64 {
+        self.service_account.as_ref().map_or(self.id, |s| s.id)
+    }
+
+    /// The human a composite identity writes on behalf of.
+    pub fn on_behalf_of(&self) -> Option<i64> {
+        self.service_account.as_ref().map(|_| self.id)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -87,10 +87,52 @@ pub enum Subject {
 }
 
 /// The signed-in user a decision is made for; `None` is an anonymous visitor.
+///
+/// A composite identity (a Duo Workflow token owned by a service account,
+/// acting for a human) is the human with the service account beside it:
+/// every decision then needs both to be allowed, as GitLab's composite
+/// identity does, so a run can do nothing its human could not and nothing
+/// its service account could not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Actor {
     pub id: i64,
     pub admin: bool,
+    pub service_account: Option<ServiceAccountActor>,
+}
+
+/// The service account of a composite identity, as the policy sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServiceAccountActor {
+    pub id: i64,
+    pub admin: bool,
+}
+
+impl Actor {
+    /// A user acting on their own.
+    pub fn user(id: i64, admin: bool) -> Self {
+        Self {
+            id,
+            admin,
+            service_account: None,
+        }
+    }
+
+    /// The two identities a composite decision needs, or `None` for a
+    /// plain user: (the human alone, the service account alone).
+    pub(crate) fn composite(user: Option<Actor>) -> Option<(Actor, Actor)> {
+        let actor = user?;
+        let bot = actor.service_account?;
+        Some((
+            Actor::user(actor.id, actor.admin),
+            Actor::user(bot.id, bot.admin),
+        ))
+    }
+
+    /// Who writes what this actor creates: the service account of a
+    /// composite identity (on behalf of the human), else the user.
+    pub fn author_id(&self) -> i64 {
+        self.service_account.map_or(self.id, |bot| bot.id)
+    }
 }
 
 impl From<&crate::identity::tokens::AuthenticatedUser> for Actor {
@@ -98,6 +140,10 @@ impl From<&crate::identity::tokens::AuthenticatedUser> for Actor {
         Actor {
             id: u.id,
             admin: u.admin,
+            service_account: u.service_account.as_ref().map(|s| ServiceAccountActor {
+                id: s.id,
+                admin: s.admin,
+            }),
         }
     }
 }

@@ -6,7 +6,23 @@ use super::facts::{GroupFacts, ProjectFacts};
 use super::*;
 
 impl Policy {
+    /// Whether the user has `ability` on `subject`; a composite identity
+    /// needs it for both the human and the service account.
     pub async fn can(
+        &self,
+        db: &impl Queries,
+        user: Option<Actor>,
+        ability: Ability,
+        subject: Subject,
+    ) -> Result<bool, PolicyError> {
+        match Actor::composite(user) {
+            Some((human, bot)) => Ok(self.can_one(db, Some(human), ability, subject).await?
+                && self.can_one(db, Some(bot), ability, subject).await?),
+            None => self.can_one(db, user, ability, subject).await,
+        }
+    }
+
+    async fn can_one(
         &self,
         db: &impl Queries,
         user: Option<Actor>,

@@ -97,6 +97,21 @@ impl Policy {
         user: Option<Actor>,
         container: Subject,
     ) -> Result<i32, PolicyError> {
+        // A composite identity acts with the lower of its two levels.
+        if let Some((human, bot)) = Actor::composite(user) {
+            let human = self.access_level_one(db, Some(human), container).await?;
+            let bot = self.access_level_one(db, Some(bot), container).await?;
+            return Ok(human.min(bot));
+        }
+        self.access_level_one(db, user, container).await
+    }
+
+    async fn access_level_one(
+        &self,
+        db: &impl Queries,
+        user: Option<Actor>,
+        container: Subject,
+    ) -> Result<i32, PolicyError> {
         if user.is_none() {
             return Ok(access::NO_ACCESS);
         }
@@ -116,6 +131,24 @@ impl Policy {
     /// Whether the signed-in user may make the change on the group or project:
     /// they can read it and either are an admin or hold the role the change needs.
     pub async fn can_write(
+        &self,
+        db: &impl Queries,
+        user: Option<Actor>,
+        ability: WriteAbility,
+        container: Subject,
+    ) -> Result<bool, PolicyError> {
+        match Actor::composite(user) {
+            Some((human, bot)) => Ok(self
+                .can_write_one(db, Some(human), ability, container)
+                .await?
+                && self
+                    .can_write_one(db, Some(bot), ability, container)
+                    .await?),
+            None => self.can_write_one(db, user, ability, container).await,
+        }
+    }
+
+    async fn can_write_one(
         &self,
         db: &impl Queries,
         user: Option<Actor>,
@@ -151,7 +184,7 @@ impl Policy {
         level: i32,
     ) -> Result<bool, PolicyError> {
         let Some(actor) = user else { return Ok(false) };
-        if actor.admin {
+        if actor.admin && actor.service_account.is_none_or(|bot| bot.admin) {
             return Ok(true);
         }
         let own = self.access_level(db, user, container).await?;
@@ -173,6 +206,19 @@ impl Policy {
     /// and is its author, an assignee (issues), or holds the role (planner for
     /// issues and epics, developer for merge requests); admins always.
     pub async fn may_edit(
+        &self,
+        db: &impl Queries,
+        user: Option<Actor>,
+        item: EditableItem,
+    ) -> Result<bool, PolicyError> {
+        match Actor::composite(user) {
+            Some((human, bot)) => Ok(self.may_edit_one(db, Some(human), item).await?
+                && self.may_edit_one(db, Some(bot), item).await?),
+            None => self.may_edit_one(db, user, item).await,
+        }
+    }
+
+    async fn may_edit_one(
         &self,
         db: &impl Queries,
         user: Option<Actor>,
@@ -219,8 +265,8 @@ impl Policy {
     }
 }
 
-/// What a user may push to a project's repository.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a user may push to a project's repository (ordered: less first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum PushAccess {
     /// Nothing (GitLab's `push_code` is refused).
     None,
@@ -235,6 +281,22 @@ impl Policy {
     /// they can read; the default branch, when the project protects it, only
     /// for maintainers and above.
     pub async fn push_access(
+        &self,
+        db: &impl Queries,
+        user: Option<Actor>,
+        project: i64,
+    ) -> Result<PushAccess, PolicyError> {
+        match Actor::composite(user) {
+            Some((human, bot)) => {
+                let human = self.push_access_one(db, Some(human), project).await?;
+                let bot = self.push_access_one(db, Some(bot), project).await?;
+                Ok(human.min(bot))
+            }
+            None => self.push_access_one(db, user, project).await,
+        }
+    }
+
+    async fn push_access_one(
         &self,
         db: &impl Queries,
         user: Option<Actor>,

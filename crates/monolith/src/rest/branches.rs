@@ -173,7 +173,7 @@ async fn create_branch(
             other => repository_error(other),
         })?;
     let target = update.after.clone();
-    record_update(&state, project_id, me.id, update).await?;
+    record_update(&state, project_id, me.author_id(), update).await?;
     let access = push_access(&state, &repo).await?;
     let protect = protects_default(&state, project_id).await?;
     Ok(HttpResponse::Created()
@@ -200,7 +200,7 @@ async fn delete_branch(
     let update = writer::delete_branch(&repo.path, &name, &target)
         .await
         .map_err(repository_error)?;
-    record_update(&state, project_id, me.id, update).await?;
+    record_update(&state, project_id, me.author_id(), update).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 

@@ -140,16 +140,17 @@ async fn create_epic(
         .await?;
     let id: i64 = tx
         .query_one(
-            "INSERT INTO epics (group_id, iid, title, description, author_id, confidential, labels)
-             VALUES ($1, (SELECT coalesce(max(iid), 0) + 1 FROM epics WHERE group_id = $1), $2, $3, $4, $5, $6)
+            "INSERT INTO epics (group_id, iid, title, description, author_id, confidential, labels, on_behalf_of_user_id)
+             VALUES ($1, (SELECT coalesce(max(iid), 0) + 1 FROM epics WHERE group_id = $1), $2, $3, $4, $5, $6, $7)
              RETURNING id",
             &[
                 &group,
                 &b.title,
                 &b.description.unwrap_or_default(),
-                &me.id,
+                &me.author_id(),
                 &b.confidential.unwrap_or(false),
                 &labels,
+                &me.on_behalf_of(),
             ],
         )
         .await?

@@ -184,10 +184,10 @@ pub(super) async fn create_issue(
     .await?;
     let id: i64 = tx
         .query_one(
-            "INSERT INTO issues (project_id, iid, title, description, author_id, confidential, labels)
-             VALUES ($1, (SELECT coalesce(max(iid), 0) + 1 FROM issues WHERE project_id = $1), $2, $3, $4, $5, $6)
+            "INSERT INTO issues (project_id, iid, title, description, author_id, confidential, labels, on_behalf_of_user_id)
+             VALUES ($1, (SELECT coalesce(max(iid), 0) + 1 FROM issues WHERE project_id = $1), $2, $3, $4, $5, $6, $7)
              RETURNING id",
-            &[&project, &b.title, &b.description.unwrap_or_default(), &me.id, &b.confidential.unwrap_or(false), &labels],
+            &[&project, &b.title, &b.description.unwrap_or_default(), &me.author_id(), &b.confidential.unwrap_or(false), &labels, &me.on_behalf_of()],
         )
         .await?
         .get(0);

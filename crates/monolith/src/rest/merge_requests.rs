@@ -221,18 +221,19 @@ async fn create_merge_request(
     }
     let id: i64 = tx
         .query_one(
-            "INSERT INTO merge_requests (project_id, iid, title, description, author_id, source_branch, target_branch, diff, labels)
-             VALUES ($1, (SELECT coalesce(max(iid), 0) + 1 FROM merge_requests WHERE project_id = $1), $2, $3, $4, $5, $6, $7, $8)
+            "INSERT INTO merge_requests (project_id, iid, title, description, author_id, source_branch, target_branch, diff, labels, on_behalf_of_user_id)
+             VALUES ($1, (SELECT coalesce(max(iid), 0) + 1 FROM merge_requests WHERE project_id = $1), $2, $3, $4, $5, $6, $7, $8, $9)
              RETURNING id",
             &[
                 &project,
                 &b.title,
                 &b.description.unwrap_or_default(),
-                &me.id,
+                &me.author_id(),
                 &b.source_branch,
                 &b.target_branch,
                 &b.diff.unwrap_or_default(),
                 &labels,
+                &me.on_behalf_of(),
             ],
         )
         .await?

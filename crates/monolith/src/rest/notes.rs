@@ -181,9 +181,17 @@ pub(super) async fn create<T: NoteTarget>(
     let db = state.pool.get().await?;
     let id: i64 = db
         .query_one(
-            "INSERT INTO notes (noteable_type, noteable_id, author_id, body, internal) VALUES ($1, $2, $3, $4, $5)
+            "INSERT INTO notes (noteable_type, noteable_id, author_id, body, internal, on_behalf_of_user_id)
+             VALUES ($1, $2, $3, $4, $5, $6)
              RETURNING id",
-            &[&noteable.kind, &noteable.id, &me.id, &note.body, &internal],
+            &[
+                &noteable.kind,
+                &noteable.id,
+                &me.author_id(),
+                &note.body,
+                &internal,
+                &me.on_behalf_of(),
+            ],
         )
         .await?
         .get(0);

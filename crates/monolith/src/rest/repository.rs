@@ -456,8 +456,17 @@ pub(super) async fn author(
 ) -> Result<Signature, ApiError> {
     let db = state.pool.get().await?;
     let row = db
-        .query_one("SELECT name, email FROM users WHERE id = $1", &[&me.id])
+        .query_one(
+            "SELECT name, email FROM users WHERE id = $1",
+            &[&me.author_id()],
+        )
         .await?;
+    // A composite identity commits as its service account, whatever the
+    // request names (a run may not sign as someone else).
+    let (name, email) = match me.service_account {
+        Some(_) => (None, None),
+        None => (name, email),
+    };
     Ok(Signature {
         name: name
             .filter(|n| !n.trim().is_empty())
@@ -523,7 +532,7 @@ async fn write_file(
     let committed = writer::commit(&repo.path, &request)
         .await
         .map_err(repository_error)?;
-    record_update(state, project_id, me.id, committed.update).await?;
+    record_update(state, project_id, me.author_id(), committed.update).await?;
     Ok((file_path, branch))
 }
 

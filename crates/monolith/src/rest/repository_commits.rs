@@ -383,7 +383,7 @@ async fn create_commit(
         .await
         .map_err(repository_error)?;
     let commit_id = committed.commit_id.clone();
-    record_update(&state, project_id, me.id, committed.update).await?;
+    record_update(&state, project_id, me.author_id(), committed.update).await?;
     let commit = find_commit(&repo, &commit_id).await?;
     Ok(HttpResponse::Created().json(commit_with_stats(&repo, &state, &commit).await?))
 }

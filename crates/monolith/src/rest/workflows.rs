@@ -90,10 +90,10 @@ pub(super) async fn workflow_caller(
     let user = require_user(state, req, scopes).await?;
     Ok(WorkflowCaller {
         actor: Actor::from(&user),
-        service_account: user.service_account.as_ref().map(|s| Actor {
-            id: s.id,
-            admin: s.admin,
-        }),
+        service_account: user
+            .service_account
+            .as_ref()
+            .map(|s| Actor::user(s.id, s.admin)),
         user,
     })
 }
@@ -468,6 +468,7 @@ async fn direct_access(
         &state.keys,
         &state.config,
         who.actor.id,
+        crate::workflows::access::self_hosted_endpoint(&model),
     )
     .await
     .map_err(|e| ApiError::Internal(e.to_string()))?;
@@ -579,6 +580,7 @@ async fn list_tools(
         &state.keys,
         &state.config,
         who.actor.id,
+        None,
     )
     .await
     .map_err(|e| ApiError::Internal(e.to_string()))?;

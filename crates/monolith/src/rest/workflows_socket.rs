@@ -334,10 +334,6 @@ async fn service_headers(
     };
     let db = state.pool.get().await.map_err(|e| unavailable(&e))?;
     let user = run.workflow.user_id;
-    let mut headers =
-        access::cloud_connector_headers(&*db, &state.policy, &state.keys, &state.config, user)
-            .await
-            .map_err(|e| unavailable(&e))?;
     let model = match access::model_metadata(&*db, &state.models, true).await {
         Ok(model) => model,
         Err(e @ access::AccessError::Disabled) => {
@@ -345,6 +341,16 @@ async fn service_headers(
         }
         Err(e) => return Err(unavailable(&e)),
     };
+    let mut headers = access::cloud_connector_headers(
+        &*db,
+        &state.policy,
+        &state.keys,
+        &state.config,
+        user,
+        access::self_hosted_endpoint(&model),
+    )
+    .await
+    .map_err(|e| unavailable(&e))?;
     let token = client
         .generate_token(&headers, Some(&run.workflow.workflow_definition))
         .await

@@ -62,16 +62,27 @@ pub async fn model_metadata(
     })
 }
 
+/// The endpoint of a self-hosted model in [`model_metadata`]'s answer: the
+/// one the workflow token vouches for, so the service may call it.
+pub fn self_hosted_endpoint(model: &Value) -> Option<&str> {
+    if model["provider"].as_str() == Some("gitlab") {
+        return None;
+    }
+    model["endpoint"].as_str().filter(|e| !e.is_empty())
+}
+
 /// GitLab's cloud-connector headers for a call made for `user_id`, with
 /// lower-case names: `authorization` (an instance JWT whose scopes are the
-/// unit primitives the user's seats grant), `x-gitlab-authentication-type`,
-/// realm, instance id, global user id, host name and version.
+/// unit primitives the user's seats grant, vouching for `model_endpoint`),
+/// `x-gitlab-authentication-type`, realm, instance id, global user id, host
+/// name and version.
 pub async fn cloud_connector_headers(
     db: &impl Queries,
     policy: &Policy,
     keys: &SharedKeyRing,
     config: &Config,
     user_id: i64,
+    model_endpoint: Option<&str>,
 ) -> Result<Vec<(String, String)>, AccessError> {
     use contracts::headers;
     let internal = |e: &dyn std::fmt::Display| AccessError::Internal(e.to_string());
@@ -87,6 +98,7 @@ pub async fn cloud_connector_headers(
     let claims = claims_for(TokenSubject {
         user_id,
         scopes: scopes.iter().map(|s| s.as_str().to_owned()).collect(),
+        model_endpoints: model_endpoint.map(str::to_owned).into_iter().collect(),
         realm: &realm,
         instance_id: &config.instance_id,
         issuer: config.external_url.as_str(),

@@ -437,10 +437,7 @@ pub async fn instance_service_account(
             &[],
         )
         .await?;
-    Ok(row.map(|r| crate::policy::Actor {
-        id: r.get(0),
-        admin: r.get(1),
-    }))
+    Ok(row.map(|r| crate::policy::Actor::user(r.get(0), r.get(1))))
 }
 
 /// Stores the session's model (without any API key) so a resume keeps it.

@@ -80,6 +80,7 @@ fn subject(issuer: &str) -> TokenSubject<'_> {
     TokenSubject {
         user_id: 7,
         scopes: vec!["duo_chat".into(), "documentation_search".into()],
+        model_endpoints: Vec::new(),
         realm: "self-managed",
         instance_id: "instance-1",
         issuer,

@@ -387,13 +387,13 @@ async fn deleting_a_project_removes_its_repository_and_renaming_keeps_history() 
     let api_token = world
         .fx
         .token(
-            Actor {
-                id: world
+            Actor::user(
+                world
                     .fx
                     .id("SELECT id FROM users WHERE username = 'root'", &[])
                     .await,
-                admin: true,
-            },
+                true,
+            ),
             &["api"],
         )
         .await;

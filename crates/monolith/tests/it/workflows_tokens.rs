@@ -354,3 +354,87 @@ async fn direct_access_is_rate_limited_per_user() {
     .await;
     assert_eq!(status, 502);
 }
+
+/// A composite identity reads only what both identities may read, and what
+/// it writes is authored by the service account on behalf of the human.
+#[tokio::test]
+async fn composite_identity_reads_what_both_may_and_writes_as_the_service_account() {
+    let w = world().await;
+    let bot = w.fx.user("duo-developer").await;
+    w.fx.exec(
+        "UPDATE users SET service_account = true WHERE id = $1",
+        &[&bot.id],
+    )
+    .await;
+    w.fx.project_member(w.project, bot, 30).await;
+    // A second private project the human is in and the service account is not.
+    let secret = w.fx.project(w.group, "secret", "private").await;
+    w.fx.project_member(secret, w.dev, 30).await;
+    let secret_issue = w.fx.issue(secret, w.dev, false).await;
+    let issue = w.fx.issue(w.project, w.dev, false).await;
+    let c = w.fx.pool.get().await.unwrap();
+    let mut iids = Vec::new();
+    for id in [issue, secret_issue] {
+        let row = c
+            .query_one("SELECT iid FROM issues WHERE id = $1", &[&id])
+            .await
+            .unwrap();
+        iids.push(row.get::<_, i32>(0));
+    }
+    let (issue_iid, secret_iid) = (iids[0], iids[1]);
+    let composite = monolith::identity::oauth::mint_composite(
+        &**c,
+        bot.id,
+        w.dev.id,
+        monolith::identity::oauth::COMPOSITE_TOKEN_LIFETIME,
+    )
+    .await
+    .unwrap();
+
+    // The human may read the secret issue; the composite identity may not,
+    // and the answer does not say it exists.
+    let secret_path = format!("/projects/{secret}/issues/{secret_iid}");
+    let own = w.fx.token(w.dev, &["api"]).await;
+    assert_eq!(get(&w.server, &secret_path, &own).await.0, 200);
+    let (status, _) = get(&w.server, &secret_path, &composite.token).await;
+    assert_eq!(status, 404);
+    let (status, _) = post(
+        &w.server,
+        &format!("{secret_path}/notes"),
+        &composite.token,
+        json!({"body": "should not land"}),
+    )
+    .await;
+    assert_eq!(status, 404);
+
+    // Where both may, the note is written by the service account for the human.
+    let (status, note) = post(
+        &w.server,
+        &format!("/projects/{}/issues/{issue_iid}/notes", w.project),
+        &composite.token,
+        json!({"body": "Found the cause."}),
+    )
+    .await;
+    assert_eq!(status, 201, "{note}");
+    assert_eq!(note["author"]["username"], "duo-developer");
+    let stored = c
+        .query_one(
+            "SELECT author_id, on_behalf_of_user_id FROM notes WHERE id = $1",
+            &[&note["id"].as_i64().unwrap()],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (stored.get::<_, i64>(0), stored.get::<_, Option<i64>>(1)),
+        (bot.id, Some(w.dev.id))
+    );
+    let notes_left: i64 = c
+        .query_one(
+            "SELECT count(*) FROM notes WHERE body = 'should not land'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(notes_left, 0);
+}

@@ -25,16 +25,38 @@ use tokio::sync::Semaphore;
 /// header: no identity (as if authentication had not run).
 pub const TEST_SCOPES: &str = "x-test-scopes";
 
+/// The model endpoints the test caller's token vouches for (the monolith's
+/// `model_endpoints` claim), comma-separated.
+pub const TEST_MODEL_ENDPOINTS: &str = "x-test-model-endpoints";
+
+/// What the monolith does for a request it sends: vouch for the endpoint
+/// of the model named in its body (empty when it names none).
+pub fn vouched_by(body: &serde_json::Value) -> String {
+    body["model_metadata"]["endpoint"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
 async fn test_identity(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<impl MessageBody>, Error> {
     if let Some(scopes) = req.headers().get(TEST_SCOPES).and_then(|v| v.to_str().ok()) {
-        let user = if scopes == "*" {
+        let mut user = if scopes == "*" {
             GatewayUser::debug()
         } else {
             GatewayUser::with_scopes(scopes.split(',').map(str::to_owned))
         };
+        if let Some(endpoints) = req
+            .headers()
+            .get(TEST_MODEL_ENDPOINTS)
+            .and_then(|v| v.to_str().ok())
+        {
+            user.model_endpoints = gateway::auth::vouched_endpoints(Some(
+                endpoints.split(',').map(str::to_owned).collect(),
+            ));
+        }
         req.extensions_mut().insert(user);
     }
     next.call(req).await

@@ -51,12 +51,20 @@ impl Wire {
 
     /// `model_metadata` sending the call to `model` on the fake over this
     /// wire, with this wire's prompt family.
+    /// A self-hosted model at the fake provider, with its own key (a named
+    /// endpoint never gets the gateway's).
     pub fn metadata(self, fake: &FakeProvider, model: &str) -> Value {
         let (family, provider, endpoint) = match self {
             Wire::Anthropic => ("base", "anthropic", fake.url()),
             Wire::OpenAi => ("openai", "openai", fake.openai_base_url()),
         };
-        json!({"name": family, "provider": provider, "endpoint": endpoint, "identifier": model})
+        json!({
+            "name": family,
+            "provider": provider,
+            "endpoint": endpoint,
+            "identifier": model,
+            "api_key": "sk-self-hosted",
+        })
     }
 }
 
@@ -77,6 +85,10 @@ pub async fn agent(gw: &str, scopes: &str, body: &Value) -> Ndjson {
     let response = client()
         .post(format!("{gw}/v2/chat/agent"))
         .header(TEST_SCOPES, scopes)
+        .header(
+            crate::app_support::TEST_MODEL_ENDPOINTS,
+            crate::app_support::vouched_by(body),
+        )
         .json(body)
         .send()
         .await

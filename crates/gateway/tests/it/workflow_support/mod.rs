@@ -84,7 +84,14 @@ fn now() -> i64 {
 
 /// A token as the monolith mints it for the gateway, with these scopes.
 pub fn monolith_token(scopes: &[&str]) -> String {
+    monolith_token_vouching(scopes, &[])
+}
+
+/// A monolith token that also vouches for these self-hosted model endpoints
+/// (the `model_endpoints` claim).
+pub fn monolith_token_vouching(scopes: &[&str], model_endpoints: &[&str]) -> String {
     let claims = json!({
+        "model_endpoints": model_endpoints,
         "aud": "gitlab-ai-gateway",
         "iss": "http://monolith.test",
         "sub": INSTANCE,
@@ -595,12 +602,27 @@ pub async fn open_stream(
     token: &str,
     first: ClientEvent,
 ) -> Result<RawStream, tonic::Status> {
+    open_stream_with(service, token, &[], first).await
+}
+
+/// [`open_stream`] with extra request metadata (the model header).
+pub async fn open_stream_with(
+    service: &Service,
+    token: &str,
+    extra: &[(&str, String)],
+    first: ClientEvent,
+) -> Result<RawStream, tonic::Status> {
     let (events, receiver) = mpsc::channel(16);
     events.send(first).await.unwrap();
     let mut client = service.client().await;
-    let response = client
-        .execute_workflow(request(ReceiverStream::new(receiver), token))
-        .await?;
+    let mut call = request(ReceiverStream::new(receiver), token);
+    for (name, value) in extra {
+        call.metadata_mut().insert(
+            tonic::metadata::MetadataKey::from_bytes(name.as_bytes()).unwrap(),
+            MetadataValue::try_from(value.as_str()).unwrap(),
+        );
+    }
+    let response = client.execute_workflow(call).await?;
     Ok(RawStream {
         events,
         actions: response.into_inner(),

@@ -71,7 +71,7 @@ impl Fx {
                 &[&username, &admin],
             )
             .await;
-        Actor { id, admin }
+        Actor::user(id, admin)
     }
 
     pub async fn group(
