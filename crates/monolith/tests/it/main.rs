@@ -35,6 +35,7 @@ mod repositories_rest;
 mod rest_members;
 mod rest_merge_requests;
 mod rest_resources;
+mod rest_token_scopes;
 mod rest_tokens;
 mod rest_writes;
 mod subscriptions_live;
