@@ -42,6 +42,7 @@ mod subscriptions_live;
 mod web_admin;
 mod web_code_pages;
 mod web_sign_in;
+mod web_sign_in_redirect;
 mod worker_completion;
 mod workflows_graphql;
 mod workflows_jobs;
