@@ -24,6 +24,7 @@ mod db_outage;
 mod fuzz_edges;
 mod graphql_chat;
 mod graphql_clients;
+mod graphql_token_scopes;
 mod hostile_input;
 mod jwt_jwks;
 mod policy_duo_chat;
