@@ -141,6 +141,27 @@ pub const ACCEPTED_MODELS: &[&str] = &[
     "general",
 ];
 
+/// The provider the gateway calls a family's models through: self-hosted
+/// models are served OpenAI-compatibly (vLLM, Ollama, the bundled server);
+/// Claude goes to Anthropic.
+pub fn provider_of(family: &str) -> &'static str {
+    if family == "claude_3" {
+        "anthropic"
+    } else {
+        "openai"
+    }
+}
+
+/// The families served through the same provider as `family`.
+fn same_provider_families(family: &str) -> Vec<&'static str> {
+    let provider = provider_of(family);
+    ACCEPTED_MODELS
+        .iter()
+        .copied()
+        .filter(|f| provider_of(f) == provider)
+        .collect()
+}
+
 /// A model family as people write it (GitLab's `modelDisplayName`).
 pub fn family_display_name(family: &str) -> &'static str {
     match family {
@@ -343,6 +364,11 @@ impl ModelStore {
         self.model(db, model.id).await
     }
 
+    /// Changes a model. A stored key stays only while it goes where it went
+    /// before: when the endpoint or the provider (through the family) changes
+    /// and no new key is given, the stored key is dropped, so that a key
+    /// entered for one host is never sent to another (by mistake, or by
+    /// someone holding an admin's session but not the key).
     pub async fn update_model(
         &self,
         db: &impl Queries,
@@ -350,9 +376,13 @@ impl ModelStore {
         input: &ModelInput,
     ) -> Result<SelfHostedModel, ModelsError> {
         input.validate()?;
+        // One statement compares with the stored row as it updates it, so a
+        // concurrent change cannot slip between the comparison and the write.
         let updated = db
             .execute(
-                "UPDATE ai_self_hosted_models SET name = $2, model = $3, endpoint = $4, identifier = $5, updated_at = now()
+                "UPDATE ai_self_hosted_models SET name = $2, model = $3, endpoint = $4, identifier = $5,
+                   api_token_sealed = CASE WHEN endpoint = $4 AND model = ANY($6) THEN api_token_sealed END,
+                   updated_at = now()
                  WHERE id = $1",
                 &[
                     &id,
@@ -360,6 +390,7 @@ impl ModelStore {
                     &input.model,
                     &input.endpoint,
                     &input.identifier.as_deref().filter(|i| !i.is_empty()),
+                    &same_provider_families(&input.model),
                 ],
             )
             .await
@@ -508,15 +539,10 @@ impl ModelStore {
                 let api_key = sealed
                     .map(|s| self.secrets.open(&s, &seal_context(id)))
                     .transpose()?;
+                let family: String = row.get(3);
                 Choice::SelfHosted(ModelMetadata {
-                    name: row.get(3),
-                    // Self-hosted models are served OpenAI-compatibly (vLLM,
-                    // Ollama, the bundled server); Claude goes to Anthropic.
-                    provider: if row.get::<_, String>(3) == "claude_3" {
-                        "anthropic".into()
-                    } else {
-                        "openai".into()
-                    },
+                    provider: provider_of(&family).into(),
+                    name: family,
                     endpoint: row.get(4),
                     api_key,
                     identifier: row.get(5),
@@ -540,13 +566,10 @@ impl ModelStore {
             .await?
             .ok_or(ModelsError::NotFound)?;
         let sealed: Option<Vec<u8>> = row.get(3);
+        let family: String = row.get(0);
         Ok(ModelMetadata {
-            name: row.get(0),
-            provider: if row.get::<_, String>(0) == "claude_3" {
-                "anthropic".into()
-            } else {
-                "openai".into()
-            },
+            provider: provider_of(&family).into(),
+            name: family,
             endpoint: row.get(1),
             identifier: row.get(2),
             api_key: sealed

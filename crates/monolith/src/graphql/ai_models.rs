@@ -129,7 +129,9 @@ pub struct AiSelfHostedModelUpdateInput {
     pub name: String,
     pub model: String,
     pub endpoint: String,
-    /// Leave out to keep the stored token; an empty string removes it.
+    /// Leave out to keep the stored token (dropped all the same when
+    /// `endpoint` changes, or `model` moves to another provider); an empty
+    /// string removes it.
     pub api_token: Option<String>,
     pub identifier: Option<String>,
 }
@@ -162,7 +164,21 @@ pub struct AiFeatureSettingUpdatePayload {
     pub errors: Vec<String>,
 }
 
-/// Admins only: anyone else gets GitLab's "does not exist" answer.
+/// Admins only: anyone else gets GitLab's "does not exist" answer. Then the
+/// token: configuration is read with `api` or `read_api`, never with an
+/// `ai_features` token alone.
+fn require_admin_read(ctx: &GqlContext) -> FieldResult<()> {
+    require_admin(ctx)?;
+    ctx.access.require_read()
+}
+
+/// Changes need an admin's `api` token: `ai_features` is for using AI, and
+/// a leaked IDE token must not re-point models or their keys.
+fn require_admin_write(ctx: &GqlContext) -> FieldResult<()> {
+    require_admin(ctx)?;
+    ctx.access.require_write()
+}
+
 fn require_admin(ctx: &GqlContext) -> FieldResult<()> {
     if crate::policy::Policy::administers_instance(ctx.user) {
         return Ok(());
@@ -171,14 +187,6 @@ fn require_admin(ctx: &GqlContext) -> FieldResult<()> {
         "The resource that you are attempting to access does not exist or you don't have permission to perform this action",
         "RESOURCE_NOT_AVAILABLE",
     ))
-}
-
-fn require_mutate(ctx: &GqlContext) -> FieldResult<()> {
-    require_admin(ctx)?;
-    if !ctx.may_mutate {
-        return Err(coded("The token needs the api scope", "INSUFFICIENT_SCOPE"));
-    }
-    Ok(())
 }
 
 fn model_id(id: &AiSelfHostedModelId) -> FieldResult<i64> {
@@ -214,7 +222,7 @@ pub(crate) async fn self_hosted_models(
     ctx: &GqlContext,
     id: Option<AiSelfHostedModelId>,
 ) -> FieldResult<AiSelfHostedModelConnection> {
-    require_admin(ctx)?;
+    require_admin_read(ctx)?;
     let wanted = id.as_ref().map(model_id).transpose()?;
     let db = ctx.pool.get().await.map_err(internal)?;
     let models = ctx.models.list_models(&*db).await.map_err(internal)?;
@@ -231,7 +239,7 @@ pub(crate) async fn feature_settings(
     ctx: &GqlContext,
     self_hosted_model_id: Option<AiSelfHostedModelId>,
 ) -> FieldResult<AiFeatureSettingConnection> {
-    require_admin(ctx)?;
+    require_admin_read(ctx)?;
     let wanted = self_hosted_model_id.as_ref().map(model_id).transpose()?;
     let db = ctx.pool.get().await.map_err(internal)?;
     let settings = ctx.models.feature_settings(&*db).await.map_err(internal)?;
@@ -250,7 +258,7 @@ pub(crate) async fn create_model(
     ctx: &GqlContext,
     input: AiSelfHostedModelCreateInput,
 ) -> FieldResult<AiSelfHostedModelPayload> {
-    require_mutate(ctx)?;
+    require_admin_write(ctx)?;
     let db = ctx.pool.get().await.map_err(internal)?;
     let model_input = ModelInput {
         name: input.name,
@@ -275,7 +283,7 @@ pub(crate) async fn update_model(
     ctx: &GqlContext,
     input: AiSelfHostedModelUpdateInput,
 ) -> FieldResult<AiSelfHostedModelPayload> {
-    require_mutate(ctx)?;
+    require_admin_write(ctx)?;
     let id = model_id(&input.id)?;
     let db = ctx.pool.get().await.map_err(internal)?;
     let model_input = ModelInput {
@@ -303,7 +311,7 @@ pub(crate) async fn delete_model(
     ctx: &GqlContext,
     input: AiSelfHostedModelDeleteInput,
 ) -> FieldResult<AiSelfHostedModelPayload> {
-    require_mutate(ctx)?;
+    require_admin_write(ctx)?;
     let id = model_id(&input.id)?;
     let db = ctx.pool.get().await.map_err(internal)?;
     Ok(match ctx.models.delete_model(&*db, id).await {
@@ -322,7 +330,7 @@ pub(crate) async fn update_feature_setting(
     ctx: &GqlContext,
     input: AiFeatureSettingUpdateInput,
 ) -> FieldResult<AiFeatureSettingUpdatePayload> {
-    require_mutate(ctx)?;
+    require_admin_write(ctx)?;
     let model = input
         .ai_self_hosted_model_id
         .as_ref()

@@ -130,6 +130,74 @@ pub struct AiAdditionalContextInput {
     pub metadata: Option<Json>,
 }
 
+/// Longest `metadata` accepted, as serialised JSON.
+pub const MAX_CONTEXT_METADATA_BYTES: usize = 64 * 1024;
+/// Deepest nesting of objects and arrays accepted in `metadata` (the
+/// object itself is level 1).
+pub const MAX_CONTEXT_METADATA_DEPTH: usize = 8;
+
+impl AiAdditionalContextInput {
+    /// `metadata` as the object it must be. GitLab's `JSON` scalar takes it
+    /// as an object (what GitLab's editor extensions send) or as serialised
+    /// JSON text (what our docs promise); both become the same object. A
+    /// value that is not an object (or text holding one), or one too large or
+    /// too deeply nested, is refused rather than dropped.
+    pub fn metadata_object(&self) -> FieldResult<Option<serde_json::Value>> {
+        let Some(metadata) = &self.metadata else {
+            return Ok(None);
+        };
+        let refused = |why: String| {
+            coded(
+                format!("additionalContext.metadata {why}"),
+                "ARGUMENT_ERROR",
+            )
+        };
+        let too_large = || {
+            refused(format!(
+                "is too large (maximum is {MAX_CONTEXT_METADATA_BYTES} bytes)"
+            ))
+        };
+        let value = match metadata.value() {
+            // Serialised text: parsed once (text holding text is refused below).
+            serde_json::Value::String(text) => {
+                if text.len() > MAX_CONTEXT_METADATA_BYTES {
+                    return Err(too_large());
+                }
+                serde_json::from_str(&text)
+                    .map_err(|e| refused(format!("is not valid JSON text: {e}")))?
+            }
+            other => other,
+        };
+        match &value {
+            serde_json::Value::Null => Ok(None),
+            serde_json::Value::Object(_) => {
+                if json_depth(&value) > MAX_CONTEXT_METADATA_DEPTH {
+                    return Err(refused(format!(
+                        "is nested too deeply (maximum depth is {MAX_CONTEXT_METADATA_DEPTH})"
+                    )));
+                }
+                if value.to_string().len() > MAX_CONTEXT_METADATA_BYTES {
+                    return Err(too_large());
+                }
+                Ok(Some(value))
+            }
+            _ => Err(refused(
+                "must be a JSON object, or its serialised text".to_owned(),
+            )),
+        }
+    }
+}
+
+/// How deeply objects and arrays nest in `value` (a scalar is 0).
+fn json_depth(value: &serde_json::Value) -> usize {
+    let children: Box<dyn Iterator<Item = &serde_json::Value>> = match value {
+        serde_json::Value::Object(map) => Box::new(map.values()),
+        serde_json::Value::Array(items) => Box::new(items.iter()),
+        _ => return 0,
+    };
+    1 + children.map(json_depth).max().unwrap_or(0)
+}
+
 #[derive(Debug, Clone, GraphQLInputObject)]
 #[graphql(name = "AiChatInput")]
 pub struct AiChatInput {

@@ -45,9 +45,8 @@ pub struct GqlContext {
     pub pool: deadpool_postgres::Pool,
     pub user: Option<Actor>,
     pub username: Option<String>,
-    /// Whether the token may run mutations: GitLab lets `read_api` tokens
-    /// query only; `aiAction` needs `api` or `ai_features`.
-    pub may_mutate: bool,
+    /// What the caller's token allows here (see [`TokenAccess`]).
+    pub access: TokenAccess,
     pub live: Arc<LiveHub>,
     pub models: crate::ai_models::ModelStore,
 }
@@ -61,12 +60,76 @@ impl GqlContext {
             policy: state.policy.clone(),
             pool: state.pool.clone(),
             user: user.as_ref().map(Actor::from),
-            may_mutate: user
-                .as_ref()
-                .is_some_and(|u| u.has_any_scope(&["api", "ai_features"])),
+            access: TokenAccess::of(user.as_ref()),
             username: user.map(|u| u.username),
             live: state.live.clone(),
             models: state.models.clone(),
+        }
+    }
+}
+
+/// What a token's scopes allow through GraphQL, as GitLab's per-field
+/// authorization scopes decide it: `api` everything; `read_api` queries only;
+/// `ai_features` only the AI mutations (`aiAction`, chat feedback, deleting
+/// one's own threads) and the reads chat needs, never configuration. A
+/// browser session counts as `api`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TokenAccess {
+    /// `api` or `read_api`: every query, configuration included.
+    pub read: bool,
+    /// `api`: every mutation, the admin ones among them.
+    pub write: bool,
+    /// `api` or `ai_features`: the AI mutations.
+    pub ai: bool,
+}
+
+/// Why a field refused the caller's token.
+const INSUFFICIENT_SCOPE: &str = "INSUFFICIENT_SCOPE";
+
+impl TokenAccess {
+    pub fn of(user: Option<&AuthenticatedUser>) -> Self {
+        let Some(user) = user else {
+            return Self::default();
+        };
+        TokenAccess {
+            read: user.has_any_scope(&["api", "read_api"]),
+            write: user.has_any_scope(&["api"]),
+            ai: user.has_any_scope(&["api", "ai_features"]),
+        }
+    }
+
+    /// Reading configuration (models, feature settings) needs `api` or
+    /// `read_api`: an `ai_features` token is for using AI, not seeing how it
+    /// is set up.
+    pub(crate) fn require_read(&self) -> FieldResult<()> {
+        if self.read {
+            Ok(())
+        } else {
+            Err(coded(
+                "The token needs the api or read_api scope",
+                INSUFFICIENT_SCOPE,
+            ))
+        }
+    }
+
+    /// Mutations other than the AI ones (configuration above all) need `api`.
+    pub(crate) fn require_write(&self) -> FieldResult<()> {
+        if self.write {
+            Ok(())
+        } else {
+            Err(coded("The token needs the api scope", INSUFFICIENT_SCOPE))
+        }
+    }
+
+    /// The AI mutations need `api` or `ai_features`.
+    pub(crate) fn require_ai(&self) -> FieldResult<()> {
+        if self.ai {
+            Ok(())
+        } else {
+            Err(coded(
+                "The token needs the api or ai_features scope",
+                INSUFFICIENT_SCOPE,
+            ))
         }
     }
 }
@@ -172,7 +235,7 @@ mod tests {
             pool,
             user: None,
             username: None,
-            may_mutate: false,
+            access: TokenAccess::default(),
             live: LiveHub::new("postgres://nobody@127.0.0.1:1/none"),
             models: crate::ai_models::ModelStore::new(Arc::new(
                 crate::identity::secret_box::SecretBox::from_key(&[0; 32]).unwrap(),

@@ -1,4 +1,7 @@
-//! The mutation root: `aiAction`.
+//! The mutation root. Every mutation needs an `api` token
+//! ([`TokenAccess::require_write`]), except the AI ones a Duo client makes
+//! with an `ai_features` token: `aiAction`, `aiChatFeedback` and
+//! `deleteConversationThread` ([`TokenAccess::require_ai`]).
 
 use juniper::{FieldResult, graphql_object};
 
@@ -47,12 +50,7 @@ impl Mutation {
         let Some(user) = ctx.user else {
             return Err(coded("Unauthorized", "UNAUTHENTICATED"));
         };
-        if !ctx.may_mutate {
-            return Err(coded(
-                "The token needs the api or ai_features scope",
-                "INSUFFICIENT_SCOPE",
-            ));
-        }
+        ctx.access.require_ai()?;
         let not_available = || {
             coded(
                 "The resource that you are attempting to access does not exist or you don't have permission to perform this action",
@@ -82,12 +80,7 @@ impl Mutation {
         let Some(user) = ctx.user else {
             return Err(coded("Unauthorized", "UNAUTHENTICATED"));
         };
-        if !ctx.may_mutate {
-            return Err(coded(
-                "The token needs the api or ai_features scope",
-                "INSUFFICIENT_SCOPE",
-            ));
-        }
+        ctx.access.require_ai()?;
         let not_found = || AiChatFeedbackPayload {
             errors: vec!["Message not found".to_owned()],
         };
@@ -108,11 +101,8 @@ impl Mutation {
 
     async fn ai_action(ctx: &GqlContext, input: AiActionInput) -> FieldResult<AiActionPayload> {
         let client_mutation_id = input.client_mutation_id.clone();
-        if ctx.user.is_some() && !ctx.may_mutate {
-            return Err(coded(
-                "The token needs the api or ai_features scope to send chat questions",
-                "INSUFFICIENT_SCOPE",
-            ));
+        if ctx.user.is_some() {
+            ctx.access.require_ai()?;
         }
         let Some(chat_input) = input.chat else {
             return Err(coded(
@@ -137,13 +127,15 @@ impl Mutation {
                 .additional_context
                 .unwrap_or_default()
                 .into_iter()
-                .map(|c| chat::AdditionalContext {
-                    id: c.id.to_string(),
-                    category: c.category.wire().to_owned(),
-                    content: c.content,
-                    metadata: c.metadata.and_then(|m| serde_json::from_str(&m.0).ok()),
+                .map(|c| {
+                    Ok(chat::AdditionalContext {
+                        metadata: c.metadata_object()?,
+                        id: c.id.to_string(),
+                        category: c.category.wire().to_owned(),
+                        content: c.content,
+                    })
                 })
-                .collect(),
+                .collect::<FieldResult<_>>()?,
             platform_origin: input.platform_origin,
         };
         match ctx.chat.submit(ctx.user, request).await {

@@ -80,10 +80,13 @@ pub async fn handle(
     req: HttpRequest,
     body: web::Bytes,
 ) -> Result<HttpResponse, ApiError> {
-    let user = match rest::optional_user(&state, &req).await? {
+    let user = match rest::presented_user(&state, &req).await? {
         Some(user) => Some(user),
         None => session_user(&state, &req, true).await?,
     };
+    // The door only: a token with none of these scopes has nothing to do
+    // here. What each scope allows per field is `TokenAccess`'s to decide
+    // (`ai_features` runs the AI mutations, never the admin ones).
     if let Some(u) = &user
         && !u.has_any_scope(&["api", "read_api", "ai_features"])
     {
@@ -266,7 +269,7 @@ async fn open_socket(
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, actix_web::Error> {
-    let header_user = match rest::optional_user(&state, &req).await? {
+    let header_user = match rest::presented_user(&state, &req).await? {
         Some(user) => Some(user),
         // Browsers send the session cookie with the upgrade but cannot set
         // headers; the Origin check stops other sites from riding on it.

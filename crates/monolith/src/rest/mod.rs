@@ -37,22 +37,64 @@ use crate::identity::request::request_user;
 use crate::identity::tokens::{AuthenticatedUser, TokenError};
 
 /// The signed-in user, `None` when no token was sent; a bad token is a 401.
-/// A Duo Workflow token (`ai_workflows` only) is refused here, except on the
-/// endpoints its GitLab tools call ([`WORKFLOW_TOOL_ENDPOINTS`]); the workflow
-/// endpoints ask through [`require_user`].
+///
+/// Every REST read asks here, so this is where a token's scope is checked for
+/// reading (GitLab's `authenticate_non_get!`/`allow_access_with_scope`): a
+/// token must carry `api` or `read_api` ([`READ_SCOPES`]), or on a repository
+/// route also `read_repository` ([`REPOSITORY_READ_SCOPES`]); a Duo Workflow
+/// token (`ai_workflows` only) passes only on [`WORKFLOW_TOOL_ENDPOINTS`]. A
+/// token without any of them is refused with 403 `insufficient_scope`, even
+/// where an anonymous caller could read: presenting a token never widens
+/// what its scopes allow. Routes with other rules (users with `read_user`,
+/// the workflow endpoints) ask [`require_user`] with their scopes instead.
 pub async fn optional_user(
     state: &AppState,
     req: &HttpRequest,
 ) -> Result<Option<AuthenticatedUser>, ApiError> {
     let user = token_user(state, req).await?;
-    if let Some(u) = &user
-        && workflow_only(u)
-        && !workflow_tool_endpoint(req)
-    {
-        return Err(ApiError::InsufficientScope(READ_SCOPES.join(" ")));
+    if let Some(u) = &user {
+        check_read_scope(u, req)?;
     }
     Ok(user)
 }
+
+/// The owner of the presented token (`None` without one) with no REST scope
+/// rule applied: for `/api/graphql`, which has its own.
+pub async fn presented_user(
+    state: &AppState,
+    req: &HttpRequest,
+) -> Result<Option<AuthenticatedUser>, ApiError> {
+    token_user(state, req).await
+}
+
+/// Whether `user`'s token may read through the route `req` matched.
+fn check_read_scope(user: &AuthenticatedUser, req: &HttpRequest) -> Result<(), ApiError> {
+    if workflow_only(user) && workflow_tool_endpoint(req) {
+        return Ok(());
+    }
+    let scopes = read_scopes(req);
+    if user.has_any_scope(scopes) {
+        Ok(())
+    } else {
+        Err(ApiError::InsufficientScope(scopes.join(" ")))
+    }
+}
+
+/// The scopes that read through the route `req` matched.
+fn read_scopes(req: &HttpRequest) -> &'static [&'static str] {
+    match req.match_pattern() {
+        Some(pattern) if pattern.starts_with(REPOSITORY_ROUTES) => REPOSITORY_READ_SCOPES,
+        _ => READ_SCOPES,
+    }
+}
+
+/// Where the repository endpoints (tree, files, blobs, commits, branches,
+/// tags) live.
+const REPOSITORY_ROUTES: &str = "/api/v4/projects/{id}/repository/";
+
+/// Scopes that read a repository through the API: `read_repository` reads
+/// code (as over git), nothing else.
+const REPOSITORY_READ_SCOPES: &[&str] = &["api", "read_api", "read_repository"];
 
 /// The endpoints the workflow service's GitLab tools call, where GitLab also
 /// accepts `ai_workflows` tokens (`allow_access_with_scope :ai_workflows`): a

@@ -21,9 +21,6 @@ use crate::repositories::pushes::{self, RefUpdate};
 use crate::repositories::writer::{self, FileAction, Signature};
 use crate::repositories::{RepositoryError, reader};
 
-/// Scopes that read a repository through the API.
-const REPOSITORY_READ_SCOPES: &[&str] = &["api", "read_api", "read_repository"];
-
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/projects/{id}/repository/tree", web::get().to(tree))
         .route(
@@ -124,14 +121,9 @@ pub(super) async fn readable_repo(
     req: &HttpRequest,
     project_id: i64,
 ) -> Result<Repo, ApiError> {
+    // The token's scope (`read_repository` reads here) is checked by
+    // `optional_user`, as on every REST route.
     let user = optional_user(state, req).await?;
-    if let Some(u) = &user
-        && !u.has_any_scope(REPOSITORY_READ_SCOPES)
-    {
-        return Err(ApiError::InsufficientScope(
-            REPOSITORY_READ_SCOPES.join(" "),
-        ));
-    }
     let actor = user.as_ref().map(Actor::from);
     let db = state.pool.get().await?;
     if !state

@@ -196,7 +196,7 @@ fn model_form(session: &SessionUser, f: &FormState<'_>) -> Markup {
                 autocomplete="new-password" aria-describedby="api_token_hint";
             p class="hint" id="api_token_hint" {
                 @if f.id.is_some() {
-                    "Currently " strong { (if f.has_api_token { "set" } else { "not set" }) } ". Leave empty to keep it."
+                    "Currently " strong { (if f.has_api_token { "set" } else { "not set" }) } ". Leave empty to keep it; changing the endpoint, or a family served by another provider, removes it unless you enter it again."
                 } @else {
                     "Stored encrypted and never shown again."
                 }

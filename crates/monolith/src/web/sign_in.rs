@@ -49,12 +49,71 @@ struct FormQuery {
     redirect_to: Option<String>,
 }
 
-/// Only paths on this site: `/x`, never `//host` or `https://host`.
-fn local_path(target: Option<&str>) -> String {
-    match target {
-        Some(t) if t.starts_with('/') && !t.starts_with("//") && !t.contains('\\') => t.to_owned(),
-        _ => "/-/chat".to_owned(),
+/// Where the browser goes after signing in when `redirect_to` is absent or
+/// refused; the start page sends a signed-in user on to the chat.
+const FALLBACK_TARGET: &str = "/";
+
+/// Longer `redirect_to` values are refused (a page's own path never is).
+const MAX_REDIRECT_CHARS: usize = 2048;
+
+/// How many rounds of percent-decoding are looked through; a value still
+/// changing after them is refused.
+const MAX_DECODE_ROUNDS: usize = 3;
+
+/// The sign-in's `redirect_to`, kept only when it is a path on this site (see
+/// [`same_origin_path`]); otherwise [`FALLBACK_TARGET`].
+fn redirect_target(candidate: Option<&str>, external_url: &url::Url) -> String {
+    candidate
+        .and_then(|c| same_origin_path(c, external_url))
+        .unwrap_or_else(|| FALLBACK_TARGET.to_owned())
+}
+
+/// `candidate` as a path (with query and fragment) on this instance's origin,
+/// or `None`. Browsers drop tabs and newlines inside URLs and read `\` as
+/// `/`, so `/<TAB>/evil.example` or `/\evil.example` would take them to
+/// another host: control characters, backslashes and encoded slashes are
+/// refused in the value and in each percent-decoded form of it; what is left
+/// is resolved against the external URL, and its origin must be ours. The
+/// answer is the resolved URL's own path, so it is always a valid header.
+fn same_origin_path(candidate: &str, external_url: &url::Url) -> Option<String> {
+    if candidate.chars().count() > MAX_REDIRECT_CHARS || !candidate.starts_with('/') {
+        return None;
     }
+    let mut forms = vec![candidate.to_owned()];
+    loop {
+        let last = forms.last()?;
+        let decoded = crate::rest::path_ids::percent_decode(last)?;
+        if decoded == *last {
+            break;
+        }
+        if forms.len() > MAX_DECODE_ROUNDS {
+            return None;
+        }
+        forms.push(decoded);
+    }
+    let ours = external_url.origin();
+    for form in &forms {
+        let lower = form.to_ascii_lowercase();
+        if form
+            .chars()
+            .any(|c| c.is_control() || c == '\\' || (c.is_whitespace() && c != ' '))
+            || lower.contains("%2f")
+            || lower.contains("%5c")
+            || !form.starts_with('/')
+            || form.starts_with("//")
+            || external_url.join(form).ok()?.origin() != ours
+        {
+            return None;
+        }
+    }
+    let resolved = external_url.join(candidate).ok()?;
+    let path = &resolved[url::Position::BeforePath..];
+    // Dot segments can leave a path starting with `//` (`/.//host`), which a
+    // browser reads as another host.
+    if !path.starts_with('/') || path.starts_with("//") {
+        return None;
+    }
+    Some(path.to_owned())
 }
 
 fn secure_cookies(state: &AppState) -> bool {
@@ -110,7 +169,7 @@ async fn form(
     req: HttpRequest,
     query: web::Query<FormQuery>,
 ) -> Result<HttpResponse, PageError> {
-    let redirect_to = local_path(query.redirect_to.as_deref());
+    let redirect_to = redirect_target(query.redirect_to.as_deref(), &state.config.external_url);
     if super::maybe_signed_in(&state, &req).await?.is_some() {
         return Ok(HttpResponse::SeeOther()
             .insert_header(("Location", redirect_to))
@@ -158,7 +217,7 @@ async fn sign_in(
     form: web::Form<SignInForm>,
 ) -> Result<HttpResponse, PageError> {
     let form = form.into_inner();
-    let redirect_to = local_path(form.redirect_to.as_deref());
+    let redirect_to = redirect_target(form.redirect_to.as_deref(), &state.config.external_url);
     let cookie_csrf = req.cookie(FORM_CSRF_COOKIE).map(|c| c.value().to_owned());
     if cookie_csrf
         .as_deref()
@@ -282,14 +341,40 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_local_paths_are_redirect_targets() {
-        assert_eq!(
-            local_path(Some("/acme/site/-/issues/1")),
-            "/acme/site/-/issues/1"
-        );
-        assert_eq!(local_path(Some("//evil.example")), "/-/chat");
-        assert_eq!(local_path(Some("https://evil.example")), "/-/chat");
-        assert_eq!(local_path(Some("/\\evil.example")), "/-/chat");
-        assert_eq!(local_path(None), "/-/chat");
+    fn only_paths_on_this_site_are_redirect_targets() {
+        let ours = url::Url::parse("https://gitlab.example/").unwrap();
+        for (candidate, expected) in [
+            ("/acme/site/-/issues/1", "/acme/site/-/issues/1"),
+            (
+                "/acme/site/-/blob/main/a%20b.rb?x=1#L2",
+                "/acme/site/-/blob/main/a%20b.rb?x=1#L2",
+            ),
+            ("/a b", "/a%20b"),
+            ("/acme/../-/chat", "/-/chat"),
+            ("//evil.example", "/"),
+            ("https://evil.example", "/"),
+            ("https://gitlab.example/-/chat", "/"),
+            ("/\\evil.example", "/"),
+            ("/\t/evil.example", "/"),
+            ("/\n/evil.example", "/"),
+            ("/%09/evil.example", "/"),
+            ("/%2F/evil.example", "/"),
+            ("/%252F/evil.example", "/"),
+            ("/%5Cevil.example", "/"),
+            ("/.//evil.example", "/"),
+            ("/%2e//evil.example", "/"),
+            ("/%", "/"),
+            ("/%25252525", "/"),
+            ("", "/"),
+        ] {
+            assert_eq!(
+                redirect_target(Some(candidate), &ours),
+                expected,
+                "{candidate:?}"
+            );
+        }
+        assert_eq!(redirect_target(None, &ours), "/");
+        let long = format!("/{}", "a".repeat(MAX_REDIRECT_CHARS));
+        assert_eq!(redirect_target(Some(&long), &ours), "/");
     }
 }

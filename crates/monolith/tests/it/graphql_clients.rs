@@ -1,6 +1,7 @@
 //! GitLab's own chat clients' GraphQL documents, unchanged: the web frontend's
 //! "chat with namespace" mutation, the messages query filtered by request ids,
-//! the VS Code extension's additional context with object metadata, thread
+//! the VS Code extension's additional context with object metadata (and
+//! metadata as serialised JSON text, as our docs describe it), thread
 //! deletion, and the chat types' names and types as the clients declare them
 //! (introspected, snapshotted).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -99,17 +100,16 @@ async fn chat_with_a_namespace_and_object_metadata_validates_and_is_kept() {
     assert_eq!(metadata["enabled"], true);
     assert_eq!(metadata["lines"], json!([1, 2]));
 
-    // Scalar metadata (a string, a number) is a JSON value too.
-    for metadata in [json!("plain words"), json!(42), json!(null)] {
-        let res = gql(
-            &server,
-            &token,
-            CHAT_WITH_NAMESPACE,
-            json!({ "question": "Again", "threadId": thread_id, "additionalContext": [{ "category": "SNIPPET", "id": 7, "content": "x", "metadata": metadata }] }),
-        )
-        .await;
-        assert_eq!(res["data"]["aiAction"]["errors"], json!([]), "{res}");
-    }
+    // No metadata at all is fine; what is not an object (nor text holding
+    // one) is refused (see `metadata_as_json_text_...`).
+    let res = gql(
+        &server,
+        &token,
+        CHAT_WITH_NAMESPACE,
+        json!({ "question": "Again", "threadId": thread_id, "additionalContext": [{ "category": "SNIPPET", "id": 7, "content": "x", "metadata": null }] }),
+    )
+    .await;
+    assert_eq!(res["data"]["aiAction"]["errors"], json!([]), "{res}");
 
     // A request id that is not ours filters everything out.
     let none = gql(
@@ -120,6 +120,121 @@ async fn chat_with_a_namespace_and_object_metadata_validates_and_is_kept() {
     )
     .await;
     assert_eq!(none["data"]["aiMessages"]["nodes"], json!([]), "{none}");
+}
+
+/// One chat question with `metadata` (as a variable) on a SNIPPET context item.
+async fn ask_with_metadata(server: &Server, token: &str, metadata: Value) -> Value {
+    gql(
+        server,
+        token,
+        CHAT_WITH_NAMESPACE,
+        json!({ "question": "With context", "conversationType": "DUO_CHAT", "additionalContext": [{ "category": "SNIPPET", "id": "s1", "content": "x", "metadata": metadata }] }),
+    )
+    .await
+}
+
+/// The stored metadata of the question `res` asked, as the messages query
+/// answers it (serialised JSON text, or null).
+async fn stored_metadata(server: &Server, token: &str, res: &Value) -> Value {
+    let payload = &res["data"]["aiAction"];
+    assert_eq!(payload["errors"], json!([]), "{res}");
+    let messages = gql(
+        server,
+        token,
+        MESSAGES_BY_REQUEST,
+        json!({ "requestIds": [payload["requestId"]], "roles": ["USER"], "threadId": payload["threadId"] }),
+    )
+    .await;
+    let context = &messages["data"]["aiMessages"]["nodes"][0]["extras"]["additionalContext"][0];
+    assert_eq!(context["id"], "s1", "{messages}");
+    match context["metadata"].as_str() {
+        Some(text) => serde_json::from_str(text).unwrap(),
+        None => Value::Null,
+    }
+}
+
+#[tokio::test]
+async fn metadata_as_json_text_is_parsed_and_anything_but_an_object_is_refused() {
+    let (fx, server, _user, token) = world().await;
+    let object = json!({ "relativePath": "src/lib.rs", "enabled": true, "lines": [3, 4] });
+
+    // Serialised JSON text, as docs/graphql.md describes it, and the object
+    // itself (GitLab's editor extensions) are stored as the same object.
+    for metadata in [Value::String(object.to_string()), object.clone()] {
+        let res = ask_with_metadata(&server, &token, metadata).await;
+        assert_eq!(stored_metadata(&server, &token, &res).await, object);
+    }
+    // Inline in the document, as a string literal, too.
+    let inline = format!(
+        "mutation {{ aiAction(input: {{chat: {{content: \"inline\", additionalContext: [{{category: SNIPPET, id: \"s1\", content: \"x\", metadata: {}}}]}}, conversationType: DUO_CHAT}}) {{ requestId errors threadId }} }}",
+        Value::String(object.to_string())
+    );
+    let res = gql(&server, &token, &inline, json!({})).await;
+    assert_eq!(stored_metadata(&server, &token, &res).await, object);
+
+    let deep = (0..20).fold(json!(1), |inner, _| json!({ "a": inner }));
+    let large = json!({ "blob": "x".repeat(70 * 1024) });
+    let refused: [(&str, Value, &str); 9] = [
+        ("plain text", json!("plain words"), "is not valid JSON text"),
+        ("a number", json!(42), "must be a JSON object"),
+        ("a boolean", json!(true), "must be a JSON object"),
+        ("an array", json!([1, 2]), "must be a JSON object"),
+        (
+            "text holding an array",
+            json!("[1, 2]"),
+            "must be a JSON object",
+        ),
+        (
+            "text holding text",
+            json!("\"{}\""),
+            "must be a JSON object",
+        ),
+        ("too deep", deep.clone(), "is nested too deeply"),
+        (
+            "too deep, as text",
+            Value::String(deep.to_string()),
+            "is nested too deeply",
+        ),
+        (
+            "too large",
+            Value::String(large.to_string()),
+            "is too large",
+        ),
+    ];
+    let questions_before = fx
+        .id(
+            "SELECT count(*) FROM ai_conversation_messages WHERE role = 1",
+            &[],
+        )
+        .await;
+    for (what, metadata, message) in refused {
+        let res = ask_with_metadata(&server, &token, metadata).await;
+        assert!(res["data"]["aiAction"].is_null(), "{what}: {res}");
+        let error = &res["errors"][0];
+        assert_eq!(
+            error["extensions"]["code"], "ARGUMENT_ERROR",
+            "{what}: {res}"
+        );
+        let text = error["message"].as_str().unwrap();
+        assert!(
+            text.starts_with("additionalContext.metadata "),
+            "{what}: {text}"
+        );
+        assert!(text.contains(message), "{what}: {text}");
+    }
+    let large_object = ask_with_metadata(&server, &token, large).await;
+    assert_eq!(
+        large_object["errors"][0]["extensions"]["code"], "ARGUMENT_ERROR",
+        "{large_object}"
+    );
+    // Nothing refused was stored.
+    let questions_after = fx
+        .id(
+            "SELECT count(*) FROM ai_conversation_messages WHERE role = 1",
+            &[],
+        )
+        .await;
+    assert_eq!(questions_after, questions_before);
 }
 
 #[tokio::test]

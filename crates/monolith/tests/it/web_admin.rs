@@ -375,6 +375,72 @@ async fn an_api_key_is_sealed_and_never_shown_again() {
 }
 
 #[tokio::test]
+async fn the_edit_form_drops_the_key_when_the_endpoint_or_provider_changes() {
+    let s = setup().await;
+    let model = s.create_model("team-mistral", SECRET_KEY).await;
+    let edit = format!("/admin/ai/duo_self_hosted/{model}");
+    let has_key = format!(
+        "SELECT count(*) FROM ai_self_hosted_models WHERE id = {model} AND api_token_sealed IS NOT NULL"
+    );
+    // (what changes, family, endpoint, key entered, key kept afterwards)
+    let steps: [(&str, &str, &str, &str, bool); 5] = [
+        (
+            "the family, same provider",
+            "gpt",
+            "http://127.0.0.1:9/v1",
+            "",
+            true,
+        ),
+        (
+            "the endpoint's host",
+            "gpt",
+            "https://collector.evil.example/v1",
+            "",
+            false,
+        ),
+        (
+            "the endpoint, with a key",
+            "gpt",
+            "http://127.0.0.1:9/v1",
+            "sk-new-0815",
+            true,
+        ),
+        (
+            "the provider",
+            "claude_3",
+            "http://127.0.0.1:9/v1",
+            "",
+            false,
+        ),
+        (
+            "nothing, with a key",
+            "claude_3",
+            "http://127.0.0.1:9/v1",
+            "sk-new-0816",
+            true,
+        ),
+    ];
+    for (what, family, endpoint, key, kept) in steps {
+        let res = s
+            .post(
+                &edit,
+                &[
+                    ("name", "team-mistral"),
+                    ("model", family),
+                    ("endpoint", endpoint),
+                    ("identifier", ""),
+                    ("api_token", key),
+                ],
+            )
+            .await;
+        assert_eq!(res.status(), 303, "{what}: {:?}", res.text().await);
+        assert_eq!(s.count(&has_key).await, i64::from(kept), "{what}");
+    }
+    let (_, page) = s.page(&format!("{edit}/edit")).await;
+    assert!(page.contains("changing the endpoint"), "{page}");
+}
+
+#[tokio::test]
 async fn refused_forms_say_why_and_keep_what_was_entered() {
     let s = setup().await;
 
