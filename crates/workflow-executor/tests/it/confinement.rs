@@ -253,21 +253,25 @@ async fn git_ignores_the_repositorys_hooks_fsmonitor_and_ssh_command() {
     let marks = Marks::new();
     let hook = dir.path.join(".git/hooks/pre-commit");
     std::fs::copy(marks.script("hook"), &hook).unwrap();
+    let transport = format!("ext::{}", marks.script("transport"));
     for args in [
         &["config", "core.fsmonitor", &marks.script("fsmonitor")][..],
         &["config", "core.sshCommand", &marks.script("ssh")],
         &["remote", "add", "origin", "ssh://git.example.invalid/x.git"],
+        &["config", "protocol.ext.allow", "always"],
+        &["remote", "add", "helper", &transport],
     ] {
         assert!(git(&dir.path, args).status.success());
     }
-    // Plain git does run all three.
+    // Plain git does run all four.
     git(&dir.path, &["status"]);
     git(
         &dir.path,
         &["commit", "-q", "--allow-empty", "-m", "control"],
     );
     git(&dir.path, &["fetch", "-q", "origin"]);
-    for mark in ["fsmonitor", "hook", "ssh"] {
+    git(&dir.path, &["fetch", "-q", "helper"]);
+    for mark in ["fsmonitor", "hook", "ssh", "transport"] {
         assert!(marks.made(mark), "the planted {mark} did not run");
         marks.clear(mark);
     }
@@ -280,15 +284,23 @@ async fn git_ignores_the_repositorys_hooks_fsmonitor_and_ssh_command() {
                 &["commit", "-q", "--allow-empty", "-m", "by the agent"],
             ),
             command("git", &["fetch", "-q", "origin"]),
+            command("git", &["fetch", "-q", "helper"]),
         ]
     })
     .await;
     assert_finished(&run);
     assert_eq!(run.reply(0).1, "");
     assert_eq!(run.reply(1).1, "", "{:?}", run.reply(1));
-    // The fetch fails (no such host), but not through the planted program.
+    // The fetches fail (no such host; a transport not allowed), but not
+    // through the planted programs.
     assert!(!run.reply(2).1.is_empty());
-    for mark in ["fsmonitor", "hook", "ssh"] {
+    let (out, _) = run.reply(3);
+    assert!(
+        out.contains("transport 'ext' not allowed"),
+        "{:?}",
+        run.reply(3)
+    );
+    for mark in ["fsmonitor", "hook", "ssh", "transport"] {
         assert!(
             !marks.made(mark),
             "the planted {mark} ran under the executor"
@@ -296,6 +308,56 @@ async fn git_ignores_the_repositorys_hooks_fsmonitor_and_ssh_command() {
     }
     let log = git(&dir.path, &["log", "--format=%s", "-1"]);
     assert_eq!(String::from_utf8_lossy(&log.stdout), "by the agent\n");
+}
+
+#[tokio::test]
+async fn git_commits_with_the_users_identity_and_nothing_else_of_their_configuration() {
+    let dir = Dir::new();
+    repository(&dir);
+    for key in ["user.name", "user.email"] {
+        assert!(git(&dir.path, &["config", "--unset", key]).status.success());
+    }
+    let home = Dir::new();
+    let marks = Marks::new();
+    home.write(
+        ".gitconfig",
+        &format!(
+            "[user]\n\tname = Global User\n\temail = global@example.com\n[core]\n\tfsmonitor = {}\n",
+            marks.script("fsmonitor")
+        ),
+    );
+    let home_path = home.path.display().to_string();
+    // Plain git with that home runs the user's fsmonitor.
+    std::process::Command::new("git")
+        .arg("status")
+        .current_dir(&dir.path)
+        .env("HOME", &home.path)
+        .env_remove("XDG_CONFIG_HOME")
+        .env_remove("GIT_CONFIG_GLOBAL")
+        .output()
+        .unwrap();
+    assert!(marks.made("fsmonitor"));
+    marks.clear("fsmonitor");
+    let run = run_executor(&dir.path, NO_GITLAB, &[("HOME", &home_path)], |_| {
+        vec![
+            command(
+                "git",
+                &["commit", "-q", "--allow-empty", "-m", "with identity"],
+            ),
+            git_action("status", ""),
+        ]
+    })
+    .await;
+    assert_finished(&run);
+    assert_eq!(run.reply(0).1, "", "{:?}", run.reply(0));
+    assert_eq!(run.reply(1).1, "");
+    let author = git(&dir.path, &["log", "-1", "--format=%an <%ae>|%cn <%ce>"]);
+    assert_eq!(
+        String::from_utf8_lossy(&author.stdout),
+        "Global User <global@example.com>|Global User <global@example.com>\n"
+    );
+    // The user's own fsmonitor (global configuration) never ran.
+    assert!(!marks.made("fsmonitor"));
 }
 
 #[tokio::test]
