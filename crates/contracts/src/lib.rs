@@ -4,6 +4,7 @@
 //! unknown fields, and consumers must tolerate event types they do not know.
 
 pub mod agent;
+pub mod api_request;
 pub mod docs_search;
 pub mod duo_workflow;
 pub mod error_codes;

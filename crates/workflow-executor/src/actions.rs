@@ -1,12 +1,15 @@
 //! Carrying out one action. Every failure becomes an error reply: nothing
 //! the service sends can crash the executor.
 
-use crate::workspace::Workspace;
+use crate::workspace::{Workspace, is_git_dir_name};
+use crate::{environment, git};
+use contracts::api_request;
 use contracts::duo_workflow::{
     ActionResponse, HttpResponse, PlainTextResponse, ScheduleNotificationResponse, action,
     action_response,
 };
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
@@ -239,7 +242,7 @@ impl ActionRunner {
         {
             return err(format!("{path}: {e}"));
         }
-        match tokio::fs::write(&resolved, contents).await {
+        match write_no_follow(&resolved, contents.as_bytes()).await {
             Ok(()) => ok(format!("wrote {} bytes to {path}", contents.len())),
             Err(e) => err(format!("{path}: {e}")),
         }
@@ -264,7 +267,7 @@ impl ActionRunner {
         if edited.len() > self.limits.max_file_bytes {
             return err("the edited file would be larger than this executor writes");
         }
-        match tokio::fs::write(&resolved, edited).await {
+        match write_no_follow(&resolved, edited.as_bytes()).await {
             Ok(()) => ok(format!("edited {path}")),
             Err(e) => err(format!("{path}: {e}")),
         }
@@ -321,7 +324,7 @@ impl ActionRunner {
                 let Ok(file_type) = entry.file_type() else {
                     continue;
                 };
-                if file_type.is_symlink() || entry.file_name() == ".git" {
+                if file_type.is_symlink() || is_git_dir_name(&entry.file_name()) {
                     continue;
                 }
                 if file_type.is_dir() {
@@ -420,6 +423,9 @@ impl ActionRunner {
         ok(lines.join("\n"))
     }
 
+    /// `runCommand` (and `runGitCommand`): a program with arguments, no
+    /// shell, in the workspace, with the cleared environment. git, by name
+    /// or by path, goes through the git rules.
     async fn run_command(
         &self,
         program: &str,
@@ -440,20 +446,145 @@ impl ActionRunner {
                 allowed.join(", ")
             ));
         }
-        // A program named by path must be inside the workspace too.
-        if program.contains('/')
-            && let Err(e) = self.workspace.resolve(program)
-        {
-            return err(e.to_string());
-        }
         let timeout = match timeout_seconds {
             Some(seconds) if seconds > 0 => Duration::from_secs(seconds as u64),
             _ => self.limits.default_command_timeout,
         }
         .min(self.limits.max_command_timeout);
+        match git::classify_program(program, arguments) {
+            Err(refusal) => err(refusal.to_string()),
+            Ok(git::ProgramKind::Git) => self.run_git(arguments, timeout).await,
+            Ok(git::ProgramKind::Other) => {
+                // A program named by path must be inside the workspace too.
+                if program.contains('/')
+                    && let Err(e) = self.workspace.resolve(program)
+                {
+                    return err(e.to_string());
+                }
+                let env = environment::from_process(&self.workspace, false);
+                self.execute(program, arguments, env, timeout).await
+            }
+        }
+    }
+
+    /// git under its rules: the arguments are checked, then the
+    /// configuration git would read (with the overrides in force), then git
+    /// runs with paging off.
+    async fn run_git(
+        &self,
+        arguments: &[String],
+        timeout: Duration,
+    ) -> action_response::ResponseType {
+        let command = match git::check_arguments(arguments, &self.workspace) {
+            Ok(command) => command,
+            Err(refusal) => return err(refusal.to_string()),
+        };
+        let mut env = environment::from_process(&self.workspace, command.is_network());
+        let listing = match self.git_output(&["config", "--list", "-z"], &env).await {
+            Ok(listing) => listing,
+            Err(e) => return err(git::GitRefusal::ConfigUnreadable(e).to_string()),
+        };
+        let facts = match git::check_config(&listing) {
+            Ok(facts) => facts,
+            Err(refusal) => return err(refusal.to_string()),
+        };
+        if command.is_network()
+            && let Err(refusal) = git::check_remote(&command, &facts)
+        {
+            return err(refusal.to_string());
+        }
+        if command.commits() && !(facts.has_user_name && facts.has_user_email) {
+            env.extend(self.global_identity(&env, &facts).await);
+        }
+        let mut full = vec!["--no-pager".to_owned()];
+        full.extend(command.arguments);
+        self.execute("git", &full, env, timeout).await
+    }
+
+    /// A quick git query (its standard output), bounded in time.
+    async fn git_output(
+        &self,
+        arguments: &[&str],
+        env: &[(OsString, OsString)],
+    ) -> Result<Vec<u8>, String> {
+        let mut command = tokio::process::Command::new("git");
+        command
+            .args(arguments)
+            .env_clear()
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .current_dir(self.workspace.root())
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        let output = tokio::time::timeout(Duration::from_secs(30), command.output())
+            .await
+            .map_err(|_| "git config did not answer in time".to_owned())?
+            .map_err(|e| format!("could not start git: {e}"))?;
+        if !output.status.success() {
+            return Err(String::from_utf8_lossy(&output.stderr).trim().to_owned());
+        }
+        Ok(output.stdout)
+    }
+
+    /// The user's name and e-mail from their own git configuration (which
+    /// commands do not read) when the repository sets none: a commit needs
+    /// them. Only these two values are taken.
+    async fn global_identity(
+        &self,
+        env: &[(OsString, OsString)],
+        facts: &git::ConfigFacts,
+    ) -> Vec<(OsString, OsString)> {
+        let user_env: Vec<(OsString, OsString)> = env
+            .iter()
+            .filter(|(name, _)| name != "GIT_CONFIG_GLOBAL")
+            .cloned()
+            .collect();
+        let mut identity = Vec::new();
+        let wanted = [
+            (
+                "user.name",
+                facts.has_user_name,
+                ["GIT_AUTHOR_NAME", "GIT_COMMITTER_NAME"],
+            ),
+            (
+                "user.email",
+                facts.has_user_email,
+                ["GIT_AUTHOR_EMAIL", "GIT_COMMITTER_EMAIL"],
+            ),
+        ];
+        for (key, present, names) in wanted {
+            if present {
+                continue;
+            }
+            let Ok(value) = self
+                .git_output(&["config", "--global", "--get", key], &user_env)
+                .await
+            else {
+                continue;
+            };
+            let value = String::from_utf8_lossy(&value).trim().to_owned();
+            if value.is_empty() {
+                continue;
+            }
+            for name in names {
+                identity.push((OsString::from(name), OsString::from(&value)));
+            }
+        }
+        identity
+    }
+
+    /// Runs a program and collects its output within `timeout`.
+    async fn execute(
+        &self,
+        program: &str,
+        arguments: &[String],
+        env: Vec<(OsString, OsString)>,
+        timeout: Duration,
+    ) -> action_response::ResponseType {
         let mut command = tokio::process::Command::new(program);
         command
             .args(arguments)
+            .env_clear()
+            .envs(env)
             .current_dir(self.workspace.root())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -526,21 +657,19 @@ impl ActionRunner {
         let Some(gitlab) = &self.gitlab else {
             return http_error("this executor has no GitLab connection");
         };
-        // Only GitLab's APIs, never another host or an odd path.
-        if !(path.starts_with("/api/v4/") || path == "/api/graphql")
-            || path.contains("..")
-            || path.contains('\0')
-            || path.contains("//")
-        {
-            return http_error(format!("refusing the request path {path:?}"));
-        }
-        let method = match method.to_ascii_uppercase().as_str() {
-            "GET" => reqwest::Method::GET,
-            "POST" => reqwest::Method::POST,
-            "PUT" => reqwest::Method::PUT,
-            "PATCH" => reqwest::Method::PATCH,
-            "DELETE" => reqwest::Method::DELETE,
-            other => return http_error(format!("unsupported method {other}")),
+        // Only GitLab's APIs, never another host or an odd path: the same
+        // check as the monolith's socket bridge.
+        let path = match api_request::normalize_path(path) {
+            Ok(path) => path,
+            Err(e) => return http_error(format!("refusing the request path {path:?}: {e}")),
+        };
+        let method = match api_request::allowed_method(method) {
+            Ok(method) => method,
+            Err(e) => return http_error(e.to_string()),
+        };
+        let method = match reqwest::Method::from_bytes(method.as_bytes()) {
+            Ok(method) => method,
+            Err(e) => return http_error(e.to_string()),
         };
         let url = format!("{}{path}", gitlab.base_url.trim_end_matches('/'));
         let mut request = gitlab
@@ -585,6 +714,22 @@ impl ActionRunner {
             Err(e) => http_error(e.to_string()),
         }
     }
+}
+
+/// Writes `bytes` to `path` (created or truncated) without following a
+/// symbolic link in its last step: the path was resolved just before, and a
+/// link appearing since (a git checkout) must not redirect the write.
+async fn write_no_follow(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let mut file = tokio::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(path)
+        .await?;
+    file.write_all(bytes).await?;
+    file.flush().await
 }
 
 /// A glob (`*`, `**`, `?`) as an anchored regular expression.

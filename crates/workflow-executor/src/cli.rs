@@ -34,12 +34,19 @@ OPTIONS:
   --command-timeout SECS    default command timeout (default 120)
   --max-file-bytes N        largest file read or written (default 2097152)
   --service-url URL         skip direct_access: the workflow service address
-  --service-token TOKEN     with --service-url: its token
+  --service-token TOKEN     with --service-url: its token [env DUO_SERVICE_TOKEN]
   --ca-file PEM             CA certificate for the service's TLS
   --quiet                   print only the outcome
 
+Commands run with a cleared environment (PATH, HOME, LANG and a few more):
+no token reaches them. Tokens given as options are moved into the
+executor's environment at start, off its command line.
+
 EXIT STATUS: 0 finished, 1 failed, 2 bad options, 3 paused for an approval.
 ";
+
+/// Options that take no value (every other option takes the next argument).
+pub const SWITCHES: &[&str] = &["--reject-unmatched", "--quiet", "--help", "-h"];
 
 #[derive(Debug, Clone, Default)]
 pub struct Options {
@@ -78,11 +85,21 @@ fn list(value: &str) -> Result<Vec<i64>, String> {
 
 impl Options {
     /// Parses arguments (without the program name); environment variables
-    /// fill in the URL and token.
+    /// fill in the URL and tokens.
     pub fn parse(args: &[String]) -> Result<Self, String> {
+        Self::parse_with(args, |name| std::env::var(name).ok())
+    }
+
+    /// [`Options::parse`] with `variable` looking up the variables (the
+    /// tokens handed over at start come from there).
+    pub fn parse_with(
+        args: &[String],
+        variable: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, String> {
         let mut options = Self {
-            gitlab_url: std::env::var("DUO_GITLAB_URL").unwrap_or_default(),
-            token: std::env::var("DUO_GITLAB_TOKEN").unwrap_or_default(),
+            gitlab_url: variable("DUO_GITLAB_URL").unwrap_or_default(),
+            token: variable("DUO_GITLAB_TOKEN").unwrap_or_default(),
+            service_token: variable("DUO_SERVICE_TOKEN").filter(|t| !t.is_empty()),
             definition: "chat".to_owned(),
             privileges: vec![1, 2],
             pre_approved: vec![2],

@@ -3,10 +3,14 @@
 //! command actions inside one workspace directory only, relays the
 //! service's GitLab API calls (`runHTTPRequest`) with the workflow's token,
 //! and asks the user (or `--approve` rules) when a tool call or plan needs
-//! approval. See `docs/duo-workflow.md`.
+//! approval. See `docs/duo-workflow.md`; what it may do and how it is
+//! confined is listed in `SECURITY-sec-exec.md`.
 
 pub mod actions;
 pub mod cli;
+pub mod environment;
+pub mod git;
+pub mod hardening;
 pub mod session;
 pub mod workspace;
 

@@ -2,10 +2,48 @@
 
 use std::process::ExitCode;
 use workflow_executor::cli::{self, Options, RuleApprover, TerminalReporter};
+use workflow_executor::hardening;
 use workflow_executor::{ActionRunner, GitLabTarget, Limits, Session, SessionEnd, Workspace};
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    // First of all, before any thread or child exists: the commands this
+    // process runs must not read its memory, environment or command line.
+    let inspectable = hardening::forbid_inspection().err();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let secrets = match hardening::received() {
+        Ok(Some(secrets)) => secrets,
+        Ok(None) => {
+            // Returns only when the restart failed; the run goes on as it is.
+            let error = hardening::restart(&args);
+            eprintln!(
+                "duo-workflow-executor: warning: could not restart without the tokens in its command line and environment ({error})"
+            );
+            hardening::Secrets::default()
+        }
+        Err(e) => {
+            eprintln!("duo-workflow-executor: could not read the tokens handed over at start: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(error) = inspectable {
+        eprintln!(
+            "duo-workflow-executor: warning: could not protect this process from inspection by its commands ({error})"
+        );
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("duo-workflow-executor: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(start(args, secrets))
+}
+
+async fn start(args: Vec<String>, secrets: hardening::Secrets) -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("DUO_EXECUTOR_LOG")
@@ -13,12 +51,17 @@ async fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "--help" || a == "-h") {
         print!("{}", cli::USAGE);
         return ExitCode::SUCCESS;
     }
-    let options = match Options::parse(&args) {
+    let variable = |name: &str| {
+        secrets
+            .get(name)
+            .map(str::to_owned)
+            .or_else(|| std::env::var(name).ok())
+    };
+    let options = match Options::parse_with(&args, variable) {
         Ok(options) => options,
         Err(err) => {
             eprintln!("duo-workflow-executor: {err}\n\n{}", cli::USAGE);
@@ -45,8 +88,11 @@ async fn main() -> ExitCode {
 
 async fn run(options: Options) -> anyhow::Result<SessionEnd> {
     let workspace = Workspace::new(&options.workspace)?;
+    // No redirects: a redirect would carry the token to a path the
+    // request-path check never saw.
     let client = reqwest::Client::builder()
         .connect_timeout(std::time::Duration::from_secs(10))
+        .redirect(reqwest::redirect::Policy::none())
         .build()?;
     let workflow_id = match &options.workflow_id {
         Some(id) => id.clone(),

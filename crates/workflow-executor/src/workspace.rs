@@ -1,8 +1,17 @@
 //! The workspace: the only directory tree actions may touch. Paths are
 //! resolved against its root and refused when they leave it, through `..`,
-//! an absolute path, or a symbolic link anywhere along the way.
+//! an absolute path, or a symbolic link anywhere along the way. Nothing in a
+//! `.git` directory is reachable either (its config and hooks run programs
+//! the next time git runs), whether named directly or through a link.
 
+use std::ffi::OsStr;
 use std::path::{Component, Path, PathBuf};
+
+/// Whether a path component is git's directory (any case: on a
+/// case-insensitive file system `.GIT` is the same directory).
+pub fn is_git_dir_name(name: &OsStr) -> bool {
+    name.as_encoded_bytes().eq_ignore_ascii_case(b".git")
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PathError {
@@ -12,6 +21,8 @@ pub enum PathError {
     Nul,
     #[error("{0} is outside the workspace")]
     Outside(String),
+    #[error("{0} is in a .git directory, which actions may not touch")]
+    GitDir(String),
     #[error("{path}: {reason}")]
     Io { path: String, reason: String },
 }
@@ -56,6 +67,9 @@ impl Workspace {
         let mut clean = PathBuf::new();
         for component in relative.components() {
             match component {
+                Component::Normal(part) if is_git_dir_name(part) => {
+                    return Err(PathError::GitDir(path.to_owned()));
+                }
                 Component::Normal(part) => clean.push(part),
                 Component::CurDir => {}
                 Component::ParentDir => {
@@ -86,8 +100,15 @@ impl Workspace {
             path: path.to_owned(),
             reason: e.to_string(),
         })?;
-        if !real.starts_with(&self.root) {
+        let Ok(inside) = real.strip_prefix(&self.root) else {
             return Err(outside());
+        };
+        // A link that leads into `.git` under another name.
+        if inside
+            .components()
+            .any(|c| matches!(c, Component::Normal(part) if is_git_dir_name(part)))
+        {
+            return Err(PathError::GitDir(path.to_owned()));
         }
         let mut resolved = real;
         for name in rest.into_iter().rev() {

@@ -4,10 +4,12 @@
 //! a `startRequest`; the monolith then takes the workflow's run lease (one
 //! live run per workflow), opens the service's `ExecuteWorkflow` stream with
 //! the user's service token and cloud-connector headers, and relays. The
-//! service's `runHTTPRequest` actions aimed at this instance (`/api/...`) are
-//! answered here with a token minted for this run, so the user's own
-//! permissions apply and a browser needs no API token; every other action
-//! goes to the client.
+//! service's `runHTTPRequest` actions are answered here with a token minted
+//! for this run, so the user's own permissions apply and a browser needs no
+//! API token: a path under `/api/v4/` (or `/api/graphql`) that passes the
+//! shared check (`contracts::api_request`, also the executor's) is requested
+//! from this instance, any other gets an error reply, and none goes to the
+//! client. Every other action goes to the client.
 
 use std::net::SocketAddr;
 use std::pin::pin;
@@ -15,6 +17,7 @@ use std::time::Duration;
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use actix_ws::{CloseCode, CloseReason};
+use contracts::api_request;
 use contracts::duo_workflow::{
     Action, ActionResponse, ClientEvent, HttpResponse as ActionHttpResponse, RunHttpRequest,
     action, action_response, client_event,
@@ -452,23 +455,29 @@ async fn run_stream(
             },
             action = actions.message() => match action {
                 Ok(Some(action)) => {
-                    if let Some(request) = local_request(&action) {
-                        let up = up.clone();
-                        let http = http.clone();
-                        let token = run.token.token.clone();
-                        let request_id = action.request_id.clone();
-                        actix_web::rt::spawn(async move {
-                            let response = answer_locally(&http, local, &token, &request).await;
-                            let _ = up
-                                .send(ClientEvent {
-                                    response: Some(client_event::Response::ActionResponse(ActionResponse {
-                                        request_id,
-                                        response_type: Some(action_response::ResponseType::HttpResponse(response)),
-                                    })),
-                                })
-                                .await;
-                        });
-                        continue;
+                    match local_request(&action) {
+                        Some(Ok(request)) => {
+                            let up = up.clone();
+                            let http = http.clone();
+                            let token = run.token.token.clone();
+                            let request_id = action.request_id.clone();
+                            actix_web::rt::spawn(async move {
+                                let response = answer_locally(&http, local, &token, &request).await;
+                                let _ = up.send(http_reply(request_id, response)).await;
+                            });
+                            continue;
+                        }
+                        Some(Err(error)) => {
+                            let refusal = ActionHttpResponse {
+                                error,
+                                ..ActionHttpResponse::default()
+                            };
+                            if up.send(http_reply(action.request_id.clone(), refusal)).await.is_err() {
+                                return close_reason(CloseCode::Error, "the workflow service stream ended");
+                            }
+                            continue;
+                        }
+                        None => {}
                     }
                     match protojson::action_to_json(&action) {
                         Ok(text) => {
@@ -505,15 +514,25 @@ async fn run_stream(
     }
 }
 
-/// The `runHTTPRequest` of an action when it targets this instance's API.
-fn local_request(action: &Action) -> Option<RunHttpRequest> {
-    match &action.action {
-        Some(action::Action::RunHttpRequest(request))
-            if request.path.starts_with("/api/v4/") || request.path.starts_with("/api/graphql") =>
-        {
-            Some(request.clone())
-        }
-        _ => None,
+/// The `runHTTPRequest` of an action, answered here: the request when its
+/// method and path pass the shared check, else the refusal's text.
+fn local_request(action: &Action) -> Option<Result<RunHttpRequest, String>> {
+    let Some(action::Action::RunHttpRequest(request)) = &action.action else {
+        return None;
+    };
+    let checked = api_request::normalize_path(&request.path)
+        .map_err(|e| format!("refusing the request path {:?}: {e}", request.path))
+        .and_then(|_| api_request::allowed_method(&request.method).map_err(|e| e.to_string()));
+    Some(checked.map(|_| request.clone()))
+}
+
+/// The client event carrying the answer to a `runHTTPRequest`.
+fn http_reply(request_id: String, response: ActionHttpResponse) -> ClientEvent {
+    ClientEvent {
+        response: Some(client_event::Response::ActionResponse(ActionResponse {
+            request_id,
+            response_type: Some(action_response::ResponseType::HttpResponse(response)),
+        })),
     }
 }
 
@@ -529,11 +548,19 @@ async fn answer_locally(
         error,
         ..ActionHttpResponse::default()
     };
-    let Ok(method) = reqwest::Method::from_bytes(request.method.to_ascii_uppercase().as_bytes())
-    else {
-        return failed(format!("unsupported method {}", request.method));
+    // Checked by `local_request`; checked again here so that this function
+    // alone never requests an unchecked path.
+    let (path, method) = match (
+        api_request::normalize_path(&request.path),
+        api_request::allowed_method(&request.method),
+    ) {
+        (Ok(path), Ok(method)) => (path, method),
+        (Err(e), _) | (_, Err(e)) => return failed(e.to_string()),
     };
-    let url = format!("http://{local}{}", request.path);
+    let Ok(method) = reqwest::Method::from_bytes(method.as_bytes()) else {
+        return failed(format!("unsupported method {method}"));
+    };
+    let url = format!("http://{local}{path}");
     let mut builder = http.request(method, url).bearer_auth(token);
     if let Some(body) = &request.body {
         builder = builder

@@ -472,3 +472,68 @@ async fn a_self_hosted_models_key_goes_to_the_service_only() {
     assert_eq!(status, 403);
     assert_eq!(leases(&w).await, 0);
 }
+
+#[tokio::test]
+async fn requests_outside_the_api_are_refused_and_never_reach_the_client() {
+    const HOSTILE: &[&str] = &[
+        "/api/v4/../../admin",
+        "/api/v4/%2e%2e/admin",
+        "/api/v4/..%2f..%2fadmin",
+        "/api/v4/%252e%252e/admin",
+        "//evil.example/api/v4/projects",
+        "http://evil.example/api/v4/projects",
+        "/api/v4/..\\..\\admin",
+        "/api/v4//projects",
+        "/api/v4/x%00y",
+        "/admin",
+        "/users/sign_in",
+    ];
+    let service = fake_service::start(Script::HttpPaths(HOSTILE)).await;
+    let w = setup().await.start(Some(service), &[]).await;
+    let id = w.workflow(&w.dev_token, json!({})).await;
+    let mut socket = connect(&w, &w.dev_token, "").await.unwrap();
+    socket.send(start_frame(id)).await.unwrap();
+
+    // The client sees the checkpoint only: no request was handed to it.
+    let checkpoint = next(&mut socket).await.unwrap();
+    assert_eq!(checkpoint["requestID"], "cp-1", "{checkpoint}");
+    assert_eq!(
+        next(&mut socket).await,
+        Err((1000, "workflow stream ended".into()))
+    );
+
+    let events = w
+        .service
+        .as_ref()
+        .unwrap()
+        .seen
+        .lock()
+        .unwrap()
+        .events
+        .clone();
+    let answers: std::collections::HashMap<String, contracts::duo_workflow::HttpResponse> = events
+        .iter()
+        .filter_map(|e| match &e.response {
+            Some(client_event::Response::ActionResponse(r)) => match &r.response_type {
+                Some(action_response::ResponseType::HttpResponse(h)) => {
+                    Some((r.request_id.clone(), h.clone()))
+                }
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    for (n, path) in HOSTILE.iter().enumerate() {
+        let answer = &answers[&format!("h{n}")];
+        assert!(
+            answer.error.starts_with("refusing the request path") && answer.status_code == 0,
+            "{path:?}: {answer:?}"
+        );
+        assert!(answer.body.is_empty(), "{path:?}: {answer:?}");
+    }
+    // A good path in the same run is still answered, as the user.
+    let good = &answers["h-workflow"];
+    assert_eq!(good.status_code, 200, "{good:?}");
+    let shown: Value = serde_json::from_str(&good.body).unwrap();
+    assert_eq!(shown["id"], id);
+}

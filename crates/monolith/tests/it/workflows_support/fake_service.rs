@@ -22,6 +22,10 @@ pub enum Script {
     Relay,
     /// Keeps the stream open until the client goes away.
     Hold,
+    /// Sends a `GET` `runHTTPRequest` for each path (ids `h0`, `h1`, ...),
+    /// then one for the workflow itself (`h-workflow`), each after the last
+    /// was answered; then a checkpoint, and ends the stream.
+    HttpPaths(&'static [&'static str]),
 }
 
 #[derive(Default, Debug)]
@@ -134,6 +138,27 @@ impl DuoWorkflow for Svc {
                 return;
             }
             let path = format!("/api/v4/ai/duo_workflows/workflows/{}", start.workflow_id);
+            if let Script::HttpPaths(paths) = script {
+                let ids = (0..paths.len()).map(|n| format!("h{n}"));
+                let requests = ids
+                    .zip(paths.iter().map(|p| (*p).to_owned()))
+                    .chain([("h-workflow".to_owned(), path.clone())]);
+                for (id, target) in requests {
+                    let _ = tx.send(Ok(http_action(&id, "GET", &target, None))).await;
+                    answer_to(&mut inbound, &seen, &id).await;
+                }
+                let _ = tx
+                    .send(Ok(Action {
+                        request_id: "cp-1".into(),
+                        action: Some(action::Action::NewCheckpoint(NewCheckpoint {
+                            status: "RUNNING".into(),
+                            checkpoint: r#"{"channel_values":{"ui_chat_log":[]}}"#.into(),
+                            ..NewCheckpoint::default()
+                        })),
+                    }))
+                    .await;
+                return;
+            }
             let _ = tx.send(Ok(http_action("get-1", "GET", &path, None))).await;
             answer_to(&mut inbound, &seen, "get-1").await;
             let _ = tx
