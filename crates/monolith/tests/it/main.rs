@@ -20,6 +20,8 @@ mod agent_serialize;
 mod agent_tools;
 mod architecture;
 mod code_index;
+mod duo_context_exclusion;
+mod duo_off_index;
 mod db_outage;
 mod fuzz_edges;
 mod graphql_chat;
