@@ -24,6 +24,7 @@ mod repository;
 mod repository_commits;
 pub mod resources;
 pub mod users;
+mod workflow_tools;
 pub mod workflows;
 mod workflows_internal;
 mod workflows_socket;
@@ -51,6 +52,7 @@ pub async fn optional_user(
     {
         return Err(ApiError::InsufficientScope(READ_SCOPES.join(" ")));
     }
+    workflow_tools::refuse_where_duo_is_off(state, req, user.as_ref()).await?;
     Ok(user)
 }
 
@@ -113,6 +115,7 @@ pub async fn require_user(
     if !(user.has_any_scope(scopes) || workflow_tool) {
         return Err(ApiError::InsufficientScope(scopes.join(" ")));
     }
+    workflow_tools::refuse_where_duo_is_off(state, req, Some(&user)).await?;
     Ok(user)
 }
 

@@ -44,6 +44,7 @@ mod web_admin;
 mod web_code_pages;
 mod web_sign_in;
 mod worker_completion;
+mod workflows_duo_off;
 mod workflows_graphql;
 mod workflows_jobs;
 mod workflows_rest;
