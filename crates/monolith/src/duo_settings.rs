@@ -3,10 +3,16 @@
 //! seats (who holds which add-on), and the Duo switch of each group and project.
 //! Plain functions on a database client, shared by the REST API and the admin
 //! pages; who may call them is the policy module's decision, made by the caller.
+//!
+//! Turning a Duo switch also brings the code index in line
+//! ([`crate::code_index::switches`]): off drops what is indexed below the
+//! switch, on indexes it again. `index_attempts` is the attempts of the
+//! indexing jobs that queues (`DUO_CODE_INDEX_MAX_ATTEMPTS`).
 
 use crate::queries::Queries;
 
 use crate::namespaces::FULL_PATHS;
+use crate::policy::DuoSwitchScope;
 use crate::policy::add_ons::AddOn;
 
 /// Longest AI gateway URL accepted.
@@ -29,6 +35,9 @@ pub enum DuoSettingsError {
     NotFound(&'static str),
     #[error("database error: {0}")]
     Db(#[from] tokio_postgres::Error),
+    /// Following the switch in the code index failed (the switch is saved).
+    #[error("code index: {0}")]
+    CodeIndex(#[from] crate::code_index::CodeIndexError),
 }
 
 /// The instance's Duo settings as an admin edits them.
@@ -81,6 +90,7 @@ pub fn checked_gateway_url(text: &str) -> Result<Option<String>, DuoSettingsErro
 pub async fn update_instance_settings(
     db: &impl Queries,
     settings: &InstanceDuoSettings,
+    index_attempts: i32,
 ) -> Result<(), DuoSettingsError> {
     let url = match &settings.ai_gateway_url {
         Some(u) => checked_gateway_url(u)?,
@@ -96,6 +106,17 @@ pub async fn update_instance_settings(
         ],
     )
     .await?;
+    follow_duo_switch(db, DuoSwitchScope::Instance, index_attempts).await
+}
+
+/// Brings the code index in line with the switches under `scope` (after
+/// any write that may have turned one; harmless when none changed).
+pub async fn follow_duo_switch(
+    db: &impl Queries,
+    scope: DuoSwitchScope,
+    index_attempts: i32,
+) -> Result<(), DuoSettingsError> {
+    crate::code_index::switches::follow_duo_switch(db, scope, index_attempts).await?;
     Ok(())
 }
 
@@ -366,6 +387,7 @@ pub async fn set_group_duo(
     db: &impl Queries,
     group_id: i64,
     enabled: bool,
+    index_attempts: i32,
 ) -> Result<(), DuoSettingsError> {
     let n = db
         .execute(
@@ -376,7 +398,7 @@ pub async fn set_group_duo(
     if n == 0 {
         return Err(DuoSettingsError::NotFound("Group"));
     }
-    Ok(())
+    follow_duo_switch(db, DuoSwitchScope::Group(group_id), index_attempts).await
 }
 
 /// Experiment and beta features of a top-level group.
@@ -402,10 +424,12 @@ pub async fn set_group_experiments(
     Ok(())
 }
 
+/// Switches Duo features for one project.
 pub async fn set_project_duo(
     db: &impl Queries,
     project_id: i64,
     enabled: bool,
+    index_attempts: i32,
 ) -> Result<(), DuoSettingsError> {
     let n = db
         .execute(
@@ -416,7 +440,7 @@ pub async fn set_project_duo(
     if n == 0 {
         return Err(DuoSettingsError::NotFound("Project"));
     }
-    Ok(())
+    follow_duo_switch(db, DuoSwitchScope::Project(project_id), index_attempts).await
 }
 
 #[cfg(test)]

@@ -5,6 +5,11 @@
 //! system's `git http-backend` does the protocol work (GitLab's Workhorse and
 //! Radicle's httpd take the same approach).
 //!
+//! A request body counts against `DUO_GIT_MAX_PUSH_BYTES` as git reads it: a
+//! gzip body is inflated here, measured, and cut off past the limit (git is
+//! never handed a compressed body to inflate on its own), and git itself
+//! refuses a larger pack (`receive.maxInputSize`).
+//!
 //! After an accepted push the ref changes are recorded and a
 //! `repository_pushed` job is enqueued, by a task that owns the git process, so
 //! a client that hangs up early cannot lose the record of a push that landed.
@@ -21,7 +26,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::app_state::AppState;
 use crate::identity::tokens::{self, AuthenticatedUser, TokenError};
 use crate::policy::{Ability, Actor, PushAccess, Subject};
-use crate::repositories::http_backend::{self, CgiHead, CgiRequest, Service};
+use crate::repositories::http_backend::{self, BodyEncoding, CgiHead, CgiRequest, Service};
 use crate::repositories::{pushes, reader};
 
 /// Token scopes that allow clone and fetch.
@@ -50,6 +55,8 @@ enum GitHttpError {
     Busy,
     TooLarge,
     BadRequest(&'static str),
+    /// A `Content-Encoding` git never sends.
+    UnsupportedEncoding,
     Internal(String),
 }
 
@@ -65,7 +72,11 @@ impl GitHttpError {
             ),
             GitHttpError::TooLarge => (
                 StatusCode::PAYLOAD_TOO_LARGE,
-                "The push is larger than this instance accepts.".to_owned(),
+                "The request is larger than this instance accepts (measured once inflated); nothing was written.".to_owned(),
+            ),
+            GitHttpError::UnsupportedEncoding => (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "Only gzip-encoded or plain request bodies are accepted.".to_owned(),
             ),
             GitHttpError::BadRequest(text) => (StatusCode::BAD_REQUEST, (*text).to_owned()),
             GitHttpError::Internal(detail) => {
@@ -306,6 +317,15 @@ async fn serve(
     body: Option<web::Payload>,
 ) -> Result<HttpResponse, GitHttpError> {
     let auth = authorize(state, req, repo, service).await?;
+    let encoding = BodyEncoding::from_header(header_text(req, "content-encoding").as_deref())
+        .ok_or(GitHttpError::UnsupportedEncoding)?;
+    let limit = state.config.git_max_push_bytes;
+    if header_text(req, "content-length")
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .is_some_and(|n| n > limit)
+    {
+        return Err(GitHttpError::TooLarge);
+    }
     let repositories = state.repositories.clone();
     let path = repositories
         .ensure(auth.project_id, &auth.default_branch)
@@ -315,12 +335,7 @@ async fn serve(
         .await
         .ok_or(GitHttpError::Busy)?;
 
-    let header = |name: &str| {
-        req.headers()
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-    };
+    let header = |name: &str| header_text(req, name);
     let mut extra_env = Vec::new();
     if service == Service::ReceivePack {
         let protected = auth.push == PushAccess::UnprotectedBranches;
@@ -341,11 +356,11 @@ async fn serve(
         ),
         query: req.query_string().to_owned(),
         content_type: header("content-type"),
-        content_encoding: header("content-encoding"),
         git_protocol: header("git-protocol"),
         remote_user: auth.user.as_ref().map(|u| u.username.clone()),
         remote_addr: req.peer_addr().map(|a| a.ip().to_string()),
         extra_env,
+        max_input_bytes: limit,
     };
 
     // A push is serialized per project, so the refs read before and after it
@@ -441,21 +456,13 @@ async fn serve(
     });
 
     // Feed the request body to git while the task above reads its answer.
-    if let (Some(mut stdin), Some(mut body)) = (backend.stdin.take(), body) {
-        let limit = state.config.git_max_push_bytes;
-        let mut sent: u64 = 0;
-        while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| GitHttpError::Internal(e.to_string()))?;
-            sent += chunk.len() as u64;
-            if sent > limit {
-                return Err(GitHttpError::TooLarge);
-            }
-            if stdin.write_all(&chunk).await.is_err() {
-                // git stopped reading (it refused the request); its answer says why.
-                break;
-            }
+    // Cut off past the limit, git sees a truncated pack and writes nothing
+    // (incoming objects wait in a quarantine until the push is accepted).
+    if let (Some(stdin), Some(body)) = (backend.stdin.take(), body) {
+        match encoding {
+            BodyEncoding::Identity => feed_plain(stdin, body, limit).await?,
+            BodyEncoding::Gzip => feed_inflated(stdin, body, limit).await?,
         }
-        drop(stdin);
     }
 
     let head = head_rx
@@ -469,6 +476,78 @@ async fn serve(
         response.insert_header((name.as_str(), value.as_str()));
     }
     Ok(response.streaming(tokio_stream::wrappers::ReceiverStream::new(chunk_rx)))
+}
+
+fn header_text(req: &HttpRequest, name: &str) -> Option<String> {
+    req.headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+/// Passes a plain body to git, at most `limit` bytes.
+async fn feed_plain(
+    mut stdin: tokio::process::ChildStdin,
+    mut body: web::Payload,
+    limit: u64,
+) -> Result<(), GitHttpError> {
+    let mut sent: u64 = 0;
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(|e| GitHttpError::Internal(e.to_string()))?;
+        sent += chunk.len() as u64;
+        if sent > limit {
+            return Err(GitHttpError::TooLarge);
+        }
+        if stdin.write_all(&chunk).await.is_err() {
+            // git stopped reading (it refused the request); its answer says why.
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Inflates a gzip body and passes it to git: the limit counts the
+/// inflated bytes (what git would otherwise inflate unmeasured), and the
+/// compressed ones too.
+async fn feed_inflated(
+    mut stdin: tokio::process::ChildStdin,
+    mut body: web::Payload,
+    limit: u64,
+) -> Result<(), GitHttpError> {
+    let http_backend::Gunzip { input, mut output } = http_backend::gunzip(limit);
+    let feed = async move {
+        let mut received: u64 = 0;
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| GitHttpError::Internal(e.to_string()))?;
+            received += chunk.len() as u64;
+            if received > limit {
+                return Err(GitHttpError::TooLarge);
+            }
+            if input.send(chunk).await.is_err() {
+                // The inflater stopped (too large, corrupt, git done).
+                break;
+            }
+        }
+        Ok(())
+    };
+    // Owns the inflater's output: when it ends, the inflater ends too.
+    let drain = async move {
+        while let Some(piece) = output.recv().await {
+            let piece = piece.map_err(|e| match e {
+                http_backend::InflateError::TooLarge(_) => GitHttpError::TooLarge,
+                http_backend::InflateError::Corrupt(_) => {
+                    GitHttpError::BadRequest("The request body is not valid gzip.")
+                }
+            })?;
+            if stdin.write_all(&piece).await.is_err() {
+                break;
+            }
+        }
+        Ok::<(), GitHttpError>(())
+    };
+    let (fed, drained) = futures::join!(feed, drain);
+    drained?;
+    fed
 }
 
 async fn release(lock: Option<deadpool_postgres::Object>) {

@@ -12,14 +12,15 @@
 //!    gateway tokens)
 //! 3. who may do what: [`policy`] (abilities, Duo access, seats and add-ons)
 //! 4. domains: [`ai_models`] (which model serves each feature),
-//!    [`duo_settings`] (instance Duo settings, seats, group and project switches),
 //!    [`gateway_client`] (calls to the AI gateway), [`chat`]
 //!    (threads, messages, the completion seam, live delivery),
 //!    [`agent`] (the agent loop, slash commands and tools; above
 //!    [`code_index`], the code index and codebase search, which builds on
 //!    [`repositories`] and [`gateway_client`]), [`repositories`]
 //!    (git repositories on disk: serving, reading, writing, pushes), [`workflows`]
-//!    (Duo Workflow: workflows, checkpoints, events, run leases)
+//!    (Duo Workflow: workflows, checkpoints, events, run leases), and above
+//!    the code index [`duo_settings`] (instance Duo settings, seats, group and
+//!    project switches, which the code index follows)
 //! 5. the state the interfaces share: [`app_state`]
 //! 6. interfaces: [`rest`] (`/api/v4`), [`graphql`] (`/api/graphql`), [`git_http`]
 //!    (clone and push over smart HTTP), [`probes`]

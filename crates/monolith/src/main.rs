@@ -9,6 +9,13 @@ use monolith::policy::add_ons::AddOnCatalogue;
 use monolith::probes::{ProbeState, Role};
 use monolith::{app_state::AppState, db, server};
 
+// jemalloc with background threads hands the pages a burst of large requests
+// used back to the system within seconds, even when the process goes idle
+// right after; glibc's allocator kept most of a flood's peak for good
+// (measured with `./dev bench hostile`; settings in docs/configuration.md).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 const USAGE: &str = "usage: duo-monolith <web|worker|migrate|seed [--json]|rotate-keys|reindex <group/project>|--all>";
 
 #[actix_web::main]

@@ -84,6 +84,9 @@ pub struct RequestContext {
     pub current_file: Option<CurrentFile>,
     /// The text around the selection, when the client sent it.
     pub file_content: String,
+    /// The file the question is about, when the project's Duo context
+    /// exclusion rules left it out (`current_file` is then empty).
+    pub excluded_file: Option<String>,
     pub additional_context: Vec<AdditionalContext>,
     pub history: Vec<AgentMessage>,
     /// Unit primitives of the user's seats.
@@ -144,6 +147,7 @@ impl AgentResponder {
             config.git_max_concurrent,
         );
         let models = crate::ai_models::ModelStore::new(Arc::new(secrets));
+        let policy = Policy::new(Arc::new(catalogue));
         Ok(Self::new(Services {
             code_index: crate::code_index::CodeIndex {
                 pool: pool.clone(),
@@ -151,9 +155,10 @@ impl AgentResponder {
                 gateway: gateway.clone(),
                 settings: config.code_index.clone(),
                 models: models.clone(),
+                policy: policy.clone(),
             },
             pool,
-            policy: Policy::new(Arc::new(catalogue)),
+            policy,
             gateway,
             external_url: config.external_url.clone(),
             models,
@@ -299,7 +304,9 @@ impl AgentResponder {
             None => (None, String::new()),
         };
         // A file named but not sent: read it from the repository, if the user
-        // may send that project's code to AI.
+        // may send that project's code to AI and its exclusion rules let it
+        // through. A file sent along is held to the same rules.
+        let mut excluded_file = None;
         let (current_file, file_content) = match &question.current_file {
             Some(f) if file_content.trim().is_empty() && !f.file_name.trim().is_empty() => {
                 match repository_file::read(
@@ -314,7 +321,7 @@ impl AgentResponder {
                 .await
                 .map_err(Refusal::transient)?
                 {
-                    Some(text) => (
+                    repository_file::FileText::Text(text) => (
                         Some(CurrentFile {
                             file_path: f.file_name.clone(),
                             data: text.clone(),
@@ -322,8 +329,28 @@ impl AgentResponder {
                         }),
                         text,
                     ),
-                    None => (current_file, file_content),
+                    repository_file::FileText::Excluded => {
+                        excluded_file = Some(f.file_name.clone());
+                        (None, String::new())
+                    }
+                    repository_file::FileText::Unavailable => (current_file, file_content),
                 }
+            }
+            Some(f)
+                if !repository_file::sent_text_allowed(
+                    &*db,
+                    &services.policy,
+                    &services.external_url,
+                    actor,
+                    resource,
+                    None,
+                    &f.file_name,
+                )
+                .await
+                .map_err(Refusal::transient)? =>
+            {
+                excluded_file = Some(f.file_name.clone());
+                (None, String::new())
             }
             _ => (current_file, file_content),
         };
@@ -333,7 +360,9 @@ impl AgentResponder {
             &*db,
             &services.policy,
             &services.repositories,
+            &services.external_url,
             actor,
+            resource,
             question.additional_context.clone(),
         )
         .await
@@ -378,6 +407,7 @@ impl AgentResponder {
             resource,
             current_file,
             file_content,
+            excluded_file,
             additional_context,
             history,
             auth: GatewayAuth {

@@ -2,11 +2,14 @@
 //! a blob link of this instance (`<project>/-/blob/<ref>/<path>`), or a path in
 //! the project the question is about (its default branch). The file is read
 //! only after the policy lets the user read the project's code and send it to
-//! AI; otherwise nothing is read and the command says no code was given.
+//! AI, and only when the project's Duo context exclusion rules let it through
+//! ([`Policy::code_for_ai`]); otherwise nothing is read. Text the client sent
+//! itself (an editor's file or selection) is held to the same rules when it
+//! says which file of this instance it comes from.
 
 use crate::queries::Queries;
 
-use crate::policy::{Ability, Actor, Policy, Subject};
+use crate::policy::{Actor, AiReader, CodeForAi, Policy, Subject};
 use crate::repositories::{Repositories, reader};
 
 /// Most characters of a file sent as the selection.
@@ -40,8 +43,19 @@ pub fn parse_blob_url(text: &str, base: &url::Url) -> Option<FileLocation> {
     })
 }
 
+/// A file named by a question, as it may go to the model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileText {
+    Text(String),
+    /// The project's Duo context exclusion rules exclude it: nothing of it
+    /// is read.
+    Excluded,
+    /// No file the user may send to AI (or none at all).
+    Unavailable,
+}
+
 /// Reads the file `name` refers to for `actor`, if it names one they may send
-/// to AI; `None` otherwise. `resource` is the question's page resource.
+/// to AI. `resource` is the question's page resource.
 pub async fn read(
     db: &impl Queries,
     policy: &Policy,
@@ -50,7 +64,7 @@ pub async fn read(
     actor: Actor,
     resource: Option<Subject>,
     name: &str,
-) -> Result<Option<String>, String> {
+) -> Result<FileText, String> {
     let located = parse_blob_url(name, base);
     let project = match &located {
         Some(FileLocation {
@@ -65,20 +79,15 @@ pub async fn read(
         },
     };
     let Some(project) = project else {
-        return Ok(None);
+        return Ok(FileText::Unavailable);
     };
-    let subject = Subject::Project(project);
-    if !policy
-        .can(db, Some(actor), Ability::ReadCode, subject)
+    let Some(code) = policy
+        .code_for_ai(db, AiReader::User(actor), project)
         .await
         .map_err(|e| e.to_string())?
-        || !policy
-            .may_send_to_ai(db, actor, subject)
-            .await
-            .map_err(|e| e.to_string())?
-    {
-        return Ok(None);
-    }
+    else {
+        return Ok(FileText::Unavailable);
+    };
     let default_branch: String = db
         .query_one(
             "SELECT default_branch FROM projects WHERE id = $1",
@@ -89,15 +98,74 @@ pub async fn read(
         .get(0);
     let path = repositories.path(project);
     if !path.join("HEAD").exists() {
-        return Ok(None);
+        return Ok(FileText::Unavailable);
     }
     let rev_and_path = match located {
         Some(l) => l.rev_and_path,
         None => format!("{default_branch}/{}", name.trim_start_matches('/')),
     };
-    tokio::task::spawn_blocking(move || read_at(&path, &rev_and_path))
+    tokio::task::spawn_blocking(move || read_at(&path, &rev_and_path, &code))
         .await
         .map_err(|e| e.to_string())
+}
+
+/// Whether text the client sent along as the content of `name` may go to
+/// the model. `name` is a blob link of this instance, or a path in
+/// `project` (the item's own project) or else in the page's project. When it
+/// names a project of this instance, that project's gate must let the file
+/// through ([`Policy::code_for_ai`]: Duo on, the exclusion rules); text
+/// that names no project here passes (nothing of ours to hold back).
+pub async fn sent_text_allowed(
+    db: &impl Queries,
+    policy: &Policy,
+    base: &url::Url,
+    actor: Actor,
+    resource: Option<Subject>,
+    project: Option<i64>,
+    name: &str,
+) -> Result<bool, String> {
+    let (project, paths) = match parse_blob_url(name, base) {
+        Some(FileLocation {
+            project_path: Some(path),
+            rev_and_path,
+        }) => {
+            // Unknown projects fail closed: the link says it is ours.
+            let id = crate::namespaces::project_id_by_full_path(db, &path)
+                .await
+                .map_err(|e| e.to_string())?
+                .unwrap_or(0);
+            (Some(id), path_candidates(&rev_and_path))
+        }
+        _ => {
+            let page_project = match resource {
+                Some(subject) => match policy
+                    .container_of(db, subject)
+                    .await
+                    .map_err(|e| e.to_string())?
+                {
+                    Some(Subject::Project(id)) => Some(id),
+                    _ => None,
+                },
+                None => None,
+            };
+            (project.or(page_project), vec![name.to_owned()])
+        }
+    };
+    let Some(project) = project else {
+        return Ok(true);
+    };
+    let code = policy
+        .code_for_ai(db, AiReader::User(actor), project)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(code.is_some_and(|code| paths.iter().all(|p| code.allows(p))))
+}
+
+/// Each way `ref/path` may split into a path (refs may contain slashes):
+/// all are checked, so no reading of the ref lets an excluded file through.
+fn path_candidates(rev_and_path: &str) -> Vec<String> {
+    let parts: Vec<&str> = rev_and_path.split('/').collect();
+    (1..parts.len()).map(|i| parts[i..].join("/")).collect()
 }
 
 /// Why a `file` context item could not be filled.
@@ -113,31 +181,75 @@ pub enum FileItemError {
 /// Fills the `file` items that name a repository file of this instance
 /// (`metadata.projectId`, `metadata.relativePath`, optional `metadata.ref`)
 /// and came without content, as the web pages' "Ask Duo about this file"
-/// sends them: the file is read only after the policy lets the user read the
-/// project's code and send it to AI. Items that carry their own content (an
-/// editor's open file) and every other category pass through unchanged.
+/// sends them: the file is read only after the policy lets the user send
+/// the project's code to AI and its exclusion rules let the file through.
+/// Items that carry their own content (an editor's open file or selection)
+/// keep it only when [`sent_text_allowed`]; an excluded file's item says so
+/// instead of holding its content. Other categories pass through unchanged.
 pub async fn fill_file_items(
     db: &impl Queries,
     policy: &Policy,
     repositories: &Repositories,
+    base: &url::Url,
     actor: Actor,
+    resource: Option<Subject>,
     items: Vec<contracts::AdditionalContext>,
 ) -> Result<Vec<contracts::AdditionalContext>, FileItemError> {
+    let failed = |e: String| FileItemError::Failed(e);
     let mut out = Vec::with_capacity(items.len());
     for mut item in items {
+        let is_file = item.category == contracts::ContextCategory::File;
+        let is_code = is_file || item.category == contracts::ContextCategory::Snippet;
         let empty = item.content.as_deref().is_none_or(|c| c.trim().is_empty());
-        if item.category != contracts::ContextCategory::File || !empty {
+        if !is_code || (!is_file && empty) {
+            out.push(item);
+            continue;
+        }
+        if !empty {
+            let (project, name) = sent_item_origin(&item);
+            if let Some(name) = name
+                && !sent_text_allowed(db, policy, base, actor, resource, project, &name)
+                    .await
+                    .map_err(failed)?
+            {
+                item.content = Some(CodeForAi::excluded_note(&name));
+            }
             out.push(item);
             continue;
         }
         let Some(location) = RepositoryFileItem::of(item.metadata.as_ref()) else {
             return Err(FileItemError::Unreadable);
         };
-        let text = read_item(db, policy, repositories, actor, &location).await?;
+        let text = match read_item(db, policy, repositories, actor, &location).await? {
+            FileText::Text(text) => text,
+            FileText::Excluded => CodeForAi::excluded_note(&location.path),
+            FileText::Unavailable => return Err(FileItemError::Unreadable),
+        };
         item.content = Some(text);
         out.push(item);
     }
     Ok(out)
+}
+
+/// Where a context item that carries content says it comes from: its
+/// project (`metadata.projectId`) and its file (`metadata.relativePath`,
+/// else an id that is a blob link).
+fn sent_item_origin(item: &contracts::AdditionalContext) -> (Option<i64>, Option<String>) {
+    let metadata = item.metadata.as_ref();
+    let text = |key: &str| {
+        metadata
+            .and_then(|m| m.get(key))
+            .and_then(serde_json::Value::as_str)
+    };
+    let project = text("projectId")
+        .and_then(crate::gid::parse)
+        .and_then(|(kind, id)| (kind == "Project").then_some(id));
+    let name = text("relativePath")
+        .or(item.id.as_deref())
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(str::to_owned);
+    (project, name)
 }
 
 /// Where a `file` item's metadata says its file is.
@@ -178,67 +290,72 @@ async fn read_item(
     repositories: &Repositories,
     actor: Actor,
     location: &RepositoryFileItem,
-) -> Result<String, FileItemError> {
+) -> Result<FileText, FileItemError> {
     let failed = |e: &dyn std::fmt::Display| FileItemError::Failed(e.to_string());
-    let subject = Subject::Project(location.project_id);
-    let allowed = policy
-        .can(db, Some(actor), Ability::ReadCode, subject)
+    let Some(code) = policy
+        .code_for_ai(db, AiReader::User(actor), location.project_id)
         .await
         .map_err(|e| failed(&e))?
-        && policy
-            .may_send_to_ai(db, actor, subject)
-            .await
-            .map_err(|e| failed(&e))?;
-    if !allowed {
-        return Err(FileItemError::Unreadable);
+    else {
+        return Ok(FileText::Unavailable);
+    };
+    if !code.allows(&location.path) {
+        return Ok(FileText::Excluded);
     }
     let reference = match &location.reference {
         Some(r) => r.clone(),
-        None => db
+        None => match db
             .query_opt(
                 "SELECT default_branch FROM projects WHERE id = $1",
                 &[&location.project_id],
             )
             .await
             .map_err(|e| failed(&e))?
-            .map(|row| row.get::<_, String>(0))
-            .ok_or(FileItemError::Unreadable)?,
+        {
+            Some(row) => row.get::<_, String>(0),
+            None => return Ok(FileText::Unavailable),
+        },
     };
     let repository = repositories.path(location.project_id);
     if !repository.join("HEAD").exists() {
-        return Err(FileItemError::Unreadable);
+        return Ok(FileText::Unavailable);
     }
     let file = location.path.clone();
-    tokio::task::spawn_blocking(move || {
+    let text = tokio::task::spawn_blocking(move || {
         let commit = reader::resolve(&repository, &reference).ok()?;
-        let blob = reader::file(&repository, &commit, &file, (MAX_FILE_CHARS * 4) as u64).ok()?;
-        let text = String::from_utf8(blob.content).ok()?;
-        Some(crate::agent::tools::resource_identifier::bounded(
-            &text,
-            MAX_FILE_CHARS,
-        ))
+        read_text(&repository, &commit, &file)
     })
     .await
-    .map_err(|e| failed(&e))?
-    .ok_or(FileItemError::Unreadable)
+    .map_err(|e| failed(&e))?;
+    Ok(text.map_or(FileText::Unavailable, FileText::Text))
 }
 
-/// Tries each split of `ref/path` (refs may contain slashes), shortest ref first.
-fn read_at(path: &std::path::Path, rev_and_path: &str) -> Option<String> {
+/// Tries each split of `ref/path` (refs may contain slashes), shortest ref
+/// first; the first ref that resolves decides, and its path must be one the
+/// project's exclusion rules let through.
+fn read_at(path: &std::path::Path, rev_and_path: &str, code: &CodeForAi) -> FileText {
     let parts: Vec<&str> = rev_and_path.split('/').collect();
     for split in 1..parts.len() {
         let (rev, file) = (parts[..split].join("/"), parts[split..].join("/"));
         let Ok(commit) = reader::resolve(path, &rev) else {
             continue;
         };
-        let blob = reader::file(path, &commit, &file, (MAX_FILE_CHARS * 4) as u64).ok()?;
-        let text = String::from_utf8(blob.content).ok()?;
-        return Some(crate::agent::tools::resource_identifier::bounded(
-            &text,
-            MAX_FILE_CHARS,
-        ));
+        if !code.allows(&file) {
+            return FileText::Excluded;
+        }
+        return read_text(path, &commit, &file).map_or(FileText::Unavailable, FileText::Text);
     }
-    None
+    FileText::Unavailable
+}
+
+/// A text file's content at `commit`, cut to [`MAX_FILE_CHARS`].
+fn read_text(repository: &std::path::Path, commit: &str, file: &str) -> Option<String> {
+    let blob = reader::file(repository, commit, file, (MAX_FILE_CHARS * 4) as u64).ok()?;
+    let text = String::from_utf8(blob.content).ok()?;
+    Some(crate::agent::tools::resource_identifier::bounded(
+        &text,
+        MAX_FILE_CHARS,
+    ))
 }
 
 #[cfg(test)]

@@ -1,7 +1,9 @@
 //! Slash commands: answered by one gateway prompt (or, for `/help`, by no
 //! model at all), without the agent loop. Each checks the user's permission
 //! on what it reads and the unit primitive of its seat before calling the
-//! gateway, and streams the answer.
+//! gateway, and streams the answer. A command on a file the project's Duo
+//! context exclusion rules exclude answers so without calling the gateway
+//! (the file was never read: see `repository_file`).
 
 use contracts::{DuoErrorCode, UnitPrimitive};
 use futures::StreamExt;
@@ -159,6 +161,10 @@ async fn prepare(
             };
             need(primitive)?;
             authorize_context(services, ctx).await?;
+            if let Some(name) = &ctx.excluded_file {
+                // Nothing of the file was read or kept; nothing goes to a model.
+                return Ok(Prepared::Static(excluded_answer(command.name, name)));
+            }
             let file = ctx
                 .current_file
                 .as_ref()
@@ -239,6 +245,15 @@ async fn prepare(
             })
         }
     }
+}
+
+/// What a command on a file the project's Duo context exclusion rules
+/// exclude answers, without asking a model.
+pub fn excluded_answer(command: CommandName, file: &str) -> String {
+    format!(
+        "I can't `/{}` `{file}`: the project's GitLab Duo context exclusion rules exclude this file, so its content is not sent to AI.",
+        command.word()
+    )
 }
 
 /// GitLab's `ChatAuthorizer.context`: the page resource when there is one,

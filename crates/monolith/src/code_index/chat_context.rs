@@ -18,7 +18,7 @@ use super::search::{self, QueryVector, Retrieval, Scope};
 use super::store::{self, IndexState};
 use super::{CodeIndex, CodeIndexError};
 use crate::gateway_client::EmbeddingPurpose;
-use crate::policy::{Ability, Actor, Policy, Subject};
+use crate::policy::{Actor, AiReader, Policy};
 
 /// What chat says while a project is being indexed (GitLab's wording).
 pub const BEING_INDEXED: &str = "The repository is being indexed. Try again in a few minutes.";
@@ -128,17 +128,15 @@ async fn project_context(
     query_vector: &mut Option<QueryVector>,
 ) -> Result<Searched, CodeIndexError> {
     let mut db = index.pool.get().await?;
-    let subject = Subject::Project(target.project_id);
-    let allowed = policy
-        .can(&*db, Some(actor), Ability::ReadCode, subject)
+    let Some(code) = policy
+        .code_for_ai(&*db, AiReader::User(actor), target.project_id)
         .await?
-        && policy.may_send_to_ai(&*db, actor, subject).await?;
-    if !allowed {
+    else {
         return Ok(Searched::Other(Outcome::Refused(
             DuoErrorCode::M3003,
             "project not readable".into(),
         )));
-    }
+    };
     let status = store::status(&*db, target.project_id).await?;
     match status {
         Some(s) if s.state == IndexState::Failed => {
@@ -163,15 +161,14 @@ async fn project_context(
         }
     }
     let sql = format!(
-        "{} SELECT p.name, paths.full_path || '/' || p.path, p.description,
-                p.duo_context_exclusion_rules
+        "{} SELECT p.name, paths.full_path || '/' || p.path, p.description
          FROM projects p JOIN paths ON paths.id = p.group_id WHERE p.id = $1",
         crate::namespaces::FULL_PATHS
     );
     let project = db.query_one(&sql, &[&target.project_id]).await?;
     let (name, full_path, description): (String, String, String) =
         (project.get(0), project.get(1), project.get(2));
-    let exclusions = Exclusions::new(&project.get::<_, Vec<String>>(3))?;
+    let exclusions = code.exclusions();
 
     let mut text = String::new();
     match &target.directory {
@@ -188,7 +185,7 @@ async fn project_context(
         }
     }
     let whole = match &target.directory {
-        Some(dir) => small_directory(index, &*db, target.project_id, dir, &exclusions).await?,
+        Some(dir) => small_directory(index, &*db, target.project_id, dir, exclusions).await?,
         None => None,
     };
     let blocks = match whole {
@@ -225,7 +222,7 @@ async fn project_context(
                 query_vector.as_ref(),
                 Retrieval::Fused,
                 index.settings.search_results,
-                &exclusions,
+                exclusions,
             )
             .await?;
             text.push_str(

@@ -2,8 +2,6 @@
 //! files over the size limit, vendored or generated paths, and the project's
 //! Duo context exclusion globs.
 
-use globset::{Glob, GlobSet, GlobSetBuilder};
-
 /// Paths that hold other people's code or build output.
 const VENDORED_DIRS: &[&str] = &[
     "vendor/",
@@ -43,83 +41,9 @@ pub enum Skip {
     Excluded,
 }
 
-/// A project's exclusion rules, compiled once per run.
-#[derive(Debug, Clone)]
-pub struct Exclusions {
-    set: GlobSet,
-}
-
-/// A glob that does not compile.
-#[derive(Debug, thiserror::Error)]
-#[error("{pattern:?} is not a valid glob: {reason}")]
-pub struct BadGlob {
-    pub pattern: String,
-    pub reason: String,
-}
-
-impl Exclusions {
-    /// Gitignore-like matching: a pattern without `/` matches the file name
-    /// at any depth, and `dir/` or `dir/**` matches everything below `dir`.
-    pub fn new(rules: &[String]) -> Result<Self, BadGlob> {
-        let mut builder = GlobSetBuilder::new();
-        for rule in rules {
-            let rule = rule.trim();
-            if rule.is_empty() {
-                continue;
-            }
-            let rooted = rule.trim_start_matches('/');
-            let mut patterns = Vec::new();
-            if let Some(dir) = rooted.strip_suffix('/') {
-                patterns.push(format!("{dir}/**"));
-            } else {
-                patterns.push(rooted.to_owned());
-                patterns.push(format!("{rooted}/**"));
-            }
-            if !rule.starts_with('/') && !rooted.starts_with("**/") {
-                let any_depth: Vec<String> = patterns.iter().map(|p| format!("**/{p}")).collect();
-                patterns.extend(any_depth);
-            }
-            for pattern in patterns {
-                let glob = Glob::new(&pattern).map_err(|e| BadGlob {
-                    pattern: rule.to_owned(),
-                    reason: e.kind().to_string(),
-                })?;
-                builder.add(glob);
-            }
-        }
-        let set = builder.build().map_err(|e| BadGlob {
-            pattern: rules.join(", "),
-            reason: e.to_string(),
-        })?;
-        Ok(Self { set })
-    }
-
-    pub fn none() -> Self {
-        Self {
-            set: GlobSet::empty(),
-        }
-    }
-
-    pub fn excludes(&self, path: &str) -> bool {
-        self.set.is_match(path)
-    }
-}
-
-/// Checks the rules a stored project setting must meet.
-pub fn validate_rules(rules: &[String]) -> Result<(), String> {
-    if rules.len() > 100 {
-        return Err("at most 100 exclusion rules".into());
-    }
-    if let Some(r) = rules.iter().find(|r| r.len() > 255 || r.contains('\0')) {
-        return Err(format!(
-            "{:?} is too long or contains a NUL byte",
-            r.chars().take(40).collect::<String>()
-        ));
-    }
-    Exclusions::new(rules)
-        .map(|_| ())
-        .map_err(|e| e.to_string())
-}
+/// The exclusion rules live with the policy, which every path that sends
+/// code to AI asks ([`crate::policy::Policy::code_for_ai`]).
+pub use crate::policy::duo_context::{BadGlob, ContextExclusions as Exclusions, validate_rules};
 
 /// Whether the path alone rules a file out (vendored or generated).
 pub fn is_vendored(path: &str) -> bool {
@@ -160,26 +84,6 @@ pub fn path_skip(path: &str, size: u64, max_bytes: u64, exclusions: &Exclusions)
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn rules(r: &[&str]) -> Exclusions {
-        Exclusions::new(&r.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>())
-            .unwrap_or_else(|e| panic!("{e}"))
-    }
-
-    #[test]
-    fn exclusion_globs_match_like_gitignore() {
-        let ex = rules(&["*.env", "secrets/", "/config/prod.yml", "**/fixtures/**"]);
-        assert!(ex.excludes("app/.env") || ex.excludes("a.env"));
-        assert!(ex.excludes("deep/down/x.env"));
-        assert!(ex.excludes("secrets/key.txt"));
-        assert!(ex.excludes("svc/secrets/key.txt"));
-        assert!(ex.excludes("config/prod.yml"));
-        assert!(!ex.excludes("other/config/prod.yml"));
-        assert!(ex.excludes("spec/fixtures/data.json"));
-        assert!(!ex.excludes("src/main.rs"));
-        assert!(!Exclusions::none().excludes("anything"));
-        assert!(Exclusions::new(&["[".to_owned()]).is_err());
-    }
 
     #[test]
     fn vendored_generated_binary_and_large_files_are_skipped() {

@@ -21,6 +21,7 @@ use super::filters::{self, Exclusions};
 use super::store::{self, IndexState, NewChunk};
 use super::{CodeIndex, CodeIndexError};
 use crate::gateway_client::EmbeddingPurpose;
+use crate::policy::{AiReader, DuoSwitchScope, Policy, Subject};
 use crate::repositories::pushes::RepositoryPushed;
 
 /// Index (or re-index) one project.
@@ -144,11 +145,22 @@ impl JobHandler for RepositoryPushedHandler {
             .await
             .map_err(JobError::retryable)?
             .is_some();
-        if exists {
-            store::ensure_status(&*db, job.project_id)
+        if !exists {
+            return Ok(());
+        }
+        store::ensure_status(&*db, job.project_id)
+            .await
+            .map_err(JobError::retryable)?;
+        let on = Policy::duo_switched_on(&*db, Subject::Project(job.project_id))
+            .await
+            .map_err(JobError::retryable)?;
+        if on {
+            enqueue_index(&*db, job.project_id, self.max_attempts)
                 .await
                 .map_err(JobError::retryable)?;
-            enqueue_index(&*db, job.project_id, self.max_attempts)
+        } else {
+            // Marked, so turning Duo on indexes what was pushed meanwhile.
+            store::forget(&*db, &[job.project_id])
                 .await
                 .map_err(JobError::retryable)?;
         }
@@ -174,6 +186,21 @@ impl JobHandler for CodeIndexCatchUpHandler {
 
     async fn run(&self, ctx: JobContext, _job: CodeIndexCatchUp) -> Result<(), JobError> {
         let db = ctx.pool.get().await.map_err(JobError::retryable)?;
+        // Whatever way a switch was turned (an admin page, the API, a
+        // group moved under one with Duo off), what is still indexed of a
+        // project with Duo off goes here at the latest.
+        let switches = Policy::duo_switches_under(&*db, DuoSwitchScope::Instance)
+            .await
+            .map_err(JobError::retryable)?;
+        let off: Vec<i64> = switches
+            .iter()
+            .filter(|(_, on)| !on)
+            .map(|(id, _)| *id)
+            .collect();
+        store::forget(&*db, &off)
+            .await
+            .map_err(JobError::retryable)?;
+        let off_set: std::collections::HashSet<i64> = off.into_iter().collect();
         let rows = db
             .query(
                 "SELECT s.project_id, s.indexed_commit, p.default_branch
@@ -185,6 +212,9 @@ impl JobHandler for CodeIndexCatchUpHandler {
             .map_err(JobError::retryable)?;
         for row in rows {
             let project_id: i64 = row.get(0);
+            if off_set.contains(&project_id) {
+                continue;
+            }
             let indexed: Option<String> = row.get(1);
             let branch: String = row.get(2);
             let head = head_commit(&self.index, project_id, &branch).await;
@@ -248,7 +278,7 @@ pub async fn index_project(
         let db = index.pool.get().await?;
         let Some(project) = db
             .query_opt(
-                "SELECT default_branch, duo_context_exclusion_rules FROM projects WHERE id = $1",
+                "SELECT default_branch FROM projects WHERE id = $1",
                 &[&project_id],
             )
             .await?
@@ -256,7 +286,20 @@ pub async fn index_project(
             return Ok(total);
         };
         let branch: String = project.get(0);
-        let rules: Vec<String> = project.get(1);
+        // Duo off for the project (or a group above it, or the instance):
+        // nothing of it is embedded, and what was embedded goes.
+        let Some(code) = index
+            .policy
+            .code_for_ai(&*db, AiReader::Indexer, project_id)
+            .await?
+        else {
+            store::forget(&*db, &[project_id]).await?;
+            tracing::info!(
+                project_id,
+                "Duo is off for the project: its index is dropped"
+            );
+            return Ok(total);
+        };
         let status = store::status(&*db, project_id).await?;
         drop(db);
         let head = head_commit(index, project_id, &branch).await;
@@ -287,16 +330,24 @@ pub async fn index_project(
             .await?;
             return Ok(total);
         };
-        let exclusions = Exclusions::new(&rules)?;
         let run = Run {
             index,
             project_id,
-            exclusions,
+            exclusions: code.exclusions().clone(),
             model,
             dimensions: None,
             summary: RunSummary::default(),
         };
-        let summary = run.execute(indexed.as_deref(), &head).await?;
+        let summary = match run.execute(indexed.as_deref(), &head).await {
+            Err(CodeIndexError::DuoSwitchedOff) => {
+                // Turned off under the run: it stopped at its next write.
+                let db = index.pool.get().await?;
+                store::forget(&*db, &[project_id]).await?;
+                tracing::info!(project_id, "Duo was turned off while indexing: stopped");
+                return Ok(total);
+            }
+            other => other?,
+        };
         total += summary;
         let db = index.pool.get().await?;
         let status = store::status(&*db, project_id).await?;
@@ -406,6 +457,7 @@ impl Run<'_> {
             if let Some(model) = &self.model {
                 // The file's old chunks go and the copies come in one transaction.
                 let tx = db.transaction().await?;
+                still_on(&tx, self.project_id).await?;
                 let reused =
                     store::reuse_blob(&tx, self.project_id, &entry.path, &entry.blob_id, model)
                         .await?;
@@ -476,6 +528,13 @@ impl Run<'_> {
             )
         };
         for batch in texts.chunks(self.index.settings.embed_batch) {
+            // Asked again before each call: a switch turned off mid-run lets
+            // at most the call already on its way through.
+            let db = self.index.pool.get().await?;
+            if !Policy::duo_switched_on(&*db, Subject::Project(self.project_id)).await? {
+                return Err(CodeIndexError::DuoSwitchedOff);
+            }
+            drop(db);
             let answer = self
                 .index
                 .gateway
@@ -517,6 +576,7 @@ impl Run<'_> {
                 })
                 .collect();
             let tx = db.transaction().await?;
+            still_on(&tx, self.project_id).await?;
             store::replace_file(
                 &tx,
                 self.project_id,
@@ -531,6 +591,20 @@ impl Run<'_> {
             self.summary.chunks_embedded += chunks.len();
         }
         Ok(())
+    }
+}
+
+/// First thing in a transaction that stores chunks: holds the project's
+/// index state (turning Duo off waits for this transaction, then removes
+/// what it stored) and checks that Duo is still on, else
+/// [`CodeIndexError::DuoSwitchedOff`].
+async fn still_on(tx: &impl Queries, project_id: i64) -> Result<(), CodeIndexError> {
+    if store::hold_state(tx, project_id).await?
+        && Policy::duo_switched_on(tx, Subject::Project(project_id)).await?
+    {
+        Ok(())
+    } else {
+        Err(CodeIndexError::DuoSwitchedOff)
     }
 }
 

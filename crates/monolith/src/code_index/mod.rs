@@ -8,6 +8,8 @@
 //! - [`search`]: vector kNN and full-text search fused by reciprocal rank.
 //! - [`chat_context`]: the `REPOSITORY` / `DIRECTORY` additional context of a
 //!   chat question, authorized, searched and rendered as GitLab does.
+//! - [`switches`]: turning Duo off for a project, a group or the instance
+//!   drops what is indexed of it; turning it back on indexes it again.
 
 pub mod chat_context;
 pub mod chunker;
@@ -15,6 +17,7 @@ pub mod filters;
 pub mod indexer;
 pub mod search;
 pub mod store;
+pub mod switches;
 
 use crate::queries::Queries;
 use deadpool_postgres::Pool;
@@ -36,6 +39,9 @@ pub struct CodeIndex {
     pub settings: CodeIndexConfig,
     /// The admin's model choice for code embeddings.
     pub models: crate::ai_models::ModelStore,
+    /// Decides whether a project's code may be embedded at all (Duo on)
+    /// and which of its files (the exclusion rules).
+    pub policy: crate::policy::Policy,
 }
 
 impl CodeIndex {
@@ -92,6 +98,10 @@ pub enum CodeIndexError {
     SwitchedOff,
     #[error("the AI model settings: {0}")]
     Models(#[from] crate::ai_models::ModelsError),
+    /// Duo was turned off for the project while it was being indexed
+    /// (handled inside a run: it stops and drops the index).
+    #[error("GitLab Duo was turned off for the project")]
+    DuoSwitchedOff,
 }
 
 impl CodeIndexError {
@@ -103,6 +113,7 @@ impl CodeIndexError {
             Self::Embedding(e) => e.code(),
             Self::Timeout(_) => contracts::DuoErrorCode::A1000,
             Self::SwitchedOff => contracts::DuoErrorCode::M3004,
+            Self::DuoSwitchedOff => contracts::DuoErrorCode::M3002,
             _ => contracts::DuoErrorCode::A9999,
         }
     }

@@ -195,6 +195,72 @@ pub async fn request_full_walk(
     Ok(())
 }
 
+/// The error code a project's state carries while Duo is off for it
+/// (GitLab's code for a Duo feature turned off where it is used): the mark
+/// that turning Duo back on looks for to index the project again.
+pub const DUO_OFF_CODE: &str = "M3002";
+const DUO_OFF_TEXT: &str = "GitLab Duo features are turned off for this project";
+
+/// Drops everything indexed of the projects (Duo was turned off for them):
+/// their chunks go, their state is marked [`DUO_OFF_CODE`]. The state row
+/// is written first: a run in flight holds it while it writes chunks
+/// ([`hold_state`]), so this waits for that write and then removes it too,
+/// and the run's next write sees Duo off and stops.
+pub async fn forget(db: &impl Queries, project_ids: &[i64]) -> Result<u64, tokio_postgres::Error> {
+    if project_ids.is_empty() {
+        return Ok(0);
+    }
+    db.execute(
+        "UPDATE code_index_states SET state = 'pending', indexed_commit = NULL,
+             embedding_model = NULL, embedding_dimensions = NULL, chunk_count = 0, file_count = 0,
+             last_error = $2, last_error_code = $3, updated_at = now()
+         WHERE project_id = ANY($1)
+           AND (state <> 'pending' OR indexed_commit IS NOT NULL OR chunk_count > 0
+                OR last_error_code IS DISTINCT FROM $3)",
+        &[&project_ids, &DUO_OFF_TEXT, &DUO_OFF_CODE],
+    )
+    .await?;
+    db.execute(
+        "DELETE FROM code_chunks WHERE project_id = ANY($1)",
+        &[&project_ids],
+    )
+    .await
+}
+
+/// Of the projects, those whose index was dropped because Duo was off, now
+/// unmarked (so each is returned once): Duo is back on for them.
+pub async fn take_duo_off_marks(
+    db: &impl Queries,
+    project_ids: &[i64],
+) -> Result<Vec<i64>, tokio_postgres::Error> {
+    if project_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows = db
+        .query(
+            "UPDATE code_index_states SET last_error = NULL, last_error_code = NULL,
+                 indexed_commit = NULL, updated_at = now()
+             WHERE project_id = ANY($1) AND last_error_code = $2
+             RETURNING project_id",
+            &[&project_ids, &DUO_OFF_CODE],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// In a transaction that writes chunks: locks the project's state row
+/// against [`forget`] until the transaction ends; `false` when there is no
+/// row (the index was dropped under the run).
+pub async fn hold_state(db: &impl Queries, project_id: i64) -> Result<bool, tokio_postgres::Error> {
+    Ok(db
+        .query_opt(
+            "SELECT 1 FROM code_index_states WHERE project_id = $1 FOR SHARE",
+            &[&project_id],
+        )
+        .await?
+        .is_some())
+}
+
 /// A chunk ready to be stored.
 #[derive(Debug, Clone)]
 pub struct NewChunk {

@@ -6,6 +6,15 @@ use crate::queries::Queries;
 use super::facts::{GroupFacts, ProjectFacts, paid};
 use super::*;
 
+/// Where a Duo switch was turned: the instance, a group (and so everything
+/// below it) or one project.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DuoSwitchScope {
+    Instance,
+    Group(i64),
+    Project(i64),
+}
+
 impl Policy {
     pub(super) fn group_duo_features(group: &GroupFacts, user: Option<Actor>) -> bool {
         Self::group_readable(group, user) && group.duo_chain_enabled
@@ -15,6 +24,83 @@ impl Policy {
         Self::project_readable(project, user)
             && project.duo_features_enabled
             && project.group.duo_chain_enabled
+    }
+
+    /// Whether Duo features are switched on for a group or project itself,
+    /// whoever asks: on for the instance, for every group above it and for
+    /// the project (GitLab's cascading `duo_features_enabled`). What
+    /// background work (the code index) and the workflow tools' gate decide
+    /// on; `false` for a container that does not exist.
+    pub async fn duo_switched_on(
+        db: &impl Queries,
+        container: Subject,
+    ) -> Result<bool, PolicyError> {
+        let (group_sql, project_id, group_id) = match container {
+            Subject::Project(id) => (
+                "SELECT group_id FROM projects WHERE id = $1",
+                Some(id),
+                None,
+            ),
+            Subject::Group(id) => ("SELECT $1::bigint", None, Some(id)),
+            _ => return Ok(false),
+        };
+        let id = project_id.or(group_id).unwrap_or_default();
+        let row = db
+            .query_opt(
+                &format!(
+                    "WITH RECURSIVE chain(id, parent_id, enabled) AS (
+                         SELECT g.id, g.parent_id, g.duo_features_enabled FROM groups g
+                         WHERE g.id = ({group_sql})
+                         UNION ALL
+                         SELECT g.id, g.parent_id, g.duo_features_enabled FROM groups g
+                         JOIN chain c ON g.id = c.parent_id
+                     )
+                     SELECT (SELECT duo_features_enabled FROM instance_settings)
+                            AND (SELECT bool_and(enabled) FROM chain)
+                            AND coalesce((SELECT duo_features_enabled FROM projects WHERE id = $2), true)"
+                ),
+                &[&id, &project_id],
+            )
+            .await?;
+        Ok(row
+            .and_then(|r| r.get::<_, Option<bool>>(0))
+            .unwrap_or(false))
+    }
+
+    /// Every project under `scope` with whether Duo is switched on for it
+    /// ([`Policy::duo_switched_on`], for many projects in one query).
+    pub async fn duo_switches_under(
+        db: &impl Queries,
+        scope: DuoSwitchScope,
+    ) -> Result<Vec<(i64, bool)>, PolicyError> {
+        let (kind, id) = match scope {
+            DuoSwitchScope::Instance => ("instance", 0),
+            DuoSwitchScope::Group(id) => ("group", id),
+            DuoSwitchScope::Project(id) => ("project", id),
+        };
+        let rows = db
+            .query(
+                "WITH RECURSIVE tree(id, enabled) AS (
+                     SELECT id, duo_features_enabled FROM groups WHERE parent_id IS NULL
+                     UNION ALL
+                     SELECT g.id, t.enabled AND g.duo_features_enabled FROM groups g
+                     JOIN tree t ON g.parent_id = t.id
+                 ), below(id) AS (
+                     SELECT id FROM groups WHERE id = $2 AND $1 = 'group'
+                     UNION ALL
+                     SELECT g.id FROM groups g JOIN below b ON g.parent_id = b.id
+                 )
+                 SELECT p.id, p.duo_features_enabled AND t.enabled
+                        AND (SELECT duo_features_enabled FROM instance_settings)
+                 FROM projects p JOIN tree t ON t.id = p.group_id
+                 WHERE $1 = 'instance'
+                    OR ($1 = 'group' AND p.group_id IN (SELECT id FROM below))
+                    OR ($1 = 'project' AND p.id = $2)
+                 ORDER BY p.id",
+                &[&kind, &id],
+            )
+            .await?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
     }
 
     /// The add-ons whose seats are assigned to the user and currently valid.

@@ -13,11 +13,15 @@ use contracts::{DuoErrorCode, UnitPrimitive};
 
 pub mod add_ons;
 mod duo;
+pub mod duo_context;
 mod facts;
 mod read;
 mod workflow;
+mod workflow_tools;
 mod write;
 
+pub use duo::DuoSwitchScope;
+pub use duo_context::{AiReader, CodeForAi, ContextExclusions};
 pub use workflow::WorkflowFacts;
 
 pub use write::{EditableItem, PushAccess, WriteAbility};

@@ -47,7 +47,6 @@ pub struct CgiRequest {
     pub path_info: String,
     pub query: String,
     pub content_type: Option<String>,
-    pub content_encoding: Option<String>,
     /// `Git-Protocol` (protocol version 2).
     pub git_protocol: Option<String>,
     /// Who pushes (http-backend refuses receive-pack without a user).
@@ -55,6 +54,10 @@ pub struct CgiRequest {
     pub remote_addr: Option<String>,
     /// Read by the repository's pre-receive hook.
     pub extra_env: Vec<(String, String)>,
+    /// The largest pack git itself accepts in a push (`receive.maxInputSize`;
+    /// 0: no limit). The body reaches git inflated (see [`gunzip`]), so this
+    /// bounds what git writes whatever the request looked like on the wire.
+    pub max_input_bytes: u64,
 }
 
 /// A running backend: feed the request body to `stdin`, then read the head and
@@ -80,6 +83,11 @@ pub fn spawn(root: &Path, request: &CgiRequest) -> Result<Backend, RepositoryErr
         .env("PATH_INFO", &request.path_info)
         .env("QUERY_STRING", &request.query)
         .env("GATEWAY_INTERFACE", "CGI/1.1")
+        // Configuration through the environment reaches `git receive-pack`,
+        // which http-backend runs with it.
+        .env("GIT_CONFIG_COUNT", "1")
+        .env("GIT_CONFIG_KEY_0", "receive.maxInputSize")
+        .env("GIT_CONFIG_VALUE_0", request.max_input_bytes.to_string())
         .envs(
             request
                 .extra_env
@@ -93,9 +101,8 @@ pub fn spawn(root: &Path, request: &CgiRequest) -> Result<Backend, RepositoryErr
     if let Some(v) = &request.content_type {
         command.env("CONTENT_TYPE", v);
     }
-    if let Some(v) = &request.content_encoding {
-        command.env("HTTP_CONTENT_ENCODING", v);
-    }
+    // Never `HTTP_CONTENT_ENCODING`: a compressed body is inflated (and
+    // measured) before git reads it.
     if let Some(v) = &request.git_protocol {
         command.env("GIT_PROTOCOL", v);
     }
@@ -116,6 +123,102 @@ pub fn spawn(root: &Path, request: &CgiRequest) -> Result<Backend, RepositoryErr
         stdin,
         stdout,
     })
+}
+
+/// How a request body is encoded (`Content-Encoding`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyEncoding {
+    Identity,
+    /// `gzip` or `x-gzip`: what git sends for large fetch negotiations.
+    Gzip,
+}
+
+impl BodyEncoding {
+    /// `None` for an encoding git never sends (refused rather than passed on).
+    pub fn from_header(value: Option<&str>) -> Option<Self> {
+        match value.map(|v| v.trim().to_ascii_lowercase()).as_deref() {
+            None | Some("" | "identity") => Some(Self::Identity),
+            Some("gzip" | "x-gzip") => Some(Self::Gzip),
+            Some(_) => None,
+        }
+    }
+}
+
+/// Why an inflated body was cut off.
+#[derive(Debug, thiserror::Error)]
+pub enum InflateError {
+    #[error("the body is larger than {0} bytes once inflated")]
+    TooLarge(u64),
+    #[error("the body is not valid gzip: {0}")]
+    Corrupt(String),
+}
+
+/// A gzip inflater on a blocking thread: compressed chunks go in, inflated
+/// chunks (at most [`INFLATED_CHUNK`] bytes each) come out, and it stops
+/// with [`InflateError::TooLarge`] as soon as more than `limit` bytes came
+/// out. Memory stays at a few chunks whatever the ratio: a small body that
+/// inflates to gigabytes is stopped after `limit` bytes, never buffered.
+pub struct Gunzip {
+    pub input: tokio::sync::mpsc::Sender<bytes::Bytes>,
+    pub output: tokio::sync::mpsc::Receiver<Result<bytes::Bytes, InflateError>>,
+}
+
+/// Largest piece of inflated body handed on at once.
+pub const INFLATED_CHUNK: usize = 64 * 1024;
+
+pub fn gunzip(limit: u64) -> Gunzip {
+    let (input, compressed) = tokio::sync::mpsc::channel::<bytes::Bytes>(4);
+    let (inflated, output) = tokio::sync::mpsc::channel(4);
+    tokio::task::spawn_blocking(move || {
+        let reader = ChannelReader {
+            chunks: compressed,
+            current: bytes::Bytes::new(),
+        };
+        let mut decoder = flate2::read::MultiGzDecoder::new(reader);
+        let mut buf = vec![0u8; INFLATED_CHUNK];
+        let mut total: u64 = 0;
+        loop {
+            use std::io::Read as _;
+            let piece = match decoder.read(&mut buf) {
+                Ok(0) => return,
+                Ok(n) => {
+                    total += n as u64;
+                    if total > limit {
+                        Err(InflateError::TooLarge(limit))
+                    } else {
+                        Ok(bytes::Bytes::copy_from_slice(&buf[..n]))
+                    }
+                }
+                Err(e) => Err(InflateError::Corrupt(e.to_string())),
+            };
+            let stop = piece.is_err();
+            // The receiver gone: the request ended; nothing more to do.
+            if inflated.blocking_send(piece).is_err() || stop {
+                return;
+            }
+        }
+    });
+    Gunzip { input, output }
+}
+
+/// Compressed chunks from the async side, read as a `std::io::Read`.
+struct ChannelReader {
+    chunks: tokio::sync::mpsc::Receiver<bytes::Bytes>,
+    current: bytes::Bytes,
+}
+
+impl std::io::Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.current.is_empty() {
+            match self.chunks.blocking_recv() {
+                Some(chunk) => self.current = chunk,
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.current.len());
+        buf[..n].copy_from_slice(&self.current.split_to(n));
+        Ok(n)
+    }
 }
 
 /// The CGI head git answered with.
@@ -198,6 +301,67 @@ fn parse_head(head: &[u8], leftover: Vec<u8>) -> CgiHead {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write as _;
+
+    fn gzipped(data: &[u8]) -> Vec<u8> {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        encoder.write_all(data).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    async fn inflate(body: Vec<u8>, limit: u64) -> (usize, Option<String>) {
+        let Gunzip { input, mut output } = gunzip(limit);
+        let feeder = tokio::spawn(async move {
+            for chunk in body.chunks(1000) {
+                if input
+                    .send(bytes::Bytes::copy_from_slice(chunk))
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        });
+        let (mut size, mut error) = (0, None);
+        while let Some(piece) = output.recv().await {
+            match piece {
+                Ok(bytes) => {
+                    assert!(bytes.len() <= INFLATED_CHUNK);
+                    size += bytes.len();
+                }
+                Err(e) => error = Some(e.to_string()),
+            }
+        }
+        feeder.await.unwrap();
+        (size, error)
+    }
+
+    #[tokio::test]
+    async fn gzip_bodies_are_measured_once_inflated() {
+        let small = gzipped(&vec![7u8; 100_000]);
+        assert_eq!(inflate(small, 100_000).await, (100_000, None));
+        // 4 MB of zeros fit in a few kilobytes; stopped just past the limit.
+        let bomb = gzipped(&vec![0u8; 4 * 1024 * 1024]);
+        assert!(bomb.len() < 10_000, "{}", bomb.len());
+        let (size, error) = inflate(bomb, 1024 * 1024).await;
+        assert!(size <= 1024 * 1024, "{size}");
+        assert!(error.is_some_and(|e| e.contains("larger than")));
+        let (_, error) = inflate(b"not gzip at all".to_vec(), 1024).await;
+        assert!(error.is_some_and(|e| e.contains("not valid gzip")));
+    }
+
+    #[test]
+    fn encodings_git_never_sends_are_refused() {
+        assert_eq!(
+            BodyEncoding::from_header(None),
+            Some(BodyEncoding::Identity)
+        );
+        assert_eq!(
+            BodyEncoding::from_header(Some("x-gzip")),
+            Some(BodyEncoding::Gzip)
+        );
+        assert_eq!(BodyEncoding::from_header(Some("br")), None);
+    }
 
     #[tokio::test]
     async fn heads_are_split_from_bodies() {

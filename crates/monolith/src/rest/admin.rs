@@ -8,6 +8,7 @@ use super::require_admin;
 use super::{ApiError, READ_SCOPES, WRITE_SCOPES};
 use crate::app_state::AppState;
 use crate::duo_settings::DuoSettingsError;
+use crate::policy::DuoSwitchScope;
 
 // ---- application settings and seats ---------------------------------------------
 
@@ -89,6 +90,9 @@ pub(super) async fn update_settings(
         ],
     )
     .await?;
+    if b.duo_features_enabled.is_some() {
+        super::projects::follow_duo_switch(&state, &*db, DuoSwitchScope::Instance).await?;
+    }
     let row = db.query_one(SETTINGS_SQL, &[]).await?;
     Ok(HttpResponse::Ok().json(settings_json(&row)))
 }

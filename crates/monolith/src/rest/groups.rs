@@ -12,7 +12,7 @@ use super::pagination::PageParams;
 use super::{ApiError, WRITE_SCOPES};
 use super::{optional_user, require_admin};
 use crate::app_state::AppState;
-use crate::policy::WriteAbility;
+use crate::policy::{DuoSwitchScope, WriteAbility};
 
 // ---- groups -------------------------------------------------------------------
 
@@ -241,5 +241,8 @@ pub(super) async fn update_group(
         "path",
         "has already been taken",
     )))?;
+    if b.duo_features_enabled.is_some() {
+        super::projects::follow_duo_switch(&state, &*db, DuoSwitchScope::Group(id)).await?;
+    }
     Ok(HttpResponse::Ok().json(group_response(&state, id).await?))
 }

@@ -24,6 +24,7 @@ mod repository;
 mod repository_commits;
 pub mod resources;
 pub mod users;
+mod workflow_tools;
 pub mod workflows;
 mod workflows_internal;
 mod workflows_socket;
@@ -55,6 +56,7 @@ pub async fn optional_user(
     if let Some(u) = &user {
         check_read_scope(u, req)?;
     }
+    workflow_tools::refuse_where_duo_is_off(state, req, user.as_ref()).await?;
     Ok(user)
 }
 
@@ -155,6 +157,7 @@ pub async fn require_user(
     if !(user.has_any_scope(scopes) || workflow_tool) {
         return Err(ApiError::InsufficientScope(scopes.join(" ")));
     }
+    workflow_tools::refuse_where_duo_is_off(state, req, Some(&user)).await?;
     Ok(user)
 }
 

@@ -12,7 +12,7 @@ use super::pagination::PageParams;
 use super::{ApiError, WRITE_SCOPES};
 use super::{optional_user, require_user};
 use crate::app_state::AppState;
-use crate::policy::{Ability, Actor, Subject, WriteAbility};
+use crate::policy::{Ability, Actor, DuoSwitchScope, Subject, WriteAbility};
 
 // ---- projects -----------------------------------------------------------------
 
@@ -294,5 +294,19 @@ pub(super) async fn update_project(
     if updated == 0 {
         return Err(ApiError::invalid("path", "has already been taken"));
     }
+    if b.duo_features_enabled.is_some() {
+        follow_duo_switch(&state, &*db, DuoSwitchScope::Project(id)).await?;
+    }
     Ok(HttpResponse::Ok().json(project_response(&state, id).await?))
+}
+
+/// The code index follows a Duo switch saved through the API.
+pub(super) async fn follow_duo_switch(
+    state: &AppState,
+    db: &impl crate::queries::Queries,
+    scope: DuoSwitchScope,
+) -> Result<(), ApiError> {
+    crate::duo_settings::follow_duo_switch(db, scope, state.config.code_index.max_attempts)
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))
 }

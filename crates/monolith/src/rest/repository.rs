@@ -16,10 +16,16 @@ use super::pagination::PageParams;
 use super::{ApiError, optional_user, require_user};
 use crate::app_state::AppState;
 use crate::identity::tokens::AuthenticatedUser;
-use crate::policy::{Ability, Actor, PushAccess, Subject};
+use crate::policy::{Ability, Actor, AiReader, PushAccess, Subject};
 use crate::repositories::pushes::{self, RefUpdate};
 use crate::repositories::writer::{self, FileAction, Signature};
 use crate::repositories::{RepositoryError, reader};
+
+/// What a workflow is told in a project whose Duo features are off.
+const DUO_OFF: &str = "GitLab Duo features are turned off for this project or group";
+/// What a workflow is told about a file kept from AI.
+const EXCLUDED_FROM_DUO: &str =
+    "The file is excluded from GitLab Duo by the project's context exclusion rules";
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/projects/{id}/repository/tree", web::get().to(tree))
@@ -357,9 +363,56 @@ async fn raw_file(
     q: web::Query<RefQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let (project_id, _) = path.into_inner();
+    workflow_may_read(&state, &req, project_id).await?;
     let (_repo, _rev, _commit, blob, _last) =
         read_file(&state, &req, project_id, q.into_inner().rev, false, false).await?;
     Ok(raw_response(blob.content, &blob.blob_id))
+}
+
+/// A Duo Workflow token reads a file only when it may go to a model: what
+/// a workflow reads goes into its prompts, so the project's gate
+/// (`Policy::code_for_ai`: Duo on, the exclusion rules) applies before the
+/// file is opened. Other callers read as before.
+async fn workflow_may_read(
+    state: &AppState,
+    req: &HttpRequest,
+    project_id: i64,
+) -> Result<(), ApiError> {
+    let Some(user) = optional_user(state, req).await? else {
+        return Ok(());
+    };
+    if !super::workflow_only(&user) {
+        return Ok(());
+    }
+    let file = decoded_path(&raw_file_path(req).ok_or(ApiError::NotFound("File"))?)?;
+    let db = state.pool.get().await?;
+    let actor = Actor::from(&user);
+    match state
+        .policy
+        .code_for_ai(&*db, AiReader::User(actor), project_id)
+        .await?
+    {
+        Some(code) if code.allows(&file) => Ok(()),
+        Some(_) => Err(ApiError::ForbiddenBecause(EXCLUDED_FROM_DUO)),
+        None => {
+            // Code the user cannot read is answered by the read itself (404,
+            // as for anyone); readable code with Duo off stays closed.
+            let readable = state
+                .policy
+                .can(
+                    &*db,
+                    Some(actor),
+                    Ability::ReadCode,
+                    Subject::Project(project_id),
+                )
+                .await?;
+            if readable {
+                Err(ApiError::ForbiddenBecause(DUO_OFF))
+            } else {
+                Ok(())
+            }
+        }
+    }
 }
 
 // ---- blobs ----------------------------------------------------------------------

@@ -293,7 +293,8 @@ async fn update_settings(
         experiment_features_enabled: form.experiment_features_enabled.is_some(),
     };
     let db = state.pool.get().await?;
-    match duo_settings::update_instance_settings(&*db, &settings).await {
+    let attempts = state.config.code_index.max_attempts;
+    match duo_settings::update_instance_settings(&*db, &settings, attempts).await {
         Ok(()) => Ok(back_to("/admin/gitlab_duo", "saved")),
         Err(DuoSettingsError::Invalid(why)) => {
             let (realm, tier) = realm_and_tier(&state).await?;
@@ -628,10 +629,11 @@ async fn change_switch(
         .await;
     };
     let db = state.pool.get().await?;
+    let attempts = state.config.code_index.max_attempts;
     let outcome = match form.kind.as_str() {
-        "group" => duo_settings::set_group_duo(&*db, id, enabled).await,
+        "group" => duo_settings::set_group_duo(&*db, id, enabled, attempts).await,
         "group_experiments" => duo_settings::set_group_experiments(&*db, id, enabled).await,
-        "project" => duo_settings::set_project_duo(&*db, id, enabled).await,
+        "project" => duo_settings::set_project_duo(&*db, id, enabled, attempts).await,
         _ => Err(DuoSettingsError::Invalid(
             "Unknown switch: group, group_experiments or project.".into(),
         )),
@@ -640,6 +642,7 @@ async fn change_switch(
     match outcome {
         Ok(()) => Ok(back_to("/admin/gitlab_duo/switches", "switched")),
         Err(DuoSettingsError::Db(e)) => Err(e.into()),
+        Err(e @ DuoSettingsError::CodeIndex(_)) => Err(e.into()),
         Err(e) => {
             let status = match e {
                 DuoSettingsError::NotFound(_) => StatusCode::NOT_FOUND,

@@ -4,7 +4,9 @@
 //! "Ask Duo" buttons that open the chat with the file, the directory or the
 //! whole repository attached as GitLab's additional context (`file`,
 //! `directory`, `repository`); the chat reads the content itself, through the
-//! policy, when the question is answered.
+//! policy, when the question is answered. The buttons show only where the
+//! policy would let the content go to AI: Duo on for the user in the
+//! project, and (for a file) not excluded by its Duo context exclusion rules.
 //!
 //! URLs follow GitLab's: `/<project>/-/tree/<ref>/<dir>` and
 //! `/<project>/-/blob/<ref>/<file>`. A ref may contain slashes; the longest
@@ -22,7 +24,7 @@ use super::PageError;
 use super::layout::{self, Page};
 use crate::app_state::AppState;
 use crate::identity::sessions::SessionUser;
-use crate::policy::{Ability, Actor, Subject};
+use crate::policy::{Ability, Actor, AiReader, CodeForAi};
 use crate::repositories::{RepositoryError, reader};
 
 /// Longest `<ref>/<path>` part of a URL accepted (GitLab's path limit is
@@ -49,6 +51,9 @@ struct CodeProject {
     full_path: String,
     default_branch: String,
     repository: PathBuf,
+    /// What of the code the user may ask Duo about (`None`: nothing, Duo is
+    /// off for them here); the "Ask Duo" buttons follow it.
+    for_ai: Option<CodeForAi>,
 }
 
 /// The project at `full_path` when the user may read its code; "not found"
@@ -73,6 +78,10 @@ async fn code_project(
             &[&id],
         )
         .await?;
+    let for_ai = state
+        .policy
+        .code_for_ai(&*db, AiReader::User(Actor::from(&session.user)), id)
+        .await?;
     Ok(CodeProject {
         id,
         name: row.get(0),
@@ -80,6 +89,7 @@ async fn code_project(
         full_path: full_path.to_owned(),
         default_branch: row.get(2),
         repository: state.repositories.path(id),
+        for_ai,
     })
 }
 
@@ -270,14 +280,15 @@ pub async fn chat_context_item(
     path: Option<&str>,
 ) -> Result<Option<(Value, String)>, PageError> {
     let db = state.pool.get().await?;
-    let actor = Some(Actor::from(&session.user));
-    if !state
+    // The policy's gate for code on its way to AI: nothing when Duo is off
+    // for the user here, and no file its exclusion rules exclude.
+    let Some(for_ai) = state
         .policy
-        .can(&*db, actor, Ability::ReadCode, Subject::Project(project_id))
+        .code_for_ai(&*db, AiReader::User(Actor::from(&session.user)), project_id)
         .await?
-    {
+    else {
         return Ok(None);
-    }
+    };
     let sql = format!(
         "{} SELECT p.name, p.description, paths.full_path || '/' || p.path, p.default_branch
          FROM projects p JOIN paths ON paths.id = p.group_id WHERE p.id = $1",
@@ -321,7 +332,7 @@ pub async fn chat_context_item(
             }),
             format!("the directory {path}/ of {full_path}"),
         ),
-        AskAbout::File if !path.is_empty() => {
+        AskAbout::File if !path.is_empty() && for_ai.allows(&path) => {
             let id = format!(
                 "{}/{full_path}/-/blob/{reference}/{path}",
                 state.config.external_url.as_str().trim_end_matches('/')
@@ -453,8 +464,10 @@ async fn show_tree(
             div class="title-row" {
                 (breadcrumbs(&project, reference, &dir))
                 div class="actions" {
-                    @if !dir.is_empty() { (ask_duo_link(&project, AskAbout::Directory, reference, &dir)) }
-                    (ask_duo_link(&project, AskAbout::Repository, reference, ""))
+                    @if project.for_ai.is_some() {
+                        @if !dir.is_empty() { (ask_duo_link(&project, AskAbout::Directory, reference, &dir)) }
+                        (ask_duo_link(&project, AskAbout::Repository, reference, ""))
+                    }
                 }
             }
             @if dir.is_empty() && !project.description.is_empty() {
@@ -576,7 +589,7 @@ async fn blob(
             div class="title-row" {
                 (breadcrumbs(&project, reference, &file))
                 div class="actions" {
-                    @if matches!(view, FileView::Text(_)) {
+                    @if matches!(view, FileView::Text(_)) && project.for_ai.as_ref().is_some_and(|c| c.allows(&file)) {
                         (ask_duo_link(&project, AskAbout::File, reference, &file))
                     }
                 }

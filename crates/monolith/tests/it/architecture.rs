@@ -22,11 +22,12 @@ const RANKS: &[(&str, u32)] = &[
     ("policy", 5),
     ("ai_models", 6),
     ("chat", 6),
-    ("duo_settings", 6),
     ("gateway_client", 6),
     ("repositories", 6),
     ("code_index", 7),
     ("agent", 8),
+    // Turning a Duo switch brings the code index in line with it.
+    ("duo_settings", 8),
     ("workflows", 8),
     ("app_state", 9),
     ("rest", 10),

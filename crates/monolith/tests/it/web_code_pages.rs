@@ -571,3 +571,59 @@ async fn a_workflow_token_reaches_the_gitlab_tool_endpoints_only() {
         (403, Some("insufficient_scope"))
     );
 }
+
+#[tokio::test]
+async fn ask_duo_is_offered_only_for_what_may_reach_a_model() {
+    let s = site().await;
+    let token = s.fx.token(s.owner, &["api"]).await;
+    let (status, body) = crate::rest_support::put(
+        &s.server,
+        &format!("/projects/{}", s.project),
+        &token,
+        json!({ "duo_context_exclusion_settings": { "exclusion_rules": ["src/deep/"] } }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // People still read an excluded file; Duo is not offered for it.
+    let (status, html) = s
+        .alice
+        .get(&s.server, "/acme/site/-/blob/main/src/deep/more.rs")
+        .await;
+    assert_eq!(status, 200);
+    assert!(html.contains("alert(1)"), "{html}");
+    assert!(!html.contains("Ask Duo about this file"), "{html}");
+    let (_, html) = s
+        .alice
+        .get(&s.server, "/acme/site/-/blob/main/src/lib.rs")
+        .await;
+    assert!(html.contains("Ask Duo about this file"));
+    let gid = format!("gid%3A%2F%2Fgitlab%2FProject%2F{}", s.project);
+    let chat = |path: &str| {
+        format!("/-/chat?resource={gid}&context=file&context_ref=main&context_path={path}")
+    };
+    let (_, html) = s.alice.get(&s.server, &chat("src%2Fdeep%2Fmore.rs")).await;
+    assert_eq!(page_data(&html)["additionalContext"], Value::Null);
+    let (_, html) = s.alice.get(&s.server, &chat("src%2Flib.rs")).await;
+    assert_eq!(page_data(&html)["additionalContext"][0]["category"], "FILE");
+
+    // Duo off for the project: no "Ask Duo" anywhere, nothing attached.
+    let (status, body) = crate::rest_support::put(
+        &s.server,
+        &format!("/projects/{}", s.project),
+        &token,
+        json!({ "duo_features_enabled": false }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (_, html) = s.alice.get(&s.server, "/acme/site/-/tree/main/src").await;
+    assert!(html.contains("href=\"/acme/site/-/tree/main/src/deep\""));
+    assert!(!html.contains("Ask Duo"), "{html}");
+    let (_, html) = s
+        .alice
+        .get(&s.server, "/acme/site/-/blob/main/src/lib.rs")
+        .await;
+    assert!(html.contains("a + b"));
+    assert!(!html.contains("Ask Duo"));
+    let (_, html) = s.alice.get(&s.server, &chat("src%2Flib.rs")).await;
+    assert_eq!(page_data(&html)["additionalContext"], Value::Null);
+}

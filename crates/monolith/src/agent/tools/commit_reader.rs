@@ -7,7 +7,8 @@
 //! Anything less plain goes to the gateway's identifier prompt
 //! (`chat/commit_reader`). The user's access to the project's code is checked
 //! before the repository is opened: a missing commit and an unreadable one end
-//! the same way (M3003).
+//! the same way (M3003). The diff of a file the project's Duo context
+//! exclusion rules exclude is left out, and the model is told it was.
 
 use crate::queries::Queries;
 use async_trait::async_trait;
@@ -16,7 +17,7 @@ use serde_json::{Map, Value, json};
 
 use super::resource_identifier::{MAX_TEXT_CHARS, bounded};
 use super::{Tool, ToolEnv, ToolInput, ToolOutcome};
-use crate::policy::{Ability, ChatAuthError, Subject};
+use crate::policy::{Ability, AiReader, ChatAuthError, CodeForAi, Subject};
 use crate::repositories::reader;
 
 /// Identifier prompt attempts before giving up with M3003.
@@ -265,6 +266,18 @@ impl Tool for CommitReader {
                 return ToolOutcome::failed(DuoErrorCode::M4001, e.to_string());
             }
         }
+        // What of the commit's files may be shown: its diff of an excluded
+        // file is left out (and the model told so).
+        let code = match env
+            .services
+            .policy
+            .code_for_ai(&*db, AiReader::User(env.ctx.actor), project)
+            .await
+        {
+            Ok(Some(code)) => code,
+            Ok(None) => return not_found(),
+            Err(e) => return ToolOutcome::failed(DuoErrorCode::M4001, e.to_string()),
+        };
         let full_path = match db
             .query_one(
                 &format!(
@@ -279,7 +292,7 @@ impl Tool for CommitReader {
             Err(e) => return ToolOutcome::failed(DuoErrorCode::M4001, e.to_string()),
         };
         drop(db);
-        match describe(env, project, &full_path, &sha).await {
+        match describe(env, &code, &full_path, &sha).await {
             Ok(Some(text)) => ToolOutcome::Observation(format!(
                 "Please use this information about the identified commit: {text}"
             )),
@@ -292,11 +305,11 @@ impl Tool for CommitReader {
 /// The commit as the model reads it; `None` when the repository has no such commit.
 async fn describe(
     env: &ToolEnv<'_>,
-    project: i64,
+    code: &CodeForAi,
     full_path: &str,
     sha: &str,
 ) -> Result<Option<String>, String> {
-    let path = env.services.repositories.path(project);
+    let path = env.services.repositories.path(code.project_id());
     if !path.join("HEAD").exists() {
         return Ok(None);
     }
@@ -324,14 +337,22 @@ async fn describe(
     let mut budget = MAX_TEXT_CHARS;
     let mut files = Vec::new();
     for change in &changes {
-        let diff = bounded(&change.diff, budget);
-        budget = budget.saturating_sub(change.diff.chars().count());
+        // A rename counts as both paths: either one excluded hides the diff.
+        let excluded = !code.allows(&change.old_path) || !code.allows(&change.new_path);
+        let diff = if excluded {
+            CodeForAi::excluded_note(&change.new_path)
+        } else {
+            let diff = bounded(&change.diff, budget);
+            budget = budget.saturating_sub(change.diff.chars().count());
+            diff
+        };
         files.push(json!({
             "old_path": change.old_path,
             "new_path": change.new_path,
             "new_file": change.new_file,
             "deleted_file": change.deleted_file,
             "renamed_file": change.renamed_file,
+            "excluded": excluded,
             "diff": diff,
         }));
     }

@@ -522,7 +522,8 @@ pub async fn serialize_subject(
                 .query_opt(
                     &format!(
                         "{} SELECT m.iid, m.title, m.description, m.state, m.labels, m.source_branch,
-                                m.target_branch, u.username, paths.full_path || '/' || p.path, m.diff
+                                m.target_branch, u.username, paths.full_path || '/' || p.path, m.diff,
+                                m.project_id
                          FROM merge_requests m JOIN projects p ON p.id = m.project_id JOIN paths ON paths.id = p.group_id
                          JOIN users u ON u.id = m.author_id WHERE m.id = $1",
                         crate::namespaces::FULL_PATHS
@@ -536,6 +537,16 @@ pub async fn serialize_subject(
             let iid: i32 = r.get(0);
             let path: String = r.get(8);
             let labels: Vec<String> = r.get(4);
+            // Files the project's Duo context exclusion rules exclude leave
+            // the diff (their headers stay, saying so).
+            let diff = match crate::policy::Policy::context_exclusions(db, r.get(10)).await {
+                Ok(exclusions) => exclusions.filter_unified_diff(r.get(9)),
+                Err(crate::policy::PolicyError::Db(crate::db::DbError::Query(e))) => return Err(e),
+                Err(e) => {
+                    tracing::warn!(error = %e, "exclusion rules unavailable; diff left out");
+                    String::new()
+                }
+            };
             (
                 ResourceType::MergeRequest,
                 format!(
@@ -547,7 +558,7 @@ pub async fn serialize_subject(
                     escape(&labels.join(", ")),
                     r.get::<_, String>(7),
                     escape(&bounded(r.get(2), MAX_TEXT_CHARS)),
-                    escape(&bounded(r.get(9), MAX_TEXT_CHARS)),
+                    escape(&bounded(&diff, MAX_TEXT_CHARS)),
                 ),
             )
         }
