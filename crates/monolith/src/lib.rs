@@ -6,7 +6,7 @@
 //! (`tests/it/architecture.rs` checks it):
 //!
 //! 1. foundations: [`config`], [`db`], [`gid`], [`namespaces`], [`instance`],
-//!    [`lifecycle`], [`queries`] (what SQL runs on, with statements prepared
+//!    [`lifecycle`], [`percent`], [`queries`] (what SQL runs on, with statements prepared
 //!    once per pooled connection)
 //! 2. who is calling: [`identity`] (personal access tokens, the signing keys of
 //!    gateway tokens)
@@ -34,6 +34,7 @@ pub mod gid;
 pub mod instance;
 pub mod lifecycle;
 pub mod namespaces;
+pub mod percent;
 pub mod queries;
 
 pub mod identity;

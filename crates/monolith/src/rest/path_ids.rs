@@ -39,24 +39,6 @@ pub fn path_segment(path: &str) -> Option<(Container, std::ops::Range<usize>)> {
     None
 }
 
-/// `%XX` decoding; `None` for malformed escapes or non-UTF-8 results.
-pub fn percent_decode(text: &str) -> Option<String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = text.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
 async fn id_for(state: &AppState, container: Container, full_path: &str) -> Result<i64, ApiError> {
     let db = state.pool.get().await?;
     let found = match container {
@@ -73,7 +55,7 @@ pub async fn resolve_path_ids<B: MessageBody>(
     let path = req.uri().path().to_owned();
     if let Some((container, range)) = path_segment(&path) {
         let state = req.app_data::<web::Data<AppState>>().cloned();
-        let id = match (state, percent_decode(&path[range.clone()])) {
+        let id = match (state, crate::percent::decode(&path[range.clone()])) {
             (Some(state), Some(full_path)) => id_for(&state, container, &full_path).await,
             _ => Ok(0),
         };
@@ -114,17 +96,5 @@ mod tests {
         assert_eq!(kind, Container::Group);
         assert_eq!(range, 15..19);
         assert_eq!(path_segment("/api/v4/users/alice"), None);
-    }
-
-    #[test]
-    fn decodes_escapes_and_refuses_broken_ones() {
-        assert_eq!(
-            percent_decode("acme%2Fplatform%2fapi").unwrap(),
-            "acme/platform/api"
-        );
-        assert_eq!(percent_decode("plain").unwrap(), "plain");
-        assert_eq!(percent_decode("bad%2"), None);
-        assert_eq!(percent_decode("bad%zz"), None);
-        assert_eq!(percent_decode("%ff"), None);
     }
 }

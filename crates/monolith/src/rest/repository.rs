@@ -207,7 +207,7 @@ pub(super) async fn record_update(
 
 /// `file_path` as it arrived (URL-encoded, `%2F` for `/`), decoded.
 pub(super) fn decoded_path(raw: &str) -> Result<String, ApiError> {
-    let decoded = super::path_ids::percent_decode(raw)
+    let decoded = crate::percent::decode(raw)
         .ok_or_else(|| ApiError::BadRequest("file_path is invalid".into()))?;
     reader::clean_path(&decoded).map_err(repository_error)
 }

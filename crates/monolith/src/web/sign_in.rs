@@ -82,7 +82,7 @@ fn same_origin_path(candidate: &str, external_url: &url::Url) -> Option<String> 
     let mut forms = vec![candidate.to_owned()];
     loop {
         let last = forms.last()?;
-        let decoded = crate::rest::path_ids::percent_decode(last)?;
+        let decoded = crate::percent::decode(last)?;
         if decoded == *last {
             break;
         }

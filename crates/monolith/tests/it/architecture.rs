@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 const RANKS: &[(&str, u32)] = &[
     ("gid", 0),
     ("lifecycle", 0),
+    ("percent", 0),
     ("queries", 0),
     ("config", 1),
     ("namespaces", 1),

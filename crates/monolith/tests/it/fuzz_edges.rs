@@ -8,8 +8,9 @@
 use contracts::AgentEvent;
 use monolith::gateway_client::{MAX_EVENT_LINE_BYTES, NdjsonDecoder};
 use monolith::graphql::limits;
+use monolith::percent::decode as percent_decode;
 use monolith::rest::input_guard::{encoded_has_nul, json_text_has_nul};
-use monolith::rest::path_ids::{path_segment, percent_decode};
+use monolith::rest::path_ids::path_segment;
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 
