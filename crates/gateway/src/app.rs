@@ -38,7 +38,7 @@ pub struct AppState {
     /// The documentation search index, built once at start-up.
     pub docs: Arc<DocsIndex>,
     /// Model calls with native tool calling (chat agent prompts that ask for it).
-    pub tool_model: crate::workflow_service::model::ToolCallingModel,
+    pub tool_model: crate::providers::tool_calling::ToolCallingModel,
     /// The model calls' HTTP clients (configured endpoints, and endpoints a
     /// request named, behind the egress policy).
     pub provider_clients: crate::providers::ProviderClients,
@@ -101,7 +101,7 @@ impl AppState {
             metrics: Metrics::global(),
             http,
             docs,
-            tool_model: crate::workflow_service::model::ToolCallingModel::with_clients(
+            tool_model: crate::providers::tool_calling::ToolCallingModel::with_clients(
                 provider_clients.clone(),
             ),
             provider_clients,

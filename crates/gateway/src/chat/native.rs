@@ -4,16 +4,16 @@
 //! structured answer becomes the same NDJSON events the ReAct parser emits,
 //! so the monolith cannot tell which way the model was asked.
 //!
-//! The calls themselves go through the workflow service's
+//! The calls themselves go through the providers' tool-calling client,
 //! [`ToolCallingModel`] (Anthropic tool use, OpenAI `tools`, which the
 //! bundled model server enforces with a grammar).
 
 use super::tools_registry::ToolDefinition;
-use crate::providers::{ModelParams, ModelRoute, ProviderError};
-use crate::workflow_service::model::{
+use crate::providers::conversation::{Message, ToolCall};
+use crate::providers::tool_calling::{
     ModelTurn, ToolCallingModel, ToolSchema, TurnAssembler, TurnDelta, TurnOptions,
 };
-use crate::workflow_service::state::{Message, ToolCall};
+use crate::providers::{ModelParams, ModelRoute, ProviderError};
 use contracts::{AgentEvent, AgentStep};
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -307,7 +307,7 @@ pub fn run(
             }
             Ok(None) => {
                 match model
-                    .complete_with(&step.route, &step.system, &step.messages, &step.tools, &step.params, options)
+                    .complete(&step.route, &step.system, &step.messages, &step.tools, &step.params, options)
                     .await
                 {
                     Ok(turn) => turn,

@@ -8,15 +8,17 @@
 use super::checkpoint_writer::CheckpointWriter;
 use super::gitlab::{GitLab, GitLabError, WorkflowRecord};
 use super::link::{ExecutorLink, INFRA_STOP_REASONS, LinkError, StreamSignal};
-use super::model::{AgentModelMetadata, ModelChoice, ModelTurn, ToolCallingModel, route_for};
+use super::model_choice::{AgentModelMetadata, ModelChoice, WORKFLOW_FEATURE_CATEGORY, route_for};
 use super::state::{
-    CheckpointPost, Message, PlanStep, ToolCall, ToolInfo, UiChatLogEntry, WorkflowState,
-    WorkflowStatus, new_thread_ts,
+    CheckpointPost, PlanStep, ToolInfo, UiChatLogEntry, WorkflowState, WorkflowStatus,
+    new_thread_ts,
 };
 use super::tools::{self, ToolKind, ToolPolicy, ToolResult};
 use crate::config::{PromptsConfig, ProvidersConfig, WorkflowServiceConfig};
 use crate::prompts::{PromptDefinition, PromptRegistry, TemplateRole};
 use crate::providers::ModelRoute;
+use crate::providers::conversation::{Message, ToolCall};
+use crate::providers::tool_calling::{ModelTurn, ToolCallingModel, TurnOptions};
 use contracts::duo_workflow::{NewCheckpoint, StartWorkflowRequest, approval};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
@@ -748,6 +750,10 @@ impl Run {
                     .map_or(&[][..], Vec::as_slice),
                 &schemas,
                 &params,
+                TurnOptions {
+                    require_call: false,
+                    feature_category: WORKFLOW_FEATURE_CATEGORY,
+                },
             )
             .await
             .map_err(|e| RunError::failure("ModelError", e))?;

@@ -8,7 +8,7 @@
 //! the service reads the workflow and stores its status and checkpoints: the
 //! service itself keeps no state. The agent is a small graph engine
 //! ([`engine`]) running the `chat` and `software_development` flows with
-//! native tool calling ([`model`]), tools mapped to actions ([`tools`]) and
+//! native tool calling ([`crate::providers::tool_calling`]), tools mapped to actions ([`tools`]) and
 //! approval interrupts. See `docs/duo-workflow.md`.
 
 pub mod auth;
@@ -16,7 +16,7 @@ pub mod checkpoint_writer;
 pub mod engine;
 pub mod gitlab;
 pub mod link;
-pub mod model;
+pub mod model_choice;
 pub mod server;
 pub mod state;
 pub mod tools;

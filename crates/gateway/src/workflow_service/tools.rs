@@ -4,8 +4,8 @@
 
 use super::gitlab::{GitLab, GitLabError};
 use super::link::{ExecutorLink, LinkError};
-use super::model::ToolSchema;
-use super::state::ToolCall;
+use crate::providers::conversation::ToolCall;
+use crate::providers::tool_calling::ToolSchema;
 use contracts::duo_workflow::{
     EditFile, FindFiles, Grep, ListDirectory, Mkdir, ReadFile, ReadFiles, RunCommandAction,
     WriteFile, action, action_response,
