@@ -2,6 +2,7 @@
 
 pub mod api;
 pub mod app;
+pub mod app_state;
 pub mod auth;
 pub mod chat;
 pub mod config;

@@ -8,7 +8,8 @@
 //! [`ToolCallingModel`] (Anthropic tool use, OpenAI `tools`, which the
 //! bundled model server enforces with a grammar).
 
-use super::tools_registry::ToolDefinition;
+use super::FEATURE_CATEGORY;
+use super::tools_registry::{TOOL_NOT_AVAILABLE, ToolDefinition};
 use crate::providers::conversation::{Message, ToolCall};
 use crate::providers::tool_calling::{
     ModelTurn, ToolCallingModel, ToolSchema, TurnAssembler, TurnDelta, TurnOptions,
@@ -122,7 +123,7 @@ pub fn turn_events(turn: ModelTurn, tools: &[&ToolDefinition], question: &str) -
         }
         let Some(permitted) = tools.iter().find(|t| t.name == call.name) else {
             return vec![AgentEvent::Error {
-                message: super::agent::TOOL_NOT_AVAILABLE.into(),
+                message: TOOL_NOT_AVAILABLE.into(),
                 retryable: false,
             }];
         };
@@ -295,7 +296,7 @@ pub fn run(
         }
         let options = TurnOptions {
             require_call: true,
-            feature_category: super::agent::FEATURE_CATEGORY,
+            feature_category: FEATURE_CATEGORY,
         };
         let streamed = model
             .stream_turn(&step.route, &step.system, &step.messages, &step.tools, &step.params, options)

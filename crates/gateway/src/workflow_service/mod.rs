@@ -23,7 +23,7 @@ pub mod tools;
 
 pub use server::{ServeError, WorkflowService};
 
-use crate::app::AppState;
+use crate::app_state::AppState;
 use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]

@@ -17,7 +17,7 @@ const CHAT_SCOPES: &[&str] = &["duo_chat", "duo_agent_platform"];
 
 /// The gateway as it runs (real authentication), on 127.0.0.1:0.
 fn spawn_gateway(config: gateway::Config) -> String {
-    let state = gateway::app::AppState::build(config).unwrap();
+    let state = gateway::app_state::AppState::build(config).unwrap();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let address = listener.local_addr().unwrap();
     let server = gateway::app::build_server(state, listener).unwrap();

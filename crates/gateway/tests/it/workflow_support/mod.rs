@@ -19,7 +19,7 @@ use contracts::duo_workflow::{
     ClientEvent, NewCheckpoint, StartWorkflowRequest, action, client_event,
 };
 use gateway::Config;
-use gateway::app::AppState;
+use gateway::app_state::AppState;
 use gateway::workflow_service::WorkflowService;
 use jsonwebtoken::jwk::Jwk;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
