@@ -4,12 +4,12 @@
 use crate::auth::Authenticator;
 use crate::auth::jwks::KeyStoreError;
 use crate::config::Config;
+use crate::docs_search::{DocsIndex, DocsIndexError};
 use crate::observability::Metrics;
 use crate::observability::readiness::Readiness;
 use crate::prompts::{PromptLoadError, PromptRegistry};
 use crate::providers::tool_calling::ToolCallingModel;
 use crate::providers::{ChatModel, ModelRouter, ProviderClients, ProviderError};
-use crate::search::{DocsIndex, DocsIndexError};
 use std::sync::Arc;
 
 /// Everything handlers share (and the workflow service builds on). Cheap to clone: all parts are shared handles.

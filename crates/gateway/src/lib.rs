@@ -6,13 +6,13 @@ pub mod app_state;
 pub mod auth;
 pub mod chat;
 pub mod config;
+pub mod docs_search;
 pub mod embeddings;
 pub mod error;
 pub mod observability;
 pub mod prompts;
 pub mod providers;
 pub mod proxy;
-pub mod search;
 pub mod workflow_service;
 
 pub use config::Config;

@@ -6,9 +6,9 @@
 //! and a tools node `<name>_tools`; `plan_approval` is the one special node.
 
 use super::checkpoint_writer::CheckpointWriter;
-use super::gitlab::{GitLab, GitLabError, WorkflowRecord};
 use super::link::{ExecutorLink, INFRA_STOP_REASONS, LinkError, StreamSignal};
 use super::model_choice::{AgentModelMetadata, ModelChoice, WORKFLOW_FEATURE_CATEGORY, route_for};
+use super::monolith_api::{MonolithApi, MonolithApiError, WorkflowRecord};
 use super::state::{
     CheckpointPost, PlanStep, ToolInfo, UiChatLogEntry, WorkflowState, WorkflowStatus,
     new_thread_ts,
@@ -228,10 +228,11 @@ impl From<LinkError> for RunError {
     }
 }
 
-impl From<GitLabError> for RunError {
-    fn from(err: GitLabError) -> Self {
+impl From<MonolithApiError> for RunError {
+    fn from(err: MonolithApiError) -> Self {
         match err {
-            GitLabError::Link(link) => link.into(),
+            MonolithApiError::Link(link) => link.into(),
+            // GitLab's name for this failure, as callers see it.
             other => Self::failure("GitLabError", other),
         }
     }
@@ -241,7 +242,7 @@ impl From<GitLabError> for RunError {
 pub struct Run {
     services: Arc<Services>,
     link: ExecutorLink,
-    gitlab: GitLab,
+    monolith: MonolithApi,
     workflow_id: String,
     flow: Flow,
     record: WorkflowRecord,
@@ -293,8 +294,8 @@ impl Run {
                 start.workflow_id.chars().take(40).collect::<String>()
             )));
         }
-        let gitlab = GitLab::new(link.clone(), services.config.http_retry_base);
-        let record = match gitlab.workflow(&workflow_id).await {
+        let monolith = MonolithApi::new(link.clone(), services.config.http_retry_base);
+        let record = match monolith.workflow(&workflow_id).await {
             Ok(record) => record,
             Err(err) if err.status() == Some(404) => {
                 return Err(RunError::InvalidArgument(format!(
@@ -310,10 +311,10 @@ impl Run {
         let latest = if event == "start" {
             None
         } else {
-            gitlab.latest_checkpoint(&workflow_id).await?
+            monolith.latest_checkpoint(&workflow_id).await?
         };
         let writer = CheckpointWriter::start(
-            gitlab.clone(),
+            monolith.clone(),
             workflow_id.clone(),
             latest.as_ref().map(|c| c.thread_ts.clone()),
             services.config.checkpoint_interval,
@@ -335,7 +336,7 @@ impl Run {
             additional_context: additional_context_text(&start),
             services,
             link,
-            gitlab,
+            monolith,
             workflow_id,
             flow,
             record,
@@ -367,7 +368,7 @@ impl Run {
             return Ok(RunOutcome::Paused(run.state.status));
         }
         run.apply_user_decision(&start)?;
-        match run.gitlab.status_event(&run.workflow_id, event).await {
+        match run.monolith.status_event(&run.workflow_id, event).await {
             Ok(()) => {}
             Err(err) if err.status() == Some(403) => {
                 return Err(RunError::PermissionDenied(err.message()));
@@ -508,7 +509,7 @@ impl Run {
                     WorkflowStatus::InputRequired => "require_input",
                     _ => "require_tool_call_approval",
                 };
-                if let Err(err) = self.gitlab.status_event(&self.workflow_id, event).await {
+                if let Err(err) = self.monolith.status_event(&self.workflow_id, event).await {
                     return self.fail(err.into()).await;
                 }
                 self.persist("loop").await?;
@@ -537,7 +538,10 @@ impl Run {
                 return self.fail(err.into()).await;
             }
             if self.state.status == WorkflowStatus::Completed
-                && let Err(err) = self.gitlab.status_event(&self.workflow_id, "finish").await
+                && let Err(err) = self
+                    .monolith
+                    .status_event(&self.workflow_id, "finish")
+                    .await
             {
                 return self.fail(err.into()).await;
             }
@@ -556,7 +560,9 @@ impl Run {
         self.state.status = WorkflowStatus::Cancelled;
         self.state.next_node = None;
         self.persist("loop").await?;
-        self.gitlab.status_event(&self.workflow_id, "stop").await?;
+        self.monolith
+            .status_event(&self.workflow_id, "stop")
+            .await?;
         Ok(RunOutcome::Stopped)
     }
 
@@ -569,7 +575,7 @@ impl Run {
         tracing::warn!(workflow_id = %self.workflow_id, error = %err, "workflow failed");
         self.state.status = WorkflowStatus::Error;
         let _ = self.persist("loop").await;
-        let _ = self.gitlab.status_event(&self.workflow_id, "drop").await;
+        let _ = self.monolith.status_event(&self.workflow_id, "drop").await;
         Err(err)
     }
 
@@ -921,7 +927,7 @@ impl Run {
                     tools::run_executor_tool(&self.link, &call, self.command_timeout).await?
                 }
                 ToolKind::GitLab => {
-                    tools::run_gitlab_tool(&self.gitlab, &call, self.record.project_id).await?
+                    tools::run_gitlab_tool(&self.monolith, &call, self.record.project_id).await?
                 }
                 ToolKind::Internal => {
                     let steps: Vec<String> = call.args["steps"]

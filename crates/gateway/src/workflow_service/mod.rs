@@ -14,9 +14,9 @@
 pub mod auth;
 pub mod checkpoint_writer;
 pub mod engine;
-pub mod gitlab;
 pub mod link;
 pub mod model_choice;
+pub mod monolith_api;
 pub mod server;
 pub mod state;
 pub mod tools;

@@ -114,7 +114,7 @@ async fn page_size_is_honoured_and_capped() {
     let (_, many) = post(&gw, "documentation_search", body).await;
     assert_eq!(
         many["response"]["results"].as_array().unwrap().len(),
-        gateway::search::MAX_RESULTS
+        gateway::docs_search::MAX_RESULTS
     );
 }
 

@@ -10,8 +10,8 @@
 use super::body::RawBody;
 use crate::app_state::AppState;
 use crate::auth::GatewayUser;
+use crate::docs_search::{DocsHit, MAX_QUERY_CHARS, MAX_RESULTS};
 use crate::error::{ApiError, ValidationIssue};
-use crate::search::{DocsHit, MAX_QUERY_CHARS, MAX_RESULTS};
 use actix_web::{HttpResponse, web};
 use contracts::UnitPrimitive;
 use contracts::docs_search::{
