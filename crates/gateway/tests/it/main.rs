@@ -15,6 +15,7 @@ mod agent_native;
 mod agent_prompt;
 mod agent_stream;
 mod app_health;
+mod architecture;
 mod auth_flows;
 mod body_limits;
 mod code_embeddings;
