@@ -1,20 +1,17 @@
-//! Assembles the gateway: shared state, routes, app-wide request rules and
-//! the HTTP server.
+//! Assembles the gateway: routes, app-wide request rules, the HTTP servers
+//! and the Duo Workflow service beside them, started and stopped together.
 //!
 //! Wiring a new part in is two lines: a field on [`AppState`] built in
-//! [`AppState::build`], and its `configure` call in `api::configure`.
+//! [`AppState::build`] (`app_state.rs`), and its `configure` call in
+//! `api::configure`.
 
 use crate::api;
-use crate::auth::Authenticator;
-use crate::auth::jwks::KeyStoreError;
+use crate::app_state::AppStateError;
 use crate::auth::middleware::authenticate_request;
 use crate::config::{Config, ConfigError};
 use crate::error::ApiError;
 use crate::observability::readiness::Readiness;
-use crate::observability::{Metrics, request_telemetry};
-use crate::prompts::{PromptLoadError, PromptRegistry};
-use crate::providers::{ChatModel, ModelRouter, ProviderError};
-use crate::search::{DocsIndex, DocsIndexError};
+use crate::observability::request_telemetry;
 use actix_web::dev::{Server, ServerHandle};
 use actix_web::middleware::from_fn;
 use actix_web::{App, HttpServer, web};
@@ -22,91 +19,28 @@ use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Everything handlers share. Cheap to clone: all parts are shared handles.
-#[derive(Clone)]
-pub struct AppState {
-    pub config: Arc<Config>,
-    /// Every model call goes through this.
-    pub model: Arc<dyn ChatModel>,
-    pub prompts: Arc<PromptRegistry>,
-    /// Turns request headers into a [`crate::auth::GatewayUser`].
-    pub authenticator: Arc<Authenticator>,
-    pub metrics: Metrics,
-    /// One connection pool for proxies and readiness probes.
-    pub http: reqwest::Client,
-    pub readiness: Arc<Readiness>,
-    /// The documentation search index, built once at start-up.
-    pub docs: Arc<DocsIndex>,
-    /// Model calls with native tool calling (chat agent prompts that ask for it).
-    pub tool_model: crate::workflow_service::model::ToolCallingModel,
-    /// The model calls' HTTP clients (configured endpoints, and endpoints a
-    /// request named, behind the egress policy).
-    pub provider_clients: crate::providers::ProviderClients,
-}
-
-impl std::fmt::Debug for AppState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AppState").finish_non_exhaustive()
-    }
-}
+/// The gateway's shared state, built here before the servers start (the
+/// path callers outside the crate know it by).
+pub use crate::app_state::AppState;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
     #[error(transparent)]
     Config(#[from] ConfigError),
-    #[error("could not build the HTTP client: {0}")]
-    HttpClient(#[from] reqwest::Error),
+    /// The shared parts could not be built.
+    #[error(transparent)]
+    State(#[from] AppStateError),
     #[error("could not listen on {address}: {source}")]
     Bind {
         address: String,
         source: std::io::Error,
     },
-    #[error(transparent)]
-    Prompts(#[from] PromptLoadError),
-    #[error("authentication keys: {0}")]
-    Keys(#[from] KeyStoreError),
-    #[error("model providers: {0}")]
-    Providers(#[from] ProviderError),
-    #[error(transparent)]
-    Docs(#[from] DocsIndexError),
     #[error("server error: {0}")]
     Server(#[from] std::io::Error),
     #[error("workflow service: {0}")]
     WorkflowService(#[from] crate::workflow_service::WorkflowServiceError),
     #[error(transparent)]
     WorkflowServe(#[from] crate::workflow_service::ServeError),
-}
-
-impl AppState {
-    pub fn build(config: Config) -> Result<Self, AppError> {
-        let http = reqwest::Client::builder()
-            .connect_timeout(config.providers.proxy_timeout)
-            .read_timeout(config.providers.proxy_timeout)
-            .pool_max_idle_per_host(256)
-            .build()?;
-        let prompts = Arc::new(PromptRegistry::load(&config.prompts.dir)?);
-        let authenticator = Arc::new(Authenticator::from_config(&config.auth)?);
-        let provider_clients = crate::providers::ProviderClients::new(&config.providers)?;
-        let model: Arc<dyn ChatModel> = Arc::new(ModelRouter::with_clients(
-            &config.providers,
-            provider_clients.clone(),
-        ));
-        let docs = Arc::new(DocsIndex::build(&config.docs.dir, &config.docs.base_url)?);
-        Ok(Self {
-            prompts,
-            authenticator,
-            readiness: Arc::new(Readiness::from_config(&config.providers)),
-            model,
-            config: Arc::new(config),
-            metrics: Metrics::global(),
-            http,
-            docs,
-            tool_model: crate::workflow_service::model::ToolCallingModel::with_clients(
-                provider_clients.clone(),
-            ),
-            provider_clients,
-        })
-    }
 }
 
 /// Registers app data, body rules, every route and the JSON 404.

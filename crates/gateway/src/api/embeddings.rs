@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::body::RawBody;
-use crate::app::AppState;
+use crate::app_state::AppState;
 use crate::auth::GatewayUser;
 use crate::config::EmbeddingProvider;
 use crate::embeddings::{self, EmbedError, EmbeddingTarget};

@@ -1,7 +1,7 @@
 //! `GET /monitoring/healthz` and `GET /monitoring/ready` (no authentication).
 //! Readiness also fails from SIGTERM on, while the gateway drains.
 
-use crate::app::AppState;
+use crate::app_state::AppState;
 use crate::error::ApiError;
 use actix_web::{HttpResponse, web};
 use serde_json::json;

@@ -1,6 +1,6 @@
 //! `GET /metrics`: Prometheus text (no authentication).
 
-use crate::app::AppState;
+use crate::app_state::AppState;
 use actix_web::{HttpResponse, web};
 
 pub fn configure(cfg: &mut web::ServiceConfig) {

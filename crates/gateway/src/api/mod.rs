@@ -3,12 +3,12 @@
 
 pub mod agent;
 pub mod body;
+pub mod docs_search;
 pub mod embeddings;
 pub mod health;
 pub mod metrics;
 pub mod prompts;
 pub mod proxy;
-pub mod search;
 
 use actix_web::web;
 
@@ -19,6 +19,6 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .configure(proxy::configure)
         .configure(prompts::configure)
         .configure(agent::configure)
-        .configure(search::configure)
+        .configure(docs_search::configure)
         .configure(embeddings::configure);
 }

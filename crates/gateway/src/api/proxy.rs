@@ -1,6 +1,6 @@
 //! `POST /v1/proxy/anthropic/{path}` and `POST /v1/proxy/vertex-ai/{path}`.
 
-use crate::app::AppState;
+use crate::app_state::AppState;
 use crate::auth::GatewayUser;
 use crate::error::ApiError;
 use crate::observability::ModelWaitClock;

@@ -11,17 +11,20 @@
 //! the step goes to [`super::native`], which asks the model with its own tool
 //! calling and emits the same events.
 
+use super::FEATURE_CATEGORY;
 use super::native::{self, NativeStep};
 use super::react_parser::{ReactOutcome, ReactParser};
-use super::tools_registry::{DuoChatToolsRegistry, ToolDefinition, parse_feature_flags};
+use super::tools_registry::{
+    DuoChatToolsRegistry, TOOL_NOT_AVAILABLE, ToolDefinition, parse_feature_flags,
+};
 use crate::auth::GatewayUser;
 use crate::config::Config;
 use crate::error::{ApiError, ValidationIssue};
 use crate::prompts::{PromptError, PromptRegistry, TemplateRole, ToolCalling, choose_families};
+use crate::providers::conversation::Message;
+use crate::providers::tool_calling::ToolCallingModel;
 use crate::providers::{ChatMessage, ChatModel, ChatRole, ModelCall, ProviderError, ProviderKind};
 use crate::providers::{ModelRoute, route_for_target};
-use crate::workflow_service::model::ToolCallingModel;
-use crate::workflow_service::state::Message;
 use contracts::{AgentEvent, AgentMessage, AgentRequest, MessageRole, UnitPrimitive};
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -29,9 +32,6 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 
 pub const PROMPT_ID: &str = "chat/react";
-/// The `feature_category` of the agent's model calls (GitLab's category for chat).
-pub const FEATURE_CATEGORY: &str = "duo_chat";
-pub const TOOL_NOT_AVAILABLE: &str = "tool not available";
 
 /// Why an agent request is refused before streaming starts.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -4,16 +4,17 @@
 //! structured answer becomes the same NDJSON events the ReAct parser emits,
 //! so the monolith cannot tell which way the model was asked.
 //!
-//! The calls themselves go through the workflow service's
+//! The calls themselves go through the providers' tool-calling client,
 //! [`ToolCallingModel`] (Anthropic tool use, OpenAI `tools`, which the
 //! bundled model server enforces with a grammar).
 
-use super::tools_registry::ToolDefinition;
-use crate::providers::{ModelParams, ModelRoute, ProviderError};
-use crate::workflow_service::model::{
+use super::FEATURE_CATEGORY;
+use super::tools_registry::{TOOL_NOT_AVAILABLE, ToolDefinition};
+use crate::providers::conversation::{Message, ToolCall};
+use crate::providers::tool_calling::{
     ModelTurn, ToolCallingModel, ToolSchema, TurnAssembler, TurnDelta, TurnOptions,
 };
-use crate::workflow_service::state::{Message, ToolCall};
+use crate::providers::{ModelParams, ModelRoute, ProviderError};
 use contracts::{AgentEvent, AgentStep};
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -122,7 +123,7 @@ pub fn turn_events(turn: ModelTurn, tools: &[&ToolDefinition], question: &str) -
         }
         let Some(permitted) = tools.iter().find(|t| t.name == call.name) else {
             return vec![AgentEvent::Error {
-                message: super::agent::TOOL_NOT_AVAILABLE.into(),
+                message: TOOL_NOT_AVAILABLE.into(),
                 retryable: false,
             }];
         };
@@ -295,7 +296,7 @@ pub fn run(
         }
         let options = TurnOptions {
             require_call: true,
-            feature_category: super::agent::FEATURE_CATEGORY,
+            feature_category: FEATURE_CATEGORY,
         };
         let streamed = model
             .stream_turn(&step.route, &step.system, &step.messages, &step.tools, &step.params, options)
@@ -307,7 +308,7 @@ pub fn run(
             }
             Ok(None) => {
                 match model
-                    .complete_with(&step.route, &step.system, &step.messages, &step.tools, &step.params, options)
+                    .complete(&step.route, &step.system, &step.messages, &step.tools, &step.params, options)
                     .await
                 {
                     Ok(turn) => turn,

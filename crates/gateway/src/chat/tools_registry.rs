@@ -8,6 +8,10 @@ use crate::auth::GatewayUser;
 use contracts::UnitPrimitive;
 use semver::Version;
 
+/// The error event's message when the model picks a tool the caller may not
+/// use (not in its [`DuoChatToolsRegistry::tools_for`]).
+pub const TOOL_NOT_AVAILABLE: &str = "tool not available";
+
 /// One tool as it appears in the ReAct prompt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct ToolDefinition {

@@ -4,6 +4,7 @@
 //! text-model predict.
 
 mod anthropic;
+pub mod conversation;
 pub mod egress;
 mod mock;
 mod openai;
@@ -11,11 +12,11 @@ pub mod route;
 mod router;
 mod sse;
 mod streaming;
+pub mod tool_calling;
 mod vertex;
 
 pub use crate::observability::ModelWaitClock;
 pub use egress::{CallerEndpoint, EgressPolicy, EndpointGuard};
-pub(crate) use openai::stream_deltas as stream_openai_deltas;
 pub use route::{
     CustomModel, CustomModelError, Egress, ModelRoute, ProviderClients, route_for_target,
 };

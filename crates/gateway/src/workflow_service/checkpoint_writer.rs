@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
 
-use super::gitlab::{GitLab, GitLabError};
+use super::monolith_api::{MonolithApi, MonolithApiError};
 use super::state::CheckpointPost;
 
 /// Checkpoints handed over and not yet stored.
@@ -37,7 +37,7 @@ struct Progress {
     /// stored or replaced by a newer one).
     stored: u64,
     /// The failure that stopped the writer.
-    error: Option<GitLabError>,
+    error: Option<MonolithApiError>,
 }
 
 /// What the run and its writer task share.
@@ -64,7 +64,7 @@ impl CheckpointWriter {
     /// quick read-only steps then costs the monolith a write per interval,
     /// not one per step, and leaves the machine to the steps themselves.
     pub fn start(
-        gitlab: GitLab,
+        monolith: MonolithApi,
         workflow_id: String,
         parent_ts: Option<String>,
         interval: Duration,
@@ -72,7 +72,7 @@ impl CheckpointWriter {
         let shared = Arc::new(Shared::default());
         let (report, progress) = watch::channel(Progress::default());
         let task = tokio::spawn(write_in_order(
-            gitlab,
+            monolith,
             workflow_id,
             parent_ts,
             interval,
@@ -88,7 +88,7 @@ impl CheckpointWriter {
 
     /// Hands over the newest checkpoint (`parent_ts` is filled in when it is
     /// sent). Fails with the error that stopped an earlier write.
-    pub fn submit(&self, thread_ts: String, post: CheckpointPost) -> Result<(), GitLabError> {
+    pub fn submit(&self, thread_ts: String, post: CheckpointPost) -> Result<(), MonolithApiError> {
         if let Some(err) = self.progress.borrow().error.clone() {
             return Err(err);
         }
@@ -107,7 +107,7 @@ impl CheckpointWriter {
     }
 
     /// Waits until everything handed over is stored.
-    pub async fn flush(&mut self) -> Result<(), GitLabError> {
+    pub async fn flush(&mut self) -> Result<(), MonolithApiError> {
         let target = self
             .shared
             .queue
@@ -119,7 +119,7 @@ impl CheckpointWriter {
             .progress
             .wait_for(|p| p.stored >= target || p.error.is_some())
             .await
-            .map_err(|_| GitLabError::Action("the checkpoint writer stopped".to_owned()))?;
+            .map_err(|_| MonolithApiError::Action("the checkpoint writer stopped".to_owned()))?;
         match &progress.error {
             Some(err) => Err(err.clone()),
             None => Ok(()),
@@ -134,7 +134,7 @@ impl Drop for CheckpointWriter {
 }
 
 async fn write_in_order(
-    gitlab: GitLab,
+    monolith: MonolithApi,
     workflow_id: String,
     mut parent_ts: Option<String>,
     interval: Duration,
@@ -154,7 +154,7 @@ async fn write_in_order(
                 break;
             };
             let body = post.with_parent(parent_ts.as_deref());
-            match gitlab.save_checkpoint(&workflow_id, &body).await {
+            match monolith.save_checkpoint(&workflow_id, &body).await {
                 Ok(()) => {
                     parent_ts = Some(thread_ts);
                     report.send_modify(|p| p.stored = sequence);

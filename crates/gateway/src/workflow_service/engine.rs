@@ -6,17 +6,19 @@
 //! and a tools node `<name>_tools`; `plan_approval` is the one special node.
 
 use super::checkpoint_writer::CheckpointWriter;
-use super::gitlab::{GitLab, GitLabError, WorkflowRecord};
 use super::link::{ExecutorLink, INFRA_STOP_REASONS, LinkError, StreamSignal};
-use super::model::{AgentModelMetadata, ModelChoice, ModelTurn, ToolCallingModel, route_for};
+use super::model_choice::{AgentModelMetadata, ModelChoice, WORKFLOW_FEATURE_CATEGORY, route_for};
+use super::monolith_api::{MonolithApi, MonolithApiError, WorkflowRecord};
 use super::state::{
-    CheckpointPost, Message, PlanStep, ToolCall, ToolInfo, UiChatLogEntry, WorkflowState,
-    WorkflowStatus, new_thread_ts,
+    CheckpointPost, PlanStep, ToolInfo, UiChatLogEntry, WorkflowState, WorkflowStatus,
+    new_thread_ts,
 };
 use super::tools::{self, ToolKind, ToolPolicy, ToolResult};
 use crate::config::{PromptsConfig, ProvidersConfig, WorkflowServiceConfig};
 use crate::prompts::{PromptDefinition, PromptRegistry, TemplateRole};
 use crate::providers::ModelRoute;
+use crate::providers::conversation::{Message, ToolCall};
+use crate::providers::tool_calling::{ModelTurn, ToolCallingModel, TurnOptions};
 use contracts::duo_workflow::{NewCheckpoint, StartWorkflowRequest, approval};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
@@ -226,10 +228,11 @@ impl From<LinkError> for RunError {
     }
 }
 
-impl From<GitLabError> for RunError {
-    fn from(err: GitLabError) -> Self {
+impl From<MonolithApiError> for RunError {
+    fn from(err: MonolithApiError) -> Self {
         match err {
-            GitLabError::Link(link) => link.into(),
+            MonolithApiError::Link(link) => link.into(),
+            // GitLab's name for this failure, as callers see it.
             other => Self::failure("GitLabError", other),
         }
     }
@@ -239,7 +242,7 @@ impl From<GitLabError> for RunError {
 pub struct Run {
     services: Arc<Services>,
     link: ExecutorLink,
-    gitlab: GitLab,
+    monolith: MonolithApi,
     workflow_id: String,
     flow: Flow,
     record: WorkflowRecord,
@@ -291,8 +294,8 @@ impl Run {
                 start.workflow_id.chars().take(40).collect::<String>()
             )));
         }
-        let gitlab = GitLab::new(link.clone(), services.config.http_retry_base);
-        let record = match gitlab.workflow(&workflow_id).await {
+        let monolith = MonolithApi::new(link.clone(), services.config.http_retry_base);
+        let record = match monolith.workflow(&workflow_id).await {
             Ok(record) => record,
             Err(err) if err.status() == Some(404) => {
                 return Err(RunError::InvalidArgument(format!(
@@ -308,10 +311,10 @@ impl Run {
         let latest = if event == "start" {
             None
         } else {
-            gitlab.latest_checkpoint(&workflow_id).await?
+            monolith.latest_checkpoint(&workflow_id).await?
         };
         let writer = CheckpointWriter::start(
-            gitlab.clone(),
+            monolith.clone(),
             workflow_id.clone(),
             latest.as_ref().map(|c| c.thread_ts.clone()),
             services.config.checkpoint_interval,
@@ -333,7 +336,7 @@ impl Run {
             additional_context: additional_context_text(&start),
             services,
             link,
-            gitlab,
+            monolith,
             workflow_id,
             flow,
             record,
@@ -365,7 +368,7 @@ impl Run {
             return Ok(RunOutcome::Paused(run.state.status));
         }
         run.apply_user_decision(&start)?;
-        match run.gitlab.status_event(&run.workflow_id, event).await {
+        match run.monolith.status_event(&run.workflow_id, event).await {
             Ok(()) => {}
             Err(err) if err.status() == Some(403) => {
                 return Err(RunError::PermissionDenied(err.message()));
@@ -506,7 +509,7 @@ impl Run {
                     WorkflowStatus::InputRequired => "require_input",
                     _ => "require_tool_call_approval",
                 };
-                if let Err(err) = self.gitlab.status_event(&self.workflow_id, event).await {
+                if let Err(err) = self.monolith.status_event(&self.workflow_id, event).await {
                     return self.fail(err.into()).await;
                 }
                 self.persist("loop").await?;
@@ -535,7 +538,10 @@ impl Run {
                 return self.fail(err.into()).await;
             }
             if self.state.status == WorkflowStatus::Completed
-                && let Err(err) = self.gitlab.status_event(&self.workflow_id, "finish").await
+                && let Err(err) = self
+                    .monolith
+                    .status_event(&self.workflow_id, "finish")
+                    .await
             {
                 return self.fail(err.into()).await;
             }
@@ -554,7 +560,9 @@ impl Run {
         self.state.status = WorkflowStatus::Cancelled;
         self.state.next_node = None;
         self.persist("loop").await?;
-        self.gitlab.status_event(&self.workflow_id, "stop").await?;
+        self.monolith
+            .status_event(&self.workflow_id, "stop")
+            .await?;
         Ok(RunOutcome::Stopped)
     }
 
@@ -567,7 +575,7 @@ impl Run {
         tracing::warn!(workflow_id = %self.workflow_id, error = %err, "workflow failed");
         self.state.status = WorkflowStatus::Error;
         let _ = self.persist("loop").await;
-        let _ = self.gitlab.status_event(&self.workflow_id, "drop").await;
+        let _ = self.monolith.status_event(&self.workflow_id, "drop").await;
         Err(err)
     }
 
@@ -748,6 +756,10 @@ impl Run {
                     .map_or(&[][..], Vec::as_slice),
                 &schemas,
                 &params,
+                TurnOptions {
+                    require_call: false,
+                    feature_category: WORKFLOW_FEATURE_CATEGORY,
+                },
             )
             .await
             .map_err(|e| RunError::failure("ModelError", e))?;
@@ -915,7 +927,7 @@ impl Run {
                     tools::run_executor_tool(&self.link, &call, self.command_timeout).await?
                 }
                 ToolKind::GitLab => {
-                    tools::run_gitlab_tool(&self.gitlab, &call, self.record.project_id).await?
+                    tools::run_gitlab_tool(&self.monolith, &call, self.record.project_id).await?
                 }
                 ToolKind::Internal => {
                     let steps: Vec<String> = call.args["steps"]

@@ -8,22 +8,22 @@
 //! the service reads the workflow and stores its status and checkpoints: the
 //! service itself keeps no state. The agent is a small graph engine
 //! ([`engine`]) running the `chat` and `software_development` flows with
-//! native tool calling ([`model`]), tools mapped to actions ([`tools`]) and
+//! native tool calling ([`crate::providers::tool_calling`]), tools mapped to actions ([`tools`]) and
 //! approval interrupts. See `docs/duo-workflow.md`.
 
 pub mod auth;
 pub mod checkpoint_writer;
 pub mod engine;
-pub mod gitlab;
 pub mod link;
-pub mod model;
+pub mod model_choice;
+pub mod monolith_api;
 pub mod server;
 pub mod state;
 pub mod tools;
 
 pub use server::{ServeError, WorkflowService};
 
-use crate::app::AppState;
+use crate::app_state::AppState;
 use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]

@@ -4,7 +4,7 @@
 use super::auth::{HEADER_MODEL_METADATA, MintedToken, WorkflowAuth, WorkflowCaller, may_run_flow};
 use super::engine::{Flow, Run, RunError, Services};
 use super::link::{ExecutorLink, MAX_ACTION_BYTES};
-use super::model::{AgentModelMetadata, ModelChoice};
+use super::model_choice::{AgentModelMetadata, ModelChoice};
 use super::tools::CATALOGUE;
 use contracts::duo_workflow::duo_workflow_server::{DuoWorkflow, DuoWorkflowServer};
 use contracts::duo_workflow::{

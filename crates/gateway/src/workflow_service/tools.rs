@@ -2,10 +2,10 @@
 //! to, and how each becomes an executor action or a GitLab API call made
 //! through the executor (`runHTTPRequest`) with the user's permissions.
 
-use super::gitlab::{GitLab, GitLabError};
 use super::link::{ExecutorLink, LinkError};
-use super::model::ToolSchema;
-use super::state::ToolCall;
+use super::monolith_api::{MonolithApi, MonolithApiError};
+use crate::providers::conversation::ToolCall;
+use crate::providers::tool_calling::ToolSchema;
 use contracts::duo_workflow::{
     EditFile, FindFiles, Grep, ListDirectory, Mkdir, ReadFile, ReadFiles, RunCommandAction,
     WriteFile, action, action_response,
@@ -621,7 +621,7 @@ pub fn gitlab_request(
 /// Runs a GitLab tool through the executor with the user's token; GitLab's
 /// refusals go back to the model.
 pub async fn run_gitlab_tool(
-    gitlab: &GitLab,
+    monolith: &MonolithApi,
     call: &ToolCall,
     default_project: Option<i64>,
 ) -> Result<ToolResult, LinkError> {
@@ -630,13 +630,13 @@ pub async fn run_gitlab_tool(
         Err(reason) => return Ok(ToolResult::error(reason)),
     };
     let body = body.as_ref().map(Value::to_string);
-    match gitlab.request(method, &path, body.as_deref()).await {
+    match monolith.request(method, &path, body.as_deref()).await {
         Ok(reply) if (200..300).contains(&reply.status) => Ok(ToolResult::ok(truncate(reply.body))),
         Ok(reply) => Ok(ToolResult::error(truncate(format!(
             "GitLab answered {}: {}",
             reply.status, reply.body
         )))),
-        Err(GitLabError::Link(err)) => Err(err),
+        Err(MonolithApiError::Link(err)) => Err(err),
         Err(err) => Ok(ToolResult::error(err.to_string())),
     }
 }

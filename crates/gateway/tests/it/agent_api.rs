@@ -7,21 +7,16 @@
     reason = "a failed fixture fails the test"
 )]
 
-use crate::agent_common;
+use crate::app_support::{TEST_SCOPES, test_identity};
+use crate::scripted_support::{ScriptedModel, config, registry};
 
-use actix_web::dev::Service;
-use actix_web::{App, HttpMessage, test, web};
-use agent_common::{ScriptedModel, config, registry};
+use actix_web::middleware::from_fn;
+use actix_web::{App, test, web};
 use contracts::AgentEvent;
 use contracts::events::parse_event_line;
-use gateway::auth::GatewayUser;
 use gateway::providers::{ChatModel, ProviderError};
 use serde_json::{Value, json};
 use std::sync::Arc;
-
-/// Test-only stand-in for the auth middleware: `x-test-scopes` lists the
-/// caller's scopes (`debug` for a debug user).
-const SCOPES: &str = "x-test-scopes";
 
 struct Reply {
     status: u16,
@@ -42,9 +37,21 @@ impl Reply {
     }
 }
 
+/// `POST /v2/chat/agent` from a caller with these scopes (`*`: a debug user).
 async fn call(
     model: Arc<ScriptedModel>,
     scopes: &str,
+    body: Value,
+    headers: &[(&str, &str)],
+    env: &[(&str, &str)],
+) -> Reply {
+    call_as(model, Some(scopes), body, headers, env).await
+}
+
+/// [`call`]; `None` is a request nobody authenticated.
+async fn call_as(
+    model: Arc<ScriptedModel>,
+    scopes: Option<&str>,
     body: Value,
     headers: &[(&str, &str)],
     env: &[(&str, &str)],
@@ -55,29 +62,16 @@ async fn call(
             .app_data(web::Data::new(config(env)))
             .app_data(web::Data::new(registry()))
             .app_data(web::Data::from(chat_model))
-            .wrap_fn(|req, srv| {
-                let scopes = req
-                    .headers()
-                    .get(SCOPES)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_owned);
-                if let Some(scopes) = scopes {
-                    let user = if scopes == "debug" {
-                        GatewayUser::debug()
-                    } else {
-                        GatewayUser::with_scopes(scopes.split(',').filter(|s| !s.is_empty()))
-                    };
-                    req.extensions_mut().insert(user);
-                }
-                srv.call(req)
-            })
+            .wrap(from_fn(test_identity))
             .configure(gateway::api::agent::configure),
     )
     .await;
     let mut req = test::TestRequest::post()
         .uri("/v2/chat/agent")
-        .insert_header((SCOPES, scopes))
         .set_payload(body.to_string());
+    if let Some(scopes) = scopes {
+        req = req.insert_header((TEST_SCOPES, scopes));
+    }
     for (k, v) in headers {
         req = req.insert_header((*k, *v));
     }
@@ -362,7 +356,7 @@ async fn unprocessable_requests() {
     // (A development caller: the endpoint needs no token vouching for it,
     // see model_endpoints.rs for the rule with real tokens.)
     let scripted = model(&["Final Answer: ok"]);
-    let reply = call(scripted.clone(), "debug", body, &[], &env).await;
+    let reply = call(scripted.clone(), "*", body, &[], &env).await;
     assert_eq!(reply.status, 200);
     assert_eq!(
         scripted.calls()[0]
@@ -376,21 +370,8 @@ async fn unprocessable_requests() {
 
 #[actix_web::test]
 async fn missing_user_is_401() {
-    let chat_model: Arc<dyn ChatModel> = model(&[]);
-    let app = test::init_service(
-        App::new()
-            .app_data(web::Data::new(config(&[])))
-            .app_data(web::Data::new(registry()))
-            .app_data(web::Data::from(chat_model))
-            .configure(gateway::api::agent::configure),
-    )
-    .await;
-    let req = test::TestRequest::post()
-        .uri("/v2/chat/agent")
-        .set_payload(question("q").to_string())
-        .to_request();
-    let resp = test::call_service(&app, req).await;
-    assert_eq!(resp.status().as_u16(), 401);
+    let reply = call_as(model(&[]), None, question("q"), &[], &[]).await;
+    assert_eq!(reply.status, 401);
 }
 
 #[actix_web::test]
@@ -436,19 +417,6 @@ async fn the_body_is_validated_before_any_scope_check() {
 
 #[actix_web::test]
 async fn a_missing_caller_is_401_before_the_body_is_validated() {
-    let chat_model: Arc<dyn ChatModel> = model(&[]);
-    let app = test::init_service(
-        App::new()
-            .app_data(web::Data::new(config(&[])))
-            .app_data(web::Data::new(registry()))
-            .app_data(web::Data::from(chat_model))
-            .configure(gateway::api::agent::configure),
-    )
-    .await;
-    let req = test::TestRequest::post()
-        .uri("/v2/chat/agent")
-        .set_payload(json!({"messages": []}).to_string())
-        .to_request();
-    let resp = test::call_service(&app, req).await;
-    assert_eq!(resp.status().as_u16(), 401);
+    let reply = call_as(model(&[]), None, json!({"messages": []}), &[], &[]).await;
+    assert_eq!(reply.status, 401);
 }

@@ -6,13 +6,13 @@
     reason = "a failed fixture fails the test"
 )]
 
-use crate::agent_common;
+use crate::scripted_support;
 
-use agent_common::{config, registry};
 use contracts::AgentRequest;
 use gateway::auth::GatewayUser;
 use gateway::chat::agent::{ClientInfo, prepare};
 use gateway::providers::{ChatRole, ModelCall};
+use scripted_support::{config, registry};
 use std::time::Duration;
 
 fn render(call: &ModelCall) -> String {

@@ -1,25 +1,18 @@
 //! App-wide behaviour over real HTTP: health, readiness, metrics, headers,
 //! body rules and the JSON 404.
-#![expect(clippy::unwrap_used, reason = "test helpers fail loudly")]
 
 use crate::app_support;
 
-use app_support::{closed_port_url, spawn_gateway, spawn_upstream};
-use gateway::Config;
+use app_support::{local_model_config, offline_config, spawn_gateway, spawn_upstream};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-fn local_default(url: &str) -> Config {
-    Config::for_tests(&[
-        ("AIGW_LOCAL_LLM__URL", &format!("{url}/v1")),
-        ("AIGW_MAX_REQUEST_BODY_BYTES", "1024"),
-    ])
-    .unwrap()
-}
+/// Small bodies, to test the body rules cheaply.
+const SMALL_BODIES: &[(&str, &str)] = &[("AIGW_MAX_REQUEST_BODY_BYTES", "1024")];
 
 #[actix_web::test]
 async fn healthz_answers_with_timing_and_request_id_headers() {
-    let gw = spawn_gateway(local_default(&closed_port_url()));
+    let gw = spawn_gateway(offline_config(SMALL_BODIES));
     let client = reqwest::Client::new();
     let resp = client
         .get(format!("{gw}/monitoring/healthz"))
@@ -43,7 +36,7 @@ async fn healthz_answers_with_timing_and_request_id_headers() {
 
 #[actix_web::test]
 async fn unknown_routes_are_json_404() {
-    let gw = spawn_gateway(local_default(&closed_port_url()));
+    let gw = spawn_gateway(offline_config(SMALL_BODIES));
     let resp = reqwest::get(format!("{gw}/no/such/route")).await.unwrap();
     assert_eq!(resp.status().as_u16(), 404);
     assert!(resp.headers().get("x-process-time").is_some());
@@ -55,7 +48,7 @@ async fn unknown_routes_are_json_404() {
 
 #[actix_web::test]
 async fn ready_probes_the_local_model_server() {
-    let down = spawn_gateway(local_default(&closed_port_url()));
+    let down = spawn_gateway(offline_config(SMALL_BODIES));
     let resp = reqwest::get(format!("{down}/monitoring/ready"))
         .await
         .unwrap();
@@ -66,7 +59,7 @@ async fn ready_probes_the_local_model_server() {
     );
 
     let upstream = spawn_upstream();
-    let up = spawn_gateway(local_default(&upstream.url));
+    let up = spawn_gateway(local_model_config(&upstream.url, SMALL_BODIES));
     let resp = reqwest::get(format!("{up}/monitoring/ready"))
         .await
         .unwrap();
@@ -82,7 +75,7 @@ async fn ready_probes_the_local_model_server() {
 
 #[actix_web::test]
 async fn metrics_use_route_patterns_as_handler_labels() {
-    let gw = spawn_gateway(local_default(&closed_port_url()));
+    let gw = spawn_gateway(offline_config(SMALL_BODIES));
     reqwest::get(format!("{gw}/monitoring/healthz"))
         .await
         .unwrap();
@@ -111,7 +104,7 @@ async fn metrics_use_route_patterns_as_handler_labels() {
 
 #[actix_web::test]
 async fn malformed_and_mistyped_json_is_422() {
-    let gw = spawn_gateway(local_default(&closed_port_url()));
+    let gw = spawn_gateway(offline_config(SMALL_BODIES));
     let client = reqwest::Client::new();
     for body in ["{not json", r#"{"count": "three"}"#, "{}"] {
         let resp = client
@@ -136,7 +129,7 @@ async fn malformed_and_mistyped_json_is_422() {
 
 #[actix_web::test]
 async fn oversized_json_is_413() {
-    let gw = spawn_gateway(local_default(&closed_port_url()));
+    let gw = spawn_gateway(offline_config(SMALL_BODIES));
     let resp = reqwest::Client::new()
         .post(format!("{gw}/test/typed-json"))
         .json(&json!({"count": 3, "pad": "x".repeat(2000)}))

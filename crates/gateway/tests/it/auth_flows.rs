@@ -4,15 +4,13 @@
 // Helpers outside `#[test]` functions are test code too.
 #![expect(clippy::unwrap_used, reason = "test helpers fail loudly by design")]
 
+use crate::app_support::closed_port_url;
+use crate::key_support::{TestKey, generate_key, now};
 use actix_web::{App, HttpResponse, HttpServer, test as atest, web};
-use aws_lc_rs::encoding::AsDer;
-use aws_lc_rs::rsa::{KeyPair as RsaKeyPair, KeySize};
-use aws_lc_rs::signature::KeyPair as _;
 use base64::Engine;
-use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use gateway::auth::{AuthError, Authenticator, GatewayUser};
 use gateway::{ApiError, Config};
-use jsonwebtoken::jwk::Jwk;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{Value, json};
 use std::net::TcpListener;
@@ -25,59 +23,9 @@ const REALM: &str = "self-managed";
 const INSTANCE: &str = "instance-1";
 const ISSUER: &str = "http://gitlab.example";
 
-struct TestKey {
-    private_pem: String,
-    public_pem: String,
-}
-
-fn pem(label: &str, der: &[u8]) -> String {
-    let body = STANDARD.encode(der);
-    let lines: Vec<&str> = body
-        .as_bytes()
-        .chunks(64)
-        .map(|c| std::str::from_utf8(c).unwrap())
-        .collect();
-    format!(
-        "-----BEGIN {label}-----\n{}\n-----END {label}-----\n",
-        lines.join("\n")
-    )
-}
-
-fn generate_key() -> TestKey {
-    let pair = RsaKeyPair::generate(KeySize::Rsa2048).unwrap();
-    let private = AsDer::<aws_lc_rs::encoding::Pkcs8V1Der>::as_der(&pair).unwrap();
-    let public = AsDer::<aws_lc_rs::encoding::PublicKeyX509Der>::as_der(pair.public_key()).unwrap();
-    TestKey {
-        private_pem: pem("PRIVATE KEY", private.as_ref()),
-        public_pem: pem("PUBLIC KEY", public.as_ref()),
-    }
-}
-
 static KEY_A: LazyLock<TestKey> = LazyLock::new(generate_key);
 static KEY_B: LazyLock<TestKey> = LazyLock::new(generate_key);
 static LOCAL_KEY: LazyLock<TestKey> = LazyLock::new(generate_key);
-
-impl TestKey {
-    fn jwk(&self, kid: &str) -> Value {
-        let encoding = EncodingKey::from_rsa_pem(self.private_pem.as_bytes()).unwrap();
-        let mut jwk = Jwk::from_encoding_key(&encoding, Algorithm::RS256).unwrap();
-        jwk.common.key_id = Some(kid.to_owned());
-        let mut value = serde_json::to_value(jwk).unwrap();
-        value["use"] = json!("sig");
-        value
-    }
-
-    fn sign(&self, kid: Option<&str>, claims: &Value) -> String {
-        let mut header = Header::new(Algorithm::RS256);
-        header.kid = kid.map(str::to_owned);
-        let key = EncodingKey::from_rsa_pem(self.private_pem.as_bytes()).unwrap();
-        jsonwebtoken::encode(&header, claims, &key).unwrap()
-    }
-}
-
-fn now() -> i64 {
-    jsonwebtoken::get_current_timestamp() as i64
-}
 
 /// Claims of a valid instance token, with `overrides` merged in (null removes).
 fn claims(overrides: Value) -> Value {
@@ -168,14 +116,6 @@ impl Issuer {
 
 fn jwks(keys: &[(&TestKey, &str)]) -> Value {
     json!({"keys": keys.iter().map(|(k, kid)| k.jwk(kid)).collect::<Vec<_>>()})
-}
-
-/// A URL nothing listens on.
-fn closed_url() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    drop(listener);
-    url
 }
 
 fn authenticator(vars: &[(&str, &str)]) -> Authenticator {
@@ -343,7 +283,7 @@ async fn unknown_kid_is_refused_after_a_refetch() {
 #[actix_web::test]
 async fn an_unreachable_issuer_does_not_hide_the_others() {
     let issuer = Issuer::start(jwks(&[(&KEY_A, "a")]));
-    let dead = closed_url();
+    let dead = closed_port_url();
     let auth = authenticator(&[
         ("AIGW_GITLAB_URL", &dead),
         ("AIGW_CUSTOMER_PORTAL_URL", &issuer.url),
@@ -354,7 +294,7 @@ async fn an_unreachable_issuer_does_not_hide_the_others() {
 
 #[actix_web::test]
 async fn no_keys_at_all_is_a_server_error() {
-    let auth = authenticator(&[("AIGW_GITLAB_URL", &closed_url())]);
+    let auth = authenticator(&[("AIGW_GITLAB_URL", &closed_port_url())]);
     let token = KEY_A.sign(Some("a"), &claims(json!({})));
     let err = auth.authenticate(&headers(&token)).await.unwrap_err();
     assert!(matches!(err, AuthError::NoKeys), "{err:?}");
@@ -364,7 +304,7 @@ async fn no_keys_at_all_is_a_server_error() {
 
 fn local_key_authenticator() -> Authenticator {
     authenticator(&[
-        ("AIGW_GITLAB_URL", &closed_url()),
+        ("AIGW_GITLAB_URL", &closed_port_url()),
         ("AIGW_SELF_SIGNED_JWT__SIGNING_KEY", &LOCAL_KEY.private_pem),
     ])
 }
@@ -502,7 +442,7 @@ async fn header_checks_come_first() {
 #[actix_web::test]
 async fn bypass_modes() {
     let everyone = authenticator(&[
-        ("AIGW_GITLAB_URL", &closed_url()),
+        ("AIGW_GITLAB_URL", &closed_port_url()),
         ("AIGW_AUTH__BYPASS_EXTERNAL", "true"),
     ]);
     let user = everyone
@@ -513,7 +453,7 @@ async fn bypass_modes() {
     assert!(user.can_str("anything_at_all"));
 
     let with_header = authenticator(&[
-        ("AIGW_GITLAB_URL", &closed_url()),
+        ("AIGW_GITLAB_URL", &closed_port_url()),
         ("AIGW_AUTH__BYPASS_EXTERNAL_WITH_HEADER", "true"),
     ]);
     let mut h = http::HeaderMap::new();
@@ -530,7 +470,7 @@ async fn bypass_modes() {
     assert!(with_header.authenticate(&h).await.unwrap().is_debug);
 
     // Without the setting, the header means nothing.
-    let strict = authenticator(&[("AIGW_GITLAB_URL", &closed_url())]);
+    let strict = authenticator(&[("AIGW_GITLAB_URL", &closed_port_url())]);
     assert_eq!(
         message(&strict, &h).await,
         "No authorization header presented"
@@ -540,7 +480,7 @@ async fn bypass_modes() {
 #[actix_web::test]
 async fn signature_bypass_still_checks_algorithm_audience_and_time() {
     let auth = authenticator(&[
-        ("AIGW_GITLAB_URL", &closed_url()),
+        ("AIGW_GITLAB_URL", &closed_port_url()),
         ("AIGW_AUTH__BYPASS_JWT_SIGNATURE", "true"),
     ]);
     // Signed by a key nobody knows: accepted, and no key set is needed.
@@ -629,7 +569,7 @@ fn request(path: &str, headers: &http::HeaderMap) -> atest::TestRequest {
 
 #[actix_web::test]
 async fn middleware_lets_health_and_metrics_through_and_guards_the_rest() {
-    let auth = authenticator(&[("AIGW_GITLAB_URL", &closed_url())]);
+    let auth = authenticator(&[("AIGW_GITLAB_URL", &closed_port_url())]);
     let app = app!(auth);
     for path in ["/monitoring/healthz", "/monitoring/ready", "/metrics"] {
         let resp =
@@ -752,7 +692,7 @@ async fn every_401_message_through_the_middleware() {
 
 #[actix_web::test]
 async fn middleware_answers_500_without_keys() {
-    let app = app!(authenticator(&[("AIGW_GITLAB_URL", &closed_url())]));
+    let app = app!(authenticator(&[("AIGW_GITLAB_URL", &closed_port_url())]));
     let token = KEY_A.sign(Some("a"), &claims(json!({})));
     let resp =
         atest::call_service(&app, request("/v1/whoami", &headers(&token)).to_request()).await;

@@ -5,9 +5,8 @@
 
 use crate::app_support;
 
-use app_support::{TEST_SCOPES, closed_port_url, spawn_gateway};
+use app_support::{TEST_SCOPES, offline_config, spawn_gateway};
 use bytes::Bytes;
-use gateway::Config;
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
@@ -20,14 +19,7 @@ const ENDPOINTS: [&str; 3] = [
 ];
 
 fn gateway() -> String {
-    let local = format!("{}/v1", closed_port_url());
-    spawn_gateway(
-        Config::for_tests(&[
-            ("AIGW_LOCAL_LLM__URL", local.as_str()),
-            ("AIGW_MAX_REQUEST_BODY_BYTES", "1024"),
-        ])
-        .unwrap(),
-    )
+    spawn_gateway(offline_config(&[("AIGW_MAX_REQUEST_BODY_BYTES", "1024")]))
 }
 
 /// Valid JSON for any of the endpoints, padded past the limit.

@@ -4,9 +4,9 @@
 
 use fake_provider::FakeProvider;
 use gateway::Config;
-use serde_json::{Value, json};
+use serde_json::json;
 
-use crate::app_support::{TEST_SCOPES, spawn_gateway};
+use crate::app_support::{post_json, spawn_gateway};
 
 fn gateway(fake: &FakeProvider, model: &str, batch: &str) -> String {
     let base = fake.openai_base_url();
@@ -19,18 +19,6 @@ fn gateway(fake: &FakeProvider, model: &str, batch: &str) -> String {
         ])
         .unwrap(),
     )
-}
-
-async fn post(gw: &str, path: &str, scopes: &str, body: Value) -> (u16, Value) {
-    let resp = reqwest::Client::new()
-        .post(format!("{gw}{path}"))
-        .header(TEST_SCOPES, scopes)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
 }
 
 fn embedding_calls(fake: &FakeProvider) -> Vec<usize> {
@@ -48,11 +36,11 @@ async fn texts_come_back_as_vectors_in_order_in_batches() {
     let fake = FakeProvider::start().await.unwrap();
     let gw = gateway(&fake, "fake-bow-minilm", "2");
     let contents: Vec<String> = (0..5).map(|i| format!("fn item_{i}() {{}}")).collect();
-    let (status, body) = post(
+    let (status, body) = post_json(
         &gw,
         "/v1/embeddings/code_embeddings/index",
         SCOPE,
-        json!({ "contents": contents }),
+        &json!({ "contents": contents }),
     )
     .await;
     assert_eq!(status, 200, "{body}");
@@ -72,11 +60,11 @@ async fn texts_come_back_as_vectors_in_order_in_batches() {
         "/v1/embeddings/code_embeddings/search",
         "/v1/embeddings/code_embeddings",
     ] {
-        let (status, body) = post(
+        let (status, body) = post_json(
             &gw,
             path,
             SCOPE,
-            json!({ "contents": ["where is the rate limit"] }),
+            &json!({ "contents": ["where is the rate limit"] }),
         )
         .await;
         assert_eq!(status, 200, "{path}: {body}");
@@ -89,11 +77,11 @@ async fn a_batch_the_model_finds_too_long_is_halved() {
     let fake = FakeProvider::start().await.unwrap();
     let gw = gateway(&fake, "fake-max-batch-2", "8");
     let contents: Vec<String> = (0..7).map(|i| format!("text {i}")).collect();
-    let (status, body) = post(
+    let (status, body) = post_json(
         &gw,
         "/v1/embeddings/code_embeddings/index",
         SCOPE,
-        json!({ "contents": contents }),
+        &json!({ "contents": contents }),
     )
     .await;
     assert_eq!(status, 200, "{body}");
@@ -103,11 +91,11 @@ async fn a_batch_the_model_finds_too_long_is_halved() {
 
     // One text over the limit is the caller's problem, said plainly.
     let gw = gateway(&fake, "fake-max-batch-0", "8");
-    let (status, body) = post(
+    let (status, body) = post_json(
         &gw,
         "/v1/embeddings/code_embeddings/index",
         SCOPE,
-        json!({ "contents": ["x"] }),
+        &json!({ "contents": ["x"] }),
     )
     .await;
     assert_eq!(
@@ -124,7 +112,7 @@ async fn failures_and_refusals() {
     let fake = FakeProvider::start().await.unwrap();
     let gw = gateway(&fake, "fake-bow", "8");
     let path = "/v1/embeddings/code_embeddings/index";
-    let (status, body) = post(&gw, path, "duo_chat", json!({ "contents": ["x"] })).await;
+    let (status, body) = post_json(&gw, path, "duo_chat", &json!({ "contents": ["x"] })).await;
     assert_eq!(
         (status, body),
         (
@@ -138,24 +126,24 @@ async fn failures_and_refusals() {
         json!({ "contents": ["  "] }),
         json!({ "contents": "x" }),
     ] {
-        let (status, _) = post(&gw, path, SCOPE, bad.clone()).await;
+        let (status, _) = post_json(&gw, path, SCOPE, &bad.clone()).await;
         assert_eq!(status, 422, "{bad}");
     }
     let too_many: Vec<String> = (0..1001).map(|i| i.to_string()).collect();
-    let (status, _) = post(&gw, path, SCOPE, json!({ "contents": too_many })).await;
+    let (status, _) = post_json(&gw, path, SCOPE, &json!({ "contents": too_many })).await;
     assert_eq!(status, 422);
 
     // A failing model is retried once, then reported.
     fake.reset();
     fake.set_embeddings_failing(true);
-    let (status, _) = post(&gw, path, SCOPE, json!({ "contents": ["x"] })).await;
+    let (status, _) = post_json(&gw, path, SCOPE, &json!({ "contents": ["x"] })).await;
     assert_eq!(status, 421);
     assert_eq!(embedding_calls(&fake).len(), 2);
     fake.set_embeddings_failing(false);
-    let (status, _) = post(&gw, path, SCOPE, json!({ "contents": ["x"] })).await;
+    let (status, _) = post_json(&gw, path, SCOPE, &json!({ "contents": ["x"] })).await;
     assert_eq!(status, 200);
 
     let rate_limited = gateway(&fake, "fake-overloaded", "8");
-    let (status, _) = post(&rate_limited, path, SCOPE, json!({ "contents": ["x"] })).await;
+    let (status, _) = post_json(&rate_limited, path, SCOPE, &json!({ "contents": ["x"] })).await;
     assert_eq!(status, 429);
 }

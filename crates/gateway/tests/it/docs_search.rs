@@ -8,8 +8,7 @@
 
 use crate::app_support;
 
-use app_support::{TEST_SCOPES, closed_port_url, spawn_gateway};
-use gateway::Config;
+use app_support::{offline_config, post_json, spawn_gateway};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 use std::path::PathBuf;
@@ -25,25 +24,13 @@ fn docs_dir() -> String {
 
 fn gateway_with(extra: &[(&str, &str)]) -> String {
     let docs = docs_dir();
-    let local = format!("{}/v1", closed_port_url());
-    let mut env = vec![
-        ("AIGW_DOCS__DIR", docs.as_str()),
-        ("AIGW_LOCAL_LLM__URL", local.as_str()),
-    ];
+    let mut env = vec![("AIGW_DOCS__DIR", docs.as_str())];
     env.extend_from_slice(extra);
-    spawn_gateway(Config::for_tests(&env).unwrap())
+    spawn_gateway(offline_config(&env))
 }
 
 async fn post(gw: &str, scopes: &str, body: Value) -> (u16, Value) {
-    let resp = reqwest::Client::new()
-        .post(format!("{gw}{PATH}"))
-        .header(TEST_SCOPES, scopes)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap())
+    post_json(gw, PATH, scopes, &body).await
 }
 
 fn search(query: &str) -> Value {
@@ -114,7 +101,7 @@ async fn page_size_is_honoured_and_capped() {
     let (_, many) = post(&gw, "documentation_search", body).await;
     assert_eq!(
         many["response"]["results"].as_array().unwrap().len(),
-        gateway::search::MAX_RESULTS
+        gateway::docs_search::MAX_RESULTS
     );
 }
 
@@ -194,14 +181,7 @@ async fn response_body_snapshot() {
     )
     .unwrap();
     let docs_path = docs.display().to_string();
-    let local = format!("{}/v1", closed_port_url());
-    let gw = spawn_gateway(
-        Config::for_tests(&[
-            ("AIGW_DOCS__DIR", docs_path.as_str()),
-            ("AIGW_LOCAL_LLM__URL", local.as_str()),
-        ])
-        .unwrap(),
-    );
+    let gw = spawn_gateway(offline_config(&[("AIGW_DOCS__DIR", docs_path.as_str())]));
     let mut request = search("how do I rotate a token?");
     request["payload"]["page_size"] = json!(1);
     let (status, body) = post(&gw, "documentation_search", request).await;

@@ -4,8 +4,9 @@
 // Tests fail loudly by design; the shared support modules do too.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod agent_common;
 mod app_support;
+mod key_support;
+mod scripted_support;
 mod stream_support;
 mod workflow_support;
 
@@ -14,6 +15,7 @@ mod agent_native;
 mod agent_prompt;
 mod agent_stream;
 mod app_health;
+mod architecture;
 mod auth_flows;
 mod body_limits;
 mod code_embeddings;

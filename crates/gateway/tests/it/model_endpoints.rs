@@ -5,7 +5,7 @@
 //! workflow service's `x-gitlab-agent-platform-model-metadata`), with real
 //! RS256 tokens checked against the monolith double's JWKS.
 
-use crate::workflow_support::{self as support, Monolith, Service};
+use crate::workflow_support::{self as support, CHAT_SCOPES, Monolith};
 use fake_provider::FakeProvider;
 use serde_json::{Value, json};
 use tonic::Code;
@@ -13,16 +13,26 @@ use tonic::Code;
 const GATEWAY_OPENAI_KEY: &str = "sk-gateway-openai-secret";
 const GATEWAY_ANTHROPIC_KEY: &str = "sk-gateway-anthropic-secret";
 const PROMPT_SCOPES: &[&str] = &["explain_code", "duo_chat", "generate_embeddings_codebase"];
-const CHAT_SCOPES: &[&str] = &["duo_chat", "duo_agent_platform"];
+/// Where a prompt names its model in the body.
+const EXPLAIN_CODE: &str = "/v1/prompts/chat/explain_code";
 
 /// The gateway as it runs (real authentication), on 127.0.0.1:0.
 fn spawn_gateway(config: gateway::Config) -> String {
-    let state = gateway::app::AppState::build(config).unwrap();
+    let state = gateway::app_state::AppState::build(config).unwrap();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let address = listener.local_addr().unwrap();
     let server = gateway::app::build_server(state, listener).unwrap();
     actix_web::rt::spawn(server);
     format!("http://{address}")
+}
+
+/// The gateway (see [`gateway_vars`]) checking tokens against `monolith`.
+fn spawn_gateway_with(
+    monolith: &Monolith,
+    own: &FakeProvider,
+    extra: &[(&'static str, String)],
+) -> String {
+    spawn_gateway(support::config(monolith, &gateway_vars(own, extra)))
 }
 
 /// The gateway with its own keys for both providers (at `own`) and custom
@@ -73,6 +83,13 @@ async fn post(gateway: &str, path: &str, token: &str, body: &Value) -> (u16, Val
     )
 }
 
+/// `chat/explain_code` naming `endpoint` as its model, with a token that
+/// vouches for `vouched`.
+async fn explain_vouched(gateway: &str, vouched: &str, endpoint: &str) -> (u16, Value) {
+    let token = support::monolith_token_vouching(PROMPT_SCOPES, &[vouched]);
+    post(gateway, EXPLAIN_CODE, &token, &explain_body(endpoint, None)).await
+}
+
 /// Every credential-looking header the fake provider received.
 fn credentials_seen(fake: &FakeProvider) -> Vec<String> {
     fake.requests()
@@ -88,14 +105,14 @@ async fn a_prompt_may_name_only_an_endpoint_its_token_vouches_for() {
     let own = FakeProvider::start().await.unwrap();
     let named = FakeProvider::start().await.unwrap();
     let monolith = Monolith::start();
-    let gateway = spawn_gateway(support::config(&monolith, &gateway_vars(&own, &[])));
+    let gateway = spawn_gateway_with(&monolith, &own, &[]);
     let endpoint = named.openai_base_url();
 
     // A bare body field: refused, nothing is called anywhere.
     let token = support::monolith_token(PROMPT_SCOPES);
     let (status, body) = post(
         &gateway,
-        "/v1/prompts/chat/explain_code",
+        EXPLAIN_CODE,
         &token,
         &explain_body(&endpoint, None),
     )
@@ -112,14 +129,7 @@ async fn a_prompt_may_name_only_an_endpoint_its_token_vouches_for() {
 
     // Vouched, without a key: called, and with no key of the gateway's.
     named.push_text("It prints nothing.");
-    let vouched = support::monolith_token_vouching(PROMPT_SCOPES, &[endpoint.as_str()]);
-    let (status, body) = post(
-        &gateway,
-        "/v1/prompts/chat/explain_code",
-        &vouched,
-        &explain_body(&format!("{endpoint}/"), None),
-    )
-    .await;
+    let (status, body) = explain_vouched(&gateway, &endpoint, &format!("{endpoint}/")).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body, json!("It prints nothing."));
     assert_eq!(named.requests().len(), 1);
@@ -127,9 +137,10 @@ async fn a_prompt_may_name_only_an_endpoint_its_token_vouches_for() {
 
     // With the caller's own key: that key, still never the gateway's.
     named.push_text("Still nothing.");
+    let vouched = support::monolith_token_vouching(PROMPT_SCOPES, &[endpoint.as_str()]);
     let (status, _) = post(
         &gateway,
-        "/v1/prompts/chat/explain_code",
+        EXPLAIN_CODE,
         &vouched,
         &explain_body(&endpoint, Some("sk-the-callers-own")),
     )
@@ -144,7 +155,7 @@ async fn chat_and_embeddings_follow_the_same_rule() {
     let own = FakeProvider::start().await.unwrap();
     let named = FakeProvider::start().await.unwrap();
     let monolith = Monolith::start();
-    let gateway = spawn_gateway(support::config(&monolith, &gateway_vars(&own, &[])));
+    let gateway = spawn_gateway_with(&monolith, &own, &[]);
     let endpoint = named.openai_base_url();
     let unvouched = support::monolith_token(PROMPT_SCOPES);
 
@@ -189,15 +200,8 @@ async fn metadata_addresses_are_refused_even_when_vouched_until_allowed() {
     let own = FakeProvider::start().await.unwrap();
     let monolith = Monolith::start();
     let metadata_service = "http://169.254.169.254/latest/v1";
-    let gateway = spawn_gateway(support::config(&monolith, &gateway_vars(&own, &[])));
-    let vouched = support::monolith_token_vouching(PROMPT_SCOPES, &[metadata_service]);
-    let (status, body) = post(
-        &gateway,
-        "/v1/prompts/chat/explain_code",
-        &vouched,
-        &explain_body(metadata_service, None),
-    )
-    .await;
+    let gateway = spawn_gateway_with(&monolith, &own, &[]);
+    let (status, body) = explain_vouched(&gateway, metadata_service, metadata_service).await;
     assert_eq!(status, 403, "{body}");
     assert!(
         body["detail"].as_str().unwrap().contains("link-local"),
@@ -207,24 +211,15 @@ async fn metadata_addresses_are_refused_even_when_vouched_until_allowed() {
     // An allow-list that names other hosts refuses the rest, loopback too.
     let named = FakeProvider::start().await.unwrap();
     let endpoint = named.openai_base_url();
-    let listed = spawn_gateway(support::config(
+    let listed = spawn_gateway_with(
         &monolith,
-        &gateway_vars(
-            &own,
-            &[(
-                "AIGW_CUSTOM_MODELS__EGRESS_ALLOW_LIST",
-                "llm.internal, 10.0.0.0/8".into(),
-            )],
-        ),
-    ));
-    let vouched = support::monolith_token_vouching(PROMPT_SCOPES, &[endpoint.as_str()]);
-    let (status, body) = post(
-        &listed,
-        "/v1/prompts/chat/explain_code",
-        &vouched,
-        &explain_body(&endpoint, None),
-    )
-    .await;
+        &own,
+        &[(
+            "AIGW_CUSTOM_MODELS__EGRESS_ALLOW_LIST",
+            "llm.internal, 10.0.0.0/8".into(),
+        )],
+    );
+    let (status, body) = explain_vouched(&listed, &endpoint, &endpoint).await;
     assert_eq!(status, 403, "{body}");
     assert!(
         body["detail"].as_str().unwrap().contains("allow-list"),
@@ -241,21 +236,12 @@ async fn a_name_that_resolves_to_a_refused_address_is_not_connected_to() {
     let named = FakeProvider::start().await.unwrap();
     let monolith = Monolith::start();
     let endpoint = format!("http://localhost:{}/v1", named.addr().port());
-    let gateway = spawn_gateway(support::config(
+    let gateway = spawn_gateway_with(
         &monolith,
-        &gateway_vars(
-            &own,
-            &[("AIGW_CUSTOM_MODELS__EGRESS_ALLOW_LIST", "10.0.0.0/8".into())],
-        ),
-    ));
-    let vouched = support::monolith_token_vouching(PROMPT_SCOPES, &[endpoint.as_str()]);
-    let (status, body) = post(
-        &gateway,
-        "/v1/prompts/chat/explain_code",
-        &vouched,
-        &explain_body(&endpoint, None),
-    )
-    .await;
+        &own,
+        &[("AIGW_CUSTOM_MODELS__EGRESS_ALLOW_LIST", "10.0.0.0/8".into())],
+    );
+    let (status, body) = explain_vouched(&gateway, &endpoint, &endpoint).await;
     // The gateway's answer for a provider it cannot connect to.
     assert_eq!(status, 421, "{body}");
     assert!(
@@ -275,21 +261,17 @@ fn model_header(endpoint: &str, provider: &str) -> (&'static str, String) {
 
 #[actix_web::test]
 async fn the_workflow_service_refuses_an_unvouched_model_header() {
-    let own = FakeProvider::start().await.unwrap();
+    let (own, monolith, service) = support::harness(|own| gateway_vars(own, &[])).await;
     let named = FakeProvider::start().await.unwrap();
-    let monolith = Monolith::start();
-    let service = Service::start(support::config(&monolith, &gateway_vars(&own, &[]))).await;
     let id = monolith.create_workflow("chat", &[1, 2], &[2]);
     for provider in ["openai", "anthropic"] {
-        let refused = support::open_stream_with(
+        let refused = support::refused(
             &service,
             &support::monolith_token(CHAT_SCOPES),
             &[model_header(&named.openai_base_url(), provider)],
             support::start_event(id, "chat", "hi"),
         )
-        .await
-        .err()
-        .unwrap();
+        .await;
         assert_eq!(refused.code(), Code::PermissionDenied, "{provider}");
         assert!(
             refused
@@ -298,15 +280,13 @@ async fn the_workflow_service_refuses_an_unvouched_model_header() {
         );
     }
     let metadata_service = "http://169.254.169.254/v1";
-    let refused = support::open_stream_with(
+    let refused = support::refused(
         &service,
         &support::monolith_token_vouching(CHAT_SCOPES, &[metadata_service]),
         &[model_header(metadata_service, "openai")],
         support::start_event(id, "chat", "hi"),
     )
-    .await
-    .err()
-    .unwrap();
+    .await;
     assert_eq!(refused.code(), Code::PermissionDenied);
     assert!(named.requests().is_empty() && own.requests().is_empty());
     assert_eq!(monolith.workflow(id).events, Vec::<String>::new());
@@ -314,10 +294,8 @@ async fn the_workflow_service_refuses_an_unvouched_model_header() {
 
 #[actix_web::test]
 async fn a_vouched_workflow_endpoint_never_gets_the_gateways_keys() {
-    let own = FakeProvider::start().await.unwrap();
+    let (own, monolith, service) = support::harness(|own| gateway_vars(own, &[])).await;
     let named = FakeProvider::start().await.unwrap();
-    let monolith = Monolith::start();
-    let service = Service::start(support::config(&monolith, &gateway_vars(&own, &[]))).await;
     for (provider, endpoint) in [
         ("openai", named.openai_base_url()),
         ("anthropic", named.url()),

@@ -6,59 +6,40 @@
     reason = "test helpers fail the test on bad fixtures"
 )]
 
-use actix_web::dev::{ServerHandle, Service};
-use actix_web::{App, HttpMessage, HttpServer, web};
-use gateway::Config;
+use crate::app_support::{TEST_SCOPES, test_identity};
+use crate::scripted_support::{ScriptedModel, config};
+
+use actix_web::dev::ServerHandle;
+use actix_web::middleware::from_fn;
+use actix_web::{App, HttpServer, web};
 use gateway::api::prompts::configure;
-use gateway::auth::GatewayUser;
 use gateway::prompts::PromptRegistry;
-use gateway::providers::{ChatModel, ModelCall, ProviderError, ProviderKind, TextStream};
+use gateway::providers::{ChatModel, ProviderError, ProviderKind};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// What the scripted model does on its next call.
-#[derive(Clone)]
-enum Script {
-    /// Starts streaming and yields these items.
-    Stream(Vec<Result<String, ProviderError>>),
-    /// Fails before the first token.
-    Fail(ProviderError),
+/// A model answering with these chunks.
+fn chunks(parts: &[&str]) -> ScriptedModel {
+    ScriptedModel::answering(parts)
 }
 
-struct ScriptedModel {
-    script: Mutex<Script>,
-    calls: Mutex<Vec<ModelCall>>,
-}
-
-impl ScriptedModel {
-    fn new(script: Script) -> Arc<Self> {
-        Arc::new(Self {
-            script: Mutex::new(script),
-            calls: Mutex::new(Vec::new()),
-        })
-    }
-
-    fn calls(&self) -> Vec<ModelCall> {
-        self.calls.lock().unwrap().clone()
+/// A model that streams these items.
+fn streaming(items: Vec<Result<String, ProviderError>>) -> ScriptedModel {
+    ScriptedModel {
+        chunks: items,
+        ..ScriptedModel::default()
     }
 }
 
-#[async_trait::async_trait]
-impl ChatModel for ScriptedModel {
-    async fn stream(&self, call: ModelCall) -> Result<TextStream, ProviderError> {
-        self.calls.lock().unwrap().push(call);
-        match self.script.lock().unwrap().clone() {
-            Script::Fail(err) => Err(err),
-            Script::Stream(items) => Ok(Box::pin(futures::stream::iter(items))),
-        }
+/// A model that fails before its first token.
+fn failing(err: ProviderError) -> ScriptedModel {
+    ScriptedModel {
+        start_error: Some(err),
+        ..ScriptedModel::default()
     }
-}
-
-fn chunks(parts: &[&str]) -> Script {
-    Script::Stream(parts.iter().map(|p| Ok((*p).to_owned())).collect())
 }
 
 struct TestGateway {
@@ -70,14 +51,12 @@ struct TestGateway {
 
 impl TestGateway {
     /// Starts the endpoint with the shipped `chat/explain_code` prompt and a
-    /// `chat/react` stand-in. Requests may name the caller's scopes in
-    /// `x-test-scopes`; without it the caller is a debug user.
-    async fn start(script: Script, env: &[(&str, &str)]) -> Self {
-        let mut env_with_key = vec![("ANTHROPIC_API_KEY", "test-key")];
-        env_with_key.extend_from_slice(env);
-        let config = Config::for_tests(&env_with_key).unwrap();
+    /// `chat/react` stand-in. Requests name the caller's scopes in
+    /// [`TEST_SCOPES`] ([`Self::post`]: a debug user unless told).
+    async fn start(model: ScriptedModel, env: &[(&str, &str)]) -> Self {
+        let config = config(env);
         let registry = Arc::new(PromptRegistry::load(&test_prompts_dir()).unwrap());
-        let model = ScriptedModel::new(script);
+        let model = Arc::new(model);
         let chat_model: Arc<dyn ChatModel> = model.clone();
 
         let server = HttpServer::new(move || {
@@ -85,21 +64,7 @@ impl TestGateway {
                 .app_data(web::Data::from(registry.clone()))
                 .app_data(web::Data::from(chat_model.clone()))
                 .app_data(web::Data::new(config.clone()))
-                .wrap_fn(|req, srv| {
-                    let user = match req.headers().get("x-test-scopes") {
-                        Some(scopes) => GatewayUser::with_scopes(
-                            scopes
-                                .to_str()
-                                .unwrap_or_default()
-                                .split(',')
-                                .filter(|s| !s.is_empty())
-                                .map(str::to_owned),
-                        ),
-                        None => GatewayUser::debug(),
-                    };
-                    req.extensions_mut().insert(user);
-                    srv.call(req)
-                })
+                .wrap(from_fn(test_identity))
                 .configure(configure)
         })
         .workers(1)
@@ -122,14 +87,19 @@ impl TestGateway {
     }
 
     async fn post(&self, prompt_id: &str, scopes: Option<&str>, body: Value) -> reqwest::Response {
-        let mut request = self
-            .client
+        self.client
             .post(format!("{}/v1/prompts/{prompt_id}", self.base))
-            .json(&body);
-        if let Some(scopes) = scopes {
-            request = request.header("x-test-scopes", scopes);
-        }
-        request.send().await.unwrap()
+            .header(TEST_SCOPES, scopes.unwrap_or("*"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// `chat/explain_code` as `scopes` (a debug user when `None`): the
+    /// status and the JSON body.
+    async fn explain(&self, scopes: Option<&str>, body: Value) -> (u16, Value) {
+        json_body(self.post("chat/explain_code", scopes, body).await).await
     }
 
     async fn stop(self) {
@@ -232,7 +202,7 @@ async fn streams_raw_text_chunks() {
 
 #[actix_web::test]
 async fn a_stream_that_fails_midway_just_ends() {
-    let script = Script::Stream(vec![
+    let script = streaming(vec![
         Ok("partial ".into()),
         Err(ProviderError::Malformed("connection reset".into())),
         Ok("never sent".into()),
@@ -252,7 +222,7 @@ async fn a_stream_that_fails_midway_just_ends() {
 
 #[actix_web::test]
 async fn a_stream_that_fails_before_any_text_is_421() {
-    let script = Script::Stream(vec![
+    let script = streaming(vec![
         Ok(String::new()),
         Err(ProviderError::Status {
             status: 529,
@@ -260,15 +230,9 @@ async fn a_stream_that_fails_before_any_text_is_421() {
         }),
     ]);
     let gw = TestGateway::start(script, &[]).await;
-    let got = json_body(
-        gw.post(
-            "chat/explain_code",
-            None,
-            json!({"inputs": explain_inputs(), "stream": true}),
-        )
-        .await,
-    )
-    .await;
+    let got = gw
+        .explain(None, json!({"inputs": explain_inputs(), "stream": true}))
+        .await;
     assert_eq!(got, (421, json!({"detail": "529: overloaded_error"})));
     gw.stop().await;
 }
@@ -341,15 +305,12 @@ async fn error_statuses_and_bodies() {
 #[actix_web::test]
 async fn the_scope_check_comes_before_the_version_check() {
     let gw = TestGateway::start(chunks(&["unused"]), &[]).await;
-    let (status, _) = json_body(
-        gw.post(
-            "chat/explain_code",
+    let (status, _) = gw
+        .explain(
             Some("duo_chat"),
             json!({"inputs": explain_inputs(), "prompt_version": "bogus"}),
         )
-        .await,
-    )
-    .await;
+        .await;
     assert_eq!(status, 403);
     gw.stop().await;
 }
@@ -362,14 +323,14 @@ async fn invalid_bodies_are_422_like_fastapi() {
         json!({"inputs": "text"}),
         json!([]),
     ] {
-        let (status, detail) =
-            json_body(gw.post("chat/explain_code", None, body.clone()).await).await;
+        let (status, detail) = gw.explain(None, body.clone()).await;
         assert_eq!(status, 422, "{body}");
         assert_eq!(detail["detail"][0]["loc"], json!(["body"]), "{body}");
     }
     let response = gw
         .client
         .post(format!("{}/v1/prompts/chat/explain_code", gw.base))
+        .header(TEST_SCOPES, "*")
         .header("content-type", "application/json")
         .body("{not json")
         .send()
@@ -401,22 +362,14 @@ async fn model_failures_are_421() {
         ),
     ];
     for (err, detail) in cases {
-        let gw = TestGateway::start(Script::Fail(err), &[]).await;
-        let got = json_body(
-            gw.post(
-                "chat/explain_code",
-                None,
-                json!({"inputs": explain_inputs()}),
-            )
-            .await,
-        )
-        .await;
+        let gw = TestGateway::start(failing(err), &[]).await;
+        let got = gw.explain(None, json!({"inputs": explain_inputs()})).await;
         assert_eq!(got, (421, json!({"detail": detail})));
         gw.stop().await;
     }
 
     // Non-streaming answers fail as a whole when the stream breaks.
-    let script = Script::Stream(vec![
+    let script = streaming(vec![
         Ok("partial".into()),
         Err(ProviderError::Status {
             status: 500,
@@ -424,15 +377,7 @@ async fn model_failures_are_421() {
         }),
     ]);
     let gw = TestGateway::start(script, &[]).await;
-    let got = json_body(
-        gw.post(
-            "chat/explain_code",
-            None,
-            json!({"inputs": explain_inputs()}),
-        )
-        .await,
-    )
-    .await;
+    let got = gw.explain(None, json!({"inputs": explain_inputs()})).await;
     assert_eq!(got, (421, json!({"detail": "500: Internal error"})));
     gw.stop().await;
 }
@@ -440,15 +385,7 @@ async fn model_failures_are_421() {
 #[actix_web::test]
 async fn mock_mode_answers_mock_without_calling_a_model() {
     let gw = TestGateway::start(chunks(&["real"]), &[("AIGW_MOCK_MODEL_RESPONSES", "true")]).await;
-    let got = json_body(
-        gw.post(
-            "chat/explain_code",
-            None,
-            json!({"inputs": explain_inputs()}),
-        )
-        .await,
-    )
-    .await;
+    let got = gw.explain(None, json!({"inputs": explain_inputs()})).await;
     assert_eq!(got, (200, json!("mock")));
     let streamed = gw
         .post(
@@ -465,18 +402,10 @@ async fn mock_mode_answers_mock_without_calling_a_model() {
 #[actix_web::test]
 async fn custom_models_use_model_metadata() {
     let gw = TestGateway::start(chunks(&["ok"]), &[("AIGW_CUSTOM_MODELS__ENABLED", "true")]).await;
-    let got = json_body(
-        gw.post(
-            "chat/explain_code",
-            None,
-            json!({
+    let got = gw.explain(None, json!({
                 "inputs": explain_inputs(),
                 "model_metadata": {"name": "mistral", "provider": "openai", "endpoint": "http://127.0.0.1:11434/v1", "api_key": "k"},
-            }),
-        )
-        .await,
-    )
-    .await;
+            })).await;
     assert_eq!(got, (200, json!("ok")));
     let call = &gw.model.calls()[0];
     assert_eq!(call.target.kind, ProviderKind::OpenAiCompatible);

@@ -9,7 +9,7 @@
 use crate::app_support;
 use crate::stream_support;
 
-use app_support::{TEST_SCOPES, closed_port_url, spawn_gateway};
+use app_support::{TEST_SCOPES, offline_config, spawn_gateway};
 use fake_provider::FakeProvider;
 use gateway::Config;
 use pretty_assertions::assert_eq;
@@ -20,10 +20,8 @@ use stream_support::client;
 const PATH: &str = "/v1/projects/duo-test/locations/europe-west4/publishers/google/models";
 
 fn vertex_gateway(fake: &FakeProvider, extra: &[(&str, &str)]) -> String {
-    let local = format!("{}/v1", closed_port_url());
     let url = fake.url();
     let mut env = vec![
-        ("AIGW_LOCAL_LLM__URL", local.as_str()),
         ("AIGW_VERTEX_TEXT_MODEL__ENDPOINT", url.as_str()),
         ("AIGW_GOOGLE_CLOUD_PLATFORM__PROJECT", "duo-test"),
         ("AIGW_GOOGLE_CLOUD_PLATFORM__LOCATION", "europe-west4"),
@@ -31,7 +29,7 @@ fn vertex_gateway(fake: &FakeProvider, extra: &[(&str, &str)]) -> String {
         ("AIGW_DEFAULT_PROMPTS", r#"{"chat/explain_code": "vertex"}"#),
     ];
     env.extend_from_slice(extra);
-    spawn_gateway(Config::for_tests(&env).unwrap())
+    spawn_gateway(offline_config(&env))
 }
 
 fn explain(stream: bool) -> Value {

@@ -27,16 +27,14 @@ fn every_workflow_prompt_renders_for_both_families() {
         for family in ["base", "openai"] {
             let prompt = registry.resolve(id, family, None).unwrap();
             let messages = prompt.render(&registry, &inputs).unwrap();
-            let system = &messages
-                .iter()
-                .find(|m| m.role == TemplateRole::System)
-                .unwrap()
-                .content;
-            let user = &messages
-                .iter()
-                .find(|m| m.role == TemplateRole::User)
-                .unwrap()
-                .content;
+            let content = |role: TemplateRole| {
+                &messages
+                    .iter()
+                    .find(|m| m.role == role)
+                    .unwrap_or_else(|| panic!("{id}/{family}: no {role:?} message"))
+                    .content
+            };
+            let (system, user) = (content(TemplateRole::System), content(TemplateRole::User));
             assert!(user.contains("Add a greeting"), "{id}/{family}: {user}");
             assert!(
                 !system.contains("{{") && !user.contains("{{"),

@@ -6,7 +6,7 @@
 #![expect(clippy::unwrap_used, reason = "tests fail loudly by design")]
 
 use crate::workflow_support::{
-    self as support, Monolith, Recorder, ScriptedApprover, Service, TempWorkspace,
+    self as support, CHAT_SCOPES, Recorder, ScriptedApprover, TempWorkspace,
 };
 use contracts::duo_workflow::{
     ClientEvent, GenerateTokenRequest, ListCapabilitiesRequest, ListToolsRequest,
@@ -15,9 +15,10 @@ use contracts::duo_workflow::{
 use fake_provider::{FakeProvider, ToolCall};
 use serde_json::{Value, json};
 use tonic::Code;
-use workflow_executor::session::{self, Decision, Session, SessionEnd};
+use workflow_executor::session::{Decision, SessionEnd};
 
-const CHAT_SCOPES: &[&str] = &["duo_chat", "duo_agent_platform"];
+/// The goal of most runs here.
+const GOAL: &str = "add a greeting to the README";
 
 fn edit_call() -> ToolCall {
     ToolCall::new(
@@ -29,28 +30,6 @@ fn edit_call() -> ToolCall {
 
 fn read_call() -> ToolCall {
     ToolCall::new("call-read", "read_file", json!({"file_path": "README.md"}))
-}
-
-async fn run_session(
-    service: &Service,
-    monolith: &Monolith,
-    workspace: &TempWorkspace,
-    workflow_id: i64,
-    definition: &str,
-    approver: &mut ScriptedApprover,
-    recorder: &mut Recorder,
-) -> Result<SessionEnd, workflow_executor::SessionError> {
-    session::run(Session {
-        target: service.target(&support::monolith_token(CHAT_SCOPES)),
-        workflow_id: workflow_id.to_string(),
-        goal: "add a greeting to the README".into(),
-        workflow_definition: definition.into(),
-        runner: support::runner(&workspace.path, monolith),
-        approver,
-        reporter: recorder,
-        max_reconnects: 0,
-    })
-    .await
 }
 
 /// Checkpoints chain: each parent is the one stored before it.
@@ -76,9 +55,7 @@ fn request_bodies(fake: &FakeProvider) -> Vec<String> {
 
 #[actix_web::test]
 async fn an_edit_waits_for_approval_and_runs_exactly_once() {
-    let fake = FakeProvider::start().await.unwrap();
-    let monolith = Monolith::start();
-    let service = Service::start(support::config(&monolith, &support::anthropic(&fake))).await;
+    let (fake, monolith, service) = support::harness(support::anthropic).await;
     let workspace = TempWorkspace::new(&[("README.md", "Hello\n")]);
     let id = monolith.create_workflow("chat", &[1, 2], &[2]);
     fake.push_tool_calls("Let me look.", vec![read_call()]);
@@ -92,17 +69,11 @@ async fn an_edit_waits_for_approval_and_runs_exactly_once() {
         assert_eq!(std::fs::read_to_string(&readme).unwrap(), "Hello\n");
     }));
     let mut recorder = Recorder::default();
-    let end = run_session(
-        &service,
-        &monolith,
-        &workspace,
-        id,
-        "chat",
-        &mut approver,
-        &mut recorder,
-    )
-    .await
-    .unwrap();
+    let end = service
+        .session(&monolith, &workspace, id, "chat", GOAL)
+        .run(&mut approver, &mut recorder)
+        .await
+        .unwrap();
 
     assert_eq!(end, SessionEnd::Finished);
     assert_eq!(
@@ -156,9 +127,7 @@ async fn an_edit_waits_for_approval_and_runs_exactly_once() {
 
 #[actix_web::test]
 async fn a_rejection_reaches_the_model_and_nothing_is_edited() {
-    let fake = FakeProvider::start().await.unwrap();
-    let monolith = Monolith::start();
-    let service = Service::start(support::config(&monolith, &support::anthropic(&fake))).await;
+    let (fake, monolith, service) = support::harness(support::anthropic).await;
     let workspace = TempWorkspace::new(&[("README.md", "Hello\n")]);
     let id = monolith.create_workflow("chat", &[1, 2], &[2]);
     fake.push_tool_calls("", vec![edit_call()]);
@@ -168,17 +137,11 @@ async fn a_rejection_reaches_the_model_and_nothing_is_edited() {
         "do not touch the README, write NOTES.md instead".into(),
     ))]);
     let mut recorder = Recorder::default();
-    let end = run_session(
-        &service,
-        &monolith,
-        &workspace,
-        id,
-        "chat",
-        &mut approver,
-        &mut recorder,
-    )
-    .await
-    .unwrap();
+    let end = service
+        .session(&monolith, &workspace, id, "chat", GOAL)
+        .run(&mut approver, &mut recorder)
+        .await
+        .unwrap();
 
     assert_eq!(end, SessionEnd::Finished);
     assert_eq!(workspace.read("README.md"), "Hello\n");
@@ -195,9 +158,7 @@ async fn a_rejection_reaches_the_model_and_nothing_is_edited() {
 
 #[actix_web::test]
 async fn invalid_tool_calls_are_sent_back_on_the_openai_wire() {
-    let fake = FakeProvider::start().await.unwrap();
-    let monolith = Monolith::start();
-    let service = Service::start(support::config(&monolith, &support::openai(&fake))).await;
+    let (fake, monolith, service) = support::harness(support::openai).await;
     let workspace = TempWorkspace::new(&[("README.md", "Hello\n")]);
     // Everything pre-approved: no pause.
     let id = monolith.create_workflow("chat", &[1, 2], &[1, 2]);
@@ -224,17 +185,11 @@ async fn invalid_tool_calls_are_sent_back_on_the_openai_wire() {
     fake.push_text("Giving up politely.");
     let mut approver = ScriptedApprover::new(vec![]);
     let mut recorder = Recorder::default();
-    let end = run_session(
-        &service,
-        &monolith,
-        &workspace,
-        id,
-        "chat",
-        &mut approver,
-        &mut recorder,
-    )
-    .await
-    .unwrap();
+    let end = service
+        .session(&monolith, &workspace, id, "chat", GOAL)
+        .run(&mut approver, &mut recorder)
+        .await
+        .unwrap();
     assert_eq!(end, SessionEnd::Finished);
     let requests: Vec<_> = fake
         .requests()
@@ -277,13 +232,11 @@ impl workflow_executor::session::Reporter for OpenGateAfter {
 
 #[actix_web::test]
 async fn read_only_steps_go_on_while_checkpoints_are_stored_behind_them() {
-    let fake = FakeProvider::start().await.unwrap();
-    let monolith = Monolith::start();
+    let (fake, monolith, service) = support::harness(support::anthropic).await;
     // The first checkpoint (the run's start, stored before anything else
     // happens) goes through; every later one waits at the gate.
     let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(1));
     monolith.state.lock().unwrap().checkpoint_gate = Some(gate.clone());
-    let service = Service::start(support::config(&monolith, &support::anthropic(&fake))).await;
     let workspace = TempWorkspace::new(&[("README.md", "Hello\n")]);
     let id = monolith.create_workflow("chat", &[1, 2], &[1, 2]);
     const READS: usize = 4;
@@ -303,16 +256,9 @@ async fn read_only_steps_go_on_while_checkpoints_are_stored_behind_them() {
     let mut approver = ScriptedApprover::new(vec![]);
     let end = tokio::time::timeout(
         std::time::Duration::from_secs(30),
-        session::run(Session {
-            target: service.target(&support::monolith_token(CHAT_SCOPES)),
-            workflow_id: id.to_string(),
-            goal: "read the README".into(),
-            workflow_definition: "chat".into(),
-            runner: support::runner(&workspace.path, &monolith),
-            approver: &mut approver,
-            reporter: &mut reporter,
-            max_reconnects: 0,
-        }),
+        service
+            .session(&monolith, &workspace, id, "chat", "read the README")
+            .run(&mut approver, &mut reporter),
     )
     .await
     .expect("the run went on without waiting for held checkpoints")
@@ -341,9 +287,7 @@ async fn read_only_steps_go_on_while_checkpoints_are_stored_behind_them() {
 
 #[actix_web::test]
 async fn a_crashed_executor_resumes_from_the_newest_checkpoint() {
-    let fake = FakeProvider::start().await.unwrap();
-    let monolith = Monolith::start();
-    let service = Service::start(support::config(&monolith, &support::anthropic(&fake))).await;
+    let (fake, monolith, service) = support::harness(support::anthropic).await;
     let workspace = TempWorkspace::new(&[("README.md", "Hello\n")]);
     let id = monolith.create_workflow("chat", &[1, 2], &[1, 2]);
     // A pre-approved edit: a tool with side effects, whose result the run
@@ -353,32 +297,14 @@ async fn a_crashed_executor_resumes_from_the_newest_checkpoint() {
     // The second model call hangs: the executor "crashes" meanwhile.
     fake.push_failure(fake_provider::Failure::Hang);
     let crashed = {
-        let (service_target, runner) = (
-            service.target(&support::monolith_token(CHAT_SCOPES)),
-            support::runner(&workspace.path, &monolith),
-        );
+        let session = service.session(&monolith, &workspace, id, "chat", "read the README");
         tokio::spawn(async move {
             let mut approver = ScriptedApprover::new(vec![]);
             let mut recorder = Recorder::default();
-            let _ = session::run(Session {
-                target: service_target,
-                workflow_id: id.to_string(),
-                goal: "read the README".into(),
-                workflow_definition: "chat".into(),
-                runner,
-                approver: &mut approver,
-                reporter: &mut recorder,
-                max_reconnects: 0,
-            })
-            .await;
+            let _ = session.run(&mut approver, &mut recorder).await;
         })
     };
-    for _ in 0..500 {
-        if fake.requests().len() >= 2 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    support::wait_for_requests(&fake, 2).await;
     assert_eq!(
         fake.requests().len(),
         2,
@@ -394,17 +320,11 @@ async fn a_crashed_executor_resumes_from_the_newest_checkpoint() {
     fake.push_text("The README says Hello.");
     let mut approver = ScriptedApprover::new(vec![]);
     let mut recorder = Recorder::default();
-    let end = run_session(
-        &service,
-        &monolith,
-        &workspace,
-        id,
-        "chat",
-        &mut approver,
-        &mut recorder,
-    )
-    .await
-    .unwrap();
+    let end = service
+        .session(&monolith, &workspace, id, "chat", GOAL)
+        .run(&mut approver, &mut recorder)
+        .await
+        .unwrap();
     assert_eq!(end, SessionEnd::Finished);
     let stored = monolith.workflow(id);
     assert_eq!(stored.events, ["start", "retry", "finish"]);
@@ -420,9 +340,7 @@ async fn a_crashed_executor_resumes_from_the_newest_checkpoint() {
 
 #[actix_web::test]
 async fn a_second_executor_on_the_same_workflow_is_refused() {
-    let fake = FakeProvider::start().await.unwrap();
-    let monolith = Monolith::start();
-    let service = Service::start(support::config(&monolith, &support::anthropic(&fake))).await;
+    let (fake, monolith, service) = support::harness(support::anthropic).await;
     let workspace = TempWorkspace::new(&[("README.md", "Hello\n")]);
     let id = monolith.create_workflow("chat", &[1, 2], &[2]);
     fake.push_failure(fake_provider::Failure::Hang);
@@ -432,15 +350,14 @@ async fn a_second_executor_on_the_same_workflow_is_refused() {
         .unwrap();
     let runner = support::runner(&workspace.path, &monolith);
     let serving = tokio::spawn(async move { first.serve(&runner).await });
-    for _ in 0..500 {
-        if !fake.requests().is_empty() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    let second =
-        support::open_stream(&service, &token, support::start_event(id, "chat", "hi")).await;
-    let status = second.err().unwrap();
+    support::wait_for_requests(&fake, 1).await;
+    let status = support::refused(
+        &service,
+        &token,
+        &[],
+        support::start_event(id, "chat", "hi"),
+    )
+    .await;
     assert_eq!(status.code(), Code::Aborted);
     assert!(status.message().contains("already running"));
     serving.abort();
@@ -448,9 +365,7 @@ async fn a_second_executor_on_the_same_workflow_is_refused() {
 
 #[actix_web::test]
 async fn stop_workflow_ends_the_run_as_stopped() {
-    let fake = FakeProvider::start().await.unwrap();
-    let monolith = Monolith::start();
-    let service = Service::start(support::config(&monolith, &support::anthropic(&fake))).await;
+    let (fake, monolith, service) = support::harness(support::anthropic).await;
     let workspace = TempWorkspace::new(&[]);
     let id = monolith.create_workflow("chat", &[1, 2], &[2]);
     fake.push_failure(fake_provider::Failure::Hang);
@@ -461,12 +376,7 @@ async fn stop_workflow_ends_the_run_as_stopped() {
     let events = stream.events.clone();
     let runner = support::runner(&workspace.path, &monolith);
     let serving = tokio::spawn(async move { stream.serve(&runner).await });
-    for _ in 0..500 {
-        if !fake.requests().is_empty() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    support::wait_for_requests(&fake, 1).await;
     // Heartbeats are ignored; stopWorkflow ends the run.
     events
         .send(ClientEvent {
@@ -491,16 +401,11 @@ async fn stop_workflow_ends_the_run_as_stopped() {
 
 #[actix_web::test]
 async fn callers_are_authenticated_and_authorized() {
-    let fake = FakeProvider::start().await.unwrap();
-    let monolith = Monolith::start();
-    let service = Service::start(support::config(&monolith, &support::anthropic(&fake))).await;
+    let (fake, monolith, service) = support::harness(support::anthropic).await;
     let id = monolith.create_workflow("chat", &[1, 2], &[2]);
     let start = || support::start_event(id, "chat", "hi");
 
-    let bad = support::open_stream(&service, "not-a-jwt", start())
-        .await
-        .err()
-        .unwrap();
+    let bad = support::refused(&service, "not-a-jwt", &[], start()).await;
     assert_eq!(bad.code(), Code::Unauthenticated);
     // A token signed by a key nobody published.
     let forged = {
@@ -508,43 +413,36 @@ async fn callers_are_authenticated_and_authorized() {
         token.push('x');
         token
     };
-    let bad = support::open_stream(&service, &forged, start())
-        .await
-        .err()
-        .unwrap();
+    let bad = support::refused(&service, &forged, &[], start()).await;
     assert_eq!(bad.code(), Code::Unauthenticated);
 
     let no_chat = support::monolith_token(&["duo_agent_platform"]);
-    let denied = support::open_stream(&service, &no_chat, start())
-        .await
-        .err()
-        .unwrap();
+    let denied = support::refused(&service, &no_chat, &[], start()).await;
     assert_eq!(denied.code(), Code::PermissionDenied);
     assert_eq!(denied.message(), "Unauthorized to execute chat");
     let no_platform = support::monolith_token(&["duo_chat"]);
-    let denied = support::open_stream(
+    let denied = support::refused(
         &service,
         &no_platform,
+        &[],
         support::start_event(id, "software_development", "hi"),
     )
-    .await
-    .err()
-    .unwrap();
+    .await;
     assert_eq!(denied.code(), Code::PermissionDenied);
 
     let token = support::monolith_token(CHAT_SCOPES);
-    let unknown = support::open_stream(&service, &token, support::start_event(id, "nope", "hi"))
-        .await
-        .err()
-        .unwrap();
+    let unknown = support::refused(
+        &service,
+        &token,
+        &[],
+        support::start_event(id, "nope", "hi"),
+    )
+    .await;
     assert_eq!(unknown.code(), Code::InvalidArgument);
     let not_start = ClientEvent {
         response: Some(client_event::Response::Heartbeat(Default::default())),
     };
-    let refused = support::open_stream(&service, &token, not_start)
-        .await
-        .err()
-        .unwrap();
+    let refused = support::refused(&service, &token, &[], not_start).await;
     assert_eq!(refused.code(), Code::InvalidArgument);
 
     // A bad workflow id ends the stream with INVALID_ARGUMENT.
@@ -561,9 +459,8 @@ async fn callers_are_authenticated_and_authorized() {
 
 #[actix_web::test]
 async fn generated_tokens_work_and_cannot_mint_more() {
-    let fake = FakeProvider::start().await.unwrap();
-    let monolith = Monolith::start();
-    let service = Service::start(support::config(&monolith, &support::anthropic(&fake))).await;
+    // The monolith double serves the keys the tokens are checked with.
+    let (_fake, _monolith, service) = support::harness(support::anthropic).await;
     let mut client = service.client().await;
     let token = support::monolith_token(&["duo_chat", "duo_agent_platform", "code_suggestions"]);
     let minted = client
@@ -606,9 +503,7 @@ async fn generated_tokens_work_and_cannot_mint_more() {
 
 #[actix_web::test]
 async fn software_development_plans_asks_and_executes() {
-    let fake = FakeProvider::start().await.unwrap();
-    let monolith = Monolith::start();
-    let service = Service::start(support::config(&monolith, &support::anthropic(&fake))).await;
+    let (fake, monolith, service) = support::harness(support::anthropic).await;
     let workspace = TempWorkspace::new(&[("README.md", "Hello\n")]);
     let id = monolith.create_workflow("software_development", &[1, 2], &[2]);
     // Context builder reads, then reports.
@@ -628,17 +523,11 @@ async fn software_development_plans_asks_and_executes() {
     fake.push_text("Done.");
     let mut approver = ScriptedApprover::new(vec![Decision::Approve, Decision::Approve]);
     let mut recorder = Recorder::default();
-    let end = run_session(
-        &service,
-        &monolith,
-        &workspace,
-        id,
-        "software_development",
-        &mut approver,
-        &mut recorder,
-    )
-    .await
-    .unwrap();
+    let end = service
+        .session(&monolith, &workspace, id, "software_development", GOAL)
+        .run(&mut approver, &mut recorder)
+        .await
+        .unwrap();
     assert_eq!(end, SessionEnd::Finished);
     assert_eq!(approver.asked[0].0, "PLAN_APPROVAL_REQUIRED");
     assert_eq!(approver.asked[0].1.plan, ["Add the greeting to README.md"]);
@@ -665,11 +554,12 @@ async fn software_development_plans_asks_and_executes() {
 
 #[actix_web::test]
 async fn a_self_hosted_model_is_used_and_stored_without_its_key() {
-    let fake = FakeProvider::start().await.unwrap();
-    let monolith = Monolith::start();
-    let mut vars = support::anthropic(&fake);
-    vars.push(("AIGW_CUSTOM_MODELS__ENABLED", "true".into()));
-    let service = Service::start(support::config(&monolith, &vars)).await;
+    let (fake, monolith, service) = support::harness(|fake| {
+        let mut vars = support::anthropic(fake);
+        vars.push(("AIGW_CUSTOM_MODELS__ENABLED", "true".into()));
+        vars
+    })
+    .await;
     let workspace = TempWorkspace::new(&[]);
     let id = monolith.create_workflow("chat", &[1, 2], &[2]);
     fake.push_text("Hi from the self-hosted model.");
@@ -682,28 +572,18 @@ async fn a_self_hosted_model_is_used_and_stored_without_its_key() {
     });
     // The monolith vouches for the endpoint its admin configured.
     let endpoint = fake.openai_base_url();
-    let mut target = service.target(&support::monolith_token_vouching(
+    let mut session = service.session(&monolith, &workspace, id, "chat", "say hi");
+    session.target = service.target(&support::monolith_token_vouching(
         CHAT_SCOPES,
         &[endpoint.as_str()],
     ));
-    target.headers.push((
+    session.target.headers.push((
         "x-gitlab-agent-platform-model-metadata".into(),
         metadata.to_string(),
     ));
     let mut approver = ScriptedApprover::new(vec![]);
     let mut recorder = Recorder::default();
-    let end = session::run(Session {
-        target,
-        workflow_id: id.to_string(),
-        goal: "say hi".into(),
-        workflow_definition: "chat".into(),
-        runner: support::runner(&workspace.path, &monolith),
-        approver: &mut approver,
-        reporter: &mut recorder,
-        max_reconnects: 0,
-    })
-    .await
-    .unwrap();
+    let end = session.run(&mut approver, &mut recorder).await.unwrap();
     assert_eq!(end, SessionEnd::Finished);
     let call = fake
         .requests()

@@ -12,7 +12,8 @@ use actix_web::middleware::{Next, from_fn};
 use actix_web::{App, Error, HttpMessage, HttpRequest, HttpResponse, HttpServer, web};
 use bytes::Bytes;
 use gateway::Config;
-use gateway::app::{AppState, configure_app};
+use gateway::app::configure_app;
+use gateway::app_state::AppState;
 use gateway::auth::GatewayUser;
 use gateway::observability::request_telemetry;
 use serde::Deserialize;
@@ -38,7 +39,9 @@ pub fn vouched_by(body: &serde_json::Value) -> String {
         .to_owned()
 }
 
-async fn test_identity(
+/// Stands in for the authentication middleware: the caller is whoever
+/// [`TEST_SCOPES`] and [`TEST_MODEL_ENDPOINTS`] say (`wrap(from_fn(test_identity))`).
+pub async fn test_identity(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<impl MessageBody>, Error> {
@@ -46,7 +49,12 @@ async fn test_identity(
         let mut user = if scopes == "*" {
             GatewayUser::debug()
         } else {
-            GatewayUser::with_scopes(scopes.split(',').map(str::to_owned))
+            GatewayUser::with_scopes(
+                scopes
+                    .split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned),
+            )
         };
         if let Some(endpoints) = req
             .headers()
@@ -99,6 +107,39 @@ pub fn closed_port_url() -> String {
     let addr = listener.local_addr().unwrap();
     drop(listener);
     format!("http://{addr}")
+}
+
+/// A configuration whose model is the bundled local model server at `url`
+/// (the gateway's default when no provider is set), plus `extra` settings.
+pub fn local_model_config(url: &str, extra: &[(&str, &str)]) -> Config {
+    let local = format!("{url}/v1");
+    let mut vars = vec![("AIGW_LOCAL_LLM__URL", local.as_str())];
+    vars.extend_from_slice(extra);
+    Config::for_tests(&vars).unwrap()
+}
+
+/// [`local_model_config`] with nothing listening there: no model answers.
+pub fn offline_config(extra: &[(&str, &str)]) -> Config {
+    local_model_config(&closed_port_url(), extra)
+}
+
+/// POSTs `body` as JSON from a caller with `scopes`: the status and the
+/// JSON answer.
+pub async fn post_json(
+    gw: &str,
+    path: &str,
+    scopes: &str,
+    body: &serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let response = reqwest::Client::new()
+        .post(format!("{gw}{path}"))
+        .header(TEST_SCOPES, scopes)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap())
 }
 
 #[derive(Debug, Clone)]

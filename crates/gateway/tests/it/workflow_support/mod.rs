@@ -9,20 +9,16 @@
     reason = "test support: failing loudly is the point"
 )]
 
+use crate::key_support::{TestKey, generate_key, now};
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
-use aws_lc_rs::encoding::AsDer;
-use aws_lc_rs::rsa::{KeyPair as RsaKeyPair, KeySize};
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD;
 use contracts::duo_workflow::duo_workflow_client::DuoWorkflowClient;
 use contracts::duo_workflow::{
     ClientEvent, NewCheckpoint, StartWorkflowRequest, action, client_event,
 };
+use fake_provider::FakeProvider;
 use gateway::Config;
-use gateway::app::AppState;
+use gateway::app_state::AppState;
 use gateway::workflow_service::WorkflowService;
-use jsonwebtoken::jwk::Jwk;
-use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::net::TcpListener;
@@ -32,7 +28,9 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
-use workflow_executor::session::{Approver, Decision, PendingRequest, Reporter};
+use workflow_executor::session::{
+    self, Approver, Decision, PendingRequest, Reporter, Session, SessionEnd,
+};
 use workflow_executor::{ActionRunner, GitLabTarget, Limits, ServiceTarget, Workspace};
 
 pub const REALM: &str = "self-managed";
@@ -40,47 +38,13 @@ pub const INSTANCE: &str = "instance-1";
 pub const USER: &str = "user-7";
 /// The `ai_workflows` OAuth token the monolith double accepts.
 pub const GITLAB_TOKEN: &str = "glpat-workflow-token";
-
-pub struct TestKey {
-    pub private_pem: String,
-}
-
-fn generate_key() -> TestKey {
-    let pair = RsaKeyPair::generate(KeySize::Rsa2048).unwrap();
-    let der = AsDer::<aws_lc_rs::encoding::Pkcs8V1Der>::as_der(&pair).unwrap();
-    let body = STANDARD.encode(der.as_ref());
-    let lines: Vec<&str> = body
-        .as_bytes()
-        .chunks(64)
-        .map(|c| std::str::from_utf8(c).unwrap())
-        .collect();
-    TestKey {
-        private_pem: format!(
-            "-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n",
-            lines.join("\n")
-        ),
-    }
-}
+/// The scopes a caller needs to run the chat flow.
+pub const CHAT_SCOPES: &[&str] = &["duo_chat", "duo_agent_platform"];
 
 /// The monolith's signing key (published in its JWKS).
 pub static MONOLITH_KEY: LazyLock<TestKey> = LazyLock::new(generate_key);
 /// The gateway's own key (`AIGW_SELF_SIGNED_JWT__SIGNING_KEY`).
 pub static SERVICE_KEY: LazyLock<TestKey> = LazyLock::new(generate_key);
-
-impl TestKey {
-    fn jwk(&self, kid: &str) -> Value {
-        let encoding = EncodingKey::from_rsa_pem(self.private_pem.as_bytes()).unwrap();
-        let mut jwk = Jwk::from_encoding_key(&encoding, Algorithm::RS256).unwrap();
-        jwk.common.key_id = Some(kid.to_owned());
-        let mut value = serde_json::to_value(jwk).unwrap();
-        value["use"] = json!("sig");
-        value
-    }
-}
-
-fn now() -> i64 {
-    jsonwebtoken::get_current_timestamp() as i64
-}
 
 /// A token as the monolith mints it for the gateway, with these scopes.
 pub fn monolith_token(scopes: &[&str]) -> String {
@@ -103,10 +67,7 @@ pub fn monolith_token_vouching(scopes: &[&str], model_endpoints: &[&str]) -> Str
         "gitlab_global_user_id": USER,
         "scopes": scopes,
     });
-    let mut header = Header::new(Algorithm::RS256);
-    header.kid = Some("monolith-1".to_owned());
-    let key = EncodingKey::from_rsa_pem(MONOLITH_KEY.private_pem.as_bytes()).unwrap();
-    jsonwebtoken::encode(&header, &claims, &key).unwrap()
+    MONOLITH_KEY.sign(Some("monolith-1"), &claims)
 }
 
 pub fn metadata_headers() -> Vec<(String, String)> {
@@ -455,6 +416,84 @@ impl Service {
     }
 }
 
+/// What most workflow service tests start with: the fake provider, the
+/// monolith double and the service, configured by `provider` (given the
+/// fake, it names the model wire: [`anthropic`], [`openai`]...).
+pub async fn harness(
+    provider: impl FnOnce(&FakeProvider) -> Vec<(&'static str, String)>,
+) -> (FakeProvider, Monolith, Service) {
+    let fake = FakeProvider::start().await.unwrap();
+    let monolith = Monolith::start();
+    let service = Service::start(config(&monolith, &provider(&fake))).await;
+    (fake, monolith, service)
+}
+
+/// Waits (bounded) until the fake provider has received `count` requests.
+pub async fn wait_for_requests(fake: &FakeProvider, count: usize) {
+    for _ in 0..500 {
+        if fake.requests().len() >= count {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!(
+        "the fake provider got {} of {count} requests",
+        fake.requests().len()
+    );
+}
+
+/// A session of the test executor, ready to run: a caller with
+/// [`CHAT_SCOPES`] on one workflow, its actions run in a workspace against
+/// the monolith double. Tests change fields (the target's headers) first.
+pub struct TestSession {
+    pub target: ServiceTarget,
+    pub workflow_id: String,
+    pub goal: String,
+    pub workflow_definition: String,
+    pub runner: ActionRunner,
+}
+
+impl TestSession {
+    /// Runs the session to its end, without reconnecting.
+    pub async fn run(
+        self,
+        approver: &mut dyn Approver,
+        reporter: &mut dyn Reporter,
+    ) -> Result<SessionEnd, workflow_executor::SessionError> {
+        session::run(Session {
+            target: self.target,
+            workflow_id: self.workflow_id,
+            goal: self.goal,
+            workflow_definition: self.workflow_definition,
+            runner: self.runner,
+            approver,
+            reporter,
+            max_reconnects: 0,
+        })
+        .await
+    }
+}
+
+impl Service {
+    /// A session on workflow `id` running `definition` towards `goal`.
+    pub fn session(
+        &self,
+        monolith: &Monolith,
+        workspace: &TempWorkspace,
+        id: i64,
+        definition: &str,
+        goal: &str,
+    ) -> TestSession {
+        TestSession {
+            target: self.target(&monolith_token(CHAT_SCOPES)),
+            workflow_id: id.to_string(),
+            goal: goal.to_owned(),
+            workflow_definition: definition.to_owned(),
+            runner: runner(&workspace.path, monolith),
+        }
+    }
+}
+
 /// A request with the usual metadata and `token`.
 pub fn request<T>(body: T, token: &str) -> tonic::Request<T> {
     let mut request = tonic::Request::new(body);
@@ -627,6 +666,19 @@ pub async fn open_stream_with(
         events,
         actions: response.into_inner(),
     })
+}
+
+/// Opens `ExecuteWorkflow` expecting a refusal: the status it ended with.
+pub async fn refused(
+    service: &Service,
+    token: &str,
+    extra: &[(&str, String)],
+    first: ClientEvent,
+) -> tonic::Status {
+    match open_stream_with(service, token, extra, first).await {
+        Ok(_) => panic!("the stream was accepted"),
+        Err(status) => status,
+    }
 }
 
 impl RawStream {

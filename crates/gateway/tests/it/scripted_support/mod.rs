@@ -1,4 +1,6 @@
-//! Shared helpers for the agent tests: a scripted model and the real prompts.
+//! Shared by the tests that run the chat agent or `/v1/prompts` against a
+//! model scripted in the test: the scripted model, the real prompts and a
+//! configuration with a provider (whose calls the scripted model takes).
 #![allow(dead_code)]
 
 use futures::StreamExt;

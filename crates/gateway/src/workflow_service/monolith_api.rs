@@ -1,5 +1,6 @@
-//! The monolith, reached only through the executor (`runHTTPRequest`): the
-//! workflow record, status events and checkpoints.
+//! The client for the monolith's REST API (`/api/v4`), reached only through
+//! the executor (`runHTTPRequest`, with the user's token): the workflow
+//! record, status events and checkpoints, and the agents' GitLab tools.
 
 use super::link::{ExecutorLink, LinkError};
 use contracts::duo_workflow::{RunHttpRequest, action, action_response};
@@ -12,7 +13,7 @@ const RETRIES: u32 = 3;
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum GitLabError {
+pub enum MonolithApiError {
     #[error(transparent)]
     Link(#[from] LinkError),
     /// The executor could not make the request.
@@ -24,7 +25,7 @@ pub enum GitLabError {
     Decode(String),
 }
 
-impl GitLabError {
+impl MonolithApiError {
     pub fn status(&self) -> Option<u16> {
         match self {
             Self::Status { status, .. } => Some(*status),
@@ -84,14 +85,14 @@ pub fn workflow_path(id: &str) -> String {
     format!("/api/v4/ai/duo_workflows/workflows/{id}")
 }
 
-/// GitLab through one executor link.
+/// The monolith's REST API through one executor link.
 #[derive(Clone)]
-pub struct GitLab {
+pub struct MonolithApi {
     link: ExecutorLink,
     retry_base: Duration,
 }
 
-impl GitLab {
+impl MonolithApi {
     pub fn new(link: ExecutorLink, retry_base: Duration) -> Self {
         Self { link, retry_base }
     }
@@ -103,7 +104,7 @@ impl GitLab {
         method: &str,
         path: &str,
         body: Option<&str>,
-    ) -> Result<HttpReply, GitLabError> {
+    ) -> Result<HttpReply, MonolithApiError> {
         let mut backoff = self.retry_base;
         let mut attempt = 0;
         loop {
@@ -128,7 +129,7 @@ impl GitLab {
         method: &str,
         path: &str,
         body: Option<&str>,
-    ) -> Result<HttpReply, GitLabError> {
+    ) -> Result<HttpReply, MonolithApiError> {
         let response = self
             .link
             .call(action::Action::RunHttpRequest(RunHttpRequest {
@@ -140,7 +141,7 @@ impl GitLab {
         match response.response_type {
             Some(action_response::ResponseType::HttpResponse(http)) => {
                 if !http.error.is_empty() {
-                    return Err(GitLabError::Action(http.error));
+                    return Err(MonolithApiError::Action(http.error));
                 }
                 Ok(HttpReply {
                     status: u16::try_from(http.status_code).unwrap_or(0),
@@ -150,9 +151,9 @@ impl GitLab {
             Some(action_response::ResponseType::PlainTextResponse(text))
                 if !text.error.is_empty() =>
             {
-                Err(GitLabError::Action(text.error))
+                Err(MonolithApiError::Action(text.error))
             }
-            _ => Err(GitLabError::Action(
+            _ => Err(MonolithApiError::Action(
                 "the executor did not answer with an HTTP response".to_owned(),
             )),
         }
@@ -164,23 +165,23 @@ impl GitLab {
         method: &str,
         path: &str,
         body: Option<&str>,
-    ) -> Result<T, GitLabError> {
+    ) -> Result<T, MonolithApiError> {
         let reply = self.request(method, path, body).await?;
         if !(200..300).contains(&reply.status) {
-            return Err(GitLabError::Status {
+            return Err(MonolithApiError::Status {
                 status: reply.status,
                 body: reply.body,
             });
         }
-        serde_json::from_str(&reply.body).map_err(|e| GitLabError::Decode(e.to_string()))
+        serde_json::from_str(&reply.body).map_err(|e| MonolithApiError::Decode(e.to_string()))
     }
 
-    pub async fn workflow(&self, id: &str) -> Result<WorkflowRecord, GitLabError> {
+    pub async fn workflow(&self, id: &str) -> Result<WorkflowRecord, MonolithApiError> {
         self.json("GET", &workflow_path(id), None).await
     }
 
     /// `PATCH {"status_event": event}`.
-    pub async fn status_event(&self, id: &str, event: &str) -> Result<(), GitLabError> {
+    pub async fn status_event(&self, id: &str, event: &str) -> Result<(), MonolithApiError> {
         let _: Value = self
             .json(
                 "PATCH",
@@ -192,7 +193,7 @@ impl GitLab {
     }
 
     /// Posts a checkpoint body (JSON text, [`super::state::CheckpointPost`]).
-    pub async fn save_checkpoint(&self, id: &str, body: &str) -> Result<(), GitLabError> {
+    pub async fn save_checkpoint(&self, id: &str, body: &str) -> Result<(), MonolithApiError> {
         let _: Value = self
             .json(
                 "POST",
@@ -207,7 +208,7 @@ impl GitLab {
     pub async fn latest_checkpoint(
         &self,
         id: &str,
-    ) -> Result<Option<StoredCheckpoint>, GitLabError> {
+    ) -> Result<Option<StoredCheckpoint>, MonolithApiError> {
         let list: Vec<StoredCheckpoint> = self
             .json(
                 "GET",

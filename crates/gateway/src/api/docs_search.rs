@@ -8,10 +8,10 @@
 //! sections, best first; no match is a 200 with no results.
 
 use super::body::RawBody;
-use crate::app::AppState;
+use crate::app_state::AppState;
 use crate::auth::GatewayUser;
+use crate::docs_search::{DocsHit, MAX_QUERY_CHARS, MAX_RESULTS};
 use crate::error::{ApiError, ValidationIssue};
-use crate::search::{DocsHit, MAX_QUERY_CHARS, MAX_RESULTS};
 use actix_web::{HttpResponse, web};
 use contracts::UnitPrimitive;
 use contracts::docs_search::{
