@@ -206,11 +206,130 @@ pub struct DuoWorkflowConfig {
     /// The run lease of a workflow lapses this long after its holder stopped
     /// renewing it (`DUO_WORKFLOW_LOCK_LEASE_SECS`, 30).
     pub lock_lease: Duration,
+    /// Workflows the product runs itself (`docs/duo-workflow-runs.md`).
+    pub runs: WorkflowRunsConfig,
+}
+
+/// Which runner carries out workflows started in the product.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunnerKind {
+    /// A bubblewrap sandbox started by the worker.
+    Local,
+    /// A Kubernetes Job per leg.
+    Kubernetes,
+    /// Runs are refused (nothing runs them).
+    Disabled,
+}
+
+/// Settings of workflows the product runs itself.
+#[derive(Debug, Clone)]
+pub struct WorkflowRunsConfig {
+    /// `DUO_WORKFLOW_RUNNER`: `local` (default), `kubernetes` or `disabled`.
+    pub runner: RunnerKind,
+    /// `DUO_WORKFLOW_EXECUTOR`: the executor binary for the local runner
+    /// (default: `duo-workflow-executor` beside the monolith's binary).
+    pub executor: PathBuf,
+    /// `DUO_WORKFLOW_SANDBOX_BWRAP` (`bwrap`) and `DUO_WORKFLOW_SANDBOX_PRLIMIT`
+    /// (`prlimit`): the sandbox's tools.
+    pub bwrap: PathBuf,
+    pub prlimit: PathBuf,
+    /// `DUO_WORKFLOW_RUNS_DIR`: private directories of running legs (sockets
+    /// only; the workspace is a tmpfs inside the sandbox).
+    pub work_dir: PathBuf,
+    /// `DUO_WORKFLOW_RUNNER_GITLAB_URL`: how a runner reaches this instance
+    /// (default: `DUO_EXTERNAL_URL`).
+    pub gitlab_url: url::Url,
+    /// `DUO_WORKFLOW_RUNS_PER_USER` (2) and `DUO_WORKFLOW_RUNS_PER_INSTANCE`
+    /// (4): legs running at once; the rest wait in order.
+    pub per_user: i64,
+    pub per_instance: i64,
+    /// `DUO_WORKFLOW_RUN_MAX_SECONDS` (3600): a leg's wall-clock limit.
+    pub max_duration: Duration,
+    /// `DUO_WORKFLOW_RUN_MEMORY_MB` (2048): address space per process.
+    pub memory_mb: u64,
+    /// `DUO_WORKFLOW_RUN_CPU_SECONDS` (1800): CPU time per process.
+    pub cpu_seconds: u64,
+    /// `DUO_WORKFLOW_RUN_DISK_MB` (1024): the workspace's size.
+    pub disk_mb: u64,
+    /// `DUO_WORKFLOW_RUN_DISPATCH_INTERVAL_SECS` (30): how often waiting legs
+    /// are looked at besides when a leg ends.
+    pub dispatch_interval: Duration,
+}
+
+impl WorkflowRunsConfig {
+    fn from_lookup(
+        get: &impl Fn(&str) -> Option<String>,
+        external_url: &url::Url,
+    ) -> Result<Self, ConfigError> {
+        let runner = match get("DUO_WORKFLOW_RUNNER").as_deref().map(str::trim) {
+            None | Some("local") => RunnerKind::Local,
+            Some("kubernetes") => RunnerKind::Kubernetes,
+            Some("disabled") => RunnerKind::Disabled,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    name: "DUO_WORKFLOW_RUNNER",
+                    reason: format!("{other:?} is not local, kubernetes or disabled"),
+                });
+            }
+        };
+        let beside_us = std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.parent().map(|dir| dir.join("duo-workflow-executor")))
+            .unwrap_or_else(|| PathBuf::from("duo-workflow-executor"));
+        Ok(Self {
+            runner,
+            executor: get("DUO_WORKFLOW_EXECUTOR").map_or(beside_us, PathBuf::from),
+            bwrap: PathBuf::from(get("DUO_WORKFLOW_SANDBOX_BWRAP").unwrap_or_else(|| "bwrap".into())),
+            prlimit: PathBuf::from(
+                get("DUO_WORKFLOW_SANDBOX_PRLIMIT").unwrap_or_else(|| "prlimit".into()),
+            ),
+            work_dir: get("DUO_WORKFLOW_RUNS_DIR").map_or_else(
+                || std::env::temp_dir().join("duo-workflow-runs"),
+                PathBuf::from,
+            ),
+            gitlab_url: match get("DUO_WORKFLOW_RUNNER_GITLAB_URL") {
+                Some(url) => parse_url("DUO_WORKFLOW_RUNNER_GITLAB_URL", &url)?,
+                None => external_url.clone(),
+            },
+            per_user: positive(
+                parse_or(get, "DUO_WORKFLOW_RUNS_PER_USER", 2)?,
+                "DUO_WORKFLOW_RUNS_PER_USER",
+            )?,
+            per_instance: positive(
+                parse_or(get, "DUO_WORKFLOW_RUNS_PER_INSTANCE", 4)?,
+                "DUO_WORKFLOW_RUNS_PER_INSTANCE",
+            )?,
+            max_duration: Duration::from_secs(positive(
+                parse_or(get, "DUO_WORKFLOW_RUN_MAX_SECONDS", 3600)?,
+                "DUO_WORKFLOW_RUN_MAX_SECONDS",
+            )?),
+            memory_mb: positive(
+                parse_or(get, "DUO_WORKFLOW_RUN_MEMORY_MB", 2048)?,
+                "DUO_WORKFLOW_RUN_MEMORY_MB",
+            )?,
+            cpu_seconds: positive(
+                parse_or(get, "DUO_WORKFLOW_RUN_CPU_SECONDS", 1800)?,
+                "DUO_WORKFLOW_RUN_CPU_SECONDS",
+            )?,
+            disk_mb: positive(
+                parse_or(get, "DUO_WORKFLOW_RUN_DISK_MB", 1024)?,
+                "DUO_WORKFLOW_RUN_DISK_MB",
+            )?,
+            dispatch_interval: Duration::from_secs(positive(
+                parse_or(get, "DUO_WORKFLOW_RUN_DISPATCH_INTERVAL_SECS", 30)?,
+                "DUO_WORKFLOW_RUN_DISPATCH_INTERVAL_SECS",
+            )?),
+        })
+    }
 }
 
 impl DuoWorkflowConfig {
-    fn from_lookup(get: &impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+    fn from_lookup(
+        get: &impl Fn(&str) -> Option<String>,
+        external_url: &url::Url,
+    ) -> Result<Self, ConfigError> {
         Ok(Self {
+            runs: WorkflowRunsConfig::from_lookup(get, external_url)?,
             service_url: parse_url(
                 "DUO_WORKFLOW_SERVICE_URL",
                 &get("DUO_WORKFLOW_SERVICE_URL").unwrap_or_else(|| "http://127.0.0.1:50052".into()),
@@ -281,6 +400,7 @@ impl Config {
         };
         let instance_id = get("DUO_INSTANCE_ID")
             .unwrap_or_else(|| crate::gid::stable_uuid(external_url.as_str()).to_string());
+        let duo_workflow = DuoWorkflowConfig::from_lookup(&get, &external_url)?;
         Ok(Self {
             database_url: SecretString::from(database_url),
             database_pool_size: parse_or(&get, "DATABASE_POOL_SIZE", 16)?,
@@ -352,7 +472,7 @@ impl Config {
                 .filter(|v| !v.trim().is_empty())
                 .map(|v| v.trim().parse().map_err(invalid("DUO_WORKER_PROBE_ADDR")))
                 .transpose()?,
-            duo_workflow: DuoWorkflowConfig::from_lookup(&get)?,
+            duo_workflow,
             code_index: CodeIndexConfig::from_lookup(&get)?,
         })
     }

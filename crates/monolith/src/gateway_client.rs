@@ -224,6 +224,11 @@ impl GatewayClient {
         &self.settings
     }
 
+    /// The signing keys this client mints gateway tokens with.
+    pub fn keys(&self) -> &SharedKeyRing {
+        &self.keys
+    }
+
     /// GitLab's headers for a call made on behalf of `auth`. The token
     /// vouches for `model`'s endpoint, the one self-hosted model the call
     /// may name (the gateway refuses any other).

@@ -83,7 +83,7 @@ async fn main() -> anyhow::Result<()> {
             }
             // Jobs in this process too: the worker loop stops with the server.
             tracing::info!("DUO_WEB_RUNS_JOBS: this web process also runs queued jobs");
-            let (responder, code_index) = chat_responder(&config, &pool)?;
+            let (responder, code_index, runs) = chat_responder(&config, &pool)?;
             let lifecycle = state.lifecycle.clone();
             let worker = tokio::spawn(async move {
                 monolith::worker::run(
@@ -91,6 +91,7 @@ async fn main() -> anyhow::Result<()> {
                     pool,
                     responder,
                     Some(code_index),
+                    runs,
                     lifecycle.stopped(),
                 )
                 .await
@@ -128,7 +129,7 @@ async fn main() -> anyhow::Result<()> {
         "worker" => {
             let pool = db::pool(&config)?;
             ensure_signing_key(&pool, &config).await?;
-            let (responder, code_index) = chat_responder(&config, &pool)?;
+            let (responder, code_index, runs) = chat_responder(&config, &pool)?;
             let lifecycle = monolith::lifecycle::Lifecycle::new();
             let probes = match config.worker_probe_addr {
                 Some(addr) => {
@@ -159,6 +160,7 @@ async fn main() -> anyhow::Result<()> {
                 pool,
                 responder,
                 Some(code_index),
+                runs,
                 lifecycle.stopped(),
             )
             .await
@@ -214,15 +216,29 @@ async fn main() -> anyhow::Result<()> {
 
 /// The responder the worker answers questions with: the agent loop.
 /// (`monolith::worker::NotYetAvailableResponder` is the stand-in when no agent is wanted.)
-fn chat_responder(
-    config: &Config,
-    pool: &deadpool_postgres::Pool,
-) -> anyhow::Result<(Arc<dyn ChatResponder>, monolith::code_index::CodeIndex)> {
+fn chat_responder(config: &Config, pool: &deadpool_postgres::Pool) -> anyhow::Result<WorkerParts> {
     let agent = monolith::agent::AgentResponder::from_config(config, pool.clone())
         .context("setting up the chat agent")?;
-    let code_index = agent.services().code_index.clone();
-    Ok((Arc::new(agent), code_index))
+    let services = agent.services();
+    let code_index = services.code_index.clone();
+    let runs = monolith::workflows::runs::RunContext::from_config(
+        config,
+        services.policy.clone(),
+        services.gateway.keys().clone(),
+        services.models.clone(),
+        services.repositories.clone(),
+    )
+    .context("setting up workflow runs")?
+    .map(Arc::new);
+    Ok((Arc::new(agent), code_index, runs))
 }
+
+/// What the worker loop runs besides the queue itself.
+type WorkerParts = (
+    Arc<dyn ChatResponder>,
+    monolith::code_index::CodeIndex,
+    Option<Arc<monolith::workflows::runs::RunContext>>,
+);
 
 /// Ctrl-C, or SIGTERM from systemd, Kubernetes or `docker stop`.
 async fn stop_requested() {

@@ -289,6 +289,9 @@ pub struct WorkerSettings {
     pub workflows: Option<crate::config::DuoWorkflowConfig>,
     /// The code index's jobs (indexing on push, catch-up); `None` runs neither.
     pub code_index: Option<crate::code_index::CodeIndex>,
+    /// Workflows the product runs itself (their legs and admission); `None`
+    /// runs none.
+    pub workflow_runs: Option<Arc<crate::workflows::runs::RunContext>>,
 }
 
 impl WorkerSettings {
@@ -305,6 +308,7 @@ impl WorkerSettings {
             retention_every: config.thread_retention_interval,
             workflows: Some(config.duo_workflow.clone()),
             code_index: None,
+            workflow_runs: None,
         }
     }
 }
@@ -367,6 +371,20 @@ pub fn spawn(
                 .push(crate::code_index::indexer::QUEUE.to_owned());
         }
     }
+    if let Some(runs) = settings.workflow_runs {
+        use crate::workflows::runs;
+        registry.register(runs::DispatchHandler {
+            admission: runs.admission,
+        });
+        queue.periodic.push(Periodic::new(
+            &runs::DuoWorkflowDispatch {},
+            runs.config.duo_workflow.runs.dispatch_interval,
+        )?);
+        registry.register(runs::LegHandler { context: runs });
+        if !queue.queues.iter().any(|q| q == runs::QUEUE) {
+            queue.queues.push(runs::QUEUE.to_owned());
+        }
+    }
     Ok(job_queue::Worker::new(pool, database_url, registry, queue).spawn())
 }
 
@@ -377,11 +395,13 @@ pub async fn run(
     pool: Pool,
     responder: Arc<dyn ChatResponder>,
     code_index: Option<crate::code_index::CodeIndex>,
+    workflow_runs: Option<Arc<crate::workflows::runs::RunContext>>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), WorkerError> {
     crate::db::migrate_exclusively(&pool).await?;
     let settings = WorkerSettings {
         code_index,
+        workflow_runs,
         ..WorkerSettings::from_config(config)
     };
     let handle = spawn(

@@ -35,8 +35,21 @@ OPTIONS:
   --max-file-bytes N        largest file read or written (default 2097152)
   --service-url URL         skip direct_access: the workflow service address
   --service-token TOKEN     with --service-url: its token [env DUO_SERVICE_TOKEN]
+  --service-headers JSON    with --service-url: request metadata for the
+                            service, a JSON object [env DUO_SERVICE_HEADERS]
   --ca-file PEM             CA certificate for the service's TLS
   --quiet                   print only the outcome
+
+RUNS STARTED IN THE PRODUCT (set by a runner in a sandbox):
+  --gitlab-socket PATH      reach GitLab through this unix socket (a loopback
+                            relay stands in for --gitlab-url)
+  --service-socket PATH     reach the workflow service through this socket
+  --clone-project PATH      clone this project (group/project) into the
+                            workspace through GitLab's git HTTP first
+  --source-ref REF          the branch to clone (default: main)
+  --checkpoint-ref REF      continue from this hidden ref if it exists, and
+                            commit and push the workspace to it at the end
+  --git-author 'NAME <EMAIL>'  who commits the checkpoints
 
 Commands run with a cleared environment (PATH, HOME, LANG and a few more):
 no token reaches them. Tokens given as options are moved into the
@@ -69,6 +82,42 @@ pub struct Options {
     pub service_token: Option<String>,
     pub ca_file: Option<PathBuf>,
     pub quiet: bool,
+    /// Request metadata for the service (with `--service-url`).
+    pub service_headers: Vec<(String, String)>,
+    pub gitlab_socket: Option<PathBuf>,
+    pub service_socket: Option<PathBuf>,
+    pub clone_project: Option<String>,
+    pub source_ref: String,
+    pub checkpoint_ref: Option<String>,
+    /// (name, email) of the checkpoint commits.
+    pub git_author: Option<(String, String)>,
+}
+
+/// `{"name": "value", ...}` into header pairs.
+fn headers(json: &str) -> Result<Vec<(String, String)>, String> {
+    let value: serde_json::Map<String, Value> = serde_json::from_str(json)
+        .map_err(|e| format!("--service-headers is not a JSON object: {e}"))?;
+    value
+        .into_iter()
+        .map(|(name, value)| match value {
+            Value::String(text) => Ok((name.to_ascii_lowercase(), text)),
+            _ => Err(format!("--service-headers: {name} is not a string")),
+        })
+        .collect()
+}
+
+/// `Name <email>`.
+fn author(text: &str) -> Result<(String, String), String> {
+    let (name, rest) = text
+        .split_once('<')
+        .ok_or("--git-author must look like \"Name <email>\"")?;
+    let email = rest
+        .strip_suffix('>')
+        .ok_or("--git-author must look like \"Name <email>\"")?;
+    if name.trim().is_empty() || email.trim().is_empty() {
+        return Err("--git-author needs a name and an email".to_owned());
+    }
+    Ok((name.trim().to_owned(), email.trim().to_owned()))
 }
 
 fn list(value: &str) -> Result<Vec<i64>, String> {
@@ -100,6 +149,11 @@ impl Options {
             gitlab_url: variable("DUO_GITLAB_URL").unwrap_or_default(),
             token: variable("DUO_GITLAB_TOKEN").unwrap_or_default(),
             service_token: variable("DUO_SERVICE_TOKEN").filter(|t| !t.is_empty()),
+            service_headers: match variable("DUO_SERVICE_HEADERS").filter(|t| !t.is_empty()) {
+                Some(json) => headers(&json)?,
+                None => Vec::new(),
+            },
+            source_ref: "main".to_owned(),
             definition: "chat".to_owned(),
             privileges: vec![1, 2],
             pre_approved: vec![2],
@@ -151,17 +205,38 @@ impl Options {
                 "--service-token" => options.service_token = Some(value()?),
                 "--ca-file" => options.ca_file = Some(PathBuf::from(value()?)),
                 "--quiet" => options.quiet = true,
+                "--service-headers" => options.service_headers = headers(&value()?)?,
+                "--gitlab-socket" => options.gitlab_socket = Some(PathBuf::from(value()?)),
+                "--service-socket" => options.service_socket = Some(PathBuf::from(value()?)),
+                "--clone-project" => options.clone_project = Some(value()?),
+                "--source-ref" => options.source_ref = value()?,
+                "--checkpoint-ref" => options.checkpoint_ref = Some(value()?),
+                "--git-author" => options.git_author = Some(author(&value()?)?),
                 other => return Err(format!("unknown option {other}")),
             }
         }
-        if options.gitlab_url.is_empty() || options.token.is_empty() {
-            return Err("--gitlab-url and --token are required".to_owned());
+        if (options.gitlab_url.is_empty() && options.gitlab_socket.is_none())
+            || options.token.is_empty()
+        {
+            return Err("--gitlab-url (or --gitlab-socket) and --token are required".to_owned());
+        }
+        if options.service_socket.is_some() && options.service_token.is_none() {
+            return Err("--service-socket needs --service-token".to_owned());
+        }
+        if options.checkpoint_ref.is_some() && options.clone_project.is_none() {
+            return Err("--checkpoint-ref goes with --clone-project".to_owned());
         }
         if options.workflow_id.is_none() && (options.goal.is_none() || options.project_id.is_none())
         {
             return Err("give --workflow-id, or --goal with --project-id".to_owned());
         }
-        if options.service_url.is_some() != options.service_token.is_some() {
+        if options.service_url.is_some() && options.service_token.is_none() {
+            return Err("--service-url and --service-token go together".to_owned());
+        }
+        if options.service_token.is_some()
+            && options.service_url.is_none()
+            && options.service_socket.is_none()
+        {
             return Err("--service-url and --service-token go together".to_owned());
         }
         Ok(options)

@@ -21,6 +21,8 @@ use std::io::Read;
 pub const SECRET_OPTIONS: &[(&str, &str)] = &[
     ("--token", "DUO_GITLAB_TOKEN"),
     ("--service-token", "DUO_SERVICE_TOKEN"),
+    // May carry a self-hosted model's key (the model header).
+    ("--service-headers", "DUO_SERVICE_HEADERS"),
 ];
 
 /// Set in the restarted image: the descriptor of the pipe holding the

@@ -4,13 +4,16 @@
 //! service's GitLab API calls (`runHTTPRequest`) with the workflow's token,
 //! and asks the user (or `--approve` rules) when a tool call or plan needs
 //! approval. See `docs/duo-workflow.md`; what it may do and how it is
-//! confined is listed in `SECURITY-sec-exec.md`.
+//! confined is listed in `docs/security.md`. Started by a runner in a sandbox,
+//! it reaches out only through relays and works on a clone it checkpoints to
+//! the run's hidden ref (`remote`).
 
 pub mod actions;
 pub mod cli;
 pub mod environment;
 pub mod git;
 pub mod hardening;
+pub mod remote;
 pub mod session;
 pub mod workspace;
 

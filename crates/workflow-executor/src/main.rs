@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 use workflow_executor::cli::{self, Options, RuleApprover, TerminalReporter};
 use workflow_executor::hardening;
+use workflow_executor::remote::{Relay, RunRepository};
 use workflow_executor::{ActionRunner, GitLabTarget, Limits, Session, SessionEnd, Workspace};
 
 fn main() -> ExitCode {
@@ -86,7 +87,79 @@ async fn start(args: Vec<String>, secrets: hardening::Secrets) -> ExitCode {
     }
 }
 
-async fn run(options: Options) -> anyhow::Result<SessionEnd> {
+async fn run(mut options: Options) -> anyhow::Result<SessionEnd> {
+    // In a sandbox the relays are the only ways out: start them first.
+    let _gitlab_relay = match &options.gitlab_socket {
+        Some(socket) => {
+            let relay = Relay::start(socket).await?;
+            options.gitlab_url = relay.url();
+            Some(relay)
+        }
+        None => None,
+    };
+    let _service_relay = match &options.service_socket {
+        Some(socket) => {
+            let relay = Relay::start(socket).await?;
+            options.service_url = Some(relay.url());
+            Some(relay)
+        }
+        None => None,
+    };
+    let repository = match (&options.clone_project, &options.workflow_id) {
+        (Some(project), Some(workflow_id)) => {
+            let (author_name, author_email) = options
+                .git_author
+                .clone()
+                .unwrap_or_else(|| ("GitLab Duo".to_owned(), "duo@localhost".to_owned()));
+            let repository = RunRepository {
+                gitlab_url: options.gitlab_url.clone(),
+                project_path: project.clone(),
+                token: options.token.clone(),
+                source_ref: options.source_ref.clone(),
+                checkpoint_ref: options
+                    .checkpoint_ref
+                    .clone()
+                    .unwrap_or_else(|| format!("refs/workloads/{workflow_id}")),
+                author_name,
+                author_email,
+            };
+            let resumed = repository.prepare(&options.workspace).await?;
+            if !options.quiet {
+                eprintln!(
+                    "cloned {project} at {}{}",
+                    repository.source_ref,
+                    if resumed {
+                        " and continued from the run's checkpoint"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            Some(repository)
+        }
+        (Some(_), None) => anyhow::bail!("--clone-project needs --workflow-id"),
+        _ => None,
+    };
+    let end = run_session(&options).await;
+    if let (Some(repository), Some(workflow_id)) = (&repository, &options.workflow_id) {
+        let outcome = match &end {
+            Ok(SessionEnd::Finished) => "finished",
+            Ok(SessionEnd::Paused(_)) => "paused",
+            Err(_) => "stopped",
+        };
+        let message = format!("Duo Workflow {workflow_id}: checkpoint ({outcome})");
+        match repository.checkpoint(&options.workspace, &message).await {
+            Ok(commit) => eprintln!(
+                "checkpoint {commit} pushed to {}",
+                repository.checkpoint_ref
+            ),
+            Err(e) => eprintln!("duo-workflow-executor: the code checkpoint failed: {e}"),
+        }
+    }
+    end
+}
+
+async fn run_session(options: &Options) -> anyhow::Result<SessionEnd> {
     let workspace = Workspace::new(&options.workspace)?;
     // No redirects: a redirect would carry the token to a path the
     // request-path check never saw.
@@ -96,7 +169,7 @@ async fn run(options: Options) -> anyhow::Result<SessionEnd> {
         .build()?;
     let workflow_id = match &options.workflow_id {
         Some(id) => id.clone(),
-        None => cli::create_workflow(&client, &options).await?,
+        None => cli::create_workflow(&client, options).await?,
     };
     if !options.quiet {
         eprintln!("workflow {workflow_id}");
@@ -107,12 +180,12 @@ async fn run(options: Options) -> anyhow::Result<SessionEnd> {
             workflow_executor::ServiceTarget {
                 url: url.clone(),
                 token: token.clone(),
-                headers: Vec::new(),
+                headers: options.service_headers.clone(),
                 ca_pem: None,
             },
         ),
         _ => {
-            let access = cli::direct_access(&client, &options, &workflow_id).await?;
+            let access = cli::direct_access(&client, options, &workflow_id).await?;
             (access.gitlab_token, access.service)
         }
     };
@@ -134,7 +207,7 @@ async fn run(options: Options) -> anyhow::Result<SessionEnd> {
             client,
         }),
     };
-    let mut approver = RuleApprover::new(&options);
+    let mut approver = RuleApprover::new(options);
     let mut reporter = TerminalReporter::new(options.quiet);
     let end = workflow_executor::session::run(Session {
         target: service,

@@ -56,6 +56,30 @@ pub async fn mint_composite(
     insert(client, service_account_id, Some(human_id), lifetime).await
 }
 
+/// Mints the token of one run of a workflow started in the product: owned by
+/// the service account (acting for `human_id`) when there is one, else by the
+/// human, and valid only for `workflow_id` in `project_id`.
+pub async fn mint_for_run(
+    client: &impl Queries,
+    service_account_id: Option<i64>,
+    human_id: i64,
+    run: super::tokens::RunBinding,
+    lifetime: Duration,
+) -> Result<MintedToken, TokenError> {
+    let (owner, on_behalf_of) = match service_account_id {
+        Some(bot) => (bot, Some(human_id)),
+        None => (human_id, None),
+    };
+    let minted = insert(client, owner, on_behalf_of, lifetime).await?;
+    client
+        .execute(
+            "UPDATE oauth_access_tokens SET workflow_id = $2, project_id = $3 WHERE id = $1",
+            &[&minted.id, &run.workflow_id, &run.project_id],
+        )
+        .await?;
+    Ok(minted)
+}
+
 async fn insert(
     client: &impl Queries,
     owner: i64,
@@ -111,7 +135,8 @@ pub async fn authenticate(
             "SELECT t.id, t.token_digest, t.scopes, t.expires_at > now(), t.revoked_at IS NOT NULL,
                     owner.id, owner.username, owner.admin, owner.state, owner.service_account,
                     human.id, human.username, human.admin, human.state,
-                    t.last_used_at IS NULL OR t.last_used_at < now() - interval '10 minutes'
+                    t.last_used_at IS NULL OR t.last_used_at < now() - interval '10 minutes',
+                    t.workflow_id, t.project_id
              FROM oauth_access_tokens t
              JOIN users owner ON owner.id = t.user_id
              LEFT JOIN users human ON human.id = t.on_behalf_of_user_id
@@ -148,6 +173,13 @@ pub async fn authenticate(
     }
     let scopes: Vec<String> = row.get(2);
     let human_id: Option<i64> = row.get(10);
+    let run = match (row.get::<_, Option<i64>>(15), row.get::<_, Option<i64>>(16)) {
+        (Some(workflow_id), Some(project_id)) => Some(super::tokens::RunBinding {
+            workflow_id,
+            project_id,
+        }),
+        _ => None,
+    };
     let user = match human_id {
         // Composite identity: the request runs as the human; the service
         // account travels beside it so the policy can check both.
@@ -166,6 +198,7 @@ pub async fn authenticate(
                     username: row.get(6),
                     admin: row.get(7),
                 }),
+                run,
             }
         }
         None => AuthenticatedUser {
@@ -175,6 +208,7 @@ pub async fn authenticate(
             token_id,
             scopes,
             service_account: None,
+            run,
         },
     };
     Ok(Some(user))

@@ -87,6 +87,7 @@ pub async fn lookup(
             // A signed-in browser may do what the user may (as on GitLab).
             scopes: vec!["api".into()],
             service_account: None,
+            run: None,
         },
         csrf_token: r.get(3),
     }))

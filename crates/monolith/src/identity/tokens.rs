@@ -32,6 +32,16 @@ pub struct AuthenticatedUser {
     /// Composite identity: the service account whose token acts for this user
     /// (see [`super::oauth`]); `None` for the user's own credentials.
     pub service_account: Option<ServiceAccount>,
+    /// A token minted for one run of a workflow started in the product
+    /// reaches only that workflow's project.
+    pub run: Option<RunBinding>,
+}
+
+/// The workflow and project a run's token is bound to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunBinding {
+    pub workflow_id: i64,
+    pub project_id: i64,
 }
 
 /// The service account of a composite identity token.
@@ -216,6 +226,7 @@ pub async fn authenticate(
         token_id,
         scopes: row.get(2),
         service_account: None,
+        run: None,
     })
 }
 

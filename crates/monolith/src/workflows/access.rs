@@ -137,3 +137,48 @@ pub fn service_base_url(url: &url::Url) -> String {
         _ => url.to_string(),
     }
 }
+
+/// What a run needs to talk to the workflow service for `user_id`: the
+/// service's token for the flow and the request metadata to send with it
+/// (cloud-connector headers, the model header with a self-hosted model's
+/// key, GitLab's base URL).
+pub struct ServiceSession {
+    pub token: super::service::ServiceToken,
+    /// Without `authorization`: callers send the token their own way.
+    pub headers: Vec<(String, String)>,
+}
+
+/// A service session for one run of `definition` by `user_id`.
+#[allow(clippy::too_many_arguments)]
+pub async fn service_session(
+    db: &impl Queries,
+    policy: &Policy,
+    keys: &SharedKeyRing,
+    config: &Config,
+    models: &ModelStore,
+    client: &super::service::ServiceClient,
+    user_id: i64,
+    definition: &str,
+) -> Result<ServiceSession, AccessError> {
+    let model = model_metadata(db, models, true).await?;
+    let mut headers = cloud_connector_headers(
+        db,
+        policy,
+        keys,
+        config,
+        user_id,
+        self_hosted_endpoint(&model),
+    )
+    .await?;
+    let token = client
+        .generate_token(&headers, Some(definition))
+        .await
+        .map_err(|e| AccessError::Internal(e.to_string()))?;
+    headers.retain(|(name, _)| name != contracts::headers::AUTHORIZATION);
+    headers.push((MODEL_METADATA_HEADER.into(), model.to_string()));
+    headers.push((
+        "x-gitlab-base-url".into(),
+        config.external_url.as_str().trim_end_matches('/').to_owned(),
+    ));
+    Ok(ServiceSession { token, headers })
+}

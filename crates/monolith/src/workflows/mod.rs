@@ -20,6 +20,8 @@ pub mod maintenance;
 pub mod privileges;
 pub mod protojson;
 pub mod rate_limit;
+pub mod runners;
+pub mod runs;
 pub mod service;
 pub mod status;
 pub mod store;
