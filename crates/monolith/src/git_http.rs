@@ -151,6 +151,19 @@ async fn basic_user(
         return Err(denied);
     }
     let db = state.pool.get().await?;
+    // A run's own token (an OAuth token bound to one workflow and project)
+    // clones its project and pushes its checkpoint; other OAuth tokens are
+    // not git credentials.
+    if crate::identity::oauth::looks_like_token(password) {
+        return match crate::identity::oauth::authenticate(&*db, password).await {
+            Ok(Some(user)) if user.run.is_some() => Ok(Some(user)),
+            Ok(_) | Err(TokenError::Invalid) => Err(denied),
+            Err(TokenError::Blocked) => Err(GitHttpError::Forbidden(
+                "Your account has been blocked.".into(),
+            )),
+            Err(e) => Err(GitHttpError::Internal(e.to_string())),
+        };
+    }
     match tokens::authenticate(&*db, password).await {
         Ok(user) => Ok(Some(user)),
         Err(TokenError::Invalid) => Err(denied),
@@ -169,6 +182,27 @@ struct Authorized {
     default_branch: String,
 }
 
+impl Authorized {
+    /// Which refs git shows and lets be written: the workflows' hidden
+    /// checkpoint refs (`refs/workloads/*`) are neither advertised nor
+    /// writable, except a run's own, which its token fetches and pushes and
+    /// is the only ref it may write.
+    fn hidden_refs(&self) -> Vec<(String, String)> {
+        let entry = |key: &str, value: String| (key.to_owned(), value);
+        let mut config = vec![
+            entry("uploadpack.hideRefs", "refs/workloads".into()),
+            entry("receive.hideRefs", "refs/workloads".into()),
+        ];
+        if let Some(run) = self.user.as_ref().and_then(|u| u.run) {
+            let own = format!("!refs/workloads/{}", run.workflow_id);
+            config.push(entry("uploadpack.hideRefs", own.clone()));
+            config.push(entry("receive.hideRefs", "refs".into()));
+            config.push(entry("receive.hideRefs", own));
+        }
+        config
+    }
+}
+
 async fn authorize(
     state: &AppState,
     req: &HttpRequest,
@@ -176,7 +210,7 @@ async fn authorize(
     service: Service,
 ) -> Result<Authorized, GitHttpError> {
     let user = basic_user(state, req).await?;
-    if let Some(user) = &user {
+    if let Some(user) = user.as_ref().filter(|u| u.run.is_none()) {
         let wanted = match service {
             Service::UploadPack => READ_SCOPES,
             Service::ReceivePack => WRITE_SCOPES,
@@ -190,7 +224,13 @@ async fn authorize(
     }
     let actor = user.as_ref().map(Actor::from);
     let db = state.pool.get().await?;
-    let project = crate::namespaces::project_id_by_full_path(&*db, project_path(repo)).await?;
+    let mut project = crate::namespaces::project_id_by_full_path(&*db, project_path(repo)).await?;
+    // A run's token knows only its own project.
+    if let Some(run) = user.as_ref().and_then(|u| u.run)
+        && project != Some(run.project_id)
+    {
+        project = None;
+    }
     let readable = match project {
         Some(id) => {
             state
@@ -361,6 +401,7 @@ async fn serve(
         remote_addr: req.peer_addr().map(|a| a.ip().to_string()),
         extra_env,
         max_input_bytes: limit,
+        config: auth.hidden_refs(),
     };
 
     // A push is serialized per project, so the refs read before and after it

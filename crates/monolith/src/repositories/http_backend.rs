@@ -58,6 +58,8 @@ pub struct CgiRequest {
     /// 0: no limit). The body reaches git inflated (see [`gunzip`]), so this
     /// bounds what git writes whatever the request looked like on the wire.
     pub max_input_bytes: u64,
+    /// More configuration for git, in order (`uploadpack.hideRefs`, ...).
+    pub config: Vec<(String, String)>,
 }
 
 /// A running backend: feed the request body to `stdin`, then read the head and
@@ -85,9 +87,15 @@ pub fn spawn(root: &Path, request: &CgiRequest) -> Result<Backend, RepositoryErr
         .env("GATEWAY_INTERFACE", "CGI/1.1")
         // Configuration through the environment reaches `git receive-pack`,
         // which http-backend runs with it.
-        .env("GIT_CONFIG_COUNT", "1")
+        .env("GIT_CONFIG_COUNT", (1 + request.config.len()).to_string())
         .env("GIT_CONFIG_KEY_0", "receive.maxInputSize")
         .env("GIT_CONFIG_VALUE_0", request.max_input_bytes.to_string())
+        .envs(request.config.iter().enumerate().flat_map(|(i, (key, value))| {
+            [
+                (format!("GIT_CONFIG_KEY_{}", i + 1), key.clone()),
+                (format!("GIT_CONFIG_VALUE_{}", i + 1), value.clone()),
+            ]
+        }))
         .envs(
             request
                 .extra_env

@@ -1,6 +1,7 @@
 //! `ai_workflows` tokens in a project or group whose Duo features are off:
 //! refused with 403 on every endpoint there, before the handler runs (the
-//! rule is [`crate::policy::Policy::workflow_token_may_act_in`]).
+//! rule is [`crate::policy::Policy::workflow_token_may_act_in`]); a run's
+//! token anywhere but its own project: 404.
 
 use actix_web::HttpRequest;
 
@@ -25,6 +26,16 @@ pub(super) async fn refuse_where_duo_is_off(
     let Some(container) = container_of(req) else {
         return Ok(());
     };
+    // A run's token (a workflow the product runs) knows only its project:
+    // anything else looks as if it did not exist.
+    if let Some(run) = user.run
+        && container != Subject::Project(run.project_id)
+    {
+        return Err(ApiError::NotFound(match container {
+            Subject::Group(_) => "Group",
+            _ => "Project",
+        }));
+    }
     let db = state.pool.get().await?;
     if state
         .policy

@@ -432,6 +432,7 @@ async fn a_push_is_indexed_by_the_worker_and_a_failing_embedder_ends_failed_then
             retention_every: Duration::from_secs(3600),
             workflows: None,
             code_index: Some(bench.responder.services().code_index.clone()),
+            workflow_runs: None,
         },
     )
     .unwrap();

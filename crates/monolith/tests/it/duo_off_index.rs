@@ -71,6 +71,7 @@ async fn site_with(worker: bool) -> Site {
                 retention_every: Duration::from_secs(3600),
                 workflows: None,
                 code_index: Some(bench.responder.services().code_index.clone()),
+                workflow_runs: None,
             },
         )
         .unwrap()

@@ -91,6 +91,7 @@ async fn chat_question_is_stored_and_answered_with_a_coded_error() {
             retention_every: std::time::Duration::from_secs(3600),
             workflows: None,
             code_index: None,
+            workflow_runs: None,
         },
     )
     .unwrap();

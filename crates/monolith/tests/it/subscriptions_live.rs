@@ -245,6 +245,7 @@ async fn a_question_streams_chunks_then_the_full_answer_to_the_socket() {
             retention_every: Duration::from_secs(3600),
             workflows: None,
             code_index: None,
+            workflow_runs: None,
         },
     )
     .unwrap();

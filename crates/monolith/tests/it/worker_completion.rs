@@ -58,6 +58,7 @@ fn settings(lease: Duration, heartbeat: Duration, grace: Duration) -> WorkerSett
         retention_every: Duration::from_secs(3600),
         workflows: None,
         code_index: None,
+        workflow_runs: None,
     }
 }
 

@@ -93,6 +93,7 @@ async fn the_worker_runs_the_stuck_workflow_job_on_its_period() {
             retention_every: Duration::from_secs(3600),
             workflows: Some(config.duo_workflow.clone()),
             code_index: None,
+            workflow_runs: None,
         },
     )
     .unwrap();
