@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # System packages the build and the tests need: llama-cpp-sys-2 builds llama.cpp
 # with cmake and generates bindings with bindgen (libclang); the page tests need
-# Chromium and chromedriver; the deployment tests strace and openssl. (kubectl,
+# Chromium and chromedriver; the deployment tests strace and openssl; the
+# workflow runner bubblewrap. (kubectl,
 # helm and the schema validators come from scripts/k8s-tools.sh and
 # scripts/python-env.sh, run by the tests themselves.)
 # Installs only what is missing; run as root (CI) or with sudo available.
@@ -23,6 +24,10 @@ command -v python3 >/dev/null 2>&1 || missing+=(python3 python3-pip)
 # The deployment tests trace what the processes write (strace) and make keys
 # the way deploy/README.md tells admins to (openssl).
 command -v strace >/dev/null 2>&1 || missing+=(strace)
+# Workflows the product runs itself start the executor in a bubblewrap
+# sandbox with prlimit's limits (docs/duo-workflow-runs.md).
+command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+command -v prlimit >/dev/null 2>&1 || missing+=(util-linux)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 
 if [ ${#missing[@]} -eq 0 ]; then
