@@ -8,9 +8,9 @@ CREATE TABLE duo_workflow_workloads (
     runner text NOT NULL CHECK (runner IN ('local', 'kubernetes')),
     state text NOT NULL DEFAULT 'queued'
         CHECK (state IN ('queued', 'running', 'finished', 'paused', 'failed', 'cancelled')),
-    -- The executor's --approve rules for this leg (an approval the user gave).
-    approve text[] NOT NULL DEFAULT '{}',
-    -- A rejection the user gave, sent with every unapproved request.
+    -- The user's answer to the request the run paused on (legs after the first).
+    answer text CHECK (answer IN ('approve', 'reject')),
+    -- What to do instead, with a rejection.
     reject_message text CHECK (length(reject_message) <= 4096),
     token_id bigint REFERENCES oauth_access_tokens(id) ON DELETE SET NULL,
     failure_reason text CHECK (length(failure_reason) <= 4096),

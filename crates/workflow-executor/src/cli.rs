@@ -29,6 +29,9 @@ OPTIONS:
                             tool name (repeatable); unmatched requests are
                             asked on a terminal, else the run stays paused
   --reject-unmatched        reject what no rule approves instead of pausing
+  --decide-first ANSWER     approve or reject (with --reject-message) the
+                            first request only, whatever it is: the answer a
+                            user gave on the web page; later ones pause
   --reject-message TEXT     the message sent with a rejection
   --allow-command PROGRAM   allow only these programs (repeatable)
   --command-timeout SECS    default command timeout (default 120)
@@ -75,6 +78,8 @@ pub struct Options {
     pub approve: Vec<String>,
     pub reject_unmatched: bool,
     pub reject_message: Option<String>,
+    /// `Some(true)`: approve the first request; `Some(false)`: reject it.
+    pub decide_first: Option<bool>,
     pub allowed_commands: Vec<String>,
     pub command_timeout: Duration,
     pub max_file_bytes: usize,
@@ -188,6 +193,17 @@ impl Options {
                 "--approve" => options.approve.push(value()?),
                 "--reject-unmatched" => options.reject_unmatched = true,
                 "--reject-message" => options.reject_message = Some(value()?),
+                "--decide-first" => {
+                    options.decide_first = Some(match value()?.as_str() {
+                        "approve" => true,
+                        "reject" => false,
+                        other => {
+                            return Err(format!(
+                                "--decide-first takes approve or reject, not {other:?}"
+                            ));
+                        }
+                    })
+                }
                 "--allow-command" => options.allowed_commands.push(value()?),
                 "--command-timeout" => {
                     options.command_timeout = Duration::from_secs(
@@ -386,6 +402,8 @@ pub struct RuleApprover {
     pub reject_unmatched: bool,
     pub reject_message: Option<String>,
     pub interactive: bool,
+    /// The answer to the first request only (`--decide-first`).
+    pub first: Option<bool>,
 }
 
 impl RuleApprover {
@@ -395,6 +413,7 @@ impl RuleApprover {
             reject_unmatched: options.reject_unmatched,
             reject_message: options.reject_message.clone(),
             interactive: std::io::stdin().is_terminal(),
+            first: options.decide_first,
         }
     }
 
@@ -415,6 +434,11 @@ impl RuleApprover {
 
 impl Approver for RuleApprover {
     fn decide(&mut self, status: &str, request: &PendingRequest) -> Decision {
+        match self.first.take() {
+            Some(true) => return Decision::Approve,
+            Some(false) => return Decision::Reject(self.reject_message.clone()),
+            None => {}
+        }
         if self.covered(status, request) {
             return Decision::Approve;
         }

@@ -29,7 +29,7 @@ use secrecy::SecretString;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use super::runners::{LegEnd, LegOutcome, LegSpec, RunLimits, Runner};
+use super::runners::{Answer, LegEnd, LegOutcome, LegSpec, RunLimits, Runner};
 use super::{Caller, Status, WorkflowError};
 use crate::queries::Queries;
 
@@ -104,25 +104,29 @@ impl job_queue::Job for DuoWorkflowDispatch {
     const KIND: &'static str = "duo_workflow_dispatch";
 }
 
-/// Queues the next leg of a workflow, with the approval the user gave for
-/// it. Refused while a leg is queued or running.
+/// Queues the next leg of a workflow, with the answer the user gave to the
+/// request it paused on. Refused while a leg is queued or running.
 pub async fn queue_leg(
     db: &impl Queries,
     workflow_id: i64,
     runner: &str,
-    approve: &[String],
-    reject_message: Option<&str>,
+    answer: Option<&Answer>,
 ) -> Result<Workload, WorkflowError> {
+    let (answer, reject_message) = match answer {
+        None => (None, None),
+        Some(Answer::Approve) => (Some("approve"), None),
+        Some(Answer::Reject(message)) => (Some("reject"), message.as_deref()),
+    };
     let row = db
         .query_opt(
             &format!(
-                "INSERT INTO duo_workflow_workloads (workflow_id, leg, runner, approve, reject_message)
+                "INSERT INTO duo_workflow_workloads (workflow_id, leg, runner, answer, reject_message)
                  SELECT $1, coalesce(max(leg), 0) + 1, $2, $3, $4
                  FROM duo_workflow_workloads WHERE workflow_id = $1
-                 HAVING NOT bool_or(state IN ('queued', 'running')) OR count(*) = 0
+                 HAVING NOT coalesce(bool_or(state IN ('queued', 'running')), false)
                  RETURNING {WORKLOAD_COLUMNS}"
             ),
-            &[&workflow_id, &runner, &approve, &reject_message],
+            &[&workflow_id, &runner, &answer, &reject_message],
         )
         .await?;
     match row {
@@ -282,7 +286,7 @@ impl JobHandler for DispatchHandler {
 /// A leg as the job reads it, with its workflow's facts.
 struct LegFacts {
     workload: Workload,
-    approve: Vec<String>,
+    answer: Option<String>,
     reject_message: Option<String>,
     user_id: i64,
     service_account_id: Option<i64>,
@@ -296,10 +300,21 @@ struct LegFacts {
     issue_id: Option<i64>,
 }
 
+impl LegFacts {
+    /// The user's stored answer for this leg.
+    fn decision(&self) -> Option<Answer> {
+        match self.answer.as_deref() {
+            Some("approve") => Some(Answer::Approve),
+            Some("reject") => Some(Answer::Reject(self.reject_message.clone())),
+            _ => None,
+        }
+    }
+}
+
 async fn leg_facts(db: &impl Queries, workload_id: i64) -> Result<Option<LegFacts>, WorkflowError> {
     let sql = format!(
         "{} SELECT l.id, l.workflow_id, l.leg, l.runner, l.state, l.failure_reason, l.checkpoint_sha,
-                l.approve, l.reject_message, w.user_id, w.service_account_id, w.project_id,
+                l.answer, l.reject_message, w.user_id, w.service_account_id, w.project_id,
                 paths.full_path || '/' || p.path, p.default_branch, w.source_branch,
                 w.goal, w.workflow_definition, w.status, w.issue_id
          FROM duo_workflow_workloads l
@@ -315,7 +330,7 @@ async fn leg_facts(db: &impl Queries, workload_id: i64) -> Result<Option<LegFact
     };
     Ok(Some(LegFacts {
         workload: workload(&row),
-        approve: row.get(7),
+        answer: row.get(7),
         reject_message: row.get(8),
         user_id: row.get(9),
         service_account_id: row.get(10),
@@ -443,8 +458,7 @@ async fn run_leg(
         gitlab_token: SecretString::from(token.token),
         service_token: SecretString::from(session.token.token),
         service_headers: SecretString::from(serde_json::Value::Object(headers).to_string()),
-        approve: facts.approve.clone(),
-        reject_message: facts.reject_message.clone(),
+        answer: facts.decision(),
         git_author: author,
         limits: context.limits,
     };
@@ -749,4 +763,64 @@ impl RunContext {
             },
         }))
     }
+}
+
+/// A run the product was asked to start (or continue): its leg and, while
+/// it waits, its place in the queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartedRun {
+    pub workload: Workload,
+    pub position: Option<i64>,
+}
+
+impl StartedRun {
+    /// GitLab's `workload: {id, message}`.
+    pub fn workload_json(&self, follow_url: &str) -> serde_json::Value {
+        let message = match self.position {
+            Some(place) => format!(
+                "The run is queued ({place} in line); follow it at {follow_url}"
+            ),
+            None => format!("The run started; follow it at {follow_url}"),
+        };
+        serde_json::json!({ "id": self.workload.id, "message": message })
+    }
+}
+
+/// The runner runs are handed to, as configured; `None` when runs are off.
+pub fn configured_runner(config: &crate::config::Config) -> Option<&'static str> {
+    use crate::config::RunnerKind;
+    match config.duo_workflow.runs.runner {
+        RunnerKind::Local => Some("local"),
+        RunnerKind::Kubernetes => Some("kubernetes"),
+        RunnerKind::Disabled => None,
+    }
+}
+
+/// Queues the workflow's next leg (with the user's answer, after a pause)
+/// and admits what the limits allow.
+pub async fn start(
+    pool: &deadpool_postgres::Pool,
+    config: &crate::config::Config,
+    workflow_id: i64,
+    answer: Option<&Answer>,
+) -> Result<StartedRun, WorkflowError> {
+    let runner = configured_runner(config).ok_or_else(|| {
+        WorkflowError::Refused(
+            "Workflows cannot be run on this instance: no runner is configured (DUO_WORKFLOW_RUNNER)"
+                .into(),
+        )
+    })?;
+    let mut db = pool.get().await?;
+    let workload = queue_leg(&*db, workflow_id, runner, answer).await?;
+    let runs = &config.duo_workflow.runs;
+    dispatch(
+        &mut db,
+        AdmissionLimits {
+            per_user: runs.per_user,
+            per_instance: runs.per_instance,
+        },
+    )
+    .await?;
+    let position = queue_position(&*db, workload.id).await?;
+    Ok(StartedRun { workload, position })
 }

@@ -63,11 +63,9 @@ pub struct LegSpec {
     /// Request metadata for the service (cloud-connector headers and the
     /// model header, which may carry a self-hosted model's key).
     pub service_headers: SecretString,
-    /// `--approve` rules of this leg (an approval the user gave).
-    pub approve: Vec<String>,
-    /// Reject what the rules do not approve, with this message (a
-    /// rejection the user gave); `None` pauses instead.
-    pub reject_message: Option<String>,
+    /// The user's answer to the request the run paused on (the leg after
+    /// an approval or a rejection); `None` for a first leg.
+    pub answer: Option<Answer>,
     /// Who commits the checkpoints: the Duo service account.
     pub git_author: (String, String),
     pub limits: RunLimits,
@@ -111,18 +109,28 @@ impl LegSpec {
                 service.clone(),
             ]),
         }
-        for rule in &self.approve {
-            args.extend(["--approve".to_owned(), rule.clone()]);
-        }
-        if let Some(message) = &self.reject_message {
-            args.extend([
-                "--reject-unmatched".to_owned(),
-                "--reject-message".to_owned(),
-                message.clone(),
-            ]);
+        match &self.answer {
+            Some(Answer::Approve) => {
+                args.extend(["--decide-first".to_owned(), "approve".to_owned()]);
+            }
+            Some(Answer::Reject(message)) => {
+                args.extend(["--decide-first".to_owned(), "reject".to_owned()]);
+                if let Some(message) = message {
+                    args.extend(["--reject-message".to_owned(), message.clone()]);
+                }
+            }
+            None => {}
         }
         args
     }
+}
+
+/// A user's answer to the request a run paused on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    Approve,
+    /// With what to do instead, if the user said.
+    Reject(Option<String>),
 }
 
 /// How the executor reaches the monolith and the workflow service.
