@@ -279,7 +279,9 @@ impl WorkflowRunsConfig {
         Ok(Self {
             runner,
             executor: get("DUO_WORKFLOW_EXECUTOR").map_or(beside_us, PathBuf::from),
-            bwrap: PathBuf::from(get("DUO_WORKFLOW_SANDBOX_BWRAP").unwrap_or_else(|| "bwrap".into())),
+            bwrap: PathBuf::from(
+                get("DUO_WORKFLOW_SANDBOX_BWRAP").unwrap_or_else(|| "bwrap".into()),
+            ),
             prlimit: PathBuf::from(
                 get("DUO_WORKFLOW_SANDBOX_PRLIMIT").unwrap_or_else(|| "prlimit".into()),
             ),

@@ -228,7 +228,10 @@ impl RunRepository {
                     "fetch",
                     "--quiet",
                     "origin",
-                    &format!("+{}:refs/remotes/origin/duo-checkpoint", self.checkpoint_ref),
+                    &format!(
+                        "+{}:refs/remotes/origin/duo-checkpoint",
+                        self.checkpoint_ref
+                    ),
                 ],
             )
             .await
@@ -238,7 +241,13 @@ impl RunRepository {
                 &workspace,
                 &root,
                 "checkout of the checkpoint",
-                &["checkout", "--quiet", "-B", "duo-workflow", "origin/duo-checkpoint"],
+                &[
+                    "checkout",
+                    "--quiet",
+                    "-B",
+                    "duo-workflow",
+                    "origin/duo-checkpoint",
+                ],
             )
             .await?;
         } else {
@@ -258,7 +267,8 @@ impl RunRepository {
     pub async fn checkpoint(&self, dir: &Path, message: &str) -> Result<String, RemoteError> {
         let workspace = Workspace::new(dir)?;
         let root = workspace.root().to_path_buf();
-        self.git(&workspace, &root, "add", &["add", "--all"]).await?;
+        self.git(&workspace, &root, "add", &["add", "--all"])
+            .await?;
         let changed = self
             .git(
                 &workspace,

@@ -17,3 +17,4 @@ mod web_code_e2e;
 mod web_e2e;
 mod web_support;
 mod workflow_e2e;
+mod workflow_runs_e2e;

@@ -90,12 +90,18 @@ pub fn spawn(root: &Path, request: &CgiRequest) -> Result<Backend, RepositoryErr
         .env("GIT_CONFIG_COUNT", (1 + request.config.len()).to_string())
         .env("GIT_CONFIG_KEY_0", "receive.maxInputSize")
         .env("GIT_CONFIG_VALUE_0", request.max_input_bytes.to_string())
-        .envs(request.config.iter().enumerate().flat_map(|(i, (key, value))| {
-            [
-                (format!("GIT_CONFIG_KEY_{}", i + 1), key.clone()),
-                (format!("GIT_CONFIG_VALUE_{}", i + 1), value.clone()),
-            ]
-        }))
+        .envs(
+            request
+                .config
+                .iter()
+                .enumerate()
+                .flat_map(|(i, (key, value))| {
+                    [
+                        (format!("GIT_CONFIG_KEY_{}", i + 1), key.clone()),
+                        (format!("GIT_CONFIG_VALUE_{}", i + 1), value.clone()),
+                    ]
+                }),
+        )
         .envs(
             request
                 .extra_env

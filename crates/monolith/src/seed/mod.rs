@@ -252,6 +252,25 @@ pub async fn run(pool: &Pool, repos: &Repositories) -> Result<SeedReport, SeedEr
     member(&tx, "group", platform, bob, 30).await?;
     member(&tx, "group", acme, carol, 10).await?;
     member(&tx, "group", hobby, root, 50).await?;
+    // The Duo service account that workflows the product runs act as, on
+    // behalf of their user (a developer where the demo projects live).
+    let duo: i64 = tx
+        .query_one(
+            "INSERT INTO users (username, name, email, service_account)
+             VALUES ('duo-developer', 'GitLab Duo', 'duo-developer@noreply.localhost', true)
+             ON CONFLICT (username) DO UPDATE SET service_account = true, state = 'active'
+             RETURNING id",
+            &[],
+        )
+        .await?
+        .get(0);
+    member(&tx, "group", acme, duo, 30).await?;
+    member(&tx, "group", hobby, duo, 30).await?;
+    tx.execute(
+        "UPDATE instance_settings SET duo_workflow_service_account_id = $1",
+        &[&duo],
+    )
+    .await?;
 
     let api = upsert_project(&tx, platform, "api", "API", "private").await?;
     let website = upsert_project(&tx, acme, "website", "Website", "public").await?;

@@ -178,7 +178,11 @@ pub async fn service_session(
     headers.push((MODEL_METADATA_HEADER.into(), model.to_string()));
     headers.push((
         "x-gitlab-base-url".into(),
-        config.external_url.as_str().trim_end_matches('/').to_owned(),
+        config
+            .external_url
+            .as_str()
+            .trim_end_matches('/')
+            .to_owned(),
     ));
     Ok(ServiceSession { token, headers })
 }

@@ -138,7 +138,10 @@ pub async fn queue_leg(
 }
 
 /// The newest leg of a workflow.
-pub async fn latest(db: &impl Queries, workflow_id: i64) -> Result<Option<Workload>, WorkflowError> {
+pub async fn latest(
+    db: &impl Queries,
+    workflow_id: i64,
+) -> Result<Option<Workload>, WorkflowError> {
     Ok(db
         .query_opt(
             &format!(
@@ -154,7 +157,10 @@ pub async fn latest(db: &impl Queries, workflow_id: i64) -> Result<Option<Worklo
 
 /// The 1-based place of a queued leg among those waiting; `None` once it
 /// was admitted.
-pub async fn queue_position(db: &impl Queries, workload_id: i64) -> Result<Option<i64>, WorkflowError> {
+pub async fn queue_position(
+    db: &impl Queries,
+    workload_id: i64,
+) -> Result<Option<i64>, WorkflowError> {
     let row = db
         .query_one(
             "SELECT CASE WHEN l.state = 'queued' THEN
@@ -324,8 +330,7 @@ async fn leg_facts(db: &impl Queries, workload_id: i64) -> Result<Option<LegFact
          WHERE l.id = $1",
         crate::namespaces::FULL_PATHS
     );
-    let Some(row) = db.query_opt(&sql, &[&workload_id]).await?
-    else {
+    let Some(row) = db.query_opt(&sql, &[&workload_id]).await? else {
         return Ok(None);
     };
     Ok(Some(LegFacts {
@@ -398,8 +403,9 @@ async fn run_leg(
     let workflow_id = facts.workload.workflow_id;
     let text = |e: &dyn std::fmt::Display| e.to_string();
     let db = pool.get().await.map_err(|e| text(&e))?;
-    let lifetime = chrono::Duration::from_std(context.limits.max_duration + Duration::from_secs(300))
-        .unwrap_or(chrono::Duration::hours(2));
+    let lifetime =
+        chrono::Duration::from_std(context.limits.max_duration + Duration::from_secs(300))
+            .unwrap_or(chrono::Duration::hours(2));
     let token = crate::identity::oauth::mint_for_run(
         &*db,
         facts.service_account_id,
@@ -474,7 +480,11 @@ async fn run_leg(
 
 /// Cancels the leg once its workflow was stopped or paused (the events API
 /// and the status API both move the workflow there).
-async fn watch_for_stop(pool: deadpool_postgres::Pool, workflow_id: i64, cancel: CancellationToken) {
+async fn watch_for_stop(
+    pool: deadpool_postgres::Pool,
+    workflow_id: i64,
+    cancel: CancellationToken,
+) {
     loop {
         tokio::time::sleep(WATCH_INTERVAL).await;
         let Ok(db) = pool.get().await else { continue };
@@ -488,7 +498,10 @@ async fn watch_for_stop(pool: deadpool_postgres::Pool, workflow_id: i64, cancel:
             continue;
         };
         let status = Status::from_code(row.get(0));
-        if matches!(status, Some(Status::Stopped | Status::Paused | Status::Failed)) {
+        if matches!(
+            status,
+            Some(Status::Stopped | Status::Paused | Status::Failed)
+        ) {
             cancel.cancel();
             return;
         }
@@ -514,7 +527,8 @@ async fn finish_leg(
 ) -> Result<(), WorkflowError> {
     let workflow_id = facts.workload.workflow_id;
     let repository = context.repositories.path(facts.project_id);
-    let checkpoint = crate::repositories::reader::resolve(&repository, &checkpoint_ref(workflow_id)).ok();
+    let checkpoint =
+        crate::repositories::reader::resolve(&repository, &checkpoint_ref(workflow_id)).ok();
     let (state, reason) = match &outcome.end {
         LegEnd::Finished => ("finished", None),
         LegEnd::Paused => ("paused", None),
@@ -673,8 +687,7 @@ async fn publish_result(
         &[&workflow_id, &branch, &merge_request],
     )
     .await?;
-    crate::repositories::pushes::record(&tx, facts.project_id, Some(author), &[update])
-        .await?;
+    crate::repositories::pushes::record(&tx, facts.project_id, Some(author), &[update]).await?;
     super::audit(
         &tx,
         Some(workflow_id),
@@ -777,9 +790,9 @@ impl StartedRun {
     /// GitLab's `workload: {id, message}`.
     pub fn workload_json(&self, follow_url: &str) -> serde_json::Value {
         let message = match self.position {
-            Some(place) => format!(
-                "The run is queued ({place} in line); follow it at {follow_url}"
-            ),
+            Some(place) => {
+                format!("The run is queued ({place} in line); follow it at {follow_url}")
+            }
             None => format!("The run started; follow it at {follow_url}"),
         };
         serde_json::json!({ "id": self.workload.id, "message": message })

@@ -106,13 +106,7 @@ impl LocalRunner {
         }
         line.extend(
             [
-                "--proc",
-                "/proc",
-                "--dev",
-                "/dev",
-                "--tmpfs",
-                "/tmp",
-                "--size",
+                "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--size",
             ]
             .map(str::to_owned),
         );
@@ -264,9 +258,6 @@ impl Runner for LocalRunner {
         let log = output.await.unwrap_or_default();
         drop(gitlab);
         drop(service);
-        Ok(LegOutcome {
-            end,
-            log_tail: log,
-        })
+        Ok(LegOutcome { end, log_tail: log })
     }
 }
