@@ -254,6 +254,26 @@ pub struct WorkflowRunsConfig {
     /// `DUO_WORKFLOW_RUN_DISPATCH_INTERVAL_SECS` (30): how often waiting legs
     /// are looked at besides when a leg ends.
     pub dispatch_interval: Duration,
+    /// The Kubernetes runner's settings.
+    pub kubernetes: KubernetesRunnerSettings,
+}
+
+/// `DUO_WORKFLOW_KUBERNETES_*`: where and how legs run as Jobs.
+#[derive(Debug, Clone)]
+pub struct KubernetesRunnerSettings {
+    /// `..._API_URL`: the API server; unset, the in-cluster configuration.
+    pub api_url: Option<url::Url>,
+    /// `..._NAMESPACE`: unset, the namespace of the worker's own pod (or
+    /// the configuration's default).
+    pub namespace: Option<String>,
+    /// `..._IMAGE`: an image with `duo-workflow-executor` (needed with this runner).
+    pub image: String,
+    /// `..._GITLAB_URL` and `..._SERVICE_URL`: how pods reach the monolith
+    /// and the workflow service (default: the runner's and the monolith's).
+    pub gitlab_url: url::Url,
+    pub service_url: url::Url,
+    /// `..._CPU` (`1`): the executor container's CPU limit.
+    pub cpu: String,
 }
 
 impl WorkflowRunsConfig {
@@ -272,6 +292,34 @@ impl WorkflowRunsConfig {
                 });
             }
         };
+        let gitlab_url = match get("DUO_WORKFLOW_RUNNER_GITLAB_URL") {
+            Some(url) => parse_url("DUO_WORKFLOW_RUNNER_GITLAB_URL", &url)?,
+            None => external_url.clone(),
+        };
+        let kubernetes = KubernetesRunnerSettings {
+            api_url: match get("DUO_WORKFLOW_KUBERNETES_API_URL") {
+                Some(url) => Some(parse_url("DUO_WORKFLOW_KUBERNETES_API_URL", &url)?),
+                None => None,
+            },
+            namespace: get("DUO_WORKFLOW_KUBERNETES_NAMESPACE"),
+            image: get("DUO_WORKFLOW_KUBERNETES_IMAGE").unwrap_or_default(),
+            gitlab_url: match get("DUO_WORKFLOW_KUBERNETES_GITLAB_URL") {
+                Some(url) => parse_url("DUO_WORKFLOW_KUBERNETES_GITLAB_URL", &url)?,
+                None => gitlab_url.clone(),
+            },
+            service_url: match get("DUO_WORKFLOW_KUBERNETES_SERVICE_URL") {
+                Some(url) => parse_url("DUO_WORKFLOW_KUBERNETES_SERVICE_URL", &url)?,
+                None => parse_url(
+                    "DUO_WORKFLOW_SERVICE_URL",
+                    &get("DUO_WORKFLOW_SERVICE_URL")
+                        .unwrap_or_else(|| "http://127.0.0.1:50052".into()),
+                )?,
+            },
+            cpu: get("DUO_WORKFLOW_KUBERNETES_CPU").unwrap_or_else(|| "1".into()),
+        };
+        if runner == RunnerKind::Kubernetes && kubernetes.image.is_empty() {
+            return Err(ConfigError::Missing("DUO_WORKFLOW_KUBERNETES_IMAGE"));
+        }
         let beside_us = std::env::current_exe()
             .ok()
             .and_then(|exe| exe.parent().map(|dir| dir.join("duo-workflow-executor")))
@@ -289,10 +337,8 @@ impl WorkflowRunsConfig {
                 || std::env::temp_dir().join("duo-workflow-runs"),
                 PathBuf::from,
             ),
-            gitlab_url: match get("DUO_WORKFLOW_RUNNER_GITLAB_URL") {
-                Some(url) => parse_url("DUO_WORKFLOW_RUNNER_GITLAB_URL", &url)?,
-                None => external_url.clone(),
-            },
+            gitlab_url,
+            kubernetes,
             per_user: positive(
                 parse_or(get, "DUO_WORKFLOW_RUNS_PER_USER", 2)?,
                 "DUO_WORKFLOW_RUNS_PER_USER",

@@ -83,7 +83,7 @@ async fn main() -> anyhow::Result<()> {
             }
             // Jobs in this process too: the worker loop stops with the server.
             tracing::info!("DUO_WEB_RUNS_JOBS: this web process also runs queued jobs");
-            let (responder, code_index, runs) = chat_responder(&config, &pool)?;
+            let (responder, code_index, runs) = chat_responder(&config, &pool).await?;
             let lifecycle = state.lifecycle.clone();
             let worker = tokio::spawn(async move {
                 monolith::worker::run(
@@ -129,7 +129,7 @@ async fn main() -> anyhow::Result<()> {
         "worker" => {
             let pool = db::pool(&config)?;
             ensure_signing_key(&pool, &config).await?;
-            let (responder, code_index, runs) = chat_responder(&config, &pool)?;
+            let (responder, code_index, runs) = chat_responder(&config, &pool).await?;
             let lifecycle = monolith::lifecycle::Lifecycle::new();
             let probes = match config.worker_probe_addr {
                 Some(addr) => {
@@ -216,7 +216,10 @@ async fn main() -> anyhow::Result<()> {
 
 /// The responder the worker answers questions with: the agent loop.
 /// (`monolith::worker::NotYetAvailableResponder` is the stand-in when no agent is wanted.)
-fn chat_responder(config: &Config, pool: &deadpool_postgres::Pool) -> anyhow::Result<WorkerParts> {
+async fn chat_responder(
+    config: &Config,
+    pool: &deadpool_postgres::Pool,
+) -> anyhow::Result<WorkerParts> {
     let agent = monolith::agent::AgentResponder::from_config(config, pool.clone())
         .context("setting up the chat agent")?;
     let services = agent.services();
@@ -228,6 +231,7 @@ fn chat_responder(config: &Config, pool: &deadpool_postgres::Pool) -> anyhow::Re
         services.models.clone(),
         services.repositories.clone(),
     )
+    .await
     .context("setting up workflow runs")?
     .map(Arc::new);
     Ok((Arc::new(agent), code_index, runs))

@@ -723,14 +723,14 @@ mod tests {
 pub enum RunSetupError {
     #[error("{0} cannot be reached by a runner: it names no host and port")]
     Address(&'static str),
-    #[error("the {0} runner is not available in this build")]
-    Unavailable(&'static str),
+    #[error(transparent)]
+    Runner(#[from] super::runners::RunnerError),
 }
 
 impl RunContext {
     /// The run context of a worker process, or `None` when runs are
     /// disabled (`DUO_WORKFLOW_RUNNER=disabled`).
-    pub fn from_config(
+    pub async fn from_config(
         config: &crate::config::Config,
         policy: crate::policy::Policy,
         keys: crate::identity::jwt::SharedKeyRing,
@@ -741,7 +741,22 @@ impl RunContext {
         let runs = &config.duo_workflow.runs;
         let runner: Arc<dyn Runner> = match runs.runner {
             RunnerKind::Disabled => return Ok(None),
-            RunnerKind::Kubernetes => return Err(RunSetupError::Unavailable("kubernetes")),
+            RunnerKind::Kubernetes => {
+                let k8s = &runs.kubernetes;
+                Arc::new(
+                    super::runners::kubernetes::KubernetesRunner::connect(
+                        super::runners::kubernetes::KubernetesRunnerConfig {
+                            api_url: k8s.api_url.clone(),
+                            namespace: k8s.namespace.clone(),
+                            image: k8s.image.clone(),
+                            gitlab_url: k8s.gitlab_url.as_str().trim_end_matches('/').to_owned(),
+                            service_url: k8s.service_url.as_str().trim_end_matches('/').to_owned(),
+                            cpu: k8s.cpu.clone(),
+                        },
+                    )
+                    .await?,
+                )
+            }
             RunnerKind::Local => Arc::new(super::runners::local::LocalRunner::new(
                 super::runners::local::LocalRunnerConfig {
                     executor: runs.executor.clone(),

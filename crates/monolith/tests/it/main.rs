@@ -54,4 +54,5 @@ mod workflows_jobs;
 mod workflows_rest;
 mod workflows_socket;
 mod workflows_state_machine;
+mod workflow_runner_kubernetes;
 mod workflows_tokens;

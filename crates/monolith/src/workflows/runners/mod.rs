@@ -8,9 +8,10 @@
 //! - [`local::LocalRunner`] (default): the worker starts the executor in a
 //!   bubblewrap sandbox of its own, reaching only the monolith and the
 //!   workflow service through relays;
-//! - `kubernetes`: a Kubernetes Job per leg, its tokens in a Secret owned by
-//!   the Job.
+//! - [`kubernetes::KubernetesRunner`]: a Kubernetes Job per leg, its tokens
+//!   in a Secret owned by the Job.
 
+pub mod kubernetes;
 pub mod local;
 pub mod relay;
 
