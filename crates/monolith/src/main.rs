@@ -16,7 +16,7 @@ use monolith::{app_state::AppState, db, server};
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-const USAGE: &str = "usage: duo-monolith <web|worker|migrate|seed [--json]|rotate-keys|reindex <group/project>|--all>";
+const USAGE: &str = "usage: duo-monolith <web|worker|migrate|seed [--json]|rotate-keys|reindex <group/project>|--all|render-run-job>";
 
 #[actix_web::main]
 async fn main() -> anyhow::Result<()> {
@@ -28,7 +28,7 @@ async fn main() -> anyhow::Result<()> {
     // orchestrator runs; `seed` and `rotate-keys` print their results on
     // stdout, so their logs stay on stderr. Text (for people) on stderr.
     let json = std::env::var("DUO_LOG_FORMAT").is_ok_and(|f| f.trim().eq_ignore_ascii_case("json"));
-    let prints_results = matches!(role, "seed" | "rotate-keys" | "reindex");
+    let prints_results = matches!(role, "seed" | "rotate-keys" | "reindex" | "render-run-job");
     match (json, prints_results) {
         (true, false) => tracing_subscriber::fmt()
             .json()
@@ -169,6 +169,14 @@ async fn main() -> anyhow::Result<()> {
                 handle.stop(true).await;
             }
             tracing::info!("worker role stopped");
+            Ok(())
+        }
+        "render-run-job" => {
+            let job = monolith::workflows::runners::kubernetes::example_job(&config);
+            #[expect(clippy::print_stdout, reason = "the Job is the command's output")]
+            {
+                println!("{}", serde_json::to_string_pretty(&job)?);
+            }
             Ok(())
         }
         "rotate-keys" => {

@@ -290,6 +290,10 @@ fn every_overlay_renders_and_validates_against_the_kubernetes_api_schemas() {
                 "PodDisruptionBudget/duo-local-llm",
                 "HorizontalPodAutoscaler/duo-web",
                 "HorizontalPodAutoscaler/duo-gateway",
+                "ServiceAccount/duo-worker",
+                "Role/duo-workflow-runner",
+                "RoleBinding/duo-workflow-runner",
+                "NetworkPolicy/duo-workflow-runs",
             ],
         };
         for name in expected {
@@ -320,6 +324,54 @@ fn every_overlay_renders_and_validates_against_the_kubernetes_api_schemas() {
                 object["metadata"]["name"]
             );
         }
+    }
+}
+
+#[test]
+fn the_job_of_a_workflow_run_validates_against_the_kubernetes_api_schemas() {
+    let scratch = Scratch::new("run-job");
+    let output = Command::new(binary("duo-monolith").unwrap())
+        .arg("render-run-job")
+        .env("DATABASE_URL", "postgres://nobody@127.0.0.1:1/nothing")
+        .env("DUO_WORKFLOW_RUNNER", "kubernetes")
+        .env(
+            "DUO_WORKFLOW_KUBERNETES_IMAGE",
+            "registry.example.com/duo-chat:0.1.0",
+        )
+        .current_dir(repo_root())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let job: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(job["kind"], "Job");
+    // The Job the runner creates lands in the NetworkPolicy's pods.
+    let overlay = documents(&kustomize("default"));
+    let policy = find(&overlay, "NetworkPolicy", "duo-workflow-runs").unwrap();
+    for (key, value) in policy["spec"]["podSelector"]["matchLabels"]
+        .as_object()
+        .unwrap()
+    {
+        assert_eq!(&job["spec"]["template"]["metadata"]["labels"][key], value);
+    }
+    let file = scratch.0.join("job.json");
+    std::fs::write(&file, &text).unwrap();
+    for version in ["1.29.0", "1.37.0"] {
+        let output = Command::new(tools().venv_bin.join("kubernetes-validate"))
+            .args(["--strict", "--quiet", "-k", version])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{version}: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
     }
 }
 
@@ -357,10 +409,16 @@ fn every_pod_runs_unprivileged_read_only_with_requests_probes_and_enough_time_to
                 pod["securityContext"]["runAsNonRoot"], true,
                 "{overlay} {name}"
             );
+            // Only the worker talks to the API server (it creates the Jobs
+            // of workflow runs, as the duo-worker service account).
             assert_eq!(
-                pod["automountServiceAccountToken"], false,
+                pod["automountServiceAccountToken"],
+                name == "duo-worker",
                 "{overlay} {name}"
             );
+            if name == "duo-worker" {
+                assert_eq!(pod["serviceAccountName"], "duo-worker", "{overlay}");
+            }
             let mounted: BTreeSet<&str> = pod["volumes"]
                 .as_array()
                 .into_iter()

@@ -69,7 +69,8 @@ async fn delete_job(state: web::Data<Shared>, path: web::Path<(String, String)>)
         .secrets
         .retain(|_, s| s["metadata"]["ownerReferences"][0]["uid"] != uid);
     cluster.deleted_jobs.push(path.1.clone());
-    HttpResponse::Ok().json(json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200}))
+    HttpResponse::Ok()
+        .json(json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200}))
 }
 
 async fn create_secret(state: web::Data<Shared>, body: web::Json<Value>) -> HttpResponse {
@@ -107,7 +108,8 @@ async fn list_pods(state: web::Data<Shared>) -> HttpResponse {
             })
         })
         .collect();
-    HttpResponse::Ok().json(json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}))
+    HttpResponse::Ok()
+        .json(json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}))
 }
 
 async fn pod_log(state: web::Data<Shared>) -> HttpResponse {
@@ -126,16 +128,31 @@ fn api_server(state: Shared) -> String {
     let server = HttpServer::new(move || {
         App::new()
             .app_data(data.clone())
-            .route("/apis/batch/v1/namespaces/{ns}/jobs", web::post().to(create_job))
-            .route("/apis/batch/v1/namespaces/{ns}/jobs/{name}", web::get().to(get_job))
+            .route(
+                "/apis/batch/v1/namespaces/{ns}/jobs",
+                web::post().to(create_job),
+            )
+            .route(
+                "/apis/batch/v1/namespaces/{ns}/jobs/{name}",
+                web::get().to(get_job),
+            )
             .route(
                 "/apis/batch/v1/namespaces/{ns}/jobs/{name}",
                 web::delete().to(delete_job),
             )
-            .route("/api/v1/namespaces/{ns}/secrets", web::post().to(create_secret))
-            .route("/api/v1/namespaces/{ns}/secrets/{name}", web::get().to(get_secret))
+            .route(
+                "/api/v1/namespaces/{ns}/secrets",
+                web::post().to(create_secret),
+            )
+            .route(
+                "/api/v1/namespaces/{ns}/secrets/{name}",
+                web::get().to(get_secret),
+            )
             .route("/api/v1/namespaces/{ns}/pods", web::get().to(list_pods))
-            .route("/api/v1/namespaces/{ns}/pods/{name}/log", web::get().to(pod_log))
+            .route(
+                "/api/v1/namespaces/{ns}/pods/{name}/log",
+                web::get().to(pod_log),
+            )
     })
     .workers(1)
     .listen(listener)
@@ -249,15 +266,24 @@ async fn the_job_carries_no_token_and_the_secret_carries_them_all() {
     let (job, secret) = watcher.await.unwrap();
     let text = job.to_string();
     for secret_text in ["run-token-secret", "service-token-secret", "self-managed"] {
-        assert!(!text.contains(secret_text), "{secret_text} in the Job: {text}");
+        assert!(
+            !text.contains(secret_text),
+            "{secret_text} in the Job: {text}"
+        );
     }
     let pod = &job["spec"]["template"]["spec"];
     assert_eq!(pod["automountServiceAccountToken"], false);
     assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
     let container = &pod["containers"][0];
-    assert_eq!(container["envFrom"][0]["secretRef"]["name"], "duo-workflow-7-11");
+    assert_eq!(
+        container["envFrom"][0]["secretRef"]["name"],
+        "duo-workflow-7-11"
+    );
     assert_eq!(container["resources"]["limits"]["memory"], "2048Mi");
-    assert_eq!(container["resources"]["limits"]["ephemeral-storage"], "1024Mi");
+    assert_eq!(
+        container["resources"]["limits"]["ephemeral-storage"],
+        "1024Mi"
+    );
     assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
     let args: Vec<&str> = container["args"]
         .as_array()
@@ -284,7 +310,10 @@ async fn the_job_carries_no_token_and_the_secret_carries_them_all() {
         "uid-duo-workflow-7-11"
     );
     assert_eq!(secret["stringData"]["DUO_GITLAB_TOKEN"], "run-token-secret");
-    assert_eq!(secret["stringData"]["DUO_SERVICE_TOKEN"], "service-token-secret");
+    assert_eq!(
+        secret["stringData"]["DUO_SERVICE_TOKEN"],
+        "service-token-secret"
+    );
     // Cancelled: the Job was deleted, and its Secret with it.
     let cluster = state.lock().unwrap();
     assert!(cluster.jobs.is_empty() && cluster.secrets.is_empty());

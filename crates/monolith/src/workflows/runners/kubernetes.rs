@@ -164,6 +164,43 @@ pub fn job_manifest(config: &KubernetesRunnerConfig, spec: &LegSpec, name: &str)
     })
 }
 
+/// The Job the runner would create for an example leg under `config`
+/// (`duo-monolith render-run-job`): for reviewing RBAC, network policies
+/// and admission rules before any run. Its Secret is not shown.
+pub fn example_job(config: &crate::config::Config) -> Value {
+    let k8s = &config.duo_workflow.runs.kubernetes;
+    let runner = KubernetesRunnerConfig {
+        api_url: k8s.api_url.clone(),
+        namespace: k8s.namespace.clone(),
+        image: k8s.image.clone(),
+        gitlab_url: k8s.gitlab_url.as_str().trim_end_matches('/').to_owned(),
+        service_url: k8s.service_url.as_str().trim_end_matches('/').to_owned(),
+        cpu: k8s.cpu.clone(),
+    };
+    let runs = &config.duo_workflow.runs;
+    let spec = LegSpec {
+        workflow_id: 1,
+        workload_id: 1,
+        project_path: "group/project".into(),
+        source_ref: "main".into(),
+        checkpoint_ref: "refs/workloads/1".into(),
+        definition: "software_development".into(),
+        goal: "An example goal".into(),
+        gitlab_token: secrecy::SecretString::from(""),
+        service_token: secrecy::SecretString::from(""),
+        service_headers: secrecy::SecretString::from(""),
+        answer: None,
+        git_author: ("GitLab Duo".into(), "duo@example.com".into()),
+        limits: super::RunLimits {
+            max_duration: runs.max_duration,
+            memory_bytes: runs.memory_mb * 1024 * 1024,
+            cpu_seconds: runs.cpu_seconds,
+            disk_bytes: runs.disk_mb * 1024 * 1024,
+        },
+    };
+    job_manifest(&runner, &spec, "duo-workflow-1-1")
+}
+
 /// The Secret holding a leg's tokens, owned by its Job.
 pub fn secret_manifest(spec: &LegSpec, name: &str, job_uid: &str) -> Value {
     json!({
