@@ -35,7 +35,7 @@ use crate::queries::Queries;
 
 /// The advisory lock key admission takes (any constant the rest of the
 /// monolith does not use).
-const ADMISSION_LOCK: i64 = 0x6475_6f72_756e_73; // "duoruns"
+const ADMISSION_LOCK: i64 = 0x0064_756f_7275_6e73; // "duoruns"
 /// How often a running leg looks for a stop or pause.
 const WATCH_INTERVAL: Duration = Duration::from_millis(500);
 /// The queue legs run on.
