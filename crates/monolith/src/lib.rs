@@ -11,7 +11,9 @@
 //! 2. who is calling: [`identity`] (personal access tokens, the signing keys of
 //!    gateway tokens)
 //! 3. who may do what: [`policy`] (abilities, Duo access, seats and add-ons)
-//! 4. domains: [`ai_models`] (which model serves each feature),
+//! 4. domains: [`work_items`] (issues, merge requests, epics, notes, CI
+//!    pipelines and jobs: their SQL, and what of them is sent to AI, once
+//!    the policy allows it), [`ai_models`] (which model serves each feature),
 //!    [`gateway_client`] (calls to the AI gateway), [`chat`]
 //!    (threads, messages, the completion seam, live delivery),
 //!    [`agent`] (the agent loop, slash commands and tools; above
@@ -48,6 +50,7 @@ pub mod code_index;
 pub mod duo_settings;
 pub mod gateway_client;
 pub mod repositories;
+pub mod work_items;
 pub mod workflows;
 
 pub mod app_state;

@@ -566,7 +566,7 @@ fn stored_additional_context(extras: &Value) -> Vec<AdditionalContext> {
 pub async fn page_context(
     services: &Services,
     ctx: &RequestContext,
-) -> Result<Option<ResourceContext>, tokio_postgres::Error> {
+) -> Result<Option<ResourceContext>, crate::work_items::AiReadError> {
     let Some(subject) = ctx.resource else {
         return Ok(None);
     };
@@ -577,5 +577,12 @@ pub async fn page_context(
             return Ok(None);
         }
     };
-    tools::resource_identifier::serialize_subject(&*db, subject, &services.external_url).await
+    crate::work_items::ai::page_context(
+        &services.policy,
+        &*db,
+        ctx.actor,
+        subject,
+        &services.external_url,
+    )
+    .await
 }

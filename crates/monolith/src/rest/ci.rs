@@ -3,16 +3,16 @@
 //! whose CI the caller may not see 403, as GitLab does.
 
 use actix_web::{HttpRequest, HttpResponse, web};
-use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::ApiError;
-use super::common::{Container, paged, project_full_path, readable_project, sort_order, ts};
-use super::items::{Found, Item, created, find_readable};
+use super::common::{Container, paged, project_full_path, readable_project, sort_order};
+use super::items::{Found, Item, find_readable};
 use super::pagination::PageParams;
 use crate::app_state::AppState;
 use crate::policy::{Ability, Subject, WriteAbility};
+use crate::work_items::builds::{self, ImportedJob, Job, Pipeline, PipelineFilter, STATUSES};
 
 pub(super) fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/projects/{id}/pipelines", web::get().to(list_pipelines))
@@ -32,10 +32,6 @@ pub(super) fn routes(cfg: &mut web::ServiceConfig) {
             web::get().to(job_trace),
         );
 }
-
-const STATUSES: &[&str] = &[
-    "created", "pending", "running", "success", "failed", "canceled", "skipped", "manual",
-];
 
 /// Checks the caller may read the project's CI; returns the project's full path.
 async fn readable_ci(
@@ -57,29 +53,20 @@ async fn readable_ci(
 
 // ---- pipelines ------------------------------------------------------------------
 
-/// Pipelines have no iid column: it is their position among the project's
-/// pipelines, which only ever grow.
-const PIPELINE_SQL: &str = "SELECT p.id, p.project_id, p.ref, p.sha, p.status, p.created_at,
-        (SELECT count(*) FROM ci_pipelines o WHERE o.project_id = p.project_id AND o.id <= p.id)::int AS iid,
-        (SELECT max(b.finished_at) FROM ci_builds b WHERE b.pipeline_id = p.id) AS finished_at
-    FROM ci_pipelines p";
-
-fn pipeline_json(row: &tokio_postgres::Row, base: &url::Url, full_path: &str) -> Value {
-    let id: i64 = row.get("id");
-    let created_at = ts(row, "created_at");
-    let finished_at: Option<DateTime<Utc>> = row.get("finished_at");
+fn pipeline_json(pipeline: &Pipeline, base: &url::Url, full_path: &str) -> Value {
+    let id = pipeline.id;
     json!({
         "id": id,
-        "iid": row.get::<_, i32>("iid"),
-        "project_id": row.get::<_, i64>("project_id"),
-        "sha": row.get::<_, String>("sha"),
-        "ref": row.get::<_, String>("ref"),
-        "status": row.get::<_, String>("status"),
+        "iid": pipeline.iid,
+        "project_id": pipeline.project_id,
+        "sha": pipeline.sha,
+        "ref": pipeline.git_ref,
+        "status": pipeline.status,
         // Imported from a CI system outside GitLab (see `POST .../jobs/import`).
         "source": "external",
-        "created_at": created_at,
-        "updated_at": finished_at.unwrap_or(created_at),
-        "finished_at": finished_at,
+        "created_at": pipeline.created_at,
+        "updated_at": pipeline.finished_at.unwrap_or(pipeline.created_at),
+        "finished_at": pipeline.finished_at,
         "web_url": format!("{}{full_path}/-/pipelines/{id}", base.as_str()),
     })
 }
@@ -115,20 +102,16 @@ async fn list_pipelines(
     let q = q.into_inner();
     check_status(q.status.as_deref())?;
     let order = sort_order(q.sort.as_deref())?;
+    let filter = PipelineFilter {
+        status: q.status,
+        git_ref: q.git_ref,
+        sha: q.sha,
+    };
     let db = state.pool.get().await?;
-    let rows = db
-        .query(
-            &format!(
-                "{PIPELINE_SQL} WHERE p.project_id = $1 AND ($2::text IS NULL OR p.status = $2)
-                 AND ($3::text IS NULL OR p.ref = $3) AND ($4::text IS NULL OR p.sha = $4)
-                 ORDER BY p.id {order}"
-            ),
-            &[&project, &q.status, &q.git_ref, &q.sha],
-        )
-        .await?;
-    let items = rows
+    let items = builds::pipelines(&*db, project, &filter, order)
+        .await?
         .iter()
-        .map(|r| pipeline_json(r, &state.config.external_url, &full_path))
+        .map(|p| pipeline_json(p, &state.config.external_url, &full_path))
         .collect();
     Ok(paged(&req, PageParams::new(q.page, q.per_page), items))
 }
@@ -141,42 +124,38 @@ async fn show_pipeline(
     let (project, pipeline) = path.into_inner();
     let full_path = readable_ci(&state, &req, project).await?;
     let db = state.pool.get().await?;
-    let row = db
-        .query_opt(
-            &format!("{PIPELINE_SQL} WHERE p.id = $1 AND p.project_id = $2"),
-            &[&pipeline, &project],
-        )
+    let pipeline = builds::pipeline(&*db, project, pipeline)
         .await?
         .ok_or(ApiError::NotFound("Pipeline"))?;
-    Ok(HttpResponse::Ok().json(pipeline_json(&row, &state.config.external_url, &full_path)))
+    Ok(HttpResponse::Ok().json(pipeline_json(
+        &pipeline,
+        &state.config.external_url,
+        &full_path,
+    )))
 }
 
 // ---- jobs -----------------------------------------------------------------------
 
-const JOB_SQL: &str = "SELECT b.id, b.name, b.stage, b.status, b.project_id, b.pipeline_id, b.created_at, b.finished_at, b.log,
-        p.ref, p.sha, p.status AS pipeline_status
-    FROM ci_builds b JOIN ci_pipelines p ON p.id = b.pipeline_id";
-
-fn job_json(row: &tokio_postgres::Row, base: &url::Url, full_path: &str) -> Value {
-    let id: i64 = row.get("id");
+fn job_json(job: &Job, base: &url::Url, full_path: &str) -> Value {
+    let id = job.id;
     json!({
         "id": id,
-        "name": row.get::<_, String>("name"),
-        "stage": row.get::<_, String>("stage"),
-        "status": row.get::<_, String>("status"),
-        "ref": row.get::<_, String>("ref"),
+        "name": job.name,
+        "stage": job.stage,
+        "status": job.status,
+        "ref": job.git_ref,
         "tag": false,
         "allow_failure": false,
         "pipeline": {
-            "id": row.get::<_, i64>("pipeline_id"),
-            "project_id": row.get::<_, i64>("project_id"),
-            "ref": row.get::<_, String>("ref"),
-            "sha": row.get::<_, String>("sha"),
-            "status": row.get::<_, String>("pipeline_status"),
+            "id": job.pipeline_id,
+            "project_id": job.project_id,
+            "ref": job.git_ref,
+            "sha": job.sha,
+            "status": job.pipeline_status,
         },
         "web_url": format!("{}{full_path}/-/jobs/{id}", base.as_str()),
-        "created_at": ts(row, "created_at"),
-        "finished_at": row.get::<_, Option<DateTime<Utc>>>("finished_at"),
+        "created_at": job.created_at,
+        "finished_at": job.finished_at,
     })
 }
 
@@ -211,28 +190,14 @@ async fn jobs_where(
     let wanted = scopes(req.query_string())?;
     let db = state.pool.get().await?;
     if let Some(pipeline) = pipeline
-        && db
-            .query_opt(
-                "SELECT 1 FROM ci_pipelines WHERE id = $1 AND project_id = $2",
-                &[&pipeline, &project],
-            )
-            .await?
-            .is_none()
+        && !builds::pipeline_exists(&*db, project, pipeline).await?
     {
         return Err(ApiError::NotFound("Pipeline"));
     }
-    let rows = db
-        .query(
-            &format!(
-                "{JOB_SQL} WHERE b.project_id = $1 AND ($2::bigint IS NULL OR b.pipeline_id = $2)
-                 AND (cardinality($3::text[]) = 0 OR b.status = ANY($3)) ORDER BY b.id DESC"
-            ),
-            &[&project, &pipeline, &wanted],
-        )
-        .await?;
-    let items = rows
+    let items = builds::jobs(&*db, project, pipeline, &wanted)
+        .await?
         .iter()
-        .map(|r| job_json(r, &state.config.external_url, &full_path))
+        .map(|j| job_json(j, &state.config.external_url, &full_path))
         .collect();
     Ok(paged(req, PageParams::new(q.page, q.per_page), items))
 }
@@ -257,7 +222,7 @@ async fn pipeline_jobs(
 }
 
 #[derive(Deserialize)]
-struct ImportedJob {
+struct ImportedJobParams {
     name: String,
     stage: String,
     status: String,
@@ -273,7 +238,7 @@ async fn import_job(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<i64>,
-    body: super::params::Params<ImportedJob>,
+    body: super::params::Params<ImportedJobParams>,
 ) -> Result<HttpResponse, ApiError> {
     let project = path.into_inner();
     Container::Project(project)
@@ -286,40 +251,21 @@ async fn import_job(
         ));
     }
     let mut db = state.pool.get().await?;
-    let tx = db.transaction().await?;
-    let pipeline: i64 = tx
-        .query_one(
-            "INSERT INTO ci_pipelines (project_id, ref, sha, status) VALUES ($1, $2, $3, $4) RETURNING id",
-            &[&project, &b.git_ref.unwrap_or_else(|| "main".into()), &b.sha.unwrap_or_else(|| "0000000".into()), &b.status],
-        )
-        .await?
-        .get(0);
-    let id: i64 = tx
-        .query_one(
-            "INSERT INTO ci_builds (project_id, pipeline_id, name, stage, status, log, finished_at)
-             VALUES ($1, $2, $3, $4, $5, $6, now()) RETURNING id",
-            &[
-                &project,
-                &pipeline,
-                &b.name,
-                &b.stage,
-                &b.status,
-                &b.log.unwrap_or_default(),
-            ],
-        )
-        .await?
-        .get(0);
-    tx.commit().await?;
-    let sql = format!("{JOB_SQL} WHERE b.id = $1");
-    created(
-        &state,
-        &*db,
-        Container::Project(project),
-        &sql,
-        id,
-        job_json,
+    let job = builds::import(
+        &mut db,
+        project,
+        ImportedJob {
+            name: b.name,
+            stage: b.stage,
+            status: b.status,
+            git_ref: b.git_ref.unwrap_or_else(|| "main".into()),
+            sha: b.sha.unwrap_or_else(|| "0000000".into()),
+            log: b.log.unwrap_or_default(),
+        },
     )
-    .await
+    .await?;
+    let full_path = Container::Project(project).full_path(&*db).await?;
+    Ok(HttpResponse::Created().json(job_json(&job, &state.config.external_url, &full_path)))
 }
 
 /// A job of the project the caller may read; 404 otherwise.
@@ -328,10 +274,12 @@ async fn find_job(
     req: &HttpRequest,
     project: i64,
     job: i64,
-) -> Result<Found, ApiError> {
-    let sql = format!("{JOB_SQL} WHERE b.project_id = $1 AND b.id = $2");
-    let project = Container::Project(project);
-    find_readable(state, req, project, Item::JOB, &sql, &job).await
+) -> Result<Found<Job>, ApiError> {
+    let container = Container::Project(project);
+    find_readable(state, req, container, Item::JOB, async |db| {
+        builds::job(db, project, job).await
+    })
+    .await
 }
 
 async fn show_job(
@@ -341,7 +289,11 @@ async fn show_job(
 ) -> Result<HttpResponse, ApiError> {
     let (project, job) = path.into_inner();
     let job = find_job(&state, &req, project, job).await?;
-    Ok(HttpResponse::Ok().json(job.json(&state, job_json)))
+    Ok(HttpResponse::Ok().json(job_json(
+        &job.item,
+        &state.config.external_url,
+        &job.full_path,
+    )))
 }
 
 async fn job_trace(
@@ -353,7 +305,7 @@ async fn job_trace(
     let job = find_job(&state, &req, project, job).await?;
     Ok(HttpResponse::Ok()
         .content_type("text/plain; charset=utf-8")
-        .body(job.row.get::<_, String>("log")))
+        .body(job.item.log))
 }
 
 #[cfg(test)]

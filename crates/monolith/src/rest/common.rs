@@ -10,8 +10,8 @@ use super::pagination::PageParams;
 use super::{ApiError, WRITE_SCOPES, optional_user, require_user};
 use crate::app_state::AppState;
 use crate::identity::tokens::AuthenticatedUser;
-use crate::namespaces::FULL_PATHS;
 use crate::policy::{Ability, Actor, Subject, WriteAbility};
+use crate::work_items::{SortOrder, UserRef, WorkItemError};
 
 pub(super) fn actor(user: &Option<AuthenticatedUser>) -> Option<Actor> {
     user.as_ref().map(Actor::from)
@@ -140,38 +140,22 @@ pub(super) fn ts(row: &tokio_postgres::Row, col: &str) -> DateTime<Utc> {
     row.get(col)
 }
 
-/// GitLab's basic user fragment from `<prefix>_id`, `<prefix>_username`,
-/// `<prefix>_name` and `<prefix>_state` columns.
-pub(super) fn user_basic(row: &tokio_postgres::Row, prefix: &str, base: &url::Url) -> Value {
-    let username: String = row.get(format!("{prefix}_username").as_str());
+/// GitLab's basic user fragment.
+pub(super) fn user_basic(user: &UserRef, base: &url::Url) -> Value {
     json!({
-        "id": row.get::<_, i64>(format!("{prefix}_id").as_str()),
-        "username": username,
-        "name": row.get::<_, String>(format!("{prefix}_name").as_str()),
-        "state": row.get::<_, String>(format!("{prefix}_state").as_str()),
+        "id": user.id,
+        "username": user.username,
+        "name": user.name,
+        "state": user.state,
         "avatar_url": Value::Null,
-        "web_url": format!("{}{username}", base.as_str()),
+        "web_url": format!("{}{}", base.as_str(), user.username),
     })
 }
 
-/// The `author` of an item selected with `AUTHOR_COLUMNS`.
-pub(super) fn author(row: &tokio_postgres::Row, base: &url::Url) -> Value {
-    user_basic(row, "author", base)
+/// Who closed an item (`null` when open or unknown).
+pub(super) fn closed_by(closer: Option<&UserRef>, base: &url::Url) -> Value {
+    closer.map_or(Value::Null, |user| user_basic(user, base))
 }
-
-/// Who closed an item, from `CLOSED_BY_COLUMNS` (`null` when open or unknown).
-pub(super) fn closed_by(row: &tokio_postgres::Row, base: &url::Url) -> Value {
-    match row.get::<_, Option<i64>>("closed_by_id") {
-        Some(_) => user_basic(row, "closed_by", base),
-        None => Value::Null,
-    }
-}
-
-/// Closer columns for a query with `LEFT JOIN users cb ON cb.id = <item>.closed_by_id`.
-pub(super) const CLOSED_BY_COLUMNS: &str = "cb.id AS closed_by_id, cb.username AS closed_by_username, cb.name AS closed_by_name, cb.state AS closed_by_state";
-
-/// Author columns for a query joining `users u`.
-pub(super) const AUTHOR_COLUMNS: &str = "u.id AS author_id, u.username AS author_username, u.name AS author_name, u.state AS author_state";
 
 /// GitLab's `references` of an item: `short` (`#1`), `relative` (the same inside
 /// its own project or group) and `full` (`acme/api#1`).
@@ -184,24 +168,15 @@ pub(super) fn references(full_path: &str, sigil: char, iid: i32) -> Value {
 }
 
 pub(super) async fn project_full_path(db: &impl Queries, project: i64) -> Result<String, ApiError> {
-    let sql = format!(
-        "{FULL_PATHS} SELECT paths.full_path || '/' || p.path FROM projects p JOIN paths ON paths.id = p.group_id
-         WHERE p.id = $1"
-    );
-    let row = db
-        .query_opt(&sql, &[&project])
+    crate::namespaces::project_full_path(db, project)
         .await?
-        .ok_or(ApiError::NotFound("Project"))?;
-    Ok(row.get(0))
+        .ok_or(ApiError::NotFound("Project"))
 }
 
 pub(super) async fn group_full_path(db: &impl Queries, group: i64) -> Result<String, ApiError> {
-    let sql = format!("{FULL_PATHS} SELECT full_path FROM paths WHERE id = $1");
-    let row = db
-        .query_opt(&sql, &[&group])
+    crate::namespaces::group_full_path(db, group)
         .await?
-        .ok_or(ApiError::NotFound("Group"))?;
-    Ok(row.get(0))
+        .ok_or(ApiError::NotFound("Group"))
 }
 
 /// GitLab takes labels as one comma-separated string.
@@ -226,11 +201,11 @@ pub(super) fn like_pattern(search: Option<&str>) -> Option<String> {
     Some(format!("%{escaped}%"))
 }
 
-/// The `sort` parameter as SQL: `desc` (the default) or `asc`.
-pub(super) fn sort_order(sort: Option<&str>) -> Result<&'static str, ApiError> {
+/// The `sort` parameter: `desc` (the default) or `asc`.
+pub(super) fn sort_order(sort: Option<&str>) -> Result<SortOrder, ApiError> {
     match sort {
-        None | Some("desc") => Ok("DESC"),
-        Some("asc") => Ok("ASC"),
+        None | Some("desc") => Ok(SortOrder::Desc),
+        Some("asc") => Ok(SortOrder::Asc),
         Some(_) => Err(ApiError::BadRequest(
             "sort does not have a valid value".into(),
         )),
@@ -275,6 +250,17 @@ pub(super) fn check_visibility(v: Option<&str>) -> Result<String, ApiError> {
 pub(super) fn on_constraint(err: ApiError) -> impl FnOnce(tokio_postgres::Error) -> ApiError {
     move |e| {
         if e.code().is_some() { err } else { e.into() }
+    }
+}
+
+impl From<WorkItemError> for ApiError {
+    fn from(e: WorkItemError) -> Self {
+        match e {
+            WorkItemError::BadRequest(msg) => ApiError::BadRequest(msg),
+            WorkItemError::Invalid { field, message } => ApiError::invalid(field, message),
+            WorkItemError::Conflict(msg) => ApiError::Conflict(msg),
+            WorkItemError::Db(e) => e.into(),
+        }
     }
 }
 

@@ -5,69 +5,47 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::common::{
-    AUTHOR_COLUMNS, CLOSED_BY_COLUMNS, Container, author, closed_by, on_constraint, paged,
-    readable_project, references, split_labels, state_filter, ts,
+    Container, closed_by, paged, readable_project, references, split_labels, state_filter,
+    user_basic,
 };
-use super::items::{Found, Item, created, find_readable, readable_rows};
+use super::items::{Found, Item, find_readable};
 use super::notes::{NoteTarget, Noteable};
 use super::pagination::PageParams;
 use super::require_user;
 use super::{ApiError, WRITE_SCOPES};
 use crate::app_state::AppState;
 use crate::policy::Actor;
+use crate::work_items::issues::{self, Issue, IssueFilter, LabelFilter, NewIssue};
+use crate::work_items::{Author, UserRef};
 
 // ---- issues -------------------------------------------------------------------
 
-pub(super) fn issue_sql() -> String {
-    format!(
-        "SELECT i.id, i.iid, i.project_id, i.title, i.description, i.state, i.confidential, i.labels,
-            i.created_at, i.updated_at, coalesce(i.closed_at, CASE WHEN i.state = 'closed' THEN i.updated_at END) AS closed_at, i.due_date, {AUTHOR_COLUMNS}, {CLOSED_BY_COLUMNS},
-            coalesce((SELECT json_agg(json_build_object('id', au.id, 'username', au.username, 'name', au.name,
-                                                        'state', au.state) ORDER BY au.id)
-                      FROM issue_assignees a JOIN users au ON au.id = a.user_id WHERE a.issue_id = i.id),
-                     '[]'::json) AS assignees
-         FROM issues i JOIN users u ON u.id = i.author_id LEFT JOIN users cb ON cb.id = i.closed_by_id"
-    )
-}
-
-pub(super) fn issue_json(row: &tokio_postgres::Row, base: &url::Url, full_path: &str) -> Value {
-    let iid: i32 = row.get("iid");
-    let state: String = row.get("state");
-    let assignees: Vec<Value> = match row.get::<_, Value>("assignees") {
-        Value::Array(list) => list
-            .into_iter()
-            .map(|mut a| {
-                let web_url = a["username"]
-                    .as_str()
-                    .map(|u| format!("{}{u}", base.as_str()));
-                if let Some(obj) = a.as_object_mut() {
-                    obj.insert("avatar_url".into(), Value::Null);
-                    obj.insert("web_url".into(), json!(web_url));
-                }
-                a
-            })
-            .collect(),
-        _ => Vec::new(),
-    };
+pub(super) fn issue_json(issue: &Issue, base: &url::Url, full_path: &str) -> Value {
+    let iid = issue.iid;
+    let assignees: Vec<Value> = issue
+        .assignees
+        .iter()
+        .map(|a: &UserRef| user_basic(a, base))
+        .collect();
     json!({
-        "id": row.get::<_, i64>("id"),
+        "id": issue.id,
         "iid": iid,
-        "project_id": row.get::<_, i64>("project_id"),
-        "title": row.get::<_, String>("title"),
-        "description": row.get::<_, String>("description"),
-        "state": state,
-        "confidential": row.get::<_, bool>("confidential"),
-        "labels": row.get::<_, Vec<String>>("labels"),
-        "author": author(row, base),
+        "project_id": issue.project_id,
+        "title": issue.title,
+        "description": issue.description,
+        "state": issue.state,
+        "confidential": issue.confidential,
+        "labels": issue.labels,
+        "author": user_basic(&issue.author, base),
         "assignee": assignees.first().cloned().unwrap_or(Value::Null),
         "assignees": assignees,
         "references": references(full_path, '#', iid),
         "web_url": format!("{}{full_path}/-/issues/{iid}", base.as_str()),
-        "created_at": ts(row, "created_at"),
-        "updated_at": ts(row, "updated_at"),
-        "closed_at": row.get::<_, Option<chrono::DateTime<chrono::Utc>>>("closed_at"),
-        "closed_by": closed_by(row, base),
-        "due_date": row.get::<_, Option<chrono::NaiveDate>>("due_date").map(|d| d.to_string()),
+        "created_at": issue.created_at,
+        "updated_at": issue.updated_at,
+        "closed_at": issue.closed_at,
+        "closed_by": closed_by(issue.closed_by.as_ref(), base),
+        "due_date": issue.due_date.map(|d| d.to_string()),
     })
 }
 
@@ -82,13 +60,12 @@ pub(super) struct IssueListParams {
     labels: Option<String>,
 }
 
-/// GitLab's `labels` filter as a mode for the query (`none`, `any` or `all`) and
-/// the labels `all` requires (none: every issue matches).
-pub(super) fn labels_filter(labels: Option<&str>) -> (&'static str, Vec<String>) {
+/// GitLab's `labels` filter: `None`, `Any`, or labels an issue must all carry.
+pub(super) fn labels_filter(labels: Option<&str>) -> LabelFilter {
     match labels.map(str::trim) {
-        Some(l) if l.eq_ignore_ascii_case("none") => ("none", Vec::new()),
-        Some(l) if l.eq_ignore_ascii_case("any") => ("any", Vec::new()),
-        other => ("all", split_labels(other)),
+        Some(l) if l.eq_ignore_ascii_case("none") => LabelFilter::None,
+        Some(l) if l.eq_ignore_ascii_case("any") => LabelFilter::Any,
+        other => LabelFilter::All(split_labels(other)),
     }
 }
 
@@ -101,30 +78,17 @@ pub(super) async fn list_issues(
     let id = path.into_inner();
     let user = readable_project(&state, &req, id).await?;
     let q = q.into_inner();
-    let wanted_state = state_filter(q.state.as_deref(), &["opened", "closed"])?;
-    let (label_mode, label_list) = labels_filter(q.labels.as_deref());
+    let filter = IssueFilter {
+        state: state_filter(q.state.as_deref(), &["opened", "closed"])?,
+        labels: labels_filter(q.labels.as_deref()),
+    };
     let db = state.pool.get().await?;
     let full_path = Container::Project(id).full_path(&*db).await?;
-    let sql = format!(
-        "{} WHERE i.project_id = $1 AND ($2::text IS NULL OR i.state = $2)
-         AND CASE $3::text WHEN 'none' THEN cardinality(i.labels) = 0
-                           WHEN 'any' THEN cardinality(i.labels) > 0
-                           ELSE i.labels @> $4::text[] END
-         ORDER BY i.id DESC",
-        issue_sql()
-    );
-    let rows = readable_rows(
-        &state,
-        &*db,
-        user,
-        Item::ISSUE,
-        &sql,
-        &[&id, &wanted_state, &label_mode, &label_list],
-    )
-    .await?;
-    let items = rows
+    let found = issues::list(&*db, id, &filter).await?;
+    let readable = Item::ISSUE.keep_readable(&state, &*db, user, found).await?;
+    let items = readable
         .iter()
-        .map(|r| issue_json(r, &state.config.external_url, &full_path))
+        .map(|i| issue_json(i, &state.config.external_url, &full_path))
         .collect();
     Ok(paged(&req, PageParams::new(q.page, q.per_page), items))
 }
@@ -135,10 +99,12 @@ pub(super) async fn find_issue(
     req: &HttpRequest,
     project: i64,
     iid: i32,
-) -> Result<Found, ApiError> {
-    let sql = format!("{} WHERE i.project_id = $1 AND i.iid = $2", issue_sql());
-    let project = Container::Project(project);
-    find_readable(state, req, project, Item::ISSUE, &sql, &iid).await
+) -> Result<Found<Issue>, ApiError> {
+    let container = Container::Project(project);
+    find_readable(state, req, container, Item::ISSUE, async |db| {
+        issues::by_iid(db, project, iid).await
+    })
+    .await
 }
 
 pub(super) async fn show_issue(
@@ -148,11 +114,15 @@ pub(super) async fn show_issue(
 ) -> Result<HttpResponse, ApiError> {
     let (project, iid) = path.into_inner();
     let issue = find_issue(&state, &req, project, iid).await?;
-    Ok(HttpResponse::Ok().json(issue.json(&state, issue_json)))
+    Ok(HttpResponse::Ok().json(issue_json(
+        &issue.item,
+        &state.config.external_url,
+        &issue.full_path,
+    )))
 }
 
 #[derive(Deserialize)]
-pub(super) struct NewIssue {
+pub(super) struct NewIssueParams {
     title: String,
     description: Option<String>,
     confidential: Option<bool>,
@@ -164,7 +134,7 @@ pub(super) async fn create_issue(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<i64>,
-    body: super::params::Params<NewIssue>,
+    body: super::params::Params<NewIssueParams>,
 ) -> Result<HttpResponse, ApiError> {
     let me = require_user(&state, &req, WRITE_SCOPES).await?;
     let project = path.into_inner();
@@ -173,40 +143,25 @@ pub(super) async fn create_issue(
     if b.title.trim().is_empty() {
         return Err(ApiError::BadRequest("title is missing".into()));
     }
-    let labels = b.labels.clone().unwrap_or_default().0;
     let mut db = state.pool.get().await?;
-    let tx = db.transaction().await?;
-    // Serialise iid allocation per project.
-    tx.execute(
-        "SELECT 1 FROM projects WHERE id = $1 FOR UPDATE",
-        &[&project],
+    let issue = issues::create(
+        &mut db,
+        NewIssue {
+            project,
+            title: b.title,
+            description: b.description.unwrap_or_default(),
+            confidential: b.confidential.unwrap_or(false),
+            labels: b.labels.unwrap_or_default().0,
+            assignee_ids: b.assignee_ids.unwrap_or_default(),
+            author: Author {
+                id: me.author_id(),
+                on_behalf_of: me.on_behalf_of(),
+            },
+        },
     )
     .await?;
-    let id: i64 = tx
-        .query_one(
-            "INSERT INTO issues (project_id, iid, title, description, author_id, confidential, labels, on_behalf_of_user_id)
-             VALUES ($1, (SELECT coalesce(max(iid), 0) + 1 FROM issues WHERE project_id = $1), $2, $3, $4, $5, $6, $7)
-             RETURNING id",
-            &[&project, &b.title, &b.description.unwrap_or_default(), &me.author_id(), &b.confidential.unwrap_or(false), &labels, &me.on_behalf_of()],
-        )
-        .await?
-        .get(0);
-    for assignee in b.assignee_ids.unwrap_or_default() {
-        tx.execute("INSERT INTO issue_assignees (issue_id, user_id) VALUES ($1, $2) ON CONFLICT DO NOTHING", &[&id, &assignee])
-            .await
-            .map_err(on_constraint(ApiError::BadRequest("assignee_ids is invalid".into())))?;
-    }
-    tx.commit().await?;
-    let sql = format!("{} WHERE i.id = $1", issue_sql());
-    created(
-        &state,
-        &*db,
-        Container::Project(project),
-        &sql,
-        id,
-        issue_json,
-    )
-    .await
+    let full_path = Container::Project(project).full_path(&*db).await?;
+    Ok(HttpResponse::Created().json(issue_json(&issue, &state.config.external_url, &full_path)))
 }
 
 /// Notes of an issue: `/projects/{id}/issues/{iid}/notes`.
@@ -221,7 +176,7 @@ impl NoteTarget for IssueNotes {
         (project, iid): (i64, i32),
     ) -> Result<(Option<Actor>, Noteable), ApiError> {
         let issue = find_issue(state, req, project, iid).await?;
-        let noteable = Noteable::issue(issue.row.get("id"), iid, project);
+        let noteable = Noteable::issue(issue.item.id, iid, project);
         Ok((issue.user, noteable))
     }
 }
@@ -232,12 +187,12 @@ mod tests {
 
     #[test]
     fn label_filter_modes() {
-        assert_eq!(labels_filter(None), ("all", Vec::new()));
-        assert_eq!(labels_filter(Some("None")), ("none", Vec::new()));
-        assert_eq!(labels_filter(Some("any")), ("any", Vec::new()));
+        assert_eq!(labels_filter(None), LabelFilter::All(Vec::new()));
+        assert_eq!(labels_filter(Some("None")), LabelFilter::None);
+        assert_eq!(labels_filter(Some("any")), LabelFilter::Any);
         assert_eq!(
             labels_filter(Some("bug, p1")),
-            ("all", vec!["bug".to_owned(), "p1".to_owned()])
+            LabelFilter::All(vec!["bug".to_owned(), "p1".to_owned()])
         );
     }
 }

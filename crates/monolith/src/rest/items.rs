@@ -1,9 +1,9 @@
-//! Reading what groups and projects hold through the policy: the rows of a list
-//! the caller may see, one item found by key (404 alike whether it is missing or
-//! hidden), and the answer to creating one.
+//! Reading what groups and projects hold through the policy: the items of a
+//! list the caller may see, and one item found by key (404 alike whether it is
+//! missing or hidden). The finding is the work items domain's; this says who
+//! may see what was found.
 
-use actix_web::{HttpRequest, HttpResponse};
-use serde_json::Value;
+use actix_web::HttpRequest;
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
@@ -13,6 +13,7 @@ use super::ApiError;
 use super::common::Container;
 use crate::app_state::AppState;
 use crate::policy::{Ability, Actor, Subject};
+use crate::work_items::Identified;
 
 /// One kind of row as the policy knows it.
 #[derive(Debug, Clone, Copy)]
@@ -58,6 +59,23 @@ impl Item {
             .can(db, user, self.ability, (self.subject)(id))
             .await?)
     }
+
+    /// The items the caller may read, in their order.
+    pub async fn keep_readable<T: Identified>(
+        self,
+        state: &AppState,
+        db: &impl Queries,
+        user: Option<Actor>,
+        items: Vec<T>,
+    ) -> Result<Vec<T>, ApiError> {
+        let mut readable = Vec::new();
+        for item in items {
+            if self.readable(state, db, user, item.id()).await? {
+                readable.push(item);
+            }
+        }
+        Ok(readable)
+    }
 }
 
 /// The rows of `sql` the caller may read, in the query's order.
@@ -79,64 +97,36 @@ pub(super) async fn readable_rows(
 }
 
 /// An item of a group or project, found for a caller who may read it.
-pub(super) struct Found {
+pub(super) struct Found<T> {
     pub user: Option<Actor>,
-    pub row: Row,
+    pub item: T,
     /// The container's full path, for the item's references and URLs.
     pub full_path: String,
 }
 
-impl Found {
-    /// The item in the JSON shape `to_json` gives it.
-    pub fn json(&self, state: &AppState, to_json: ItemJson) -> Value {
-        to_json(&self.row, &state.config.external_url, &self.full_path)
-    }
-}
-
-/// The item of `container` that `sql` finds (`$1` the container's id, `$2` the
-/// `key`), once the caller may read both; otherwise 404 for the container or
-/// the item.
-pub(super) async fn find_readable(
+/// The item of `container` that `find` looks up on a connection, once the
+/// caller may read both; otherwise 404 for the container or the item.
+pub(super) async fn find_readable<T, F>(
     state: &AppState,
     req: &HttpRequest,
     container: Container,
     item: Item,
-    sql: &str,
-    key: &(dyn ToSql + Sync),
-) -> Result<Found, ApiError> {
+    find: F,
+) -> Result<Found<T>, ApiError>
+where
+    T: Identified,
+    F: AsyncFnOnce(&deadpool_postgres::Client) -> Result<Option<T>, tokio_postgres::Error>,
+{
     let user = container.readable(state, req).await?;
     let db = state.pool.get().await?;
-    let id = container.id();
-    let row = db
-        .query_opt(sql, &[&id, key])
-        .await?
-        .ok_or(ApiError::NotFound(item.name))?;
-    if !item.readable(state, &*db, user, row.get("id")).await? {
+    let found = find(&db).await?.ok_or(ApiError::NotFound(item.name))?;
+    if !item.readable(state, &*db, user, found.id()).await? {
         return Err(ApiError::NotFound(item.name));
     }
     let full_path = container.full_path(&*db).await?;
     Ok(Found {
         user,
-        row,
+        item: found,
         full_path,
     })
-}
-
-/// The JSON of an item, given its row, the instance's URL and its container's
-/// full path.
-pub(super) type ItemJson = fn(&Row, &url::Url, &str) -> Value;
-
-/// `201 Created` with the item just made in `container`, which `sql` reads back
-/// by its `id` (`$1`).
-pub(super) async fn created(
-    state: &AppState,
-    db: &impl Queries,
-    container: Container,
-    sql: &str,
-    id: i64,
-    to_json: ItemJson,
-) -> Result<HttpResponse, ApiError> {
-    let row = db.query_one(sql, &[&id]).await?;
-    let full_path = container.full_path(db).await?;
-    Ok(HttpResponse::Created().json(to_json(&row, &state.config.external_url, &full_path)))
 }

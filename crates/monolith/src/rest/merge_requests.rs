@@ -7,15 +7,16 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::common::{
-    AUTHOR_COLUMNS, CLOSED_BY_COLUMNS, Container, author, closed_by, paged, readable_project,
-    references, state_filter, ts,
+    Container, closed_by, paged, readable_project, references, state_filter, user_basic,
 };
-use super::items::{Found, Item, created, find_readable, readable_rows};
+use super::items::{Found, Item, find_readable};
 use super::notes::{self, NoteTarget, Noteable};
 use super::pagination::PageParams;
 use super::{ApiError, diffs};
 use crate::app_state::AppState;
 use crate::policy::{Actor, WriteAbility};
+use crate::work_items::Author;
+use crate::work_items::merge_requests::{self, MergeRequest, NewMergeRequest};
 
 pub(super) fn routes(cfg: &mut web::ServiceConfig) {
     let all = "/projects/{id}/merge_requests";
@@ -42,42 +43,38 @@ pub(super) fn routes(cfg: &mut web::ServiceConfig) {
         );
 }
 
-fn mr_sql() -> String {
-    format!(
-        "SELECT m.id, m.iid, m.project_id, m.title, m.description, m.state, m.source_branch, m.target_branch,
-            m.labels, m.diff, m.created_at, m.updated_at, coalesce(m.closed_at, CASE WHEN m.state = 'closed' THEN m.updated_at END) AS closed_at, {AUTHOR_COLUMNS}, {CLOSED_BY_COLUMNS}
-         FROM merge_requests m JOIN users u ON u.id = m.author_id LEFT JOIN users cb ON cb.id = m.closed_by_id"
-    )
-}
-
-fn mr_json(row: &tokio_postgres::Row, base: &url::Url, full_path: &str) -> Value {
-    let iid: i32 = row.get("iid");
-    let state: String = row.get("state");
+fn mr_json(mr: &MergeRequest, base: &url::Url, full_path: &str) -> Value {
+    let iid = mr.iid;
     // No merge history is kept: a merged request was merged at its last update.
-    let merged = state == "merged";
+    let merged = mr.state == "merged";
     json!({
-        "id": row.get::<_, i64>("id"),
+        "id": mr.id,
         "iid": iid,
-        "project_id": row.get::<_, i64>("project_id"),
-        "title": row.get::<_, String>("title"),
-        "description": row.get::<_, String>("description"),
-        "state": state,
-        "source_branch": row.get::<_, String>("source_branch"),
-        "target_branch": row.get::<_, String>("target_branch"),
-        "source_project_id": row.get::<_, i64>("project_id"),
-        "target_project_id": row.get::<_, i64>("project_id"),
-        "labels": row.get::<_, Vec<String>>("labels"),
+        "project_id": mr.project_id,
+        "title": mr.title,
+        "description": mr.description,
+        "state": mr.state,
+        "source_branch": mr.source_branch,
+        "target_branch": mr.target_branch,
+        "source_project_id": mr.project_id,
+        "target_project_id": mr.project_id,
+        "labels": mr.labels,
         "draft": false,
         "work_in_progress": false,
-        "author": author(row, base),
+        "author": user_basic(&mr.author, base),
         "references": references(full_path, '!', iid),
         "web_url": format!("{}{full_path}/-/merge_requests/{iid}", base.as_str()),
-        "created_at": ts(row, "created_at"),
-        "updated_at": ts(row, "updated_at"),
-        "closed_at": row.get::<_, Option<chrono::DateTime<chrono::Utc>>>("closed_at"),
-        "closed_by": closed_by(row, base),
-        "merged_at": merged.then(|| ts(row, "updated_at")),
+        "created_at": mr.created_at,
+        "updated_at": mr.updated_at,
+        "closed_at": mr.closed_at,
+        "closed_by": closed_by(mr.closed_by.as_ref(), base),
+        "merged_at": merged.then_some(mr.updated_at),
     })
+}
+
+/// The merge request in its REST shape.
+fn found_json(state: &AppState, found: &Found<MergeRequest>) -> Value {
+    mr_json(&found.item, &state.config.external_url, &found.full_path)
 }
 
 #[derive(Debug, Deserialize)]
@@ -102,22 +99,13 @@ async fn list_merge_requests(
     )?;
     let db = state.pool.get().await?;
     let full_path = Container::Project(project).full_path(&*db).await?;
-    let sql = format!(
-        "{} WHERE m.project_id = $1 AND ($2::text IS NULL OR m.state = $2) ORDER BY m.id DESC",
-        mr_sql()
-    );
-    let rows = readable_rows(
-        &state,
-        &*db,
-        user,
-        Item::MERGE_REQUEST,
-        &sql,
-        &[&project, &wanted],
-    )
-    .await?;
-    let items = rows
+    let found = merge_requests::list(&*db, project, wanted.as_deref()).await?;
+    let readable = Item::MERGE_REQUEST
+        .keep_readable(&state, &*db, user, found)
+        .await?;
+    let items = readable
         .iter()
-        .map(|r| mr_json(r, &state.config.external_url, &full_path))
+        .map(|m| mr_json(m, &state.config.external_url, &full_path))
         .collect();
     Ok(paged(&req, PageParams::new(q.page, q.per_page), items))
 }
@@ -128,10 +116,12 @@ pub(super) async fn find_merge_request(
     req: &HttpRequest,
     project: i64,
     iid: i32,
-) -> Result<Found, ApiError> {
-    let sql = format!("{} WHERE m.project_id = $1 AND m.iid = $2", mr_sql());
-    let project = Container::Project(project);
-    find_readable(state, req, project, Item::MERGE_REQUEST, &sql, &iid).await
+) -> Result<Found<MergeRequest>, ApiError> {
+    let container = Container::Project(project);
+    find_readable(state, req, container, Item::MERGE_REQUEST, async |db| {
+        merge_requests::by_iid(db, project, iid).await
+    })
+    .await
 }
 
 pub(super) async fn show_merge_request(
@@ -141,11 +131,11 @@ pub(super) async fn show_merge_request(
 ) -> Result<HttpResponse, ApiError> {
     let (project, iid) = path.into_inner();
     let mr = find_merge_request(&state, &req, project, iid).await?;
-    Ok(HttpResponse::Ok().json(mr.json(&state, mr_json)))
+    Ok(HttpResponse::Ok().json(found_json(&state, &mr)))
 }
 
 #[derive(Debug, Deserialize)]
-struct NewMergeRequest {
+struct NewMergeRequestParams {
     source_branch: String,
     target_branch: String,
     title: String,
@@ -156,7 +146,7 @@ struct NewMergeRequest {
     diff: Option<String>,
 }
 
-fn validate(b: &NewMergeRequest) -> Result<(), ApiError> {
+fn validate(b: &NewMergeRequestParams) -> Result<(), ApiError> {
     for (name, value) in [
         ("title", &b.title),
         ("source_branch", &b.source_branch),
@@ -189,7 +179,7 @@ async fn create_merge_request(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<i64>,
-    body: super::params::Params<NewMergeRequest>,
+    body: super::params::Params<NewMergeRequestParams>,
 ) -> Result<HttpResponse, ApiError> {
     let project = path.into_inner();
     let me = Container::Project(project)
@@ -197,50 +187,26 @@ async fn create_merge_request(
         .await?;
     let b = body.into_inner();
     validate(&b)?;
-    let labels = b.labels.clone().unwrap_or_default().0;
     let mut db = state.pool.get().await?;
-    let tx = db.transaction().await?;
-    // Serialises iid allocation and the open-duplicate check per project.
-    tx.execute(
-        "SELECT 1 FROM projects WHERE id = $1 FOR UPDATE",
-        &[&project],
+    let mr = merge_requests::create(
+        &mut db,
+        NewMergeRequest {
+            project,
+            title: b.title,
+            description: b.description.unwrap_or_default(),
+            source_branch: b.source_branch,
+            target_branch: b.target_branch,
+            diff: b.diff.unwrap_or_default(),
+            labels: b.labels.unwrap_or_default().0,
+            author: Author {
+                id: me.author_id(),
+                on_behalf_of: me.on_behalf_of(),
+            },
+        },
     )
     .await?;
-    if let Some(open) = tx
-        .query_opt(
-            "SELECT iid FROM merge_requests WHERE project_id = $1 AND source_branch = $2 AND target_branch = $3
-             AND state = 'opened' ORDER BY iid LIMIT 1",
-            &[&project, &b.source_branch, &b.target_branch],
-        )
-        .await?
-    {
-        let iid: i32 = open.get(0);
-        return Err(ApiError::Conflict(format!(
-            "Another open merge request already exists for this source branch: !{iid}"
-        )));
-    }
-    let id: i64 = tx
-        .query_one(
-            "INSERT INTO merge_requests (project_id, iid, title, description, author_id, source_branch, target_branch, diff, labels, on_behalf_of_user_id)
-             VALUES ($1, (SELECT coalesce(max(iid), 0) + 1 FROM merge_requests WHERE project_id = $1), $2, $3, $4, $5, $6, $7, $8, $9)
-             RETURNING id",
-            &[
-                &project,
-                &b.title,
-                &b.description.unwrap_or_default(),
-                &me.author_id(),
-                &b.source_branch,
-                &b.target_branch,
-                &b.diff.unwrap_or_default(),
-                &labels,
-                &me.on_behalf_of(),
-            ],
-        )
-        .await?
-        .get(0);
-    tx.commit().await?;
-    let sql = format!("{} WHERE m.id = $1", mr_sql());
-    created(&state, &*db, Container::Project(project), &sql, id, mr_json).await
+    let full_path = Container::Project(project).full_path(&*db).await?;
+    Ok(HttpResponse::Created().json(mr_json(&mr, &state.config.external_url, &full_path)))
 }
 
 /// The merge request's per-file changes: the real comparison of its branches
@@ -248,15 +214,13 @@ async fn create_merge_request(
 async fn file_diffs(
     state: &AppState,
     project: i64,
-    row: &tokio_postgres::Row,
+    mr: &MergeRequest,
 ) -> Result<Vec<diffs::FileDiff>, ApiError> {
-    let source: String = row.get("source_branch");
-    let target: String = row.get("target_branch");
     let compared = crate::repositories::branch_changes(
         &state.repositories,
         project,
-        &source,
-        &target,
+        &mr.source_branch,
+        &mr.target_branch,
         super::repository_commits::MAX_DIFF_FILES,
     )
     .await
@@ -276,7 +240,7 @@ async fn file_diffs(
                 generated_file: false,
             })
             .collect(),
-        None => diffs::parse(row.get::<_, &str>("diff")),
+        None => diffs::parse(&mr.diff),
     })
 }
 
@@ -288,8 +252,8 @@ async fn merge_request_changes(
 ) -> Result<HttpResponse, ApiError> {
     let (project, iid) = path.into_inner();
     let mr = find_merge_request(&state, &req, project, iid).await?;
-    let changes = file_diffs(&state, project, &mr.row).await?;
-    let mut body = mr.json(&state, mr_json);
+    let changes = file_diffs(&state, project, &mr.item).await?;
+    let mut body = found_json(&state, &mr);
     if let Some(obj) = body.as_object_mut() {
         obj.insert("changes_count".into(), json!(changes.len().to_string()));
         obj.insert("changes".into(), json!(changes));
@@ -313,7 +277,7 @@ async fn merge_request_diffs(
 ) -> Result<HttpResponse, ApiError> {
     let (project, iid) = path.into_inner();
     let mr = find_merge_request(&state, &req, project, iid).await?;
-    let items = file_diffs(&state, project, &mr.row)
+    let items = file_diffs(&state, project, &mr.item)
         .await?
         .into_iter()
         .map(|d| json!(d))
@@ -333,7 +297,7 @@ impl NoteTarget for MergeRequestNotes {
         (project, iid): (i64, i32),
     ) -> Result<(Option<Actor>, Noteable), ApiError> {
         let mr = find_merge_request(state, req, project, iid).await?;
-        let noteable = Noteable::merge_request(mr.row.get("id"), iid, project);
+        let noteable = Noteable::merge_request(mr.item.id, iid, project);
         Ok((mr.user, noteable))
     }
 }

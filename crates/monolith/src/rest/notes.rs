@@ -7,17 +7,19 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use super::common::{author, paged, require_write, sort_order, ts};
-use super::items::{Item, readable_rows};
+use super::common::{paged, require_write, sort_order, user_basic};
+use super::items::Item;
 use super::pagination::PageParams;
 use super::{ApiError, WRITE_SCOPES, require_user};
 use crate::app_state::AppState;
 use crate::policy::{Actor, Subject, WriteAbility};
+use crate::work_items::notes::{self, NewNote, Note};
+use crate::work_items::{Author, Kind};
 
 /// The item notes belong to, as GitLab names its type.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Noteable {
-    pub kind: &'static str,
+    pub kind: Kind,
     pub id: i64,
     /// The item's iid, where GitLab shows one (`noteable_iid`).
     pub iid: Option<i32>,
@@ -28,7 +30,7 @@ pub(super) struct Noteable {
 impl Noteable {
     pub fn issue(id: i64, iid: i32, project: i64) -> Self {
         Noteable {
-            kind: "Issue",
+            kind: Kind::Issue,
             id,
             iid: Some(iid),
             container: Subject::Project(project),
@@ -37,7 +39,7 @@ impl Noteable {
 
     pub fn merge_request(id: i64, iid: i32, project: i64) -> Self {
         Noteable {
-            kind: "MergeRequest",
+            kind: Kind::MergeRequest,
             id,
             iid: Some(iid),
             container: Subject::Project(project),
@@ -46,7 +48,7 @@ impl Noteable {
 
     pub fn epic(id: i64, group: i64) -> Self {
         Noteable {
-            kind: "Epic",
+            kind: Kind::Epic,
             id,
             iid: None,
             container: Subject::Group(group),
@@ -55,35 +57,31 @@ impl Noteable {
 
     /// GitLab keeps internal notes for issues and epics.
     fn supports_internal(&self) -> bool {
-        self.kind != "MergeRequest"
+        self.kind != Kind::MergeRequest
     }
 }
 
-const NOTE_SQL: &str = "SELECT n.id, n.body, n.noteable_type, n.noteable_id, n.internal, n.system, n.created_at, n.updated_at,
-        u.id AS author_id, u.username AS author_username, u.name AS author_name, u.state AS author_state
-    FROM notes n JOIN users u ON u.id = n.author_id";
-
-fn note_json(row: &tokio_postgres::Row, noteable: &Noteable, base: &url::Url) -> Value {
+fn note_json(note: &Note, noteable: &Noteable, base: &url::Url) -> Value {
     let project_id = match noteable.container {
         Subject::Project(id) => Some(id),
         _ => None,
     };
     json!({
-        "id": row.get::<_, i64>("id"),
+        "id": note.id,
         "type": Value::Null,
-        "body": row.get::<_, String>("body"),
+        "body": note.body,
         "attachment": Value::Null,
-        "author": author(row, base),
-        "created_at": ts(row, "created_at"),
-        "updated_at": ts(row, "updated_at"),
-        "system": row.get::<_, bool>("system"),
-        "noteable_id": row.get::<_, i64>("noteable_id"),
-        "noteable_type": row.get::<_, String>("noteable_type"),
+        "author": user_basic(&note.author, base),
+        "created_at": note.created_at,
+        "updated_at": note.updated_at,
+        "system": note.system,
+        "noteable_id": note.noteable_id,
+        "noteable_type": note.noteable_type,
         "project_id": project_id,
         "noteable_iid": noteable.iid,
         "resolvable": false,
-        "internal": row.get::<_, bool>("internal"),
-        "confidential": row.get::<_, bool>("internal"),
+        "internal": note.internal,
+        "confidential": note.internal,
     })
 }
 
@@ -118,21 +116,11 @@ pub(super) async fn list<T: NoteTarget>(
     let (user, noteable) = T::find(&state, &req, path.into_inner()).await?;
     let order = sort_order(params.sort.as_deref())?;
     let db = state.pool.get().await?;
-    let sql = format!(
-        "{NOTE_SQL} WHERE n.noteable_type = $1 AND n.noteable_id = $2 ORDER BY n.created_at {order}, n.id {order}"
-    );
-    let rows = readable_rows(
-        &state,
-        &*db,
-        user,
-        Item::NOTE,
-        &sql,
-        &[&noteable.kind, &noteable.id],
-    )
-    .await?;
-    let items = rows
+    let found = notes::list(&*db, noteable.kind, noteable.id, order).await?;
+    let readable = Item::NOTE.keep_readable(&state, &*db, user, found).await?;
+    let items = readable
         .iter()
-        .map(|r| note_json(r, &noteable, &state.config.external_url))
+        .map(|n| note_json(n, &noteable, &state.config.external_url))
         .collect();
     Ok(paged(
         &req,
@@ -142,7 +130,7 @@ pub(super) async fn list<T: NoteTarget>(
 }
 
 #[derive(Debug, Deserialize)]
-pub(super) struct NewNote {
+pub(super) struct NewNoteParams {
     body: String,
     internal: Option<bool>,
     /// GitLab's older name for `internal`.
@@ -154,7 +142,7 @@ pub(super) async fn create<T: NoteTarget>(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<T::Path>,
-    note: super::params::Params<NewNote>,
+    note: super::params::Params<NewNoteParams>,
 ) -> Result<HttpResponse, ApiError> {
     let me = require_user(&state, &req, WRITE_SCOPES).await?;
     let (_, noteable) = T::find(&state, &req, path.into_inner()).await?;
@@ -179,26 +167,21 @@ pub(super) async fn create<T: NoteTarget>(
         .await?;
     }
     let db = state.pool.get().await?;
-    let id: i64 = db
-        .query_one(
-            "INSERT INTO notes (noteable_type, noteable_id, author_id, body, internal, on_behalf_of_user_id)
-             VALUES ($1, $2, $3, $4, $5, $6)
-             RETURNING id",
-            &[
-                &noteable.kind,
-                &noteable.id,
-                &me.author_id(),
-                &note.body,
-                &internal,
-                &me.on_behalf_of(),
-            ],
-        )
-        .await?
-        .get(0);
-    let row = db
-        .query_one(&format!("{NOTE_SQL} WHERE n.id = $1"), &[&id])
-        .await?;
-    Ok(HttpResponse::Created().json(note_json(&row, &noteable, &state.config.external_url)))
+    let created = notes::create(
+        &*db,
+        NewNote {
+            kind: noteable.kind,
+            item: noteable.id,
+            body: note.body,
+            internal,
+            author: Author {
+                id: me.author_id(),
+                on_behalf_of: me.on_behalf_of(),
+            },
+        },
+    )
+    .await?;
+    Ok(HttpResponse::Created().json(note_json(&created, &noteable, &state.config.external_url)))
 }
 
 #[cfg(test)]

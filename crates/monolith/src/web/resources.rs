@@ -11,8 +11,8 @@ use super::PageError;
 use super::layout::{self, Page};
 use crate::app_state::AppState;
 use crate::identity::sessions::SessionUser;
-use crate::namespaces::FULL_PATHS;
 use crate::policy::{Ability, Actor, Subject};
+use crate::work_items::{self, Kind, issues, merge_requests, notes};
 
 /// Most rows a list on a page shows.
 const LIST_LIMIT: i64 = 50;
@@ -80,32 +80,19 @@ async fn readable(
 async fn projects(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpResponse, PageError> {
     let session = super::signed_in(&state, &req).await?;
     let db = state.pool.get().await?;
-    let rows = db
-        .query(
-            &format!(
-                "{FULL_PATHS} SELECT p.id, p.name, paths.full_path || '/' || p.path, p.description
-                 FROM projects p JOIN paths ON paths.id = p.group_id ORDER BY 3 LIMIT 500"
-            ),
-            &[],
-        )
-        .await?;
+    let projects = crate::namespaces::projects_by_full_path(&*db).await?;
     let mut visible = Vec::new();
-    for row in &rows {
-        let id: i64 = row.get(0);
+    for project in projects {
         if readable(
             &state,
             &*db,
             &session,
             Ability::ReadProject,
-            Subject::Project(id),
+            Subject::Project(project.id),
         )
         .await?
         {
-            visible.push((
-                row.get::<_, String>(1),
-                row.get::<_, String>(2),
-                row.get::<_, String>(3),
-            ));
+            visible.push((project.name, project.full_path, project.description));
         }
         if visible.len() as i64 >= LIST_LIMIT {
             break;
@@ -138,43 +125,23 @@ async fn project(
     let session = super::signed_in(&state, &req).await?;
     let db = state.pool.get().await?;
     let id = super::project_with(&state, &*db, &session, &path, &[Ability::ReadProject]).await?;
-    let row = db
-        .query_one(
-            "SELECT name, description, visibility FROM projects WHERE id = $1",
-            &[&id],
-        )
-        .await?;
-    let name: String = row.get(0);
-    let issues = db
-        .query(
-            "SELECT id, iid, title, state FROM issues WHERE project_id = $1 ORDER BY iid DESC LIMIT $2",
-            &[&id, &LIST_LIMIT],
-        )
-        .await?;
+    let summary = crate::namespaces::project_summary(&*db, id).await?;
+    let name = summary.name;
     let mut issue_rows = Vec::new();
-    for r in &issues {
+    for issue in issues::newest_lines(&*db, id, LIST_LIMIT).await? {
         if readable(
             &state,
             &*db,
             &session,
             Ability::ReadIssue,
-            Subject::Issue(r.get(0)),
+            Subject::Issue(issue.id),
         )
         .await?
         {
-            issue_rows.push((
-                r.get::<_, i32>(1),
-                r.get::<_, String>(2),
-                r.get::<_, String>(3),
-            ));
+            issue_rows.push((issue.iid, issue.title, issue.state));
         }
     }
-    let mrs = db
-        .query(
-            "SELECT iid, title, state FROM merge_requests WHERE project_id = $1 ORDER BY iid DESC LIMIT $2",
-            &[&id, &LIST_LIMIT],
-        )
-        .await?;
+    let mrs = merge_requests::newest_lines(&*db, id, LIST_LIMIT).await?;
     let can_read_mrs = readable(
         &state,
         &*db,
@@ -193,8 +160,8 @@ async fn project(
                     h1 { (name) " " span class="muted" { (path) } }
                     (ask_duo(&gid, &name))
                 }
-                p { (row.get::<_, String>(1)) }
-                p class="muted" { "Visibility: " (row.get::<_, String>(2)) }
+                p { (summary.description) }
+                p class="muted" { "Visibility: " (summary.visibility) }
                 p class="actions" {
                     a class="button" href={ "/" (path) "/-/tree" } { "Files" }
                     " "
@@ -214,8 +181,8 @@ async fn project(
                 section class="card" {
                     h2 { "Merge requests" }
                     ul class="rows" {
-                        @for r in &mrs {
-                            li { a href={ "/" (path) "/-/merge_requests/" (r.get::<_, i32>(0)) } { "!" (r.get::<_, i32>(0)) " " (r.get::<_, String>(1)) } " " span class="badge" { (r.get::<_, String>(2)) } }
+                        @for mr in &mrs {
+                            li { a href={ "/" (path) "/-/merge_requests/" (mr.iid) } { "!" (mr.iid) " " (mr.title) } " " span class="badge" { (mr.state) } }
                         }
                         @if mrs.is_empty() { li class="muted" { "No merge requests." } }
                     }
@@ -227,33 +194,25 @@ async fn project(
 
 /// Notes of one noteable the user may read (internal notes need the policy's
 /// say), oldest first.
-async fn notes(
+async fn readable_notes(
     state: &AppState,
     db: &impl Queries,
     session: &SessionUser,
-    kind: &str,
+    kind: Kind,
     id: i64,
 ) -> Result<Vec<(String, String)>, PageError> {
-    let rows = db
-        .query(
-            "SELECT n.id, u.username, n.body FROM notes n JOIN users u ON u.id = n.author_id
-             WHERE n.noteable_type = $1 AND n.noteable_id = $2 AND NOT n.system
-             ORDER BY n.id LIMIT 100",
-            &[&kind, &id],
-        )
-        .await?;
     let mut out = Vec::new();
-    for r in &rows {
+    for comment in notes::comments(db, kind, id, Some(100)).await? {
         if readable(
             state,
             db,
             session,
             Ability::ReadNote,
-            Subject::Note(r.get(0)),
+            Subject::Note(comment.id),
         )
         .await?
         {
-            out.push((r.get(1), r.get(2)));
+            out.push((comment.author_username, comment.body));
         }
     }
     Ok(out)
@@ -311,16 +270,10 @@ async fn issue(
     let Some(project) = project_id(&*db, &project_path).await? else {
         return Err(PageError::NotFound);
     };
-    let Some(row) = db
-        .query_opt(
-            "SELECT id, title, description, state FROM issues WHERE project_id = $1 AND iid = $2",
-            &[&project, &iid],
-        )
-        .await?
-    else {
+    let Some(item) = work_items::view_by_iid(&*db, Kind::Issue, project, iid).await? else {
         return Err(PageError::NotFound);
     };
-    let id: i64 = row.get(0);
+    let id = item.id;
     if !readable(
         &state,
         &*db,
@@ -332,13 +285,13 @@ async fn issue(
     {
         return Err(PageError::NotFound);
     }
-    let notes = notes(&state, &*db, &session, "Issue", id).await?;
+    let notes = readable_notes(&state, &*db, &session, Kind::Issue, id).await?;
     Ok(item_page(
         &session,
-        format!("{} (#{iid})", row.get::<_, String>(1)),
+        format!("{} (#{iid})", item.title),
         &crate::gid::format("Issue", id),
-        &row.get::<_, String>(3),
-        &row.get::<_, String>(2),
+        &item.state,
+        &item.description,
         &notes,
     ))
 }
@@ -355,16 +308,10 @@ async fn merge_request(
     let Some(project) = project_id(&*db, &project_path).await? else {
         return Err(PageError::NotFound);
     };
-    let Some(row) = db
-        .query_opt(
-            "SELECT id, title, description, state FROM merge_requests WHERE project_id = $1 AND iid = $2",
-            &[&project, &iid],
-        )
-        .await?
-    else {
+    let Some(item) = work_items::view_by_iid(&*db, Kind::MergeRequest, project, iid).await? else {
         return Err(PageError::NotFound);
     };
-    let id: i64 = row.get(0);
+    let id = item.id;
     if !readable(
         &state,
         &*db,
@@ -376,13 +323,13 @@ async fn merge_request(
     {
         return Err(PageError::NotFound);
     }
-    let notes = notes(&state, &*db, &session, "MergeRequest", id).await?;
+    let notes = readable_notes(&state, &*db, &session, Kind::MergeRequest, id).await?;
     Ok(item_page(
         &session,
-        format!("{} (!{iid})", row.get::<_, String>(1)),
+        format!("{} (!{iid})", item.title),
         &crate::gid::format("MergeRequest", id),
-        &row.get::<_, String>(3),
-        &row.get::<_, String>(2),
+        &item.state,
+        &item.description,
         &notes,
     ))
 }
@@ -399,26 +346,20 @@ async fn epic(
     let Some(group) = crate::namespaces::group_id_by_full_path(&*db, &group_path).await? else {
         return Err(PageError::NotFound);
     };
-    let Some(row) = db
-        .query_opt(
-            "SELECT id, title, description, state FROM epics WHERE group_id = $1 AND iid = $2",
-            &[&group, &iid],
-        )
-        .await?
-    else {
+    let Some(item) = work_items::view_by_iid(&*db, Kind::Epic, group, iid).await? else {
         return Err(PageError::NotFound);
     };
-    let id: i64 = row.get(0);
+    let id = item.id;
     if !readable(&state, &*db, &session, Ability::ReadEpic, Subject::Epic(id)).await? {
         return Err(PageError::NotFound);
     }
-    let notes = notes(&state, &*db, &session, "Epic", id).await?;
+    let notes = readable_notes(&state, &*db, &session, Kind::Epic, id).await?;
     Ok(item_page(
         &session,
-        format!("{} (&{iid})", row.get::<_, String>(1)),
+        format!("{} (&{iid})", item.title),
         &crate::gid::format("Epic", id),
-        &row.get::<_, String>(3),
-        &row.get::<_, String>(2),
+        &item.state,
+        &item.description,
         &notes,
     ))
 }

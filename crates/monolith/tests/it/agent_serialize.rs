@@ -8,8 +8,8 @@
 
 use crate::support;
 
-use monolith::agent::tools::resource_identifier::{MAX_TEXT_CHARS, serialize_subject};
 use monolith::policy::Subject;
+use monolith::work_items::ai_serialization::{MAX_TEXT_CHARS, serialize_for_ai};
 
 #[tokio::test]
 async fn issue_and_merge_request_serialisation() {
@@ -35,15 +35,15 @@ async fn issue_and_merge_request_serialisation() {
     let db = fx.pool.get().await.unwrap();
     let base = url::Url::parse("https://gitlab.example.com/").unwrap();
 
-    let issue = serialize_subject(&**db, Subject::Issue(issue), &base)
+    let issue = serialize_for_ai(&**db, Subject::Issue(issue), &base)
         .await
         .unwrap()
         .unwrap();
-    let mr = serialize_subject(&**db, Subject::MergeRequest(mr), &base)
+    let mr = serialize_for_ai(&**db, Subject::MergeRequest(mr), &base)
         .await
         .unwrap()
         .unwrap();
-    let missing = serialize_subject(&**db, Subject::Issue(999_999), &base)
+    let missing = serialize_for_ai(&**db, Subject::Issue(999_999), &base)
         .await
         .unwrap();
 

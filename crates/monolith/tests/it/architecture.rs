@@ -25,6 +25,9 @@ const RANKS: &[(&str, u32)] = &[
     ("chat", 6),
     ("gateway_client", 6),
     ("repositories", 6),
+    // Issues, merge requests, epics, notes and CI jobs: above the policy
+    // they ask, below the agent and the edges that show them.
+    ("work_items", 6),
     ("code_index", 7),
     ("agent", 8),
     // Turning a Duo switch brings the code index in line with it.

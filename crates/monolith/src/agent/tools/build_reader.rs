@@ -4,9 +4,9 @@
 use async_trait::async_trait;
 use contracts::{DuoErrorCode, UnitPrimitive};
 
-use super::resource_identifier::serialize_subject;
 use super::{Tool, ToolEnv, ToolInput, ToolOutcome};
-use crate::policy::{ChatAuthError, Subject};
+use crate::policy::Subject;
+use crate::work_items::{AiReadError, read_for_ai};
 
 pub struct BuildReader;
 
@@ -44,32 +44,32 @@ impl Tool for BuildReader {
         let Some(id) = id else {
             return ToolOutcome::failed(DuoErrorCode::M3003, "no job identified");
         };
+        // This tool answered M4002 for every failure, unlike the other readers.
+        let refused = |e: AiReadError| {
+            let code = match &e {
+                AiReadError::Refused(code) => *code,
+                AiReadError::Failed(_) | AiReadError::Serialization(_) => DuoErrorCode::M4002,
+            };
+            ToolOutcome::failed(code, e.to_string())
+        };
         let db = match env.services.pool.get().await {
             Ok(db) => db,
-            Err(e) => return ToolOutcome::failed(DuoErrorCode::M4002, e.to_string()),
+            Err(e) => return refused(AiReadError::failed(e)),
         };
-        let subject = Subject::Build(id);
-        match env
-            .services
-            .policy
-            .authorize_chat_resource(&*db, Some(env.ctx.actor), subject)
-            .await
+        match read_for_ai(
+            &env.services.policy,
+            &*db,
+            env.ctx.actor,
+            Subject::Build(id),
+            &env.services.external_url,
+        )
+        .await
         {
-            Ok(()) => {}
-            Err(ChatAuthError::Denied(code)) => {
-                return ToolOutcome::failed(code, "job not readable");
-            }
-            Err(ChatAuthError::Policy(e)) => {
-                return ToolOutcome::failed(DuoErrorCode::M4002, e.to_string());
-            }
-        }
-        match serialize_subject(&*db, subject, &env.services.external_url).await {
-            Ok(Some(context)) => ToolOutcome::Observation(format!(
+            Ok(context) => ToolOutcome::Observation(format!(
                 "Please use this information about the identified CI job: {}",
                 context.content
             )),
-            Ok(None) => ToolOutcome::failed(DuoErrorCode::M3003, "job not found"),
-            Err(e) => ToolOutcome::failed(DuoErrorCode::M4002, e.to_string()),
+            Err(e) => refused(e),
         }
     }
 }

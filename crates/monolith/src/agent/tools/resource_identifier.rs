@@ -1,6 +1,6 @@
 //! The shared machinery of the issue, epic and merge request readers: find
-//! which item a question means, authorize the user for it, and serialise it
-//! for the model.
+//! which item a question means, then hand it to the work items domain, which
+//! authorizes the user for it and serialises it for the model.
 //!
 //! Identification tries the plain forms first (a URL of this instance, a full
 //! reference such as `group/project#12`, a short reference such as `#12`, or
@@ -9,18 +9,20 @@
 //! (`chat/<kind>_reader`), whose JSON answer is read tolerantly. The prompt
 //! only ever sees the user's question and the model's thought.
 //!
-//! A missing item and one the user may not read end the same way: M3003.
+//! Reading the item is the work items domain's [`read_for_ai`]: a missing
+//! item and one the user may not read end the same way, M3003.
 
 use crate::queries::Queries;
 use async_trait::async_trait;
-use contracts::{DuoErrorCode, ResourceContext, ResourceType, UnitPrimitive};
+use contracts::{DuoErrorCode, UnitPrimitive};
 use serde_json::{Map, Value, json};
 
 use super::{Tool, ToolEnv, ToolInput, ToolOutcome};
-use crate::policy::{ChatAuthError, Subject};
+use crate::policy::Subject;
+use crate::work_items::{self, AiReadError, read_for_ai};
 
-/// Longest description or diff passed to the model, in characters.
-pub const MAX_TEXT_CHARS: usize = 20_000;
+// The text limits other tools share with the work item serialization.
+pub use crate::work_items::ai_serialization::{MAX_TEXT_CHARS, bounded, tail};
 /// Identifier prompt attempts before giving up with M3003.
 const PROMPT_ATTEMPTS: usize = 3;
 
@@ -72,11 +74,12 @@ impl ReaderKind {
         }
     }
 
-    fn subject(self, id: i64) -> Subject {
+    /// The work item kind this reader reads.
+    pub fn item_kind(self) -> work_items::Kind {
         match self {
-            Self::Issue => Subject::Issue(id),
-            Self::Epic => Subject::Epic(id),
-            Self::MergeRequest => Subject::MergeRequest(id),
+            Self::Issue => work_items::Kind::Issue,
+            Self::Epic => work_items::Kind::Epic,
+            Self::MergeRequest => work_items::Kind::MergeRequest,
         }
     }
 
@@ -91,7 +94,7 @@ impl ReaderKind {
 
     /// Epics live in groups; issues and merge requests in projects.
     fn in_group(self) -> bool {
-        self == Self::Epic
+        self.item_kind().in_group()
     }
 }
 
@@ -227,25 +230,6 @@ async fn container_by_path(
     }
 }
 
-async fn item_by_iid(
-    db: &impl Queries,
-    kind: ReaderKind,
-    container: i64,
-    iid: i32,
-) -> Result<Option<i64>, tokio_postgres::Error> {
-    let sql = match kind {
-        ReaderKind::Issue => "SELECT id FROM issues WHERE project_id = $1 AND iid = $2",
-        ReaderKind::Epic => "SELECT id FROM epics WHERE group_id = $1 AND iid = $2",
-        ReaderKind::MergeRequest => {
-            "SELECT id FROM merge_requests WHERE project_id = $1 AND iid = $2"
-        }
-    };
-    Ok(db
-        .query_opt(sql, &[&container, &iid])
-        .await?
-        .map(|r| r.get(0)))
-}
-
 /// The project (group for epics) a short reference is relative to: the
 /// container of the page resource.
 async fn context_container(
@@ -264,11 +248,9 @@ async fn context_container(
         .map_err(|e| e.to_string())?;
     Ok(match (kind.in_group(), container) {
         (true, Some(Subject::Group(id))) | (false, Some(Subject::Project(id))) => Some(id),
-        (true, Some(Subject::Project(project))) => db
-            .query_opt("SELECT group_id FROM projects WHERE id = $1", &[&project])
+        (true, Some(Subject::Project(project))) => crate::namespaces::group_of_project(db, project)
             .await
-            .map_err(|e| e.to_string())?
-            .map(|r| r.get(0)),
+            .map_err(|e| e.to_string())?,
         _ => None,
     })
 }
@@ -282,14 +264,14 @@ async fn resolve(
 ) -> Result<Option<i64>, String> {
     let by_path = async |path: &str, iid: i32| -> Result<Option<i64>, tokio_postgres::Error> {
         match container_by_path(db, kind, path).await? {
-            Some(container) => item_by_iid(db, kind, container, iid).await,
+            Some(container) => work_items::id_by_iid(db, kind.item_kind(), container, iid).await,
             None => Ok(None),
         }
     };
     match identifier {
         Identifier::Current => Ok(env.ctx.resource.and_then(|s| kind.id_of(s))),
         Identifier::Iid(iid) => match context_container(env, db, kind).await? {
-            Some(container) => item_by_iid(db, kind, container, *iid)
+            Some(container) => work_items::id_by_iid(db, kind.item_kind(), container, *iid)
                 .await
                 .map_err(|e| e.to_string()),
             None => Ok(None),
@@ -384,228 +366,39 @@ impl Tool for ResourceReader {
     }
 
     async fn execute(&self, env: &ToolEnv<'_>, input: &ToolInput) -> ToolOutcome {
-        let not_found = || ToolOutcome::failed(DuoErrorCode::M3003, "not found or not readable");
+        let refused = |e: AiReadError| ToolOutcome::failed(e.code(), e.to_string());
         let identifier = match self.identify(env, input).await {
             Ok(Some(identifier)) => identifier,
-            Ok(None) => return not_found(),
+            Ok(None) => return refused(AiReadError::Refused(DuoErrorCode::M3003)),
             Err(outcome) => return outcome,
         };
         let db = match env.services.pool.get().await {
             Ok(db) => db,
-            Err(e) => return ToolOutcome::failed(DuoErrorCode::M4001, e.to_string()),
+            Err(e) => return refused(AiReadError::failed(e)),
         };
         let id = match resolve(env, &*db, self.kind, &identifier).await {
             Ok(Some(id)) => id,
-            Ok(None) => return not_found(),
-            Err(e) => return ToolOutcome::failed(DuoErrorCode::M4001, e.to_string()),
+            Ok(None) => return refused(AiReadError::Refused(DuoErrorCode::M3003)),
+            Err(e) => return refused(AiReadError::failed(e)),
         };
-        let subject = self.kind.subject(id);
-        // Authorize before any content is read.
-        match env
-            .services
-            .policy
-            .authorize_chat_resource(&*db, Some(env.ctx.actor), subject)
-            .await
+        let subject = self.kind.item_kind().subject(id);
+        match read_for_ai(
+            &env.services.policy,
+            &*db,
+            env.ctx.actor,
+            subject,
+            &env.services.external_url,
+        )
+        .await
         {
-            Ok(()) => {}
-            Err(ChatAuthError::Denied(code)) => {
-                return ToolOutcome::failed(code, "not found or not readable");
-            }
-            Err(ChatAuthError::Policy(e)) => {
-                return ToolOutcome::failed(DuoErrorCode::M4001, e.to_string());
-            }
-        }
-        match serialize_subject(&*db, subject, &env.services.external_url).await {
-            Ok(Some(context)) => ToolOutcome::Observation(format!(
+            Ok(context) => ToolOutcome::Observation(format!(
                 "Please use this information about the identified {}: {}",
                 self.kind.noun(),
                 context.content
             )),
-            Ok(None) => not_found(),
-            Err(e) => ToolOutcome::failed(DuoErrorCode::M5000, e.to_string()),
+            Err(e) => refused(e),
         }
     }
-}
-
-/// Cuts text to `max` characters, saying so.
-pub fn bounded(text: &str, max: usize) -> String {
-    if text.chars().count() <= max {
-        return text.to_owned();
-    }
-    let cut: String = text.chars().take(max).collect();
-    format!("{cut}\n[truncated]")
-}
-
-/// Escapes text placed between our XML-like tags.
-fn escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-}
-
-/// Serialises a readable resource for the model. Callers authorize first.
-pub async fn serialize_subject(
-    db: &impl Queries,
-    subject: Subject,
-    base: &url::Url,
-) -> Result<Option<ResourceContext>, tokio_postgres::Error> {
-    let base = base.as_str().trim_end_matches('/');
-    let (resource_type, content) = match subject {
-        Subject::Issue(id) => {
-            let Some(r) = db
-                .query_opt(
-                    &format!(
-                        "{} SELECT i.iid, i.title, i.description, i.state, i.labels, i.confidential,
-                                u.username, paths.full_path || '/' || p.path, to_char(i.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
-                         FROM issues i JOIN projects p ON p.id = i.project_id JOIN paths ON paths.id = p.group_id
-                         JOIN users u ON u.id = i.author_id WHERE i.id = $1",
-                        crate::namespaces::FULL_PATHS
-                    ),
-                    &[&id],
-                )
-                .await?
-            else {
-                return Ok(None);
-            };
-            let iid: i32 = r.get(0);
-            let path: String = r.get(7);
-            let labels: Vec<String> = r.get(4);
-            (
-                ResourceType::Issue,
-                format!(
-                    "<issue>\n<reference>{path}#{iid}</reference>\n<url>{base}/{path}/-/issues/{iid}</url>\n<title>{}</title>\n<state>{}</state>\n<confidential>{}</confidential>\n<labels>{}</labels>\n<author>@{}</author>\n<created_at>{}</created_at>\n<description>\n{}\n</description>\n</issue>",
-                    escape(r.get(1)),
-                    r.get::<_, String>(3),
-                    r.get::<_, bool>(5),
-                    escape(&labels.join(", ")),
-                    r.get::<_, String>(6),
-                    r.get::<_, String>(8),
-                    escape(&bounded(r.get(2), MAX_TEXT_CHARS)),
-                ),
-            )
-        }
-        Subject::Epic(id) => {
-            let Some(r) = db
-                .query_opt(
-                    &format!(
-                        "{} SELECT e.iid, e.title, e.description, e.state, e.labels, e.confidential,
-                                u.username, paths.full_path, to_char(e.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
-                         FROM epics e JOIN paths ON paths.id = e.group_id
-                         JOIN users u ON u.id = e.author_id WHERE e.id = $1",
-                        crate::namespaces::FULL_PATHS
-                    ),
-                    &[&id],
-                )
-                .await?
-            else {
-                return Ok(None);
-            };
-            let iid: i32 = r.get(0);
-            let path: String = r.get(7);
-            let labels: Vec<String> = r.get(4);
-            (
-                ResourceType::Epic,
-                format!(
-                    "<epic>\n<reference>{path}&amp;{iid}</reference>\n<url>{base}/groups/{path}/-/epics/{iid}</url>\n<title>{}</title>\n<state>{}</state>\n<confidential>{}</confidential>\n<labels>{}</labels>\n<author>@{}</author>\n<created_at>{}</created_at>\n<description>\n{}\n</description>\n</epic>",
-                    escape(r.get(1)),
-                    r.get::<_, String>(3),
-                    r.get::<_, bool>(5),
-                    escape(&labels.join(", ")),
-                    r.get::<_, String>(6),
-                    r.get::<_, String>(8),
-                    escape(&bounded(r.get(2), MAX_TEXT_CHARS)),
-                ),
-            )
-        }
-        Subject::MergeRequest(id) => {
-            let Some(r) = db
-                .query_opt(
-                    &format!(
-                        "{} SELECT m.iid, m.title, m.description, m.state, m.labels, m.source_branch,
-                                m.target_branch, u.username, paths.full_path || '/' || p.path, m.diff,
-                                m.project_id
-                         FROM merge_requests m JOIN projects p ON p.id = m.project_id JOIN paths ON paths.id = p.group_id
-                         JOIN users u ON u.id = m.author_id WHERE m.id = $1",
-                        crate::namespaces::FULL_PATHS
-                    ),
-                    &[&id],
-                )
-                .await?
-            else {
-                return Ok(None);
-            };
-            let iid: i32 = r.get(0);
-            let path: String = r.get(8);
-            let labels: Vec<String> = r.get(4);
-            // Files the project's Duo context exclusion rules exclude leave
-            // the diff (their headers stay, saying so).
-            let diff = match crate::policy::Policy::context_exclusions(db, r.get(10)).await {
-                Ok(exclusions) => exclusions.filter_unified_diff(r.get(9)),
-                Err(crate::policy::PolicyError::Db(crate::db::DbError::Query(e))) => return Err(e),
-                Err(e) => {
-                    tracing::warn!(error = %e, "exclusion rules unavailable; diff left out");
-                    String::new()
-                }
-            };
-            (
-                ResourceType::MergeRequest,
-                format!(
-                    "<merge_request>\n<reference>{path}!{iid}</reference>\n<url>{base}/{path}/-/merge_requests/{iid}</url>\n<title>{}</title>\n<state>{}</state>\n<source_branch>{}</source_branch>\n<target_branch>{}</target_branch>\n<labels>{}</labels>\n<author>@{}</author>\n<description>\n{}\n</description>\n<diff>\n{}\n</diff>\n</merge_request>",
-                    escape(r.get(1)),
-                    r.get::<_, String>(3),
-                    escape(r.get(5)),
-                    escape(r.get(6)),
-                    escape(&labels.join(", ")),
-                    r.get::<_, String>(7),
-                    escape(&bounded(r.get(2), MAX_TEXT_CHARS)),
-                    escape(&bounded(&diff, MAX_TEXT_CHARS)),
-                ),
-            )
-        }
-        Subject::Build(id) => {
-            let Some(r) = db
-                .query_opt(
-                    &format!(
-                        "{} SELECT b.name, b.stage, b.status, pl.ref, paths.full_path || '/' || p.path, b.log
-                         FROM ci_builds b JOIN ci_pipelines pl ON pl.id = b.pipeline_id
-                         JOIN projects p ON p.id = b.project_id JOIN paths ON paths.id = p.group_id WHERE b.id = $1",
-                        crate::namespaces::FULL_PATHS
-                    ),
-                    &[&id],
-                )
-                .await?
-            else {
-                return Ok(None);
-            };
-            let path: String = r.get(4);
-            let log: String = r.get(5);
-            (
-                ResourceType::Build,
-                format!(
-                    "<job>\n<url>{base}/{path}/-/jobs/{id}</url>\n<name>{}</name>\n<stage>{}</stage>\n<status>{}</status>\n<ref>{}</ref>\n<log_tail>\n{}\n</log_tail>\n</job>",
-                    escape(r.get(0)),
-                    escape(r.get(1)),
-                    r.get::<_, String>(2),
-                    escape(r.get(3)),
-                    escape(&tail(&log, MAX_TEXT_CHARS)),
-                ),
-            )
-        }
-        _ => return Ok(None),
-    };
-    Ok(Some(ResourceContext {
-        resource_type,
-        content,
-    }))
-}
-
-/// The last `max` characters of `text`.
-pub fn tail(text: &str, max: usize) -> String {
-    let count = text.chars().count();
-    if count <= max {
-        return text.to_owned();
-    }
-    text.chars().skip(count - max).collect()
 }
 
 #[cfg(test)]
@@ -695,12 +488,5 @@ mod tests {
             parse_identifier_json(k, "{\"ResourceIdentifierType\":\"guess\"}", &b),
             None
         );
-    }
-
-    #[test]
-    fn bounded_and_tail_cut_long_text() {
-        assert_eq!(bounded("abc", 5), "abc");
-        assert_eq!(bounded("abcdef", 3), "abc\n[truncated]");
-        assert_eq!(tail("abcdef", 2), "ef");
     }
 }
