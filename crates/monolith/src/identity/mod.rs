@@ -2,6 +2,7 @@
 //! passwords of the web pages, the request's credentials, and the RS256 keys the
 //! monolith signs its gateway tokens with.
 
+pub mod credentials;
 pub mod jwt;
 pub mod oauth;
 pub mod passwords;
