@@ -139,13 +139,7 @@ pub(super) async fn readable_repo(
     {
         return Err(ApiError::NotFound("Project"));
     }
-    let default_branch: String = db
-        .query_one(
-            "SELECT default_branch FROM projects WHERE id = $1",
-            &[&project_id],
-        )
-        .await?
-        .get(0);
+    let default_branch = crate::namespaces::projects::default_branch(&*db, project_id).await?;
     let full_path = project_full_path(&*db, project_id).await?;
     let path = state
         .repositories
