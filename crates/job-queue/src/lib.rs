@@ -39,18 +39,18 @@
 //! [`pubsub::Subscriber`] fans notifications out to in-process broadcast receivers,
 //! so every web replica sees every message.
 
+mod job;
 mod listener;
 pub mod pubsub;
 mod store;
 mod worker;
 
+pub use job::Job;
 pub use store::{
     EnqueueOptions, Enqueued, JobRow, JobState, QueueStats, enqueue, enqueue_raw, job_by_id,
     purge_finished, queue_stats,
 };
-pub use worker::{
-    Job, JobContext, JobHandler, Periodic, Registry, Worker, WorkerConfig, WorkerHandle,
-};
+pub use worker::{JobContext, JobHandler, Periodic, Registry, Worker, WorkerConfig, WorkerHandle};
 
 /// The whole current schema of the queue and pub/sub tables; idempotent. For
 /// new databases (tests, standalone use).

@@ -6,7 +6,7 @@ use serde::Serialize;
 use tokio_postgres::GenericClient;
 
 use crate::QueueError;
-use crate::worker::Job;
+use crate::job::Job;
 
 /// Options of one enqueue.
 #[derive(Debug, Clone)]

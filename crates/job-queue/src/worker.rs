@@ -6,19 +6,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use deadpool_postgres::Pool;
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::job::Job;
 use crate::store::{self, Claimed};
 use crate::{JOBS_CHANNEL, JobError, QueueError};
-
-/// A job payload type, stored as JSON under its kind.
-pub trait Job: Serialize + DeserializeOwned + Send + Sync + 'static {
-    const KIND: &'static str;
-}
 
 /// What a handler knows about the job it runs.
 #[derive(Clone)]

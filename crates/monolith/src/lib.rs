@@ -5,14 +5,15 @@
 //! Modules are layered; a module uses only modules of its own layer or below
 //! (`tests/it/architecture.rs` checks it):
 //!
-//! 1. foundations: [`config`], [`db`], [`gid`], [`namespaces`], [`instance`],
+//! 1. foundations: [`config`], [`db`], [`gid`], [`instance`],
 //!    [`lifecycle`], [`percent`], [`queries`] (what SQL runs on, with statements prepared
 //!    once per pooled connection)
 //! 2. who is calling: [`identity`] (personal access tokens, the signing keys of
 //!    gateway tokens)
 //! 3. who may do what: [`policy`] (abilities, Duo access, seats and add-ons)
-//! 4. domains: [`work_items`] (issues, merge requests, epics, notes, CI
-//!    pipelines and jobs: their SQL, and what of them is sent to AI, once
+//! 4. domains: [`namespaces`] (groups, projects and their members, found by
+//!    id or full path), [`work_items`] (issues, merge requests, epics, notes,
+//!    CI pipelines and jobs: their SQL, and what of them is sent to AI, once
 //!    the policy allows it), [`ai_models`] (which model serves each feature),
 //!    [`gateway_client`] (calls to the AI gateway), [`chat`]
 //!    (threads, messages, the completion seam, live delivery),
@@ -35,7 +36,6 @@ pub mod db;
 pub mod gid;
 pub mod instance;
 pub mod lifecycle;
-pub mod namespaces;
 pub mod percent;
 pub mod queries;
 
@@ -49,6 +49,7 @@ pub mod chat;
 pub mod code_index;
 pub mod duo_settings;
 pub mod gateway_client;
+pub mod namespaces;
 pub mod repositories;
 pub mod work_items;
 pub mod workflows;

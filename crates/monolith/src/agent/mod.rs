@@ -508,13 +508,9 @@ async fn load_actor(
     db: &impl Queries,
     user_id: i64,
 ) -> Result<Option<Actor>, tokio_postgres::Error> {
-    Ok(db
-        .query_opt(
-            "SELECT id, admin FROM users WHERE id = $1 AND state = 'active'",
-            &[&user_id],
-        )
+    Ok(crate::identity::users::active(db, user_id)
         .await?
-        .map(|r| Actor::user(r.get(0), r.get(1))))
+        .map(|u| Actor::user(u.id, u.admin)))
 }
 
 /// The page resource named by `resourceId`, or `None` when it is the user,

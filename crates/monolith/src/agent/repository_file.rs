@@ -88,14 +88,9 @@ pub async fn read(
     else {
         return Ok(FileText::Unavailable);
     };
-    let default_branch: String = db
-        .query_one(
-            "SELECT default_branch FROM projects WHERE id = $1",
-            &[&project],
-        )
+    let default_branch = crate::namespaces::projects::default_branch(db, project)
         .await
-        .map_err(|e| e.to_string())?
-        .get(0);
+        .map_err(|e| e.to_string())?;
     let path = repositories.path(project);
     if !path.join("HEAD").exists() {
         return Ok(FileText::Unavailable);
@@ -304,15 +299,11 @@ async fn read_item(
     }
     let reference = match &location.reference {
         Some(r) => r.clone(),
-        None => match db
-            .query_opt(
-                "SELECT default_branch FROM projects WHERE id = $1",
-                &[&location.project_id],
-            )
+        None => match crate::namespaces::projects::default_branch_if_any(db, location.project_id)
             .await
             .map_err(|e| failed(&e))?
         {
-            Some(row) => row.get::<_, String>(0),
+            Some(branch) => branch,
             None => return Ok(FileText::Unavailable),
         },
     };

@@ -611,7 +611,7 @@ async fn still_on(tx: &impl Queries, project_id: i64) -> Result<(), CodeIndexErr
 async fn commit_exists(git_dir: &std::path::Path, sha: &str) -> bool {
     let dir = git_dir.display().to_string();
     let spec = format!("{sha}^{{commit}}");
-    crate::repositories::storage::git(&["--git-dir", &dir, "cat-file", "-e", &spec])
+    crate::repositories::git::git(&["--git-dir", &dir, "cat-file", "-e", &spec])
         .await
         .is_ok()
 }
@@ -623,7 +623,7 @@ async fn tree_changes(
     max_files: usize,
 ) -> Result<Changes, CodeIndexError> {
     let dir = git_dir.display().to_string();
-    let raw = crate::repositories::storage::git(&[
+    let raw = crate::repositories::git::git(&[
         "--git-dir",
         &dir,
         "ls-tree",
@@ -675,7 +675,7 @@ async fn diff_changes(
     to: &str,
 ) -> Result<Changes, CodeIndexError> {
     let dir = git_dir.display().to_string();
-    let raw = crate::repositories::storage::git(&[
+    let raw = crate::repositories::git::git(&[
         "--git-dir",
         &dir,
         "diff-tree",

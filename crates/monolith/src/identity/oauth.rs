@@ -9,7 +9,7 @@ use chrono::{DateTime, Duration, Utc};
 use rand::RngCore;
 use subtle::ConstantTimeEq;
 
-use super::tokens::{AuthenticatedUser, TokenError, digest};
+use super::credentials::{AuthenticatedUser, ServiceAccount, TokenError, digest};
 
 /// The scope of Duo Workflow's tokens (GitLab's `ai_workflows`).
 pub const AI_WORKFLOWS_SCOPE: &str = "ai_workflows";
@@ -193,7 +193,7 @@ pub async fn authenticate(
                 admin: row.get::<_, Option<bool>>(12).unwrap_or(false),
                 token_id,
                 scopes,
-                service_account: Some(super::tokens::ServiceAccount {
+                service_account: Some(ServiceAccount {
                     id: row.get(5),
                     username: row.get(6),
                     admin: row.get(7),

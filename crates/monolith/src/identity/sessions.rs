@@ -5,7 +5,7 @@
 use crate::queries::Queries;
 use rand::RngCore;
 
-use super::tokens::{AuthenticatedUser, TokenError, digest};
+use super::credentials::{AuthenticatedUser, TokenError, digest};
 
 /// Name of the session cookie.
 pub const SESSION_COOKIE: &str = "_duo_session";

@@ -1,12 +1,11 @@
 //! Personal access tokens: random secrets stored only as SHA-256 digests.
 
 use crate::queries::Queries;
-use chrono::{NaiveDate, Utc};
+use chrono::{DateTime, NaiveDate, Utc};
 use rand::RngCore;
-use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::db::DbError;
+pub use super::credentials::{AuthenticatedUser, RunBinding, ServiceAccount, TokenError, digest};
 
 /// GitLab's prefix, so secret scanners recognise our tokens too.
 pub const TOKEN_PREFIX: &str = "glpat-";
@@ -22,84 +21,11 @@ pub const KNOWN_SCOPES: &[&str] = &[
     "write_repository",
 ];
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AuthenticatedUser {
-    pub id: i64,
-    pub username: String,
-    pub admin: bool,
-    pub token_id: i64,
-    pub scopes: Vec<String>,
-    /// Composite identity: the service account whose token acts for this user
-    /// (see [`super::oauth`]); `None` for the user's own credentials.
-    pub service_account: Option<ServiceAccount>,
-    /// A token minted for one run of a workflow started in the product
-    /// reaches only that workflow's project.
-    pub run: Option<RunBinding>,
-}
-
-/// The workflow and project a run's token is bound to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RunBinding {
-    pub workflow_id: i64,
-    pub project_id: i64,
-}
-
-/// The service account of a composite identity token.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServiceAccount {
-    pub id: i64,
-    pub username: String,
-    pub admin: bool,
-}
-
-impl AuthenticatedUser {
-    pub fn has_any_scope(&self, wanted: &[&str]) -> bool {
-        self.scopes.iter().any(|s| wanted.contains(&s.as_str()))
-    }
-
-    /// Who authors what this caller writes: the service account of a
-    /// composite identity, else the user.
-    pub fn author_id(&self) -> i64 {
-        self.service_account.as_ref().map_or(self.id, |s| s.id)
-    }
-
-    /// The human a composite identity writes on behalf of.
-    pub fn on_behalf_of(&self) -> Option<i64> {
-        self.service_account.as_ref().map(|_| self.id)
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum TokenError {
-    /// Unknown, expired or revoked token: GitLab answers 401 for all three.
-    #[error("invalid token")]
-    Invalid,
-    /// The token is fine but its user may not sign in.
-    #[error("user is blocked")]
-    Blocked,
-    #[error("unknown scope {0}")]
-    UnknownScope(String),
-    #[error("a token needs at least one scope")]
-    NoScopes,
-    #[error(transparent)]
-    Db(#[from] DbError),
-}
-
-impl From<tokio_postgres::Error> for TokenError {
-    fn from(e: tokio_postgres::Error) -> Self {
-        TokenError::Db(DbError::Query(e))
-    }
-}
-
 #[derive(Debug, Clone)]
 pub struct CreatedToken {
     pub id: i64,
     /// The plain token; shown once.
     pub token: String,
-}
-
-pub fn digest(token: &str) -> Vec<u8> {
-    Sha256::digest(token.as_bytes()).to_vec()
 }
 
 fn generate() -> String {
@@ -228,6 +154,105 @@ pub async fn authenticate(
         service_account: None,
         run: None,
     })
+}
+
+/// A personal access token as the tokens API shows it (never its secret).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenRecord {
+    pub id: i64,
+    pub name: String,
+    pub revoked: bool,
+    pub created_at: DateTime<Utc>,
+    pub scopes: Vec<String>,
+    pub user_id: i64,
+    pub last_used_at: Option<DateTime<Utc>>,
+    pub expires_at: Option<NaiveDate>,
+}
+
+impl TokenRecord {
+    /// Neither revoked nor expired.
+    pub fn active(&self) -> bool {
+        !self.revoked && self.expires_at.is_none_or(|d| d > Utc::now().date_naive())
+    }
+}
+
+const TOKEN_COLUMNS: &str =
+    "id, name, revoked, created_at, scopes, user_id, last_used_at, expires_at";
+
+fn record_from_row(row: &tokio_postgres::Row) -> TokenRecord {
+    TokenRecord {
+        id: row.get("id"),
+        name: row.get("name"),
+        revoked: row.get("revoked"),
+        created_at: row.get("created_at"),
+        scopes: row.get("scopes"),
+        user_id: row.get("user_id"),
+        last_used_at: row.get("last_used_at"),
+        expires_at: row.get("expires_at"),
+    }
+}
+
+/// The token with this id, whoever owns it.
+pub async fn record(
+    db: &impl Queries,
+    id: i64,
+) -> Result<Option<TokenRecord>, tokio_postgres::Error> {
+    let sql = format!("SELECT {TOKEN_COLUMNS} FROM personal_access_tokens WHERE id = $1");
+    Ok(db
+        .query_opt(&sql, &[&id])
+        .await?
+        .as_ref()
+        .map(record_from_row))
+}
+
+/// Which tokens a list shows; every field left `None` lets all through.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TokenFilter<'a> {
+    pub owner: Option<i64>,
+    pub revoked: Option<bool>,
+    /// Active (neither revoked nor expired) or not.
+    pub active: Option<bool>,
+    /// An `ILIKE` pattern matched against the token's name.
+    pub name_pattern: Option<&'a str>,
+}
+
+/// Tokens matching `filter`, newest first.
+pub async fn records(
+    db: &impl Queries,
+    filter: &TokenFilter<'_>,
+) -> Result<Vec<TokenRecord>, tokio_postgres::Error> {
+    let sql = format!(
+        "SELECT {TOKEN_COLUMNS} FROM personal_access_tokens
+         WHERE ($1::bigint IS NULL OR user_id = $1)
+           AND ($2::boolean IS NULL OR revoked = $2)
+           AND ($3::boolean IS NULL
+                OR $3 = (NOT revoked AND (expires_at IS NULL OR expires_at > current_date)))
+           AND ($4::text IS NULL OR name ILIKE $4)
+         ORDER BY id DESC"
+    );
+    let rows = db
+        .query(
+            &sql,
+            &[
+                &filter.owner,
+                &filter.revoked,
+                &filter.active,
+                &filter.name_pattern,
+            ],
+        )
+        .await?;
+    Ok(rows.iter().map(record_from_row).collect())
+}
+
+/// The owner of token `id`; `None` for no such token.
+pub async fn owner_of(db: &impl Queries, id: i64) -> Result<Option<i64>, tokio_postgres::Error> {
+    Ok(db
+        .query_opt(
+            "SELECT user_id FROM personal_access_tokens WHERE id = $1",
+            &[&id],
+        )
+        .await?
+        .map(|r| r.get(0)))
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use std::process::Stdio;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
-use super::RepositoryError;
+use super::error::RepositoryError;
 
 /// The services smart HTTP offers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,18 +4,22 @@
 //! and the API's commits through git's plumbing).
 //!
 //! - [`storage`]: where a project's repository lives and its lifecycle;
+//! - [`error`]: what can go wrong with one; [`git`]: running `git` itself;
 //! - [`http_backend`]: running `git http-backend` as a CGI program;
 //! - [`pushes`]: what changed in a push, recorded, and the job that announces it;
 //! - [`reader`]: trees, files, commits, diffs and refs, read with gitoxide;
 //! - [`writer`]: commits and branches made through git plumbing.
 
+pub mod error;
+pub mod git;
 pub mod http_backend;
 pub mod pushes;
 pub mod reader;
 pub mod storage;
 pub mod writer;
 
-pub use storage::{Repositories, RepositoryError};
+pub use error::RepositoryError;
+pub use storage::Repositories;
 
 /// The changes a merge request from `source` into `target` brings (since their
 /// common ancestor, as GitLab shows them); `None` when the repository does

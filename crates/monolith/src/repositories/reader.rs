@@ -9,7 +9,7 @@ use std::path::Path;
 use gix::bstr::ByteSlice;
 use gix::objs::tree::EntryKind;
 
-use super::RepositoryError;
+use super::error::RepositoryError;
 
 /// Most tree entries one listing walks (a recursive tree of a huge repository
 /// stops here).
@@ -524,7 +524,7 @@ pub fn last_commit_for_path(
 /// The best common ancestor of two commits (`None` when they share none).
 pub async fn merge_base(path: &Path, a: &str, b: &str) -> Result<Option<String>, RepositoryError> {
     let dir = path.display().to_string();
-    match super::storage::git(&["--git-dir", &dir, "merge-base", a, b]).await {
+    match super::git::git(&["--git-dir", &dir, "merge-base", a, b]).await {
         Ok(out) => Ok(Some(String::from_utf8_lossy(&out).trim().to_owned())),
         // git answers 1 with no output when there is no common ancestor.
         Err(RepositoryError::Git(msg)) if msg.is_empty() => Ok(None),
@@ -542,7 +542,7 @@ pub async fn commits_between(
     let dir = path.display().to_string();
     let range = format!("{from}..{to}");
     let max = format!("--max-count={limit}");
-    let out = super::storage::git(&["--git-dir", &dir, "rev-list", &max, &range, "--"]).await?;
+    let out = super::git::git(&["--git-dir", &dir, "rev-list", &max, &range, "--"]).await?;
     let ids: Vec<String> = String::from_utf8_lossy(&out)
         .lines()
         .map(str::to_owned)
@@ -580,7 +580,7 @@ pub async fn diff_stats(
     to: &str,
 ) -> Result<(u64, u64), RepositoryError> {
     let git_dir = path.display().to_string();
-    let out = super::storage::git(&[
+    let out = super::git::git(&[
         "--git-dir",
         &git_dir,
         "diff",
@@ -619,7 +619,7 @@ pub async fn diff(
 ) -> Result<Vec<FileChange>, RepositoryError> {
     let git_dir = path.display().to_string();
     let base = from.unwrap_or(EMPTY_TREE);
-    let raw = super::storage::git(&[
+    let raw = super::git::git(&[
         "--git-dir",
         &git_dir,
         "diff",
@@ -634,7 +634,7 @@ pub async fn diff(
         to,
     ])
     .await?;
-    let patch = super::storage::git(&[
+    let patch = super::git::git(&[
         "--git-dir",
         &git_dir,
         "diff",

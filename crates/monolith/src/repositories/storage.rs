@@ -4,12 +4,14 @@
 //! history; deleting the project deletes the directory.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use sha2::{Digest, Sha256};
+
+use super::error::RepositoryError;
+use super::git::git;
 
 /// The hook every repository runs before accepting a push: it refuses updates
 /// of the protected branch named in `DUO_PROTECTED_REF` unless
@@ -27,22 +29,6 @@ while read -r old new ref; do
 done
 exit $status
 "#;
-
-#[derive(Debug, thiserror::Error)]
-pub enum RepositoryError {
-    #[error("git failed: {0}")]
-    Git(String),
-    #[error("io: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("not found: {0}")]
-    NotFound(String),
-    #[error("{0}")]
-    Invalid(String),
-    #[error("reading the repository: {0}")]
-    Read(String),
-    #[error("the branch changed meanwhile; try again")]
-    Conflict,
-}
 
 /// The repositories of this instance.
 #[derive(Debug, Clone)]
@@ -258,48 +244,6 @@ fn set_executable(path: &Path) -> std::io::Result<()> {
 #[cfg(not(unix))]
 fn set_executable(_path: &Path) -> std::io::Result<()> {
     Ok(())
-}
-
-/// Runs `git` with these arguments; its stdout, or its stderr as the error.
-pub(crate) async fn git(args: &[&str]) -> Result<Vec<u8>, RepositoryError> {
-    git_with(args, &[], None).await
-}
-
-/// Runs `git` with extra environment and optional stdin.
-pub(crate) async fn git_with(
-    args: &[&str],
-    env: &[(&str, &str)],
-    stdin: Option<&[u8]>,
-) -> Result<Vec<u8>, RepositoryError> {
-    use tokio::io::AsyncWriteExt;
-    let mut command = tokio::process::Command::new("git");
-    command
-        .args(args)
-        .env("GIT_TERMINAL_PROMPT", "0")
-        // No user or system configuration changes what the monolith does.
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .envs(env.iter().copied())
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    let mut child = command.spawn()?;
-    if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        pipe.write_all(input).await?;
-        drop(pipe);
-    }
-    let out = child.wait_with_output().await?;
-    if !out.status.success() {
-        return Err(RepositoryError::Git(
-            String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-        ));
-    }
-    Ok(out.stdout)
 }
 
 #[cfg(test)]

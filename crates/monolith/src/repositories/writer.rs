@@ -6,10 +6,10 @@
 
 use std::path::Path;
 
-use super::RepositoryError;
+use super::error::RepositoryError;
+use super::git::git_with;
 use super::pushes::{RefUpdate, ZERO_SHA};
 use super::reader::{self, clean_path};
-use super::storage::git_with;
 
 /// Who a commit is by.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -78,13 +78,7 @@ async fn branch_json(
 
 async fn protects_default(state: &AppState, project_id: i64) -> Result<bool, ApiError> {
     let db = state.pool.get().await?;
-    Ok(db
-        .query_one(
-            "SELECT protect_default_branch FROM projects WHERE id = $1",
-            &[&project_id],
-        )
-        .await?
-        .get(0))
+    Ok(crate::namespaces::projects::protects_default_branch(&*db, project_id).await?)
 }
 
 #[derive(Debug, Deserialize)]

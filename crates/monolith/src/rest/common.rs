@@ -3,7 +3,6 @@
 
 use crate::queries::Queries;
 use actix_web::{HttpRequest, HttpResponse};
-use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
 use super::pagination::PageParams;
@@ -55,12 +54,6 @@ pub(super) enum Container {
 }
 
 impl Container {
-    pub fn id(self) -> i64 {
-        match self {
-            Container::Group(id) | Container::Project(id) => id,
-        }
-    }
-
     pub fn subject(self) -> Subject {
         match self {
             Container::Group(id) => Subject::Group(id),
@@ -134,10 +127,6 @@ pub(super) fn paged(req: &HttpRequest, params: PageParams, items: Vec<Value>) ->
     let mut builder = HttpResponse::Ok();
     page.headers(&mut builder, req, total);
     builder.json(page.slice(items))
-}
-
-pub(super) fn ts(row: &tokio_postgres::Row, col: &str) -> DateTime<Utc> {
-    row.get(col)
 }
 
 /// GitLab's basic user fragment.

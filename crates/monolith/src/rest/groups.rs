@@ -5,44 +5,36 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::common::{
-    Container, actor, check_visibility, on_constraint, paged, readable_group, ts, visibility_rank,
+    Container, actor, check_visibility, on_constraint, paged, readable_group, visibility_rank,
 };
-use super::items::{Item, readable_rows};
+use super::items::Item;
 use super::pagination::PageParams;
 use super::{ApiError, WRITE_SCOPES};
 use super::{optional_user, require_admin};
 use crate::app_state::AppState;
+use crate::namespaces::groups::{self, Group, GroupChanges, GroupCreation};
 use crate::policy::{DuoSwitchScope, WriteAbility};
 
 // ---- groups -------------------------------------------------------------------
 
-pub(super) const GROUP_SQL: &str = "WITH RECURSIVE chain(id, parent_id, full_path, root) AS (
-        SELECT id, parent_id, path, id FROM groups WHERE parent_id IS NULL
-        UNION ALL
-        SELECT g.id, g.parent_id, c.full_path || '/' || g.path, c.root FROM groups g JOIN chain c ON g.parent_id = c.id
-    )
-    SELECT g.id, g.name, g.path, g.description, g.visibility, g.parent_id, g.duo_features_enabled,
-           g.experiment_and_beta_features, g.created_at, c.full_path
-    FROM groups g JOIN chain c ON c.id = g.id";
-
 /// GitLab's group entity. The plan is not part of it (GitLab shows plans on
 /// namespaces, to admins); ours is set on creation only.
-pub(super) fn group_json(row: &tokio_postgres::Row, base: &url::Url) -> Value {
-    let full_path: String = row.get("full_path");
+pub(super) fn group_json(group: &Group, base: &url::Url) -> Value {
+    let full_path = &group.full_path;
     json!({
-        "id": row.get::<_, i64>("id"),
-        "name": row.get::<_, String>("name"),
-        "path": row.get::<_, String>("path"),
+        "id": group.id,
+        "name": group.name,
+        "path": group.path,
         "full_path": full_path,
         "full_name": full_path.replace('/', " / "),
-        "description": row.get::<_, String>("description"),
-        "visibility": row.get::<_, String>("visibility"),
-        "parent_id": row.get::<_, Option<i64>>("parent_id"),
+        "description": group.description,
+        "visibility": group.visibility,
+        "parent_id": group.parent_id,
         "avatar_url": Value::Null,
         "web_url": format!("{}groups/{full_path}", base.as_str()),
-        "duo_features_enabled": row.get::<_, bool>("duo_features_enabled"),
-        "experiment_features_enabled": row.get::<_, bool>("experiment_and_beta_features"),
-        "created_at": ts(row, "created_at"),
+        "duo_features_enabled": group.duo_features_enabled,
+        "experiment_features_enabled": group.experiment_features_enabled,
+        "created_at": group.created_at,
     })
 }
 
@@ -53,22 +45,26 @@ pub(super) async fn list_groups(
 ) -> Result<HttpResponse, ApiError> {
     let user = actor(&optional_user(&state, &req).await?);
     let db = state.pool.get().await?;
-    let sql = format!("{GROUP_SQL} ORDER BY g.id");
-    let rows = readable_rows(&state, &*db, user, Item::GROUP, &sql, &[]).await?;
-    let items = rows
-        .iter()
-        .map(|r| group_json(r, &state.config.external_url))
-        .collect();
+    let item = Item::GROUP;
+    let mut items = Vec::new();
+    for group in groups::list(&*db).await? {
+        if state
+            .policy
+            .can(&*db, user, item.ability, (item.subject)(group.id))
+            .await?
+        {
+            items.push(group_json(&group, &state.config.external_url));
+        }
+    }
     Ok(paged(&req, q.into_inner(), items))
 }
 
 pub(super) async fn group_response(state: &AppState, id: i64) -> Result<Value, ApiError> {
     let db = state.pool.get().await?;
-    let row = db
-        .query_opt(&format!("{GROUP_SQL} WHERE g.id = $1"), &[&id])
+    let group = groups::by_id(&*db, id)
         .await?
         .ok_or(ApiError::NotFound("Group"))?;
-    Ok(group_json(&row, &state.config.external_url))
+    Ok(group_json(&group, &state.config.external_url))
 }
 
 pub(super) async fn show_group(
@@ -110,32 +106,27 @@ pub(super) async fn create_group(
         ));
     }
     let mut db = state.pool.get().await?;
-    let tx = db.transaction().await?;
-    let row = tx
-        .query_opt(
-            "INSERT INTO groups (name, path, parent_id, visibility, plan, description, duo_features_enabled, experiment_and_beta_features)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING RETURNING id",
-            &[
-                &b.name,
-                &b.path,
-                &b.parent_id,
-                &visibility,
-                &plan,
-                &b.description.unwrap_or_default(),
-                &b.duo_features_enabled.unwrap_or(true),
-                &b.experiment_features_enabled.unwrap_or(false),
-            ],
-        )
-        .await
-        .map_err(on_constraint(ApiError::BadRequest("parent_id is invalid".into())))?
-        .ok_or_else(|| ApiError::BadRequest("Failed to save group {:path=>[\"has already been taken\"]}".into()))?;
-    let id: i64 = row.get(0);
-    tx.execute(
-        "INSERT INTO group_members (group_id, user_id, access_level) VALUES ($1, $2, 50) ON CONFLICT DO NOTHING",
-        &[&id, &me.id],
-    )
-    .await?;
-    tx.commit().await?;
+    let new = groups::NewGroup {
+        name: &b.name,
+        path: &b.path,
+        parent_id: b.parent_id,
+        visibility: &visibility,
+        plan: &plan,
+        description: b.description.as_deref().unwrap_or_default(),
+        duo_features_enabled: b.duo_features_enabled.unwrap_or(true),
+        experiment_features_enabled: b.experiment_features_enabled.unwrap_or(false),
+    };
+    let id = match groups::create(&mut db, &new, me.id).await? {
+        GroupCreation::Created(id) => id,
+        GroupCreation::Refused => {
+            return Err(ApiError::BadRequest("parent_id is invalid".into()));
+        }
+        GroupCreation::PathTaken => {
+            return Err(ApiError::BadRequest(
+                "Failed to save group {:path=>[\"has already been taken\"]}".into(),
+            ));
+        }
+    };
     Ok(HttpResponse::Created().json(group_response(&state, id).await?))
 }
 
@@ -155,16 +146,10 @@ pub(super) async fn widest_child_visibility(
     db: &impl crate::queries::Queries,
     group: i64,
 ) -> Result<usize, ApiError> {
-    let rows = db
-        .query(
-            "SELECT visibility FROM groups WHERE parent_id = $1
-             UNION SELECT visibility FROM projects WHERE group_id = $1",
-            &[&group],
-        )
-        .await?;
-    Ok(rows
+    Ok(groups::child_visibilities(db, group)
+        .await?
         .iter()
-        .map(|r| visibility_rank(r.get::<_, &str>(0)))
+        .map(|v| visibility_rank(v))
         .max()
         .unwrap_or(0))
 }
@@ -187,14 +172,7 @@ pub(super) async fn update_group(
         }
     }
     let db = state.pool.get().await?;
-    let current = db
-        .query_one(
-            "SELECT g.parent_id, p.visibility FROM groups g LEFT JOIN groups p ON p.id = g.parent_id WHERE g.id = $1",
-            &[&id],
-        )
-        .await?;
-    let parent: Option<i64> = current.get(0);
-    let parent_visibility: Option<String> = current.get(1);
+    let (parent, parent_visibility) = groups::parent_and_its_visibility(&*db, id).await?;
     if b.experiment_features_enabled.is_some() && parent.is_some() {
         return Err(ApiError::invalid(
             "experiment_features_enabled",
@@ -220,27 +198,20 @@ pub(super) async fn update_group(
             ));
         }
     }
-    db.execute(
-        "UPDATE groups SET name = coalesce($2, name), path = coalesce($3, path),
-            description = coalesce($4, description), visibility = coalesce($5, visibility),
-            duo_features_enabled = coalesce($6, duo_features_enabled),
-            experiment_and_beta_features = coalesce($7, experiment_and_beta_features)
-         WHERE id = $1",
-        &[
-            &id,
-            &b.name,
-            &b.path,
-            &b.description,
-            &b.visibility,
-            &b.duo_features_enabled,
-            &b.experiment_features_enabled,
-        ],
-    )
-    .await
-    .map_err(on_constraint(ApiError::invalid(
-        "path",
-        "has already been taken",
-    )))?;
+    let changes = GroupChanges {
+        name: b.name.as_deref(),
+        path: b.path.as_deref(),
+        description: b.description.as_deref(),
+        visibility: b.visibility.as_deref(),
+        duo_features_enabled: b.duo_features_enabled,
+        experiment_features_enabled: b.experiment_features_enabled,
+    };
+    groups::update(&*db, id, &changes)
+        .await
+        .map_err(on_constraint(ApiError::invalid(
+            "path",
+            "has already been taken",
+        )))?;
     if b.duo_features_enabled.is_some() {
         super::projects::follow_duo_switch(&state, &*db, DuoSwitchScope::Group(id)).await?;
     }

@@ -4,8 +4,6 @@
 //! may see what was found.
 
 use actix_web::HttpRequest;
-use tokio_postgres::Row;
-use tokio_postgres::types::ToSql;
 
 use crate::queries::Queries;
 
@@ -76,24 +74,6 @@ impl Item {
         }
         Ok(readable)
     }
-}
-
-/// The rows of `sql` the caller may read, in the query's order.
-pub(super) async fn readable_rows(
-    state: &AppState,
-    db: &impl Queries,
-    user: Option<Actor>,
-    item: Item,
-    sql: &str,
-    params: &[&(dyn ToSql + Sync)],
-) -> Result<Vec<Row>, ApiError> {
-    let mut readable = Vec::new();
-    for row in db.query(sql, params).await? {
-        if item.readable(state, db, user, row.get("id")).await? {
-            readable.push(row);
-        }
-    }
-    Ok(readable)
 }
 
 /// An item of a group or project, found for a caller who may read it.

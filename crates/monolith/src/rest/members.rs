@@ -11,11 +11,13 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::common::{Container, like_pattern, on_constraint, paged, require_write, ts};
+use super::common::{Container, like_pattern, on_constraint, paged, require_write};
 use super::pagination::PageParams;
 use super::{ApiError, READ_SCOPES, WRITE_SCOPES, require_user};
 use crate::app_state::AppState;
 use crate::identity::tokens::AuthenticatedUser;
+use crate::identity::users;
+use crate::namespaces::members::{self, Member, Source};
 use crate::policy::{Actor, WriteAbility, access};
 
 pub(super) fn routes(cfg: &mut web::ServiceConfig) {
@@ -53,19 +55,19 @@ impl SourceKind for OfProject {
     }
 }
 
-/// Where a group's or project's members live and what managing them takes: the
-/// table and key column differ, the rules barely.
+/// Whose members a group or project holds and what managing them takes: the
+/// rules barely differ.
 trait MemberSource {
-    fn table(self) -> (&'static str, &'static str);
+    fn members(self) -> Source;
     fn admin_ability(self) -> WriteAbility;
     fn valid_level(self, level: i32) -> bool;
 }
 
 impl MemberSource for Container {
-    fn table(self) -> (&'static str, &'static str) {
+    fn members(self) -> Source {
         match self {
-            Container::Group(_) => ("group_members", "group_id"),
-            Container::Project(_) => ("project_members", "project_id"),
+            Container::Group(id) => Source::Group(id),
+            Container::Project(id) => Source::Project(id),
         }
     }
 
@@ -86,41 +88,29 @@ impl MemberSource for Container {
     }
 }
 
-fn member_json(row: &tokio_postgres::Row, base: &url::Url) -> Value {
-    let username: String = row.get("username");
+fn member_json(member: &Member, base: &url::Url) -> Value {
     json!({
-        "id": row.get::<_, i64>("id"),
-        "username": username,
-        "name": row.get::<_, String>("name"),
-        "state": row.get::<_, String>("state"),
+        "id": member.id,
+        "username": member.username,
+        "name": member.name,
+        "state": member.state,
         "avatar_url": Value::Null,
-        "web_url": format!("{}{username}", base.as_str()),
-        "access_level": row.get::<_, i32>("access_level"),
-        "created_at": ts(row, "created_at"),
+        "web_url": format!("{}{}", base.as_str(), member.username),
+        "access_level": member.access_level,
+        "created_at": member.created_at,
         "expires_at": Value::Null,
     })
-}
-
-fn member_sql(source: Container) -> String {
-    let (table, key) = source.table();
-    format!(
-        "SELECT u.id, u.username, u.name, u.state, m.access_level, m.created_at
-         FROM {table} m JOIN users u ON u.id = m.user_id WHERE m.{key} = $1"
-    )
 }
 
 async fn find_member(
     state: &AppState,
     source: Container,
     user_id: i64,
-) -> Result<tokio_postgres::Row, ApiError> {
+) -> Result<Member, ApiError> {
     let db = state.pool.get().await?;
-    db.query_opt(
-        &format!("{} AND m.user_id = $2", member_sql(source)),
-        &[&source.id(), &user_id],
-    )
-    .await?
-    .ok_or(ApiError::RecordNotFound)
+    members::find(&*db, source.members(), user_id)
+        .await?
+        .ok_or(ApiError::RecordNotFound)
 }
 
 #[derive(Debug, Deserialize)]
@@ -142,18 +132,10 @@ async fn list<K: SourceKind>(
     source.readable(&state, &req).await?;
     let db = state.pool.get().await?;
     let pattern = like_pattern(q.query.as_deref());
-    let rows = db
-        .query(
-            &format!(
-                "{} AND ($2::text IS NULL OR u.username ILIKE $2 OR u.name ILIKE $2) ORDER BY u.id",
-                member_sql(source)
-            ),
-            &[&source.id(), &pattern],
-        )
-        .await?;
-    let items = rows
+    let items = members::list(&*db, source.members(), pattern.as_deref())
+        .await?
         .iter()
-        .map(|r| member_json(r, &state.config.external_url))
+        .map(|m| member_json(m, &state.config.external_url))
         .collect();
     Ok(paged(&req, PageParams::new(q.page, q.per_page), items))
 }
@@ -167,8 +149,8 @@ async fn show<K: SourceKind>(
     let source = K::source(id);
     require_user(&state, &req, READ_SCOPES).await?;
     source.readable(&state, &req).await?;
-    let row = find_member(&state, source, user_id).await?;
-    Ok(HttpResponse::Ok().json(member_json(&row, &state.config.external_url)))
+    let member = find_member(&state, source, user_id).await?;
+    Ok(HttpResponse::Ok().json(member_json(&member, &state.config.external_url)))
 }
 
 /// 400 for an access level the group or project does not have.
@@ -209,19 +191,7 @@ async fn keep_an_owner(state: &AppState, source: Container, user_id: i64) -> Res
         return Ok(());
     };
     let db = state.pool.get().await?;
-    let others: i64 = db
-        .query_one(
-            "WITH RECURSIVE anc(id, parent_id) AS (
-                 SELECT id, parent_id FROM groups WHERE id = $1
-                 UNION ALL
-                 SELECT g.id, g.parent_id FROM groups g JOIN anc ON g.id = anc.parent_id
-             )
-             SELECT count(DISTINCT m.user_id) FROM group_members m JOIN anc ON anc.id = m.group_id
-             WHERE m.access_level = $3 AND m.user_id <> $2",
-            &[&group, &user_id, &access::OWNER],
-        )
-        .await?
-        .get(0);
+    let others = members::others_with_level_in_group(&*db, group, user_id, access::OWNER).await?;
     if others == 0 {
         Err(ApiError::ForbiddenBecause(
             "A group must have at least one owner",
@@ -250,28 +220,17 @@ async fn add<K: SourceKind>(
     require_manage(&state, &me, source, body.access_level).await?;
     check_level(source, body.access_level)?;
     let db = state.pool.get().await?;
-    if db
-        .query_opt("SELECT 1 FROM users WHERE id = $1", &[&body.user_id])
-        .await?
-        .is_none()
-    {
+    if !users::exists(&*db, body.user_id).await? {
         return Err(ApiError::NotFound("User"));
     }
-    let (table, key) = source.table();
-    let inserted = db
-        .execute(
-            &format!(
-                "INSERT INTO {table} ({key}, user_id, access_level) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING"
-            ),
-            &[&source.id(), &body.user_id, &body.access_level],
-        )
+    let inserted = members::add(&*db, source.members(), body.user_id, body.access_level)
         .await
         .map_err(on_constraint(ApiError::NotFound("User")))?;
-    if inserted == 0 {
+    if !inserted {
         return Err(ApiError::Conflict("Member already exists".into()));
     }
-    let row = find_member(&state, source, body.user_id).await?;
-    Ok(HttpResponse::Created().json(member_json(&row, &state.config.external_url)))
+    let member = find_member(&state, source, body.user_id).await?;
+    Ok(HttpResponse::Created().json(member_json(&member, &state.config.external_url)))
 }
 
 /// The caller (with a write token) and the access level `user_id` holds now,
@@ -284,9 +243,7 @@ async fn current_level(
 ) -> Result<(AuthenticatedUser, i32), ApiError> {
     let me = require_user(state, req, WRITE_SCOPES).await?;
     source.readable(state, req).await?;
-    let current = find_member(state, source, user_id)
-        .await?
-        .get("access_level");
+    let current = find_member(state, source, user_id).await?.access_level;
     Ok((me, current))
 }
 
@@ -311,15 +268,10 @@ async fn update<K: SourceKind>(
     if current == access::OWNER && body.access_level < access::OWNER {
         keep_an_owner(&state, source, user_id).await?;
     }
-    let (table, key) = source.table();
     let db = state.pool.get().await?;
-    db.execute(
-        &format!("UPDATE {table} SET access_level = $3 WHERE {key} = $1 AND user_id = $2"),
-        &[&source.id(), &user_id, &body.access_level],
-    )
-    .await?;
-    let row = find_member(&state, source, user_id).await?;
-    Ok(HttpResponse::Ok().json(member_json(&row, &state.config.external_url)))
+    members::set_access_level(&*db, source.members(), user_id, body.access_level).await?;
+    let member = find_member(&state, source, user_id).await?;
+    Ok(HttpResponse::Ok().json(member_json(&member, &state.config.external_url)))
 }
 
 async fn remove<K: SourceKind>(
@@ -337,13 +289,8 @@ async fn remove<K: SourceKind>(
     if current == access::OWNER {
         keep_an_owner(&state, source, user_id).await?;
     }
-    let (table, key) = source.table();
     let db = state.pool.get().await?;
-    db.execute(
-        &format!("DELETE FROM {table} WHERE {key} = $1 AND user_id = $2"),
-        &[&source.id(), &user_id],
-    )
-    .await?;
+    members::remove(&*db, source.members(), user_id).await?;
     Ok(HttpResponse::NoContent().finish())
 }
 

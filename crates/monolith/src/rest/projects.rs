@@ -5,66 +5,53 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::common::{
-    Container, actor, check_visibility, paged, readable_project, require_write, ts, visibility_rank,
+    Container, actor, check_visibility, paged, readable_project, require_write, visibility_rank,
 };
-use super::items::{Item, readable_rows};
+use super::items::Item;
 use super::pagination::PageParams;
 use super::{ApiError, WRITE_SCOPES};
 use super::{optional_user, require_user};
 use crate::app_state::AppState;
+use crate::namespaces::projects::{self, Project, ProjectChanges};
 use crate::policy::{Ability, Actor, DuoSwitchScope, Subject, WriteAbility};
 
 // ---- projects -----------------------------------------------------------------
 
-pub(super) const PROJECT_SQL: &str = "WITH RECURSIVE chain(id, full_path) AS (
-        SELECT id, path FROM groups WHERE parent_id IS NULL
-        UNION ALL
-        SELECT g.id, c.full_path || '/' || g.path FROM groups g JOIN chain c ON g.parent_id = c.id
-    )
-    SELECT p.id, p.name, p.path, p.description, p.visibility, p.group_id, p.duo_features_enabled, p.created_at,
-           p.default_branch, p.duo_context_exclusion_rules,
-           s.state AS code_index_state, s.chunk_count AS code_index_chunks,
-           s.indexed_commit AS code_index_commit, s.last_error_code AS code_index_error,
-           s.indexed_at AS code_index_at,
-           c.full_path || '/' || p.path AS full_path
-    FROM projects p JOIN chain c ON c.id = p.group_id
-    LEFT JOIN code_index_states s ON s.project_id = p.id";
-
-pub(super) fn project_json(state: &AppState, row: &tokio_postgres::Row) -> Value {
+pub(super) fn project_json(state: &AppState, p: &Project) -> Value {
     let base = &state.config.external_url;
-    let full_path: String = row.get("full_path");
+    let full_path = &p.full_path;
     let mut project = json!({
-        "id": row.get::<_, i64>("id"),
-        "name": row.get::<_, String>("name"),
-        "path": row.get::<_, String>("path"),
+        "id": p.id,
+        "name": p.name,
+        "path": p.path,
         "path_with_namespace": full_path,
         "name_with_namespace": full_path.replace('/', " / "),
-        "description": row.get::<_, String>("description"),
-        "visibility": row.get::<_, String>("visibility"),
-        "namespace": { "id": row.get::<_, i64>("group_id"), "kind": "group" },
+        "description": p.description,
+        "visibility": p.visibility,
+        "namespace": { "id": p.group_id, "kind": "group" },
         "web_url": format!("{}{full_path}", base.as_str()),
-        "duo_features_enabled": row.get::<_, bool>("duo_features_enabled"),
-        "created_at": ts(row, "created_at"),
+        "duo_features_enabled": p.duo_features_enabled,
+        "created_at": p.created_at,
         "duo_context_exclusion_settings": {
-            "exclusion_rules": row.get::<_, Vec<String>>("duo_context_exclusion_rules"),
+            "exclusion_rules": p.duo_context_exclusion_rules,
         },
         // The code index behind codebase search (`docs/code-search.md`).
-        "code_index": row.get::<_, Option<String>>("code_index_state").map(|state| json!({
-            "state": state,
-            "chunk_count": row.get::<_, Option<i32>>("code_index_chunks"),
-            "indexed_commit": row.get::<_, Option<String>>("code_index_commit"),
-            "indexed_at": row
-                .get::<_, Option<chrono::DateTime<chrono::Utc>>>("code_index_at")
+        "code_index": p.code_index.as_ref().map(|index| json!({
+            "state": index.state,
+            "chunk_count": index.chunk_count,
+            "indexed_commit": index.indexed_commit,
+            "indexed_at": index
+                .indexed_at
                 .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
-            "last_error_code": row.get::<_, Option<String>>("code_index_error"),
+            "last_error_code": index.last_error_code,
         })),
     });
     super::repository::project_repository_fields(
         state,
         &mut project,
-        row.get("id"),
-        &full_path,
-        row.get("default_branch"),
+        p.id,
+        full_path,
+        &p.default_branch,
     );
     project
 }
@@ -76,19 +63,26 @@ pub(super) async fn list_projects(
 ) -> Result<HttpResponse, ApiError> {
     let user = actor(&optional_user(&state, &req).await?);
     let db = state.pool.get().await?;
-    let sql = format!("{PROJECT_SQL} ORDER BY p.id DESC");
-    let rows = readable_rows(&state, &*db, user, Item::PROJECT, &sql, &[]).await?;
-    let items = rows.iter().map(|r| project_json(&state, r)).collect();
+    let item = Item::PROJECT;
+    let mut items = Vec::new();
+    for project in projects::list(&*db).await? {
+        if state
+            .policy
+            .can(&*db, user, item.ability, (item.subject)(project.id))
+            .await?
+        {
+            items.push(project_json(&state, &project));
+        }
+    }
     Ok(paged(&req, q.into_inner(), items))
 }
 
 pub(super) async fn project_response(state: &AppState, id: i64) -> Result<Value, ApiError> {
     let db = state.pool.get().await?;
-    let row = db
-        .query_opt(&format!("{PROJECT_SQL} WHERE p.id = $1"), &[&id])
+    let project = projects::by_id(&*db, id)
         .await?
         .ok_or(ApiError::NotFound("Project"))?;
-    Ok(project_json(state, &row))
+    Ok(project_json(state, &project))
 }
 
 pub(super) async fn show_project(
@@ -141,19 +135,20 @@ pub(super) async fn create_project(
         .path
         .unwrap_or_else(|| b.name.to_lowercase().replace(' ', "-"));
     let db = state.pool.get().await?;
-    let row = db
-        .query_opt(
-            "INSERT INTO projects (group_id, name, path, visibility, description, duo_features_enabled)
-             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING RETURNING id",
-            &[&b.namespace_id, &b.name, &path, &visibility, &b.description.unwrap_or_default(), &b.duo_features_enabled.unwrap_or(true)],
-        )
+    let new = projects::NewProject {
+        group_id: b.namespace_id,
+        name: &b.name,
+        path: &path,
+        visibility: &visibility,
+        description: b.description.as_deref().unwrap_or_default(),
+        duo_features_enabled: b.duo_features_enabled.unwrap_or(true),
+    };
+    let id = projects::create(&*db, &new)
         .await?
         .ok_or_else(|| ApiError::BadRequest("path has already been taken".into()))?;
-    let id: i64 = row.get(0);
     // Every project has its repository from the start (empty until a push).
     if let Err(e) = state.repositories.ensure(id, "main").await {
-        db.execute("DELETE FROM projects WHERE id = $1", &[&id])
-            .await?;
+        projects::delete(&*db, id).await?;
         return Err(ApiError::Internal(format!("creating the repository: {e}")));
     }
     Ok(HttpResponse::Created().json(project_response(&state, id).await?))
@@ -171,8 +166,7 @@ pub(super) async fn delete_project(
         .writer(&state, &req, WriteAbility::RemoveProject)
         .await?;
     let db = state.pool.get().await?;
-    db.execute("DELETE FROM projects WHERE id = $1", &[&id])
-        .await?;
+    projects::delete(&*db, id).await?;
     state
         .repositories
         .remove(id)
@@ -214,14 +208,11 @@ pub(super) async fn update_project(
     let subject = Subject::Project(id);
     let b = body.into_inner();
     let db = state.pool.get().await?;
-    let current = db
-        .query_one(
-            "SELECT p.name, p.visibility, g.visibility FROM projects p JOIN groups g ON g.id = p.group_id WHERE p.id = $1",
-            &[&id],
-        )
-        .await?;
-    let (name, visibility, group_visibility): (String, String, String) =
-        (current.get(0), current.get(1), current.get(2));
+    let projects::NameAndVisibility {
+        name,
+        visibility,
+        group_visibility,
+    } = projects::name_and_visibility(&*db, id).await?;
     if let Some(new_name) = b.name.as_deref() {
         if new_name.trim().is_empty() {
             return Err(ApiError::BadRequest("name is empty".into()));
@@ -270,28 +261,20 @@ pub(super) async fn update_project(
     if let Some(rules) = &exclusion_rules {
         // Chunks of newly excluded files are filtered from every search at
         // once and leave the index at the next run (a full walk).
-        db.execute(
-            "UPDATE projects SET duo_context_exclusion_rules = $2 WHERE id = $1",
-            &[&id, rules],
-        )
-        .await?;
+        projects::set_exclusion_rules(&*db, id, rules).await?;
         crate::code_index::store::request_full_walk(&*db, id).await?;
         crate::code_index::enqueue_index(&*db, id, state.config.code_index.max_attempts)
             .await
             .map_err(|e| ApiError::Internal(e.to_string()))?;
     }
-    let updated = db
-        .execute(
-            "UPDATE projects SET name = coalesce($2, name), description = coalesce($3, description),
-                visibility = coalesce($4, visibility), duo_features_enabled = coalesce($5, duo_features_enabled),
-                path = coalesce($6, path)
-             WHERE id = $1
-               AND NOT EXISTS (SELECT 1 FROM projects o WHERE o.group_id = projects.group_id
-                               AND o.id <> $1 AND lower(o.path) = lower($6))",
-            &[&id, &b.name, &b.description, &b.visibility, &b.duo_features_enabled, &b.path],
-        )
-        .await?;
-    if updated == 0 {
+    let changes = ProjectChanges {
+        name: b.name.as_deref(),
+        description: b.description.as_deref(),
+        visibility: b.visibility.as_deref(),
+        duo_features_enabled: b.duo_features_enabled,
+        path: b.path.as_deref(),
+    };
+    if !projects::update(&*db, id, &changes).await? {
         return Err(ApiError::invalid("path", "has already been taken"));
     }
     if b.duo_features_enabled.is_some() {

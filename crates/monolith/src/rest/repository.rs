@@ -139,13 +139,7 @@ pub(super) async fn readable_repo(
     {
         return Err(ApiError::NotFound("Project"));
     }
-    let default_branch: String = db
-        .query_one(
-            "SELECT default_branch FROM projects WHERE id = $1",
-            &[&project_id],
-        )
-        .await?
-        .get(0);
+    let default_branch = crate::namespaces::projects::default_branch(&*db, project_id).await?;
     let full_path = project_full_path(&*db, project_id).await?;
     let path = state
         .repositories
@@ -500,12 +494,8 @@ pub(super) async fn author(
     email: Option<String>,
 ) -> Result<Signature, ApiError> {
     let db = state.pool.get().await?;
-    let row = db
-        .query_one(
-            "SELECT name, email FROM users WHERE id = $1",
-            &[&me.author_id()],
-        )
-        .await?;
+    let (own_name, own_email) =
+        crate::identity::users::name_and_email(&*db, me.author_id()).await?;
     // A composite identity commits as its service account, whatever the
     // request names (a run may not sign as someone else).
     let (name, email) = match me.service_account {
@@ -513,12 +503,8 @@ pub(super) async fn author(
         None => (name, email),
     };
     Ok(Signature {
-        name: name
-            .filter(|n| !n.trim().is_empty())
-            .unwrap_or_else(|| row.get(0)),
-        email: email
-            .filter(|e| !e.trim().is_empty())
-            .unwrap_or_else(|| row.get(1)),
+        name: name.filter(|n| !n.trim().is_empty()).unwrap_or(own_name),
+        email: email.filter(|e| !e.trim().is_empty()).unwrap_or(own_email),
         when: None,
     })
 }

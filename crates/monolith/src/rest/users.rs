@@ -1,7 +1,7 @@
 //! Users and their personal access tokens.
 
 use actix_web::{HttpRequest, HttpResponse, web};
-use chrono::{DateTime, NaiveDate, Utc};
+use chrono::NaiveDate;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -9,7 +9,8 @@ use super::common::{like_pattern, paged};
 use super::pagination::PageParams;
 use super::{ApiError, READ_SCOPES, WRITE_SCOPES, require_admin, require_user};
 use crate::app_state::AppState;
-use crate::identity::tokens::{self, AuthenticatedUser};
+use crate::identity::tokens::{self, AuthenticatedUser, TokenFilter, TokenRecord};
+use crate::identity::users::{self, User, UserChanges, UserFilter};
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/user", web::get().to(current_user))
@@ -39,26 +40,22 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
 /// Reading users also works with a `read_user` token, as in GitLab.
 const USER_READ_SCOPES: &[&str] = &["api", "read_api", "read_user"];
 
-fn user_json(row: &tokio_postgres::Row, base: &url::Url, with_admin: bool) -> Value {
-    let username: String = row.get("username");
-    let created_at: DateTime<Utc> = row.get("created_at");
+fn user_json(user: &User, base: &url::Url, with_admin: bool) -> Value {
     let mut v = json!({
-        "id": row.get::<_, i64>("id"),
-        "username": username,
-        "name": row.get::<_, String>("name"),
-        "state": row.get::<_, String>("state"),
+        "id": user.id,
+        "username": user.username,
+        "name": user.name,
+        "state": user.state,
         "avatar_url": Value::Null,
-        "web_url": format!("{}{}", base.as_str(), username),
-        "created_at": created_at,
+        "web_url": format!("{}{}", base.as_str(), user.username),
+        "created_at": user.created_at,
     });
     if with_admin && let Some(obj) = v.as_object_mut() {
-        obj.insert("is_admin".into(), json!(row.get::<_, bool>("admin")));
-        obj.insert("email".into(), json!(row.get::<_, String>("email")));
+        obj.insert("is_admin".into(), json!(user.admin));
+        obj.insert("email".into(), json!(user.email));
     }
     v
 }
-
-const USER_COLUMNS: &str = "id, username, name, email, admin, state, created_at";
 
 async fn current_user(
     state: web::Data<AppState>,
@@ -66,13 +63,10 @@ async fn current_user(
 ) -> Result<HttpResponse, ApiError> {
     let me = require_user(&state, &req, USER_READ_SCOPES).await?;
     let client = state.pool.get().await?;
-    let row = client
-        .query_one(
-            &format!("SELECT {USER_COLUMNS} FROM users WHERE id = $1"),
-            &[&me.id],
-        )
-        .await?;
-    Ok(HttpResponse::Ok().json(user_json(&row, &state.config.external_url, true)))
+    let user = users::by_id(&*client, me.id)
+        .await?
+        .ok_or_else(|| ApiError::Internal("the token's user is gone".into()))?;
+    Ok(HttpResponse::Ok().json(user_json(&user, &state.config.external_url, true)))
 }
 
 #[derive(Debug, Deserialize)]
@@ -106,21 +100,16 @@ async fn list_users(
         (false, false) => None,
     };
     let client = state.pool.get().await?;
-    let rows = client
-        .query(
-            &format!(
-                "SELECT {USER_COLUMNS} FROM users
-                 WHERE ($1::text IS NULL OR lower(username) = lower($1))
-                   AND ($2::text IS NULL OR username ILIKE $2 OR name ILIKE $2 OR ($3 AND email ILIKE $2))
-                   AND ($4::text IS NULL OR state = $4)
-                 ORDER BY id DESC"
-            ),
-            &[&q.username, &pattern, &me.admin, &state_filter],
-        )
-        .await?;
-    let items = rows
+    let filter = UserFilter {
+        username: q.username.as_deref(),
+        pattern: pattern.as_deref(),
+        pattern_matches_email: me.admin,
+        state: state_filter,
+    };
+    let items = users::list(&*client, &filter)
+        .await?
         .iter()
-        .map(|r| user_json(r, &state.config.external_url, me.admin))
+        .map(|u| user_json(u, &state.config.external_url, me.admin))
         .collect();
     Ok(paged_users(&req, &q, items))
 }
@@ -136,14 +125,10 @@ async fn show_user(
 ) -> Result<HttpResponse, ApiError> {
     let me = require_user(&state, &req, USER_READ_SCOPES).await?;
     let client = state.pool.get().await?;
-    let row = client
-        .query_opt(
-            &format!("SELECT {USER_COLUMNS} FROM users WHERE id = $1"),
-            &[&path.into_inner()],
-        )
+    let user = users::by_id(&*client, path.into_inner())
         .await?
         .ok_or(ApiError::NotFound("User"))?;
-    Ok(HttpResponse::Ok().json(user_json(&row, &state.config.external_url, me.admin)))
+    Ok(HttpResponse::Ok().json(user_json(&user, &state.config.external_url, me.admin)))
 }
 
 #[derive(Deserialize)]
@@ -168,17 +153,16 @@ async fn create_user(
         ));
     }
     let client = state.pool.get().await?;
-    let row = client
-        .query_opt(
-            &format!(
-                "INSERT INTO users (username, name, email, admin) VALUES ($1, $2, $3, $4)
-                 ON CONFLICT DO NOTHING RETURNING {USER_COLUMNS}"
-            ),
-            &[&body.username, &body.name, &body.email, &body.admin],
-        )
+    let new = users::NewUser {
+        username: &body.username,
+        name: &body.name,
+        email: &body.email,
+        admin: body.admin,
+    };
+    let user = users::create(&*client, &new)
         .await?
         .ok_or_else(|| ApiError::Conflict("Username or email has already been taken".into()))?;
-    Ok(HttpResponse::Created().json(user_json(&row, &state.config.external_url, true)))
+    Ok(HttpResponse::Created().json(user_json(&user, &state.config.external_url, true)))
 }
 
 #[derive(Debug, Deserialize)]
@@ -209,63 +193,41 @@ async fn update_user(
         }
     }
     let client = state.pool.get().await?;
-    if client
-        .query_opt("SELECT 1 FROM users WHERE id = $1", &[&id])
-        .await?
-        .is_none()
-    {
+    if !users::exists(&*client, id).await? {
         return Err(ApiError::NotFound("User"));
     }
     if let Some(email) = &b.email
-        && client
-            .query_opt(
-                "SELECT 1 FROM users WHERE lower(email) = lower($1) AND id <> $2",
-                &[email, &id],
-            )
-            .await?
-            .is_some()
+        && users::email_taken_by_other(&*client, email, id).await?
     {
         return Err(ApiError::Conflict("Email has already been taken".into()));
     }
     if let Some(username) = &b.username
-        && client
-            .query_opt(
-                "SELECT 1 FROM users WHERE lower(username) = lower($1) AND id <> $2",
-                &[username, &id],
-            )
-            .await?
-            .is_some()
+        && users::username_taken_by_other(&*client, username, id).await?
     {
         return Err(ApiError::Conflict("Username has already been taken".into()));
     }
-    let row = client
-        .query_one(
-            &format!(
-                "UPDATE users SET username = coalesce($2, username), name = coalesce($3, name),
-                    email = coalesce($4, email), admin = coalesce($5, admin)
-                 WHERE id = $1 RETURNING {USER_COLUMNS}"
-            ),
-            &[&id, &b.username, &b.name, &b.email, &b.admin],
-        )
-        .await
-        .map_err(|e| {
-            // A concurrent update took the name or address between check and write.
-            if e.code().is_some() {
-                ApiError::Conflict("Username or email has already been taken".into())
-            } else {
-                e.into()
-            }
-        })?;
-    Ok(HttpResponse::Ok().json(user_json(&row, &state.config.external_url, true)))
+    let changes = UserChanges {
+        username: b.username.as_deref(),
+        name: b.name.as_deref(),
+        email: b.email.as_deref(),
+        admin: b.admin,
+    };
+    let user = users::update(&*client, id, &changes).await.map_err(|e| {
+        // A concurrent update took the name or address between check and write.
+        if e.code().is_some() {
+            ApiError::Conflict("Username or email has already been taken".into())
+        } else {
+            e.into()
+        }
+    })?;
+    Ok(HttpResponse::Ok().json(user_json(&user, &state.config.external_url, true)))
 }
 
 async fn user_state(state: &AppState, id: i64) -> Result<String, ApiError> {
     let client = state.pool.get().await?;
-    Ok(client
-        .query_opt("SELECT state FROM users WHERE id = $1", &[&id])
+    users::state_of(&*client, id)
         .await?
-        .ok_or(ApiError::NotFound("User"))?
-        .get(0))
+        .ok_or(ApiError::NotFound("User"))
 }
 
 /// Blocks a user (admins only): their tokens then answer 403. GitLab answers 201
@@ -304,12 +266,7 @@ async fn unblock_user(
 
 async fn set_state(state: &AppState, id: i64, new_state: &str) -> Result<HttpResponse, ApiError> {
     let client = state.pool.get().await?;
-    client
-        .execute(
-            "UPDATE users SET state = $2 WHERE id = $1",
-            &[&id, &new_state],
-        )
-        .await?;
+    users::set_state(&*client, id, new_state).await?;
     Ok(HttpResponse::Created().json(true))
 }
 
@@ -320,25 +277,29 @@ struct NewToken {
     expires_at: Option<NaiveDate>,
 }
 
-fn token_json(row: &tokio_postgres::Row) -> Value {
-    let expires_at: Option<NaiveDate> = row.get("expires_at");
-    let revoked: bool = row.get("revoked");
-    let active = !revoked && expires_at.is_none_or(|d| d > Utc::now().date_naive());
+fn token_json(token: &TokenRecord) -> Value {
     json!({
-        "id": row.get::<_, i64>("id"),
-        "name": row.get::<_, String>("name"),
-        "revoked": revoked,
-        "created_at": row.get::<_, DateTime<Utc>>("created_at"),
-        "scopes": row.get::<_, Vec<String>>("scopes"),
-        "user_id": row.get::<_, i64>("user_id"),
-        "last_used_at": row.get::<_, Option<DateTime<Utc>>>("last_used_at"),
-        "active": active,
-        "expires_at": expires_at,
+        "id": token.id,
+        "name": token.name,
+        "revoked": token.revoked,
+        "created_at": token.created_at,
+        "scopes": token.scopes,
+        "user_id": token.user_id,
+        "last_used_at": token.last_used_at,
+        "active": token.active(),
+        "expires_at": token.expires_at,
     })
 }
 
-const TOKEN_COLUMNS: &str =
-    "id, name, revoked, created_at, scopes, user_id, last_used_at, expires_at";
+/// The token's record, which a token just presented or created must have.
+async fn existing_record(
+    client: &impl crate::queries::Queries,
+    id: i64,
+) -> Result<TokenRecord, ApiError> {
+    tokens::record(client, id)
+        .await?
+        .ok_or_else(|| ApiError::Internal(format!("token {id} is gone")))
+}
 
 async fn create_token(
     state: web::Data<AppState>,
@@ -350,22 +311,12 @@ async fn create_token(
     let user_id = path.into_inner();
     let body = body.into_inner();
     let client = state.pool.get().await?;
-    if client
-        .query_opt("SELECT 1 FROM users WHERE id = $1", &[&user_id])
-        .await?
-        .is_none()
-    {
+    if !users::exists(&*client, user_id).await? {
         return Err(ApiError::NotFound("User"));
     }
     let created =
         tokens::create(&*client, user_id, &body.name, &body.scopes, body.expires_at).await?;
-    let row = client
-        .query_one(
-            &format!("SELECT {TOKEN_COLUMNS} FROM personal_access_tokens WHERE id = $1"),
-            &[&created.id],
-        )
-        .await?;
-    let mut v = token_json(&row);
+    let mut v = token_json(&existing_record(&*client, created.id).await?);
     if let Some(obj) = v.as_object_mut() {
         obj.insert("token".into(), json!(created.token));
     }
@@ -379,13 +330,7 @@ async fn token_self(
     // Any valid token may describe itself.
     let me = require_user(&state, &req, tokens::KNOWN_SCOPES).await?;
     let client = state.pool.get().await?;
-    let row = client
-        .query_one(
-            &format!("SELECT {TOKEN_COLUMNS} FROM personal_access_tokens WHERE id = $1"),
-            &[&me.token_id],
-        )
-        .await?;
-    Ok(HttpResponse::Ok().json(token_json(&row)))
+    Ok(HttpResponse::Ok().json(token_json(&existing_record(&*client, me.token_id).await?)))
 }
 
 #[derive(Debug, Deserialize)]
@@ -422,21 +367,17 @@ async fn list_tokens(
     };
     let pattern = like_pattern(q.search.as_deref());
     let client = state.pool.get().await?;
-    let rows = client
-        .query(
-            &format!(
-                "SELECT {TOKEN_COLUMNS} FROM personal_access_tokens
-                 WHERE ($1::bigint IS NULL OR user_id = $1)
-                   AND ($2::boolean IS NULL OR revoked = $2)
-                   AND ($3::boolean IS NULL
-                        OR $3 = (NOT revoked AND (expires_at IS NULL OR expires_at > current_date)))
-                   AND ($4::text IS NULL OR name ILIKE $4)
-                 ORDER BY id DESC"
-            ),
-            &[&owner, &q.revoked, &active, &pattern],
-        )
-        .await?;
-    let items = rows.iter().map(token_json).collect();
+    let filter = TokenFilter {
+        owner,
+        revoked: q.revoked,
+        active,
+        name_pattern: pattern.as_deref(),
+    };
+    let items = tokens::records(&*client, &filter)
+        .await?
+        .iter()
+        .map(token_json)
+        .collect();
     Ok(paged(&req, PageParams::new(q.page, q.per_page), items))
 }
 
@@ -449,15 +390,9 @@ async fn show_token(
 ) -> Result<HttpResponse, ApiError> {
     let me = require_user(&state, &req, READ_SCOPES).await?;
     let client = state.pool.get().await?;
-    let row = client
-        .query_opt(
-            &format!("SELECT {TOKEN_COLUMNS} FROM personal_access_tokens WHERE id = $1"),
-            &[&path.into_inner()],
-        )
-        .await?;
-    match row {
-        Some(row) if me.admin || row.get::<_, i64>("user_id") == me.id => {
-            Ok(HttpResponse::Ok().json(token_json(&row)))
+    match tokens::record(&*client, path.into_inner()).await? {
+        Some(token) if me.admin || token.user_id == me.id => {
+            Ok(HttpResponse::Ok().json(token_json(&token)))
         }
         None if me.admin => Err(ApiError::NotFound("Personal Access Token")),
         _ => Err(ApiError::Unauthorized),
@@ -483,14 +418,7 @@ async fn revoke_token(
     let me = require_user(&state, &req, WRITE_SCOPES).await?;
     let token_id = path.into_inner();
     let client = state.pool.get().await?;
-    let owner: Option<i64> = client
-        .query_opt(
-            "SELECT user_id FROM personal_access_tokens WHERE id = $1",
-            &[&token_id],
-        )
-        .await?
-        .map(|r| r.get(0));
-    match owner {
+    match tokens::owner_of(&*client, token_id).await? {
         // Someone else's token is not found unless the caller is an admin.
         Some(owner) if owner == me.id || me.admin => {
             tokens::revoke(&*client, token_id).await?;

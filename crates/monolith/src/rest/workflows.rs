@@ -13,6 +13,7 @@ use super::{ApiError, READ_SCOPES, WRITE_SCOPES, require_user};
 use crate::app_state::AppState;
 use crate::identity::oauth::AI_WORKFLOWS_SCOPE;
 use crate::identity::tokens::AuthenticatedUser;
+use crate::identity::users::{self, ServiceAccountUser};
 use crate::policy::{Ability, Actor, Subject};
 use crate::workflows::store::{self, ListFilter, NewWorkflow, Workflow};
 use crate::workflows::{Caller, WorkflowError, privileges};
@@ -597,12 +598,12 @@ struct ServiceAccountParams {
     email: Option<String>,
 }
 
-fn service_account_json(row: &tokio_postgres::Row) -> Value {
+fn service_account_json(account: &ServiceAccountUser) -> Value {
     json!({
-        "id": row.get::<_, i64>(0),
-        "username": row.get::<_, String>(1),
-        "name": row.get::<_, String>(2),
-        "email": row.get::<_, String>(3),
+        "id": account.id,
+        "username": account.username,
+        "name": account.name,
+        "email": account.email,
     })
 }
 
@@ -639,15 +640,10 @@ async fn create_service_account(
         .filter(|e| !e.is_empty())
         .unwrap_or_else(|| format!("{username}@noreply.service-accounts.local"));
     let db = state.pool.get().await?;
-    let row = db
-        .query_opt(
-            "INSERT INTO users (username, name, email, service_account) VALUES ($1, $2, $3, true)
-             ON CONFLICT DO NOTHING RETURNING id, username, name, email",
-            &[&username, &name, &email],
-        )
+    let account = users::create_service_account(&*db, &username, &name, &email)
         .await?
         .ok_or_else(|| ApiError::invalid("username", "has already been taken"))?;
-    Ok(HttpResponse::Created().json(service_account_json(&row)))
+    Ok(HttpResponse::Created().json(service_account_json(&account)))
 }
 
 #[derive(Debug, Deserialize)]
@@ -666,11 +662,7 @@ async fn set_workflow_service_account(
     let user_id = params.into_inner().user_id;
     let db = state.pool.get().await?;
     if let Some(id) = user_id {
-        let is_bot: Option<bool> = db
-            .query_opt("SELECT service_account FROM users WHERE id = $1", &[&id])
-            .await?
-            .map(|r| r.get(0));
-        match is_bot {
+        match users::is_service_account(&*db, id).await? {
             None => return Err(ApiError::NotFound("User")),
             Some(false) => {
                 return Err(ApiError::invalid(

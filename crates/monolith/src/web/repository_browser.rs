@@ -24,6 +24,7 @@ use super::PageError;
 use super::layout::{self, Page};
 use crate::app_state::AppState;
 use crate::identity::sessions::SessionUser;
+use crate::namespaces::projects;
 use crate::policy::{Ability, Actor, AiReader, CodeForAi};
 use crate::repositories::{RepositoryError, reader};
 
@@ -72,22 +73,17 @@ async fn code_project(
         &[Ability::ReadProject, Ability::ReadCode],
     )
     .await?;
-    let row = db
-        .query_one(
-            "SELECT name, description, default_branch FROM projects WHERE id = $1",
-            &[&id],
-        )
-        .await?;
+    let facts = projects::code_facts(&*db, id).await?;
     let for_ai = state
         .policy
         .code_for_ai(&*db, AiReader::User(Actor::from(&session.user)), id)
         .await?;
     Ok(CodeProject {
         id,
-        name: row.get(0),
-        description: row.get(1),
+        name: facts.name,
+        description: facts.description,
         full_path: full_path.to_owned(),
-        default_branch: row.get(2),
+        default_branch: facts.default_branch,
         repository: state.repositories.path(id),
         for_ai,
     })
@@ -289,16 +285,14 @@ pub async fn chat_context_item(
     else {
         return Ok(None);
     };
-    let sql = format!(
-        "{} SELECT p.name, p.description, paths.full_path || '/' || p.path, p.default_branch
-         FROM projects p JOIN paths ON paths.id = p.group_id WHERE p.id = $1",
-        crate::namespaces::FULL_PATHS
-    );
-    let Some(row) = db.query_opt(&sql, &[&project_id]).await? else {
+    let Some((facts, full_path)) = projects::code_facts_with_path(&*db, project_id).await? else {
         return Ok(None);
     };
-    let (name, description, full_path, default_branch): (String, String, String, String) =
-        (row.get(0), row.get(1), row.get(2), row.get(3));
+    let projects::CodeFacts {
+        name,
+        description,
+        default_branch,
+    } = facts;
     let gid = crate::gid::format("Project", project_id);
     let path = match path.map(str::trim) {
         Some(p) if check_location(p).is_ok() => match reader::clean_path(p) {

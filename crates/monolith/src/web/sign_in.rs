@@ -3,7 +3,8 @@
 //! - The sign-in form is protected by a double-submit CSRF token (a cookie and a
 //!   form field that must match), so another site cannot sign a browser in.
 //! - Failed attempts are counted per username and per address; after
-//!   [`MAX_FAILURES`] within [`FAILURE_WINDOW_SECS`] further attempts are refused
+//!   [`sign_in_throttle::MAX_FAILURES`] within
+//!   [`sign_in_throttle::FAILURE_WINDOW_SECS`] further attempts are refused
 //!   without checking the password.
 //! - A successful sign-in always starts a new session (whatever session cookie
 //!   the browser had is ended), so a planted session id is worthless.
@@ -19,11 +20,7 @@ use serde::Deserialize;
 use super::PageError;
 use super::layout::{self, Page};
 use crate::app_state::AppState;
-use crate::identity::{passwords, request, sessions};
-
-/// Failed attempts allowed per username and per address within the window.
-pub const MAX_FAILURES: i64 = 5;
-pub const FAILURE_WINDOW_SECS: f64 = 600.0;
+use crate::identity::{passwords, request, sessions, sign_in_throttle, users};
 /// The double-submit cookie of the sign-in form.
 const FORM_CSRF_COOKIE: &str = "_duo_signin_csrf";
 
@@ -194,23 +191,6 @@ struct SignInForm {
     redirect_to: Option<String>,
 }
 
-/// Failures recorded for these keys within the window.
-async fn recent_failures(
-    db: &impl crate::queries::Queries,
-    keys: &[String],
-) -> Result<i64, tokio_postgres::Error> {
-    let row = db
-        .query_one(
-            "SELECT COALESCE(max(n), 0) FROM (
-                 SELECT count(*) AS n FROM sign_in_failures
-                 WHERE key = ANY($1) AND occurred_at > now() - make_interval(secs => $2)
-                 GROUP BY key) per_key",
-            &[&keys, &FAILURE_WINDOW_SECS],
-        )
-        .await?;
-    Ok(row.get(0))
-}
-
 async fn sign_in(
     state: web::Data<AppState>,
     req: HttpRequest,
@@ -241,7 +221,7 @@ async fn sign_in(
         .unwrap_or_default();
     let keys = vec![format!("user:{username}"), format!("ip:{address}")];
     let db = state.pool.get().await?;
-    if recent_failures(&*db, &keys).await? >= MAX_FAILURES {
+    if sign_in_throttle::too_many_failures(&*db, &keys).await? {
         return Ok(form_page(
             &state,
             &csrf,
@@ -250,14 +230,8 @@ async fn sign_in(
             StatusCode::TOO_MANY_REQUESTS,
         ));
     }
-    let found = db
-        .query_opt(
-            "SELECT id, encrypted_password FROM users WHERE lower(username) = $1 AND state = 'active'",
-            &[&username],
-        )
-        .await?;
-    let (user_id, stored): (Option<i64>, Option<String>) = match &found {
-        Some(row) => (Some(row.get(0)), row.get(1)),
+    let (user_id, stored) = match users::password_of_active(&*db, &username).await? {
+        Some((id, stored)) => (Some(id), stored),
         None => (None, None),
     };
     let password = form.password;
@@ -266,10 +240,7 @@ async fn sign_in(
         .await
         .map_err(|e| PageError::Internal(e.to_string()))?;
     let Some(user_id) = user_id.filter(|_| matches) else {
-        for key in &keys {
-            db.execute("INSERT INTO sign_in_failures (key) VALUES ($1)", &[key])
-                .await?;
-        }
+        sign_in_throttle::record_failure(&*db, &keys).await?;
         tracing::info!("failed sign-in attempt");
         return Ok(form_page(
             &state,
@@ -279,11 +250,7 @@ async fn sign_in(
             StatusCode::UNAUTHORIZED,
         ));
     };
-    db.execute(
-        "DELETE FROM sign_in_failures WHERE key = $1 OR occurred_at < now() - make_interval(secs => $2)",
-        &[&keys[0], &FAILURE_WINDOW_SECS],
-    )
-    .await?;
+    sign_in_throttle::forget_failures(&*db, &keys[0]).await?;
     // Never reuse a session the browser brought along.
     if let Some(old) = request::session_cookie(&req) {
         sessions::destroy(&*db, &old).await?;

@@ -63,10 +63,7 @@ async fn readable_project(
 ) -> Result<ReadableProject, PageError> {
     let db = state.pool.get().await?;
     let id = super::project_with(state, &*db, session, full_path, &[Ability::ReadProject]).await?;
-    let name: String = db
-        .query_one("SELECT name FROM projects WHERE id = $1", &[&id])
-        .await?
-        .get(0);
+    let name = crate::namespaces::projects::name(&*db, id).await?;
     Ok(ReadableProject {
         id,
         name,

@@ -601,7 +601,7 @@ async fn publish_result(
     let base = crate::repositories::reader::resolve(&repository, &format!("refs/heads/{source}"))
         .map_err(stored)?;
     let git_dir = repository.display().to_string();
-    let patch = crate::repositories::storage::git(&[
+    let patch = crate::repositories::git::git(&[
         "--git-dir",
         &git_dir,
         "diff",

@@ -16,7 +16,6 @@ const RANKS: &[(&str, u32)] = &[
     ("percent", 0),
     ("queries", 0),
     ("config", 1),
-    ("namespaces", 1),
     ("db", 2),
     ("instance", 3),
     ("identity", 4),
@@ -24,10 +23,12 @@ const RANKS: &[(&str, u32)] = &[
     ("ai_models", 6),
     ("chat", 6),
     ("gateway_client", 6),
+    ("namespaces", 6),
     ("repositories", 6),
     // Issues, merge requests, epics, notes and CI jobs: above the policy
-    // they ask, below the agent and the edges that show them.
-    ("work_items", 6),
+    // they ask and the namespaces they live in, below the agent and the
+    // edges that show them.
+    ("work_items", 7),
     ("code_index", 7),
     ("agent", 8),
     // Turning a Duo switch brings the code index in line with it.

@@ -278,17 +278,8 @@ impl Tool for CommitReader {
             Ok(None) => return not_found(),
             Err(e) => return ToolOutcome::failed(DuoErrorCode::M4001, e.to_string()),
         };
-        let full_path = match db
-            .query_one(
-                &format!(
-                    "{} SELECT paths.full_path || '/' || p.path FROM projects p JOIN paths ON paths.id = p.group_id WHERE p.id = $1",
-                    crate::namespaces::FULL_PATHS
-                ),
-                &[&project],
-            )
-            .await
-        {
-            Ok(row) => row.get::<_, String>(0),
+        let full_path = match crate::namespaces::projects::full_path(&*db, project).await {
+            Ok(path) => path,
             Err(e) => return ToolOutcome::failed(DuoErrorCode::M4001, e.to_string()),
         };
         drop(db);

@@ -1,9 +1,13 @@
-//! Groups and projects by their full path (`acme/platform/api`), as GitLab's
-//! references and its REST API's URL-encoded ids name them, and the other way
-//! round; and the few facts about a project that lists and pages show. Paths
-//! compare case-insensitively, as GitLab's routes do. Finding an id says
-//! nothing about access: callers authorize with the policy module before
-//! showing anything.
+//! Groups, projects and their members: the records (in [`groups`],
+//! [`projects`], [`members`]) and finding a group or project by its full path
+//! (`acme/platform/api`), as GitLab's references and its REST API's
+//! URL-encoded ids name them, and the few facts about a project that lists
+//! and pages show. Paths compare case-insensitively, as GitLab's routes do. Nothing here decides access: callers authorize with the policy
+//! module before showing or changing anything.
+
+pub mod groups;
+pub mod members;
+pub mod projects;
 
 use crate::queries::Queries;
 
