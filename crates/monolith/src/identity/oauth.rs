@@ -63,7 +63,7 @@ pub async fn mint_for_run(
     client: &impl Queries,
     service_account_id: Option<i64>,
     human_id: i64,
-    run: super::tokens::RunBinding,
+    run: super::credentials::RunBinding,
     lifetime: Duration,
 ) -> Result<MintedToken, TokenError> {
     let (owner, on_behalf_of) = match service_account_id {
@@ -174,7 +174,7 @@ pub async fn authenticate(
     let scopes: Vec<String> = row.get(2);
     let human_id: Option<i64> = row.get(10);
     let run = match (row.get::<_, Option<i64>>(15), row.get::<_, Option<i64>>(16)) {
-        (Some(workflow_id), Some(project_id)) => Some(super::tokens::RunBinding {
+        (Some(workflow_id), Some(project_id)) => Some(super::credentials::RunBinding {
             workflow_id,
             project_id,
         }),

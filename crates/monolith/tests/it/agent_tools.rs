@@ -1,5 +1,6 @@
-//! The epic, merge request and build readers, the identifier prompt, and
-//! model errors, end to end through the real gateway and the fake provider.
+//! The epic, merge request and build readers, the identifier prompt, the
+//! codes every reader answers alike, and model errors, end to end through the
+//! real gateway and the fake provider.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -11,6 +12,9 @@ use crate::agent_support;
 use agent_support::Bench;
 use contracts::DuoErrorCode;
 use fake_provider::Failure;
+use monolith::agent::AgentResponder;
+
+use crate::support::chaos_proxy::ChaosProxy;
 
 fn action(tool: &str, input: &str) -> String {
     format!(" I should use a tool.\nAction: {tool}\nAction Input: {input}")
@@ -188,4 +192,169 @@ async fn a_too_long_conversation_is_a1005() {
     let answered = bench.ask(world.user, "Hello again", None).await;
 
     assert_eq!(code(&answered), Some(DuoErrorCode::A1005));
+}
+
+/// A failed pipeline with one failed job in `project`; the job's id.
+async fn failed_job(bench: &Bench, project: i64, log: &str) -> i64 {
+    let pipeline = bench
+        .fx
+        .id(
+            "INSERT INTO ci_pipelines (project_id, ref, sha, status) VALUES ($1, 'main', 'abc', 'failed') RETURNING id",
+            &[&project],
+        )
+        .await;
+    bench
+        .fx
+        .id(
+            "INSERT INTO ci_builds (project_id, pipeline_id, name, stage, status, log)
+             VALUES ($1, $2, 'lint', 'test', 'failed', $3) RETURNING id",
+            &[&project, &pipeline, &log],
+        )
+        .await
+}
+
+/// The readers go through one entry (`work_items::read_for_ai`), so a
+/// refusal is the policy's code whichever tool met it, and the answer is the
+/// same whether the item is hidden or missing.
+#[tokio::test]
+async fn every_reader_refuses_alike() {
+    let bench = Bench::start().await;
+    let world = bench.world().await;
+    let owner = bench.fx.user("owner").await;
+    let secret = bench.fx.project(world.group, "secret", "private").await;
+    bench.fx.project_member(secret, owner, 40).await;
+    bench
+        .issue(secret, owner, 1, "Launch", "SECRET_ISSUE", false)
+        .await;
+    let hidden_job = failed_job(&bench, secret, "SECRET_LOG").await;
+    // Duo is off in this project, which the user can read.
+    let quiet = bench.fx.project(world.group, "quiet", "private").await;
+    bench.fx.project_member(quiet, world.user, 30).await;
+    bench.fx.project_duo(quiet, false).await;
+    bench
+        .issue(quiet, world.user, 1, "Calm", "QUIET_ISSUE", false)
+        .await;
+    let quiet_job = failed_job(&bench, quiet, "QUIET_LOG").await;
+    let job_url =
+        |id: i64, project: &str| format!("{}/gl/{project}/-/jobs/{id}", bench.external_url);
+
+    let cases = [
+        (
+            "issue_reader",
+            "Summarise gl/secret#1".to_owned(),
+            DuoErrorCode::M3003,
+        ),
+        (
+            "issue_reader",
+            "Summarise gl/secret#9".to_owned(),
+            DuoErrorCode::M3003,
+        ),
+        (
+            "build_reader",
+            format!("Why did {} fail?", job_url(hidden_job, "secret")),
+            DuoErrorCode::M3003,
+        ),
+        (
+            "build_reader",
+            format!("Why did {} fail?", job_url(999_999, "secret")),
+            DuoErrorCode::M3003,
+        ),
+        (
+            "issue_reader",
+            "Summarise gl/quiet#1".to_owned(),
+            DuoErrorCode::M3002,
+        ),
+        (
+            "build_reader",
+            format!("Why did {} fail?", job_url(quiet_job, "quiet")),
+            DuoErrorCode::M3002,
+        ),
+    ];
+    let mut answers = Vec::new();
+    for (tool, question, expected) in &cases {
+        bench.fake.push_text(action(tool, question));
+        let answered = bench.ask(world.user, question, None).await;
+        assert_eq!(code(&answered), Some(*expected), "{tool}: {question}");
+        answers.push(answered.answer);
+    }
+    // Hidden and missing look exactly alike, for issues and for jobs.
+    assert_eq!(answers[0], answers[1]);
+    assert_eq!(answers[2], answers[3]);
+    assert_eq!(answers[0], answers[2]);
+    assert_eq!(answers[4], answers[5]);
+    for body in bench.provider_bodies() {
+        for secret in ["SECRET_ISSUE", "SECRET_LOG", "QUIET_ISSUE", "QUIET_LOG"] {
+            assert!(!body.contains(secret), "{secret} reached the model");
+        }
+    }
+}
+
+/// The same failure ends with the same code in every reader, as GitLab's
+/// identifier tools answer: the database failing while the item is
+/// authorized is M4001, while it is serialised M5000. (build_reader answered
+/// M4002 for both before the readers shared `read_for_ai`.) The database is
+/// reached through a proxy that drops the connection when the chosen
+/// statement is sent.
+#[tokio::test]
+async fn every_reader_answers_the_same_code_for_the_same_failure() {
+    let bench = Bench::start().await;
+    let world = bench.world().await;
+    bench
+        .issue(world.project, world.user, 1, "Crash", "CRASH_BODY", false)
+        .await;
+    let job = failed_job(&bench, world.project, "JOB_LOG").await;
+    let job_question = format!("Why did {}/gl/app/-/jobs/{job} fail?", bench.external_url);
+    let mut url = url::Url::parse(bench.fx.db.url()).unwrap();
+    let proxy = ChaosProxy::start(url.port().unwrap()).await;
+    url.set_port(Some(proxy.port)).unwrap();
+
+    // The statements: the policy reading the item, then its serialization.
+    let issue_read = "FROM issue_assignees WHERE issue_id = i.id";
+    let issue_serialized = "FROM issues i JOIN projects p ON p.id = i.project_id";
+    let job_read = "SELECT project_id FROM ci_builds WHERE id = $1";
+    let job_serialized = "FROM ci_builds b JOIN ci_pipelines pl";
+    let cases = [
+        (
+            "issue_reader",
+            "Summarise gl/app#1",
+            issue_read,
+            DuoErrorCode::M4001,
+        ),
+        (
+            "build_reader",
+            job_question.as_str(),
+            job_read,
+            DuoErrorCode::M4001,
+        ),
+        (
+            "issue_reader",
+            "Summarise gl/app#1",
+            issue_serialized,
+            DuoErrorCode::M5000,
+        ),
+        (
+            "build_reader",
+            job_question.as_str(),
+            job_serialized,
+            DuoErrorCode::M5000,
+        ),
+    ];
+    for (tool, question, statement, expected) in cases {
+        // A pool of its own each time: no connection outlives a cut.
+        let pool = monolith::db::pool_for_url(url.as_str(), 4).unwrap();
+        let responder = AgentResponder::from_config(&bench.config, pool).unwrap();
+        bench.fake.push_text(action(tool, question));
+        proxy.cut_when_sent(statement.as_bytes());
+        let (answered, ()) = tokio::join!(
+            bench.ask_with(world.user, question, None, None, &responder),
+            proxy.wait_cut()
+        );
+        assert_eq!(code(&answered), Some(expected), "{tool} cut at {statement}");
+    }
+    for body in bench.provider_bodies() {
+        assert!(
+            !body.contains("CRASH_BODY") && !body.contains("JOB_LOG"),
+            "{body}"
+        );
+    }
 }

@@ -42,19 +42,11 @@ impl Tool for BuildReader {
             _ => None,
         });
         let Some(id) = id else {
-            return ToolOutcome::failed(DuoErrorCode::M3003, "no job identified");
-        };
-        // This tool answered M4002 for every failure, unlike the other readers.
-        let refused = |e: AiReadError| {
-            let code = match &e {
-                AiReadError::Refused(code) => *code,
-                AiReadError::Failed(_) | AiReadError::Serialization(_) => DuoErrorCode::M4002,
-            };
-            ToolOutcome::failed(code, e.to_string())
+            return AiReadError::Refused(DuoErrorCode::M3003).into();
         };
         let db = match env.services.pool.get().await {
             Ok(db) => db,
-            Err(e) => return refused(AiReadError::failed(e)),
+            Err(e) => return AiReadError::failed(e).into(),
         };
         match read_for_ai(
             &env.services.policy,
@@ -69,7 +61,7 @@ impl Tool for BuildReader {
                 "Please use this information about the identified CI job: {}",
                 context.content
             )),
-            Err(e) => refused(e),
+            Err(e) => e.into(),
         }
     }
 }

@@ -284,6 +284,15 @@ async fn resolve(
     }
 }
 
+/// A work item the tool could not read, as its coded failure. The code is
+/// the domain's ([`AiReadError::code`]), so every reader answers the same
+/// refusal or failure alike.
+impl From<AiReadError> for ToolOutcome {
+    fn from(e: AiReadError) -> Self {
+        ToolOutcome::failed(e.code(), e.to_string())
+    }
+}
+
 /// A reader tool for one kind of item.
 pub struct ResourceReader {
     pub kind: ReaderKind,
@@ -366,20 +375,20 @@ impl Tool for ResourceReader {
     }
 
     async fn execute(&self, env: &ToolEnv<'_>, input: &ToolInput) -> ToolOutcome {
-        let refused = |e: AiReadError| ToolOutcome::failed(e.code(), e.to_string());
+        let not_found = || AiReadError::Refused(DuoErrorCode::M3003).into();
         let identifier = match self.identify(env, input).await {
             Ok(Some(identifier)) => identifier,
-            Ok(None) => return refused(AiReadError::Refused(DuoErrorCode::M3003)),
+            Ok(None) => return not_found(),
             Err(outcome) => return outcome,
         };
         let db = match env.services.pool.get().await {
             Ok(db) => db,
-            Err(e) => return refused(AiReadError::failed(e)),
+            Err(e) => return AiReadError::failed(e).into(),
         };
         let id = match resolve(env, &*db, self.kind, &identifier).await {
             Ok(Some(id)) => id,
-            Ok(None) => return refused(AiReadError::Refused(DuoErrorCode::M3003)),
-            Err(e) => return refused(AiReadError::failed(e)),
+            Ok(None) => return not_found(),
+            Err(e) => return AiReadError::failed(e).into(),
         };
         let subject = self.kind.item_kind().subject(id);
         match read_for_ai(
@@ -396,7 +405,7 @@ impl Tool for ResourceReader {
                 self.kind.noun(),
                 context.content
             )),
-            Err(e) => refused(e),
+            Err(e) => e.into(),
         }
     }
 }
