@@ -26,7 +26,21 @@ const STOPPED: i16 = 5;
 /// A system whose worker runs legs, with `duo-developer` as the instance's
 /// workflow service account (a developer of every demo project).
 async fn system() -> System {
-    System::start().await.unwrap()
+    let executor = e2e_tests::binary("duo-workflow-executor").unwrap();
+    System::start_with(e2e_tests::Options {
+        monolith_env: vec![
+            ("DUO_WORKFLOW_RUNNER".into(), "local".into()),
+            (
+                "DUO_WORKFLOW_EXECUTOR".into(),
+                executor.display().to_string(),
+            ),
+            // Waiting legs are admitted at once in these tests.
+            ("DUO_WORKFLOW_RUN_DISPATCH_INTERVAL_SECS".into(), "1".into()),
+        ],
+        ..Default::default()
+    })
+    .await
+    .unwrap()
 }
 
 async fn project_id(system: &System, token: &str) -> i64 {
@@ -86,7 +100,8 @@ async fn wait_for(system: &System, workflow: i64, wanted: &[i16], limit: Duratio
         if wanted.contains(&status) {
             return status;
         }
-        if Instant::now() > deadline {
+        // A workflow that ended otherwise will not get there.
+        if Instant::now() > deadline || [FINISHED, FAILED, STOPPED].contains(&status) {
             panic!(
                 "workflow {workflow} is in status {status}, not {wanted:?}; legs: {:#?}",
                 legs(system, workflow).await
@@ -125,8 +140,9 @@ async fn wait_legs_ended(system: &System, workflow: i64, limit: Duration) {
     {
         assert!(
             Instant::now() < deadline,
-            "{:#?}",
-            legs(system, workflow).await
+            "{:#?}\n{}",
+            legs(system, workflow).await,
+            system.worker.as_ref().unwrap().log_tail(40)
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -219,7 +235,7 @@ async fn a_run_started_from_rest_asks_its_user_and_ends_in_a_merge_request() {
     assert!(created["workload"]["id"].as_i64().is_some(), "{created}");
     let message = created["workload"]["message"].as_str().unwrap();
     assert!(
-        message.contains(&format!("/-/duo/workflows/{workflow}")),
+        message.contains(&format!("/acme/platform/api/-/workflows/{workflow}")),
         "{message}"
     );
 
@@ -272,6 +288,13 @@ async fn a_run_started_from_rest_asks_its_user_and_ends_in_a_merge_request() {
         .await
         .unwrap();
     assert_eq!(status, 200, "{requests}");
+    assert_eq!(
+        requests.as_array().map(Vec::len),
+        Some(1),
+        "one merge request: {:#?}\n{}",
+        legs(&system, workflow).await,
+        system.worker.as_ref().unwrap().log_tail(30)
+    );
     let request = &requests.as_array().unwrap()[0];
     assert_eq!(request["target_branch"], "main");
     assert_eq!(request["author"]["username"], "duo-developer");
@@ -419,7 +442,18 @@ async fn a_sandboxed_command_sees_neither_the_host_nor_the_tokens() {
     let system = system().await;
     let alice = system.token("alice").unwrap();
     let project = project_id(&system, &alice).await;
-    // The context builder runs commands that look outside the workspace.
+    // The context builder has seen enough, the planner plans; the executor
+    // runs a command that looks outside the workspace (privilege 4 is not
+    // pre-approved: the user approves it), then ends.
+    system.fake.push_text("Seen enough.");
+    system.fake.push_tool_calls(
+        "",
+        vec![ToolCall::new(
+            "plan",
+            "create_plan",
+            json!({"steps": ["Look around the sandbox"]}),
+        )],
+    );
     system.fake.push_tool_calls(
         "",
         vec![ToolCall::new(
@@ -428,41 +462,28 @@ async fn a_sandboxed_command_sees_neither_the_host_nor_the_tokens() {
             json!({"program": "sh", "arguments": ["-c", "env; ls /; cat /etc/hostname /root/.bashrc; ls /proc | head -50; echo END"]}),
         )],
     );
-    system.fake.push_text("Seen enough.");
-    system.fake.push_tool_calls(
-        "",
-        vec![ToolCall::new(
-            "plan",
-            "create_plan",
-            json!({"steps": ["Nothing"]}),
-        )],
-    );
+    system.fake.push_text("Looked around.");
     let (status, created) = start_run(&system, &alice, project, "Look around").await;
     assert_eq!(status, 201, "{created}");
     let workflow = created["id"].as_i64().unwrap();
-    // run_command (privilege 4) is not pre-approved: approve it.
-    wait_for(
-        &system,
-        workflow,
-        &[TOOL_CALL_APPROVAL_REQUIRED],
-        Duration::from_secs(60),
-    )
-    .await;
+    for waiting in [PLAN_APPROVAL_REQUIRED, TOOL_CALL_APPROVAL_REQUIRED] {
+        wait_for(&system, workflow, &[waiting], Duration::from_secs(60)).await;
+        wait_legs_ended(&system, workflow, Duration::from_secs(30)).await;
+        assert_eq!(event(&system, &alice, workflow, "resume", "").await, 201);
+    }
+    wait_for(&system, workflow, &[FINISHED], Duration::from_secs(60)).await;
     wait_legs_ended(&system, workflow, Duration::from_secs(30)).await;
-    assert_eq!(event(&system, &alice, workflow, "resume", "").await, 201);
-    wait_for(
-        &system,
-        workflow,
-        &[PLAN_APPROVAL_REQUIRED],
-        Duration::from_secs(60),
-    )
-    .await;
     let bodies = system.provider_bodies().join("\n");
     let seen = bodies
         .split("END")
         .find(|b| b.contains("PATH="))
         .map(str::to_owned)
-        .unwrap_or_else(|| panic!("no command output reached the model: {bodies}"));
+        .unwrap_or_else(|| {
+            panic!(
+                "no command output reached the model: {}",
+                &bodies[bodies.len().saturating_sub(3000)..]
+            )
+        });
     for secret in [
         &alice,
         "DUO_GITLAB_TOKEN",

@@ -125,6 +125,17 @@ pub fn resolve(path: &Path, rev: &str) -> Result<String, RepositoryError> {
     Err(RepositoryError::NotFound("ref".into()))
 }
 
+/// The commit a full ref name points at (any namespace, hidden ones such
+/// as `refs/workloads/<id>` included); `None` when the ref does not exist.
+pub fn ref_target(path: &Path, full_name: &str) -> Result<Option<String>, RepositoryError> {
+    let repo = open(path)?;
+    let Some(mut reference) = repo.try_find_reference(full_name).map_err(read_err)? else {
+        return Ok(None);
+    };
+    let id = reference.peel_to_id().map_err(read_err)?;
+    Ok(Some(id.detach().to_string()))
+}
+
 /// One entry of a tree listing, in GitLab's terms.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TreeEntry {

@@ -37,6 +37,9 @@ pub enum ApiError {
     /// 409 with the reason as the message, as GitLab's `conflict!` answers.
     #[error("{0}")]
     Conflict(String),
+    /// 422 with the reason as the message (a workflow that cannot be run).
+    #[error("{0}")]
+    Unprocessable(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -99,6 +102,7 @@ impl ResponseError for ApiError {
             ApiError::NotFound(_) | ApiError::RecordNotFound => StatusCode::NOT_FOUND,
             ApiError::BadRequest(_) | ApiError::Invalid(_) => StatusCode::BAD_REQUEST,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }

@@ -82,6 +82,8 @@ struct ListParams {
     page: Option<usize>,
     per_page: Option<usize>,
     state: Option<String>,
+    source_branch: Option<String>,
+    target_branch: Option<String>,
 }
 
 async fn list_merge_requests(
@@ -99,7 +101,11 @@ async fn list_merge_requests(
     )?;
     let db = state.pool.get().await?;
     let full_path = Container::Project(project).full_path(&*db).await?;
-    let found = merge_requests::list(&*db, project, wanted.as_deref()).await?;
+    let mut found = merge_requests::list(&*db, project, wanted.as_deref()).await?;
+    found.retain(|m| {
+        q.source_branch.as_ref().is_none_or(|b| *b == m.source_branch)
+            && q.target_branch.as_ref().is_none_or(|b| *b == m.target_branch)
+    });
     let readable = Item::MERGE_REQUEST
         .keep_readable(&state, &*db, user, found)
         .await?;

@@ -60,6 +60,7 @@ impl From<WorkflowError> for ApiError {
             WorkflowError::Refused(msg) => ApiError::Invalid(json!(msg)),
             WorkflowError::Invalid { field, message } => ApiError::invalid(field, message),
             WorkflowError::Conflict(msg) => ApiError::Conflict(msg),
+            WorkflowError::CannotRun(msg) => ApiError::Unprocessable(msg),
             WorkflowError::Db(e) => ApiError::Internal(e.to_string()),
             WorkflowError::Queue(e) => ApiError::Internal(e.to_string()),
             WorkflowError::Stored(msg) => ApiError::Internal(msg),
@@ -248,6 +249,11 @@ struct CreateParams {
     environment: Option<String>,
     image: Option<String>,
     additional_context: Option<Value>,
+    /// Start a run in the product now (GitLab starts a CI workload).
+    start_workflow: Option<bool>,
+    source_branch: Option<String>,
+    /// The IID of an issue of the project the workflow works on.
+    issue_id: Option<i32>,
 }
 
 /// `POST /ai/duo_workflows/workflows`: 201 with the workflow.
@@ -273,7 +279,8 @@ async fn create_workflow(
     let db = state.pool.get().await?;
     // Remote flows (`ambient`, formerly `web`) run as the instance's service
     // account on behalf of the user when one is configured.
-    let remote = matches!(params.environment.as_deref(), Some("ambient" | "web"));
+    let start = params.start_workflow.unwrap_or(false);
+    let remote = start || matches!(params.environment.as_deref(), Some("ambient" | "web"));
     let service_account = if remote {
         crate::workflows::store::instance_service_account(&*db).await?
     } else {
@@ -286,6 +293,45 @@ async fn create_workflow(
     {
         return Err(ApiError::Forbidden);
     }
+    let project_id = match container {
+        Subject::Project(id) => Some(id),
+        _ => None,
+    };
+    if start {
+        let repository = project_id.map(|id| state.repositories.path(id));
+        crate::workflows::runs::check_start(
+            &state.config,
+            repository.as_deref().unwrap_or(std::path::Path::new("")),
+            project_id,
+            params.source_branch.as_deref(),
+        )?;
+    } else if params.source_branch.is_some() {
+        return Err(ApiError::BadRequest(
+            "source_branch is only used with start_workflow".into(),
+        ));
+    }
+    let issue_id = match (params.issue_id, project_id) {
+        (None, _) => None,
+        (Some(iid), Some(project)) => {
+            let issue = crate::work_items::issues::by_iid(&*db, project, iid)
+                .await
+                .map_err(crate::db::DbError::Query)?
+                .ok_or(ApiError::NotFound("Issue"))?;
+            if !state
+                .policy
+                .can(&*db, Some(who.actor), Ability::ReadIssue, Subject::Issue(issue.id))
+                .await?
+            {
+                return Err(ApiError::NotFound("Issue"));
+            }
+            Some(issue.id)
+        }
+        (Some(_), None) => {
+            return Err(ApiError::BadRequest(
+                "issue_id needs a project_id".into(),
+            ));
+        }
+    };
     let new = NewWorkflow {
         container: Some(container),
         goal: params.goal,
@@ -297,6 +343,8 @@ async fn create_workflow(
         image: params.image,
         additional_context: params.additional_context,
         service_account_id: service_account.map(|s| s.id),
+        source_branch: params.source_branch,
+        issue_id,
     };
     // The audit trail names the service account the workflow will run as.
     let caller = Caller {
@@ -306,7 +354,22 @@ async fn create_workflow(
             .or(who.caller().service_account_id),
     };
     let workflow = store::create(&*db, caller, &new).await?;
-    Ok(HttpResponse::Created().json(workflow_json(&workflow, &state.config.external_url)))
+    let mut body = workflow_json(&workflow, &state.config.external_url);
+    if let (true, Some(project)) = (start, project_id) {
+        let page = format!(
+            "{}/{}/-/workflows/{}",
+            state.config.external_url.as_str().trim_end_matches('/'),
+            crate::namespaces::projects::full_path(&*db, project)
+                .await
+                .map_err(crate::db::DbError::Query)?,
+            workflow.id
+        );
+        drop(db);
+        let started =
+            crate::workflows::runs::start(&state.pool, &state.config, workflow.id, None).await?;
+        body["workload"] = started.workload_json(&page);
+    }
+    Ok(HttpResponse::Created().json(body))
 }
 
 #[derive(Debug, Deserialize)]

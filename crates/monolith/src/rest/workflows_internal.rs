@@ -322,7 +322,22 @@ async fn create_event(
         p.correlation_id.as_deref(),
     )
     .await?;
-    Ok(HttpResponse::Created().json(events::to_json(&event)))
+    drop(db);
+    // A run of the product has no executor listening between its legs: the
+    // product itself acts on the event (and marks it delivered).
+    let reaction = crate::workflows::runs::react_to_event(
+        &state.pool,
+        &state.config,
+        workflow.id,
+        &event,
+        who.caller(),
+    )
+    .await?;
+    let mut body = events::to_json(&event);
+    if reaction != crate::workflows::runs::EventReaction::None {
+        body["event_status"] = "delivered".into();
+    }
+    Ok(HttpResponse::Created().json(body))
 }
 
 #[derive(Debug, Deserialize)]

@@ -64,6 +64,10 @@ pub enum WorkflowError {
     /// Another run holds the workflow.
     #[error("{0}")]
     Conflict(String),
+    /// The workflow cannot be run by the product as asked (no runner, no
+    /// project, a source branch that does not exist): GitLab's 422.
+    #[error("{0}")]
+    CannotRun(String),
     #[error(transparent)]
     Db(#[from] crate::db::DbError),
     #[error(transparent)]

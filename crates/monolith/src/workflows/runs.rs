@@ -528,7 +528,9 @@ async fn finish_leg(
     let workflow_id = facts.workload.workflow_id;
     let repository = context.repositories.path(facts.project_id);
     let checkpoint =
-        crate::repositories::reader::resolve(&repository, &checkpoint_ref(workflow_id)).ok();
+        crate::repositories::reader::ref_target(&repository, &checkpoint_ref(workflow_id))
+            .ok()
+            .flatten();
     let (state, reason) = match &outcome.end {
         LegEnd::Finished => ("finished", None),
         LegEnd::Paused => ("paused", None),
@@ -543,6 +545,18 @@ async fn finish_leg(
         LegEnd::Failed(reason) => ("failed", Some(reason.clone())),
     };
     let mut db = pool.get().await?;
+    // The result is published before the leg is marked ended, so whoever
+    // sees a finished leg finds its merge request. A failure to publish is
+    // recorded on the leg; the run is not repeated for it.
+    let mut reason = reason;
+    if outcome.end == LegEnd::Finished
+        && facts.definition == "software_development"
+        && let Some(commit) = &checkpoint
+        && let Err(e) = publish_result(context, &mut db, facts, commit).await
+    {
+        tracing::warn!(workflow_id, error = %e, "the run's merge request could not be opened");
+        reason = Some(format!("the merge request could not be opened: {e}"));
+    }
     db.execute(
         "UPDATE duo_workflow_workloads
          SET state = $2, failure_reason = $3, log_tail = $4, checkpoint_sha = $5, finished_at = now()
@@ -572,11 +586,6 @@ async fn finish_leg(
                 serde_json::json!({ "reason": reason }),
             )
             .await?;
-        }
-        LegEnd::Finished if facts.definition == "software_development" => {
-            if let Some(commit) = &checkpoint {
-                publish_result(context, &mut db, facts, commit).await?;
-            }
         }
         _ => {}
     }
@@ -643,8 +652,9 @@ async fn publish_result(
     let on_behalf = facts.service_account_id.map(|_| facts.user_id);
     let title = format!("Duo Workflow: {}", first_line(&facts.goal, 200));
     let mut description = format!(
-        "Opened by GitLab Duo for workflow {workflow_id} ({}/-/duo/workflows/{workflow_id}).\n\n**Goal:** {}\n",
+        "Opened by GitLab Duo for workflow {workflow_id} ({}/{}/-/workflows/{workflow_id}).\n\n**Goal:** {}\n",
         context.config.external_url.as_str().trim_end_matches('/'),
+        facts.project_path,
         facts.goal
     );
     let tx = db.transaction().await?;
@@ -833,7 +843,7 @@ pub async fn start(
     answer: Option<&Answer>,
 ) -> Result<StartedRun, WorkflowError> {
     let runner = configured_runner(config).ok_or_else(|| {
-        WorkflowError::Refused(
+        WorkflowError::CannotRun(
             "Workflows cannot be run on this instance: no runner is configured (DUO_WORKFLOW_RUNNER)"
                 .into(),
         )
@@ -851,4 +861,123 @@ pub async fn start(
     .await?;
     let position = queue_position(&*db, workload.id).await?;
     Ok(StartedRun { workload, position })
+}
+
+/// What the product did with an event a user sent to one of its runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventReaction {
+    /// Not a run of the product (an IDE or a hand-started executor reads
+    /// its events itself), or an event runs do not act on.
+    None,
+    /// The workflow moved (stopped or paused); a running leg is cancelled by
+    /// its watcher, a queued one never starts.
+    Moved,
+    /// The next leg was queued with the user's answer.
+    Continued(StartedRun),
+}
+
+/// Acts on an event sent to a workflow the product runs: `stop` and `pause`
+/// move the workflow (its running leg sees that and ends), `resume` answers
+/// the approval the run waits for (or continues a paused run), `response`
+/// and `message` turn the approval down with the user's words. The event
+/// itself was stored by the caller; it is marked delivered here, as the
+/// product has handed it on.
+pub async fn react_to_event(
+    pool: &deadpool_postgres::Pool,
+    config: &crate::config::Config,
+    workflow_id: i64,
+    event: &super::events::Event,
+    caller: Caller,
+) -> Result<EventReaction, WorkflowError> {
+    let mut db = pool.get().await?;
+    if latest(&*db, workflow_id).await?.is_none() {
+        return Ok(EventReaction::None);
+    }
+    let status = {
+        let row = db
+            .query_one(
+                "SELECT status FROM duo_workflows_workflows WHERE id = $1",
+                &[&workflow_id],
+            )
+            .await?;
+        Status::from_code(row.get(0))
+    };
+    let awaiting_approval = matches!(
+        status,
+        Some(Status::PlanApprovalRequired | Status::ToolCallApprovalRequired | Status::InputRequired)
+    );
+    let reaction = match event.event_type {
+        kind @ ("stop" | "pause") => {
+            super::store::apply_status_event(&mut db, workflow_id, kind, caller).await?;
+            cancel_queued(&*db, workflow_id).await?;
+            EventReaction::Moved
+        }
+        "resume" if awaiting_approval => {
+            drop(db);
+            EventReaction::Continued(start(pool, config, workflow_id, Some(&Answer::Approve)).await?)
+        }
+        "resume" if status == Some(Status::Paused) => {
+            super::store::apply_status_event(&mut db, workflow_id, "resume", caller).await?;
+            drop(db);
+            EventReaction::Continued(start(pool, config, workflow_id, None).await?)
+        }
+        "response" | "message" if awaiting_approval => {
+            drop(db);
+            let words = Some(event.message.clone()).filter(|m| !m.trim().is_empty());
+            EventReaction::Continued(
+                start(pool, config, workflow_id, Some(&Answer::Reject(words))).await?,
+            )
+        }
+        "resume" | "response" | "message" => {
+            // Nothing would ever read it: the refused event is not kept.
+            db.execute(
+                "DELETE FROM duo_workflows_events WHERE id = $1",
+                &[&event.id],
+            )
+            .await?;
+            return Err(WorkflowError::Refused(format!(
+                "The workflow is not waiting for an answer (status {})",
+                status.map_or("unknown", Status::name)
+            )));
+        }
+        _ => EventReaction::None,
+    };
+    if reaction != EventReaction::None {
+        let db = pool.get().await?;
+        super::events::set_status(&*db, workflow_id, event.id, Some("delivered")).await?;
+    }
+    Ok(reaction)
+}
+
+/// Checks that a workflow can be run by the product before it is created:
+/// a runner is configured, it belongs to a project with commits, and the
+/// source branch (when one is named) is a branch of that project.
+pub fn check_start(
+    config: &crate::config::Config,
+    repository: &std::path::Path,
+    project_id: Option<i64>,
+    source_branch: Option<&str>,
+) -> Result<(), WorkflowError> {
+    let cannot = |m: &str| Err(WorkflowError::CannotRun(m.to_owned()));
+    if configured_runner(config).is_none() {
+        return cannot(
+            "Workflows cannot be run on this instance: no runner is configured (DUO_WORKFLOW_RUNNER)",
+        );
+    }
+    if project_id.is_none() {
+        return cannot("A workflow can only be started in a project");
+    }
+    let branches = match crate::repositories::reader::refs(repository) {
+        Ok(refs) => refs.branches,
+        Err(_) => return cannot("The project has no repository to work on"),
+    };
+    if branches.is_empty() {
+        return cannot("The project's repository is empty");
+    }
+    if let Some(branch) = source_branch
+        && !branches.contains_key(branch)
+    {
+        return cannot("The source branch does not exist in the project");
+    }
+    Ok(())
 }

@@ -141,6 +141,11 @@ pub struct NewWorkflow {
     pub additional_context: Option<Value>,
     /// The service account remote flows run as (composite identity).
     pub service_account_id: Option<i64>,
+    /// The branch a run of the product starts from (checked by
+    /// [`super::runs::check_start`]); `None`: the project's default branch.
+    pub source_branch: Option<String>,
+    /// The issue the workflow works on (its id, once the caller may read it).
+    pub issue_id: Option<i64>,
 }
 
 /// A definition name: letters, digits and `_ - . /`, at most 255 characters.
@@ -270,8 +275,8 @@ pub async fn create(
                 "INSERT INTO duo_workflows_workflows
                    (user_id, project_id, namespace_id, service_account_id, goal, workflow_definition,
                     agent_privileges, pre_approved_agent_privileges, allow_agent_to_request_user,
-                    image, environment, additional_context)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+                    image, environment, additional_context, source_branch, issue_id)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
                  RETURNING {COLUMNS}"
             ),
             &[
@@ -287,6 +292,8 @@ pub async fn create(
                 &new.image,
                 &valid.environment,
                 &valid.context,
+                &new.source_branch,
+                &new.issue_id,
             ],
         )
         .await?;

@@ -104,6 +104,11 @@ impl LocalRunner {
         ] {
             line.extend(["--symlink".to_owned(), target.to_owned(), link.to_owned()]);
         }
+        // The public CA bundle: the executor's HTTP clients refuse to start
+        // without one, even though the sandbox has no network to use it on.
+        for dir in ["/etc/ssl", "/etc/ca-certificates"] {
+            line.extend(["--ro-bind-try".to_owned(), dir.to_owned(), dir.to_owned()]);
+        }
         line.extend(
             [
                 "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--size",

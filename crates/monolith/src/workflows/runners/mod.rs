@@ -217,6 +217,13 @@ pub fn end_of(status: Option<i32>, log: &str) -> LegEnd {
     match status {
         Some(0) => LegEnd::Finished,
         Some(3) => LegEnd::Paused,
+        // The sandbox (bwrap, a shell) reports a child killed by signal N
+        // as exit 128 + N.
+        Some(code @ 129..=159) => LegEnd::Failed(format!(
+            "{} (killed by signal {}, exit {code})",
+            last_words(log),
+            code - 128
+        )),
         Some(code) => LegEnd::Failed(format!("{} (exit {code})", last_words(log))),
         None => LegEnd::Failed(format!("{} (killed by a signal)", last_words(log))),
     }
@@ -237,6 +244,12 @@ mod tests {
         assert_eq!(
             end_of(None, ""),
             LegEnd::Failed("the executor ended without saying why (killed by a signal)".into())
+        );
+        assert_eq!(
+            end_of(Some(137), ""),
+            LegEnd::Failed(
+                "the executor ended without saying why (killed by signal 9, exit 137)".into()
+            )
         );
         assert_eq!(tail("ééé", 3), "é");
     }
