@@ -103,8 +103,12 @@ async fn list_merge_requests(
     let full_path = Container::Project(project).full_path(&*db).await?;
     let mut found = merge_requests::list(&*db, project, wanted.as_deref()).await?;
     found.retain(|m| {
-        q.source_branch.as_ref().is_none_or(|b| *b == m.source_branch)
-            && q.target_branch.as_ref().is_none_or(|b| *b == m.target_branch)
+        q.source_branch
+            .as_ref()
+            .is_none_or(|b| *b == m.source_branch)
+            && q.target_branch
+                .as_ref()
+                .is_none_or(|b| *b == m.target_branch)
     });
     let readable = Item::MERGE_REQUEST
         .keep_readable(&state, &*db, user, found)

@@ -319,7 +319,12 @@ async fn create_workflow(
                 .ok_or(ApiError::NotFound("Issue"))?;
             if !state
                 .policy
-                .can(&*db, Some(who.actor), Ability::ReadIssue, Subject::Issue(issue.id))
+                .can(
+                    &*db,
+                    Some(who.actor),
+                    Ability::ReadIssue,
+                    Subject::Issue(issue.id),
+                )
                 .await?
             {
                 return Err(ApiError::NotFound("Issue"));
@@ -327,9 +332,7 @@ async fn create_workflow(
             Some(issue.id)
         }
         (Some(_), None) => {
-            return Err(ApiError::BadRequest(
-                "issue_id needs a project_id".into(),
-            ));
+            return Err(ApiError::BadRequest("issue_id needs a project_id".into()));
         }
     };
     let new = NewWorkflow {

@@ -441,6 +441,7 @@ async fn run_leg(
     )
     .await
     .map_err(|e| format!("the workflow service could not be reached: {e}"))?;
+    tracing::debug!(workflow_id, "leg: service session ready");
     let author = git_author(&*db, facts.service_account_id.unwrap_or(facts.user_id))
         .await
         .map_err(|e| text(&e))?;
@@ -469,39 +470,68 @@ async fn run_leg(
         limits: context.limits,
     };
     let cancel = CancellationToken::new();
-    let watcher = tokio::spawn(watch_for_stop(pool.clone(), workflow_id, cancel.clone()));
+    tracing::debug!(
+        workflow_id,
+        runner = context.runner.name(),
+        "leg: handing over to the runner"
+    );
+    let watcher = tokio::spawn(watch_for_stop(
+        pool.clone(),
+        workflow_id,
+        facts.workload.id,
+        cancel.clone(),
+    ));
     let outcome = context.runner.run_leg(&spec, cancel).await;
     watcher.abort();
+    tracing::debug!(workflow_id, ?outcome, "leg: the runner is done");
     if let Ok(db) = pool.get().await {
         let _ = crate::identity::oauth::revoke_by_id(&*db, token.id).await;
     }
     outcome.map_err(|e| e.to_string())
 }
 
-/// Cancels the leg once its workflow was stopped or paused (the events API
-/// and the status API both move the workflow there).
+/// What a user asked of a running leg through the events API: a stop or a
+/// pause sent since the leg was queued (the workflow's status alone is not
+/// enough: an executor starting up moves a stopped workflow back to running).
+async fn halt_requested(
+    db: &impl Queries,
+    workload_id: i64,
+) -> Result<Option<&'static str>, WorkflowError> {
+    let row = db
+        .query_one(
+            "SELECT w.status,
+                    (SELECT e.event_type FROM duo_workflows_events e
+                     WHERE e.workflow_id = l.workflow_id AND e.event_type IN (0, 2)
+                       AND e.created_at >= l.created_at
+                     ORDER BY e.event_type DESC LIMIT 1)
+             FROM duo_workflow_workloads l
+             JOIN duo_workflows_workflows w ON w.id = l.workflow_id
+             WHERE l.id = $1",
+            &[&workload_id],
+        )
+        .await?;
+    let event: Option<i16> = row.get(1);
+    Ok(match (event, Status::from_code(row.get(0))) {
+        (Some(2), _) | (None, Some(Status::Stopped)) => Some("stop"),
+        (Some(_), _) | (None, Some(Status::Paused)) => Some("pause"),
+        (None, Some(Status::Failed)) => Some("drop"),
+        _ => None,
+    })
+}
+
+/// Cancels the leg once a user stopped or paused it (events API), or its
+/// workflow was moved there (status API).
 async fn watch_for_stop(
     pool: deadpool_postgres::Pool,
     workflow_id: i64,
+    workload_id: i64,
     cancel: CancellationToken,
 ) {
     loop {
         tokio::time::sleep(WATCH_INTERVAL).await;
         let Ok(db) = pool.get().await else { continue };
-        let Ok(row) = db
-            .query_one(
-                "SELECT status FROM duo_workflows_workflows WHERE id = $1",
-                &[&workflow_id],
-            )
-            .await
-        else {
-            continue;
-        };
-        let status = Status::from_code(row.get(0));
-        if matches!(
-            status,
-            Some(Status::Stopped | Status::Paused | Status::Failed)
-        ) {
+        if let Ok(Some(halt)) = halt_requested(&*db, workload_id).await {
+            tracing::debug!(workflow_id, halt, "leg: halted, cancelling");
             cancel.cancel();
             return;
         }
@@ -575,6 +605,14 @@ async fn finish_leg(
         service_account_id: facts.service_account_id,
     };
     match outcome.end {
+        LegEnd::Cancelled => {
+            // The executor may have moved the workflow on while it started:
+            // it ends where the user asked.
+            if let Some(halt @ ("stop" | "pause")) = halt_requested(&*db, facts.workload.id).await?
+            {
+                let _ = super::store::apply_status_event(&mut db, workflow_id, halt, caller).await;
+            }
+        }
         LegEnd::Failed(_) | LegEnd::TimedOut => {
             // A run that cannot go on ends FAILED with its reason.
             let _ = super::store::apply_status_event(&mut db, workflow_id, "drop", caller).await;
@@ -904,7 +942,9 @@ pub async fn react_to_event(
     };
     let awaiting_approval = matches!(
         status,
-        Some(Status::PlanApprovalRequired | Status::ToolCallApprovalRequired | Status::InputRequired)
+        Some(
+            Status::PlanApprovalRequired | Status::ToolCallApprovalRequired | Status::InputRequired
+        )
     );
     let reaction = match event.event_type {
         kind @ ("stop" | "pause") => {
@@ -914,7 +954,9 @@ pub async fn react_to_event(
         }
         "resume" if awaiting_approval => {
             drop(db);
-            EventReaction::Continued(start(pool, config, workflow_id, Some(&Answer::Approve)).await?)
+            EventReaction::Continued(
+                start(pool, config, workflow_id, Some(&Answer::Approve)).await?,
+            )
         }
         "resume" if status == Some(Status::Paused) => {
             super::store::apply_status_event(&mut db, workflow_id, "resume", caller).await?;
