@@ -102,9 +102,16 @@ async fn wait_for(system: &System, workflow: i64, wanted: &[i16], limit: Duratio
         }
         // A workflow that ended otherwise will not get there.
         if Instant::now() > deadline || [FINISHED, FAILED, STOPPED].contains(&status) {
+            let gateway: Vec<String> = system
+                .gateway
+                .stdout_lines()
+                .into_iter()
+                .filter(|l| l.contains("workflow") || l.contains("lock"))
+                .collect();
             panic!(
-                "workflow {workflow} is in status {status}, not {wanted:?}; legs: {:#?}",
-                legs(system, workflow).await
+                "workflow {workflow} is in status {status}, not {wanted:?}; legs: {:#?}\ngateway: {:#?}",
+                legs(system, workflow).await,
+                &gateway[gateway.len().saturating_sub(30)..]
             );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -370,12 +377,11 @@ async fn a_run_started_from_rest_asks_its_user_and_ends_in_a_merge_request() {
     );
     assert!(advertised.contains("refs/heads/main"), "{advertised}");
     assert!(!advertised.contains("refs/workloads"), "{advertised}");
-    let bare = std::fs::read_dir(&system.repositories)
-        .unwrap()
-        .flatten()
-        .next()
-        .map(|e| e.path());
-    assert!(bare.is_some());
+    assert!(
+        workload_refs(&system).contains(&format!("refs/workloads/{workflow}")),
+        "{:?}",
+        workload_refs(&system)
+    );
     let db = system.db.client().await.unwrap();
     let sha: Option<String> = db
         .query_one(
@@ -397,6 +403,60 @@ async fn a_run_started_from_rest_asks_its_user_and_ends_in_a_merge_request() {
         .get(0);
     assert_eq!(live, 0);
     assert_nothing_left_running();
+
+    // Deleting the workflow removes its hidden ref; the merge request stays.
+    let (status, body) = system
+        .rest(
+            &alice,
+            reqwest::Method::DELETE,
+            &format!("/ai/duo_workflows/workflows/{workflow}"),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 204, "{body}");
+    assert!(
+        workload_refs(&system).is_empty(),
+        "{:?}",
+        workload_refs(&system)
+    );
+    let (status, _) = system
+        .rest(
+            &alice,
+            reqwest::Method::GET,
+            &format!("/projects/{project}/merge_requests/{iid}"),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+}
+
+/// Every `refs/workloads/*` ref of every repository of the system.
+fn workload_refs(system: &System) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut dirs = vec![system.repositories.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.extension().is_some_and(|e| e == "git") {
+                let out = git(
+                    &path,
+                    &[
+                        "--git-dir",
+                        ".",
+                        "for-each-ref",
+                        "--format=%(refname)",
+                        "refs/workloads",
+                    ],
+                );
+                found.extend(out.lines().map(str::to_owned));
+            } else if path.is_dir() {
+                dirs.push(path);
+            }
+        }
+    }
+    found
 }
 
 #[tokio::test]
@@ -557,5 +617,52 @@ async fn who_may_not_run_workflows_there_can_neither_start_nor_follow_one() {
     assert_eq!(event(&system, &alice, workflow, "stop", "").await, 201);
     wait_legs_ended(&system, workflow, Duration::from_secs(10)).await;
     assert_eq!(status_of(&system, workflow).await, STOPPED);
+    assert_nothing_left_running();
+}
+
+#[tokio::test]
+async fn a_paused_run_continues_where_it_was_on_resume() {
+    let system = system().await;
+    let alice = system.token("alice").unwrap();
+    let project = project_id(&system, &alice).await;
+    // The first leg's model call hangs until the pause ends it; after the
+    // resume the context builder reports and the planner plans.
+    system.fake.push_failure(Failure::Hang);
+    system.fake.push_text("README.md has a title.");
+    system.fake.push_tool_calls(
+        "",
+        vec![ToolCall::new(
+            "plan",
+            "create_plan",
+            json!({"steps": ["Rename the title"]}),
+        )],
+    );
+    let (status, created) = start_run(&system, &alice, project, "Rename the title").await;
+    assert_eq!(status, 201, "{created}");
+    let workflow = created["id"].as_i64().unwrap();
+    wait_for(&system, workflow, &[1], Duration::from_secs(30)).await;
+    assert_eq!(event(&system, &alice, workflow, "pause", "").await, 201);
+    wait_legs_ended(&system, workflow, Duration::from_secs(10)).await;
+    const PAUSED: i16 = 2;
+    assert_eq!(status_of(&system, workflow).await, PAUSED);
+    assert_eq!(legs(&system, workflow).await[0].0, "cancelled");
+    // A resume that is not an answer to anything: the run continues.
+    assert_eq!(event(&system, &alice, workflow, "resume", "").await, 201);
+    wait_for(
+        &system,
+        workflow,
+        &[PLAN_APPROVAL_REQUIRED],
+        Duration::from_secs(60),
+    )
+    .await;
+    wait_legs_ended(&system, workflow, Duration::from_secs(30)).await;
+    let states: Vec<String> = legs(&system, workflow)
+        .await
+        .into_iter()
+        .map(|l| l.0)
+        .collect();
+    assert_eq!(states, ["cancelled", "paused"]);
+    // Answering a run that does not wait for an answer is refused.
+    assert_eq!(event(&system, &alice, workflow, "pause", "").await, 400);
     assert_nothing_left_running();
 }

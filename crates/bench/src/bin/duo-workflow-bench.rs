@@ -13,10 +13,15 @@
 //!    8 concurrent;
 //! 3. the workflow service's memory per idle connected workflow: the
 //!    gateway's RSS before and after opening streams that wait on their
-//!    executor.
+//!    executor;
+//! 4. runs the product starts itself (the local runner: a bubblewrap sandbox
+//!    per leg, a clone through the monolith's git HTTP, the real executor):
+//!    the time from the start request to the run's first action (its status
+//!    moving to running, which the service asks for through the executor),
+//!    and whole runs per minute.
 //!
 //! Goals (issue 14): under 5 ms per step at p99 on 2 cores, under 100 KB per
-//! idle workflow.
+//! idle workflow; (issue 25) p50 under 1.5 s from start to first action.
 
 use anyhow::{Context, bail};
 use bench::{Latencies, ms, read_status_kib};
@@ -142,6 +147,15 @@ async fn main() -> anyhow::Result<()> {
                 "DUO_WORKFLOW_DIRECT_ACCESS_RATE_LIMIT".into(),
                 "100000".into(),
             ),
+            ("DUO_WORKFLOW_RUNNER".into(), "local".into()),
+            (
+                "DUO_WORKFLOW_EXECUTOR".into(),
+                e2e_tests::binary("duo-workflow-executor")?
+                    .display()
+                    .to_string(),
+            ),
+            ("DUO_WORKFLOW_RUNS_PER_USER".into(), "4".into()),
+            ("DUO_WORKFLOW_RUN_DISPATCH_INTERVAL_SECS".into(), "1".into()),
         ],
         ..Options::default()
     })
@@ -174,7 +188,10 @@ async fn main() -> anyhow::Result<()> {
     let workspace = std::env::temp_dir().join(format!("workflow-bench-{}", std::process::id()));
     std::fs::create_dir_all(&workspace)?;
     std::fs::write(workspace.join("README.md"), "Hello\n")?;
-    let result = run(&system, &alice, project, &workspace, steps).await;
+    let result = match run(&system, &alice, project, &workspace, steps).await {
+        Ok(()) => product_runs(&system, &alice, project).await,
+        Err(e) => Err(e),
+    };
     let _ = std::fs::remove_dir_all(&workspace);
     result
 }
@@ -462,5 +479,105 @@ async fn run(
         per_stream / 1000.0
     );
     drop(streams);
+    Ok(())
+}
+
+/// Sequential runs timed from the start request to their first action.
+const TIMED_RUNS: usize = 10;
+/// Runs started at once for the throughput figure.
+const THROUGHPUT_RUNS: usize = 16;
+
+async fn workflow_status(system: &System, workflow: i64) -> anyhow::Result<i16> {
+    Ok(system
+        .db
+        .client()
+        .await?
+        .query_one(
+            "SELECT status FROM duo_workflows_workflows WHERE id = $1",
+            &[&workflow],
+        )
+        .await?
+        .get(0))
+}
+
+async fn start_run(system: &System, token: &str, project: i64) -> anyhow::Result<i64> {
+    let (status, body) = system
+        .rest(
+            token,
+            reqwest::Method::POST,
+            "/ai/duo_workflows/workflows",
+            Some(json!({
+                "project_id": project,
+                "goal": "Say hello",
+                "workflow_definition": "chat",
+                "start_workflow": true,
+            })),
+        )
+        .await?;
+    if status != 201 {
+        bail!("starting a run: {status} {body}");
+    }
+    body["id"].as_i64().context("no workflow id")
+}
+
+/// Polls until the workflow's status is one of `wanted`.
+async fn wait_status(system: &System, workflow: i64, wanted: &[i16]) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let status = workflow_status(system, workflow).await?;
+        if wanted.contains(&status) {
+            return Ok(());
+        }
+        if status == 4 || Instant::now() > deadline {
+            bail!("workflow {workflow} is in status {status}, not {wanted:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+async fn product_runs(system: &System, alice: &str, project: i64) -> anyhow::Result<()> {
+    const RUNNING: i16 = 1;
+    const FINISHED: i16 = 3;
+    let mut first_action = Latencies::default();
+    let mut whole = Latencies::default();
+    for _ in 0..TIMED_RUNS {
+        system.fake.push_text("Hello.");
+        let started = Instant::now();
+        let workflow = start_run(system, alice, project).await?;
+        wait_status(system, workflow, &[RUNNING, FINISHED]).await?;
+        first_action.push(started.elapsed());
+        wait_status(system, workflow, &[FINISHED]).await?;
+        whole.push(started.elapsed());
+    }
+    println!(
+        "\n4. Runs the product starts (local runner: sandbox, clone, executor; chat flow, model at 0 ms):"
+    );
+    println!(
+        "   start request -> first action: p50 {} ms, p99 {} ms over {TIMED_RUNS} runs (goal: p50 < 1500 ms)",
+        ms(first_action.quantile(0.5)),
+        ms(first_action.quantile(0.99)),
+    );
+    println!(
+        "   start request -> run finished: p50 {} ms, p99 {} ms",
+        ms(whole.quantile(0.5)),
+        ms(whole.quantile(0.99)),
+    );
+    for _ in 0..THROUGHPUT_RUNS {
+        system.fake.push_text("Hello.");
+    }
+    let started = Instant::now();
+    let mut workflows = Vec::with_capacity(THROUGHPUT_RUNS);
+    for _ in 0..THROUGHPUT_RUNS {
+        workflows.push(start_run(system, alice, project).await?);
+    }
+    for workflow in workflows {
+        wait_status(system, workflow, &[FINISHED]).await?;
+    }
+    let elapsed = started.elapsed();
+    println!(
+        "   {THROUGHPUT_RUNS} runs started at once (4 at a time): all finished in {:.2} s, {:.0} runs per minute",
+        elapsed.as_secs_f64(),
+        THROUGHPUT_RUNS as f64 * 60.0 / elapsed.as_secs_f64()
+    );
     Ok(())
 }

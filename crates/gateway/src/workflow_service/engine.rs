@@ -32,6 +32,12 @@ pub struct Services {
     pub prompts: Arc<PromptRegistry>,
     pub model: ToolCallingModel,
     pub config: WorkflowServiceConfig,
+    /// Run locks of runs that ended without giving them back (their executor
+    /// hung up, so the monolith could no longer be told), by workflow id: the
+    /// next run of the workflow on this service takes the lock over at once
+    /// instead of waiting for it to lapse. Only this service knows their ids.
+    pub orphaned_locks:
+        std::sync::Mutex<std::collections::HashMap<String, super::monolith_api::RunLock>>,
 }
 
 /// The flows this service runs.
@@ -278,6 +284,37 @@ fn initial_event(status: &str) -> Result<&'static str, String> {
     })
 }
 
+/// Renews a run lock in the background until dropped. A lost lock is not
+/// fought over: the monolith then refuses this run's writes, which ends it.
+struct LockRenewal(tokio::task::JoinHandle<()>);
+
+impl LockRenewal {
+    fn start(api: MonolithApi, workflow_id: String, lock: super::monolith_api::RunLock) -> Self {
+        let every = std::time::Duration::from_secs(lock.ttl_seconds.max(3) / 3);
+        Self(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                match api.renew_run_lock(&workflow_id, &lock).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        tracing::warn!(workflow_id, "the run lost its lock to another run");
+                        return;
+                    }
+                    Err(err) => {
+                        tracing::debug!(workflow_id, error = %err, "renewing the run lock failed")
+                    }
+                }
+            }
+        }))
+    }
+}
+
+impl Drop for LockRenewal {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 impl Run {
     /// Loads the workflow, sends the first status event and runs it.
     pub async fn execute(
@@ -308,6 +345,73 @@ impl Run {
             Err(err) => return Err(err.into()),
         };
         let event = initial_event(&record.status).map_err(RunError::FailedPrecondition)?;
+        // One running copy per workflow: the monolith's run lock, renewed
+        // while the run lasts and given up at its end.
+        let orphaned = services
+            .orphaned_locks
+            .lock()
+            .ok()
+            .and_then(|mut locks| locks.remove(&workflow_id));
+        let lock = match monolith
+            .take_run_lock(&workflow_id, orphaned.as_ref())
+            .await
+        {
+            Ok(lock) => lock,
+            Err(err) if err.status() == Some(409) => {
+                return Err(RunError::FailedPrecondition(err.message()));
+            }
+            Err(err) if err.status() == Some(403) || err.status() == Some(401) => {
+                return Err(RunError::PermissionDenied(err.message()));
+            }
+            Err(err) => return Err(err.into()),
+        };
+        let renewal = lock
+            .clone()
+            .map(|lock| LockRenewal::start(monolith.clone(), workflow_id.clone(), lock));
+        let locked_api = monolith.clone();
+        let locked_id = workflow_id.clone();
+        let orphans = services.clone();
+        let outcome = Self::execute_locked(
+            services,
+            link,
+            start,
+            flow,
+            model,
+            monolith,
+            workflow_id,
+            record,
+            event,
+        )
+        .await;
+        drop(renewal);
+        if let Some(lock) = lock {
+            // Through the executor, which may be gone: the lock is then kept
+            // for the workflow's next run here (or lapses).
+            if locked_api
+                .release_run_lock(&locked_id, &lock)
+                .await
+                .is_err()
+                && let Ok(mut locks) = orphans.orphaned_locks.lock()
+            {
+                locks.insert(locked_id, lock);
+            }
+        }
+        outcome
+    }
+
+    /// The run once it holds the workflow.
+    #[allow(clippy::too_many_arguments)]
+    async fn execute_locked(
+        services: Arc<Services>,
+        link: ExecutorLink,
+        start: StartWorkflowRequest,
+        flow: Flow,
+        model: ModelChoice,
+        monolith: MonolithApi,
+        workflow_id: String,
+        record: super::monolith_api::WorkflowRecord,
+        event: &'static str,
+    ) -> Result<RunOutcome, RunError> {
         let latest = if event == "start" {
             None
         } else {

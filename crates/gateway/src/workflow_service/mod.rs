@@ -47,6 +47,7 @@ impl WorkflowService {
                 prompts: state.prompts.clone(),
                 model: state.tool_model.clone(),
                 config: config.workflow.clone(),
+                orphaned_locks: std::sync::Mutex::default(),
             }),
             auth: Arc::new(auth),
             running: Arc::new(server::RunningWorkflows::default()),

@@ -85,16 +85,80 @@ pub fn workflow_path(id: &str) -> String {
     format!("/api/v4/ai/duo_workflows/workflows/{id}")
 }
 
+/// The run lock the monolith gave this run (`POST …/run_lock`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct RunLock {
+    pub run_id: String,
+    pub ttl_seconds: u64,
+}
+
 /// The monolith's REST API through one executor link.
 #[derive(Clone)]
 pub struct MonolithApi {
     link: ExecutorLink,
     retry_base: Duration,
+    /// The run lock's id once taken, sent with every write so the monolith
+    /// can refuse a run that lost the workflow to another (a zombie).
+    run_id: std::sync::Arc<std::sync::OnceLock<String>>,
 }
 
 impl MonolithApi {
     pub fn new(link: ExecutorLink, retry_base: Duration) -> Self {
-        Self { link, retry_base }
+        Self {
+            link,
+            retry_base,
+            run_id: std::sync::Arc::default(),
+        }
+    }
+
+    /// `path` with this run's `run_id`, once it has one.
+    fn as_this_run(&self, path: String) -> String {
+        match self.run_id.get() {
+            Some(run) => format!("{path}?run_id={run}"),
+            None => path,
+        }
+    }
+
+    /// Takes the workflow's run lock (over from `orphaned`, a lock this
+    /// service's previous run of it could not give back): `None` from a
+    /// monolith without run locks (404), a 409 error while another run holds
+    /// the workflow.
+    pub async fn take_run_lock(
+        &self,
+        id: &str,
+        orphaned: Option<&RunLock>,
+    ) -> Result<Option<RunLock>, MonolithApiError> {
+        let path = match orphaned {
+            Some(lock) => format!("{}/run_lock?takeover={}", workflow_path(id), lock.run_id),
+            None => format!("{}/run_lock", workflow_path(id)),
+        };
+        match self.json::<RunLock>("POST", &path, None).await {
+            Ok(lock) => {
+                let _ = self.run_id.set(lock.run_id.clone());
+                Ok(Some(lock))
+            }
+            Err(err) if err.status() == Some(404) => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Extends the lock; `false` once the run lost it.
+    pub async fn renew_run_lock(&self, id: &str, lock: &RunLock) -> Result<bool, MonolithApiError> {
+        let path = format!("{}/run_lock/{}", workflow_path(id), lock.run_id);
+        match self.request("PUT", &path, None).await?.status {
+            200..=299 => Ok(true),
+            409 => Ok(false),
+            status => Err(MonolithApiError::Status {
+                status,
+                body: String::new(),
+            }),
+        }
+    }
+
+    pub async fn release_run_lock(&self, id: &str, lock: &RunLock) -> Result<(), MonolithApiError> {
+        let path = format!("{}/run_lock/{}", workflow_path(id), lock.run_id);
+        self.request("DELETE", &path, None).await?;
+        Ok(())
     }
 
     /// One request with an optional JSON body (as text); 5xx answers are
@@ -185,7 +249,7 @@ impl MonolithApi {
         let _: Value = self
             .json(
                 "PATCH",
-                &workflow_path(id),
+                &self.as_this_run(workflow_path(id)),
                 Some(&serde_json::json!({ "status_event": event }).to_string()),
             )
             .await?;
@@ -197,7 +261,7 @@ impl MonolithApi {
         let _: Value = self
             .json(
                 "POST",
-                &format!("{}/checkpoints", workflow_path(id)),
+                &self.as_this_run(format!("{}/checkpoints", workflow_path(id))),
                 Some(body),
             )
             .await?;

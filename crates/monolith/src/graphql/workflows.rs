@@ -67,6 +67,58 @@ pub struct DuoWorkflowEvent {
     pub errors: Option<Vec<String>>,
     pub workflow_goal: Option<String>,
     pub workflow_definition: Option<String>,
+    /// The conversation of the checkpoint. In `workflowEventsUpdated` only
+    /// the messages that are new since the subscriber's last event.
+    pub duo_messages: Option<Vec<DuoMessage>>,
+    pub last_duo_message: Option<DuoMessage>,
+}
+
+/// One message of a workflow's conversation, as GitLab shapes it.
+#[derive(Debug, Clone, GraphQLObject)]
+#[graphql(name = "DuoMessage")]
+pub struct DuoMessage {
+    pub content: String,
+    /// `user`, `agent`, `tool`, `request` or `workflow_end`.
+    pub message_type: String,
+    pub status: Option<String>,
+    /// The tool's name and arguments, as JSON text.
+    pub tool_info: Option<String>,
+    pub timestamp: Option<Time>,
+    pub correlation_id: Option<String>,
+    /// Who speaks: `user` for the user's messages, `tool` for tools',
+    /// `assistant` for the agent's.
+    pub role: Option<String>,
+}
+
+fn duo_message(entry: live::ChatLogEntry) -> DuoMessage {
+    let role = match entry.message_type.as_str() {
+        "user" => "user",
+        "tool" => "tool",
+        _ => "assistant",
+    };
+    DuoMessage {
+        role: Some(role.to_owned()),
+        tool_info: entry.tool_info.map(|v| v.to_string()),
+        timestamp: entry
+            .timestamp
+            .as_deref()
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            .map(|t| time(t.with_timezone(&chrono::Utc))),
+        content: entry.content,
+        message_type: entry.message_type,
+        status: entry.status,
+        correlation_id: entry.correlation_id,
+    }
+}
+
+/// The messages of a checkpoint, oldest first.
+fn duo_messages(checkpoint: Option<&RawValue>) -> Vec<DuoMessage> {
+    checkpoint
+        .map(live::chat_log_of)
+        .unwrap_or_default()
+        .into_iter()
+        .map(duo_message)
+        .collect()
 }
 
 fn summary(checkpoint: Option<&RawValue>) -> live::CheckpointSummary {
@@ -88,6 +140,20 @@ fn event_of(workflow: &Workflow, checkpoint: Option<&Checkpoint>) -> DuoWorkflow
         errors: Some(Vec::new()),
         workflow_goal: Some(workflow.goal.clone()),
         workflow_definition: Some(workflow.workflow_definition.clone()),
+        duo_messages: None,
+        last_duo_message: None,
+    }
+    .with_messages(checkpoint.map(|c| &*c.checkpoint), 0)
+}
+
+impl DuoWorkflowEvent {
+    /// Fills the conversation fields from the checkpoint, skipping the
+    /// first `skip` messages (those a subscriber already has).
+    fn with_messages(mut self, checkpoint: Option<&RawValue>, skip: usize) -> Self {
+        let all = duo_messages(checkpoint);
+        self.last_duo_message = all.last().cloned();
+        self.duo_messages = Some(all.into_iter().skip(skip).collect());
+        self
     }
 }
 
@@ -108,6 +174,8 @@ fn event_of_message(m: WorkflowEventMessage) -> DuoWorkflowEvent {
         errors: Some(Vec::new()),
         workflow_goal: Some(m.goal),
         workflow_definition: Some(m.workflow_definition),
+        duo_messages: None,
+        last_duo_message: None,
     }
 }
 
@@ -312,22 +380,41 @@ pub async fn events_updated(
         .subscribe(&live::user_topic(workflow.user_id))
         .await
         .map_err(internal)?;
+    // The subscriber has the conversation up to now (from the query); each
+    // event carries only the messages that are new since the last one.
+    let already = {
+        let db = ctx.pool.get().await.map_err(internal)?;
+        checkpoints::latest(&*db, wanted)
+            .await
+            .map_err(internal)?
+            .map_or(0, |c| live::chat_log_of(&c.checkpoint).len())
+    };
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(already));
     let pool = ctx.pool.clone();
     let stream = tokio_stream::wrappers::BroadcastStream::new(receiver).filter_map(move |item| {
         let pool = pool.clone();
+        let sent = sent.clone();
         async move {
             let value = item.ok()?;
             let message: WorkflowEventMessage = serde_json::from_value(value).ok()?;
             if message.workflow_id != wanted {
                 return None;
             }
-            Some(
-                message
-                    .resolve(&pool)
-                    .await
-                    .map(event_of_message)
-                    .map_err(internal),
-            )
+            let message = match message.resolve(&pool).await {
+                Ok(message) => message,
+                Err(e) => return Some(Err(internal(e))),
+            };
+            let log_length = message
+                .checkpoint
+                .as_deref()
+                .map_or(0, |c| live::chat_log_of(c).len());
+            let previous = sent.swap(log_length, std::sync::atomic::Ordering::Relaxed);
+            // A shorter log is another thread's: send it whole.
+            let skip = if log_length >= previous { previous } else { 0 };
+            let checkpoint = message.checkpoint.clone();
+            Some(Ok(
+                event_of_message(message).with_messages(checkpoint.as_deref(), skip)
+            ))
         }
     });
     Ok(Box::pin(stream))

@@ -29,6 +29,10 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     )
     .route("/ai/duo_workflows/workflows", web::get().to(list_workflows))
     .route(
+        "/ai/duo_workflows/workflows/{id}",
+        web::delete().to(delete_workflow),
+    )
+    .route(
         "/ai/duo_workflows/direct_access",
         web::post().to(direct_access),
     )
@@ -373,6 +377,21 @@ async fn create_workflow(
         body["workload"] = started.workload_json(&page);
     }
     Ok(HttpResponse::Created().json(body))
+}
+
+/// `DELETE /ai/duo_workflows/workflows/:id`: 204; 409 while a run of it is
+/// queued or running. Its checkpoints, events and hidden ref go with it.
+async fn delete_workflow(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let who = workflow_caller(&state, &req, WRITE_SCOPES).await?;
+    let workflow = find_workflow(&state, &who, &path).await?;
+    let db = state.pool.get().await?;
+    crate::workflows::runs::delete_workflow(&*db, &state.repositories, &workflow, who.caller())
+        .await?;
+    Ok(HttpResponse::NoContent().finish())
 }
 
 #[derive(Debug, Deserialize)]

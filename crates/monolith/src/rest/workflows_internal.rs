@@ -53,7 +53,121 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     .route(
         "/ai/duo_workflows/workflows/{id}/events/{event_id}",
         web::put().to(update_event),
+    )
+    .route(
+        "/ai/duo_workflows/workflows/{id}/run_lock",
+        web::post().to(take_run_lock),
+    )
+    .route(
+        "/ai/duo_workflows/workflows/{id}/run_lock/{run_id}",
+        web::put().to(renew_run_lock),
+    )
+    .route(
+        "/ai/duo_workflows/workflows/{id}/run_lock/{run_id}",
+        web::delete().to(release_run_lock),
     );
+}
+
+/// The `run_id` query parameter of a write: the lease its run holds.
+fn run_id_of(req: &HttpRequest) -> Result<Option<uuid::Uuid>, ApiError> {
+    #[derive(Deserialize)]
+    struct RunQuery {
+        run_id: Option<String>,
+    }
+    let query = web::Query::<RunQuery>::from_query(req.query_string())
+        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    query
+        .into_inner()
+        .run_id
+        .map(|text| {
+            uuid::Uuid::parse_str(&text)
+                .map_err(|_| ApiError::BadRequest("run_id is invalid".into()))
+        })
+        .transpose()
+}
+
+/// `POST /ai/duo_workflows/workflows/:id/run_lock[?takeover=<run id>]`: 201
+/// `{run_id, ttl_seconds}` for a run the workflow service starts, 409 while
+/// another run holds the workflow (a socket run, or another gRPC run) unless
+/// `takeover` names that run. Each start gets a new run id.
+async fn take_run_lock(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    #[derive(Deserialize)]
+    struct TakeoverQuery {
+        takeover: Option<String>,
+    }
+    let who = workflow_caller(&state, &req, INTERNAL_SCOPES).await?;
+    let takeover = web::Query::<TakeoverQuery>::from_query(req.query_string())
+        .map_err(|e| ApiError::BadRequest(e.to_string()))?
+        .into_inner()
+        .takeover
+        .map(|text| {
+            uuid::Uuid::parse_str(&text)
+                .map_err(|_| ApiError::BadRequest("takeover is invalid".into()))
+        })
+        .transpose()?;
+    let workflow = find_workflow(&state, &who, &path).await?;
+    let db = state.pool.get().await?;
+    let ttl = state.config.duo_workflow.lock_lease;
+    let lease = crate::workflows::lease::acquire_taking_over(&*db, workflow.id, ttl, takeover)
+        .await?
+        .ok_or_else(|| {
+            ApiError::Conflict(format!(
+                "Workflow {} is already running in another session",
+                workflow.id
+            ))
+        })?;
+    Ok(HttpResponse::Created().json(json!({
+        "run_id": lease.holder,
+        "ttl_seconds": ttl.as_secs(),
+    })))
+}
+
+fn lease_of(workflow_id: i64, run_id: &str) -> Result<crate::workflows::lease::Lease, ApiError> {
+    let holder = uuid::Uuid::parse_str(run_id).map_err(|_| ApiError::RecordNotFound)?;
+    Ok(crate::workflows::lease::Lease {
+        workflow_id,
+        holder,
+    })
+}
+
+/// `PUT /ai/duo_workflows/workflows/:id/run_lock/:run_id`: 200 while the run
+/// still holds the workflow, 409 once it lost it.
+async fn renew_run_lock(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    let who = workflow_caller(&state, &req, INTERNAL_SCOPES).await?;
+    let (id, run_id) = path.into_inner();
+    let workflow = find_workflow(&state, &who, &id).await?;
+    let lease = lease_of(workflow.id, &run_id)?;
+    let db = state.pool.get().await?;
+    if !crate::workflows::lease::renew(&*db, &lease, state.config.duo_workflow.lock_lease).await? {
+        return Err(ApiError::Conflict(format!(
+            "This run no longer holds workflow {}",
+            workflow.id
+        )));
+    }
+    Ok(HttpResponse::Ok().json(json!({ "run_id": lease.holder })))
+}
+
+/// `DELETE /ai/duo_workflows/workflows/:id/run_lock/:run_id`: 204.
+async fn release_run_lock(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    let who = workflow_caller(&state, &req, INTERNAL_SCOPES).await?;
+    let (id, run_id) = path.into_inner();
+    let workflow = find_workflow(&state, &who, &id).await?;
+    let lease = lease_of(workflow.id, &run_id)?;
+    let db = state.pool.get().await?;
+    crate::workflows::lease::release(&*db, &lease).await?;
+    Ok(HttpResponse::NoContent().finish())
 }
 
 #[derive(Debug, Deserialize)]
@@ -124,8 +238,10 @@ async fn update_status(
         .into_inner()
         .status_event
         .ok_or_else(|| ApiError::BadRequest("status_event is missing".into()))?;
+    let run_id = run_id_of(&req)?;
     let workflow = find_workflow(&state, &who, &path).await?;
     let mut client = state.pool.get().await?;
+    crate::workflows::lease::check_writer(&*client, workflow.id, run_id).await?;
     let change = store::apply_status_event(&mut client, workflow.id, &event, who.caller()).await?;
     Ok(HttpResponse::Ok().json(json!({
         "workflow": workflow_json(&change.workflow, &state.config.external_url),
@@ -161,7 +277,9 @@ async fn create_checkpoint(
     let metadata = p
         .metadata
         .ok_or_else(|| ApiError::BadRequest("metadata is missing".into()))?;
+    let run_id = run_id_of(&req)?;
     let workflow = find_workflow(&state, &who, &path).await?;
+    crate::workflows::lease::check_writer(&*state.pool.get().await?, workflow.id, run_id).await?;
     let new = NewCheckpoint {
         thread_ts,
         parent_ts: p.parent_ts,

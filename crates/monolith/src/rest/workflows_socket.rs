@@ -457,6 +457,12 @@ async fn run_stream(
                 Ok(Some(action)) => {
                     match local_request(&action) {
                         Some(Ok(request)) => {
+                            if let Some(reply) = socket_lock_reply(&request, &run.lease, lease_ttl) {
+                                if up.send(http_reply(action.request_id.clone(), reply)).await.is_err() {
+                                    return close_reason(CloseCode::Error, "the workflow service stream ended");
+                                }
+                                continue;
+                            }
                             let up = up.clone();
                             let http = http.clone();
                             let token = run.token.token.clone();
@@ -524,6 +530,43 @@ fn local_request(action: &Action) -> Option<Result<RunHttpRequest, String>> {
         .map_err(|e| format!("refusing the request path {:?}: {e}", request.path))
         .and_then(|_| api_request::allowed_method(&request.method).map_err(|e| e.to_string()));
     Some(checked.map(|_| request.clone()))
+}
+
+/// The answer to the service's run-lock requests for this socket's own
+/// workflow: the socket already holds the lease (and renews it itself), so
+/// the service's run is given the socket's run id; `None` for any other
+/// request.
+fn socket_lock_reply(
+    request: &RunHttpRequest,
+    lease: &Lease,
+    ttl: std::time::Duration,
+) -> Option<ActionHttpResponse> {
+    let path = api_request::normalize_path(&request.path).ok()?;
+    let (workflow_id, run_id) = lease::lock_path(path)?;
+    if workflow_id != lease.workflow_id {
+        return None;
+    }
+    let holder = lease.holder.to_string();
+    let (status, body) = match (request.method.to_ascii_uppercase().as_str(), run_id) {
+        ("POST", None) => (
+            201,
+            json!({ "run_id": holder, "ttl_seconds": ttl.as_secs() }).to_string(),
+        ),
+        ("PUT", Some(run)) if run == holder => (200, json!({ "run_id": holder }).to_string()),
+        ("PUT", Some(_)) => (
+            409,
+            json!({ "message": format!("This run no longer holds workflow {workflow_id}") })
+                .to_string(),
+        ),
+        // The socket gives its lease up when it closes.
+        ("DELETE", Some(_)) => (204, String::new()),
+        _ => return None,
+    };
+    Some(ActionHttpResponse {
+        status_code: status,
+        body,
+        ..ActionHttpResponse::default()
+    })
 }
 
 /// The client event carrying the answer to a `runHTTPRequest`.

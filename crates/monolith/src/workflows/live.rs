@@ -113,6 +113,47 @@ pub fn summary_of(checkpoint: &RawValue) -> CheckpointSummary {
     }
 }
 
+/// One entry of a checkpoint's conversation (`channel_values.ui_chat_log`),
+/// as the workflow service writes it.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct ChatLogEntry {
+    /// `user`, `agent`, `tool`, `request` or `workflow_end`.
+    #[serde(default)]
+    pub message_type: String,
+    #[serde(default)]
+    pub content: String,
+    #[serde(default)]
+    pub status: Option<String>,
+    #[serde(default)]
+    pub tool_info: Option<Value>,
+    #[serde(default)]
+    pub timestamp: Option<String>,
+    #[serde(default)]
+    pub correlation_id: Option<String>,
+}
+
+/// The conversation a checkpoint carries, oldest first; empty when it has
+/// none (or is not a checkpoint of ours). Entries that are not objects are
+/// skipped rather than failing the whole list.
+pub fn chat_log_of(checkpoint: &RawValue) -> Vec<ChatLogEntry> {
+    #[derive(Default, Deserialize)]
+    struct Peek {
+        channel_values: Option<PeekValues>,
+    }
+    #[derive(Default, Deserialize)]
+    struct PeekValues {
+        #[serde(default)]
+        ui_chat_log: Vec<Value>,
+    }
+    let peek: Peek = serde_json::from_str(checkpoint.get()).unwrap_or_default();
+    peek.channel_values
+        .unwrap_or_default()
+        .ui_chat_log
+        .into_iter()
+        .filter_map(|entry| serde_json::from_value(entry).ok())
+        .collect()
+}
+
 async fn publish(
     db: &impl Queries,
     owner: i64,

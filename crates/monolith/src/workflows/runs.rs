@@ -791,19 +791,16 @@ impl RunContext {
             RunnerKind::Disabled => return Ok(None),
             RunnerKind::Kubernetes => {
                 let k8s = &runs.kubernetes;
-                Arc::new(
-                    super::runners::kubernetes::KubernetesRunner::connect(
-                        super::runners::kubernetes::KubernetesRunnerConfig {
-                            api_url: k8s.api_url.clone(),
-                            namespace: k8s.namespace.clone(),
-                            image: k8s.image.clone(),
-                            gitlab_url: k8s.gitlab_url.as_str().trim_end_matches('/').to_owned(),
-                            service_url: k8s.service_url.as_str().trim_end_matches('/').to_owned(),
-                            cpu: k8s.cpu.clone(),
-                        },
-                    )
-                    .await?,
-                )
+                Arc::new(super::runners::kubernetes::KubernetesRunner::lazy(
+                    super::runners::kubernetes::KubernetesRunnerConfig {
+                        api_url: k8s.api_url.clone(),
+                        namespace: k8s.namespace.clone(),
+                        image: k8s.image.clone(),
+                        gitlab_url: k8s.gitlab_url.as_str().trim_end_matches('/').to_owned(),
+                        service_url: k8s.service_url.as_str().trim_end_matches('/').to_owned(),
+                        cpu: k8s.cpu.clone(),
+                    },
+                ))
             }
             RunnerKind::Local => Arc::new(super::runners::local::LocalRunner::new(
                 super::runners::local::LocalRunnerConfig {
@@ -948,7 +945,12 @@ pub async fn react_to_event(
     );
     let reaction = match event.event_type {
         kind @ ("stop" | "pause") => {
-            super::store::apply_status_event(&mut db, workflow_id, kind, caller).await?;
+            if let Err(refused) =
+                super::store::apply_status_event(&mut db, workflow_id, kind, caller).await
+            {
+                forget_event(&*db, event.id).await?;
+                return Err(refused);
+            }
             cancel_queued(&*db, workflow_id).await?;
             EventReaction::Moved
         }
@@ -971,12 +973,7 @@ pub async fn react_to_event(
             )
         }
         "resume" | "response" | "message" => {
-            // Nothing would ever read it: the refused event is not kept.
-            db.execute(
-                "DELETE FROM duo_workflows_events WHERE id = $1",
-                &[&event.id],
-            )
-            .await?;
+            forget_event(&*db, event.id).await?;
             return Err(WorkflowError::Refused(format!(
                 "The workflow is not waiting for an answer (status {})",
                 status.map_or("unknown", Status::name)
@@ -989,6 +986,16 @@ pub async fn react_to_event(
         super::events::set_status(&*db, workflow_id, event.id, Some("delivered")).await?;
     }
     Ok(reaction)
+}
+
+/// Drops an event the product refused: nothing would ever read it.
+async fn forget_event(db: &impl Queries, event_id: i64) -> Result<(), WorkflowError> {
+    db.execute(
+        "DELETE FROM duo_workflows_events WHERE id = $1",
+        &[&event_id],
+    )
+    .await?;
+    Ok(())
 }
 
 /// Checks that a workflow can be run by the product before it is created:
@@ -1021,5 +1028,57 @@ pub fn check_start(
     {
         return cannot("The source branch does not exist in the project");
     }
+    Ok(())
+}
+
+/// Deletes a workflow the product may have run: refused while a leg is
+/// queued or running; otherwise its hidden checkpoint ref goes with it (the
+/// result branch and merge request stay: they belong to the project now).
+pub async fn delete_workflow(
+    db: &impl Queries,
+    repositories: &crate::repositories::storage::Repositories,
+    workflow: &super::store::Workflow,
+    caller: Caller,
+) -> Result<(), WorkflowError> {
+    let active: bool = db
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM duo_workflow_workloads
+                            WHERE workflow_id = $1 AND state IN ('queued', 'running'))",
+            &[&workflow.id],
+        )
+        .await?
+        .get(0);
+    if active {
+        return Err(WorkflowError::Conflict(
+            "The workflow is running: stop it before deleting it".into(),
+        ));
+    }
+    if let Some(project) = workflow.project_id {
+        let repository = repositories.path(project);
+        let name = checkpoint_ref(workflow.id);
+        if crate::repositories::reader::ref_target(&repository, &name)
+            .ok()
+            .flatten()
+            .is_some()
+        {
+            let dir = repository.display().to_string();
+            crate::repositories::git::git(&["--git-dir", &dir, "update-ref", "-d", &name])
+                .await
+                .map_err(|e| WorkflowError::Stored(e.to_string()))?;
+        }
+    }
+    super::audit(
+        db,
+        None,
+        "duo_session_deleted",
+        caller,
+        serde_json::json!({ "workflow_id": workflow.id }),
+    )
+    .await?;
+    db.execute(
+        "DELETE FROM duo_workflows_workflows WHERE id = $1",
+        &[&workflow.id],
+    )
+    .await?;
     Ok(())
 }

@@ -54,6 +54,7 @@ mod workflows_duo_off;
 mod workflows_graphql;
 mod workflows_jobs;
 mod workflows_rest;
+mod workflows_run_lock;
 mod workflows_socket;
 mod workflows_state_machine;
 mod workflows_tokens;

@@ -187,3 +187,147 @@ async fn status_changes_and_checkpoints_reach_the_owners_subscription() {
         "RESOURCE_NOT_AVAILABLE"
     );
 }
+
+/// A checkpoint whose conversation holds `messages` (type, content).
+async fn conversation_checkpoint(
+    w: &World,
+    token: &str,
+    id: i64,
+    ts: &str,
+    parent: Option<&str>,
+    messages: &[(&str, &str)],
+) -> u16 {
+    let log: Vec<Value> = messages
+        .iter()
+        .enumerate()
+        .map(|(i, (kind, content))| {
+            json!({
+                "message_type": kind,
+                "content": content,
+                "timestamp": format!("2026-01-01T00:00:0{i}+00:00"),
+                "status": "success",
+                "correlation_id": null,
+                "tool_info": if *kind == "tool" { json!({"name": "read_file", "args": {"file_path": "README.md"}}) } else { Value::Null },
+            })
+        })
+        .collect();
+    crate::rest_support::post(
+        &w.server,
+        &format!("/ai/duo_workflows/workflows/{id}/checkpoints"),
+        token,
+        json!({
+            "thread_ts": ts,
+            "parent_ts": parent,
+            "checkpoint": { "v": 1, "id": ts, "ts": "2026-01-01T00:00:00+00:00",
+                            "channel_values": { "status": "Execution", "ui_chat_log": log } },
+            "metadata": { "source": "loop", "step": 1 },
+        }),
+    )
+    .await
+    .0
+}
+
+#[tokio::test]
+async fn events_carry_the_conversation_and_the_subscription_only_what_is_new() {
+    let w = world().await;
+    let id = w.workflow(&w.dev_token, json!({"goal": "talk"})).await;
+    let token = w.workflow_token(w.dev).await;
+    let first = [("user", "Fix the README"), ("tool", "Read README.md")];
+    assert_eq!(
+        conversation_checkpoint(&w, &token, id, "ts-1", None, &first).await,
+        201
+    );
+    let events = gql(
+        &w,
+        &w.dev_token,
+        "query($id: AiDuoWorkflowsWorkflowID!) { duoWorkflowEvents(workflowId: $id) { nodes {
+            duoMessages { content messageType status toolInfo timestamp role }
+            lastDuoMessage { content } } } }",
+        json!({"id": gid(id)}),
+    )
+    .await;
+    let node = &events["data"]["duoWorkflowEvents"]["nodes"][0];
+    assert_eq!(
+        node["duoMessages"],
+        json!([
+            {"content": "Fix the README", "messageType": "user", "status": "success",
+             "toolInfo": null, "timestamp": "2026-01-01T00:00:00.000Z", "role": "user"},
+            {"content": "Read README.md", "messageType": "tool", "status": "success",
+             "toolInfo": "{\"name\":\"read_file\",\"args\":{\"file_path\":\"README.md\"}}",
+             "timestamp": "2026-01-01T00:00:01.000Z", "role": "tool"},
+        ]),
+        "{events}"
+    );
+    assert_eq!(node["lastDuoMessage"]["content"], "Read README.md");
+
+    // A subscriber that has read the history gets only the new messages.
+    let mut request = w
+        .server
+        .url("/api/graphql")
+        .replace("http://", "ws://")
+        .into_client_request()
+        .unwrap();
+    let headers = request.headers_mut();
+    headers.insert(
+        "Sec-WebSocket-Protocol",
+        "graphql-transport-ws".parse().unwrap(),
+    );
+    headers.insert(
+        "authorization",
+        format!("Bearer {}", w.dev_token).parse().unwrap(),
+    );
+    let (mut socket, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+    for frame in [
+        json!({"type": "connection_init", "payload": {}}),
+        json!({
+            "id": "1",
+            "type": "subscribe",
+            "payload": {
+                "query": "subscription($id: AiDuoWorkflowsWorkflowID!) { workflowEventsUpdated(workflowId: $id) { duoMessages { content messageType } lastDuoMessage { content } } }",
+                "variables": {"id": gid(id)},
+            },
+        }),
+    ] {
+        socket.send(Message::text(frame.to_string())).await.unwrap();
+    }
+    let topic = monolith::workflows::live::user_topic(w.dev.id);
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while w.server.state.live.receiver_count(&topic) == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "never subscribed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let second = [
+        ("user", "Fix the README"),
+        ("tool", "Read README.md"),
+        ("agent", "The title is wrong."),
+    ];
+    assert_eq!(
+        conversation_checkpoint(&w, &token, id, "ts-2", Some("ts-1"), &second).await,
+        201
+    );
+    let update = next_data(&mut socket).await;
+    assert_eq!(
+        update["duoMessages"],
+        json!([{"content": "The title is wrong.", "messageType": "agent"}])
+    );
+    assert_eq!(update["lastDuoMessage"]["content"], "The title is wrong.");
+    let third = [
+        ("user", "Fix the README"),
+        ("tool", "Read README.md"),
+        ("agent", "The title is wrong."),
+        ("request", "May I edit README.md?"),
+        ("workflow_end", "Done"),
+    ];
+    assert_eq!(
+        conversation_checkpoint(&w, &token, id, "ts-3", Some("ts-2"), &third).await,
+        201
+    );
+    let update = next_data(&mut socket).await;
+    let kinds: Vec<&str> = update["duoMessages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["messageType"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["request", "workflow_end"]);
+}

@@ -582,3 +582,30 @@ async fn events_are_queued_delivered_and_refused() {
         json!({ "created": normalize(created), "delivered": normalize(delivered), "refusals": transcript })
     );
 }
+
+#[tokio::test]
+async fn deleting_a_workflow_is_its_owners_and_waits_for_its_run() {
+    let w = world().await;
+    let id = w.workflow(&w.dev_token, json!({})).await;
+    let path = format!("/ai/duo_workflows/workflows/{id}");
+    let other =
+        rest_support::send(&w.server, Method::DELETE, &path, Some(&w.other_token), None).await;
+    assert_eq!(other.status, 404);
+    w.fx.exec(
+        "INSERT INTO duo_workflow_workloads (workflow_id, leg, runner, state) VALUES ($1, 1, 'local', 'running')",
+        &[&id],
+    )
+    .await;
+    let busy = rest_support::send(&w.server, Method::DELETE, &path, Some(&w.dev_token), None).await;
+    assert_eq!(busy.status, 409, "{}", busy.body);
+    w.fx.exec(
+        "UPDATE duo_workflow_workloads SET state = 'finished' WHERE workflow_id = $1",
+        &[&id],
+    )
+    .await;
+    let deleted =
+        rest_support::send(&w.server, Method::DELETE, &path, Some(&w.dev_token), None).await;
+    assert_eq!(deleted.status, 204, "{}", deleted.body);
+    let gone = rest_support::send(&w.server, Method::GET, &path, Some(&w.dev_token), None).await;
+    assert_eq!(gone.status, 404);
+}

@@ -50,13 +50,36 @@ pub struct KubernetesRunnerConfig {
 }
 
 pub struct KubernetesRunner {
-    client: kube::Client,
-    namespace: String,
+    /// The API client and namespace, made on first use: a worker starts
+    /// (and runs its other jobs) even while the API cannot be reached, and
+    /// a leg then fails with the reason.
+    connection: tokio::sync::OnceCell<(kube::Client, String)>,
     config: KubernetesRunnerConfig,
 }
 
 impl KubernetesRunner {
+    /// A runner that connects when its first leg runs.
+    pub fn lazy(config: KubernetesRunnerConfig) -> Self {
+        Self {
+            connection: tokio::sync::OnceCell::new(),
+            config,
+        }
+    }
+
+    /// A runner connected now.
     pub async fn connect(config: KubernetesRunnerConfig) -> Result<Self, RunnerError> {
+        let runner = Self::lazy(config);
+        runner.connection().await?;
+        Ok(runner)
+    }
+
+    async fn connection(&self) -> Result<&(kube::Client, String), RunnerError> {
+        self.connection
+            .get_or_try_init(|| Self::open(&self.config))
+            .await
+    }
+
+    async fn open(config: &KubernetesRunnerConfig) -> Result<(kube::Client, String), RunnerError> {
         let kube_config = match &config.api_url {
             Some(url) => kube::Config::new(
                 url.as_str()
@@ -73,11 +96,7 @@ impl KubernetesRunner {
             .namespace
             .clone()
             .unwrap_or_else(|| client.default_namespace().to_owned());
-        Ok(Self {
-            client,
-            namespace,
-            config,
-        })
+        Ok((client, namespace))
     }
 
     fn name_for(spec: &LegSpec) -> String {
@@ -274,10 +293,10 @@ impl Runner for KubernetesRunner {
         spec: &LegSpec,
         cancel: CancellationToken,
     ) -> Result<LegOutcome, RunnerError> {
-        let namespace = &self.namespace;
-        let jobs: Api<Job> = Api::namespaced(self.client.clone(), namespace);
-        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let (client, namespace) = self.connection().await?;
+        let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
         let name = Self::name_for(spec);
         let manifest: Job = serde_json::from_value(job_manifest(&self.config, spec, &name))
             .map_err(|e| RunnerError::Start(e.to_string()))?;
