@@ -134,10 +134,10 @@ pub fn lock_path(path: &str) -> Option<(i64, Option<&str>)> {
     let id = id.parse().ok()?;
     match rest.strip_prefix("run_lock")? {
         "" => Some((id, None)),
-        run => Some((
-            id,
-            Some(run.strip_prefix('/')?).filter(|r| !r.contains('/')),
-        )),
+        run => {
+            let run = run.strip_prefix('/')?;
+            (!run.is_empty() && !run.contains('/')).then_some((id, Some(run)))
+        }
     }
 }
 
