@@ -21,11 +21,13 @@ pub mod params;
 pub mod path_ids;
 mod projects;
 mod repository;
+mod repository_access;
 mod repository_commits;
-pub mod resources;
-pub mod users;
+pub mod routes;
+mod users;
+mod workflow_access;
 mod workflow_tools;
-pub mod workflows;
+mod workflows;
 mod workflows_internal;
 mod workflows_socket;
 

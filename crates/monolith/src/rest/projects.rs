@@ -46,7 +46,7 @@ pub(super) fn project_json(state: &AppState, p: &Project) -> Value {
             "last_error_code": index.last_error_code,
         })),
     });
-    super::repository::project_repository_fields(
+    super::repository_access::project_repository_fields(
         state,
         &mut project,
         p.id,

@@ -10,60 +10,20 @@ use serde_json::{Value, json};
 use super::ApiError;
 use super::pagination::PageParams;
 use super::params::Params;
-use super::workflows::{INTERNAL_SCOPES, find_workflow, workflow_caller, workflow_json};
+use super::workflow_access::{INTERNAL_SCOPES, find_workflow, workflow_caller, workflow_json};
 use crate::app_state::AppState;
 use crate::identity::oauth::{self, Revocation};
 use crate::workflows::checkpoints::{self, NewCheckpoint, NewWrite};
 use crate::workflows::{WorkflowError, events, store};
 
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route(
-        "/ai/duo_workflows/revoke_token",
-        web::post().to(revoke_token),
-    )
-    .route("/ai/duo_workflows/workflows/{id}", web::get().to(show))
-    .route(
-        "/ai/duo_workflows/workflows/{id}",
-        web::patch().to(update_status),
-    )
-    .route(
-        "/ai/duo_workflows/workflows/{id}/checkpoints",
-        web::post().to(create_checkpoint),
-    )
-    .route(
-        "/ai/duo_workflows/workflows/{id}/checkpoints",
-        web::get().to(list_checkpoints),
-    )
-    .route(
-        "/ai/duo_workflows/workflows/{id}/checkpoints/{checkpoint_id}",
-        web::get().to(show_checkpoint),
-    )
-    .route(
-        "/ai/duo_workflows/workflows/{id}/checkpoint_writes_batch",
-        web::post().to(create_writes),
-    )
-    .route(
-        "/ai/duo_workflows/workflows/{id}/events",
-        web::post().to(create_event),
-    )
-    .route(
-        "/ai/duo_workflows/workflows/{id}/events",
-        web::get().to(list_events),
-    )
-    .route(
-        "/ai/duo_workflows/workflows/{id}/events/{event_id}",
-        web::put().to(update_event),
-    );
-}
-
 #[derive(Debug, Deserialize)]
-struct RevokeParams {
+pub(super) struct RevokeParams {
     token: Option<String>,
 }
 
 /// `POST /ai/duo_workflows/revoke_token`: revokes one of the caller's
 /// `ai_workflows` tokens (the service calls it when a run ends).
-async fn revoke_token(
+pub(super) async fn revoke_token(
     state: web::Data<AppState>,
     req: HttpRequest,
     params: Params<RevokeParams>,
@@ -95,7 +55,7 @@ async fn revoke_token(
 }
 
 /// `GET /ai/duo_workflows/workflows/:id`.
-async fn show(
+pub(super) async fn show(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<String>,
@@ -106,14 +66,14 @@ async fn show(
 }
 
 #[derive(Debug, Deserialize)]
-struct StatusParams {
+pub(super) struct StatusParams {
     status_event: Option<String>,
 }
 
 /// `PATCH /ai/duo_workflows/workflows/:id {status_event}`: 200 with the
 /// workflow (also when it already is in the target status), 400 with
 /// GitLab's message when the event is unknown or not allowed now.
-async fn update_status(
+pub(super) async fn update_status(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<String>,
@@ -134,7 +94,7 @@ async fn update_status(
 }
 
 #[derive(Debug, Deserialize)]
-struct CheckpointParams {
+pub(super) struct CheckpointParams {
     thread_ts: Option<String>,
     parent_ts: Option<String>,
     checkpoint_ns: Option<String>,
@@ -147,7 +107,7 @@ struct CheckpointParams {
 }
 
 /// `POST /ai/duo_workflows/workflows/:id/checkpoints`: 201 `{id, thread_ts, parent_ts}`.
-async fn create_checkpoint(
+pub(super) async fn create_checkpoint(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<String>,
@@ -191,7 +151,7 @@ async fn create_checkpoint(
 }
 
 #[derive(Debug, Deserialize)]
-struct CheckpointQuery {
+pub(super) struct CheckpointQuery {
     page: Option<usize>,
     per_page: Option<usize>,
     accept_compressed: Option<String>,
@@ -209,7 +169,7 @@ fn truthy(v: Option<&str>) -> Result<bool, ApiError> {
 /// `GET /ai/duo_workflows/workflows/:id/checkpoints`: newest first
 /// (`per_page=1` is the latest), with their writes; `accept_compressed=true`
 /// sends each body as `compressed_checkpoint`.
-async fn list_checkpoints(
+pub(super) async fn list_checkpoints(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<String>,
@@ -240,12 +200,12 @@ async fn list_checkpoints(
 }
 
 #[derive(Debug, Deserialize)]
-struct OneCheckpointQuery {
+pub(super) struct OneCheckpointQuery {
     accept_compressed: Option<String>,
 }
 
 /// `GET /ai/duo_workflows/workflows/:id/checkpoints/:checkpoint_id`.
-async fn show_checkpoint(
+pub(super) async fn show_checkpoint(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<(String, String)>,
@@ -266,13 +226,13 @@ async fn show_checkpoint(
 }
 
 #[derive(Debug, Deserialize)]
-struct WritesParams {
+pub(super) struct WritesParams {
     thread_ts: Option<String>,
     checkpoint_writes: Option<Vec<NewWrite>>,
 }
 
 /// `POST /ai/duo_workflows/workflows/:id/checkpoint_writes_batch`: all or nothing.
-async fn create_writes(
+pub(super) async fn create_writes(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<String>,
@@ -293,14 +253,14 @@ async fn create_writes(
 }
 
 #[derive(Debug, Deserialize)]
-struct EventParams {
+pub(super) struct EventParams {
     event_type: Option<String>,
     message: Option<String>,
     correlation_id: Option<String>,
 }
 
 /// `POST /ai/duo_workflows/workflows/:id/events`: 201 with the queued event.
-async fn create_event(
+pub(super) async fn create_event(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<String>,
@@ -326,13 +286,13 @@ async fn create_event(
 }
 
 #[derive(Debug, Deserialize)]
-struct EventsQuery {
+pub(super) struct EventsQuery {
     page: Option<usize>,
     per_page: Option<usize>,
 }
 
 /// `GET /ai/duo_workflows/workflows/:id/events`: the queued events.
-async fn list_events(
+pub(super) async fn list_events(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<String>,
@@ -355,12 +315,12 @@ async fn list_events(
 }
 
 #[derive(Debug, Deserialize)]
-struct EventStatusParams {
+pub(super) struct EventStatusParams {
     event_status: Option<String>,
 }
 
 /// `PUT /ai/duo_workflows/workflows/:id/events/:event_id {event_status}`.
-async fn update_event(
+pub(super) async fn update_event(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<(String, String)>,
