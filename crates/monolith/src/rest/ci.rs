@@ -7,9 +7,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::ApiError;
-use super::common::{Container, paged, project_full_path, readable_project, sort_order};
-use super::items::{Found, Item, find_readable};
-use super::pagination::PageParams;
+use super::containers::{Container, project_full_path, readable_project};
+use super::item_access::{Found, Item, find_readable};
+use super::pagination::{PageParams, paged};
+use super::param_values::sort_order;
 use crate::app_state::AppState;
 use crate::policy::{Ability, Subject, WriteAbility};
 use crate::work_items::builds::{self, ImportedJob, Job, Pipeline, PipelineFilter, STATUSES};

@@ -6,10 +6,11 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::ApiError;
-use super::common::{Container, closed_by, paged, readable_group, references, user_basic};
-use super::items::{Found, Item, find_readable};
+use super::containers::{Container, readable_group};
+use super::entities::{closed_by, references, user_basic};
+use super::item_access::{Found, Item, find_readable};
 use super::notes::{NoteTarget, Noteable};
-use super::pagination::PageParams;
+use super::pagination::{PageParams, paged};
 use crate::app_state::AppState;
 use crate::policy::{Actor, WriteAbility};
 use crate::work_items::Author;

@@ -11,8 +11,10 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::common::{Container, like_pattern, on_constraint, paged, require_write};
-use super::pagination::PageParams;
+use super::containers::{Container, require_write};
+use super::error::on_constraint;
+use super::pagination::{PageParams, paged};
+use super::param_values::like_pattern;
 use super::{ApiError, READ_SCOPES, WRITE_SCOPES, require_user};
 use crate::app_state::AppState;
 use crate::identity::tokens::AuthenticatedUser;

@@ -82,7 +82,7 @@ pub(super) async fn tree(
             json!({ "id": e.id, "name": e.name, "type": e.kind, "path": e.path, "mode": e.mode })
         })
         .collect();
-    Ok(super::common::paged(
+    Ok(super::pagination::paged(
         &req,
         PageParams::new(q.page, q.per_page),
         items,

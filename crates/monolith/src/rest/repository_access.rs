@@ -10,7 +10,7 @@ use actix_web::HttpRequest;
 use base64::Engine as _;
 use serde_json::{Value, json};
 
-use super::common::project_full_path;
+use super::containers::project_full_path;
 use super::{ApiError, optional_user, require_user};
 use crate::app_state::AppState;
 use crate::identity::tokens::AuthenticatedUser;

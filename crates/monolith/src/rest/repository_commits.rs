@@ -91,7 +91,7 @@ pub(super) async fn list_commits(
     let start = match repo.resolve(q.ref_name.as_deref(), "Commit").await {
         Ok(id) => id,
         Err(ApiError::NotFound(_)) => {
-            return Ok(super::common::paged(
+            return Ok(super::pagination::paged(
                 &req,
                 PageParams::new(q.page, q.per_page),
                 vec![],
@@ -214,7 +214,7 @@ pub(super) async fn commit_diff(
     let commit = find_commit(&repo, &sha).await?;
     let changes = changes_of(&repo, &commit).await?;
     let items = changes.iter().map(diff_json).collect();
-    Ok(super::common::paged(
+    Ok(super::pagination::paged(
         &req,
         PageParams::new(q.page, q.per_page),
         items,

@@ -1,6 +1,6 @@
 //! Every route under `/api/v4`, in one table: which handler answers which
 //! method and path. Handler modules register nothing themselves; what several
-//! of them share sits a floor below them (`common`, `items`,
+//! of them share sits a floor below them (`containers`, `item_access`,
 //! `repository_access`, `workflow_access`, `pagination`, `params`), never in a
 //! module that also mounts them.
 //!

@@ -5,8 +5,8 @@ use chrono::NaiveDate;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::common::{like_pattern, paged};
-use super::pagination::PageParams;
+use super::pagination::{PageParams, paged};
+use super::param_values::like_pattern;
 use super::{ApiError, READ_SCOPES, WRITE_SCOPES, require_admin, require_user};
 use crate::app_state::AppState;
 use crate::identity::tokens::{self, AuthenticatedUser, TokenFilter, TokenRecord};

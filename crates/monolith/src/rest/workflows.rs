@@ -237,7 +237,7 @@ pub(super) async fn list_workflows(
         .iter()
         .map(|w| workflow_json(w, &state.config.external_url))
         .collect();
-    Ok(super::common::paged(
+    Ok(super::pagination::paged(
         &req,
         super::pagination::PageParams::new(q.page, q.per_page),
         items,
