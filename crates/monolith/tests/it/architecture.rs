@@ -1,7 +1,13 @@
 //! The monolith's layering, checked: a module uses only modules ranked below it
 //! (see the table in `src/lib.rs`), so there are no import cycles between
-//! domains and the HTTP layer sits on top. Also: the gateway never reaches the
-//! database.
+//! domains and the HTTP layer sits on top. Also:
+//!
+//! - no two files import each other in a loop (the circles left are listed
+//!   in `KNOWN_IMPORT_CIRCLES`, a list that only shrinks);
+//! - `/api/v4` routes are registered only in `rest/routes.rs`;
+//! - `rest`, `web`, `graphql` and `agent` hold no SQL (the files that still
+//!   do are listed in `SQL_STILL_IN`, a list that only shrinks);
+//! - the gateway never reaches the database.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -468,4 +474,188 @@ fn rest_routes_are_registered_only_in_the_route_table() {
         registering.is_empty(),
         "register these routes in rest/routes.rs instead: {registering:?}"
     );
+}
+
+/// The edges (`rest`, `web`, `graphql`) and the agent hold no SQL: they ask
+/// the domains (`work_items`, `namespaces`, `identity`, `chat`, ...), which
+/// own their tables.
+const NO_SQL_IN: &[&str] = &["rest", "web", "graphql", "agent"];
+
+/// Files under [`NO_SQL_IN`] that still hold SQL today, and what it does. The
+/// list only shrinks: SQL in any other file fails the test, and so does a
+/// listed file that no longer holds any (take it off).
+const SQL_STILL_IN: &[&str] = &[
+    // The thread's history for the agent's prompt: belongs to `chat`.
+    "agent/history.rs",
+    // The stored extras (current file, additional context) of a question
+    // being answered again: belongs to `chat`.
+    "agent/mod.rs",
+    // `/troubleshoot` reads a job's log and `/summarize_comments` an item's
+    // notes: belong to `work_items` (through `read_for_ai`).
+    "agent/slash_commands.rs",
+    // `/application/settings` reads and writes the instance settings:
+    // belongs to `instance`/`duo_settings`.
+    "rest/admin.rs",
+    // The workflow service account in the instance settings: belongs to
+    // `workflows` or `instance`.
+    "rest/workflows.rs",
+    // The admin Duo settings page reads the realm and tier: belongs to
+    // `instance`/`duo_settings`.
+    "web/admin.rs",
+];
+
+/// The code of a file without its test module and comment lines.
+fn production_code(text: &str) -> String {
+    let code = match text.find("#[cfg(test)]\nmod ") {
+        Some(i) => &text[..i],
+        None => text,
+    };
+    code.lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Where each occurrence of `word` as a whole word in `text` ends.
+fn word_ends(text: &str, word: &str) -> Vec<usize> {
+    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    text.match_indices(word)
+        .filter(|(i, _)| {
+            let before = text[..*i].chars().last();
+            let after = text[i + word.len()..].chars().next();
+            !before.is_some_and(is_ident) && !after.is_some_and(is_ident)
+        })
+        .map(|(i, _)| i + word.len())
+        .collect()
+}
+
+/// What in `code` is SQL: a statement's keywords (uppercase, as this code
+/// base writes SQL) or a call of the database client with a statement.
+fn sql_in(code: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let words_after = |at: usize| -> Vec<&str> { code[at..].split_whitespace().take(3).collect() };
+    if !word_ends(code, "SELECT").is_empty() {
+        found.push("SELECT".to_owned());
+    }
+    for (first, second) in [("INSERT", "INTO"), ("DELETE", "FROM")] {
+        if word_ends(code, first)
+            .into_iter()
+            .any(|at| words_after(at).first() == Some(&second))
+        {
+            found.push(format!("{first} {second}"));
+        }
+    }
+    if word_ends(code, "UPDATE")
+        .into_iter()
+        .any(|at| words_after(at).get(1) == Some(&"SET"))
+    {
+        found.push("UPDATE … SET".to_owned());
+    }
+    // Methods only a database client has.
+    for call in [
+        ".query_one(",
+        ".query_opt(",
+        ".query_raw(",
+        ".query_typed(",
+        ".batch_execute(",
+        ".simple_query(",
+        ".prepare_cached(",
+        ".prepare_typed(",
+        ".copy_in(",
+        ".copy_out(",
+    ] {
+        if code.contains(call) {
+            found.push(call.to_owned());
+        }
+    }
+    // `query` and `execute` are also other things' names (`uri().query()`,
+    // `tool.execute(env, input)`): a client call is one whose first argument
+    // is a statement, a literal or a constant.
+    for call in [".query(", ".execute("] {
+        let statement = code.match_indices(call).any(|(i, _)| {
+            let arg = code[i + call.len()..].trim_start();
+            let arg = arg.strip_prefix('&').unwrap_or(arg);
+            arg.starts_with('"')
+                || arg.starts_with("r\"")
+                || arg.starts_with("r#")
+                || arg.starts_with("format!")
+                || arg
+                    .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+                    .next()
+                    .and_then(|path| path.rsplit("::").next())
+                    .is_some_and(|name| {
+                        name.len() > 1
+                            && name.starts_with(|c: char| c.is_ascii_uppercase())
+                            && name
+                                .chars()
+                                .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+                    })
+        });
+        if statement {
+            found.push(call.to_owned());
+        }
+    }
+    found
+}
+
+#[test]
+fn the_edges_and_the_agent_hold_no_sql() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut holding = BTreeMap::new();
+    for dir in NO_SQL_IN {
+        let mut files = Vec::new();
+        rust_files(&src.join(dir), &mut files);
+        for file in files {
+            let code = production_code(&std::fs::read_to_string(&file).unwrap());
+            let found = sql_in(&code);
+            if !found.is_empty() {
+                let rel = file.strip_prefix(&src).unwrap().display().to_string();
+                holding.insert(rel, found);
+            }
+        }
+    }
+    let new: Vec<_> = holding
+        .iter()
+        .filter(|(file, _)| !SQL_STILL_IN.contains(&file.as_str()))
+        .collect();
+    let gone: Vec<_> = SQL_STILL_IN
+        .iter()
+        .filter(|file| !holding.contains_key(**file))
+        .collect();
+    assert!(
+        new.is_empty(),
+        "SQL outside the domains (move it into the domain module that owns the table): {new:?}"
+    );
+    assert!(
+        gone.is_empty(),
+        "these files hold no SQL any more: take them off SQL_STILL_IN: {gone:?}"
+    );
+}
+
+#[test]
+fn the_sql_finder_sees_statements_and_client_calls_only() {
+    for sql in [
+        r#"db.query_one("SELECT 1", &[])"#,
+        "let q = \"SELECT id\n FROM users\";",
+        r#"const SQL: &str = "INSERT INTO notes (body) VALUES ($1)";"#,
+        r#"x("UPDATE instance_settings SET realm = $1")"#,
+        r#"x("DELETE FROM ai_conversation_threads")"#,
+        "db.execute(&SETTINGS_SQL, &[])",
+        "db.execute(queries::RESET, &[])",
+        "tx.query(\n    \"WITH t AS (...)\",\n &[])",
+        "client.batch_execute(script)",
+    ] {
+        assert!(!sql_in(sql).is_empty(), "not seen: {sql}");
+    }
+    for code in [
+        "let q = req.uri().query();",
+        "tool.execute(env, input).await",
+        "batch.execute(&schema, &ctx).await",
+        "self.prepare(&question).await",
+        "let selected = \"Select a model\";",
+        "// SELECT in a comment\n",
+        "let updated = UPDATE_LIMIT;",
+    ] {
+        assert!(sql_in(&production_code(code)).is_empty(), "seen in: {code}");
+    }
 }
