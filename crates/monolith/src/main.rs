@@ -223,7 +223,7 @@ async fn main() -> anyhow::Result<()> {
 }
 
 /// The responder the worker answers questions with: the agent loop.
-/// (`monolith::worker::NotYetAvailableResponder` is the stand-in when no agent is wanted.)
+/// (`monolith::chat::jobs::NotYetAvailableResponder` is the stand-in when no agent is wanted.)
 async fn chat_responder(
     config: &Config,
     pool: &deadpool_postgres::Pool,

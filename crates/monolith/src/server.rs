@@ -27,9 +27,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     .route("/api/graphql", web::get().to(crate::graphql::handle_get))
     .service(
         web::scope("/api/v4")
-            .configure(crate::rest::users::routes)
-            .configure(crate::rest::resources::routes)
-            .configure(crate::rest::workflows::routes)
+            .configure(crate::rest::routes::api_v4)
             // GitLab's answer to a route that does not exist.
             .default_service(web::to(|| async {
                 HttpResponse::NotFound().json(serde_json::json!({ "error": "404 Not Found" }))

@@ -1,35 +1,21 @@
-//! The `worker` role: runs `chat_completion` jobs from the PostgreSQL queue.
-//!
-//! For each job the handler asks a [`ChatResponder`] for the answer, streams its
-//! chunks to the request's `clientSubscriptionId` (`chunkId` 1, 2, 3…), stores the
-//! full answer once and broadcasts it. Durability lives here, not in responders:
-//! - a request whose answer is already stored is skipped (a re-run after a crash);
-//! - the answer is inserted with `ON CONFLICT DO NOTHING` on a unique index, so two
-//!   runs racing each other (lease expired while the first still ran) store one;
-//! - a [`ResponderError`] is retried by the queue; on the last attempt the user
-//!   still gets a stored A9999 answer instead of silence.
+//! The `worker` role: registers the job handlers of each domain with the
+//! PostgreSQL queue and runs them: chat completions and thread retention
+//! ([`crate::chat::jobs`]), the code index's jobs, Duo Workflow's periodic
+//! jobs and the workflow runs.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use contracts::DuoErrorCode;
 use deadpool_postgres::Pool;
 use job_queue::{JobContext, JobError, JobHandler, Periodic, Registry, WorkerConfig, WorkerHandle};
 use secrecy::ExposeSecret;
 use serde::{Deserialize, Serialize};
-use serde_json::json;
-use tokio::sync::mpsc;
 
-use crate::chat::completion::{ChatAnswer, ChatResponder, ResponderError};
-use crate::chat::live::{self, LiveMessage};
-use crate::chat::{self, ChatError, CompletionJob};
+use crate::chat::completion::ChatResponder;
+use crate::chat::jobs::{CompletionHandler, ThreadRetention, ThreadRetentionHandler};
 use crate::config::Config;
-
-/// How long the chunk publisher may keep draining after the responder returned
-/// (a responder that leaked its sender into a task must not hold the job forever).
-const CHUNK_DRAIN_LIMIT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -37,192 +23,6 @@ pub enum WorkerError {
     Db(#[from] crate::db::DbError),
     #[error(transparent)]
     Queue(#[from] job_queue::QueueError),
-}
-
-/// Answers every question with a coded "not yet available" error, so a client
-/// gets a clear answer while no agent is wired in.
-pub struct NotYetAvailableResponder;
-
-/// The text shown before the error code by [`NotYetAvailableResponder`].
-pub const NOT_YET_AVAILABLE: &str = "Duo Chat answers are not yet available on this instance.";
-
-#[async_trait]
-impl ChatResponder for NotYetAvailableResponder {
-    async fn respond(
-        &self,
-        _job: &CompletionJob,
-        _chunks: crate::chat::completion::ChunkSender,
-    ) -> Result<ChatAnswer, ResponderError> {
-        let mut answer = ChatAnswer::failed(DuoErrorCode::A9999, "no chat responder configured");
-        answer.content = NOT_YET_AVAILABLE.to_owned();
-        Ok(answer)
-    }
-}
-
-/// Runs `chat_completion` jobs.
-pub struct CompletionHandler {
-    pub responder: Arc<dyn ChatResponder>,
-    pub docs_base_url: String,
-}
-
-#[async_trait]
-impl JobHandler for CompletionHandler {
-    type Job = CompletionJob;
-
-    async fn run(&self, ctx: JobContext, job: CompletionJob) -> Result<(), JobError> {
-        {
-            let db = ctx.pool.get().await.map_err(JobError::retryable)?;
-            if chat::answer_exists(&*db, job.request_id)
-                .await
-                .map_err(JobError::retryable)?
-            {
-                tracing::info!(job_id = ctx.job_id, "request already answered; skipping");
-                return Ok(());
-            }
-            if !chat::thread_exists(&*db, job.thread_id)
-                .await
-                .map_err(JobError::retryable)?
-            {
-                tracing::info!(job_id = ctx.job_id, "thread is gone; nothing to answer");
-                return Ok(());
-            }
-        }
-
-        let (chunks, received) = mpsc::unbounded_channel();
-        let mut streaming = tokio::spawn(stream_chunks(ctx.pool.clone(), job.clone(), received));
-        let result = self.responder.respond(&job, chunks).await;
-        if tokio::time::timeout(CHUNK_DRAIN_LIMIT, &mut streaming)
-            .await
-            .is_err()
-        {
-            streaming.abort();
-        }
-
-        let answer = match result {
-            Ok(answer) => answer,
-            Err(e) if ctx.attempt < ctx.max_attempts => {
-                return Err(JobError::retryable(e));
-            }
-            Err(e) => {
-                tracing::warn!(job_id = ctx.job_id, error = %e, "no answer after the last attempt");
-                ChatAnswer::failed(DuoErrorCode::A9999, e.to_string())
-            }
-        };
-        store_and_broadcast(&ctx.pool, &job, answer, &self.docs_base_url)
-            .await
-            .map_err(JobError::retryable)
-    }
-}
-
-/// Publishes each chunk, numbered from 1, to the request's `clientSubscriptionId`.
-async fn stream_chunks(
-    pool: Pool,
-    job: CompletionJob,
-    mut received: mpsc::UnboundedReceiver<String>,
-) {
-    let Some(client_id) = job.client_subscription_id.as_deref() else {
-        // Nobody can subscribe to this request's chunks: just drain them.
-        while received.recv().await.is_some() {}
-        return;
-    };
-    let mut chunk_id = 0;
-    let mut db = None;
-    while let Some(text) = received.recv().await {
-        chunk_id += 1;
-        if db.is_none() {
-            db = pool.get().await.ok();
-        }
-        let Some(client) = db.as_ref() else {
-            continue;
-        };
-        let message = LiveMessage::chunk(job.thread_id, job.request_id, chunk_id, text);
-        if let Err(e) = live::publish_to_client(&***client, job.user_id, client_id, &message).await
-        {
-            // Chunks are a courtesy; the stored answer is what counts.
-            tracing::debug!(error = %e, "publishing a chunk failed");
-        }
-    }
-}
-
-/// The `errors` entry and `error_details` of a coded answer.
-pub fn error_details(answer: &ChatAnswer, docs_base_url: &str) -> Option<serde_json::Value> {
-    let error = answer.error.as_ref()?;
-    let lead = if answer.content.trim().is_empty() {
-        error.code.user_message().to_owned()
-    } else {
-        answer.content.trim().to_owned()
-    };
-    let text = format!(
-        "{lead} Error code: [{}]({})",
-        error.code,
-        error.code.doc_url(docs_base_url)
-    );
-    Some(json!({ "errors": [text], "code": error.code.to_string() }))
-}
-
-/// Stores the answer (once) and sends it to the user's chats and to the request's
-/// `clientSubscriptionId`, both at commit.
-pub async fn store_and_broadcast(
-    pool: &Pool,
-    job: &CompletionJob,
-    answer: ChatAnswer,
-    docs_base_url: &str,
-) -> Result<(), ChatError> {
-    if let Some(error) = &answer.error {
-        tracing::info!(request_id = %job.request_id, code = %error.code, "answering with an error");
-        tracing::debug!(detail = %error.detail, "error detail");
-    }
-    let details = error_details(&answer, docs_base_url);
-    let content = if details.is_some() {
-        String::new()
-    } else {
-        answer.content
-    };
-    let mut client = pool.get().await?;
-    let tx = client.transaction().await?;
-    let Some(stored) = chat::store_answer_once(
-        &tx,
-        job.thread_id,
-        job.request_id,
-        &content,
-        details,
-        answer.extras,
-    )
-    .await?
-    else {
-        tracing::info!(request_id = %job.request_id, "answer already stored by another run");
-        return Ok(());
-    };
-    let live = LiveMessage::stored(stored);
-    live::publish_to_user(&tx, job.user_id, &live).await?;
-    if let Some(client_id) = job.client_subscription_id.as_deref() {
-        live::publish_to_client(&tx, job.user_id, client_id, &live).await?;
-    }
-    tx.commit().await?;
-    Ok(())
-}
-
-/// The periodic job that deletes idle conversation threads.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct ThreadRetention {}
-
-impl job_queue::Job for ThreadRetention {
-    const KIND: &'static str = "chat_thread_retention";
-}
-
-struct ThreadRetentionHandler;
-
-#[async_trait]
-impl JobHandler for ThreadRetentionHandler {
-    type Job = ThreadRetention;
-
-    async fn run(&self, ctx: JobContext, _job: ThreadRetention) -> Result<(), JobError> {
-        let deleted = chat::apply_retention(&ctx.pool)
-            .await
-            .map_err(JobError::retryable)?;
-        tracing::info!(deleted, "idle conversation threads removed");
-        Ok(())
-    }
 }
 
 /// The periodic job that fails workflows stuck in `created` or `running`.
@@ -419,34 +219,4 @@ pub async fn run(
     tracing::info!("worker stopping");
     handle.shutdown().await;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn coded_answers_lead_with_their_text_and_link_the_code() {
-        let plain = ChatAnswer::failed(DuoErrorCode::A1000, "slow");
-        let details = error_details(&plain, "https://docs.example.com").unwrap();
-        let text = details["errors"][0].as_str().unwrap();
-        assert!(
-            text.starts_with(DuoErrorCode::A1000.user_message()),
-            "{text}"
-        );
-        assert!(
-            text.contains("Error code: [A1000](https://docs.example.com"),
-            "{text}"
-        );
-        assert_eq!(details["code"], "A1000");
-
-        let mut custom = ChatAnswer::failed(DuoErrorCode::A9999, "none");
-        custom.content = NOT_YET_AVAILABLE.into();
-        let details = error_details(&custom, "https://docs.example.com").unwrap();
-        let text = details["errors"][0].as_str().unwrap();
-        assert!(text.starts_with(NOT_YET_AVAILABLE), "{text}");
-        assert!(text.contains("[A9999]"), "{text}");
-
-        assert!(error_details(&ChatAnswer::text("hi"), "x").is_none());
-    }
 }

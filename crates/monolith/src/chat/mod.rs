@@ -2,6 +2,7 @@
 //! `aiMessages` and `aiConversationThreads`, independent of GraphQL.
 
 pub mod completion;
+pub mod jobs;
 pub mod live;
 pub mod markdown;
 pub mod resource;

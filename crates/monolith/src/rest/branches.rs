@@ -6,33 +6,13 @@ use serde_json::{Value, json};
 
 use super::ApiError;
 use super::pagination::PageParams;
-use super::repository::{
+use super::repository_access::{
     Repo, blocking, readable_repo, record_update, repository_error, required, writable_repo,
 };
 use super::repository_commits::commit_json;
 use crate::app_state::AppState;
 use crate::policy::{Actor, PushAccess};
 use crate::repositories::{reader, writer};
-
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route(
-        "/projects/{id}/repository/branches",
-        web::get().to(list_branches),
-    )
-    .route(
-        "/projects/{id}/repository/branches",
-        web::post().to(create_branch),
-    )
-    .route(
-        "/projects/{id}/repository/branches/{branch:.+}",
-        web::get().to(show_branch),
-    )
-    .route(
-        "/projects/{id}/repository/branches/{branch:.+}",
-        web::delete().to(delete_branch),
-    )
-    .route("/projects/{id}/repository/tags", web::get().to(list_tags));
-}
 
 /// What the caller may do with branches, for the `can_push` field.
 async fn push_access(state: &AppState, repo: &Repo) -> Result<PushAccess, ApiError> {
@@ -82,13 +62,13 @@ async fn protects_default(state: &AppState, project_id: i64) -> Result<bool, Api
 }
 
 #[derive(Debug, Deserialize)]
-struct BranchList {
+pub(super) struct BranchList {
     search: Option<String>,
     page: Option<usize>,
     per_page: Option<usize>,
 }
 
-async fn list_branches(
+pub(super) async fn list_branches(
     state: web::Data<AppState>,
     req: HttpRequest,
     id: web::Path<i64>,
@@ -120,7 +100,7 @@ async fn list_branches(
     Ok(response.json(items))
 }
 
-async fn show_branch(
+pub(super) async fn show_branch(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<(i64, String)>,
@@ -139,13 +119,13 @@ async fn show_branch(
 }
 
 #[derive(Debug, Deserialize)]
-struct NewBranch {
+pub(super) struct NewBranch {
     branch: Option<String>,
     #[serde(rename = "ref")]
     rev: Option<String>,
 }
 
-async fn create_branch(
+pub(super) async fn create_branch(
     state: web::Data<AppState>,
     req: HttpRequest,
     id: web::Path<i64>,
@@ -174,7 +154,7 @@ async fn create_branch(
         .json(branch_json(&state, &repo, &name, &target, access, protect).await?))
 }
 
-async fn delete_branch(
+pub(super) async fn delete_branch(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<(i64, String)>,
@@ -198,7 +178,7 @@ async fn delete_branch(
     Ok(HttpResponse::NoContent().finish())
 }
 
-async fn list_tags(
+pub(super) async fn list_tags(
     state: web::Data<AppState>,
     req: HttpRequest,
     id: web::Path<i64>,

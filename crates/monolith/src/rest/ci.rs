@@ -7,31 +7,13 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::ApiError;
-use super::common::{Container, paged, project_full_path, readable_project, sort_order};
-use super::items::{Found, Item, find_readable};
-use super::pagination::PageParams;
+use super::containers::{Container, project_full_path, readable_project};
+use super::item_access::{Found, Item, find_readable};
+use super::pagination::{PageParams, paged};
+use super::param_values::sort_order;
 use crate::app_state::AppState;
 use crate::policy::{Ability, Subject, WriteAbility};
 use crate::work_items::builds::{self, ImportedJob, Job, Pipeline, PipelineFilter, STATUSES};
-
-pub(super) fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/projects/{id}/pipelines", web::get().to(list_pipelines))
-        .route(
-            "/projects/{id}/pipelines/{pipeline_id}",
-            web::get().to(show_pipeline),
-        )
-        .route(
-            "/projects/{id}/pipelines/{pipeline_id}/jobs",
-            web::get().to(pipeline_jobs),
-        )
-        .route("/projects/{id}/jobs", web::get().to(list_jobs))
-        .route("/projects/{id}/jobs/import", web::post().to(import_job))
-        .route("/projects/{id}/jobs/{job_id}", web::get().to(show_job))
-        .route(
-            "/projects/{id}/jobs/{job_id}/trace",
-            web::get().to(job_trace),
-        );
-}
 
 /// Checks the caller may read the project's CI; returns the project's full path.
 async fn readable_ci(
@@ -81,7 +63,7 @@ fn check_status(status: Option<&str>) -> Result<(), ApiError> {
 }
 
 #[derive(Debug, Deserialize)]
-struct PipelineParams {
+pub(super) struct PipelineParams {
     page: Option<usize>,
     per_page: Option<usize>,
     status: Option<String>,
@@ -91,7 +73,7 @@ struct PipelineParams {
     sort: Option<String>,
 }
 
-async fn list_pipelines(
+pub(super) async fn list_pipelines(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<i64>,
@@ -116,7 +98,7 @@ async fn list_pipelines(
     Ok(paged(&req, PageParams::new(q.page, q.per_page), items))
 }
 
-async fn show_pipeline(
+pub(super) async fn show_pipeline(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<(i64, i64)>,
@@ -174,7 +156,7 @@ fn scopes(query: &str) -> Result<Vec<String>, ApiError> {
 }
 
 #[derive(Debug, Deserialize)]
-struct JobListParams {
+pub(super) struct JobListParams {
     page: Option<usize>,
     per_page: Option<usize>,
 }
@@ -202,7 +184,7 @@ async fn jobs_where(
     Ok(paged(req, PageParams::new(q.page, q.per_page), items))
 }
 
-async fn list_jobs(
+pub(super) async fn list_jobs(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<i64>,
@@ -211,7 +193,7 @@ async fn list_jobs(
     jobs_where(&state, &req, path.into_inner(), None, q.into_inner()).await
 }
 
-async fn pipeline_jobs(
+pub(super) async fn pipeline_jobs(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<(i64, i64)>,
@@ -222,7 +204,7 @@ async fn pipeline_jobs(
 }
 
 #[derive(Deserialize)]
-struct ImportedJobParams {
+pub(super) struct ImportedJobParams {
     name: String,
     stage: String,
     status: String,
@@ -234,7 +216,7 @@ struct ImportedJobParams {
 
 /// GitLab has no API to create CI jobs; this documented endpoint imports a finished
 /// job and its log (a pipeline is created for it). Maintainers and admins only.
-async fn import_job(
+pub(super) async fn import_job(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<i64>,
@@ -282,7 +264,7 @@ async fn find_job(
     .await
 }
 
-async fn show_job(
+pub(super) async fn show_job(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<(i64, i64)>,
@@ -296,7 +278,7 @@ async fn show_job(
     )))
 }
 
-async fn job_trace(
+pub(super) async fn job_trace(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<(i64, i64)>,

@@ -6,32 +6,15 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::ApiError;
-use super::common::{Container, closed_by, paged, readable_group, references, user_basic};
-use super::items::{Found, Item, find_readable};
-use super::notes::{self, NoteTarget, Noteable};
-use super::pagination::PageParams;
+use super::containers::{Container, readable_group};
+use super::entities::{closed_by, references, user_basic};
+use super::item_access::{Found, Item, find_readable};
+use super::notes::{NoteTarget, Noteable};
+use super::pagination::{PageParams, paged};
 use crate::app_state::AppState;
 use crate::policy::{Actor, WriteAbility};
 use crate::work_items::Author;
 use crate::work_items::epics::{self, Epic, EpicKey, NewEpic};
-
-pub(super) fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/groups/{id}/epics", web::get().to(list_epics))
-        .route("/groups/{id}/epics", web::post().to(create_epic))
-        .route("/groups/{id}/epics/{iid}", web::get().to(show_epic))
-        .route(
-            "/groups/{id}/epics/{iid}",
-            web::put().to(super::item_updates::update_epic),
-        )
-        .route(
-            "/groups/{id}/epics/{epic_id}/notes",
-            web::get().to(notes::list::<EpicNotes>),
-        )
-        .route(
-            "/groups/{id}/epics/{epic_id}/notes",
-            web::post().to(notes::create::<EpicNotes>),
-        );
-}
 
 fn epic_json(epic: &Epic, base: &url::Url, full_path: &str) -> Value {
     let iid = epic.iid;
@@ -54,7 +37,7 @@ fn epic_json(epic: &Epic, base: &url::Url, full_path: &str) -> Value {
     })
 }
 
-async fn list_epics(
+pub(super) async fn list_epics(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<i64>,
@@ -102,7 +85,7 @@ pub(super) async fn show_epic(
 }
 
 #[derive(Debug, Deserialize)]
-struct NewEpicParams {
+pub(super) struct NewEpicParams {
     title: String,
     description: Option<String>,
     confidential: Option<bool>,
@@ -110,7 +93,7 @@ struct NewEpicParams {
 }
 
 /// Creates an epic: planners and above in the group, and admins.
-async fn create_epic(
+pub(super) async fn create_epic(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<i64>,
@@ -146,7 +129,7 @@ async fn create_epic(
 
 /// Notes of an epic, which GitLab addresses by the epic's global id:
 /// `/groups/{id}/epics/{epic_id}/notes`.
-struct EpicNotes;
+pub(super) struct EpicNotes;
 
 impl NoteTarget for EpicNotes {
     type Path = (i64, i64);

@@ -5,6 +5,7 @@ use serde_json::json;
 use crate::db::DbError;
 use crate::identity::tokens::TokenError;
 use crate::policy::PolicyError;
+use crate::work_items::WorkItemError;
 
 /// Every failure of a REST request, with the status and body GitLab answers.
 #[derive(Debug, thiserror::Error)]
@@ -125,5 +126,25 @@ impl ResponseError for ApiError {
             other => json!({ "message": other.to_string() }),
         };
         HttpResponse::build(self.status_code()).json(body)
+    }
+}
+
+/// A constraint violation (unknown foreign key, duplicate) becomes `err`; other
+/// database failures stay internal errors.
+pub(super) fn on_constraint(err: ApiError) -> impl FnOnce(tokio_postgres::Error) -> ApiError {
+    move |e| {
+        if e.code().is_some() { err } else { e.into() }
+    }
+}
+
+/// A refusal of the work items domain, in the API's words.
+impl From<WorkItemError> for ApiError {
+    fn from(e: WorkItemError) -> Self {
+        match e {
+            WorkItemError::BadRequest(msg) => ApiError::BadRequest(msg),
+            WorkItemError::Invalid { field, message } => ApiError::invalid(field, message),
+            WorkItemError::Conflict(msg) => ApiError::Conflict(msg),
+            WorkItemError::Db(e) => e.into(),
+        }
     }
 }

@@ -4,11 +4,11 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::common::{
-    Container, actor, check_visibility, on_constraint, paged, readable_group, visibility_rank,
-};
-use super::items::Item;
-use super::pagination::PageParams;
+use super::containers::{Container, actor, readable_group};
+use super::error::on_constraint;
+use super::item_access::Item;
+use super::pagination::{PageParams, paged};
+use super::param_values::{check_visibility, visibility_rank};
 use super::{ApiError, WRITE_SCOPES};
 use super::{optional_user, require_admin};
 use crate::app_state::AppState;

@@ -4,13 +4,12 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::common::{
-    Container, closed_by, paged, readable_project, references, split_labels, state_filter,
-    user_basic,
-};
-use super::items::{Found, Item, find_readable};
+use super::containers::{Container, readable_project};
+use super::entities::{closed_by, references, user_basic};
+use super::item_access::{Found, Item, find_readable};
 use super::notes::{NoteTarget, Noteable};
-use super::pagination::PageParams;
+use super::pagination::{PageParams, paged};
+use super::param_values::{split_labels, state_filter};
 use super::require_user;
 use super::{ApiError, WRITE_SCOPES};
 use crate::app_state::AppState;

@@ -135,7 +135,7 @@ pub(super) async fn update_epic(
 
 /// The item's id from a lookup; a 404 of the lookup stays a 404.
 fn item_id<T: Identified>(
-    found: Result<super::items::Found<T>, ApiError>,
+    found: Result<super::item_access::Found<T>, ApiError>,
 ) -> Result<i64, ApiError> {
     Ok(found?.item.id())
 }

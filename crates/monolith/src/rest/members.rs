@@ -11,8 +11,10 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::common::{Container, like_pattern, on_constraint, paged, require_write};
-use super::pagination::PageParams;
+use super::containers::{Container, require_write};
+use super::error::on_constraint;
+use super::pagination::{PageParams, paged};
+use super::param_values::like_pattern;
 use super::{ApiError, READ_SCOPES, WRITE_SCOPES, require_user};
 use crate::app_state::AppState;
 use crate::identity::tokens::AuthenticatedUser;
@@ -20,28 +22,15 @@ use crate::identity::users;
 use crate::namespaces::members::{self, Member, Source};
 use crate::policy::{Actor, WriteAbility, access};
 
-pub(super) fn routes(cfg: &mut web::ServiceConfig) {
-    member_routes::<OfGroup>(cfg, "/groups/{id}/members");
-    member_routes::<OfProject>(cfg, "/projects/{id}/members");
-}
-
-/// The same handlers serve group and project members; `K` tells them which.
-fn member_routes<K: SourceKind>(cfg: &mut web::ServiceConfig, members: &str) {
-    let member = format!("{members}/{{user_id}}");
-    cfg.route(members, web::get().to(list::<K>))
-        .route(members, web::post().to(add::<K>))
-        .route(&member, web::get().to(show::<K>))
-        .route(&member, web::put().to(update::<K>))
-        .route(&member, web::delete().to(remove::<K>));
-}
-
 /// Which kind of container a members route's `{id}` names.
-trait SourceKind: 'static {
+pub(super) trait SourceKind: 'static {
     fn source(id: i64) -> Container;
 }
 
-struct OfGroup;
-struct OfProject;
+/// Members of a group (`/groups/{id}/members`).
+pub(super) struct OfGroup;
+/// Members of a project (`/projects/{id}/members`).
+pub(super) struct OfProject;
 
 impl SourceKind for OfGroup {
     fn source(id: i64) -> Container {
@@ -114,14 +103,14 @@ async fn find_member(
 }
 
 #[derive(Debug, Deserialize)]
-struct MemberListParams {
+pub(super) struct MemberListParams {
     page: Option<usize>,
     per_page: Option<usize>,
     /// Part of a username or name.
     query: Option<String>,
 }
 
-async fn list<K: SourceKind>(
+pub(super) async fn list<K: SourceKind>(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<i64>,
@@ -140,7 +129,7 @@ async fn list<K: SourceKind>(
     Ok(paged(&req, PageParams::new(q.page, q.per_page), items))
 }
 
-async fn show<K: SourceKind>(
+pub(super) async fn show<K: SourceKind>(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<(i64, i64)>,
@@ -202,12 +191,12 @@ async fn keep_an_owner(state: &AppState, source: Container, user_id: i64) -> Res
 }
 
 #[derive(Debug, Deserialize)]
-struct NewMember {
+pub(super) struct NewMember {
     user_id: i64,
     access_level: i32,
 }
 
-async fn add<K: SourceKind>(
+pub(super) async fn add<K: SourceKind>(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<i64>,
@@ -248,11 +237,11 @@ async fn current_level(
 }
 
 #[derive(Debug, Deserialize)]
-struct MemberUpdate {
+pub(super) struct MemberUpdate {
     access_level: i32,
 }
 
-async fn update<K: SourceKind>(
+pub(super) async fn update<K: SourceKind>(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<(i64, i64)>,
@@ -274,7 +263,7 @@ async fn update<K: SourceKind>(
     Ok(HttpResponse::Ok().json(member_json(&member, &state.config.external_url)))
 }
 
-async fn remove<K: SourceKind>(
+pub(super) async fn remove<K: SourceKind>(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<(i64, i64)>,

@@ -6,42 +6,17 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::common::{
-    Container, closed_by, paged, readable_project, references, state_filter, user_basic,
-};
-use super::items::{Found, Item, find_readable};
-use super::notes::{self, NoteTarget, Noteable};
-use super::pagination::PageParams;
+use super::containers::{Container, readable_project};
+use super::entities::{closed_by, references, user_basic};
+use super::item_access::{Found, Item, find_readable};
+use super::notes::{NoteTarget, Noteable};
+use super::pagination::{PageParams, paged};
+use super::param_values::state_filter;
 use super::{ApiError, diffs};
 use crate::app_state::AppState;
 use crate::policy::{Actor, WriteAbility};
 use crate::work_items::Author;
 use crate::work_items::merge_requests::{self, MergeRequest, NewMergeRequest};
-
-pub(super) fn routes(cfg: &mut web::ServiceConfig) {
-    let all = "/projects/{id}/merge_requests";
-    let one = "/projects/{id}/merge_requests/{iid}";
-    cfg.route(all, web::get().to(list_merge_requests))
-        .route(all, web::post().to(create_merge_request))
-        .route(one, web::get().to(show_merge_request))
-        .route(
-            one,
-            web::put().to(super::item_updates::update_merge_request),
-        )
-        .route(
-            &format!("{one}/changes"),
-            web::get().to(merge_request_changes),
-        )
-        .route(&format!("{one}/diffs"), web::get().to(merge_request_diffs))
-        .route(
-            &format!("{one}/notes"),
-            web::get().to(notes::list::<MergeRequestNotes>),
-        )
-        .route(
-            &format!("{one}/notes"),
-            web::post().to(notes::create::<MergeRequestNotes>),
-        );
-}
 
 fn mr_json(mr: &MergeRequest, base: &url::Url, full_path: &str) -> Value {
     let iid = mr.iid;
@@ -78,7 +53,7 @@ fn found_json(state: &AppState, found: &Found<MergeRequest>) -> Value {
 }
 
 #[derive(Debug, Deserialize)]
-struct ListParams {
+pub(super) struct ListParams {
     page: Option<usize>,
     per_page: Option<usize>,
     state: Option<String>,
@@ -86,7 +61,7 @@ struct ListParams {
     target_branch: Option<String>,
 }
 
-async fn list_merge_requests(
+pub(super) async fn list_merge_requests(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<i64>,
@@ -145,7 +120,7 @@ pub(super) async fn show_merge_request(
 }
 
 #[derive(Debug, Deserialize)]
-struct NewMergeRequestParams {
+pub(super) struct NewMergeRequestParams {
     source_branch: String,
     target_branch: String,
     title: String,
@@ -185,7 +160,7 @@ fn validate(b: &NewMergeRequestParams) -> Result<(), ApiError> {
 }
 
 /// Opens a merge request: developers and above, and admins.
-async fn create_merge_request(
+pub(super) async fn create_merge_request(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<i64>,
@@ -231,10 +206,10 @@ async fn file_diffs(
         project,
         &mr.source_branch,
         &mr.target_branch,
-        super::repository_commits::MAX_DIFF_FILES,
+        super::repository_access::MAX_DIFF_FILES,
     )
     .await
-    .map_err(super::repository::repository_error)?;
+    .map_err(super::repository_access::repository_error)?;
     Ok(match compared {
         Some(changes) => changes
             .into_iter()
@@ -255,7 +230,7 @@ async fn file_diffs(
 }
 
 /// The merge request with its `changes` (GitLab's older, unpaginated form).
-async fn merge_request_changes(
+pub(super) async fn merge_request_changes(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<(i64, i32)>,
@@ -273,13 +248,13 @@ async fn merge_request_changes(
 }
 
 #[derive(Debug, Deserialize)]
-struct DiffParams {
+pub(super) struct DiffParams {
     page: Option<usize>,
     per_page: Option<usize>,
 }
 
 /// The per-file diffs of the merge request, paginated.
-async fn merge_request_diffs(
+pub(super) async fn merge_request_diffs(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<(i64, i32)>,
@@ -296,7 +271,7 @@ async fn merge_request_diffs(
 }
 
 /// Notes of a merge request: `/projects/{id}/merge_requests/{iid}/notes`.
-struct MergeRequestNotes;
+pub(super) struct MergeRequestNotes;
 
 impl NoteTarget for MergeRequestNotes {
     type Path = (i64, i32);

@@ -1,31 +1,51 @@
 //! REST API under `/api/v4` in GitLab's shapes.
+//!
+//! - [`routes`]: the one route table, every method and path with its handler;
+//! - handler modules (`users`, `groups`, `projects`, `issues`, `epics`,
+//!   `merge_requests`, `notes`, `members`, `ci`, `repository`,
+//!   `repository_commits`, `branches`, `admin`, `workflows`,
+//!   `workflows_internal`, `workflows_socket`): parse, ask the policy, call the
+//!   domain, render; they register nothing and import no handler module that
+//!   registers them;
+//! - what handlers share, a floor below them: who is asking (the extractors
+//!   here), [`params`] and [`pagination`], `param_values` (labels, search,
+//!   sort, state, visibility), `containers` (a group or project the caller may
+//!   read or change), `item_access` (items found through the policy),
+//!   `entities` (GitLab's JSON fragments), `repository_access`,
+//!   `workflow_access`, and [`ApiError`] with its conversions.
+//!
+//! `docs/adding-an-endpoint.md` walks through adding one.
 
 mod admin;
 mod branches;
 mod ci;
-mod common;
+mod containers;
 mod diffs;
+mod entities;
 mod epics;
 mod error;
 mod groups;
 pub mod input_guard;
 mod issues;
+mod item_access;
 mod item_updates;
-mod items;
 mod members;
 mod merge_requests;
 mod notes;
 pub mod oidc;
 pub mod pagination;
+mod param_values;
 pub mod params;
 pub mod path_ids;
 mod projects;
 mod repository;
+mod repository_access;
 mod repository_commits;
-pub mod resources;
-pub mod users;
+pub mod routes;
+mod users;
+mod workflow_access;
 mod workflow_tools;
-pub mod workflows;
+mod workflows;
 mod workflows_internal;
 mod workflows_socket;
 

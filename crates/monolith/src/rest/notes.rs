@@ -7,9 +7,11 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use super::common::{paged, require_write, sort_order, user_basic};
-use super::items::Item;
-use super::pagination::PageParams;
+use super::containers::require_write;
+use super::entities::user_basic;
+use super::item_access::Item;
+use super::pagination::{PageParams, paged};
+use super::param_values::sort_order;
 use super::{ApiError, WRITE_SCOPES, require_user};
 use crate::app_state::AppState;
 use crate::policy::{Actor, Subject, WriteAbility};

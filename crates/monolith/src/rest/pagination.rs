@@ -1,12 +1,21 @@
 //! GitLab's offset pagination: `page` / `per_page` parameters and the `X-*` and
 //! `Link` headers.
 
-use actix_web::HttpRequest;
-use actix_web::HttpResponseBuilder;
+use actix_web::{HttpRequest, HttpResponse, HttpResponseBuilder};
 use serde::Deserialize;
+use serde_json::Value;
 
 pub const DEFAULT_PER_PAGE: usize = 20;
 pub const MAX_PER_PAGE: usize = 100;
+
+/// One page of an already filtered list, with GitLab's pagination headers.
+pub(super) fn paged(req: &HttpRequest, params: PageParams, items: Vec<Value>) -> HttpResponse {
+    let page = params.resolve();
+    let total = items.len();
+    let mut builder = HttpResponse::Ok();
+    page.headers(&mut builder, req, total);
+    builder.json(page.slice(items))
+}
 
 #[derive(Debug, Clone, Copy, Deserialize)]
 pub struct PageParams {

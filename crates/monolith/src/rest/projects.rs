@@ -4,11 +4,10 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::common::{
-    Container, actor, check_visibility, paged, readable_project, require_write, visibility_rank,
-};
-use super::items::Item;
-use super::pagination::PageParams;
+use super::containers::{Container, actor, readable_project, require_write};
+use super::item_access::Item;
+use super::pagination::{PageParams, paged};
+use super::param_values::{check_visibility, visibility_rank};
 use super::{ApiError, WRITE_SCOPES};
 use super::{optional_user, require_user};
 use crate::app_state::AppState;
@@ -46,7 +45,7 @@ pub(super) fn project_json(state: &AppState, p: &Project) -> Value {
             "last_error_code": index.last_error_code,
         })),
     });
-    super::repository::project_repository_fields(
+    super::repository_access::project_repository_fields(
         state,
         &mut project,
         p.id,
@@ -113,7 +112,7 @@ pub(super) async fn create_project(
 ) -> Result<HttpResponse, ApiError> {
     let me = require_user(&state, &req, WRITE_SCOPES).await?;
     let b = body.into_inner();
-    if !super::common::can(
+    if !super::containers::can(
         &state,
         Some(Actor::from(&me)),
         Ability::ReadGroup,

@@ -1,203 +1,30 @@
-//! A project's repository over REST in GitLab's shapes: what every repository
-//! endpoint shares (who may read or write, refs, errors), and the tree, file and
-//! blob endpoints. Commits live in `repository_commits`, branches and tags in
+//! A project's repository over REST in GitLab's shapes: the tree, file and
+//! blob endpoints. What every repository endpoint shares lives in
+//! `repository_access`; commits in `repository_commits`, branches and tags in
 //! `branches`.
-
-use std::path::PathBuf;
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use base64::Engine as _;
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use super::common::project_full_path;
 use super::pagination::PageParams;
-use super::{ApiError, optional_user, require_user};
+use super::repository_access::{
+    Repo, author, blocking, decode_content, readable_repo, record_update, repository_error,
+    required, writable_repo,
+};
+use super::{ApiError, optional_user};
 use crate::app_state::AppState;
-use crate::identity::tokens::AuthenticatedUser;
-use crate::policy::{Ability, Actor, AiReader, PushAccess, Subject};
-use crate::repositories::pushes::{self, RefUpdate};
-use crate::repositories::writer::{self, FileAction, Signature};
-use crate::repositories::{RepositoryError, reader};
+use crate::policy::{Ability, Actor, AiReader, Subject};
+use crate::repositories::reader;
+use crate::repositories::writer::{self, FileAction};
 
 /// What a workflow is told in a project whose Duo features are off.
 const DUO_OFF: &str = "GitLab Duo features are turned off for this project or group";
 /// What a workflow is told about a file kept from AI.
 const EXCLUDED_FROM_DUO: &str =
     "The file is excluded from GitLab Duo by the project's context exclusion rules";
-
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/projects/{id}/repository/tree", web::get().to(tree))
-        .route(
-            "/projects/{id}/repository/files/{file_path:.+}/raw",
-            web::get().to(raw_file),
-        )
-        .route(
-            "/projects/{id}/repository/files/{file_path:.+}",
-            web::get().to(show_file),
-        )
-        .route(
-            "/projects/{id}/repository/files/{file_path:.+}",
-            web::post().to(create_file),
-        )
-        .route(
-            "/projects/{id}/repository/files/{file_path:.+}",
-            web::put().to(update_file),
-        )
-        .route(
-            "/projects/{id}/repository/files/{file_path:.+}",
-            web::delete().to(delete_file),
-        )
-        .route(
-            "/projects/{id}/repository/blobs/{sha}/raw",
-            web::get().to(raw_blob),
-        )
-        .route(
-            "/projects/{id}/repository/blobs/{sha}",
-            web::get().to(show_blob),
-        )
-        .configure(super::repository_commits::routes)
-        .configure(super::branches::routes);
-}
-
-/// A project's repository the caller may read.
-pub(super) struct Repo {
-    pub project_id: i64,
-    pub path: PathBuf,
-    pub default_branch: String,
-    pub full_path: String,
-    pub user: Option<AuthenticatedUser>,
-}
-
-impl Repo {
-    /// `https://host/acme/website`
-    pub fn web_url(&self, state: &AppState) -> String {
-        format!("{}{}", state.config.external_url.as_str(), self.full_path)
-    }
-
-    /// The commit `rev` names (the default branch when `None`); `missing` is the
-    /// 404 to answer when it names nothing.
-    pub async fn resolve(
-        &self,
-        rev: Option<&str>,
-        missing: &'static str,
-    ) -> Result<String, ApiError> {
-        let rev = rev
-            .filter(|r| !r.trim().is_empty())
-            .unwrap_or(&self.default_branch)
-            .to_owned();
-        let path = self.path.clone();
-        match blocking(move || reader::resolve(&path, &rev)).await {
-            Ok(id) => Ok(id),
-            // An ambiguous name is the caller's to fix; anything else names nothing.
-            Err(ApiError::Invalid(msg)) => Err(ApiError::Invalid(msg)),
-            Err(_) => Err(ApiError::NotFound(missing)),
-        }
-    }
-}
-
-/// Runs repository reading on the blocking pool.
-pub(super) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, RepositoryError> + Send + 'static,
-) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| ApiError::Internal(e.to_string()))?
-        .map_err(repository_error)
-}
-
-/// A repository failure as the API answers it.
-pub(super) fn repository_error(e: RepositoryError) -> ApiError {
-    match e {
-        RepositoryError::NotFound(_) => ApiError::NotFound("File"),
-        // GitLab's `render_api_error!(message, 400)`: `{"message": "..."}`.
-        RepositoryError::Invalid(msg) => ApiError::Invalid(Value::String(msg)),
-        RepositoryError::Conflict => ApiError::Invalid(Value::String(
-            "The branch has changed since you started editing it".into(),
-        )),
-        other => ApiError::Internal(other.to_string()),
-    }
-}
-
-/// The caller may read the project's code (404 "Project Not Found" otherwise,
-/// as for a project that does not exist); the repository exists on disk.
-pub(super) async fn readable_repo(
-    state: &AppState,
-    req: &HttpRequest,
-    project_id: i64,
-) -> Result<Repo, ApiError> {
-    // The token's scope (`read_repository` reads here) is checked by
-    // `optional_user`, as on every REST route.
-    let user = optional_user(state, req).await?;
-    let actor = user.as_ref().map(Actor::from);
-    let db = state.pool.get().await?;
-    if !state
-        .policy
-        .can(&*db, actor, Ability::ReadCode, Subject::Project(project_id))
-        .await?
-    {
-        return Err(ApiError::NotFound("Project"));
-    }
-    let default_branch = crate::namespaces::projects::default_branch(&*db, project_id).await?;
-    let full_path = project_full_path(&*db, project_id).await?;
-    let path = state
-        .repositories
-        .ensure(project_id, &default_branch)
-        .await
-        .map_err(repository_error)?;
-    Ok(Repo {
-        project_id,
-        path,
-        default_branch,
-        full_path,
-        user,
-    })
-}
-
-/// A signed-in caller with an `api` token who may push to `branch` (404 when the
-/// project is not readable, 403 when they may not push there).
-pub(super) async fn writable_repo(
-    state: &AppState,
-    req: &HttpRequest,
-    project_id: i64,
-    branch: &str,
-) -> Result<(Repo, AuthenticatedUser), ApiError> {
-    let me = require_user(state, req, super::WRITE_SCOPES).await?;
-    let repo = readable_repo(state, req, project_id).await?;
-    let db = state.pool.get().await?;
-    let access = state
-        .policy
-        .push_access(&*db, Some(Actor::from(&me)), project_id)
-        .await?;
-    let allowed = match access {
-        PushAccess::All => true,
-        PushAccess::UnprotectedBranches => branch != repo.default_branch,
-        PushAccess::None => false,
-    };
-    if !allowed {
-        return Err(ApiError::ForbiddenBecause(
-            "You are not allowed to push into this branch",
-        ));
-    }
-    Ok((repo, me))
-}
-
-/// Records a ref change made through the API exactly as a push would be.
-pub(super) async fn record_update(
-    state: &AppState,
-    project_id: i64,
-    pusher: i64,
-    update: RefUpdate,
-) -> Result<(), ApiError> {
-    let mut db = state.pool.get().await?;
-    let tx = db.transaction().await?;
-    pushes::record(&tx, project_id, Some(pusher), &[update])
-        .await
-        .map_err(|e| ApiError::Internal(e.to_string()))?;
-    tx.commit().await?;
-    Ok(())
-}
 
 /// `file_path` as it arrived (URL-encoded, `%2F` for `/`), decoded.
 pub(super) fn decoded_path(raw: &str) -> Result<String, ApiError> {
@@ -231,7 +58,7 @@ fn truthy(v: Option<&str>) -> bool {
     matches!(v, Some("true" | "1" | "yes"))
 }
 
-async fn tree(
+pub(super) async fn tree(
     state: web::Data<AppState>,
     req: HttpRequest,
     id: web::Path<i64>,
@@ -255,7 +82,7 @@ async fn tree(
             json!({ "id": e.id, "name": e.name, "type": e.kind, "path": e.path, "mode": e.mode })
         })
         .collect();
-    Ok(super::common::paged(
+    Ok(super::pagination::paged(
         &req,
         PageParams::new(q.page, q.per_page),
         items,
@@ -308,7 +135,7 @@ async fn read_file(
     Ok((repo, rev_name, commit, blob, last))
 }
 
-async fn show_file(
+pub(super) async fn show_file(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<(i64, String)>,
@@ -350,7 +177,7 @@ pub(super) fn raw_response(content: Vec<u8>, blob_id: &str) -> HttpResponse {
         .body(content)
 }
 
-async fn raw_file(
+pub(super) async fn raw_file(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<(i64, String)>,
@@ -430,7 +257,7 @@ async fn read_blob(
         })
 }
 
-async fn show_blob(
+pub(super) async fn show_blob(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<(i64, String)>,
@@ -445,7 +272,7 @@ async fn show_blob(
     })))
 }
 
-async fn raw_blob(
+pub(super) async fn raw_blob(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<(i64, String)>,
@@ -467,53 +294,6 @@ pub(super) struct FileWrite {
     author_email: Option<String>,
     author_name: Option<String>,
     execute_filemode: Option<bool>,
-}
-
-/// `content` in its declared encoding (`text`, the default, or `base64`).
-pub(super) fn decode_content(
-    content: Option<&str>,
-    encoding: Option<&str>,
-) -> Result<Vec<u8>, ApiError> {
-    let content = content.unwrap_or_default();
-    match encoding.unwrap_or("text") {
-        "text" => Ok(content.as_bytes().to_vec()),
-        "base64" => base64::engine::general_purpose::STANDARD
-            .decode(content.trim())
-            .map_err(|_| ApiError::BadRequest("content is not valid base64".into())),
-        _ => Err(ApiError::BadRequest(
-            "encoding does not have a valid value".into(),
-        )),
-    }
-}
-
-/// The commit's author: the caller, or the name and email they gave.
-pub(super) async fn author(
-    state: &AppState,
-    me: &AuthenticatedUser,
-    name: Option<String>,
-    email: Option<String>,
-) -> Result<Signature, ApiError> {
-    let db = state.pool.get().await?;
-    let (own_name, own_email) =
-        crate::identity::users::name_and_email(&*db, me.author_id()).await?;
-    // A composite identity commits as its service account, whatever the
-    // request names (a run may not sign as someone else).
-    let (name, email) = match me.service_account {
-        Some(_) => (None, None),
-        None => (name, email),
-    };
-    Ok(Signature {
-        name: name.filter(|n| !n.trim().is_empty()).unwrap_or(own_name),
-        email: email.filter(|e| !e.trim().is_empty()).unwrap_or(own_email),
-        when: None,
-    })
-}
-
-pub(super) fn required<'a>(value: &'a Option<String>, name: &str) -> Result<&'a str, ApiError> {
-    value
-        .as_deref()
-        .filter(|v| !v.trim().is_empty())
-        .ok_or_else(|| ApiError::BadRequest(format!("{name} is missing")))
 }
 
 enum FileWriteKind {
@@ -567,7 +347,7 @@ async fn write_file(
     Ok((file_path, branch))
 }
 
-async fn create_file(
+pub(super) async fn create_file(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<(i64, String)>,
@@ -585,7 +365,7 @@ async fn create_file(
     Ok(HttpResponse::Created().json(json!({ "file_path": file_path, "branch": branch })))
 }
 
-async fn update_file(
+pub(super) async fn update_file(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<(i64, String)>,
@@ -603,7 +383,7 @@ async fn update_file(
     Ok(HttpResponse::Ok().json(json!({ "file_path": file_path, "branch": branch })))
 }
 
-async fn delete_file(
+pub(super) async fn delete_file(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<(i64, String)>,
@@ -619,29 +399,4 @@ async fn delete_file(
     )
     .await?;
     Ok(HttpResponse::NoContent().finish())
-}
-
-/// The repository fields of a project's JSON: `default_branch`,
-/// `http_url_to_repo` and `empty_repo`.
-pub(super) fn project_repository_fields(
-    state: &AppState,
-    project: &mut Value,
-    project_id: i64,
-    full_path: &str,
-    default_branch: &str,
-) {
-    if let Some(map) = project.as_object_mut() {
-        map.insert("default_branch".into(), json!(default_branch));
-        map.insert(
-            "http_url_to_repo".into(),
-            json!(format!(
-                "{}{full_path}.git",
-                state.config.external_url.as_str()
-            )),
-        );
-        map.insert(
-            "empty_repo".into(),
-            json!(state.repositories.looks_empty(project_id)),
-        );
-    }
 }

@@ -7,38 +7,16 @@ use serde_json::{Value, json};
 
 use super::ApiError;
 use super::pagination::PageParams;
-use super::repository::{
-    Repo, author, blocking, decode_content, readable_repo, record_update, repository_error,
-    required, writable_repo,
+use super::repository_access::{
+    MAX_DIFF_FILES, Repo, author, blocking, decode_content, readable_repo, record_update,
+    repository_error, required, writable_repo,
 };
 use crate::app_state::AppState;
 use crate::repositories::reader::{self, CommitInfo, FileChange};
 use crate::repositories::writer::{self, FileAction};
 
-/// Most files one diff answer lists (GitLab's default `max_files`-style bound).
-pub(super) const MAX_DIFF_FILES: usize = 1000;
 /// Most commits a comparison lists.
 const MAX_COMPARE_COMMITS: usize = 100;
-
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route(
-        "/projects/{id}/repository/commits",
-        web::get().to(list_commits),
-    )
-    .route(
-        "/projects/{id}/repository/commits",
-        web::post().to(create_commit),
-    )
-    .route(
-        "/projects/{id}/repository/commits/{sha}",
-        web::get().to(show_commit),
-    )
-    .route(
-        "/projects/{id}/repository/commits/{sha}/diff",
-        web::get().to(commit_diff),
-    )
-    .route("/projects/{id}/repository/compare", web::get().to(compare));
-}
 
 pub(super) fn commit_json(repo: &Repo, state: &AppState, c: &CommitInfo) -> Value {
     json!({
@@ -75,7 +53,7 @@ pub(super) fn diff_json(d: &FileChange) -> Value {
 }
 
 #[derive(Debug, Deserialize)]
-struct LogParams {
+pub(super) struct LogParams {
     ref_name: Option<String>,
     path: Option<String>,
     since: Option<String>,
@@ -98,7 +76,7 @@ fn timestamp(value: Option<&str>, name: &str) -> Result<Option<i64>, ApiError> {
     Err(ApiError::BadRequest(format!("{name} is invalid")))
 }
 
-async fn list_commits(
+pub(super) async fn list_commits(
     state: web::Data<AppState>,
     req: HttpRequest,
     id: web::Path<i64>,
@@ -113,7 +91,7 @@ async fn list_commits(
     let start = match repo.resolve(q.ref_name.as_deref(), "Commit").await {
         Ok(id) => id,
         Err(ApiError::NotFound(_)) => {
-            return Ok(super::common::paged(
+            return Ok(super::pagination::paged(
                 &req,
                 PageParams::new(q.page, q.per_page),
                 vec![],
@@ -180,7 +158,7 @@ pub(super) async fn changes_of(repo: &Repo, c: &CommitInfo) -> Result<Vec<FileCh
     .map_err(repository_error)
 }
 
-async fn show_commit(
+pub(super) async fn show_commit(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<(i64, String)>,
@@ -220,12 +198,12 @@ async fn commit_with_stats(
 }
 
 #[derive(Debug, Deserialize)]
-struct PageOnly {
+pub(super) struct PageOnly {
     page: Option<usize>,
     per_page: Option<usize>,
 }
 
-async fn commit_diff(
+pub(super) async fn commit_diff(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<(i64, String)>,
@@ -236,7 +214,7 @@ async fn commit_diff(
     let commit = find_commit(&repo, &sha).await?;
     let changes = changes_of(&repo, &commit).await?;
     let items = changes.iter().map(diff_json).collect();
-    Ok(super::common::paged(
+    Ok(super::pagination::paged(
         &req,
         PageParams::new(q.page, q.per_page),
         items,
@@ -244,13 +222,13 @@ async fn commit_diff(
 }
 
 #[derive(Debug, Deserialize)]
-struct CompareParams {
+pub(super) struct CompareParams {
     from: Option<String>,
     to: Option<String>,
     straight: Option<String>,
 }
 
-async fn compare(
+pub(super) async fn compare(
     state: web::Data<AppState>,
     req: HttpRequest,
     id: web::Path<i64>,
@@ -303,7 +281,7 @@ struct CommitAction {
 }
 
 #[derive(Debug, Deserialize)]
-struct NewCommit {
+pub(super) struct NewCommit {
     branch: Option<String>,
     commit_message: Option<String>,
     start_branch: Option<String>,
@@ -355,7 +333,7 @@ fn file_action(a: CommitAction) -> Result<FileAction, ApiError> {
     })
 }
 
-async fn create_commit(
+pub(super) async fn create_commit(
     state: web::Data<AppState>,
     req: HttpRequest,
     id: web::Path<i64>,

@@ -5,37 +5,12 @@ use chrono::NaiveDate;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::common::{like_pattern, paged};
-use super::pagination::PageParams;
+use super::pagination::{PageParams, paged};
+use super::param_values::like_pattern;
 use super::{ApiError, READ_SCOPES, WRITE_SCOPES, require_admin, require_user};
 use crate::app_state::AppState;
 use crate::identity::tokens::{self, AuthenticatedUser, TokenFilter, TokenRecord};
 use crate::identity::users::{self, User, UserChanges, UserFilter};
-
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/user", web::get().to(current_user))
-        .route("/users", web::get().to(list_users))
-        .route("/users", web::post().to(create_user))
-        .route("/users/{id}", web::get().to(show_user))
-        .route("/users/{id}", web::put().to(update_user))
-        .route("/users/{id}/block", web::post().to(block_user))
-        .route("/users/{id}/unblock", web::post().to(unblock_user))
-        .route(
-            "/users/{id}/personal_access_tokens",
-            web::post().to(create_token),
-        )
-        .route("/personal_access_tokens", web::get().to(list_tokens))
-        .route("/personal_access_tokens/self", web::get().to(token_self))
-        .route(
-            "/personal_access_tokens/self",
-            web::delete().to(revoke_token_self),
-        )
-        .route("/personal_access_tokens/{id}", web::get().to(show_token))
-        .route(
-            "/personal_access_tokens/{id}",
-            web::delete().to(revoke_token),
-        );
-}
 
 /// Reading users also works with a `read_user` token, as in GitLab.
 const USER_READ_SCOPES: &[&str] = &["api", "read_api", "read_user"];
@@ -57,7 +32,7 @@ fn user_json(user: &User, base: &url::Url, with_admin: bool) -> Value {
     v
 }
 
-async fn current_user(
+pub(super) async fn current_user(
     state: web::Data<AppState>,
     req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
@@ -70,7 +45,7 @@ async fn current_user(
 }
 
 #[derive(Debug, Deserialize)]
-struct UserListParams {
+pub(super) struct UserListParams {
     page: Option<usize>,
     per_page: Option<usize>,
     /// Exact username, case-insensitive.
@@ -85,7 +60,7 @@ struct UserListParams {
 
 /// Everyone signed in may list users; only admins see `is_admin` and `email`
 /// (and may search by email).
-async fn list_users(
+pub(super) async fn list_users(
     state: web::Data<AppState>,
     req: HttpRequest,
     q: web::Query<UserListParams>,
@@ -118,7 +93,7 @@ fn paged_users(req: &HttpRequest, q: &UserListParams, items: Vec<Value>) -> Http
     paged(req, PageParams::new(q.page, q.per_page), items)
 }
 
-async fn show_user(
+pub(super) async fn show_user(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<i64>,
@@ -132,7 +107,7 @@ async fn show_user(
 }
 
 #[derive(Deserialize)]
-struct NewUser {
+pub(super) struct NewUser {
     username: String,
     name: String,
     email: String,
@@ -140,7 +115,7 @@ struct NewUser {
     admin: bool,
 }
 
-async fn create_user(
+pub(super) async fn create_user(
     state: web::Data<AppState>,
     req: HttpRequest,
     body: super::params::Params<NewUser>,
@@ -166,7 +141,7 @@ async fn create_user(
 }
 
 #[derive(Debug, Deserialize)]
-struct UserUpdate {
+pub(super) struct UserUpdate {
     username: Option<String>,
     name: Option<String>,
     email: Option<String>,
@@ -174,7 +149,7 @@ struct UserUpdate {
 }
 
 /// Admins change a user's username, name, email or admin flag.
-async fn update_user(
+pub(super) async fn update_user(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<i64>,
@@ -232,7 +207,7 @@ async fn user_state(state: &AppState, id: i64) -> Result<String, ApiError> {
 
 /// Blocks a user (admins only): their tokens then answer 403. GitLab answers 201
 /// with `true`, also for an already blocked user.
-async fn block_user(
+pub(super) async fn block_user(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<i64>,
@@ -249,7 +224,7 @@ async fn block_user(
 }
 
 /// Unblocks a blocked user (admins only); deactivated users stay deactivated.
-async fn unblock_user(
+pub(super) async fn unblock_user(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<i64>,
@@ -271,7 +246,7 @@ async fn set_state(state: &AppState, id: i64, new_state: &str) -> Result<HttpRes
 }
 
 #[derive(Deserialize)]
-struct NewToken {
+pub(super) struct NewToken {
     name: String,
     scopes: Vec<String>,
     expires_at: Option<NaiveDate>,
@@ -301,7 +276,7 @@ async fn existing_record(
         .ok_or_else(|| ApiError::Internal(format!("token {id} is gone")))
 }
 
-async fn create_token(
+pub(super) async fn create_token(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<i64>,
@@ -323,7 +298,7 @@ async fn create_token(
     Ok(HttpResponse::Created().json(v))
 }
 
-async fn token_self(
+pub(super) async fn token_self(
     state: web::Data<AppState>,
     req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
@@ -334,7 +309,7 @@ async fn token_self(
 }
 
 #[derive(Debug, Deserialize)]
-struct TokenListParams {
+pub(super) struct TokenListParams {
     page: Option<usize>,
     per_page: Option<usize>,
     /// Admins only; ignored for everyone else, who always see their own.
@@ -347,7 +322,7 @@ struct TokenListParams {
 }
 
 /// The caller's own tokens; admins see every user's (or one user's with `user_id`).
-async fn list_tokens(
+pub(super) async fn list_tokens(
     state: web::Data<AppState>,
     req: HttpRequest,
     q: web::Query<TokenListParams>,
@@ -383,7 +358,7 @@ async fn list_tokens(
 
 /// One token: its owner and admins see it. Others get 401 whether or not it
 /// exists, so ids cannot be probed (GitLab's answer).
-async fn show_token(
+pub(super) async fn show_token(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<i64>,
@@ -400,7 +375,7 @@ async fn show_token(
 }
 
 /// Revokes the token the request is made with.
-async fn revoke_token_self(
+pub(super) async fn revoke_token_self(
     state: web::Data<AppState>,
     req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
@@ -410,7 +385,7 @@ async fn revoke_token_self(
     Ok(HttpResponse::NoContent().finish())
 }
 
-async fn revoke_token(
+pub(super) async fn revoke_token(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<i64>,

@@ -9,49 +9,13 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::params::Params;
+use super::workflow_access::{WorkflowCaller, find_workflow, workflow_caller, workflow_json};
 use super::{ApiError, READ_SCOPES, WRITE_SCOPES, require_user};
 use crate::app_state::AppState;
-use crate::identity::oauth::AI_WORKFLOWS_SCOPE;
-use crate::identity::tokens::AuthenticatedUser;
 use crate::identity::users::{self, ServiceAccountUser};
 use crate::policy::{Ability, Actor, Subject};
-use crate::workflows::store::{self, ListFilter, NewWorkflow, Workflow};
+use crate::workflows::store::{self, ListFilter, NewWorkflow};
 use crate::workflows::{Caller, WorkflowError, privileges};
-
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route(
-        "/ai/duo_workflows/workflows/agent_privileges",
-        web::get().to(agent_privileges),
-    )
-    .route(
-        "/ai/duo_workflows/workflows",
-        web::post().to(create_workflow),
-    )
-    .route("/ai/duo_workflows/workflows", web::get().to(list_workflows))
-    .route(
-        "/ai/duo_workflows/workflows/{id}",
-        web::delete().to(delete_workflow),
-    )
-    .route(
-        "/ai/duo_workflows/direct_access",
-        web::post().to(direct_access),
-    )
-    .route("/ai/duo_workflows/list_tools", web::get().to(list_tools))
-    .route("/service_accounts", web::post().to(create_service_account))
-    .route(
-        "/ai/duo_workflows/service_account",
-        web::put().to(set_workflow_service_account),
-    )
-    .route(
-        "/ai/duo_workflows/service_account",
-        web::get().to(show_workflow_service_account),
-    )
-    .configure(super::workflows_internal::routes)
-    .configure(super::workflows_socket::routes);
-}
-
-/// Scopes the internal endpoints and the socket accept.
-pub(super) const INTERNAL_SCOPES: &[&str] = &["api", AI_WORKFLOWS_SCOPE];
 
 impl From<WorkflowError> for ApiError {
     fn from(e: WorkflowError) -> Self {
@@ -72,89 +36,7 @@ impl From<WorkflowError> for ApiError {
     }
 }
 
-/// The caller of a workflow endpoint, with both identities of a composite token.
-pub(super) struct WorkflowCaller {
-    pub user: AuthenticatedUser,
-    pub actor: Actor,
-    pub service_account: Option<Actor>,
-}
-
-impl WorkflowCaller {
-    pub fn caller(&self) -> Caller {
-        Caller {
-            user_id: self.user.id,
-            service_account_id: self.service_account.map(|s| s.id),
-        }
-    }
-}
-
-pub(super) async fn workflow_caller(
-    state: &AppState,
-    req: &HttpRequest,
-    scopes: &[&'static str],
-) -> Result<WorkflowCaller, ApiError> {
-    let user = require_user(state, req, scopes).await?;
-    Ok(WorkflowCaller {
-        actor: Actor::from(&user),
-        service_account: user
-            .service_account
-            .as_ref()
-            .map(|s| Actor::user(s.id, s.admin)),
-        user,
-    })
-}
-
-/// The workflow `id` as its owner (or an admin) sees it: another user's
-/// workflow is 404, as if it did not exist; one whose project the caller (or
-/// the service account acting for them) may no longer run workflows in is 403.
-pub(super) async fn find_workflow(
-    state: &AppState,
-    who: &WorkflowCaller,
-    id: &str,
-) -> Result<Workflow, ApiError> {
-    let id: i64 = id.parse().map_err(|_| ApiError::RecordNotFound)?;
-    let db = state.pool.get().await?;
-    let workflow = store::find(&*db, id)
-        .await?
-        .filter(|w| w.user_id == who.actor.id || who.actor.admin)
-        .ok_or(ApiError::RecordNotFound)?;
-    if !state
-        .policy
-        .can_access_workflow(&*db, who.actor, who.service_account, workflow.facts())
-        .await?
-    {
-        return Err(ApiError::Forbidden);
-    }
-    Ok(workflow)
-}
-
-/// GitLab's workflow entity.
-pub(crate) fn workflow_json(w: &Workflow, gitlab_url: &url::Url) -> Value {
-    json!({
-        "id": w.id,
-        "project_id": w.project_id,
-        "namespace_id": w.namespace_id,
-        "agent_privileges": w.agent_privileges,
-        "agent_privileges_names": privileges::names(&w.agent_privileges),
-        "pre_approved_agent_privileges": w.pre_approved_agent_privileges,
-        "pre_approved_agent_privileges_names": privileges::names(&w.pre_approved_agent_privileges),
-        "workflow_definition": w.workflow_definition,
-        "status": w.status.name(),
-        "goal": w.goal,
-        "summary": w.summary,
-        "allow_agent_to_request_user": w.allow_agent_to_request_user,
-        "image": w.image,
-        "environment": w.environment_name(),
-        "ai_catalog_item_version_id": Value::Null,
-        "workload": Value::Null,
-        "mcp_enabled": false,
-        "gitlab_url": gitlab_url.as_str().trim_end_matches('/'),
-        "created_at": w.created_at,
-        "updated_at": w.updated_at,
-    })
-}
-
-async fn agent_privileges(
+pub(super) async fn agent_privileges(
     state: web::Data<AppState>,
     req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
@@ -242,7 +124,7 @@ pub(super) async fn resolve_container(
 }
 
 #[derive(Debug, Deserialize)]
-struct CreateParams {
+pub(super) struct CreateParams {
     project_id: Option<IdOrPath>,
     namespace_id: Option<IdOrPath>,
     goal: Option<String>,
@@ -261,7 +143,7 @@ struct CreateParams {
 }
 
 /// `POST /ai/duo_workflows/workflows`: 201 with the workflow.
-async fn create_workflow(
+pub(super) async fn create_workflow(
     state: web::Data<AppState>,
     req: HttpRequest,
     params: Params<CreateParams>,
@@ -381,7 +263,7 @@ async fn create_workflow(
 
 /// `DELETE /ai/duo_workflows/workflows/:id`: 204; 409 while a run of it is
 /// queued or running. Its checkpoints, events and hidden ref go with it.
-async fn delete_workflow(
+pub(super) async fn delete_workflow(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<String>,
@@ -395,7 +277,7 @@ async fn delete_workflow(
 }
 
 #[derive(Debug, Deserialize)]
-struct ListQuery {
+pub(super) struct ListQuery {
     page: Option<usize>,
     per_page: Option<usize>,
     project_id: Option<i64>,
@@ -405,7 +287,7 @@ struct ListQuery {
 }
 
 /// `GET /ai/duo_workflows/workflows`: the caller's own workflows, newest first.
-async fn list_workflows(
+pub(super) async fn list_workflows(
     state: web::Data<AppState>,
     req: HttpRequest,
     query: web::Query<ListQuery>,
@@ -436,7 +318,7 @@ async fn list_workflows(
         .iter()
         .map(|w| workflow_json(w, &state.config.external_url))
         .collect();
-    Ok(super::common::paged(
+    Ok(super::pagination::paged(
         &req,
         super::pagination::PageParams::new(q.page, q.per_page),
         items,
@@ -444,7 +326,7 @@ async fn list_workflows(
 }
 
 #[derive(Debug, Deserialize)]
-struct DirectAccessParams {
+pub(super) struct DirectAccessParams {
     workflow_definition: Option<String>,
     project_id: Option<IdOrPath>,
     namespace_id: Option<IdOrPath>,
@@ -503,7 +385,7 @@ async fn authorize_platform(
 /// workflow: this instance's URL with a fresh `ai_workflows` token (2 hours),
 /// the workflow service's address with a token it minted for the user, the
 /// cloud-connector headers and the model metadata (never an API key).
-async fn direct_access(
+pub(super) async fn direct_access(
     state: web::Data<AppState>,
     req: HttpRequest,
     params: Params<DirectAccessParams>,
@@ -653,7 +535,7 @@ fn title_case(name: &str) -> String {
 }
 
 /// `GET /ai/duo_workflows/list_tools`: the workflow service's tools.
-async fn list_tools(
+pub(super) async fn list_tools(
     state: web::Data<AppState>,
     req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
@@ -677,7 +559,7 @@ async fn list_tools(
 }
 
 #[derive(Debug, Deserialize)]
-struct ServiceAccountParams {
+pub(super) struct ServiceAccountParams {
     name: Option<String>,
     username: Option<String>,
     email: Option<String>,
@@ -694,7 +576,7 @@ fn service_account_json(account: &ServiceAccountUser) -> Value {
 
 /// `POST /service_accounts` (GitLab's instance service accounts; admins): a
 /// user that acts for humans under composite identity and cannot sign in.
-async fn create_service_account(
+pub(super) async fn create_service_account(
     state: web::Data<AppState>,
     req: HttpRequest,
     params: Params<ServiceAccountParams>,
@@ -732,13 +614,13 @@ async fn create_service_account(
 }
 
 #[derive(Debug, Deserialize)]
-struct WorkflowServiceAccountParams {
+pub(super) struct WorkflowServiceAccountParams {
     user_id: Option<i64>,
 }
 
 /// `PUT /ai/duo_workflows/service_account {user_id}` (our addition; admins):
 /// the service account remote (`ambient`) workflows run as; `null` unsets it.
-async fn set_workflow_service_account(
+pub(super) async fn set_workflow_service_account(
     state: web::Data<AppState>,
     req: HttpRequest,
     params: Params<WorkflowServiceAccountParams>,
@@ -767,7 +649,7 @@ async fn set_workflow_service_account(
 }
 
 /// `GET /ai/duo_workflows/service_account` (admins).
-async fn show_workflow_service_account(
+pub(super) async fn show_workflow_service_account(
     state: web::Data<AppState>,
     req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {

@@ -10,63 +10,11 @@ use serde_json::{Value, json};
 use super::ApiError;
 use super::pagination::PageParams;
 use super::params::Params;
-use super::workflows::{INTERNAL_SCOPES, find_workflow, workflow_caller, workflow_json};
+use super::workflow_access::{INTERNAL_SCOPES, find_workflow, workflow_caller, workflow_json};
 use crate::app_state::AppState;
 use crate::identity::oauth::{self, Revocation};
 use crate::workflows::checkpoints::{self, NewCheckpoint, NewWrite};
 use crate::workflows::{WorkflowError, events, store};
-
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route(
-        "/ai/duo_workflows/revoke_token",
-        web::post().to(revoke_token),
-    )
-    .route("/ai/duo_workflows/workflows/{id}", web::get().to(show))
-    .route(
-        "/ai/duo_workflows/workflows/{id}",
-        web::patch().to(update_status),
-    )
-    .route(
-        "/ai/duo_workflows/workflows/{id}/checkpoints",
-        web::post().to(create_checkpoint),
-    )
-    .route(
-        "/ai/duo_workflows/workflows/{id}/checkpoints",
-        web::get().to(list_checkpoints),
-    )
-    .route(
-        "/ai/duo_workflows/workflows/{id}/checkpoints/{checkpoint_id}",
-        web::get().to(show_checkpoint),
-    )
-    .route(
-        "/ai/duo_workflows/workflows/{id}/checkpoint_writes_batch",
-        web::post().to(create_writes),
-    )
-    .route(
-        "/ai/duo_workflows/workflows/{id}/events",
-        web::post().to(create_event),
-    )
-    .route(
-        "/ai/duo_workflows/workflows/{id}/events",
-        web::get().to(list_events),
-    )
-    .route(
-        "/ai/duo_workflows/workflows/{id}/events/{event_id}",
-        web::put().to(update_event),
-    )
-    .route(
-        "/ai/duo_workflows/workflows/{id}/run_lock",
-        web::post().to(take_run_lock),
-    )
-    .route(
-        "/ai/duo_workflows/workflows/{id}/run_lock/{run_id}",
-        web::put().to(renew_run_lock),
-    )
-    .route(
-        "/ai/duo_workflows/workflows/{id}/run_lock/{run_id}",
-        web::delete().to(release_run_lock),
-    );
-}
 
 /// The `run_id` query parameter of a write: the lease its run holds.
 fn run_id_of(req: &HttpRequest) -> Result<Option<uuid::Uuid>, ApiError> {
@@ -90,7 +38,7 @@ fn run_id_of(req: &HttpRequest) -> Result<Option<uuid::Uuid>, ApiError> {
 /// `{run_id, ttl_seconds}` for a run the workflow service starts, 409 while
 /// another run holds the workflow (a socket run, or another gRPC run) unless
 /// `takeover` names that run. Each start gets a new run id.
-async fn take_run_lock(
+pub(super) async fn take_run_lock(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<String>,
@@ -136,7 +84,7 @@ fn lease_of(workflow_id: i64, run_id: &str) -> Result<crate::workflows::lease::L
 
 /// `PUT /ai/duo_workflows/workflows/:id/run_lock/:run_id`: 200 while the run
 /// still holds the workflow, 409 once it lost it.
-async fn renew_run_lock(
+pub(super) async fn renew_run_lock(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<(String, String)>,
@@ -156,7 +104,7 @@ async fn renew_run_lock(
 }
 
 /// `DELETE /ai/duo_workflows/workflows/:id/run_lock/:run_id`: 204.
-async fn release_run_lock(
+pub(super) async fn release_run_lock(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<(String, String)>,
@@ -171,13 +119,13 @@ async fn release_run_lock(
 }
 
 #[derive(Debug, Deserialize)]
-struct RevokeParams {
+pub(super) struct RevokeParams {
     token: Option<String>,
 }
 
 /// `POST /ai/duo_workflows/revoke_token`: revokes one of the caller's
 /// `ai_workflows` tokens (the service calls it when a run ends).
-async fn revoke_token(
+pub(super) async fn revoke_token(
     state: web::Data<AppState>,
     req: HttpRequest,
     params: Params<RevokeParams>,
@@ -209,7 +157,7 @@ async fn revoke_token(
 }
 
 /// `GET /ai/duo_workflows/workflows/:id`.
-async fn show(
+pub(super) async fn show(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<String>,
@@ -220,14 +168,14 @@ async fn show(
 }
 
 #[derive(Debug, Deserialize)]
-struct StatusParams {
+pub(super) struct StatusParams {
     status_event: Option<String>,
 }
 
 /// `PATCH /ai/duo_workflows/workflows/:id {status_event}`: 200 with the
 /// workflow (also when it already is in the target status), 400 with
 /// GitLab's message when the event is unknown or not allowed now.
-async fn update_status(
+pub(super) async fn update_status(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<String>,
@@ -250,7 +198,7 @@ async fn update_status(
 }
 
 #[derive(Debug, Deserialize)]
-struct CheckpointParams {
+pub(super) struct CheckpointParams {
     thread_ts: Option<String>,
     parent_ts: Option<String>,
     checkpoint_ns: Option<String>,
@@ -263,7 +211,7 @@ struct CheckpointParams {
 }
 
 /// `POST /ai/duo_workflows/workflows/:id/checkpoints`: 201 `{id, thread_ts, parent_ts}`.
-async fn create_checkpoint(
+pub(super) async fn create_checkpoint(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<String>,
@@ -309,7 +257,7 @@ async fn create_checkpoint(
 }
 
 #[derive(Debug, Deserialize)]
-struct CheckpointQuery {
+pub(super) struct CheckpointQuery {
     page: Option<usize>,
     per_page: Option<usize>,
     accept_compressed: Option<String>,
@@ -327,7 +275,7 @@ fn truthy(v: Option<&str>) -> Result<bool, ApiError> {
 /// `GET /ai/duo_workflows/workflows/:id/checkpoints`: newest first
 /// (`per_page=1` is the latest), with their writes; `accept_compressed=true`
 /// sends each body as `compressed_checkpoint`.
-async fn list_checkpoints(
+pub(super) async fn list_checkpoints(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<String>,
@@ -358,12 +306,12 @@ async fn list_checkpoints(
 }
 
 #[derive(Debug, Deserialize)]
-struct OneCheckpointQuery {
+pub(super) struct OneCheckpointQuery {
     accept_compressed: Option<String>,
 }
 
 /// `GET /ai/duo_workflows/workflows/:id/checkpoints/:checkpoint_id`.
-async fn show_checkpoint(
+pub(super) async fn show_checkpoint(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<(String, String)>,
@@ -384,13 +332,13 @@ async fn show_checkpoint(
 }
 
 #[derive(Debug, Deserialize)]
-struct WritesParams {
+pub(super) struct WritesParams {
     thread_ts: Option<String>,
     checkpoint_writes: Option<Vec<NewWrite>>,
 }
 
 /// `POST /ai/duo_workflows/workflows/:id/checkpoint_writes_batch`: all or nothing.
-async fn create_writes(
+pub(super) async fn create_writes(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<String>,
@@ -411,14 +359,14 @@ async fn create_writes(
 }
 
 #[derive(Debug, Deserialize)]
-struct EventParams {
+pub(super) struct EventParams {
     event_type: Option<String>,
     message: Option<String>,
     correlation_id: Option<String>,
 }
 
 /// `POST /ai/duo_workflows/workflows/:id/events`: 201 with the queued event.
-async fn create_event(
+pub(super) async fn create_event(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<String>,
@@ -459,13 +407,13 @@ async fn create_event(
 }
 
 #[derive(Debug, Deserialize)]
-struct EventsQuery {
+pub(super) struct EventsQuery {
     page: Option<usize>,
     per_page: Option<usize>,
 }
 
 /// `GET /ai/duo_workflows/workflows/:id/events`: the queued events.
-async fn list_events(
+pub(super) async fn list_events(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<String>,
@@ -488,12 +436,12 @@ async fn list_events(
 }
 
 #[derive(Debug, Deserialize)]
-struct EventStatusParams {
+pub(super) struct EventStatusParams {
     event_status: Option<String>,
 }
 
 /// `PUT /ai/duo_workflows/workflows/:id/events/:event_id {event_status}`.
-async fn update_event(
+pub(super) async fn update_event(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<(String, String)>,

@@ -28,7 +28,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::ApiError;
-use super::workflows::{INTERNAL_SCOPES, WorkflowCaller, find_workflow, workflow_caller};
+use super::workflow_access::{INTERNAL_SCOPES, WorkflowCaller, find_workflow, workflow_caller};
 use crate::app_state::AppState;
 use crate::identity::oauth::{self, MintedToken};
 use crate::policy::Actor;
@@ -51,12 +51,8 @@ const MAX_LOCAL_BODY_BYTES: usize = 4 * 1024 * 1024 - 64 * 1024;
 /// reason says it).
 const CLOSE_LOCKED: u16 = 4409;
 
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/ai/duo_workflows/ws", web::get().to(open));
-}
-
 #[derive(Debug, Deserialize)]
-struct SocketQuery {
+pub(super) struct SocketQuery {
     /// Our addition: name the workflow up front to be refused with 409 before
     /// the upgrade when another run holds it.
     workflow_id: Option<String>,
@@ -95,7 +91,7 @@ async fn socket_caller(state: &AppState, req: &HttpRequest) -> Result<WorkflowCa
     workflow_caller(state, req, INTERNAL_SCOPES).await
 }
 
-async fn open(
+pub(super) async fn open(
     state: web::Data<AppState>,
     req: HttpRequest,
     payload: web::Payload,

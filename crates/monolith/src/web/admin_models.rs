@@ -13,7 +13,7 @@ use maud::{Markup, html};
 use serde::Deserialize;
 
 use super::PageError;
-use super::admin::{
+use super::admin_frame::{
     Flash, NoticeQuery, admin_page, admin_session, back_to, check_form_token, hidden_token,
 };
 use crate::ai_models::{

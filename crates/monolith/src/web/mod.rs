@@ -13,9 +13,11 @@
 //! - [`workflow_pages`]: Duo Workflow sessions of a project: start, follow,
 //!   approve, stop;
 //! - [`help`]: the error-code help page;
-//! - [`admin`], [`admin_models`]: the admin area (instance admins only).
+//! - [`admin`], [`admin_models`]: the admin area (instance admins only), on
+//!   the frame and gate of `admin_frame`.
 
 pub mod admin;
+mod admin_frame;
 pub mod admin_models;
 pub mod assets;
 pub mod chat;
@@ -40,7 +42,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .configure(repository_browser::routes)
         .configure(workflow_pages::routes)
         .configure(resources::routes)
-        .configure(admin::routes);
+        .configure(admin::routes)
+        .configure(admin_models::routes);
 }
 
 /// Why a page could not be shown.

@@ -420,7 +420,7 @@ async fn a_push_is_indexed_by_the_worker_and_a_failing_embedder_ends_failed_then
     let worker = monolith::worker::spawn(
         bench.fx.pool.clone(),
         bench.fx.db.url(),
-        std::sync::Arc::new(monolith::worker::NotYetAvailableResponder),
+        std::sync::Arc::new(monolith::chat::jobs::NotYetAvailableResponder),
         "https://docs.gitlab.com".into(),
         monolith::worker::WorkerSettings {
             queue: job_queue::WorkerConfig {

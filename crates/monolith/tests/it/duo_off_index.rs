@@ -59,7 +59,7 @@ async fn site_with(worker: bool) -> Site {
         monolith::worker::spawn(
             bench.fx.pool.clone(),
             bench.fx.db.url(),
-            Arc::new(monolith::worker::NotYetAvailableResponder),
+            Arc::new(monolith::chat::jobs::NotYetAvailableResponder),
             "https://docs.gitlab.com".into(),
             monolith::worker::WorkerSettings {
                 queue: job_queue::WorkerConfig {

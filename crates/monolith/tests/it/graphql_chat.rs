@@ -81,7 +81,7 @@ async fn chat_question_is_stored_and_answered_with_a_coded_error() {
     let worker = monolith::worker::spawn(
         fx.pool.clone(),
         fx.db.url(),
-        std::sync::Arc::new(monolith::worker::NotYetAvailableResponder),
+        std::sync::Arc::new(monolith::chat::jobs::NotYetAvailableResponder),
         "https://docs.gitlab.com".into(),
         monolith::worker::WorkerSettings {
             queue: job_queue::WorkerConfig {

@@ -17,6 +17,7 @@ mod agent_file_context;
 mod agent_gateway_client;
 mod agent_ndjson;
 mod agent_serialize;
+mod agent_tool_catalogue;
 mod agent_tools;
 mod architecture;
 mod code_index;

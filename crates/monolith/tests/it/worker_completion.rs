@@ -18,7 +18,7 @@ use async_trait::async_trait;
 use monolith::chat::completion::{
     ChatAnswer, ChatResponder, ChunkSender, CompletionJob, ResponderError,
 };
-use monolith::chat::{ChatRequest, ChatService, PgCompletionQueue};
+use monolith::chat::{ChatRequest, ChatService, PgCompletionQueue, jobs};
 use monolith::config::Realm;
 use monolith::policy::Actor;
 use monolith::worker::{self, WorkerSettings};
@@ -260,7 +260,7 @@ async fn question_and_job_are_written_together_and_slash_commands_enqueue_nothin
 #[tokio::test]
 async fn the_default_responder_answers_not_yet_available_with_a_code() {
     let (fx, user, chat) = world(3).await;
-    let worker = start(&fx, Arc::new(worker::NotYetAvailableResponder), fast());
+    let worker = start(&fx, Arc::new(jobs::NotYetAvailableResponder), fast());
     let request = ask(&chat, user, "hello?").await;
     let stored = wait_for_answer(&fx, request).await;
     worker.shutdown().await;
@@ -269,7 +269,7 @@ async fn the_default_responder_answers_not_yet_available_with_a_code() {
     assert_eq!(content, "");
     assert_eq!(details["code"], "A9999");
     let error = details["errors"][0].as_str().unwrap();
-    assert!(error.starts_with(worker::NOT_YET_AVAILABLE), "{error}");
+    assert!(error.starts_with(jobs::NOT_YET_AVAILABLE), "{error}");
     assert!(
         error.contains("Error code: [A9999](https://docs.example.com"),
         "{error}"

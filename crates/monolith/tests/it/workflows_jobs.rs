@@ -83,7 +83,7 @@ async fn the_worker_runs_the_stuck_workflow_job_on_its_period() {
     let worker = monolith::worker::spawn(
         w.fx.pool.clone(),
         w.fx.db.url(),
-        std::sync::Arc::new(monolith::worker::NotYetAvailableResponder),
+        std::sync::Arc::new(monolith::chat::jobs::NotYetAvailableResponder),
         "https://docs.gitlab.com".into(),
         monolith::worker::WorkerSettings {
             queue: job_queue::WorkerConfig {

@@ -8,7 +8,7 @@ use actix_web::HttpRequest;
 use crate::queries::Queries;
 
 use super::ApiError;
-use super::common::Container;
+use super::containers::Container;
 use crate::app_state::AppState;
 use crate::policy::{Ability, Actor, Subject};
 use crate::work_items::Identified;
