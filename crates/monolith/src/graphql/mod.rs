@@ -49,6 +49,10 @@ pub struct GqlContext {
     pub access: TokenAccess,
     pub live: Arc<LiveHub>,
     pub models: crate::ai_models::ModelStore,
+    pub config: Arc<crate::config::Config>,
+    pub repositories: crate::repositories::Repositories,
+    /// The service account of a composite token, for the audit trail.
+    pub token_service_account: Option<i64>,
 }
 
 impl juniper::Context for GqlContext {}
@@ -61,9 +65,14 @@ impl GqlContext {
             pool: state.pool.clone(),
             user: user.as_ref().map(Actor::from),
             access: TokenAccess::of(user.as_ref()),
+            token_service_account: user
+                .as_ref()
+                .and_then(|u| u.service_account.as_ref().map(|s| s.id)),
             username: user.map(|u| u.username),
             live: state.live.clone(),
             models: state.models.clone(),
+            config: state.config.clone(),
+            repositories: state.repositories.clone(),
         }
     }
 }
@@ -240,6 +249,15 @@ mod tests {
             models: crate::ai_models::ModelStore::new(Arc::new(
                 crate::identity::secret_box::SecretBox::from_key(&[0; 32]).unwrap(),
             )),
+            config: Arc::new(
+                crate::config::Config::from_lookup(|name| {
+                    (name == "DATABASE_URL")
+                        .then(|| "postgres://nobody@127.0.0.1:1/none".to_owned())
+                })
+                .unwrap(),
+            ),
+            repositories: crate::repositories::Repositories::new("/nonexistent", 1),
+            token_service_account: None,
         }
     }
 }

@@ -41,6 +41,15 @@ impl Mutation {
         super::ai_models::update_feature_setting(ctx, input).await
     }
 
+    /// Creates a Duo Workflow (and, with `startWorkflow`, starts its run in
+    /// the product), as `POST /ai/duo_workflows/workflows` does.
+    async fn ai_duo_workflow_create(
+        ctx: &GqlContext,
+        input: super::workflows::AiDuoWorkflowCreateInput,
+    ) -> FieldResult<super::workflows::AiDuoWorkflowCreatePayload> {
+        super::workflows::create(ctx, input).await
+    }
+
     /// Deletes one of the signed-in user's conversation threads and its
     /// messages. An unknown thread and someone else's get the same answer.
     async fn delete_conversation_thread(

@@ -419,3 +419,151 @@ pub async fn events_updated(
     });
     Ok(Box::pin(stream))
 }
+
+/// `aiDuoWorkflowCreate`'s input: GitLab's creation parameters.
+#[derive(Debug, Clone, juniper::GraphQLInputObject)]
+#[graphql(name = "AiDuoWorkflowCreateInput")]
+pub struct AiDuoWorkflowCreateInput {
+    pub client_mutation_id: Option<String>,
+    /// The project's full path (or numeric id).
+    pub project_path: Option<juniper::ID>,
+    pub goal: Option<String>,
+    pub workflow_definition: Option<String>,
+    pub agent_privileges: Option<Vec<i32>>,
+    pub pre_approved_agent_privileges: Option<Vec<i32>>,
+    pub allow_agent_to_request_user: Option<bool>,
+    pub environment: Option<String>,
+    /// Start a run in the product now.
+    pub start_workflow: Option<bool>,
+    pub source_branch: Option<String>,
+    /// The IID of an issue of the project the workflow works on.
+    pub issue_iid: Option<i32>,
+}
+
+/// The started run: its id and where to follow it.
+#[derive(Debug, Clone, GraphQLObject)]
+#[graphql(name = "DuoWorkflowWorkload")]
+pub struct DuoWorkflowWorkload {
+    pub id: juniper::ID,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, GraphQLObject)]
+#[graphql(name = "AiDuoWorkflowCreatePayload")]
+pub struct AiDuoWorkflowCreatePayload {
+    pub client_mutation_id: Option<String>,
+    pub workflow: Option<DuoWorkflow>,
+    pub workload: Option<DuoWorkflowWorkload>,
+    pub errors: Vec<String>,
+}
+
+/// `aiDuoWorkflowCreate`: the REST API's creation through the same domain
+/// function. A project the caller cannot see and one they may not run
+/// workflows in are both "not available"; invalid parameters come back in
+/// `errors`.
+pub async fn create(
+    ctx: &GqlContext,
+    input: AiDuoWorkflowCreateInput,
+) -> FieldResult<AiDuoWorkflowCreatePayload> {
+    use crate::workflows::creation::{self, CreateContext, CreateError, CreateRequest};
+    let Some(user) = ctx.user else {
+        return Err(coded("Unauthorized", "UNAUTHENTICATED"));
+    };
+    ctx.access.require_write()?;
+    let unavailable = || {
+        coded(
+            "The resource that you are attempting to access does not exist or you don't have permission to perform this action",
+            "RESOURCE_NOT_AVAILABLE",
+        )
+    };
+    let project = {
+        let Some(path) = input.project_path.as_deref() else {
+            return Ok(payload_with_error(
+                input.client_mutation_id,
+                "projectPath must be provided",
+            ));
+        };
+        let db = ctx.pool.get().await.map_err(internal)?;
+        let id = match path.parse::<i64>() {
+            Ok(id) => Some(id),
+            Err(_) => crate::namespaces::project_id_by_full_path(&*db, path)
+                .await
+                .map_err(internal)?,
+        };
+        let Some(id) = id else {
+            return Err(unavailable());
+        };
+        let readable = ctx
+            .policy
+            .can(
+                &*db,
+                Some(user),
+                crate::policy::Ability::ReadProject,
+                crate::policy::Subject::Project(id),
+            )
+            .await
+            .map_err(internal)?;
+        if !readable {
+            return Err(unavailable());
+        }
+        id
+    };
+    let widen = |ids: Option<Vec<i32>>| ids.map(|v| v.into_iter().map(i64::from).collect());
+    let request = CreateRequest {
+        workflow: crate::workflows::store::NewWorkflow {
+            container: Some(crate::policy::Subject::Project(project)),
+            goal: input.goal,
+            workflow_definition: input.workflow_definition,
+            agent_privileges: widen(input.agent_privileges),
+            pre_approved_agent_privileges: widen(input.pre_approved_agent_privileges),
+            allow_agent_to_request_user: input.allow_agent_to_request_user,
+            environment: input.environment,
+            source_branch: input.source_branch,
+            ..Default::default()
+        },
+        start: input.start_workflow.unwrap_or(false),
+        issue_iid: input.issue_iid,
+    };
+    let context = CreateContext {
+        pool: &ctx.pool,
+        policy: &ctx.policy,
+        config: &ctx.config,
+        repositories: &ctx.repositories,
+    };
+    match creation::create(&context, user, ctx.token_service_account, request).await {
+        Ok(created) => {
+            let db = ctx.pool.get().await.map_err(internal)?;
+            let latest = checkpoints::latest(&*db, created.workflow.id)
+                .await
+                .map_err(internal)?;
+            Ok(AiDuoWorkflowCreatePayload {
+                client_mutation_id: input.client_mutation_id,
+                workflow: Some(workflow_of(&created.workflow, latest.as_ref())),
+                workload: created.run.map(|(started, page)| {
+                    let json = started.workload_json(&page);
+                    DuoWorkflowWorkload {
+                        id: juniper::ID::new(started.workload.id.to_string()),
+                        message: json["message"].as_str().unwrap_or_default().to_owned(),
+                    }
+                }),
+                errors: Vec::new(),
+            })
+        }
+        Err(CreateError::Forbidden | CreateError::IssueNotFound) => Err(unavailable()),
+        Err(CreateError::Policy(e)) => Err(internal(e)),
+        Err(CreateError::Workflow(crate::workflows::WorkflowError::Db(e))) => Err(internal(e)),
+        Err(e) => Ok(payload_with_error(input.client_mutation_id, &e.to_string())),
+    }
+}
+
+fn payload_with_error(
+    client_mutation_id: Option<String>,
+    error: &str,
+) -> AiDuoWorkflowCreatePayload {
+    AiDuoWorkflowCreatePayload {
+        client_mutation_id,
+        workflow: None,
+        workload: None,
+        errors: vec![error.to_owned()],
+    }
+}

@@ -14,6 +14,7 @@ use super::{ApiError, READ_SCOPES, WRITE_SCOPES, require_user};
 use crate::app_state::AppState;
 use crate::identity::users::{self, ServiceAccountUser};
 use crate::policy::{Ability, Actor, Subject};
+use crate::workflows::creation::{self, CreateContext, CreateError, CreateRequest};
 use crate::workflows::store::{self, ListFilter, NewWorkflow};
 use crate::workflows::{Caller, WorkflowError, privileges};
 
@@ -162,103 +163,53 @@ pub(super) async fn create_workflow(
             "400 Bad request - project_id or namespace_id must be provided"
         ))
     })?;
-    let db = state.pool.get().await?;
-    // Remote flows (`ambient`, formerly `web`) run as the instance's service
-    // account on behalf of the user when one is configured.
-    let start = params.start_workflow.unwrap_or(false);
-    let remote = start || matches!(params.environment.as_deref(), Some("ambient" | "web"));
-    let service_account = if remote {
-        crate::workflows::store::instance_service_account(&*db).await?
-    } else {
-        None
+    let request = CreateRequest {
+        workflow: NewWorkflow {
+            container: Some(container),
+            goal: params.goal,
+            workflow_definition: params.workflow_definition,
+            agent_privileges: params.agent_privileges,
+            pre_approved_agent_privileges: params.pre_approved_agent_privileges,
+            allow_agent_to_request_user: params.allow_agent_to_request_user,
+            environment: params.environment,
+            image: params.image,
+            additional_context: params.additional_context,
+            source_branch: params.source_branch,
+            ..NewWorkflow::default()
+        },
+        start: params.start_workflow.unwrap_or(false),
+        issue_iid: params.issue_id,
     };
-    if !state
-        .policy
-        .can_run_duo_workflow_as(&*db, who.actor, service_account, container)
-        .await?
-    {
-        return Err(ApiError::Forbidden);
-    }
-    let project_id = match container {
-        Subject::Project(id) => Some(id),
-        _ => None,
+    let context = CreateContext {
+        pool: &state.pool,
+        policy: &state.policy,
+        config: &state.config,
+        repositories: &state.repositories,
     };
-    if start {
-        let repository = project_id.map(|id| state.repositories.path(id));
-        crate::workflows::runs::check_start(
-            &state.config,
-            repository.as_deref().unwrap_or(std::path::Path::new("")),
-            project_id,
-            params.source_branch.as_deref(),
-        )?;
-    } else if params.source_branch.is_some() {
-        return Err(ApiError::BadRequest(
-            "source_branch is only used with start_workflow".into(),
-        ));
-    }
-    let issue_id = match (params.issue_id, project_id) {
-        (None, _) => None,
-        (Some(iid), Some(project)) => {
-            let issue = crate::work_items::issues::by_iid(&*db, project, iid)
-                .await
-                .map_err(crate::db::DbError::Query)?
-                .ok_or(ApiError::NotFound("Issue"))?;
-            if !state
-                .policy
-                .can(
-                    &*db,
-                    Some(who.actor),
-                    Ability::ReadIssue,
-                    Subject::Issue(issue.id),
-                )
-                .await?
-            {
-                return Err(ApiError::NotFound("Issue"));
-            }
-            Some(issue.id)
-        }
-        (Some(_), None) => {
-            return Err(ApiError::BadRequest("issue_id needs a project_id".into()));
-        }
-    };
-    let new = NewWorkflow {
-        container: Some(container),
-        goal: params.goal,
-        workflow_definition: params.workflow_definition,
-        agent_privileges: params.agent_privileges,
-        pre_approved_agent_privileges: params.pre_approved_agent_privileges,
-        allow_agent_to_request_user: params.allow_agent_to_request_user,
-        environment: params.environment,
-        image: params.image,
-        additional_context: params.additional_context,
-        service_account_id: service_account.map(|s| s.id),
-        source_branch: params.source_branch,
-        issue_id,
-    };
-    // The audit trail names the service account the workflow will run as.
-    let caller = Caller {
-        user_id: who.actor.id,
-        service_account_id: service_account
-            .map(|s| s.id)
-            .or(who.caller().service_account_id),
-    };
-    let workflow = store::create(&*db, caller, &new).await?;
-    let mut body = workflow_json(&workflow, &state.config.external_url);
-    if let (true, Some(project)) = (start, project_id) {
-        let page = format!(
-            "{}/{}/-/workflows/{}",
-            state.config.external_url.as_str().trim_end_matches('/'),
-            crate::namespaces::projects::full_path(&*db, project)
-                .await
-                .map_err(crate::db::DbError::Query)?,
-            workflow.id
-        );
-        drop(db);
-        let started =
-            crate::workflows::runs::start(&state.pool, &state.config, workflow.id, None).await?;
-        body["workload"] = started.workload_json(&page);
+    let created = creation::create(
+        &context,
+        who.actor,
+        who.caller().service_account_id,
+        request,
+    )
+    .await?;
+    let mut body = workflow_json(&created.workflow, &state.config.external_url);
+    if let Some((started, page)) = &created.run {
+        body["workload"] = started.workload_json(page);
     }
     Ok(HttpResponse::Created().json(body))
+}
+
+impl From<CreateError> for ApiError {
+    fn from(e: CreateError) -> Self {
+        match e {
+            CreateError::Forbidden => ApiError::Forbidden,
+            CreateError::IssueNotFound => ApiError::NotFound("Issue"),
+            CreateError::BadRequest(message) => ApiError::BadRequest(message),
+            CreateError::Workflow(e) => e.into(),
+            CreateError::Policy(e) => e.into(),
+        }
+    }
 }
 
 /// `DELETE /ai/duo_workflows/workflows/:id`: 204; 409 while a run of it is

@@ -13,6 +13,7 @@ pub const WORKFLOW_GID_MODEL: &str = "Ai::DuoWorkflows::Workflow";
 
 pub mod access;
 pub mod checkpoints;
+pub mod creation;
 pub mod events;
 pub mod lease;
 pub mod live;

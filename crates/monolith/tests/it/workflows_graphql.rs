@@ -331,3 +331,87 @@ async fn events_carry_the_conversation_and_the_subscription_only_what_is_new() {
         .collect();
     assert_eq!(kinds, ["request", "workflow_end"]);
 }
+
+const CREATE: &str = "mutation($input: AiDuoWorkflowCreateInput!) {
+  aiDuoWorkflowCreate(input: $input) {
+    workflow { id goal status workflowDefinition }
+    workload { id message }
+    errors
+  }
+}";
+
+#[tokio::test]
+async fn workflows_are_created_and_started_through_graphql_as_through_rest() {
+    let w = world().await;
+    let project = w.project.to_string();
+    let created = gql(
+        &w,
+        &w.dev_token,
+        CREATE,
+        json!({"input": {"projectPath": project, "goal": "Tidy the README"}}),
+    )
+    .await;
+    let payload = &created["data"]["aiDuoWorkflowCreate"];
+    assert_eq!(payload["errors"], json!([]), "{created}");
+    assert_eq!(payload["workflow"]["goal"], "Tidy the README");
+    assert_eq!(payload["workflow"]["status"], "CREATED");
+    assert!(payload["workload"].is_null());
+
+    // Starting needs commits to work on: this project's repository is empty,
+    // said as GitLab's 422 says it, and nothing is queued.
+    let started = gql(
+        &w,
+        &w.dev_token,
+        CREATE,
+        json!({"input": {"projectPath": project, "goal": "Run it", "startWorkflow": true}}),
+    )
+    .await;
+    let payload = &started["data"]["aiDuoWorkflowCreate"];
+    assert!(payload["workflow"].is_null(), "{started}");
+    assert!(
+        payload["errors"][0]
+            .as_str()
+            .unwrap_or_default()
+            .contains("no repository"),
+        "{started}"
+    );
+    let queued: i64 =
+        w.fx.pool
+            .get()
+            .await
+            .unwrap()
+            .query_one("SELECT count(*) FROM duo_workflow_workloads", &[])
+            .await
+            .unwrap()
+            .get(0);
+    assert_eq!(queued, 0);
+
+    // A source branch without a start, or one that does not exist.
+    let wrong = gql(
+        &w,
+        &w.dev_token,
+        CREATE,
+        json!({"input": {"projectPath": project, "sourceBranch": "main"}}),
+    )
+    .await;
+    assert!(
+        wrong["data"]["aiDuoWorkflowCreate"]["errors"][0]
+            .as_str()
+            .unwrap()
+            .contains("start_workflow"),
+        "{wrong}"
+    );
+    // A project the caller cannot see is not available (as one they may not
+    // run workflows in: the REST tests cover the policy's refusals).
+    let refused = gql(
+        &w,
+        &w.dev_token,
+        CREATE,
+        json!({"input": {"projectPath": "nobody/nothing", "goal": "Not there"}}),
+    )
+    .await;
+    assert_eq!(
+        refused["errors"][0]["extensions"]["code"], "RESOURCE_NOT_AVAILABLE",
+        "{refused}"
+    );
+}
