@@ -112,7 +112,10 @@ async fn wait_for(system: &System, workflow: i64, wanted: &[i16], limit: Duratio
 }
 
 /// Every leg's state, failure and log, for failure messages and checks.
-pub(crate) async fn legs(system: &System, workflow: i64) -> Vec<(String, Option<String>, Option<String>)> {
+pub(crate) async fn legs(
+    system: &System,
+    workflow: i64,
+) -> Vec<(String, Option<String>, Option<String>)> {
     system
         .db
         .client()

@@ -215,7 +215,10 @@ async fn run_with_duo_on_an_issue_ends_in_a_merge_request_opened_from_the_run_pa
     );
     let description = browser.text(".prose").await.unwrap();
     assert!(description.contains("Related to #1"), "{description}");
-    browser.screenshot("workflow-run-merge-request").await.unwrap();
+    browser
+        .screenshot("workflow-run-merge-request")
+        .await
+        .unwrap();
     let db = system.db.client().await.unwrap();
     let row = db
         .query_one(

@@ -68,7 +68,10 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             "/{project:.+}/-/workflows/{id}/approve",
             web::post().to(approve),
         )
-        .route("/{project:.+}/-/workflows/{id}/reject", web::post().to(reject));
+        .route(
+            "/{project:.+}/-/workflows/{id}/reject",
+            web::post().to(reject),
+        );
 }
 
 /// A project the user may read.
@@ -122,14 +125,9 @@ async fn product_run_leave(
         return Ok(None);
     }
     let db = state.pool.get().await?;
-    steering::may_start_run(
-        &*db,
-        &state.policy,
-        Actor::from(&session.user),
-        project_id,
-    )
-    .await
-    .map_err(workflow_error)
+    steering::may_start_run(&*db, &state.policy, Actor::from(&session.user), project_id)
+        .await
+        .map_err(workflow_error)
 }
 
 /// Leave for a run of the product, or why not: 422 without a runner, 403

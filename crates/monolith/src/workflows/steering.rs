@@ -173,8 +173,7 @@ pub async fn steer(
                 }
                 Some(leg) if leg_is_active(&leg.state) => {
                     return Err(WorkflowError::Conflict(
-                        "Duo is still saving the run's work: answer once it waits for you"
-                            .into(),
+                        "Duo is still saving the run's work: answer once it waits for you".into(),
                     ));
                 }
                 Some(_) => {}

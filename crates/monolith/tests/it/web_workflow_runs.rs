@@ -154,7 +154,11 @@ async fn run_with_duo_on_an_issue_runs_it_as_the_service_account_and_the_page_st
     // An issue that does not exist.
     let (status, _) = s
         .alice
-        .post_form(&s.server, "/acme/site/-/issues/99/workflows", &form(&s.alice, &[]))
+        .post_form(
+            &s.server,
+            "/acme/site/-/issues/99/workflows",
+            &form(&s.alice, &[]),
+        )
         .await;
     assert_eq!(status, 404);
 
@@ -181,7 +185,9 @@ async fn run_with_duo_on_an_issue_runs_it_as_the_service_account_and_the_page_st
     assert_eq!(row.get::<_, String>(2), "software_development");
     assert_eq!(
         row.get::<_, String>(3),
-        format!("Resolve issue #{iid}: Sessions expire too early\n\nUsers with <b>old</b> sessions get a 500.")
+        format!(
+            "Resolve issue #{iid}: Sessions expire too early\n\nUsers with <b>old</b> sessions get a 500."
+        )
     );
     assert_eq!(row.get::<_, Option<i64>>(4), Some(issue));
     assert_eq!(row.get::<_, Option<String>>(5), None, "the default branch");
@@ -202,12 +208,22 @@ async fn run_with_duo_on_an_issue_runs_it_as_the_service_account_and_the_page_st
     assert_eq!(data["browserClient"], false, "the runner runs it");
     assert!(html.contains("id=\"stop-form\""));
     assert!(!html.contains("approve-run"));
-    assert!(html.contains("Users with &lt;b&gt;old&lt;/b&gt; sessions"), "{html}");
-    assert!(html.contains(&format!("href=\"{issue_page}\"")), "links its issue");
+    assert!(
+        html.contains("Users with &lt;b&gt;old&lt;/b&gt; sessions"),
+        "{html}"
+    );
+    assert!(
+        html.contains(&format!("href=\"{issue_page}\"")),
+        "links its issue"
+    );
     // Answering before the leg saved its work is refused.
     let (status, _) = s
         .alice
-        .post_form(&s.server, &format!("{location}/approve"), &form(&s.alice, &[]))
+        .post_form(
+            &s.server,
+            &format!("{location}/approve"),
+            &form(&s.alice, &[]),
+        )
         .await;
     assert_eq!(status, 409);
 
@@ -240,10 +256,19 @@ async fn run_with_duo_on_an_issue_runs_it_as_the_service_account_and_the_page_st
     assert_eq!(page_data(&html)["following"], false);
     assert!(html.contains("id=\"approve-run\""), "{html}");
     assert!(html.contains("id=\"reject-run\""));
-    assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"), "{html}");
+    assert!(
+        html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+        "{html}"
+    );
     assert!(!html.contains("<script>alert(1)"));
-    assert!(html.contains("1. Refresh &lt;expired&gt; sessions"), "{html}");
-    pages.push(format!("==== {location} (plan)\n{}", main_of(&html, &s.alice)));
+    assert!(
+        html.contains("1. Refresh &lt;expired&gt; sessions"),
+        "{html}"
+    );
+    pages.push(format!(
+        "==== {location} (plan)\n{}",
+        main_of(&html, &s.alice)
+    ));
 
     // Approve: the event is stored and delivered, the next leg queued with
     // the answer.
@@ -254,7 +279,11 @@ async fn run_with_duo_on_an_issue_runs_it_as_the_service_account_and_the_page_st
     assert_eq!(status, 403, "the token");
     let (status, back) = s
         .alice
-        .post_form(&s.server, &format!("{location}/approve"), &form(&s.alice, &[]))
+        .post_form(
+            &s.server,
+            &format!("{location}/approve"),
+            &form(&s.alice, &[]),
+        )
         .await;
     assert_eq!((status, back.as_deref()), (303, Some(location.as_str())));
     assert_eq!(
@@ -323,16 +352,25 @@ async fn run_with_duo_on_an_issue_runs_it_as_the_service_account_and_the_page_st
         html.contains("href=\"/acme/site/-/merge_requests/1\""),
         "{html}"
     );
-    assert!(html.contains(&format!("href=\"/acme/site/-/tree/duo/workflow-{workflow}\"")));
+    assert!(html.contains(&format!(
+        "href=\"/acme/site/-/tree/duo/workflow-{workflow}\""
+    )));
     assert!(!html.contains("id=\"stop-form\""), "over");
     assert!(!html.contains("approve-run"));
     // An answer to a run that waits for nothing is refused.
     let (status, _) = s
         .alice
-        .post_form(&s.server, &format!("{location}/approve"), &form(&s.alice, &[]))
+        .post_form(
+            &s.server,
+            &format!("{location}/approve"),
+            &form(&s.alice, &[]),
+        )
         .await;
     assert_eq!(status, 422);
-    pages.push(format!("==== {location} (finished)\n{}", main_of(&html, &s.alice)));
+    pages.push(format!(
+        "==== {location} (finished)\n{}",
+        main_of(&html, &s.alice)
+    ));
     insta::assert_snapshot!("run_pages", pages.join("\n"));
 }
 
@@ -527,7 +565,10 @@ async fn the_start_form_runs_in_the_product_from_a_chosen_branch_where_it_can() 
         .await
         .unwrap();
     assert_eq!(row.get::<_, String>(0), "software_development");
-    assert_eq!(row.get::<_, Option<String>>(1).as_deref(), Some("feature/more"));
+    assert_eq!(
+        row.get::<_, Option<String>>(1).as_deref(),
+        Some("feature/more")
+    );
     assert_eq!(row.get::<_, Option<i64>>(2), Some(bot));
     assert_eq!(legs(&s.fx, workflow).await.len(), 1);
     // A branch that does not exist: the form comes back with the reason.
@@ -550,15 +591,21 @@ async fn the_start_form_runs_in_the_product_from_a_chosen_branch_where_it_can() 
     assert_eq!(workflow_count(&s.fx).await, 1);
 
     // No runner on the instance: the page says why, runs stay in the page.
-    let disabled =
-        Server::start_with_settings(&s.fx, s.fx.pool.clone(), &[("DUO_WORKFLOW_RUNNER", "disabled")])
-            .await;
+    let disabled = Server::start_with_settings(
+        &s.fx,
+        s.fx.pool.clone(),
+        &[("DUO_WORKFLOW_RUNNER", "disabled")],
+    )
+    .await;
     let (status, html) = s.alice.get(&disabled, "/acme/site/-/workflows").await;
     assert_eq!(status, 200);
     assert!(!html.contains("run-in-product"));
     assert!(html.contains("id=\"no-product-runs\""), "{html}");
     assert!(html.contains("no runner is configured"), "{html}");
-    assert!(html.contains("duo-workflow-executor"), "how to run it by hand");
+    assert!(
+        html.contains("duo-workflow-executor"),
+        "how to run it by hand"
+    );
     let (status, _) = s
         .alice
         .post_form(
