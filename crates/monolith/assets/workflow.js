@@ -5,6 +5,9 @@
 // approval request) this page is that client on the executor socket: the
 // monolith answers the service's GitLab API requests with the user's
 // permissions, and the page refuses workspace actions, having no checkout.
+// A run of the product (its legs run on the server) is only followed: while a
+// leg waits or runs, the page fetches itself again and swaps in the run card
+// and the Approve / Reject card the server renders.
 
 import { Subscriptions } from './graphql.js';
 
@@ -54,7 +57,9 @@ function describeConnection(extra) {
     line.textContent = extra;
     return;
   }
-  if (!data.browserClient && !['finished', 'failed', 'stopped'].includes(status)) {
+  if (data.productRun) {
+    line.textContent = '';
+  } else if (!data.browserClient && !['finished', 'failed', 'stopped'].includes(status)) {
     line.textContent = 'This run uses workspace tools (files, commands): it continues in its executor (your IDE or duo-workflow-executor), not in this page.';
   } else if (status === 'tool_call_approval_required' && !answered) line.textContent = 'Waiting for your approval.';
   else if (socket) line.textContent = 'Running in this tab. Closing it stops the run.';
@@ -219,6 +224,39 @@ $('stop-form')?.addEventListener('submit', () => {
   if (socket?.readyState === WebSocket.OPEN) socket.send(JSON.stringify({ stopWorkflow: { reason: 'ABORTED' } }));
 });
 
+const FOLLOW_INTERVAL_MS = 1500;
+const sleep = (ms) => new Promise((resolve) => { setTimeout(resolve, ms); });
+
+// Swaps in the server's newest run card and answer card until no leg waits
+// or runs any more.
+async function followRun() {
+  let following = data.following;
+  while (following) {
+    await sleep(FOLLOW_INTERVAL_MS);
+    let doc;
+    try {
+      const res = await fetch(location.pathname, { credentials: 'same-origin', cache: 'no-store' });
+      if (!res.ok) continue;
+      doc = new DOMParser().parseFromString(await res.text(), 'text/html');
+    } catch {
+      continue;
+    }
+    for (const id of ['run', 'answer-slot', 'summary']) {
+      const fresh = doc.getElementById(id);
+      const here = $(id);
+      if (fresh && here) here.replaceWith(document.importNode(fresh, true));
+    }
+    try {
+      const next = JSON.parse(doc.getElementById('page-data').textContent);
+      setStatus(next.status);
+      following = next.following;
+    } catch {
+      // A page without its data block: try again.
+    }
+  }
+  document.body.dataset.following = 'false';
+}
+
 async function start() {
   document.body.dataset.status = status;
   renderLog();
@@ -235,6 +273,10 @@ async function start() {
   document.body.dataset.live = 'true';
   // A new run starts as soon as its owner opens it (right after the form).
   if (status === 'created' && data.owner && data.browserClient) run({ goal: data.goal });
+  if (data.productRun) {
+    document.body.dataset.following = String(Boolean(data.following));
+    followRun();
+  }
 }
 
 start();

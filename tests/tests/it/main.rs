@@ -18,3 +18,4 @@ mod web_e2e;
 mod web_support;
 mod workflow_e2e;
 mod workflow_runs_e2e;
+mod workflow_runs_web_e2e;

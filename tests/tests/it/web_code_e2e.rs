@@ -118,14 +118,16 @@ async fn browsing_the_repository_and_asking_duo_about_a_file() {
     );
 }
 
-/// Starts a workflow from the project's page with `goal`; returns when the
-/// run page is open.
+/// Starts a workflow run by the page itself (not by the product's runner)
+/// from the project's workflows page with `goal`; returns when the run page
+/// is open.
 async fn start_workflow(browser: &Browser, system: &System, goal: &str) {
     browser
         .goto(&format!("{}/acme/platform/api/-/workflows", system.web_url))
         .await
         .unwrap();
     browser.type_into("#goal", goal).await.unwrap();
+    browser.click("#run-in-page").await.unwrap();
     browser
         .click("form[action$='/-/workflows'] button[type=submit]")
         .await

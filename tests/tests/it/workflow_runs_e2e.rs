@@ -25,7 +25,7 @@ const STOPPED: i16 = 5;
 
 /// A system whose worker runs legs, with `duo-developer` as the instance's
 /// workflow service account (a developer of every demo project).
-async fn system() -> System {
+pub(crate) async fn system() -> System {
     let executor = e2e_tests::binary("duo-workflow-executor").unwrap();
     System::start_with(e2e_tests::Options {
         monolith_env: vec![
@@ -119,7 +119,10 @@ async fn wait_for(system: &System, workflow: i64, wanted: &[i16], limit: Duratio
 }
 
 /// Every leg's state, failure and log, for failure messages and checks.
-async fn legs(system: &System, workflow: i64) -> Vec<(String, Option<String>, Option<String>)> {
+pub(crate) async fn legs(
+    system: &System,
+    workflow: i64,
+) -> Vec<(String, Option<String>, Option<String>)> {
     system
         .db
         .client()
@@ -138,7 +141,7 @@ async fn legs(system: &System, workflow: i64) -> Vec<(String, Option<String>, Op
 }
 
 /// Waits until no leg of `workflow` is queued or running.
-async fn wait_legs_ended(system: &System, workflow: i64, limit: Duration) {
+pub(crate) async fn wait_legs_ended(system: &System, workflow: i64, limit: Duration) {
     let deadline = Instant::now() + limit;
     while legs(system, workflow)
         .await
@@ -182,7 +185,7 @@ async fn event(system: &System, token: &str, workflow: i64, kind: &str, message:
 }
 
 /// No process of any leg is left: no sandbox and no executor anywhere.
-fn assert_nothing_left_running() {
+pub(crate) fn assert_nothing_left_running() {
     let mut left = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
@@ -211,7 +214,7 @@ fn git(dir: &std::path::Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-fn edit_readme() -> ToolCall {
+pub(crate) fn edit_readme() -> ToolCall {
     ToolCall::new(
         "call-edit",
         "edit_file",

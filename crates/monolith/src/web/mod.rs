@@ -10,8 +10,9 @@
 //! - [`resources`]: project, issue, merge request and epic pages with "Ask Duo";
 //! - [`repository_browser`]: a project's files, with "Ask Duo" about a file,
 //!   a directory or the repository;
-//! - [`workflow_pages`]: Duo Workflow sessions of a project: start, follow,
-//!   approve, stop;
+//! - [`workflow_pages`]: Duo Workflow sessions of a project: start (in the
+//!   page, or as a run of the product, also with "Run with Duo" on an issue),
+//!   follow, approve, stop;
 //! - [`help`]: the error-code help page;
 //! - [`admin`], [`admin_models`]: the admin area (instance admins only), on
 //!   the frame and gate of `admin_frame`.
@@ -56,6 +57,13 @@ pub enum PageError {
     NotFound,
     #[error("forbidden: {0}")]
     Forbidden(&'static str),
+    /// The request is understood but cannot be carried out (the reason is
+    /// for the user).
+    #[error("unprocessable: {0}")]
+    Unprocessable(String),
+    /// Not now: the thing is busy (the reason is for the user).
+    #[error("conflict: {0}")]
+    Conflict(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -84,6 +92,8 @@ impl actix_web::ResponseError for PageError {
             PageError::SignIn { .. } => StatusCode::SEE_OTHER,
             PageError::NotFound => StatusCode::NOT_FOUND,
             PageError::Forbidden(_) => StatusCode::FORBIDDEN,
+            PageError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            PageError::Conflict(_) => StatusCode::CONFLICT,
             PageError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -106,6 +116,14 @@ impl actix_web::ResponseError for PageError {
             ),
             PageError::Forbidden(why) => {
                 layout::message_page(actix_web::http::StatusCode::FORBIDDEN, "Forbidden", why)
+            }
+            PageError::Unprocessable(why) => layout::message_page(
+                actix_web::http::StatusCode::UNPROCESSABLE_ENTITY,
+                "This cannot be done",
+                why,
+            ),
+            PageError::Conflict(why) => {
+                layout::message_page(actix_web::http::StatusCode::CONFLICT, "Not yet", why)
             }
             PageError::Internal(detail) => {
                 tracing::error!(error = %detail, "page failed");

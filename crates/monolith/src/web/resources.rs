@@ -1,6 +1,8 @@
 //! Read-only pages for projects, issues, merge requests and epics, each with an
-//! "Ask Duo" button that opens the chat with that resource attached. Every page
-//! asks the policy first; what a user may not read is "not found", as on the API.
+//! "Ask Duo" button that opens the chat with that resource attached, and on an
+//! issue "Run with Duo" for who may run workflows there (see
+//! [`super::workflow_pages`]). Every page asks the policy first; what a user
+//! may not read is "not found", as on the API.
 
 use crate::queries::Queries;
 use actix_web::http::StatusCode;
@@ -218,6 +220,8 @@ async fn readable_notes(
     Ok(out)
 }
 
+/// The page of an issue, merge request or epic; `actions` go beside
+/// "Ask Duo" (e.g. "Run with Duo" on an issue).
 fn item_page(
     session: &SessionUser,
     heading: String,
@@ -225,6 +229,7 @@ fn item_page(
     state: &str,
     description: &str,
     notes: &[(String, String)],
+    actions: Markup,
 ) -> HttpResponse {
     let description = crate::chat::render_markdown(description);
     page(
@@ -234,6 +239,7 @@ fn item_page(
             section class="card" {
                 div class="title-row" {
                     h1 { (heading) " " span class={ "badge " (state) } { (state) } }
+                    (actions)
                     (ask_duo(gid, &heading))
                 }
                 div class="prose" { (PreEscaped(description)) }
@@ -286,6 +292,12 @@ async fn issue(
         return Err(PageError::NotFound);
     }
     let notes = readable_notes(&state, &*db, &session, Kind::Issue, id).await?;
+    drop(db);
+    let actions = if super::workflow_pages::may_run_with_duo(&state, &session, project).await? {
+        super::workflow_pages::run_with_duo_button(&session, &project_path, iid)
+    } else {
+        html! {}
+    };
     Ok(item_page(
         &session,
         format!("{} (#{iid})", item.title),
@@ -293,6 +305,7 @@ async fn issue(
         &item.state,
         &item.description,
         &notes,
+        actions,
     ))
 }
 
@@ -331,6 +344,7 @@ async fn merge_request(
         &item.state,
         &item.description,
         &notes,
+        html! {},
     ))
 }
 
@@ -361,5 +375,6 @@ async fn epic(
         &item.state,
         &item.description,
         &notes,
+        html! {},
     ))
 }

@@ -25,6 +25,7 @@ pub mod runners;
 pub mod runs;
 pub mod service;
 pub mod status;
+pub mod steering;
 pub mod store;
 
 pub use status::{Decision, Status, StatusEvent};

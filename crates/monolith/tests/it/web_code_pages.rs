@@ -15,14 +15,14 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A signed-in page client: the session cookie and its CSRF token.
-struct Session {
+pub(crate) struct Session {
     http: reqwest::Client,
     cookie: String,
-    csrf: String,
+    pub(crate) csrf: String,
 }
 
 impl Session {
-    async fn get(&self, server: &Server, path: &str) -> (u16, String) {
+    pub(crate) async fn get(&self, server: &Server, path: &str) -> (u16, String) {
         let res = self
             .http
             .get(server.url(path))
@@ -34,7 +34,7 @@ impl Session {
     }
 
     /// A form post; the answer's status and `Location`.
-    async fn post_form(
+    pub(crate) async fn post_form(
         &self,
         server: &Server,
         path: &str,
@@ -78,7 +78,7 @@ impl Session {
 }
 
 /// A web session for `user`, made directly (signing in has its own tests).
-async fn session(fx: &Fx, user: i64) -> Session {
+pub(crate) async fn session(fx: &Fx, user: i64) -> Session {
     let db = fx.pool.get().await.unwrap();
     let created = monolith::identity::sessions::create(&**db, user)
         .await
@@ -93,18 +93,18 @@ async fn session(fx: &Fx, user: i64) -> Session {
     }
 }
 
-struct Site {
-    fx: Fx,
-    server: Server,
-    project: i64,
-    owner: monolith::policy::Actor,
-    alice: Session,
-    bob: Session,
+pub(crate) struct Site {
+    pub(crate) fx: Fx,
+    pub(crate) server: Server,
+    pub(crate) project: i64,
+    pub(crate) owner: monolith::policy::Actor,
+    pub(crate) alice: Session,
+    pub(crate) bob: Session,
 }
 
 /// `acme/site` (private) with alice as owner and a Duo Enterprise seat, bob
 /// outside; the repository holds text, a binary file and a nested directory.
-async fn site() -> Site {
+pub(crate) async fn site() -> Site {
     let fx = Fx::new().await;
     fx.instance(Realm::SelfManaged, "ultimate", true).await;
     let alice = fx.user("alice").await;
@@ -266,7 +266,7 @@ async fn paths_leaving_the_repository_are_refused() {
 }
 
 /// The JSON data block of a page.
-fn page_data(html: &str) -> Value {
+pub(crate) fn page_data(html: &str) -> Value {
     let start = html.find("id=\"page-data\">").unwrap() + "id=\"page-data\">".len();
     let end = start + html[start..].find("</script>").unwrap();
     serde_json::from_str(&html[start..end]).unwrap()
@@ -336,7 +336,7 @@ async fn the_chat_page_builds_the_file_context_itself() {
     assert_eq!(page_data(&html)["additionalContext"], Value::Null);
 }
 
-async fn workflow_count(fx: &Fx) -> i64 {
+pub(crate) async fn workflow_count(fx: &Fx) -> i64 {
     fx.id("SELECT count(*) FROM duo_workflows_workflows", &[])
         .await
 }
