@@ -924,10 +924,38 @@ pub async fn react_to_event(
     event: &super::events::Event,
     caller: Caller,
 ) -> Result<EventReaction, WorkflowError> {
-    let mut db = pool.get().await?;
-    if latest(&*db, workflow_id).await?.is_none() {
-        return Ok(EventReaction::None);
+    {
+        let db = pool.get().await?;
+        if latest(&*db, workflow_id).await?.is_none() {
+            return Ok(EventReaction::None);
+        }
     }
+    match act_on_event(pool, config, workflow_id, event, caller).await {
+        Ok(EventReaction::None) => Ok(EventReaction::None),
+        Ok(reaction) => {
+            let db = pool.get().await?;
+            super::events::set_status(&*db, workflow_id, event.id, Some("delivered")).await?;
+            Ok(reaction)
+        }
+        Err(refused) => {
+            // Nothing would ever read a refused event: it is not kept.
+            forget_event(&*pool.get().await?, event.id).await?;
+            Err(refused)
+        }
+    }
+}
+
+/// The longest answer a leg carries to the run (what the user said instead).
+pub const MAX_ANSWER_CHARS: usize = 4096;
+
+async fn act_on_event(
+    pool: &deadpool_postgres::Pool,
+    config: &crate::config::Config,
+    workflow_id: i64,
+    event: &super::events::Event,
+    caller: Caller,
+) -> Result<EventReaction, WorkflowError> {
+    let mut db = pool.get().await?;
     let status = {
         let row = db
             .query_one(
@@ -943,14 +971,9 @@ pub async fn react_to_event(
             Status::PlanApprovalRequired | Status::ToolCallApprovalRequired | Status::InputRequired
         )
     );
-    let reaction = match event.event_type {
+    Ok(match event.event_type {
         kind @ ("stop" | "pause") => {
-            if let Err(refused) =
-                super::store::apply_status_event(&mut db, workflow_id, kind, caller).await
-            {
-                forget_event(&*db, event.id).await?;
-                return Err(refused);
-            }
+            super::store::apply_status_event(&mut db, workflow_id, kind, caller).await?;
             cancel_queued(&*db, workflow_id).await?;
             EventReaction::Moved
         }
@@ -967,25 +990,27 @@ pub async fn react_to_event(
         }
         "response" | "message" if awaiting_approval => {
             drop(db);
+            if event.message.chars().count() > MAX_ANSWER_CHARS {
+                return Err(WorkflowError::invalid(
+                    "message",
+                    format!(
+                        "is too long for an answer to a run (maximum is {MAX_ANSWER_CHARS} characters)"
+                    ),
+                ));
+            }
             let words = Some(event.message.clone()).filter(|m| !m.trim().is_empty());
             EventReaction::Continued(
                 start(pool, config, workflow_id, Some(&Answer::Reject(words))).await?,
             )
         }
         "resume" | "response" | "message" => {
-            forget_event(&*db, event.id).await?;
             return Err(WorkflowError::Refused(format!(
                 "The workflow is not waiting for an answer (status {})",
                 status.map_or("unknown", Status::name)
             )));
         }
         _ => EventReaction::None,
-    };
-    if reaction != EventReaction::None {
-        let db = pool.get().await?;
-        super::events::set_status(&*db, workflow_id, event.id, Some("delivered")).await?;
-    }
-    Ok(reaction)
+    })
 }
 
 /// Drops an event the product refused: nothing would ever read it.

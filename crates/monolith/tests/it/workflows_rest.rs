@@ -609,3 +609,47 @@ async fn deleting_a_workflow_is_its_owners_and_waits_for_its_run() {
     let gone = rest_support::send(&w.server, Method::GET, &path, Some(&w.dev_token), None).await;
     assert_eq!(gone.status, 404);
 }
+
+#[tokio::test]
+async fn refused_answers_to_a_product_run_are_not_kept() {
+    let w = world().await;
+    let id = w.workflow(&w.dev_token, json!({})).await;
+    let token = w.workflow_token(w.dev).await;
+    // A product run waiting for a tool approval whose leg is still saving.
+    w.fx.exec(
+        "INSERT INTO duo_workflow_workloads (workflow_id, leg, runner, state) VALUES ($1, 1, 'local', 'running')",
+        &[&id],
+    )
+    .await;
+    w.fx.exec(
+        "UPDATE duo_workflows_workflows SET status = 8 WHERE id = $1",
+        &[&id],
+    )
+    .await;
+    let events = format!("/ai/duo_workflows/workflows/{id}/events");
+    let (status, body) = post(
+        &w.server,
+        &events,
+        &token,
+        json!({"event_type": "resume", "message": ""}),
+    )
+    .await;
+    assert_eq!(status, 409, "{body}");
+    // Once the leg ended, an answer longer than a leg carries is refused.
+    w.fx.exec(
+        "UPDATE duo_workflow_workloads SET state = 'paused' WHERE workflow_id = $1",
+        &[&id],
+    )
+    .await;
+    let (status, body) = post(
+        &w.server,
+        &events,
+        &token,
+        json!({"event_type": "response", "message": "x".repeat(5000)}),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    let (status, queued) = get(&w.server, &events, &token).await;
+    assert_eq!(status, 200);
+    assert_eq!(queued, json!([]), "refused events are not kept");
+}
