@@ -12,6 +12,7 @@
 pub const WORKFLOW_GID_MODEL: &str = "Ai::DuoWorkflows::Workflow";
 
 pub mod access;
+pub mod checkpoint_record;
 pub mod checkpoints;
 pub mod events;
 pub mod lease;
@@ -20,14 +21,16 @@ pub mod maintenance;
 pub mod privileges;
 pub mod protojson;
 pub mod rate_limit;
+pub mod record;
 pub mod runners;
 pub mod runs;
 pub mod service;
 pub mod status;
 pub mod store;
 
+pub use record::Workflow;
 pub use status::{Decision, Status, StatusEvent};
-pub use store::{NewWorkflow, Workflow};
+pub use store::NewWorkflow;
 
 /// Who acts on a workflow: the human and, under composite identity, the
 /// service account acting for them (both go to the audit trail).
