@@ -15,6 +15,7 @@ pub mod access;
 pub mod checkpoint_record;
 pub mod checkpoints;
 pub mod events;
+pub mod jobs;
 pub mod lease;
 pub mod live;
 pub mod maintenance;
