@@ -480,9 +480,6 @@ const SQL_STILL_IN: &[&str] = &[
     // The workflow service account in the instance settings: belongs to
     // `workflows` or `instance`.
     "rest/workflows.rs",
-    // The admin Duo settings page reads the realm and tier: belongs to
-    // `instance`/`duo_settings`.
-    "web/admin.rs",
 ];
 
 /// The code of a file without its test module and comment lines.
