@@ -402,7 +402,7 @@ pub(super) async fn direct_access(
     authorize_platform(&state, &who, container).await?;
     {
         let mut client = state.pool.get().await?;
-        if !crate::workflows::rate_limit::take(
+        if !crate::rate_limit::take(
             &mut client,
             who.actor.id,
             "duo_workflow_direct_access",

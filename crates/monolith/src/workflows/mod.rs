@@ -21,7 +21,6 @@ pub mod live;
 pub mod maintenance;
 pub mod privileges;
 pub mod protojson;
-pub mod rate_limit;
 pub mod record;
 pub mod runners;
 pub mod runs;

@@ -24,6 +24,8 @@ const RANKS: &[(&str, u32)] = &[
     ("config", 1),
     ("db", 2),
     ("instance", 3),
+    // Per-user request budgets, which chat and Duo Workflow both count in.
+    ("rate_limit", 3),
     ("identity", 4),
     ("policy", 5),
     ("ai_models", 6),
