@@ -7,7 +7,7 @@
 //!
 //! 1. foundations: [`config`], [`db`], [`gid`], [`instance`],
 //!    [`lifecycle`], [`percent`], [`queries`] (what SQL runs on, with statements prepared
-//!    once per pooled connection)
+//!    once per pooled connection), [`rate_limit`] (per-user request budgets)
 //! 2. who is calling: [`identity`] (personal access tokens, the signing keys of
 //!    gateway tokens)
 //! 3. who may do what: [`policy`] (abilities, Duo access, seats and add-ons)
@@ -38,6 +38,7 @@ pub mod instance;
 pub mod lifecycle;
 pub mod percent;
 pub mod queries;
+pub mod rate_limit;
 
 pub mod identity;
 

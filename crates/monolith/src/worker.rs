@@ -1,21 +1,24 @@
 //! The `worker` role: registers the job handlers of each domain with the
 //! PostgreSQL queue and runs them: chat completions and thread retention
-//! ([`crate::chat::jobs`]), the code index's jobs, Duo Workflow's periodic
-//! jobs and the workflow runs.
+//! ([`crate::chat::jobs`]), the code index's jobs
+//! ([`crate::code_index::indexer`]), Duo Workflow's periodic jobs
+//! ([`crate::workflows::jobs`]) and the workflow runs
+//! ([`crate::workflows::runs`]). The handlers live with their domains.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use deadpool_postgres::Pool;
-use job_queue::{JobContext, JobError, JobHandler, Periodic, Registry, WorkerConfig, WorkerHandle};
+use job_queue::{Periodic, Registry, WorkerConfig, WorkerHandle};
 use secrecy::ExposeSecret;
-use serde::{Deserialize, Serialize};
 
 use crate::chat::completion::ChatResponder;
 use crate::chat::jobs::{CompletionHandler, ThreadRetention, ThreadRetentionHandler};
 use crate::config::Config;
+use crate::workflows::jobs::{
+    CheckpointRetention, CheckpointRetentionHandler, StuckWorkflows, StuckWorkflowsHandler,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -23,60 +26,6 @@ pub enum WorkerError {
     Db(#[from] crate::db::DbError),
     #[error(transparent)]
     Queue(#[from] job_queue::QueueError),
-}
-
-/// The periodic job that fails workflows stuck in `created` or `running`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct StuckWorkflows {}
-
-impl job_queue::Job for StuckWorkflows {
-    const KIND: &'static str = "duo_workflow_stuck_workflows";
-}
-
-struct StuckWorkflowsHandler {
-    stale_after: Duration,
-}
-
-#[async_trait]
-impl JobHandler for StuckWorkflowsHandler {
-    type Job = StuckWorkflows;
-
-    async fn run(&self, ctx: JobContext, _job: StuckWorkflows) -> Result<(), JobError> {
-        let mut client = ctx.pool.get().await.map_err(JobError::retryable)?;
-        let failed = crate::workflows::maintenance::fail_stuck(&mut client, self.stale_after)
-            .await
-            .map_err(JobError::retryable)?;
-        if !failed.is_empty() {
-            tracing::info!(count = failed.len(), "stuck workflows failed");
-        }
-        Ok(())
-    }
-}
-
-/// The periodic job that deletes workflow checkpoints past their retention.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct CheckpointRetention {}
-
-impl job_queue::Job for CheckpointRetention {
-    const KIND: &'static str = "duo_workflow_checkpoint_retention";
-}
-
-struct CheckpointRetentionHandler {
-    days: i32,
-}
-
-#[async_trait]
-impl JobHandler for CheckpointRetentionHandler {
-    type Job = CheckpointRetention;
-
-    async fn run(&self, ctx: JobContext, _job: CheckpointRetention) -> Result<(), JobError> {
-        let db = ctx.pool.get().await.map_err(JobError::retryable)?;
-        let deleted = crate::workflows::maintenance::apply_retention(&*db, self.days)
-            .await
-            .map_err(JobError::retryable)?;
-        tracing::info!(deleted, "old workflow checkpoints removed");
-        Ok(())
-    }
 }
 
 /// Settings of one worker process.

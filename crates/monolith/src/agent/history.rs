@@ -1,22 +1,14 @@
 //! The conversation history sent with a question: GitLab's rules for which
 //! earlier messages of the thread the model sees.
 
-use crate::queries::Queries;
 use contracts::{AgentMessage, MessageRole};
 use uuid::Uuid;
 
+use crate::chat::{ChatError, HistoryRow};
+use crate::queries::Queries;
+
 /// At most this many history messages reach the model.
 pub const HISTORY_LIMIT: usize = 50;
-
-/// One stored message, as far as history cares.
-#[derive(Debug, Clone, PartialEq)]
-pub struct HistoryRow {
-    pub id: i64,
-    pub is_user: bool,
-    pub content: String,
-    pub request_xid: Option<Uuid>,
-    pub has_errors: bool,
-}
 
 /// Loads the thread's messages after its last `/reset`, except those of the
 /// request being answered, and applies [`build_history`].
@@ -24,32 +16,9 @@ pub async fn load(
     db: &impl Queries,
     thread_id: i64,
     current_request: Uuid,
-) -> Result<Vec<AgentMessage>, tokio_postgres::Error> {
-    let rows = db
-        .query(
-            "SELECT id, role, content, request_xid,
-                    coalesce(jsonb_array_length(error_details -> 'errors'), 0) > 0
-                       OR (error_details ->> 'code') IS NOT NULL
-             FROM ai_conversation_messages
-             WHERE thread_id = $1
-               AND id > coalesce((SELECT max(id) FROM ai_conversation_messages
-                                  WHERE thread_id = $1 AND role = 1 AND btrim(content) = '/reset'), 0)
-               AND request_xid IS DISTINCT FROM $2
-             ORDER BY id",
-            &[&thread_id, &current_request],
-        )
-        .await?;
-    Ok(build_history(
-        rows.iter()
-            .map(|r| HistoryRow {
-                id: r.get(0),
-                is_user: r.get::<_, i16>(1) == 1,
-                content: r.get(2),
-                request_xid: r.get(3),
-                has_errors: r.get::<_, Option<bool>>(4).unwrap_or(false),
-            })
-            .collect(),
-    ))
+) -> Result<Vec<AgentMessage>, ChatError> {
+    let rows = crate::chat::messages_since_reset(db, thread_id, current_request).await?;
+    Ok(build_history(rows))
 }
 
 /// GitLab's history rules: drop failed and blank messages; group by request

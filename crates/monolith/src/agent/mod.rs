@@ -446,16 +446,9 @@ impl AgentResponder {
                 .get()
                 .await
                 .map_err(|e| ResponderError::Transient(e.to_string()))?;
-            let extras: Value = db
-                .query_opt(
-                    "SELECT extras FROM ai_conversation_messages
-                     WHERE thread_id = $1 AND request_xid = $2 AND role = 1 ORDER BY id LIMIT 1",
-                    &[&job.thread_id, &job.request_id],
-                )
+            let extras = crate::chat::question_extras(&*db, job.thread_id, job.request_id)
                 .await
-                .map_err(|e| ResponderError::Transient(e.to_string()))?
-                .and_then(|r| r.get::<_, Option<Value>>(0))
-                .unwrap_or(Value::Null);
+                .map_err(|e| ResponderError::Transient(e.to_string()))?;
             current_file = stored_current_file(&extras);
             additional_context = stored_additional_context(&extras);
         }

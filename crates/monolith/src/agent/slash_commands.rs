@@ -13,6 +13,9 @@ use super::tools::resource_identifier::tail;
 use super::{RequestContext, Services};
 use crate::chat::completion::{ChatAnswer, ChunkSender};
 use crate::policy::{Ability, ChatAuthError, Subject};
+use crate::work_items::Kind;
+use crate::work_items::builds::{self, JobLog};
+use crate::work_items::notes::{self, Comment};
 
 /// The most of a job log `/troubleshoot` sends: its last characters.
 pub const MAX_LOG_CHARS: usize = 100_000;
@@ -197,13 +200,10 @@ async fn prepare(
                 .get()
                 .await
                 .map_err(|e| (DuoErrorCode::M4002, e.to_string()))?;
-            let row = db
-                .query_opt("SELECT status, log FROM ci_builds WHERE id = $1", &[&id])
+            let JobLog { status, log } = builds::status_and_log(&*db, id)
                 .await
                 .map_err(|e| (DuoErrorCode::M4002, e.to_string()))?
                 .ok_or((DuoErrorCode::M4005, "job not found".to_owned()))?;
-            let status: String = row.get(0);
-            let log: String = row.get(1);
             if status != "failed" || log.trim().is_empty() {
                 return Err((
                     DuoErrorCode::M4005,
@@ -220,10 +220,10 @@ async fn prepare(
         }
         CommandName::SummarizeComments => {
             need(UnitPrimitive::SummarizeComments)?;
-            let (noteable_type, noteable_id) = match ctx.resource {
-                Some(Subject::Issue(id)) => ("Issue", id),
-                Some(Subject::Epic(id)) => ("Epic", id),
-                Some(Subject::MergeRequest(id)) => ("MergeRequest", id),
+            let (kind, item) = match ctx.resource {
+                Some(Subject::Issue(id)) => (Kind::Issue, id),
+                Some(Subject::Epic(id)) => (Kind::Epic, id),
+                Some(Subject::MergeRequest(id)) => (Kind::MergeRequest, id),
                 _ => {
                     return Err((
                         DuoErrorCode::M4004,
@@ -233,7 +233,7 @@ async fn prepare(
             };
             let resource = ctx.resource.ok_or((DuoErrorCode::M4004, String::new()))?;
             authorize_resource(services, ctx, resource).await?;
-            let notes = readable_notes(services, ctx, noteable_type, noteable_id).await?;
+            let notes = readable_notes(services, ctx, kind, item).await?;
             if notes.is_empty() {
                 return Err((DuoErrorCode::M4004, "no comments to summarize".into()));
             }
@@ -290,40 +290,37 @@ async fn authorize_resource(
 async fn readable_notes(
     services: &Services,
     ctx: &RequestContext,
-    noteable_type: &str,
-    noteable_id: i64,
+    kind: Kind,
+    item: i64,
 ) -> Result<Vec<String>, Refused> {
     let db = services
         .pool
         .get()
         .await
         .map_err(|e| (DuoErrorCode::M4000, e.to_string()))?;
-    let rows = db
-        .query(
-            "SELECT n.id, u.username, n.body FROM notes n JOIN users u ON u.id = n.author_id
-             WHERE n.noteable_type = $1 AND n.noteable_id = $2 AND NOT n.system ORDER BY n.id",
-            &[&noteable_type, &noteable_id],
-        )
+    let comments = notes::comments(&*db, kind, item, None)
         .await
         .map_err(|e| (DuoErrorCode::M4000, e.to_string()))?;
-    let mut notes = Vec::new();
-    for row in rows {
-        let id: i64 = row.get(0);
+    let mut readable_notes = Vec::new();
+    for Comment {
+        id,
+        author_username,
+        body,
+    } in comments
+    {
         let readable = services
             .policy
             .can(&*db, Some(ctx.actor), Ability::ReadNote, Subject::Note(id))
             .await
             .map_err(|e| (DuoErrorCode::M4000, e.to_string()))?;
         if readable {
-            let author: String = row.get(1);
-            let body: String = row.get(2);
-            notes.push(format!(
-                "<comment author=\"@{author}\">{}</comment>",
+            readable_notes.push(format!(
+                "<comment author=\"@{author_username}\">{}</comment>",
                 body.replace('<', "&lt;").replace('>', "&gt;")
             ));
         }
     }
-    Ok(notes)
+    Ok(readable_notes)
 }
 
 async fn stream_prompt(

@@ -12,8 +12,9 @@ mod storage;
 pub use markdown::render_markdown;
 pub use service::ChatService;
 pub use storage::{
-    MAX_FEEDBACK_REASON_CHARS, answer_exists, apply_retention, delete_idle_threads, delete_thread,
-    record_feedback, store_answer_once, store_message, thread_exists,
+    HistoryRow, MAX_FEEDBACK_REASON_CHARS, answer_exists, apply_retention, delete_idle_threads,
+    delete_thread, messages_since_reset, question_extras, record_feedback, store_answer_once,
+    store_message, thread_exists,
 };
 
 use async_trait::async_trait;

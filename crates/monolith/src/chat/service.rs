@@ -16,6 +16,9 @@ use super::storage::{
 use super::*;
 use crate::policy::{Ability, Actor, Policy};
 
+/// What `aiAction` requests are counted as in the shared rate limiter.
+const RATE_LIMIT_ACTION: &str = "ai_action";
+
 pub struct ChatService {
     pub pool: Pool,
     pub policy: Policy,
@@ -147,38 +150,19 @@ impl ChatService {
 
     async fn check_rate_limit(&self, user_id: i64) -> Result<(), ChatError> {
         let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
-        // Serialise one user's requests across every replica while counting.
-        tx.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended('ai_action:' || $1::bigint::text, 0))",
-            &[&user_id],
+        let allowed = crate::rate_limit::take(
+            &mut client,
+            user_id,
+            RATE_LIMIT_ACTION,
+            self.rate_limit,
+            self.rate_window,
         )
         .await?;
-        let window = self.rate_window.as_secs_f64();
-        let used: i64 = tx
-            .query_one(
-                "SELECT count(*) FROM rate_limit_events
-                 WHERE user_id = $1 AND action = 'ai_action' AND occurred_at > now() - make_interval(secs => $2)",
-                &[&user_id, &window],
-            )
-            .await?
-            .get(0);
-        if used >= i64::from(self.rate_limit) {
-            return Err(ChatError::RateLimited);
+        if allowed {
+            Ok(())
+        } else {
+            Err(ChatError::RateLimited)
         }
-        tx.execute(
-            "INSERT INTO rate_limit_events (user_id, action) VALUES ($1, 'ai_action')",
-            &[&user_id],
-        )
-        .await?;
-        tx.execute(
-            "DELETE FROM rate_limit_events WHERE user_id = $1 AND action = 'ai_action'
-               AND occurred_at <= now() - make_interval(secs => $2)",
-            &[&user_id, &window],
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(())
     }
 
     /// The last messages of a thread, oldest first; `None` thread means the user's

@@ -82,6 +82,68 @@ pub async fn thread_exists(db: &impl Queries, thread_id: i64) -> Result<bool, Ch
         .is_some())
 }
 
+/// One message of a thread as the agent's history needs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistoryRow {
+    pub id: i64,
+    pub is_user: bool,
+    pub content: String,
+    pub request_xid: Option<Uuid>,
+    /// The message was stored with errors (a failed answer).
+    pub has_errors: bool,
+}
+
+/// The thread's messages after its last `/reset`, oldest first, except those
+/// of `current_request` (the question being answered).
+pub async fn messages_since_reset(
+    db: &impl Queries,
+    thread_id: i64,
+    current_request: Uuid,
+) -> Result<Vec<HistoryRow>, ChatError> {
+    let rows = db
+        .query(
+            "SELECT id, role, content, request_xid,
+                    coalesce(jsonb_array_length(error_details -> 'errors'), 0) > 0
+                       OR (error_details ->> 'code') IS NOT NULL
+             FROM ai_conversation_messages
+             WHERE thread_id = $1
+               AND id > coalesce((SELECT max(id) FROM ai_conversation_messages
+                                  WHERE thread_id = $1 AND role = 1 AND btrim(content) = '/reset'), 0)
+               AND request_xid IS DISTINCT FROM $2
+             ORDER BY id",
+            &[&thread_id, &current_request],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| HistoryRow {
+            id: r.get(0),
+            is_user: r.get::<_, i16>(1) == 1,
+            content: r.get(2),
+            request_xid: r.get(3),
+            has_errors: r.get::<_, Option<bool>>(4).unwrap_or(false),
+        })
+        .collect())
+}
+
+/// The stored `extras` (current file, additional context) of the question
+/// `request_xid` asked in the thread; `Null` when there is no such question.
+pub async fn question_extras(
+    db: &impl Queries,
+    thread_id: i64,
+    request_xid: Uuid,
+) -> Result<Value, ChatError> {
+    Ok(db
+        .query_opt(
+            "SELECT extras FROM ai_conversation_messages
+             WHERE thread_id = $1 AND request_xid = $2 AND role = 1 ORDER BY id LIMIT 1",
+            &[&thread_id, &request_xid],
+        )
+        .await?
+        .and_then(|r| r.get::<_, Option<Value>>(0))
+        .unwrap_or(Value::Null))
+}
+
 pub(crate) fn message_from_row(row: &tokio_postgres::Row) -> StoredMessage {
     let details: Option<Value> = row.get(6);
     let errors = details

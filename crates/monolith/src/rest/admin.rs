@@ -8,24 +8,23 @@ use super::require_admin;
 use super::{ApiError, READ_SCOPES, WRITE_SCOPES};
 use crate::app_state::AppState;
 use crate::duo_settings::DuoSettingsError;
+use crate::instance::{self, InstanceSettings, SettingsChange};
 use crate::policy::DuoSwitchScope;
 
 // ---- application settings and seats ---------------------------------------------
 
-pub(super) fn settings_json(row: &tokio_postgres::Row) -> Value {
+fn settings_json(settings: &InstanceSettings) -> Value {
     json!({
         "gitlab_dedicated_instance": false,
-        "realm": row.get::<_, String>("realm"),
-        "instance_tier": row.get::<_, String>("instance_tier"),
-        "duo_features_enabled": row.get::<_, bool>("duo_features_enabled"),
-        "ai_gateway_url": row.get::<_, Option<String>>("ai_gateway_url"),
-        "ai_action_api_rate_limit": row.get::<_, i32>("ai_action_api_rate_limit"),
-        "duo_chat_expiration_days": row.get::<_, i32>("duo_chat_expiration_days"),
-        "instance_level_ai_beta_features_enabled": row.get::<_, bool>("instance_level_ai_beta_features_enabled"),
+        "realm": settings.realm,
+        "instance_tier": settings.instance_tier,
+        "duo_features_enabled": settings.duo_features_enabled,
+        "ai_gateway_url": settings.ai_gateway_url,
+        "ai_action_api_rate_limit": settings.ai_action_api_rate_limit,
+        "duo_chat_expiration_days": settings.duo_chat_expiration_days,
+        "instance_level_ai_beta_features_enabled": settings.instance_level_ai_beta_features_enabled,
     })
 }
-
-pub(super) const SETTINGS_SQL: &str = "SELECT realm, instance_tier, duo_features_enabled, ai_gateway_url, ai_action_api_rate_limit, duo_chat_expiration_days, instance_level_ai_beta_features_enabled FROM instance_settings";
 
 pub(super) async fn show_settings(
     state: web::Data<AppState>,
@@ -33,8 +32,8 @@ pub(super) async fn show_settings(
 ) -> Result<HttpResponse, ApiError> {
     require_admin(&state, &req, READ_SCOPES).await?;
     let db = state.pool.get().await?;
-    let row = db.query_one(SETTINGS_SQL, &[]).await?;
-    Ok(HttpResponse::Ok().json(settings_json(&row)))
+    let settings = instance::settings(&*db).await?;
+    Ok(HttpResponse::Ok().json(settings_json(&settings)))
 }
 
 #[derive(Deserialize)]
@@ -72,29 +71,24 @@ pub(super) async fn update_settings(
             "duo_chat_expiration_days must be between 1 and 365".into(),
         ));
     }
+    let switched = b.duo_features_enabled.is_some();
     let db = state.pool.get().await?;
-    db.execute(
-        "UPDATE instance_settings SET
-           instance_tier = coalesce($1, instance_tier),
-           duo_features_enabled = coalesce($2, duo_features_enabled),
-           ai_gateway_url = coalesce($3, ai_gateway_url),
-           duo_chat_expiration_days = coalesce($4, duo_chat_expiration_days),
-           instance_level_ai_beta_features_enabled = coalesce($5, instance_level_ai_beta_features_enabled),
-           updated_at = now()",
-        &[
-            &b.instance_tier,
-            &b.duo_features_enabled,
-            &b.ai_gateway_url,
-            &b.duo_chat_expiration_days,
-            &b.instance_level_ai_beta_features_enabled,
-        ],
+    instance::update_settings(
+        &*db,
+        &SettingsChange {
+            instance_tier: b.instance_tier,
+            duo_features_enabled: b.duo_features_enabled,
+            ai_gateway_url: b.ai_gateway_url,
+            duo_chat_expiration_days: b.duo_chat_expiration_days,
+            instance_level_ai_beta_features_enabled: b.instance_level_ai_beta_features_enabled,
+        },
     )
     .await?;
-    if b.duo_features_enabled.is_some() {
+    if switched {
         super::projects::follow_duo_switch(&state, &*db, DuoSwitchScope::Instance).await?;
     }
-    let row = db.query_one(SETTINGS_SQL, &[]).await?;
-    Ok(HttpResponse::Ok().json(settings_json(&row)))
+    let settings = instance::settings(&*db).await?;
+    Ok(HttpResponse::Ok().json(settings_json(&settings)))
 }
 
 #[derive(Deserialize)]

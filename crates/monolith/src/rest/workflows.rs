@@ -353,7 +353,7 @@ pub(super) async fn direct_access(
     authorize_platform(&state, &who, container).await?;
     {
         let mut client = state.pool.get().await?;
-        if !crate::workflows::rate_limit::take(
+        if !crate::rate_limit::take(
             &mut client,
             who.actor.id,
             "duo_workflow_direct_access",
@@ -591,11 +591,7 @@ pub(super) async fn set_workflow_service_account(
             Some(true) => {}
         }
     }
-    db.execute(
-        "UPDATE instance_settings SET duo_workflow_service_account_id = $1, updated_at = now()",
-        &[&user_id],
-    )
-    .await?;
+    crate::instance::set_workflow_service_account_id(&*db, user_id).await?;
     Ok(HttpResponse::Ok().json(json!({ "service_account_id": user_id })))
 }
 
@@ -606,12 +602,6 @@ pub(super) async fn show_workflow_service_account(
 ) -> Result<HttpResponse, ApiError> {
     super::require_admin(&state, &req, READ_SCOPES).await?;
     let db = state.pool.get().await?;
-    let id: Option<i64> = db
-        .query_one(
-            "SELECT duo_workflow_service_account_id FROM instance_settings",
-            &[],
-        )
-        .await?
-        .get(0);
+    let id = crate::instance::workflow_service_account_id(&*db).await?;
     Ok(HttpResponse::Ok().json(json!({ "service_account_id": id })))
 }

@@ -94,10 +94,8 @@ fn settings_body(
 
 async fn realm_and_tier(state: &AppState) -> Result<(String, String), PageError> {
     let db = state.pool.get().await?;
-    let row = db
-        .query_one("SELECT realm, instance_tier FROM instance_settings", &[])
-        .await?;
-    Ok((row.get(0), row.get(1)))
+    let settings = crate::instance::settings(&*db).await?;
+    Ok((settings.realm, settings.instance_tier))
 }
 
 async fn settings_page(

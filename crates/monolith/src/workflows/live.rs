@@ -14,8 +14,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use super::checkpoints::{self, Checkpoint};
-use super::store::Workflow;
+use super::checkpoint_record::{self as checkpoints, Checkpoint};
+use super::record::Workflow;
 use super::{Status, WorkflowError};
 
 /// The topic of one user's workflow updates.

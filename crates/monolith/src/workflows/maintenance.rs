@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::store::{COLUMNS, from_row};
+use super::record::{COLUMNS, from_row};
 use super::{Caller, Status, WorkflowError, audit, live};
 
 /// Fails (`drop`) every workflow in `created` or `running` whose last update is

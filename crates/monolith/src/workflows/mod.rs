@@ -12,15 +12,17 @@
 pub const WORKFLOW_GID_MODEL: &str = "Ai::DuoWorkflows::Workflow";
 
 pub mod access;
+pub mod checkpoint_record;
 pub mod checkpoints;
 pub mod creation;
 pub mod events;
+pub mod jobs;
 pub mod lease;
 pub mod live;
 pub mod maintenance;
 pub mod privileges;
 pub mod protojson;
-pub mod rate_limit;
+pub mod record;
 pub mod runners;
 pub mod runs;
 pub mod service;
@@ -28,8 +30,9 @@ pub mod status;
 pub mod steering;
 pub mod store;
 
+pub use record::Workflow;
 pub use status::{Decision, Status, StatusEvent};
-pub use store::{NewWorkflow, Workflow};
+pub use store::NewWorkflow;
 
 /// Who acts on a workflow: the human and, under composite identity, the
 /// service account acting for them (both go to the audit trail).

@@ -653,3 +653,74 @@ async fn refused_answers_to_a_product_run_are_not_kept() {
     assert_eq!(status, 200);
     assert_eq!(queued, json!([]), "refused events are not kept");
 }
+
+#[tokio::test]
+async fn the_workflow_service_account_is_set_shown_and_unset_by_admins_only() {
+    let w = world().await;
+    let path = "/ai/duo_workflows/service_account";
+    assert_eq!(
+        get(&w.server, path, &w.admin_token).await,
+        (200, json!({"service_account_id": null}))
+    );
+    // A person is not a service account, and an unknown user is not found.
+    let (status, body) = put(
+        &w.server,
+        path,
+        &w.admin_token,
+        json!({"user_id": w.dev.id}),
+    )
+    .await;
+    assert_eq!(
+        (status, body),
+        (
+            400,
+            json!({"message": {"user_id": ["must be a service account user"]}})
+        )
+    );
+    let (status, _) = put(
+        &w.server,
+        path,
+        &w.admin_token,
+        json!({"user_id": i64::MAX}),
+    )
+    .await;
+    assert_eq!(status, 404);
+    w.fx.exec(
+        "UPDATE users SET service_account = true WHERE id = $1",
+        &[&w.other.id],
+    )
+    .await;
+    // Only an admin sets or reads it.
+    let (status, _) = put(
+        &w.server,
+        path,
+        &w.dev_token,
+        json!({"user_id": w.other.id}),
+    )
+    .await;
+    assert_eq!(status, 403);
+    let (status, _) = get(&w.server, path, &w.dev_token).await;
+    assert_eq!(status, 403);
+    assert_eq!(
+        get(&w.server, path, &w.admin_token).await,
+        (200, json!({"service_account_id": null}))
+    );
+    let set = put(
+        &w.server,
+        path,
+        &w.admin_token,
+        json!({"user_id": w.other.id}),
+    )
+    .await;
+    assert_eq!(set, (200, json!({"service_account_id": w.other.id})));
+    assert_eq!(
+        get(&w.server, path, &w.admin_token).await,
+        (200, json!({"service_account_id": w.other.id}))
+    );
+    let unset = put(&w.server, path, &w.admin_token, json!({"user_id": null})).await;
+    assert_eq!(unset, (200, json!({"service_account_id": null})));
+    assert_eq!(
+        get(&w.server, path, &w.admin_token).await,
+        (200, json!({"service_account_id": null}))
+    );
+}

@@ -1,21 +1,23 @@
 //! Per-user request budgets shared by every replica (the `rate_limit_events`
-//! table), for `direct_access` as GitLab limits it.
+//! table): `aiAction` (chat) and Duo Workflow's `direct_access` both count
+//! their requests here, each under its own action name and with its own
+//! limit and window from the configuration.
 
 use std::time::Duration;
 
-use super::WorkflowError;
-
 /// Counts one request of `action` for the user; `false` (and nothing counted)
-/// when `limit` requests were already made within `window`.
+/// when `limit` requests were already made within `window`. Events older
+/// than the window are dropped on the way.
 pub async fn take(
     client: &mut deadpool_postgres::Client,
     user_id: i64,
     action: &str,
     limit: u32,
     window: Duration,
-) -> Result<bool, WorkflowError> {
+) -> Result<bool, tokio_postgres::Error> {
     let tx = client.transaction().await?;
-    // One user's requests are counted one at a time across replicas.
+    // One user's requests of one action are counted one at a time across
+    // replicas.
     tx.execute(
         "SELECT pg_advisory_xact_lock(hashtextextended($2 || ':' || $1::bigint::text, 0))",
         &[&user_id, &action],
