@@ -14,7 +14,7 @@ command -v clang >/dev/null 2>&1 || missing+=(clang)
 if ! ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1; then
   missing+=(libclang-dev)
 fi
-# The page tests drive Debian's Chromium through chromedriver (tests/src/browser.rs).
+# The page tests drive Debian's Chromium through chromedriver (e2e/src/browser.rs).
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 # Repositories are served and written by git itself (docs/repositories.md).

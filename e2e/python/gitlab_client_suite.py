@@ -1,6 +1,6 @@
 """GitLab's own REST client, python-gitlab, driving the monolith unchanged.
 
-Run by tests/tests/python_gitlab_e2e.rs against a running, seeded monolith:
+Run by e2e/tests/it/python_gitlab_e2e.rs against a running, seeded monolith:
 
     DUO_URL=http://127.0.0.1:3000 DUO_ADMIN_TOKEN=... DUO_USER_TOKEN=... python gitlab_client_suite.py
 

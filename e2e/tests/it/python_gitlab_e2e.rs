@@ -1,5 +1,5 @@
 //! python-gitlab, GitLab's own REST client, against a running monolith: the
-//! common operations of each of its managers (tests/python/gitlab_client_suite.py).
+//! common operations of each of its managers (e2e/python/gitlab_client_suite.py).
 //! The client is installed by `scripts/python-env.sh` into a cached virtual
 //! environment; without Python this test fails, it never skips.
 
@@ -26,7 +26,7 @@ async fn python_gitlab_works_unchanged() {
     );
     let python = String::from_utf8(env.stdout).unwrap().trim().to_owned();
     let run = tokio::process::Command::new(&python)
-        .arg(root.join("tests/python/gitlab_client_suite.py"))
+        .arg(root.join("e2e/python/gitlab_client_suite.py"))
         .env("DUO_URL", &system.web_url)
         .env("DUO_ADMIN_TOKEN", system.token("root").unwrap())
         .env("DUO_USER_TOKEN", system.token("alice").unwrap())
