@@ -373,7 +373,7 @@ async fn bad_tokens_and_missing_seats_are_refused() {
 }
 
 /// Runs `git` in `dir`, failing the test on a non-zero exit.
-fn git(dir: &Path, args: &[&str]) -> String {
+pub(crate) fn git(dir: &Path, args: &[&str]) -> String {
     let output = std::process::Command::new("git")
         .args(args)
         .current_dir(dir)

@@ -12,6 +12,7 @@
     reason = "a failed fixture fails the test"
 )]
 
+use crate::workflow_e2e::git;
 use e2e_tests::System;
 use fake_provider::{Failure, ToolCall};
 use serde_json::{Value, json};
@@ -197,21 +198,6 @@ pub(crate) fn assert_nothing_left_running() {
         }
     }
     assert!(left.is_empty(), "left running: {left:#?}");
-}
-
-fn git(dir: &std::path::Path, args: &[&str]) -> String {
-    let output = std::process::Command::new("git")
-        .args(args)
-        .current_dir(dir)
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 pub(crate) fn edit_readme() -> ToolCall {

@@ -16,20 +16,17 @@ use crate::identity::oauth::{self, Revocation};
 use crate::workflows::checkpoints::{self, NewCheckpoint, NewWrite};
 use crate::workflows::{WorkflowError, events, store};
 
-/// The `run_id` query parameter of a write: the lease its run holds.
-fn run_id_of(req: &HttpRequest) -> Result<Option<uuid::Uuid>, ApiError> {
-    #[derive(Deserialize)]
-    struct RunQuery {
-        run_id: Option<String>,
-    }
-    let query = web::Query::<RunQuery>::from_query(req.query_string())
-        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    query
-        .into_inner()
-        .run_id
+/// A run id given as the query parameter `name` (`run_id` on writes: the
+/// lease the writing run holds; `takeover` on a lock: the run it replaces).
+fn run_id_param(req: &HttpRequest, name: &str) -> Result<Option<uuid::Uuid>, ApiError> {
+    let pairs =
+        web::Query::<std::collections::HashMap<String, String>>::from_query(req.query_string())
+            .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    pairs
+        .get(name)
         .map(|text| {
-            uuid::Uuid::parse_str(&text)
-                .map_err(|_| ApiError::BadRequest("run_id is invalid".into()))
+            uuid::Uuid::parse_str(text)
+                .map_err(|_| ApiError::BadRequest(format!("{name} is invalid")))
         })
         .transpose()
 }
@@ -43,20 +40,8 @@ pub(super) async fn take_run_lock(
     req: HttpRequest,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    #[derive(Deserialize)]
-    struct TakeoverQuery {
-        takeover: Option<String>,
-    }
     let who = workflow_caller(&state, &req, INTERNAL_SCOPES).await?;
-    let takeover = web::Query::<TakeoverQuery>::from_query(req.query_string())
-        .map_err(|e| ApiError::BadRequest(e.to_string()))?
-        .into_inner()
-        .takeover
-        .map(|text| {
-            uuid::Uuid::parse_str(&text)
-                .map_err(|_| ApiError::BadRequest("takeover is invalid".into()))
-        })
-        .transpose()?;
+    let takeover = run_id_param(&req, "takeover")?;
     let workflow = find_workflow(&state, &who, &path).await?;
     let db = state.pool.get().await?;
     let ttl = state.config.duo_workflow.lock_lease;
@@ -186,7 +171,7 @@ pub(super) async fn update_status(
         .into_inner()
         .status_event
         .ok_or_else(|| ApiError::BadRequest("status_event is missing".into()))?;
-    let run_id = run_id_of(&req)?;
+    let run_id = run_id_param(&req, "run_id")?;
     let workflow = find_workflow(&state, &who, &path).await?;
     let mut client = state.pool.get().await?;
     crate::workflows::lease::check_writer(&*client, workflow.id, run_id).await?;
@@ -225,7 +210,7 @@ pub(super) async fn create_checkpoint(
     let metadata = p
         .metadata
         .ok_or_else(|| ApiError::BadRequest("metadata is missing".into()))?;
-    let run_id = run_id_of(&req)?;
+    let run_id = run_id_param(&req, "run_id")?;
     let workflow = find_workflow(&state, &who, &path).await?;
     crate::workflows::lease::check_writer(&*state.pool.get().await?, workflow.id, run_id).await?;
     let new = NewCheckpoint {

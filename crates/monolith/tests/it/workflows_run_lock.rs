@@ -153,4 +153,6 @@ async fn only_the_holders_id_takes_a_live_lock_over() {
     assert_ne!(taken["run_id"], first["run_id"]);
     let (status, _) = takeover(first_run.to_owned()).await;
     assert_eq!(status, 409, "the old id is spent");
+    let (status, _) = takeover("not-a-uuid".to_owned()).await;
+    assert_eq!(status, 400);
 }
