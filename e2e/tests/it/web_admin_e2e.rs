@@ -196,7 +196,10 @@ async fn duo_chat_answers_with_the_self_hosted_model_an_admin_selected() {
     let result = root
         .until(
             "the connection test result",
-            "return document.querySelector('.flash')?.textContent",
+            // The page still shows the earlier "created" notice until the
+            // test's answer replaces it: wait for the connection's own text.
+            "const t = document.querySelector('.flash')?.textContent; \
+             return t && t.includes('Connection to') ? t : null",
         )
         .await
         .unwrap();
