@@ -16,9 +16,9 @@ use crate::policy::{Ability, Subject, WriteAbility};
 use crate::work_items::builds::{self, ImportedJob, Job, Pipeline, PipelineFilter, STATUSES};
 
 /// Checks the caller may read the project's CI; returns the project's full path.
-async fn readable_ci(
+pub(super) async fn readable_ci(
     state: &AppState,
-    req: &HttpRequest,
+    req: &impl super::Caller,
     project: i64,
 ) -> Result<String, ApiError> {
     let user = readable_project(state, req, project).await?;
@@ -35,7 +35,7 @@ async fn readable_ci(
 
 // ---- pipelines ------------------------------------------------------------------
 
-fn pipeline_json(pipeline: &Pipeline, base: &url::Url, full_path: &str) -> Value {
+pub(super) fn pipeline_json(pipeline: &Pipeline, base: &url::Url, full_path: &str) -> Value {
     let id = pipeline.id;
     json!({
         "id": id,
@@ -168,20 +168,32 @@ async fn jobs_where(
     pipeline: Option<i64>,
     q: JobListParams,
 ) -> Result<HttpResponse, ApiError> {
-    let full_path = readable_ci(state, req, project).await?;
     let wanted = scopes(req.query_string())?;
+    let items = jobs_of(state, req, project, pipeline, &wanted).await?;
+    Ok(paged(req, PageParams::new(q.page, q.per_page), items))
+}
+
+/// The jobs of the project (of one pipeline when given) with one of the
+/// `wanted` statuses (any when empty), once the caller may read its CI.
+pub(super) async fn jobs_of(
+    state: &AppState,
+    req: &impl super::Caller,
+    project: i64,
+    pipeline: Option<i64>,
+    wanted: &[String],
+) -> Result<Vec<Value>, ApiError> {
+    let full_path = readable_ci(state, req, project).await?;
     let db = state.pool.get().await?;
     if let Some(pipeline) = pipeline
         && !builds::pipeline_exists(&*db, project, pipeline).await?
     {
         return Err(ApiError::NotFound("Pipeline"));
     }
-    let items = builds::jobs(&*db, project, pipeline, &wanted)
+    Ok(builds::jobs(&*db, project, pipeline, wanted)
         .await?
         .iter()
         .map(|j| job_json(j, &state.config.external_url, &full_path))
-        .collect();
-    Ok(paged(req, PageParams::new(q.page, q.per_page), items))
+        .collect())
 }
 
 pub(super) async fn list_jobs(

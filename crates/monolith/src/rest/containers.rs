@@ -3,9 +3,7 @@
 //! its full path. Every endpoint of a group's or project's contents starts
 //! here.
 
-use actix_web::HttpRequest;
-
-use super::{ApiError, WRITE_SCOPES, optional_user, require_user};
+use super::{ApiError, Caller};
 use crate::app_state::AppState;
 use crate::identity::tokens::AuthenticatedUser;
 use crate::policy::{Ability, Actor, Subject, WriteAbility};
@@ -65,13 +63,13 @@ impl Container {
     pub async fn readable(
         self,
         state: &AppState,
-        req: &HttpRequest,
+        req: &impl Caller,
     ) -> Result<Option<Actor>, ApiError> {
         let (ability, name) = match self {
             Container::Group(_) => (Ability::ReadGroup, "Group"),
             Container::Project(_) => (Ability::ReadProject, "Project"),
         };
-        let user = actor(&optional_user(state, req).await?);
+        let user = actor(&req.reader(state).await?);
         if !can(state, user, ability, self.subject()).await? {
             return Err(ApiError::NotFound(name));
         }
@@ -91,10 +89,10 @@ impl Container {
     pub async fn writer(
         self,
         state: &AppState,
-        req: &HttpRequest,
+        req: &impl Caller,
         ability: WriteAbility,
     ) -> Result<AuthenticatedUser, ApiError> {
-        let me = require_user(state, req, WRITE_SCOPES).await?;
+        let me = req.writer(state).await?;
         self.readable(state, req).await?;
         require_write(state, &me, ability, self.subject()).await?;
         Ok(me)
@@ -104,7 +102,7 @@ impl Container {
 /// The caller (if any), after checking they may read the project; 404 otherwise.
 pub(super) async fn readable_project(
     state: &AppState,
-    req: &HttpRequest,
+    req: &impl Caller,
     id: i64,
 ) -> Result<Option<Actor>, ApiError> {
     Container::Project(id).readable(state, req).await
@@ -113,7 +111,7 @@ pub(super) async fn readable_project(
 /// The caller (if any), after checking they may read the group; 404 otherwise.
 pub(super) async fn readable_group(
     state: &AppState,
-    req: &HttpRequest,
+    req: &impl Caller,
     id: i64,
 ) -> Result<Option<Actor>, ApiError> {
     Container::Group(id).readable(state, req).await

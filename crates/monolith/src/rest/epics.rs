@@ -59,7 +59,7 @@ pub(super) async fn list_epics(
 /// An epic of the group the caller may read, found by its iid or id.
 pub(super) async fn find_epic(
     state: &AppState,
-    req: &HttpRequest,
+    req: &impl super::Caller,
     group: i64,
     key: EpicKey,
 ) -> Result<Found<Epic>, ApiError> {
@@ -136,7 +136,7 @@ impl NoteTarget for EpicNotes {
 
     async fn find(
         state: &AppState,
-        req: &HttpRequest,
+        req: &impl super::Caller,
         (group, epic_id): (i64, i64),
     ) -> Result<(Option<Actor>, Noteable), ApiError> {
         let epic = find_epic(state, req, group, EpicKey::Id(epic_id)).await?;

@@ -10,8 +10,7 @@ use super::item_access::{Found, Item, find_readable};
 use super::notes::{NoteTarget, Noteable};
 use super::pagination::{PageParams, paged};
 use super::param_values::{split_labels, state_filter};
-use super::require_user;
-use super::{ApiError, WRITE_SCOPES};
+use super::ApiError;
 use crate::app_state::AppState;
 use crate::policy::Actor;
 use crate::work_items::issues::{self, Issue, IssueFilter, LabelFilter, NewIssue};
@@ -95,7 +94,7 @@ pub(super) async fn list_issues(
 /// An issue the caller may read, with its project's full path; 404 otherwise.
 pub(super) async fn find_issue(
     state: &AppState,
-    req: &HttpRequest,
+    req: &impl super::Caller,
     project: i64,
     iid: i32,
 ) -> Result<Found<Issue>, ApiError> {
@@ -122,11 +121,11 @@ pub(super) async fn show_issue(
 
 #[derive(Deserialize)]
 pub(super) struct NewIssueParams {
-    title: String,
-    description: Option<String>,
-    confidential: Option<bool>,
-    labels: Option<super::params::LabelList>,
-    assignee_ids: Option<Vec<i64>>,
+    pub title: String,
+    pub description: Option<String>,
+    pub confidential: Option<bool>,
+    pub labels: Option<super::params::LabelList>,
+    pub assignee_ids: Option<Vec<i64>>,
 }
 
 pub(super) async fn create_issue(
@@ -135,10 +134,19 @@ pub(super) async fn create_issue(
     path: web::Path<i64>,
     body: super::params::Params<NewIssueParams>,
 ) -> Result<HttpResponse, ApiError> {
-    let me = require_user(&state, &req, WRITE_SCOPES).await?;
-    let project = path.into_inner();
-    readable_project(&state, &req, project).await?;
-    let b = body.into_inner();
+    let created = issue_created(&state, &req, path.into_inner(), body.into_inner()).await?;
+    Ok(HttpResponse::Created().json(created))
+}
+
+/// Opens an issue in a project the caller may read, authored by them.
+pub(super) async fn issue_created(
+    state: &AppState,
+    req: &impl super::Caller,
+    project: i64,
+    b: NewIssueParams,
+) -> Result<Value, ApiError> {
+    let me = req.writer(state).await?;
+    readable_project(state, req, project).await?;
     if b.title.trim().is_empty() {
         return Err(ApiError::BadRequest("title is missing".into()));
     }
@@ -160,7 +168,7 @@ pub(super) async fn create_issue(
     )
     .await?;
     let full_path = Container::Project(project).full_path(&*db).await?;
-    Ok(HttpResponse::Created().json(issue_json(&issue, &state.config.external_url, &full_path)))
+    Ok(issue_json(&issue, &state.config.external_url, &full_path))
 }
 
 /// Notes of an issue: `/projects/{id}/issues/{iid}/notes`.
@@ -171,7 +179,7 @@ impl NoteTarget for IssueNotes {
 
     async fn find(
         state: &AppState,
-        req: &HttpRequest,
+        req: &impl super::Caller,
         (project, iid): (i64, i32),
     ) -> Result<(Option<Actor>, Noteable), ApiError> {
         let issue = find_issue(state, req, project, iid).await?;

@@ -3,11 +3,9 @@
 //! missing or hidden). The finding is the work items domain's; this says who
 //! may see what was found.
 
-use actix_web::HttpRequest;
-
 use crate::queries::Queries;
 
-use super::ApiError;
+use super::{ApiError, Caller};
 use super::containers::Container;
 use crate::app_state::AppState;
 use crate::policy::{Ability, Actor, Subject};
@@ -88,7 +86,7 @@ pub(super) struct Found<T> {
 /// caller may read both; otherwise 404 for the container or the item.
 pub(super) async fn find_readable<T, F>(
     state: &AppState,
-    req: &HttpRequest,
+    req: &impl Caller,
     container: Container,
     item: Item,
     find: F,

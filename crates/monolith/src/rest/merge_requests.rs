@@ -48,7 +48,7 @@ fn mr_json(mr: &MergeRequest, base: &url::Url, full_path: &str) -> Value {
 }
 
 /// The merge request in its REST shape.
-fn found_json(state: &AppState, found: &Found<MergeRequest>) -> Value {
+pub(super) fn found_json(state: &AppState, found: &Found<MergeRequest>) -> Value {
     mr_json(&found.item, &state.config.external_url, &found.full_path)
 }
 
@@ -98,7 +98,7 @@ pub(super) async fn list_merge_requests(
 /// A merge request the caller may read, with its project's full path; 404 otherwise.
 pub(super) async fn find_merge_request(
     state: &AppState,
-    req: &HttpRequest,
+    req: &impl super::Caller,
     project: i64,
     iid: i32,
 ) -> Result<Found<MergeRequest>, ApiError> {
@@ -261,13 +261,103 @@ pub(super) async fn merge_request_diffs(
     q: web::Query<DiffParams>,
 ) -> Result<HttpResponse, ApiError> {
     let (project, iid) = path.into_inner();
-    let mr = find_merge_request(&state, &req, project, iid).await?;
-    let items = file_diffs(&state, project, &mr.item)
+    let items = diffs_of(&state, &req, project, iid).await?;
+    Ok(paged(&req, PageParams::new(q.page, q.per_page), items))
+}
+
+/// The per-file diffs of a merge request the caller may read.
+pub(super) async fn diffs_of(
+    state: &AppState,
+    req: &impl super::Caller,
+    project: i64,
+    iid: i32,
+) -> Result<Vec<Value>, ApiError> {
+    let mr = find_merge_request(state, req, project, iid).await?;
+    Ok(file_diffs(state, project, &mr.item)
         .await?
         .into_iter()
         .map(|d| json!(d))
-        .collect();
+        .collect())
+}
+
+/// The merge request's commits, newest first: those of its source branch
+/// that its target branch lacks (none while either branch is missing).
+pub(super) async fn merge_request_commits(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<(i64, i32)>,
+    q: web::Query<DiffParams>,
+) -> Result<HttpResponse, ApiError> {
+    let (project, iid) = path.into_inner();
+    let items = commits_of(&state, &req, project, iid).await?;
     Ok(paged(&req, PageParams::new(q.page, q.per_page), items))
+}
+
+/// Most commits a merge request's commit list reads.
+const MAX_MR_COMMITS: usize = 500;
+
+pub(super) async fn commits_of(
+    state: &AppState,
+    req: &impl super::Caller,
+    project: i64,
+    iid: i32,
+) -> Result<Vec<Value>, ApiError> {
+    let mr = find_merge_request(state, req, project, iid).await?;
+    let repo = super::repository_access::readable_repo(state, req, project).await?;
+    let target = repo.resolve(Some(&mr.item.target_branch), "Ref").await;
+    let source = repo.resolve(Some(&mr.item.source_branch), "Ref").await;
+    let (Ok(target), Ok(source)) = (target, source) else {
+        return Ok(Vec::new());
+    };
+    let commits = crate::repositories::reader::commits_between(
+        &repo.path,
+        &target,
+        &source,
+        MAX_MR_COMMITS,
+    )
+    .await
+    .map_err(super::repository_access::repository_error)?;
+    Ok(commits
+        .iter()
+        .map(|c| super::repository_commits::commit_json(&repo, state, c))
+        .collect())
+}
+
+/// The pipelines run for the merge request's source branch, newest first.
+pub(super) async fn merge_request_pipelines(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<(i64, i32)>,
+    q: web::Query<DiffParams>,
+) -> Result<HttpResponse, ApiError> {
+    let (project, iid) = path.into_inner();
+    let items = pipelines_of(&state, &req, project, iid).await?;
+    Ok(paged(&req, PageParams::new(q.page, q.per_page), items))
+}
+
+pub(super) async fn pipelines_of(
+    state: &AppState,
+    req: &impl super::Caller,
+    project: i64,
+    iid: i32,
+) -> Result<Vec<Value>, ApiError> {
+    let mr = find_merge_request(state, req, project, iid).await?;
+    let full_path = super::ci::readable_ci(state, req, project).await?;
+    let filter = crate::work_items::builds::PipelineFilter {
+        git_ref: Some(mr.item.source_branch.clone()),
+        ..Default::default()
+    };
+    let db = state.pool.get().await?;
+    Ok(crate::work_items::builds::pipelines(
+        &*db,
+        project,
+        &filter,
+        crate::work_items::SortOrder::Desc,
+    )
+    .await?
+    .iter()
+    .map(|p| super::ci::pipeline_json(p, &state.config.external_url, &full_path))
+    .collect())
 }
 
 /// Notes of a merge request: `/projects/{id}/merge_requests/{iid}/notes`.
@@ -278,7 +368,7 @@ impl NoteTarget for MergeRequestNotes {
 
     async fn find(
         state: &AppState,
-        req: &HttpRequest,
+        req: &impl super::Caller,
         (project, iid): (i64, i32),
     ) -> Result<(Option<Actor>, Noteable), ApiError> {
         let mr = find_merge_request(state, req, project, iid).await?;

@@ -181,6 +181,28 @@ pub async fn require_user(
     Ok(user)
 }
 
+/// Who is asking, as the shared floor of the handlers needs it: an HTTP
+/// request (its token, scopes checked per route) or a caller another
+/// interface already authenticated (the MCP server's tools). Reads and writes
+/// then go through the same policy and the same renderers either way.
+pub(crate) trait Caller {
+    /// The reader, `None` when anonymous; a credential that may not read here
+    /// is refused.
+    async fn reader(&self, state: &AppState) -> Result<Option<AuthenticatedUser>, ApiError>;
+    /// A signed-in writer whose credential may write.
+    async fn writer(&self, state: &AppState) -> Result<AuthenticatedUser, ApiError>;
+}
+
+impl Caller for HttpRequest {
+    async fn reader(&self, state: &AppState) -> Result<Option<AuthenticatedUser>, ApiError> {
+        optional_user(state, self).await
+    }
+
+    async fn writer(&self, state: &AppState) -> Result<AuthenticatedUser, ApiError> {
+        require_user(state, self, WRITE_SCOPES).await
+    }
+}
+
 /// Scopes that allow reading through the REST API.
 pub const READ_SCOPES: &[&str] = &["api", "read_api"];
 /// Scopes that allow writing through the REST API.

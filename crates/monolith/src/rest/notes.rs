@@ -12,7 +12,7 @@ use super::entities::user_basic;
 use super::item_access::Item;
 use super::pagination::{PageParams, paged};
 use super::param_values::sort_order;
-use super::{ApiError, WRITE_SCOPES, require_user};
+use super::ApiError;
 use crate::app_state::AppState;
 use crate::policy::{Actor, Subject, WriteAbility};
 use crate::work_items::notes::{self, NewNote, Note};
@@ -102,7 +102,7 @@ pub(super) trait NoteTarget: 'static {
     /// The caller (if any) and the item, once they may read it; 404 otherwise.
     async fn find(
         state: &AppState,
-        req: &HttpRequest,
+        req: &impl super::Caller,
         path: Self::Path,
     ) -> Result<(Option<Actor>, Noteable), ApiError>;
 }
@@ -115,15 +115,8 @@ pub(super) async fn list<T: NoteTarget>(
     path: web::Path<T::Path>,
     params: web::Query<NoteListParams>,
 ) -> Result<HttpResponse, ApiError> {
-    let (user, noteable) = T::find(&state, &req, path.into_inner()).await?;
     let order = sort_order(params.sort.as_deref())?;
-    let db = state.pool.get().await?;
-    let found = notes::list(&*db, noteable.kind, noteable.id, order).await?;
-    let readable = Item::NOTE.keep_readable(&state, &*db, user, found).await?;
-    let items = readable
-        .iter()
-        .map(|n| note_json(n, &noteable, &state.config.external_url))
-        .collect();
+    let items = notes_of::<T>(&state, &req, path.into_inner(), order).await?;
     Ok(paged(
         &req,
         PageParams::new(params.page, params.per_page),
@@ -131,12 +124,29 @@ pub(super) async fn list<T: NoteTarget>(
     ))
 }
 
+/// The notes the caller may read of an item they may read.
+pub(super) async fn notes_of<T: NoteTarget>(
+    state: &AppState,
+    req: &impl super::Caller,
+    path: T::Path,
+    order: crate::work_items::SortOrder,
+) -> Result<Vec<Value>, ApiError> {
+    let (user, noteable) = T::find(state, req, path).await?;
+    let db = state.pool.get().await?;
+    let found = notes::list(&*db, noteable.kind, noteable.id, order).await?;
+    let readable = Item::NOTE.keep_readable(state, &*db, user, found).await?;
+    Ok(readable
+        .iter()
+        .map(|n| note_json(n, &noteable, &state.config.external_url))
+        .collect())
+}
+
 #[derive(Debug, Deserialize)]
 pub(super) struct NewNoteParams {
-    body: String,
-    internal: Option<bool>,
+    pub body: String,
+    pub internal: Option<bool>,
     /// GitLab's older name for `internal`.
-    confidential: Option<bool>,
+    pub confidential: Option<bool>,
 }
 
 /// Adds a note by the caller to an item they may read.
@@ -146,9 +156,19 @@ pub(super) async fn create<T: NoteTarget>(
     path: web::Path<T::Path>,
     note: super::params::Params<NewNoteParams>,
 ) -> Result<HttpResponse, ApiError> {
-    let me = require_user(&state, &req, WRITE_SCOPES).await?;
-    let (_, noteable) = T::find(&state, &req, path.into_inner()).await?;
-    let note = note.into_inner();
+    let created = note_created::<T>(&state, &req, path.into_inner(), note.into_inner()).await?;
+    Ok(HttpResponse::Created().json(created))
+}
+
+/// Adds a note by the caller to an item they may read.
+pub(super) async fn note_created<T: NoteTarget>(
+    state: &AppState,
+    req: &impl super::Caller,
+    path: T::Path,
+    note: NewNoteParams,
+) -> Result<Value, ApiError> {
+    let me = req.writer(state).await?;
+    let (_, noteable) = T::find(state, req, path).await?;
     if note.body.trim().is_empty() {
         return Err(ApiError::BadRequest("body is missing".into()));
     }
@@ -161,7 +181,7 @@ pub(super) async fn create<T: NoteTarget>(
             ));
         }
         require_write(
-            &state,
+            state,
             &me,
             WriteAbility::CreateInternalNote,
             noteable.container,
@@ -183,7 +203,7 @@ pub(super) async fn create<T: NoteTarget>(
         },
     )
     .await?;
-    Ok(HttpResponse::Created().json(note_json(&created, &noteable, &state.config.external_url)))
+    Ok(note_json(&created, &noteable, &state.config.external_url))
 }
 
 #[cfg(test)]

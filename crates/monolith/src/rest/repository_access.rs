@@ -11,7 +11,7 @@ use base64::Engine as _;
 use serde_json::{Value, json};
 
 use super::containers::project_full_path;
-use super::{ApiError, optional_user, require_user};
+use super::{ApiError, require_user};
 use crate::app_state::AppState;
 use crate::identity::tokens::AuthenticatedUser;
 use crate::policy::{Ability, Actor, PushAccess, Subject};
@@ -85,12 +85,12 @@ pub(super) fn repository_error(e: RepositoryError) -> ApiError {
 /// as for a project that does not exist); the repository exists on disk.
 pub(super) async fn readable_repo(
     state: &AppState,
-    req: &HttpRequest,
+    req: &impl super::Caller,
     project_id: i64,
 ) -> Result<Repo, ApiError> {
     // The token's scope (`read_repository` reads here) is checked by
     // `optional_user`, as on every REST route.
-    let user = optional_user(state, req).await?;
+    let user = req.reader(state).await?;
     let actor = user.as_ref().map(Actor::from);
     let db = state.pool.get().await?;
     if !state

@@ -202,6 +202,14 @@ pub fn api_v4(cfg: &mut ServiceConfig) {
         get().to(merge_requests::merge_request_diffs),
     );
     cfg.route(
+        "/projects/{id}/merge_requests/{iid}/commits",
+        get().to(merge_requests::merge_request_commits),
+    );
+    cfg.route(
+        "/projects/{id}/merge_requests/{iid}/pipelines",
+        get().to(merge_requests::merge_request_pipelines),
+    );
+    cfg.route(
         "/projects/{id}/merge_requests/{iid}/notes",
         get().to(notes::list::<merge_requests::MergeRequestNotes>),
     );
