@@ -92,6 +92,9 @@ pub struct Config {
     pub add_ons_file: PathBuf,
     pub ai_action_rate_limit: u32,
     pub ai_action_rate_window: Duration,
+    /// The MCP server at `/api/v4/mcp`: requests per token per minute, the
+    /// time one tool call may take, and the largest answer a tool returns.
+    pub mcp: McpServerConfig,
     pub docs_base_url: url::Url,
     pub worker_concurrency: usize,
     pub completion_max_attempts: i32,
@@ -476,6 +479,12 @@ impl Config {
                 .unwrap_or_else(|| "config/duo_add_ons.yml".into())
                 .into(),
             ai_action_rate_limit: parse_or(&get, "DUO_AI_ACTION_RATE_LIMIT", 160)?,
+            mcp: McpServerConfig {
+                requests_per_minute: parse_or(&get, "DUO_MCP_REQUESTS_PER_MINUTE", 600)?,
+                tool_timeout: Duration::from_secs(parse_or(&get, "DUO_MCP_TOOL_TIMEOUT_SECS", 30)?),
+                max_answer_bytes: parse_or(&get, "DUO_MCP_MAX_ANSWER_BYTES", 256 * 1024)?,
+                max_request_bytes: parse_or(&get, "DUO_MCP_MAX_REQUEST_BYTES", 1024 * 1024)?,
+            },
             ai_action_rate_window: Duration::from_secs(parse_or(
                 &get,
                 "DUO_AI_ACTION_RATE_WINDOW_SECS",
@@ -597,6 +606,15 @@ fn positive<T: PartialOrd + Default>(value: T, name: &'static str) -> Result<T, 
             reason: "must be greater than zero".into(),
         })
     }
+}
+
+/// Limits of the MCP server (see `docs/mcp.md`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct McpServerConfig {
+    pub requests_per_minute: u32,
+    pub tool_timeout: Duration,
+    pub max_answer_bytes: usize,
+    pub max_request_bytes: usize,
 }
 
 fn parse_url(name: &'static str, value: &str) -> Result<url::Url, ConfigError> {

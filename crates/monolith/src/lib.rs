@@ -31,6 +31,7 @@
 //!    job-running role)
 //! 7. wiring: [`server`] (the `web` role's routes), [`seed`]
 
+pub mod audit;
 pub mod config;
 pub mod db;
 pub mod gid;

@@ -19,6 +19,8 @@ pub const KNOWN_SCOPES: &[&str] = &[
     "sudo",
     "read_repository",
     "write_repository",
+    // The MCP server's tools (and nothing else of the API), as GitLab's.
+    "mcp",
 ];
 
 #[derive(Debug, Clone)]

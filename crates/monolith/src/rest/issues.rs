@@ -4,13 +4,13 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::ApiError;
 use super::containers::{Container, readable_project};
 use super::entities::{closed_by, references, user_basic};
 use super::item_access::{Found, Item, find_readable};
 use super::notes::{NoteTarget, Noteable};
 use super::pagination::{PageParams, paged};
 use super::param_values::{split_labels, state_filter};
-use super::ApiError;
 use crate::app_state::AppState;
 use crate::policy::Actor;
 use crate::work_items::issues::{self, Issue, IssueFilter, LabelFilter, NewIssue};

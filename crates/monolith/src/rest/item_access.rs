@@ -5,8 +5,8 @@
 
 use crate::queries::Queries;
 
-use super::{ApiError, Caller};
 use super::containers::Container;
+use super::{ApiError, Caller};
 use crate::app_state::AppState;
 use crate::policy::{Ability, Actor, Subject};
 use crate::work_items::Identified;

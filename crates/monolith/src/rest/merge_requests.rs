@@ -18,7 +18,7 @@ use crate::policy::{Actor, WriteAbility};
 use crate::work_items::Author;
 use crate::work_items::merge_requests::{self, MergeRequest, NewMergeRequest};
 
-fn mr_json(mr: &MergeRequest, base: &url::Url, full_path: &str) -> Value {
+pub(super) fn mr_json(mr: &MergeRequest, base: &url::Url, full_path: &str) -> Value {
     let iid = mr.iid;
     // No merge history is kept: a merged request was merged at its last update.
     let merged = mr.state == "merged";
@@ -309,14 +309,10 @@ pub(super) async fn commits_of(
     let (Ok(target), Ok(source)) = (target, source) else {
         return Ok(Vec::new());
     };
-    let commits = crate::repositories::reader::commits_between(
-        &repo.path,
-        &target,
-        &source,
-        MAX_MR_COMMITS,
-    )
-    .await
-    .map_err(super::repository_access::repository_error)?;
+    let commits =
+        crate::repositories::reader::commits_between(&repo.path, &target, &source, MAX_MR_COMMITS)
+            .await
+            .map_err(super::repository_access::repository_error)?;
     Ok(commits
         .iter()
         .map(|c| super::repository_commits::commit_json(&repo, state, c))

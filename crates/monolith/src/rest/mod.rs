@@ -29,6 +29,7 @@ pub mod input_guard;
 mod issues;
 mod item_access;
 mod item_updates;
+pub mod mcp;
 mod members;
 mod merge_requests;
 mod notes;

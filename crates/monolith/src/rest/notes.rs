@@ -7,12 +7,12 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
+use super::ApiError;
 use super::containers::require_write;
 use super::entities::user_basic;
 use super::item_access::Item;
 use super::pagination::{PageParams, paged};
 use super::param_values::sort_order;
-use super::ApiError;
 use crate::app_state::AppState;
 use crate::policy::{Actor, Subject, WriteAbility};
 use crate::work_items::notes::{self, NewNote, Note};

@@ -13,7 +13,7 @@
 use actix_web::web::{ServiceConfig, delete, get, patch, post, put};
 
 use super::{
-    admin, branches, ci, epics, groups, issues, item_updates, members, merge_requests, notes,
+    admin, branches, ci, epics, groups, issues, item_updates, mcp, members, merge_requests, notes,
     projects, repository, repository_commits, users, workflows, workflows_internal,
     workflows_socket,
 };
@@ -330,6 +330,11 @@ pub fn api_v4(cfg: &mut ServiceConfig) {
 
     // ---- Duo Workflow: the executor's socket --------------------------------------
     cfg.route("/ai/duo_workflows/ws", get().to(workflows_socket::open));
+    // The MCP server (streamable HTTP: POST messages, GET the server's
+    // stream, DELETE a session).
+    cfg.route("/mcp", post().to(mcp::handle));
+    cfg.route("/mcp", get().to(mcp::handle));
+    cfg.route("/mcp", delete().to(mcp::handle));
 }
 
 /// The members routes under `all` (`/groups/{id}/members` or

@@ -26,6 +26,8 @@ const RANKS: &[(&str, u32)] = &[
     ("instance", 3),
     // Per-user request budgets, which chat and Duo Workflow both count in.
     ("rate_limit", 3),
+    // The audit log of MCP tool calls.
+    ("audit", 3),
     ("identity", 4),
     ("policy", 5),
     ("ai_models", 6),

@@ -1,0 +1,33 @@
+//! The audit log of what agents did through the MCP server: one row per tool
+//! call (who, which tool, the outcome, the time), never its content.
+
+use crate::queries::Queries;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct McpToolCall {
+    pub user_id: i64,
+    pub token_id: i64,
+    pub tool: String,
+    /// `ok`, `refused`, `timeout`, `invalid_arguments` or `error`.
+    pub outcome: &'static str,
+    pub duration_ms: i32,
+}
+
+pub async fn record_mcp_tool_call(
+    db: &impl Queries,
+    call: &McpToolCall,
+) -> Result<(), tokio_postgres::Error> {
+    db.execute(
+        "INSERT INTO mcp_tool_calls (user_id, token_id, tool, outcome, duration_ms)
+         VALUES ($1, $2, $3, $4, $5)",
+        &[
+            &call.user_id,
+            &call.token_id,
+            &call.tool,
+            &call.outcome,
+            &call.duration_ms,
+        ],
+    )
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,522 @@
+//! The MCP server at `/api/v4/mcp`: the Model Context Protocol over streamable
+//! HTTP, so any MCP client (Claude Code, Cursor, VS Code, an SDK) works with
+//! issues, merge requests, pipelines and code search as its user.
+//!
+//! The protocol (JSON-RPC 2.0, `initialize`, version negotiation, sessions,
+//! `tools/list`, `tools/call`, SSE or JSON answers) is the Rust MCP SDK's
+//! (`rmcp`); this module puts it behind GitLab's authentication and limits:
+//!
+//! - a token with the `mcp` scope (a personal access token or an OAuth token
+//!   from [`crate::identity::oauth_clients`]); none or a bad one is a 401 whose
+//!   `WWW-Authenticate` names the protected resource metadata (RFC 9728), a
+//!   token without the scope a 403 `insufficient_scope`;
+//! - the request body's size, requests per token per minute, a tool call's
+//!   time and its answer's size ([`crate::config::McpServerConfig`]), each
+//!   refusal a JSON-RPC error body;
+//! - every tool call in the audit log (tool, outcome, time; never content).
+//!
+//! The tools ([`tools`]) run through the REST floor as [`McpCaller`].
+
+mod code_search;
+pub mod tools;
+
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::{Duration, Instant};
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
+use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
+use http_body_util::{BodyExt, Full};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig,
+};
+use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{ErrorData, RoleServer, ServerHandler};
+use serde_json::{Value, json};
+
+use super::ApiError;
+use crate::app_state::AppState;
+use crate::identity::request::{presented_token, request_user};
+use crate::identity::tokens::{AuthenticatedUser, TokenError};
+use crate::policy::Actor;
+use tools::ToolError;
+
+/// The scope a token needs here (GitLab's `mcp`).
+pub const MCP_SCOPE: &str = "mcp";
+
+/// Where the protected resource metadata of `/api/v4/mcp` lives (RFC 9728:
+/// the well-known prefix before the resource's path).
+pub const RESOURCE_METADATA_PATH: &str = "/.well-known/oauth-protected-resource/api/v4/mcp";
+
+/// The caller of a tool: the token's user, whose `mcp` scope was checked.
+/// It reads and writes through the REST floor like a request would.
+#[derive(Debug, Clone)]
+pub struct McpCaller {
+    pub user: AuthenticatedUser,
+}
+
+impl McpCaller {
+    pub fn actor(&self) -> Actor {
+        Actor::from(&self.user)
+    }
+}
+
+impl super::Caller for McpCaller {
+    async fn reader(&self, _state: &AppState) -> Result<Option<AuthenticatedUser>, ApiError> {
+        Ok(Some(self.user.clone()))
+    }
+
+    async fn writer(&self, _state: &AppState) -> Result<AuthenticatedUser, ApiError> {
+        Ok(self.user.clone())
+    }
+}
+
+/// Why a request never reached the protocol.
+#[derive(Debug, thiserror::Error)]
+enum McpHttpError {
+    #[error("401 Unauthorized")]
+    Unauthorized,
+    #[error("403 Forbidden - Your account has been blocked.")]
+    Blocked,
+    #[error("the token needs the mcp scope")]
+    InsufficientScope,
+    #[error("the request body is larger than {0} bytes")]
+    TooLarge(usize),
+    #[error("more than {0} requests this minute from this token")]
+    RateLimited(u32, u64),
+    #[error("the request body could not be read")]
+    Body,
+    #[error("internal error")]
+    Internal(String),
+}
+
+impl McpHttpError {
+    fn response(&self, state: &AppState) -> HttpResponse {
+        let metadata = format!(
+            "{}{}",
+            state.config.external_url.as_str().trim_end_matches('/'),
+            RESOURCE_METADATA_PATH
+        );
+        // JSON-RPC's error shape (no id: the request was not read), so an MCP
+        // client shows the reason.
+        let rpc = |code: i64| json!({"jsonrpc": "2.0", "id": null, "error": {"code": code, "message": self.to_string()}});
+        match self {
+            McpHttpError::Unauthorized => HttpResponse::Unauthorized()
+                .insert_header((
+                    "WWW-Authenticate",
+                    format!(r#"Bearer resource_metadata="{metadata}", scope="{MCP_SCOPE}""#),
+                ))
+                .json(rpc(-32001)),
+            McpHttpError::Blocked => HttpResponse::Forbidden().json(rpc(-32001)),
+            McpHttpError::InsufficientScope => HttpResponse::Forbidden()
+                .insert_header((
+                    "WWW-Authenticate",
+                    format!(
+                        r#"Bearer error="insufficient_scope", scope="{MCP_SCOPE}", resource_metadata="{metadata}""#
+                    ),
+                ))
+                .json(rpc(-32001)),
+            McpHttpError::TooLarge(_) => HttpResponse::PayloadTooLarge().json(rpc(-32600)),
+            McpHttpError::RateLimited(_, retry) => HttpResponse::TooManyRequests()
+                .insert_header(("Retry-After", retry.to_string()))
+                .json(rpc(-32000)),
+            McpHttpError::Body => HttpResponse::BadRequest().json(rpc(-32700)),
+            McpHttpError::Internal(detail) => {
+                tracing::error!(error = %detail, "MCP request failed");
+                HttpResponse::InternalServerError().json(rpc(-32603))
+            }
+        }
+    }
+}
+
+/// Requests per token per minute, counted in this process (a fixed window:
+/// cheap, and enough to stop one token flooding a replica).
+struct TokenLimiter {
+    windows: Mutex<HashMap<i64, (u64, u32)>>,
+}
+
+impl TokenLimiter {
+    /// `Err(seconds to wait)` when the token used its minute.
+    fn take(&self, token_id: i64, limit: u32) -> Result<(), u64> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        let minute = now / 60;
+        let mut windows = self
+            .windows
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if windows.len() > 100_000 {
+            windows.retain(|_, (m, _)| *m == minute);
+        }
+        let entry = windows.entry(token_id).or_insert((minute, 0));
+        if entry.0 != minute {
+            *entry = (minute, 0);
+        }
+        if entry.1 >= limit {
+            return Err(60 - now % 60);
+        }
+        entry.1 += 1;
+        Ok(())
+    }
+}
+
+static LIMITER: LazyLock<TokenLimiter> = LazyLock::new(|| TokenLimiter {
+    windows: Mutex::new(HashMap::new()),
+});
+
+/// The protocol side, shared by every request of this process; sessions live
+/// in its session manager (closed after five idle minutes).
+static SERVICE: LazyLock<StreamableHttpService<McpTools, LocalSessionManager>> =
+    LazyLock::new(|| {
+        // Tool answers are single results: plain JSON, no SSE stream. Our own
+        // body limit applies first (`DUO_MCP_MAX_REQUEST_BYTES`).
+        let config = StreamableHttpServerConfig::default()
+            .with_json_response(true)
+            .with_max_request_body_bytes(usize::MAX)
+            .with_sse_keep_alive(Some(Duration::from_secs(15)))
+            .disable_allowed_hosts();
+        StreamableHttpService::new(
+            || Ok(McpTools),
+            Arc::new(LocalSessionManager::default()),
+            config,
+        )
+    });
+
+static CATALOGUE: LazyLock<Vec<rmcp::model::Tool>> = LazyLock::new(tools::catalogue);
+
+/// `POST`, `GET` and `DELETE /api/v4/mcp`.
+pub(super) async fn handle(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> HttpResponse {
+    match serve(&state, &req, payload).await {
+        Ok(response) => response,
+        Err(e) => e.response(&state),
+    }
+}
+
+async fn authenticate(state: &AppState, req: &HttpRequest) -> Result<McpCaller, McpHttpError> {
+    if presented_token(req).is_none() {
+        return Err(McpHttpError::Unauthorized);
+    }
+    let user = match request_user(&state.pool, req).await {
+        Ok(Some(user)) => user,
+        Ok(None) | Err(TokenError::Invalid) => return Err(McpHttpError::Unauthorized),
+        Err(TokenError::Blocked) => return Err(McpHttpError::Blocked),
+        Err(e) => return Err(McpHttpError::Internal(e.to_string())),
+    };
+    if !user.has_any_scope(&[MCP_SCOPE]) {
+        return Err(McpHttpError::InsufficientScope);
+    }
+    Ok(McpCaller { user })
+}
+
+async fn read_body(mut payload: web::Payload, limit: usize) -> Result<Bytes, McpHttpError> {
+    let mut body = BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|_| McpHttpError::Body)?;
+        if body.len() + chunk.len() > limit {
+            return Err(McpHttpError::TooLarge(limit));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
+}
+
+async fn serve(
+    state: &web::Data<AppState>,
+    req: &HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, McpHttpError> {
+    let limits = &state.config.mcp;
+    if req
+        .headers()
+        .get(actix_web::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+        .is_some_and(|len| len > limits.max_request_bytes)
+    {
+        return Err(McpHttpError::TooLarge(limits.max_request_bytes));
+    }
+    let caller = authenticate(state, req).await?;
+    LIMITER
+        .take(caller.user.token_id, limits.requests_per_minute)
+        .map_err(|retry| McpHttpError::RateLimited(limits.requests_per_minute, retry))?;
+    let body = read_body(payload, limits.max_request_bytes).await?;
+
+    let mut builder = http::Request::builder()
+        .method(req.method().as_str())
+        .uri(req.uri().to_string());
+    for (name, value) in req.headers() {
+        builder = builder.header(name.as_str(), value.as_bytes());
+    }
+    let mut request = builder
+        .body(Full::new(body))
+        .map_err(|e| McpHttpError::Internal(e.to_string()))?;
+    request.extensions_mut().insert(caller);
+    request.extensions_mut().insert(state.clone());
+
+    let response = SERVICE.handle(request).await;
+    let (parts, body) = response.into_parts();
+    let status =
+        StatusCode::from_u16(parts.status.as_u16()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut out = HttpResponse::build(status);
+    for (name, value) in &parts.headers {
+        out.append_header((name.as_str(), value.as_bytes()));
+    }
+    let streaming = parts
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if streaming {
+        let stream = body
+            .into_data_stream()
+            .map(|chunk| chunk.map_err(|never| match never {}));
+        Ok(out.streaming::<_, std::convert::Infallible>(stream))
+    } else {
+        let bytes = body
+            .collect()
+            .await
+            .map(|c| c.to_bytes())
+            .unwrap_or_else(|never| match never {});
+        Ok(out.body(bytes))
+    }
+}
+
+/// The MCP handler: the server's description, the catalogue and tool calls.
+#[derive(Clone, Copy)]
+struct McpTools;
+
+impl McpTools {
+    fn request_parts(
+        context: &RequestContext<RoleServer>,
+    ) -> Result<(McpCaller, web::Data<AppState>), ErrorData> {
+        let parts = context
+            .extensions
+            .get::<http::request::Parts>()
+            .ok_or_else(|| ErrorData::internal_error("request without its HTTP parts", None))?;
+        let caller = parts
+            .extensions
+            .get::<McpCaller>()
+            .cloned()
+            .ok_or_else(|| ErrorData::internal_error("request without a caller", None))?;
+        let state = parts
+            .extensions
+            .get::<web::Data<AppState>>()
+            .cloned()
+            .ok_or_else(|| ErrorData::internal_error("request without state", None))?;
+        Ok((caller, state))
+    }
+}
+
+impl ServerHandler for McpTools {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new(
+                "GitLab MCP server",
+                tools::SERVER_VERSION,
+            ))
+            .with_instructions(
+                "Tools of a GitLab Duo instance: issues, merge requests, pipelines, notes, \
+                 search and semantic code search, each answering what the token's user may read.",
+            )
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(CATALOGUE.clone()))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let (caller, state) = Self::request_parts(&context)?;
+        let name = request.name.to_string();
+        if !tools::exists(&name) {
+            return Err(ErrorData::invalid_params(
+                format!("unknown tool: {name}"),
+                None,
+            ));
+        }
+        let arguments = request.arguments.unwrap_or_default();
+        let limits = state.config.mcp.clone();
+        let started = Instant::now();
+        let outcome = tokio::time::timeout(
+            limits.tool_timeout,
+            tools::call(&state, &caller, &name, &arguments),
+        )
+        .await;
+        let (result, label) = match outcome {
+            Err(_) => (
+                CallToolResult::error(vec![ContentBlock::text(format!(
+                    "the tool call took longer than {} s and was stopped",
+                    limits.tool_timeout.as_secs()
+                ))]),
+                "timeout",
+            ),
+            Ok(Ok(value)) => (
+                CallToolResult::success(answer(value, limits.max_answer_bytes)),
+                "ok",
+            ),
+            Ok(Err(ToolError::Arguments(message))) => {
+                audit(&state, &caller, &name, "invalid_arguments", started);
+                return Err(ErrorData::invalid_params(message, None));
+            }
+            Ok(Err(ToolError::Api(ApiError::Internal(detail)))) => {
+                tracing::error!(tool = %name, error = %detail, "MCP tool failed");
+                (
+                    CallToolResult::error(vec![ContentBlock::text("500 Internal Server Error")]),
+                    "error",
+                )
+            }
+            Ok(Err(e)) => (
+                CallToolResult::error(vec![ContentBlock::text(e.to_string())]),
+                "refused",
+            ),
+        };
+        audit(&state, &caller, &name, label, started);
+        Ok(result.into())
+    }
+}
+
+/// The tool's value as the client gets it: text (JSON unless it is text
+/// already), at most `max` bytes. A list too long keeps its first items and
+/// says how many were left out, so the JSON stays whole.
+fn answer(value: Value, max: usize) -> Vec<ContentBlock> {
+    let text = match &value {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    if text.len() <= max {
+        return vec![ContentBlock::text(text)];
+    }
+    if let Value::Array(items) = value {
+        let total = items.len();
+        let mut kept: Vec<Value> = Vec::new();
+        let mut size = 2;
+        for item in items {
+            let len = item.to_string().len() + 1;
+            if size + len > max {
+                break;
+            }
+            size += len;
+            kept.push(item);
+        }
+        let note = format!(
+            "The answer was cut to {max} bytes: {} of {total} items are shown; ask for a smaller page (per_page) to see the rest.",
+            kept.len()
+        );
+        return vec![
+            ContentBlock::text(Value::Array(kept).to_string()),
+            ContentBlock::text(note),
+        ];
+    }
+    let mut cut = max;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    vec![
+        ContentBlock::text(text[..cut].to_owned()),
+        ContentBlock::text(format!(
+            "The answer was cut to {max} bytes of {}.",
+            text.len()
+        )),
+    ]
+}
+
+/// Records the call in the audit log, off the answer's path.
+fn audit(
+    state: &AppState,
+    caller: &McpCaller,
+    tool: &str,
+    outcome: &'static str,
+    started: Instant,
+) {
+    let entry = crate::audit::McpToolCall {
+        user_id: caller.user.id,
+        token_id: caller.user.token_id,
+        tool: tool.to_owned(),
+        outcome,
+        duration_ms: i32::try_from(started.elapsed().as_millis()).unwrap_or(i32::MAX),
+    };
+    tracing::info!(tool, outcome, user_id = caller.user.id, "MCP tool call");
+    let pool = state.pool.clone();
+    tokio::spawn(async move {
+        let Ok(db) = pool.get().await else {
+            return;
+        };
+        if let Err(e) = crate::audit::record_mcp_tool_call(&*db, &entry).await {
+            tracing::warn!(error = %e, "the MCP audit log could not be written");
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn texts(blocks: &[ContentBlock]) -> Vec<String> {
+        blocks
+            .iter()
+            .map(|b| b.as_text().map(|t| t.text.clone()).unwrap_or_default())
+            .collect()
+    }
+
+    #[test]
+    fn a_small_answer_is_whole_json() {
+        let out = texts(&answer(json!({"a": 1}), 100));
+        assert_eq!(out, vec![r#"{"a":1}"#.to_owned()]);
+    }
+
+    #[test]
+    fn a_long_list_keeps_whole_items_and_says_so() {
+        let items: Vec<Value> = (0..100)
+            .map(|i| json!({"id": i, "pad": "x".repeat(20)}))
+            .collect();
+        let out = texts(&answer(Value::Array(items), 200));
+        let kept: Vec<Value> = serde_json::from_str(&out[0]).unwrap();
+        assert!(!kept.is_empty() && kept.len() < 100);
+        assert!(out[0].len() <= 200);
+        assert!(
+            out[1].contains(&format!("{} of 100 items", kept.len())),
+            "{}",
+            out[1]
+        );
+    }
+
+    #[test]
+    fn long_text_is_cut_on_a_character_boundary() {
+        let out = texts(&answer(Value::String("é".repeat(100)), 51));
+        assert!(out[0].len() <= 51 && out[0].chars().all(|c| c == 'é'));
+        assert!(out[1].contains("cut to 51 bytes of 200"));
+    }
+
+    #[test]
+    fn the_limiter_counts_per_token_per_minute() {
+        let limiter = TokenLimiter {
+            windows: Mutex::new(HashMap::new()),
+        };
+        assert!(limiter.take(1, 2).is_ok());
+        assert!(limiter.take(1, 2).is_ok());
+        let wait = limiter.take(1, 2).unwrap_err();
+        assert!((1..=60).contains(&wait));
+        assert!(
+            limiter.take(2, 2).is_ok(),
+            "another token has its own budget"
+        );
+    }
+}
