@@ -21,6 +21,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         "/oauth/discovery/keys",
         web::get().to(crate::rest::oidc::jwks),
     )
+    .configure(crate::rest::oauth_server::routes)
     .configure(crate::probes::routes)
     .route("/api/graphql", web::post().to(crate::graphql::handle))
     // GET with `Upgrade: websocket` opens a subscription socket.

@@ -6,6 +6,7 @@
 pub mod credentials;
 pub mod jwt;
 pub mod oauth;
+pub mod oauth_clients;
 pub mod passwords;
 pub mod request;
 pub mod secret_box;

@@ -33,6 +33,7 @@ pub mod mcp;
 mod members;
 mod merge_requests;
 mod notes;
+pub mod oauth_server;
 pub mod oidc;
 pub mod pagination;
 mod param_values;

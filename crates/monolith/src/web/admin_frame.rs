@@ -54,6 +54,7 @@ const SECTIONS: &[(&str, &str)] = &[
     ("/admin/gitlab_duo/switches", "Groups and projects"),
     ("/admin/ai/duo_self_hosted", "Self-hosted models"),
     ("/admin/ai/duo_self_hosted/features", "AI features"),
+    ("/admin/applications", "Applications"),
 ];
 
 /// What a page says above its content: a notice after a change, or why a

@@ -13,6 +13,8 @@
 //! - [`workflow_pages`]: Duo Workflow sessions of a project: start (in the
 //!   page, or as a run of the product, also with "Run with Duo" on an issue),
 //!   follow, approve, stop;
+//! - [`oauth_consent`]: authorizing an MCP client (OAuth consent), the
+//!   user's authorized applications and the admin's list of them;
 //! - [`help`]: the error-code help page;
 //! - [`admin`], [`admin_models`]: the admin area (instance admins only), on
 //!   the frame and gate of `admin_frame`.
@@ -24,6 +26,7 @@ pub mod assets;
 pub mod chat;
 pub mod help;
 pub mod layout;
+pub mod oauth_consent;
 pub mod repository_browser;
 pub mod resources;
 pub mod sign_in;
@@ -44,7 +47,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .configure(workflow_pages::routes)
         .configure(resources::routes)
         .configure(admin::routes)
-        .configure(admin_models::routes);
+        .configure(admin_models::routes)
+        .configure(oauth_consent::routes);
 }
 
 /// Why a page could not be shown.

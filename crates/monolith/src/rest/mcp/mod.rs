@@ -20,8 +20,7 @@
 mod code_search;
 pub mod tools;
 
-use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use actix_web::http::StatusCode;
@@ -134,42 +133,9 @@ impl McpHttpError {
     }
 }
 
-/// Requests per token per minute, counted in this process (a fixed window:
-/// cheap, and enough to stop one token flooding a replica).
-struct TokenLimiter {
-    windows: Mutex<HashMap<i64, (u64, u32)>>,
-}
-
-impl TokenLimiter {
-    /// `Err(seconds to wait)` when the token used its minute.
-    fn take(&self, token_id: i64, limit: u32) -> Result<(), u64> {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_secs();
-        let minute = now / 60;
-        let mut windows = self
-            .windows
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if windows.len() > 100_000 {
-            windows.retain(|_, (m, _)| *m == minute);
-        }
-        let entry = windows.entry(token_id).or_insert((minute, 0));
-        if entry.0 != minute {
-            *entry = (minute, 0);
-        }
-        if entry.1 >= limit {
-            return Err(60 - now % 60);
-        }
-        entry.1 += 1;
-        Ok(())
-    }
-}
-
-static LIMITER: LazyLock<TokenLimiter> = LazyLock::new(|| TokenLimiter {
-    windows: Mutex::new(HashMap::new()),
-});
+/// Requests per token per minute, counted in this process (cheap, and
+/// enough to stop one token flooding a replica).
+static LIMITER: LazyLock<crate::rate_limit::PerMinute<i64>> = LazyLock::new(Default::default);
 
 /// The protocol side, shared by every request of this process; sessions live
 /// in its session manager (closed after five idle minutes).
@@ -503,20 +469,5 @@ mod tests {
         let out = texts(&answer(Value::String("é".repeat(100)), 51));
         assert!(out[0].len() <= 51 && out[0].chars().all(|c| c == 'é'));
         assert!(out[1].contains("cut to 51 bytes of 200"));
-    }
-
-    #[test]
-    fn the_limiter_counts_per_token_per_minute() {
-        let limiter = TokenLimiter {
-            windows: Mutex::new(HashMap::new()),
-        };
-        assert!(limiter.take(1, 2).is_ok());
-        assert!(limiter.take(1, 2).is_ok());
-        let wait = limiter.take(1, 2).unwrap_err();
-        assert!((1..=60).contains(&wait));
-        assert!(
-            limiter.take(2, 2).is_ok(),
-            "another token has its own budget"
-        );
     }
 }
