@@ -10,21 +10,30 @@ project acme/platform/api but not its confidential issue #2). Each step prints
 """
 
 import asyncio
+import base64
+import hashlib
 import json
 import os
+import re
+import secrets
 import sys
 import traceback
 import uuid
+from urllib.parse import parse_qs, urlencode, urlparse
 
 import httpx2
 from mcp import Client
+from mcp.client.auth import OAuthClientProvider, TokenStorage
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.auth import AuthorizationCodeResult, OAuthClientMetadata
 
 URL = os.environ["DUO_URL"]
 MCP_URL = f"{URL}/api/v4/mcp"
 ALICE = os.environ["DUO_ALICE_MCP"]
 CAROL = os.environ["DUO_CAROL_MCP"]
 ALICE_API = os.environ["DUO_ALICE_API"]
+ALICE_PASSWORD = os.environ["DUO_ALICE_PASSWORD"]
+REDIRECT = "http://127.0.0.1:47111/callback"
 API_PROJECT = "acme/platform/api"
 STEPS = []
 
@@ -188,6 +197,171 @@ async def bad_arguments():
             expect("invalid arguments" in str(e), str(e))
         else:
             raise AssertionError(f"no error: {result}")
+
+
+class MemoryStorage(TokenStorage):
+    def __init__(self):
+        self.tokens = None
+        self.client_info = None
+
+    async def get_tokens(self):
+        return self.tokens
+
+    async def set_tokens(self, tokens):
+        self.tokens = tokens
+
+    async def get_client_info(self):
+        return self.client_info
+
+    async def set_client_info(self, client_info):
+        self.client_info = client_info
+
+
+def hidden(html, name):
+    found = re.search(rf'name="{name}" value="([^"]*)"', html)
+    expect(found, f"no {name} in the page")
+    return found.group(1).replace("&amp;", "&")
+
+
+async def signed_in_browser():
+    """An HTTP client with alice's web session, as a browser would have."""
+    web = httpx2.AsyncClient(base_url=URL, follow_redirects=False, timeout=30)
+    form = await web.get("/users/sign_in")
+    r = await web.post(
+        "/users/sign_in",
+        data={
+            "authenticity_token": hidden(form.text, "authenticity_token"),
+            "username": "alice",
+            "password": ALICE_PASSWORD,
+        },
+    )
+    expect(r.status_code == 303, f"sign-in answered {r.status_code}")
+    return web
+
+
+async def consent(web, authorize_url, decision="approve"):
+    """Opens the consent page and presses a button; returns the redirect's query."""
+    page = await web.get(authorize_url)
+    expect(page.status_code == 200, f"consent page {page.status_code}: {page.text[:300]}")
+    expect("Authorize" in page.text, page.text[:300])
+    fields = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', page.text))
+    fields = {k: v.replace("&amp;", "&") for k, v in fields.items()}
+    fields["decision"] = decision
+    r = await web.post("/oauth/authorize", data=fields)
+    expect(r.status_code == 302, f"consent answered {r.status_code}: {r.text[:300]}")
+    location = r.headers["location"]
+    expect(location.startswith(REDIRECT), location)
+    return parse_qs(urlparse(location).query)
+
+
+@step("oauth: discovery, dynamic registration, consent with PKCE S256, then tools with the token")
+async def oauth_flow():
+    web = await signed_in_browser()
+    seen = {}
+
+    async def redirect_handler(url):
+        seen["url"] = url
+
+    async def callback_handler():
+        query = await consent(web, seen["url"])
+        return AuthorizationCodeResult(
+            code=query["code"][0], state=query.get("state", [None])[0], iss=query.get("iss", [None])[0]
+        )
+
+    storage = MemoryStorage()
+    provider = OAuthClientProvider(
+        server_url=MCP_URL,
+        client_metadata=OAuthClientMetadata(
+            client_name="MCP suite",
+            redirect_uris=[REDIRECT],
+            grant_types=["authorization_code", "refresh_token"],
+            response_types=["code"],
+            scope="mcp",
+        ),
+        storage=storage,
+        redirect_handler=redirect_handler,
+        callback_handler=callback_handler,
+    )
+    http = httpx2.AsyncClient(auth=provider, timeout=30)
+    client = Client(streamable_http_client(MCP_URL, http_client=http))
+    async with http, client:
+        issue = await client.call_tool("get_issue", {"id": API_PROJECT, "issue_iid": 1})
+        expect(not issue.is_error, text_of(issue))
+        expect(json.loads(text_of(issue))["author"]["username"] == "bob", text_of(issue))
+    expect("code_challenge_method=S256" in seen["url"], seen["url"])
+    tokens, info = storage.tokens, storage.client_info
+    expect(tokens.scope == "mcp" and tokens.refresh_token, tokens)
+
+    # The token is good for MCP and nothing else of the API.
+    async with httpx2.AsyncClient() as plain:
+        r = await plain.get(
+            f"{URL}/api/v4/projects/1/issues", headers={"Authorization": f"Bearer {tokens.access_token}"}
+        )
+        expect(r.status_code == 403, f"REST with an mcp token: {r.status_code}")
+
+        # Refresh rotates: the new pair works, the old refresh token is spent.
+        form = {"grant_type": "refresh_token", "client_id": info.client_id, "refresh_token": tokens.refresh_token}
+        r = await plain.post(f"{URL}/oauth/token", data=form)
+        expect(r.status_code == 200, r.text)
+        fresh = r.json()
+        again = await plain.post(f"{URL}/oauth/token", data=form)
+        expect(again.status_code == 400 and again.json()["error"] == "invalid_grant", again.text)
+
+        # The user sees the application and can revoke it.
+        listed = await web.get("/-/user_settings/applications")
+        expect("MCP suite" in listed.text, listed.text[:300])
+
+        # Revocation (RFC 7009): the access token stops working.
+        r = await plain.post(f"{URL}/oauth/revoke", data={"token": fresh["access_token"], "client_id": info.client_id})
+        expect(r.status_code == 200, r.text)
+        r = await plain.post(
+            MCP_URL, json=INITIALIZE, headers={**ACCEPT, "Authorization": f"Bearer {fresh['access_token']}"}
+        )
+        expect(r.status_code == 401, f"revoked token: {r.status_code}")
+    await web.aclose()
+
+
+@step("oauth: a wrong PKCE verifier is refused and spends the code; a denial says access_denied")
+async def oauth_refusals():
+    async with httpx2.AsyncClient(timeout=30) as plain:
+        reg = await plain.post(
+            f"{URL}/oauth/register", json={"client_name": "Verifier test", "redirect_uris": [REDIRECT]}
+        )
+        expect(reg.status_code == 201, reg.text)
+        client_id = reg.json()["client_id"]
+        bad = await plain.post(
+            f"{URL}/oauth/register", json={"client_name": "Evil", "redirect_uris": ["http://evil.example/cb"]}
+        )
+        expect(bad.status_code == 400 and bad.json()["error"] == "invalid_redirect_uri", bad.text)
+        web = await signed_in_browser()
+        verifier = secrets.token_urlsafe(48)
+        challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+        params = {
+            "response_type": "code",
+            "client_id": client_id,
+            "redirect_uri": REDIRECT,
+            "code_challenge": challenge,
+            "code_challenge_method": "S256",
+            "scope": "mcp",
+            "state": "xyz",
+        }
+        query = await consent(web, "/oauth/authorize?" + urlencode(params))
+        expect(query["state"] == ["xyz"], query)
+        code = query["code"][0]
+        exchange = {"grant_type": "authorization_code", "client_id": client_id, "code": code, "redirect_uri": REDIRECT}
+        wrong = await plain.post(f"{URL}/oauth/token", data={**exchange, "code_verifier": secrets.token_urlsafe(48)})
+        expect(wrong.status_code == 400 and wrong.json()["error"] == "invalid_grant", wrong.text)
+        right_too_late = await plain.post(f"{URL}/oauth/token", data={**exchange, "code_verifier": verifier})
+        expect(right_too_late.status_code == 400, right_too_late.text)
+        # A redirect URI the client never registered: an error page, no redirect.
+        page = await web.get("/oauth/authorize?" + urlencode({**params, "redirect_uri": "https://evil.example/cb"}))
+        expect(page.status_code == 400 and "location" not in page.headers, page.status_code)
+        # Plain PKCE (or none) is refused back to the client.
+        r = await web.get("/oauth/authorize?" + urlencode({**params, "code_challenge_method": "plain"}))
+        expect(r.status_code == 302 and "error=invalid_request" in r.headers["location"], r.headers)
+        denied = await consent(web, "/oauth/authorize?" + urlencode(params), decision="deny")
+        expect(denied["error"] == ["access_denied"] and "code" not in denied, denied)
+        await web.aclose()
 
 
 async def main():

@@ -1,6 +1,8 @@
 //! The MCP server driven by the official MCP Python SDK
 //! (e2e/python/mcp_client_suite.py): discovery, scopes, the session, reads,
-//! permissions without leaks, writes and argument errors. The SDK is
+//! permissions without leaks, writes and argument errors, and the OAuth flow
+//! (dynamic registration, consent, PKCE, refresh, revocation) with the SDK's
+//! own OAuth client. The SDK is
 //! installed by `scripts/python-env.sh`; without Python this test fails, it
 //! never skips.
 
@@ -60,6 +62,7 @@ async fn the_mcp_python_sdk_works_with_the_server_as_each_user_may() {
         .env("DUO_ALICE_MCP", &alice_mcp)
         .env("DUO_CAROL_MCP", &carol_mcp)
         .env("DUO_ALICE_API", system.token("alice").unwrap())
+        .env("DUO_ALICE_PASSWORD", system.password("alice").unwrap())
         .output()
         .await
         .unwrap();
@@ -72,7 +75,7 @@ async fn the_mcp_python_sdk_works_with_the_server_as_each_user_may() {
     );
     assert_eq!(
         stdout.lines().filter(|l| l.starts_with("ok: ")).count(),
-        7,
+        9,
         "{stdout}"
     );
 }
