@@ -1392,7 +1392,6 @@ async fn a_tool_call_past_its_time_is_stopped_and_logged_as_a_timeout() {
 }
 
 #[tokio::test]
-#[ignore = "bug: the MCP rate limiter keys on the bare token id (rest/mcp/mod.rs, LIMITER.take(caller.user.token_id, ..)); a personal access token and an OAuth token with the same numeric id share one budget"]
 async fn a_personal_and_an_oauth_token_with_the_same_id_have_their_own_budgets() {
     let w = world().await;
     let fx = &w.fx;
@@ -1451,7 +1450,6 @@ async fn a_personal_and_an_oauth_token_with_the_same_id_have_their_own_budgets()
 }
 
 #[tokio::test]
-#[ignore = "bug: create_workitem_note ignores arguments it does not know (rest/mcp/tools.rs, WorkItemArgs has no deny_unknown_fields, nor SearchArgs): `confidential: true` posts a public note, though the schema says additionalProperties: false"]
 async fn a_note_asked_to_be_confidential_is_never_posted_in_public() {
     let w = world().await;
     let fx = &w.fx;

@@ -135,14 +135,16 @@ impl McpHttpError {
 
 /// Requests per token per minute, counted in this process (cheap, and
 /// enough to stop one token flooding a replica).
-static LIMITER: LazyLock<crate::rate_limit::PerMinute<i64>> = LazyLock::new(Default::default);
+static LIMITER: LazyLock<crate::rate_limit::PerMinute<Vec<u8>>> = LazyLock::new(Default::default);
 
 /// The protocol side, shared by every request of this process; sessions live
 /// in its session manager (closed after five idle minutes).
 static SERVICE: LazyLock<StreamableHttpService<McpTools, LocalSessionManager>> =
     LazyLock::new(|| {
-        // Tool answers are single results: plain JSON, no SSE stream. Our own
-        // body limit applies first (`DUO_MCP_MAX_REQUEST_BYTES`).
+        // Stateless requests (protocol 2026-07-28) get plain JSON answers;
+        // a session's (older versions) always answers as an SSE stream, as
+        // rmcp does. Our own body limit applies first
+        // (`DUO_MCP_MAX_REQUEST_BYTES`).
         let config = StreamableHttpServerConfig::default()
             .with_json_response(true)
             .with_max_request_body_bytes(usize::MAX)
@@ -213,8 +215,13 @@ async fn serve(
         return Err(McpHttpError::TooLarge(limits.max_request_bytes));
     }
     let caller = authenticate(state, req).await?;
+    // Keyed by the token itself: personal and OAuth tokens number their ids
+    // separately, so an id alone would share one budget between two users.
+    let token_key = presented_token(req)
+        .map(|t| crate::identity::credentials::digest(&t))
+        .unwrap_or_default();
     LIMITER
-        .take(caller.user.token_id, limits.requests_per_minute)
+        .take(token_key, limits.requests_per_minute)
         .map_err(|retry| McpHttpError::RateLimited(limits.requests_per_minute, retry))?;
     let body = read_body(payload, limits.max_request_bytes).await?;
 

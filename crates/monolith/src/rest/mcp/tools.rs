@@ -336,24 +336,18 @@ impl IdOrPath {
 }
 
 /// `page`/`per_page` applied to a whole list, as the REST pagination does.
-#[derive(Debug, Default, Deserialize)]
-struct Paging {
-    page: Option<usize>,
-    per_page: Option<usize>,
-}
-
-impl Paging {
-    fn apply(&self, items: Vec<Value>) -> Value {
-        let per_page = self.per_page.unwrap_or(20).clamp(1, MAX_PER_PAGE);
-        let page = self.page.unwrap_or(1).max(1);
-        Value::Array(
-            items
-                .into_iter()
-                .skip((page - 1).saturating_mul(per_page))
-                .take(per_page)
-                .collect(),
-        )
-    }
+/// (Each tool's arguments name them itself: serde cannot refuse unknown
+/// fields next to a flattened struct.)
+fn paged(page: Option<usize>, per_page: Option<usize>, items: Vec<Value>) -> Value {
+    let per_page = per_page.unwrap_or(20).clamp(1, MAX_PER_PAGE);
+    let page = page.unwrap_or(1).max(1);
+    Value::Array(
+        items
+            .into_iter()
+            .skip((page - 1).saturating_mul(per_page))
+            .take(per_page)
+            .collect(),
+    )
 }
 
 /// Refuses a project or group whose Duo features are off: the MCP server is
@@ -410,8 +404,8 @@ struct NewIssueArgs {
 struct MergeRequestArgs {
     id: IdOrPath,
     merge_request_iid: i32,
-    #[serde(flatten)]
-    paging: Paging,
+    page: Option<usize>,
+    per_page: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -419,29 +413,31 @@ struct MergeRequestArgs {
 struct PipelineJobsArgs {
     id: IdOrPath,
     pipeline_id: i64,
-    #[serde(flatten)]
-    paging: Paging,
+    page: Option<usize>,
+    per_page: Option<usize>,
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct WorkItemArgs {
     project_id: Option<IdOrPath>,
     group_id: Option<IdOrPath>,
     work_item_iid: i64,
     body: Option<String>,
     internal: Option<bool>,
-    #[serde(flatten)]
-    paging: Paging,
+    page: Option<usize>,
+    per_page: Option<usize>,
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct SearchArgs {
     scope: String,
     search: String,
     project_id: Option<IdOrPath>,
     group_id: Option<IdOrPath>,
-    #[serde(flatten)]
-    paging: Paging,
+    page: Option<usize>,
+    per_page: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -490,20 +486,20 @@ pub async fn call(
             let a: MergeRequestArgs = args(arguments)?;
             let project = project(state, caller, &a.id).await?;
             let items = commits_of(state, caller, project, a.merge_request_iid).await?;
-            Ok(a.paging.apply(items))
+            Ok(paged(a.page, a.per_page, items))
         }
         "get_merge_request_diffs" => {
             let a: MergeRequestArgs = args(arguments)?;
             let project = project(state, caller, &a.id).await?;
             let items = diffs_of(state, caller, project, a.merge_request_iid).await?;
             let items = without_excluded_files(state, project, items).await?;
-            Ok(a.paging.apply(items))
+            Ok(paged(a.page, a.per_page, items))
         }
         "get_merge_request_pipelines" => {
             let a: MergeRequestArgs = args(arguments)?;
             let project = project(state, caller, &a.id).await?;
             let items = pipelines_of(state, caller, project, a.merge_request_iid).await?;
-            Ok(a.paging.apply(items))
+            Ok(paged(a.page, a.per_page, items))
         }
         "get_pipeline_jobs" => {
             let a: PipelineJobsArgs = args(arguments)?;
@@ -518,7 +514,7 @@ pub async fn call(
             if !exists {
                 return Err(ApiError::NotFound("Pipeline").into());
             }
-            Ok(a.paging.apply(items))
+            Ok(paged(a.page, a.per_page, items))
         }
         "get_workitem_notes" | "create_workitem_note" => {
             let a: WorkItemArgs = args(arguments)?;
@@ -588,7 +584,7 @@ async fn work_item_notes(
             } else {
                 let items =
                     notes_of::<IssueNotes>(state, caller, (project, iid), SortOrder::Asc).await?;
-                Ok(a.paging.apply(items))
+                Ok(paged(a.page, a.per_page, items))
             }
         }
         (None, Some(g)) => {
@@ -601,7 +597,7 @@ async fn work_item_notes(
                 Ok(note_created::<EpicNotes>(state, caller, path, new).await?)
             } else {
                 let items = notes_of::<EpicNotes>(state, caller, path, SortOrder::Asc).await?;
-                Ok(a.paging.apply(items))
+                Ok(paged(a.page, a.per_page, items))
             }
         }
         _ => Err(ToolError::Arguments(
@@ -740,5 +736,5 @@ async fn search(state: &AppState, caller: &McpCaller, a: SearchArgs) -> ToolResu
             )));
         }
     }
-    Ok(a.paging.apply(found))
+    Ok(paged(a.page, a.per_page, found))
 }
