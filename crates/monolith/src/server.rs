@@ -21,7 +21,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         "/oauth/discovery/keys",
         web::get().to(crate::rest::oidc::jwks),
     )
-    .configure(crate::rest::oauth_server::routes)
+    .configure(oauth_routes)
     .configure(crate::probes::routes)
     .route("/api/graphql", web::post().to(crate::graphql::handle))
     // GET with `Upgrade: websocket` opens a subscription socket.
@@ -116,4 +116,39 @@ pub async fn stop_gracefully(state: &AppState, server: &actix_web::dev::ServerHa
     );
     tokio::time::sleep(state.config.shutdown_drain).await;
     server.stop(true).await;
+}
+
+/// OAuth for MCP clients (`rest::oauth_server`), at the instance's root.
+fn oauth_routes(cfg: &mut web::ServiceConfig) {
+    use crate::rest::oauth_server::{
+        authorization_server, protected_resource, register, revoke, token,
+    };
+    cfg.route(
+        crate::rest::mcp::RESOURCE_METADATA_PATH,
+        web::get().to(protected_resource),
+    )
+    // Some clients look for the resource's metadata at the root.
+    .route(
+        "/.well-known/oauth-protected-resource",
+        web::get().to(protected_resource),
+    )
+    .route(
+        "/.well-known/oauth-authorization-server",
+        web::get().to(authorization_server),
+    )
+    .service(
+        web::resource("/oauth/register")
+            .app_data(web::JsonConfig::default().limit(16 * 1024))
+            .route(web::post().to(register)),
+    )
+    .service(
+        web::resource("/oauth/token")
+            .app_data(web::FormConfig::default().limit(16 * 1024))
+            .route(web::post().to(token)),
+    )
+    .service(
+        web::resource("/oauth/revoke")
+            .app_data(web::FormConfig::default().limit(16 * 1024))
+            .route(web::post().to(revoke)),
+    );
 }

