@@ -321,7 +321,7 @@ async def oauth_flow():
     await web.aclose()
 
 
-@step("oauth: a wrong PKCE verifier is refused and spends the code; a denial says access_denied")
+@step("oauth: a wrong PKCE verifier, a forged consent, an unregistered redirect and a denial are refused")
 async def oauth_refusals():
     async with httpx2.AsyncClient(timeout=30) as plain:
         reg = await plain.post(
@@ -361,6 +361,19 @@ async def oauth_refusals():
         expect(r.status_code == 302 and "error=invalid_request" in r.headers["location"], r.headers)
         denied = await consent(web, "/oauth/authorize?" + urlencode(params), decision="deny")
         expect(denied["error"] == ["access_denied"] and "code" not in denied, denied)
+        # The consent form needs the session's form token: a forged post gets no code.
+        page = await web.get("/oauth/authorize?" + urlencode(params))
+        fields = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', page.text))
+        fields = {k: v.replace("&amp;", "&") for k, v in fields.items()}
+        forged = await web.post("/oauth/authorize", data={**fields, "authenticity_token": "forged", "decision": "approve"})
+        expect(forged.status_code == 403 and "location" not in forged.headers, forged.status_code)
+        # Nobody signed in: the sign-in page, no code.
+        async with httpx2.AsyncClient(base_url=URL, follow_redirects=False) as anonymous:
+            r = await anonymous.post("/oauth/authorize", data={**fields, "decision": "approve"})
+            expect(r.status_code == 303 and r.headers["location"].startswith("/users/sign_in"), r.headers)
+        # The list of every application is the admin's.
+        r = await web.get("/admin/applications")
+        expect(r.status_code == 404, f"a non-admin got /admin/applications: {r.status_code}")
         await web.aclose()
 
 

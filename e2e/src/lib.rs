@@ -39,6 +39,21 @@ pub enum HarnessError {
 
 pub type Result<T> = std::result::Result<T, HarnessError>;
 
+/// The interpreter of the project's cached Python environment
+/// (`scripts/python-env.sh`, which installs it when missing).
+pub fn python() -> Result<String> {
+    let env = std::process::Command::new("bash")
+        .arg(repo_root().join("scripts/python-env.sh"))
+        .output()?;
+    if !env.status.success() {
+        return Err(HarnessError::Failed(format!(
+            "scripts/python-env.sh failed: {}",
+            String::from_utf8_lossy(&env.stderr)
+        )));
+    }
+    Ok(String::from_utf8_lossy(&env.stdout).trim().to_owned())
+}
+
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -545,6 +560,35 @@ impl System {
             .find(|u| u.username == username)
             .map(|u| u.password.clone())
             .ok_or_else(|| HarnessError::Failed(format!("no seeded user {username}")))
+    }
+
+    /// A new personal access token of a seeded user with `scopes`, made by
+    /// root through the REST API.
+    pub async fn new_token(&self, username: &str, scopes: &[&str]) -> Result<String> {
+        let root = self.token("root")?;
+        let (status, users) = self
+            .rest(
+                &root,
+                reqwest::Method::GET,
+                &format!("/users?username={username}"),
+                None,
+            )
+            .await?;
+        let id = users[0]["id"]
+            .as_i64()
+            .ok_or_else(|| HarnessError::Failed(format!("user {username}: {status} {users}")))?;
+        let (status, created) = self
+            .rest(
+                &root,
+                reqwest::Method::POST,
+                &format!("/users/{id}/personal_access_tokens"),
+                Some(serde_json::json!({"name": format!("{}-token", scopes.join("-")), "scopes": scopes})),
+            )
+            .await?;
+        created["token"]
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| HarnessError::Failed(format!("token: {status} {created}")))
     }
 
     /// Starts another worker process (after killing one, say).

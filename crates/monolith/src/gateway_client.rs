@@ -163,6 +163,21 @@ pub struct GatewaySettings {
     pub enabled_feature_flags: Vec<String>,
 }
 
+impl GatewaySettings {
+    /// The settings the configuration gives every caller of the gateway
+    /// (no feature flags; callers that send some add them).
+    pub fn from_config(config: &crate::config::Config) -> Self {
+        Self {
+            base_url: config.ai_gateway_url.clone(),
+            instance_id: config.instance_id.clone(),
+            issuer: config.external_url.to_string(),
+            audience: config.gateway_audience.clone(),
+            timeout: config.ai_gateway_timeout,
+            enabled_feature_flags: Vec::new(),
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct GatewayClient {
     http: reqwest::Client,

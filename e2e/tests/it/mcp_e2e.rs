@@ -6,57 +6,14 @@
 //! installed by `scripts/python-env.sh`; without Python this test fails, it
 //! never skips.
 
-use e2e_tests::{System, repo_root};
-use reqwest::Method;
-use serde_json::json;
-
-/// A new personal access token of `username` with `scopes`, made by root.
-pub(crate) async fn token_with(system: &System, username: &str, scopes: &[&str]) -> String {
-    let root = system.token("root").unwrap();
-    let (status, users) = system
-        .rest(
-            &root,
-            Method::GET,
-            &format!("/users?username={username}"),
-            None,
-        )
-        .await
-        .unwrap();
-    assert_eq!(status, 200, "{users}");
-    let id = users[0]["id"].as_i64().unwrap();
-    let (status, created) = system
-        .rest(
-            &root,
-            Method::POST,
-            &format!("/users/{id}/personal_access_tokens"),
-            Some(json!({"name": format!("mcp-{}", scopes.join("-")), "scopes": scopes})),
-        )
-        .await
-        .unwrap();
-    assert_eq!(status, 201, "{created}");
-    created["token"].as_str().unwrap().to_owned()
-}
-
-/// The interpreter of the project's cached Python environment.
-pub(crate) fn python() -> String {
-    let env = std::process::Command::new("bash")
-        .arg(repo_root().join("scripts/python-env.sh"))
-        .output()
-        .unwrap();
-    assert!(
-        env.status.success(),
-        "scripts/python-env.sh failed: {}",
-        String::from_utf8_lossy(&env.stderr)
-    );
-    String::from_utf8(env.stdout).unwrap().trim().to_owned()
-}
+use e2e_tests::{System, python, repo_root};
 
 #[tokio::test]
 async fn the_mcp_python_sdk_works_with_the_server_as_each_user_may() {
     let system = System::start().await.unwrap();
-    let alice_mcp = token_with(&system, "alice", &["mcp"]).await;
-    let carol_mcp = token_with(&system, "carol", &["mcp"]).await;
-    let run = tokio::process::Command::new(python())
+    let alice_mcp = system.new_token("alice", &["mcp"]).await.unwrap();
+    let carol_mcp = system.new_token("carol", &["mcp"]).await.unwrap();
+    let run = tokio::process::Command::new(python().unwrap())
         .arg(repo_root().join("e2e/python/mcp_client_suite.py"))
         .env("DUO_URL", &system.web_url)
         .env("DUO_ALICE_MCP", &alice_mcp)

@@ -9,22 +9,13 @@
     reason = "a failed fixture fails the test"
 )]
 
-use e2e_tests::{System, repo_root};
+use e2e_tests::{System, python, repo_root};
 
 #[tokio::test]
 async fn python_gitlab_works_unchanged() {
     let system = System::start().await.unwrap();
     let root = repo_root();
-    let env = std::process::Command::new("bash")
-        .arg(root.join("scripts/python-env.sh"))
-        .output()
-        .unwrap();
-    assert!(
-        env.status.success(),
-        "scripts/python-env.sh failed: {}",
-        String::from_utf8_lossy(&env.stderr)
-    );
-    let python = String::from_utf8(env.stdout).unwrap().trim().to_owned();
+    let python = python().unwrap();
     let run = tokio::process::Command::new(&python)
         .arg(root.join("e2e/python/gitlab_client_suite.py"))
         .env("DUO_URL", &system.web_url)

@@ -13,34 +13,10 @@ use std::time::Instant;
 use anyhow::{Context, ensure};
 use bench::{Latencies, ms, read_status_kib};
 use e2e_tests::System;
-use reqwest::Method;
 use serde_json::{Value, json};
 
 const ROUNDS: usize = 300;
 const SESSIONS: usize = 500;
-
-async fn token_with(system: &System, username: &str, scopes: &[&str]) -> anyhow::Result<String> {
-    let root = system.token("root")?;
-    let (_, users) = system
-        .rest(
-            &root,
-            Method::GET,
-            &format!("/users?username={username}"),
-            None,
-        )
-        .await?;
-    let id = users[0]["id"].as_i64().context("no such user")?;
-    let (status, created) = system
-        .rest(
-            &root,
-            Method::POST,
-            &format!("/users/{id}/personal_access_tokens"),
-            Some(json!({"name": "bench", "scopes": scopes})),
-        )
-        .await?;
-    ensure!(status == 201, "token: {created}");
-    Ok(created["token"].as_str().context("no token")?.to_owned())
-}
 
 async fn mcp_post(
     http: &reqwest::Client,
@@ -110,7 +86,7 @@ fn rss_kib(pid: u32) -> anyhow::Result<u64> {
 async fn main() -> anyhow::Result<()> {
     let system = System::start().await?;
     let api = system.token("alice")?;
-    let mcp = token_with(&system, "alice", &["mcp"]).await?;
+    let mcp = system.new_token("alice", &["mcp"]).await?;
     let http = reqwest::Client::new();
     let url = format!("{}/api/v4/mcp", system.web_url);
     let rest_url = format!(
@@ -167,7 +143,7 @@ async fn main() -> anyhow::Result<()> {
     for i in 0..SESSIONS {
         // Each token has its per-minute budget (600 requests by default).
         if i % 200 == 0 {
-            token = token_with(&system, "alice", &["mcp"]).await?;
+            token = system.new_token("alice", &["mcp"]).await?;
         }
         held.push(open_session(&http, &url, &token).await?);
     }

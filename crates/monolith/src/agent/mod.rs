@@ -129,17 +129,13 @@ impl AgentResponder {
         let secrets =
             crate::identity::secret_box::SecretBox::load_or_create(&config.signing_key_dir)?;
         let settings = GatewaySettings {
-            base_url: config.ai_gateway_url.clone(),
-            instance_id: config.instance_id.clone(),
-            issuer: config.external_url.to_string(),
-            audience: config.gateway_audience.clone(),
-            timeout: config.ai_gateway_timeout,
             // The gateway offers `commit_reader` only behind this flag; this
             // monolith implements the tool, so it always says so.
             enabled_feature_flags: vec![
                 "ai_commit_reader_for_chat".to_owned(),
                 "ai_codebase_search_for_chat".to_owned(),
             ],
+            ..GatewaySettings::from_config(config)
         };
         let gateway = GatewayClient::new(keys, settings)?;
         let repositories = crate::repositories::Repositories::new(

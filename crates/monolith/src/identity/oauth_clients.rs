@@ -16,9 +16,14 @@ use super::credentials::{TokenError, digest};
 use super::sessions::random_secret;
 use crate::queries::Queries;
 
+/// This instance as an OAuth issuer: its external URL without the slash.
+pub fn issuer(external_url: &url::Url) -> String {
+    external_url.as_str().trim_end_matches('/').to_owned()
+}
+
 /// The MCP endpoint as a resource identifier (RFC 8707), under `external_url`.
 pub fn mcp_resource(external_url: &url::Url) -> String {
-    format!("{}/api/v4/mcp", external_url.as_str().trim_end_matches('/'))
+    format!("{}/api/v4/mcp", issuer(external_url))
 }
 
 /// The one scope these clients may ask for.
@@ -330,7 +335,7 @@ pub async fn exchange_code(
     let Some(row) = db
         .query_opt(
             "SELECT g.id, g.user_id, g.redirect_uri, g.code_challenge, g.scopes,
-                    g.expires_at > now(), g.used_at IS NOT NULL, u.state
+                    g.expires_at > now(), u.state
              FROM oauth_access_grants g JOIN users u ON u.id = g.user_id
              WHERE g.code_digest = $1 AND g.application_id = $2",
             &[&digest(code), &app.id],
@@ -340,11 +345,8 @@ pub async fn exchange_code(
         return Err(OAuthError::InvalidGrant("the code is not valid"));
     };
     let grant_id: i64 = row.get(0);
-    if row.get::<_, bool>(6) {
-        revoke_grant(db, grant_id).await?;
-        return Err(OAuthError::InvalidGrant("the code was used already"));
-    }
-    // Spend the code first, whatever follows: one attempt per code.
+    // Spend the code first, whatever follows: one attempt per code; a code
+    // spent already (now or by a concurrent exchange) revokes what it gave.
     let spent = db
         .execute(
             "UPDATE oauth_access_grants SET used_at = now() WHERE id = $1 AND used_at IS NULL",
@@ -369,7 +371,7 @@ pub async fn exchange_code(
             "code_verifier does not match the code_challenge",
         ));
     }
-    if row.get::<_, String>(7) != "active" {
+    if row.get::<_, String>(6) != "active" {
         return Err(OAuthError::InvalidGrant("the user is blocked"));
     }
     let scopes: Vec<String> = row.get(4);

@@ -149,7 +149,7 @@ pub(super) struct NewNoteParams {
     pub confidential: Option<bool>,
 }
 
-/// Adds a note by the caller to an item they may read.
+/// `POST .../notes`.
 pub(super) async fn create<T: NoteTarget>(
     state: web::Data<AppState>,
     req: HttpRequest,

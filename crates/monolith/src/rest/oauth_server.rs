@@ -21,12 +21,7 @@ static REGISTRATIONS: std::sync::LazyLock<crate::rate_limit::PerMinute<String>> 
     std::sync::LazyLock::new(Default::default);
 
 fn base(state: &AppState) -> String {
-    state
-        .config
-        .external_url
-        .as_str()
-        .trim_end_matches('/')
-        .to_owned()
+    clients::issuer(&state.config.external_url)
 }
 
 /// The MCP endpoint as a resource identifier.

@@ -21,7 +21,7 @@ use crate::repositories::reader;
 use crate::repositories::writer::{self, FileAction};
 
 /// What a workflow is told in a project whose Duo features are off.
-const DUO_OFF: &str = "GitLab Duo features are turned off for this project or group";
+use super::workflow_tools::DUO_OFF;
 /// What a workflow is told about a file kept from AI.
 const EXCLUDED_FROM_DUO: &str =
     "The file is excluded from GitLab Duo by the project's context exclusion rules";

@@ -11,7 +11,7 @@ use crate::identity::tokens::AuthenticatedUser;
 use crate::policy::{Actor, Subject};
 
 /// GitLab's words for a Duo feature turned off where it is used.
-const DUO_OFF: &str = "GitLab Duo features are turned off for this project or group";
+pub(super) const DUO_OFF: &str = "GitLab Duo features are turned off for this project or group";
 
 /// Refuses a workflow-only token on an endpoint of a project or group with
 /// Duo off; any other caller or endpoint passes.

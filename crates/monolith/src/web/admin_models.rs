@@ -408,12 +408,8 @@ async fn delete(
 /// A gateway client for the web role (the worker keeps its own).
 fn gateway(state: &AppState) -> Result<GatewayClient, PageError> {
     let settings = GatewaySettings {
-        base_url: state.config.ai_gateway_url.clone(),
-        instance_id: state.config.instance_id.clone(),
-        issuer: state.config.external_url.to_string(),
-        audience: state.config.gateway_audience.clone(),
         timeout: state.config.ai_gateway_timeout.min(CHECK_TIMEOUT),
-        enabled_feature_flags: Vec::new(),
+        ..GatewaySettings::from_config(&state.config)
     };
     GatewayClient::with_shared_keys(state.keys.clone(), settings)
         .map_err(|e| PageError::Internal(e.to_string()))

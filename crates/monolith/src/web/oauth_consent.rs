@@ -198,12 +198,7 @@ fn refusal_response(state: &AppState, refusal: Refusal) -> HttpResponse {
 }
 
 fn issuer(state: &AppState) -> String {
-    state
-        .config
-        .external_url
-        .as_str()
-        .trim_end_matches('/')
-        .to_owned()
+    clients::issuer(&state.config.external_url)
 }
 
 /// The consent form may send the browser on to the client's redirect URI:

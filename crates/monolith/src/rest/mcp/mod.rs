@@ -96,9 +96,8 @@ enum McpHttpError {
 impl McpHttpError {
     fn response(&self, state: &AppState) -> HttpResponse {
         let metadata = format!(
-            "{}{}",
-            state.config.external_url.as_str().trim_end_matches('/'),
-            RESOURCE_METADATA_PATH
+            "{}{RESOURCE_METADATA_PATH}",
+            crate::identity::oauth_clients::issuer(&state.config.external_url)
         );
         // JSON-RPC's error shape (no id: the request was not read), so an MCP
         // client shows the reason.
@@ -171,9 +170,6 @@ pub(super) async fn handle(
 }
 
 async fn authenticate(state: &AppState, req: &HttpRequest) -> Result<McpCaller, McpHttpError> {
-    if presented_token(req).is_none() {
-        return Err(McpHttpError::Unauthorized);
-    }
     let user = match request_user(&state.pool, req).await {
         Ok(Some(user)) => user,
         Ok(None) | Err(TokenError::Invalid) => return Err(McpHttpError::Unauthorized),
@@ -213,15 +209,19 @@ async fn serve(
     {
         return Err(McpHttpError::TooLarge(limits.max_request_bytes));
     }
-    let caller = authenticate(state, req).await?;
-    // Keyed by the token itself: personal and OAuth tokens number their ids
-    // separately, so an id alone would share one budget between two users.
-    let token_key = presented_token(req)
-        .map(|t| crate::identity::credentials::digest(&t))
-        .unwrap_or_default();
+    // Counted before the token is looked up, so a flood costs no query; keyed
+    // by the token itself (personal and OAuth tokens number their ids
+    // separately, so an id would share one budget between two users).
+    let Some(token) = presented_token(req) else {
+        return Err(McpHttpError::Unauthorized);
+    };
     LIMITER
-        .take(token_key, limits.requests_per_minute)
+        .take(
+            crate::identity::credentials::digest(&token),
+            limits.requests_per_minute,
+        )
         .map_err(|retry| McpHttpError::RateLimited(limits.requests_per_minute, retry))?;
+    let caller = authenticate(state, req).await?;
     let body = read_body(payload, limits.max_request_bytes).await?;
 
     let mut builder = http::Request::builder()

@@ -372,7 +372,7 @@ async fn refuse_where_duo_is_off(
         Ok(())
     } else {
         Err(ToolError::Refused(
-            "GitLab Duo features are turned off for this project or group".into(),
+            super::super::workflow_tools::DUO_OFF.into(),
         ))
     }
 }
@@ -507,16 +507,8 @@ pub async fn call(
         "get_pipeline_jobs" => {
             let a: PipelineJobsArgs = args(arguments)?;
             let project = project(state, caller, &a.id).await?;
-            let db = state.pool.get().await.map_err(ApiError::from)?;
-            let exists = crate::work_items::builds::pipeline_exists(&*db, project, a.pipeline_id)
-                .await
-                .map_err(ApiError::from)?;
-            drop(db);
             let items =
                 super::super::ci::jobs_of(state, caller, project, Some(a.pipeline_id), &[]).await?;
-            if !exists {
-                return Err(ApiError::NotFound("Pipeline").into());
-            }
             Ok(paged(a.page, a.per_page, items))
         }
         "get_workitem_notes" | "create_workitem_note" => {
@@ -745,14 +737,7 @@ async fn search(state: &AppState, caller: &McpCaller, a: SearchArgs) -> ToolResu
 // the code, Duo is on, excluded files never appear) -------------------------
 
 fn code_index(state: &AppState) -> Result<CodeIndex, ToolError> {
-    let settings = GatewaySettings {
-        base_url: state.config.ai_gateway_url.clone(),
-        instance_id: state.config.instance_id.clone(),
-        issuer: state.config.external_url.to_string(),
-        audience: state.config.gateway_audience.clone(),
-        timeout: state.config.ai_gateway_timeout,
-        enabled_feature_flags: Vec::new(),
-    };
+    let settings = GatewaySettings::from_config(&state.config);
     let gateway = GatewayClient::with_shared_keys(state.keys.clone(), settings)
         .map_err(|e| ToolError::Refused(format!("the AI gateway client could not start: {e}")))?;
     Ok(CodeIndex {
