@@ -13,7 +13,8 @@ use super::state::{
     CheckpointPost, PlanStep, ToolInfo, UiChatLogEntry, WorkflowState, WorkflowStatus,
     new_thread_ts,
 };
-use super::tools::{self, ToolKind, ToolPolicy, ToolResult};
+use super::mcp_tools;
+use super::tools::{self, ToolKind, ToolPolicy, ToolResult, ToolSpec};
 use crate::config::{PromptsConfig, ProvidersConfig, WorkflowServiceConfig};
 use crate::prompts::{PromptDefinition, PromptRegistry, TemplateRole};
 use crate::providers::ModelRoute;
@@ -53,8 +54,22 @@ pub struct AgentSpec {
     pub name: &'static str,
     pub prompt_id: &'static str,
     pub tools: &'static [&'static str],
+    /// Whether the agent also gets the run's MCP tools (agents that act,
+    /// not the ones that only read or plan).
+    pub mcp: bool,
     /// Where the graph goes when the agent answers without tool calls.
     pub done: Option<&'static str>,
+}
+
+impl AgentSpec {
+    /// Whether the agent may call `tool`: one of its own, or an MCP tool of
+    /// the run when the agent takes those.
+    fn offers(&self, tool: &ToolSpec) -> bool {
+        match tool.kind {
+            ToolKind::Mcp => self.mcp,
+            _ => self.tools.contains(&tool.name.as_ref()),
+        }
+    }
 }
 
 const WORKSPACE_AND_GITLAB_READS: &[&str] = &[
@@ -94,6 +109,7 @@ const CHAT_AGENTS: &[AgentSpec] = &[AgentSpec {
     name: "chat",
     prompt_id: "workflow/chat",
     tools: ALL_TOOLS,
+    mcp: true,
     done: None,
 }];
 
@@ -102,18 +118,21 @@ const SOFTWARE_DEVELOPMENT_AGENTS: &[AgentSpec] = &[
         name: "context_builder",
         prompt_id: "workflow/software_development/context_builder",
         tools: WORKSPACE_AND_GITLAB_READS,
+        mcp: false,
         done: Some("planner"),
     },
     AgentSpec {
         name: "planner",
         prompt_id: "workflow/software_development/planner",
         tools: &["create_plan"],
+        mcp: false,
         done: Some(PLAN_APPROVAL),
     },
     AgentSpec {
         name: "executor",
         prompt_id: "workflow/software_development/executor",
         tools: ALL_TOOLS,
+        mcp: true,
         done: None,
     },
 ];
@@ -432,6 +451,7 @@ impl Run {
                     .copied()
                     .collect(),
                 session_approved: session_approved_tools(&start),
+                mcp_tools: run_mcp_tools(&workflow_id, &record, &start),
             },
             command_timeout: start
                 .client_capabilities
@@ -699,7 +719,11 @@ impl Run {
                 .state
                 .pending_tool_calls
                 .iter()
-                .any(|call| tools::find(&call.name).is_none_or(|tool| tool.has_side_effects()))
+                .any(|call| {
+                    self.policy
+                        .find(&call.name)
+                        .is_none_or(|tool| tool.has_side_effects())
+                })
     }
 
     async fn save(&mut self) -> Result<(), RunError> {
@@ -804,8 +828,8 @@ impl Run {
 
     async fn run_agent(&mut self, spec: &AgentSpec) -> Result<(), RunError> {
         let started = std::time::Instant::now();
-        let tools = self.policy.tools(spec.tools);
-        let tool_names: Vec<&str> = tools.iter().map(|t| t.name).collect();
+        let tools = self.policy.tools(spec.tools, spec.mcp);
+        let tool_names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
         let definition = self.prompt(spec)?;
         let inputs = self.prompt_inputs(spec, &tool_names);
         let rendered = definition
@@ -923,8 +947,8 @@ impl Run {
             answered_invalid = true;
         }
         for call in tool_calls {
-            let problem = match tools::find(&call.name) {
-                Some(tool) if spec.tools.contains(&tool.name) && self.policy.enabled(tool) => {
+            let problem = match self.policy.find(&call.name) {
+                Some(tool) if spec.offers(tool) && self.policy.enabled(tool) => {
                     tools::validate_args(tool, &call.args).err()
                 }
                 Some(_) => Some(format!(
@@ -959,7 +983,11 @@ impl Run {
         }
         let needs_approval: Vec<&ToolCall> = valid
             .iter()
-            .filter(|c| tools::find(&c.name).is_some_and(|t| self.policy.needs_approval(t)))
+            .filter(|c| {
+                self.policy
+                    .find(&c.name)
+                    .is_some_and(|t| self.policy.needs_approval(t))
+            })
             .collect();
         for call in &needs_approval {
             let mut entry = UiChatLogEntry::new(
@@ -1023,31 +1051,15 @@ impl Run {
         let pending = std::mem::take(&mut self.state.pending_tool_calls);
         let mut next = Some(spec.name.to_owned());
         for call in pending {
-            let Some(tool) = tools::find(&call.name) else {
-                continue;
-            };
-            let result = match tool.kind {
-                ToolKind::WorkspaceRead | ToolKind::Executor => {
-                    tools::run_executor_tool(&self.link, &call, self.command_timeout).await?
-                }
-                ToolKind::GitLab => {
-                    tools::run_gitlab_tool(&self.monolith, &call, self.record.project_id).await?
-                }
-                ToolKind::Internal => {
-                    let steps: Vec<String> = call.args["steps"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .filter_map(|s| s.as_str().map(str::to_owned))
-                        .collect();
-                    self.set_plan(steps);
-                    // The plan is the planner's last word.
-                    next = spec.done.map(str::to_owned);
-                    ToolResult {
-                        content: "The plan is recorded.".to_owned(),
-                        is_error: false,
-                    }
-                }
+            let kind = self.policy.find(&call.name).map(|tool| tool.kind);
+            let result = match kind {
+                // An MCP tool approved in an earlier stream whose executor
+                // no longer offers it: the model hears so and goes on.
+                None => ToolResult::error(format!(
+                    "The tool {} is unavailable: this executor does not offer it.",
+                    call.name
+                )),
+                Some(kind) => self.run_tool(kind, &call, spec, &mut next).await?,
             };
             let mut entry = UiChatLogEntry::new("tool", format!("Used tool {}", call.name));
             entry.status = Some(
@@ -1075,6 +1087,70 @@ impl Run {
         self.state.next_node = next;
         Ok(())
     }
+
+    async fn run_tool(
+        &mut self,
+        kind: ToolKind,
+        call: &ToolCall,
+        spec: &AgentSpec,
+        next: &mut Option<String>,
+    ) -> Result<ToolResult, RunError> {
+        Ok(match kind {
+            ToolKind::WorkspaceRead | ToolKind::Executor => {
+                tools::run_executor_tool(&self.link, call, self.command_timeout).await?
+            }
+            ToolKind::GitLab => {
+                tools::run_gitlab_tool(&self.monolith, call, self.record.project_id).await?
+            }
+            ToolKind::Mcp => mcp_tools::run(&self.link, call).await?,
+            ToolKind::Internal => {
+                let steps: Vec<String> = call.args["steps"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|s| s.as_str().map(str::to_owned))
+                    .collect();
+                self.set_plan(steps);
+                // The plan is the planner's last word.
+                *next = spec.done.map(str::to_owned);
+                ToolResult {
+                    content: "The plan is recorded.".to_owned(),
+                    is_error: false,
+                }
+            }
+        })
+    }
+}
+
+/// The executor's MCP tools this run offers: none unless the monolith says
+/// the workflow may use MCP (instance, group and allow-list switches) and
+/// the workflow holds the `run_mcp_tools` privilege.
+fn run_mcp_tools(
+    workflow_id: &str,
+    record: &WorkflowRecord,
+    start: &StartWorkflowRequest,
+) -> Vec<ToolSpec> {
+    if start.mcp_tools.is_empty() {
+        return Vec::new();
+    }
+    let privileged = record
+        .agent_privileges
+        .contains(&(tools::Privilege::RunMcpTools as i64));
+    if !record.mcp_enabled || !privileged {
+        tracing::info!(
+            workflow_id,
+            offered = start.mcp_tools.len(),
+            mcp_enabled = record.mcp_enabled,
+            privileged,
+            "the executor's MCP tools are not used by this workflow"
+        );
+        return Vec::new();
+    }
+    let offered = mcp_tools::offered(&start.mcp_tools);
+    for reason in &offered.refused {
+        tracing::info!(workflow_id, reason, "an MCP tool was left out");
+    }
+    offered.tools
 }
 
 /// Tool names the client pre-approved for the session; honoured only when

@@ -15,6 +15,7 @@ pub mod auth;
 pub mod checkpoint_writer;
 pub mod engine;
 pub mod link;
+pub mod mcp_tools;
 pub mod model_choice;
 pub mod monolith_api;
 pub mod server;

@@ -69,6 +69,10 @@ pub struct WorkflowRecord {
     pub workflow_definition: Option<String>,
     #[serde(default)]
     pub goal: Option<String>,
+    /// Whether the workflow may use tools of MCP servers (the monolith's
+    /// instance and group switches).
+    #[serde(default)]
+    pub mcp_enabled: bool,
 }
 
 /// One stored checkpoint as `GET …/checkpoints` lists it.

@@ -11,6 +11,7 @@ use contracts::duo_workflow::{
     WriteFile, action, action_response,
 };
 use serde_json::{Value, json};
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::sync::LazyLock;
 
@@ -22,6 +23,7 @@ pub enum Privilege {
     ReadWriteGitlab = 3,
     RunCommands = 4,
     UseGit = 5,
+    RunMcpTools = 6,
 }
 
 /// Where a tool runs.
@@ -37,12 +39,15 @@ pub enum ToolKind {
     GitLab,
     /// Handled by the service itself (planning): always allowed.
     Internal,
+    /// A tool of one of the executor's MCP servers (`runMCPTool`): offered
+    /// per run, its description and output untrusted.
+    Mcp,
 }
 
 #[derive(Debug, Clone)]
 pub struct ToolSpec {
-    pub name: &'static str,
-    pub description: &'static str,
+    pub name: Cow<'static, str>,
+    pub description: Cow<'static, str>,
     pub parameters: Value,
     pub privilege: Option<Privilege>,
     pub kind: ToolKind,
@@ -55,14 +60,14 @@ impl ToolSpec {
         match self.kind {
             ToolKind::WorkspaceRead | ToolKind::Internal => false,
             ToolKind::GitLab => self.privilege != Some(Privilege::ReadOnlyGitlab),
-            ToolKind::Executor => true,
+            ToolKind::Executor | ToolKind::Mcp => true,
         }
     }
 
     pub fn schema(&self) -> ToolSchema {
         ToolSchema {
-            name: self.name.to_owned(),
-            description: self.description.to_owned(),
+            name: self.name.to_string(),
+            description: self.description.to_string(),
             parameters: self.parameters.clone(),
         }
     }
@@ -97,8 +102,8 @@ pub static CATALOGUE: LazyLock<Vec<ToolSpec>> = LazyLock::new(|| {
     use Privilege as P;
     use ToolKind as K;
     let tool = |name, description, parameters, privilege, kind| ToolSpec {
-        name,
-        description,
+        name: Cow::Borrowed(name),
+        description: Cow::Borrowed(description),
         parameters,
         privilege,
         kind,
@@ -321,12 +326,14 @@ pub fn find(name: &str) -> Option<&'static ToolSpec> {
 }
 
 /// What one workflow may use: its agent privileges, its pre-approved ones,
-/// and tools the user pre-approved for the session.
+/// tools the user pre-approved for the session, and the MCP tools its
+/// executor offers (empty unless the workflow may use them).
 #[derive(Debug, Clone, Default)]
 pub struct ToolPolicy {
     pub privileges: BTreeSet<i64>,
     pub pre_approved: BTreeSet<i64>,
     pub session_approved: BTreeSet<String>,
+    pub mcp_tools: Vec<ToolSpec>,
 }
 
 impl ToolPolicy {
@@ -338,26 +345,38 @@ impl ToolPolicy {
     pub fn needs_approval(&self, spec: &ToolSpec) -> bool {
         match spec.kind {
             ToolKind::WorkspaceRead | ToolKind::Internal => false,
-            ToolKind::Executor | ToolKind::GitLab => {
+            ToolKind::Executor | ToolKind::GitLab | ToolKind::Mcp => {
                 let pre_approved = spec
                     .privilege
                     .is_some_and(|p| self.pre_approved.contains(&(p as i64)));
-                !pre_approved && !self.session_approved.contains(spec.name)
+                !pre_approved && !self.session_approved.contains(spec.name.as_ref())
             }
         }
     }
 
-    /// The tools of `names` this workflow has, in catalogue order.
-    pub fn tools(&self, names: &[&str]) -> Vec<&'static ToolSpec> {
+    /// The tool called `name`: the catalogue's, else one of the run's MCP
+    /// tools (their names never shadow the catalogue's).
+    pub fn find(&self, name: &str) -> Option<&ToolSpec> {
+        find(name).or_else(|| self.mcp_tools.iter().find(|t| t.name == name))
+    }
+
+    /// The tools of `names` this workflow has, in catalogue order, then the
+    /// MCP tools when `with_mcp`.
+    pub fn tools(&self, names: &[&str], with_mcp: bool) -> Vec<&ToolSpec> {
+        let mcp = self.mcp_tools.iter().filter(|_| with_mcp);
         CATALOGUE
             .iter()
-            .filter(|t| names.contains(&t.name) && self.enabled(t))
+            .filter(|t| names.contains(&t.name.as_ref()))
+            .chain(mcp)
+            .filter(|t| self.enabled(t))
             .collect()
     }
 }
 
 /// Checks arguments against a tool's schema (required keys and their JSON
-/// types); the message goes back to the model.
+/// types); the message goes back to the model. MCP schemas are the server's
+/// own: extra keys pass unless the schema closes the object, and only the
+/// top-level types are checked (the server checks the rest).
 pub fn validate_args(spec: &ToolSpec, args: &Value) -> Result<(), String> {
     let Some(args) = args.as_object() else {
         return Err("the arguments must be a JSON object".to_owned());
@@ -369,14 +388,21 @@ pub fn validate_args(spec: &ToolSpec, args: &Value) -> Result<(), String> {
             return Err(format!("missing required argument `{key}`"));
         }
     }
+    let open = spec.kind == ToolKind::Mcp && spec.parameters["additionalProperties"] != false;
     for (key, value) in args {
         let Some(expected) = properties.and_then(|p| p.get(key)) else {
+            if open {
+                continue;
+            }
             return Err(format!("unknown argument `{key}`"));
         };
         let ok = match expected["type"].as_str() {
             Some("string") => value.is_string(),
             Some("integer") => value.is_i64() || value.is_u64(),
+            Some("number") => value.is_number(),
             Some("boolean") => value.is_boolean(),
+            Some("object") => value.is_object(),
+            Some("array") if spec.kind == ToolKind::Mcp => value.is_array(),
             Some("array") => value
                 .as_array()
                 .is_some_and(|items| items.iter().all(Value::is_string)),
@@ -400,13 +426,13 @@ pub struct ToolResult {
 }
 
 impl ToolResult {
-    fn ok(content: impl Into<String>) -> Self {
+    pub(super) fn ok(content: impl Into<String>) -> Self {
         Self {
             content: content.into(),
             is_error: false,
         }
     }
-    fn error(content: impl Into<String>) -> Self {
+    pub(super) fn error(content: impl Into<String>) -> Self {
         Self {
             content: content.into(),
             is_error: true,
@@ -417,13 +443,18 @@ impl ToolResult {
 /// Tool results longer than this are cut (the model sees that they were).
 const MAX_RESULT_BYTES: usize = 64 * 1024;
 
-fn truncate(mut text: String) -> String {
+fn truncate(text: String) -> String {
+    truncate_to(text, MAX_RESULT_BYTES)
+}
+
+/// `text` without NUL characters and cut to `max` bytes (saying so).
+pub(super) fn truncate_to(mut text: String, max: usize) -> String {
     // PostgreSQL's jsonb refuses NUL characters, and checkpoints carry results.
     if text.contains('\0') {
         text = text.replace('\0', "\u{fffd}");
     }
-    if text.len() > MAX_RESULT_BYTES {
-        let mut cut = MAX_RESULT_BYTES;
+    if text.len() > max {
+        let mut cut = max;
         while !text.is_char_boundary(cut) {
             cut -= 1;
         }
@@ -658,7 +689,7 @@ mod tests {
         let policy = ToolPolicy {
             privileges: [1, 2].into(),
             pre_approved: [2].into(),
-            session_approved: BTreeSet::new(),
+            ..ToolPolicy::default()
         };
         let edit = find("edit_file").unwrap();
         let read = find("read_file").unwrap();
