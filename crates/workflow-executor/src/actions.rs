@@ -59,6 +59,8 @@ pub struct ActionRunner {
     pub workspace: Workspace,
     pub limits: Limits,
     pub gitlab: Option<GitLabTarget>,
+    /// The MCP servers connected for this workflow.
+    pub mcp: Option<std::sync::Arc<crate::mcp::McpHub>>,
 }
 
 fn plain(response: String, error: String) -> action_response::ResponseType {
@@ -132,10 +134,13 @@ impl ActionRunner {
             A::RunShellCommand(_) => {
                 err("this executor runs programs without a shell and did not declare shell_command")
             }
-            A::RunMcpTool(tool) => err(format!(
-                "no MCP server is connected to this executor (tool {})",
-                tool.name
-            )),
+            A::RunMcpTool(tool) => match &self.mcp {
+                Some(hub) => hub.call(&tool.name, &tool.args).await,
+                None => err(format!(
+                    "the MCP tool {} is unavailable: no MCP server is connected to this executor",
+                    tool.name
+                )),
+            },
             A::ScheduleNotification(_) => {
                 action_response::ResponseType::ScheduleNotificationResponse(
                     ScheduleNotificationResponse {

@@ -41,6 +41,13 @@ OPTIONS:
   --service-headers JSON    with --service-url: request metadata for the
                             service, a JSON object [env DUO_SERVICE_HEADERS]
   --ca-file PEM             CA certificate for the service's TLS
+  --mcp-config PATH         the user's MCP servers (default
+                            ~/.gitlab/duo/mcp.json); the workspace's
+                            .gitlab/duo/mcp.json is read too (HTTP servers
+                            only). Used when GitLab enables MCP for the
+                            workflow and lists the server as allowed
+  --mcp-timeout SECS        longest MCP tool call (default 60)
+  --no-mcp                  connect to no MCP server
   --quiet                   print only the outcome
 
 RUNS STARTED IN THE PRODUCT (set by a runner in a sandbox):
@@ -62,7 +69,7 @@ EXIT STATUS: 0 finished, 1 failed, 2 bad options, 3 paused for an approval.
 ";
 
 /// Options that take no value (every other option takes the next argument).
-pub const SWITCHES: &[&str] = &["--reject-unmatched", "--quiet", "--help", "-h"];
+pub const SWITCHES: &[&str] = &["--reject-unmatched", "--quiet", "--no-mcp", "--help", "-h"];
 
 #[derive(Debug, Clone, Default)]
 pub struct Options {
@@ -96,6 +103,10 @@ pub struct Options {
     pub checkpoint_ref: Option<String>,
     /// (name, email) of the checkpoint commits.
     pub git_author: Option<(String, String)>,
+    /// The user's MCP configuration file (`None`: no home directory).
+    pub mcp_config: Option<PathBuf>,
+    pub mcp_timeout: Duration,
+    pub no_mcp: bool,
 }
 
 /// `{"name": "value", ...}` into header pairs.
@@ -165,6 +176,10 @@ impl Options {
             workspace: PathBuf::from("."),
             command_timeout: Duration::from_secs(120),
             max_file_bytes: 2 * 1024 * 1024,
+            mcp_config: variable("HOME")
+                .filter(|home| !home.is_empty())
+                .map(|home| PathBuf::from(home).join(crate::mcp::USER_CONFIG)),
+            mcp_timeout: Duration::from_secs(60),
             ..Self::default()
         };
         let mut iter = args.iter();
@@ -228,6 +243,15 @@ impl Options {
                 "--source-ref" => options.source_ref = value()?,
                 "--checkpoint-ref" => options.checkpoint_ref = Some(value()?),
                 "--git-author" => options.git_author = Some(author(&value()?)?),
+                "--mcp-config" => options.mcp_config = Some(PathBuf::from(value()?)),
+                "--mcp-timeout" => {
+                    options.mcp_timeout = Duration::from_secs(
+                        value()?
+                            .parse()
+                            .map_err(|_| "--mcp-timeout must be seconds")?,
+                    )
+                }
+                "--no-mcp" => options.no_mcp = true,
                 other => return Err(format!("unknown option {other}")),
             }
         }
@@ -286,6 +310,42 @@ pub async fn gitlab_post(
         ))
         .bearer_auth(&options.token)
         .json(body)
+        .send()
+        .await
+        .map_err(|e| SetupError::Http {
+            what,
+            reason: e.to_string(),
+        })?;
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap_or_default();
+    if !(200..300).contains(&status) {
+        return Err(SetupError::Status {
+            what,
+            status,
+            body: text.chars().take(500).collect(),
+        });
+    }
+    serde_json::from_str(&text).map_err(|e| SetupError::Http {
+        what,
+        reason: e.to_string(),
+    })
+}
+
+/// `GET /api/v4/ai/duo_workflows/workflows/:id` with `token`: the workflow
+/// entity (what the executor learns about MCP from).
+pub async fn workflow_entity(
+    client: &reqwest::Client,
+    gitlab_url: &str,
+    token: &str,
+    workflow_id: &str,
+) -> Result<Value, SetupError> {
+    let what = "reading the workflow";
+    let response = client
+        .get(format!(
+            "{}/api/v4/ai/duo_workflows/workflows/{workflow_id}",
+            gitlab_url.trim_end_matches('/')
+        ))
+        .bearer_auth(token)
         .send()
         .await
         .map_err(|e| SetupError::Http {

@@ -13,6 +13,7 @@ pub mod cli;
 pub mod environment;
 pub mod git;
 pub mod hardening;
+pub mod mcp;
 pub mod remote;
 pub mod session;
 pub mod workspace;

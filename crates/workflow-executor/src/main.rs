@@ -2,9 +2,9 @@
 
 use std::process::ExitCode;
 use workflow_executor::cli::{self, Options, RuleApprover, TerminalReporter};
-use workflow_executor::hardening;
 use workflow_executor::remote::{Relay, RunRepository};
 use workflow_executor::{ActionRunner, GitLabTarget, Limits, Session, SessionEnd, Workspace};
+use workflow_executor::{hardening, mcp};
 
 fn main() -> ExitCode {
     // First of all, before any thread or child exists: the commands this
@@ -192,7 +192,9 @@ async fn run_session(options: &Options) -> anyhow::Result<SessionEnd> {
     if let Some(ca) = &options.ca_file {
         service.ca_pem = Some(std::fs::read(ca)?);
     }
+    let mcp = connect_mcp(options, &client, &gitlab_token, &workflow_id, &workspace).await;
     let runner = ActionRunner {
+        mcp,
         workspace,
         limits: Limits {
             max_file_bytes: options.max_file_bytes,
@@ -221,4 +223,48 @@ async fn run_session(options: &Options) -> anyhow::Result<SessionEnd> {
     })
     .await?;
     Ok(end)
+}
+
+/// Connects the MCP servers of the workspace's and the user's files, when
+/// GitLab enables MCP for the workflow; what happened is printed, and no
+/// failure here stops the run.
+async fn connect_mcp(
+    options: &Options,
+    client: &reqwest::Client,
+    gitlab_token: &str,
+    workflow_id: &str,
+    workspace: &Workspace,
+) -> Option<std::sync::Arc<mcp::McpHub>> {
+    if options.no_mcp {
+        return None;
+    }
+    let (servers, warnings) = mcp::load(workspace, options.mcp_config.as_deref());
+    for warning in &warnings {
+        eprintln!("duo-workflow-executor: MCP configuration: {warning}");
+    }
+    if servers.is_empty() {
+        return None;
+    }
+    let permission =
+        match cli::workflow_entity(client, &options.gitlab_url, gitlab_token, workflow_id).await {
+            Ok(entity) => mcp::Permission::from_workflow(&entity),
+            Err(e) => {
+                eprintln!("duo-workflow-executor: MCP servers not used: {e}");
+                return None;
+            }
+        };
+    let hub = mcp::McpHub::connect(
+        servers,
+        &permission,
+        workspace.root(),
+        mcp::McpLimits {
+            call_timeout: options.mcp_timeout,
+            ..mcp::McpLimits::default()
+        },
+    )
+    .await;
+    for report in &hub.reports {
+        eprintln!("duo-workflow-executor: {report}");
+    }
+    Some(std::sync::Arc::new(hub))
 }

@@ -192,6 +192,11 @@ pub async fn run(session: Session<'_>) -> Result<SessionEnd, SessionError> {
             workflow_definition: workflow_definition.clone(),
             goal: if first { goal.clone() } else { String::new() },
             client_capabilities: vec!["command_timeout".to_owned()],
+            mcp_tools: runner
+                .mcp
+                .as_ref()
+                .map(|hub| hub.offered())
+                .unwrap_or_default(),
             approval: approval.take(),
             ..StartWorkflowRequest::default()
         };

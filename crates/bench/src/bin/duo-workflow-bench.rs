@@ -282,6 +282,7 @@ async fn run(
             token: rails_token.clone(),
             client: reqwest::Client::new(),
         }),
+        mcp: None,
     };
     let mut clock = StepClock::default();
     let started = Instant::now();

@@ -41,6 +41,7 @@ pub fn runner(dir: &Dir, limits: Limits) -> ActionRunner {
         workspace: Workspace::new(&dir.path).unwrap(),
         limits,
         gitlab: None,
+        mcp: None,
     }
 }
 

@@ -556,6 +556,7 @@ pub fn runner(workspace: &Path, monolith: &Monolith) -> ActionRunner {
             token: GITLAB_TOKEN.to_owned(),
             client: reqwest::Client::new(),
         }),
+        mcp: None,
     }
 }
 
