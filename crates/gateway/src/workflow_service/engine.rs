@@ -7,13 +7,13 @@
 
 use super::checkpoint_writer::CheckpointWriter;
 use super::link::{ExecutorLink, INFRA_STOP_REASONS, LinkError, StreamSignal};
+use super::mcp_tools;
 use super::model_choice::{AgentModelMetadata, ModelChoice, WORKFLOW_FEATURE_CATEGORY, route_for};
 use super::monolith_api::{MonolithApi, MonolithApiError, WorkflowRecord};
 use super::state::{
     CheckpointPost, PlanStep, ToolInfo, UiChatLogEntry, WorkflowState, WorkflowStatus,
     new_thread_ts,
 };
-use super::mcp_tools;
 use super::tools::{self, ToolKind, ToolPolicy, ToolResult, ToolSpec};
 use crate::config::{PromptsConfig, ProvidersConfig, WorkflowServiceConfig};
 use crate::prompts::{PromptDefinition, PromptRegistry, TemplateRole};
@@ -715,15 +715,11 @@ impl Run {
     /// the workspace, reading GitLab and planning).
     fn next_tools_have_effects(&self, node: &str) -> bool {
         node.ends_with(TOOLS_SUFFIX)
-            && self
-                .state
-                .pending_tool_calls
-                .iter()
-                .any(|call| {
-                    self.policy
-                        .find(&call.name)
-                        .is_none_or(|tool| tool.has_side_effects())
-                })
+            && self.state.pending_tool_calls.iter().any(|call| {
+                self.policy
+                    .find(&call.name)
+                    .is_none_or(|tool| tool.has_side_effects())
+            })
     }
 
     async fn save(&mut self) -> Result<(), RunError> {

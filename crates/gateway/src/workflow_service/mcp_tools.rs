@@ -209,7 +209,10 @@ mod tests {
         let offered = offered(&many);
         assert_eq!(offered.tools.len(), MAX_TOOLS);
         assert_eq!(offered.refused.len(), 3);
-        let huge = tool("big", &format!("{{\"x\":\"{}\"}}", "a".repeat(MAX_SCHEMA_BYTES)));
+        let huge = tool(
+            "big",
+            &format!("{{\"x\":\"{}\"}}", "a".repeat(MAX_SCHEMA_BYTES)),
+        );
         assert!(super::offered(&[huge]).tools.is_empty());
     }
 
