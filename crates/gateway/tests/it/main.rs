@@ -29,5 +29,6 @@ mod prompts_registry;
 mod providers;
 mod proxy_contract;
 mod vertex_provider;
+mod workflow_mcp;
 mod workflow_prompts;
 mod workflow_service;

@@ -91,6 +91,8 @@ pub struct StoredWorkflow {
     /// `status_event`s accepted, in order.
     pub events: Vec<String>,
     pub model_metadata_json: Option<String>,
+    /// What the monolith's MCP switches say for the workflow.
+    pub mcp_enabled: bool,
 }
 
 #[derive(Default)]
@@ -158,6 +160,7 @@ fn entity(id: i64, w: &StoredWorkflow) -> Value {
         "workflow_definition": w.definition,
         "agent_privileges": w.privileges,
         "pre_approved_agent_privileges": w.pre_approved,
+        "mcp_enabled": w.mcp_enabled,
     })
 }
 
@@ -305,9 +308,16 @@ impl Monolith {
                 checkpoints: Vec::new(),
                 events: Vec::new(),
                 model_metadata_json: None,
+                mcp_enabled: false,
             },
         );
         id
+    }
+
+    /// Turns the monolith's MCP switches on for workflow `id`.
+    pub fn enable_mcp(&self, id: i64) {
+        let mut state = self.state.lock().unwrap();
+        state.workflows.get_mut(&id).unwrap().mcp_enabled = true;
     }
 
     pub fn workflow(&self, id: i64) -> StoredWorkflow {
