@@ -1,5 +1,6 @@
 //! What an instance administrator changes about Duo: the instance's Duo
-//! settings (on or off, the AI gateway URL, experiment and beta features), Duo
+//! settings (on or off, the AI gateway URL, experiment and beta features,
+//! Duo Workflow's use of MCP servers and their allow-list), Duo
 //! seats (who holds which add-on), and the Duo switch of each group and project.
 //! Plain functions on a database client, shared by the REST API and the admin
 //! pages; who may call them is the policy module's decision, made by the caller.
@@ -48,12 +49,18 @@ pub struct InstanceDuoSettings {
     pub ai_gateway_url: Option<String>,
     /// GitLab's `instance_level_ai_beta_features_enabled`.
     pub experiment_features_enabled: bool,
+    /// Duo Workflow may use MCP servers (where the top-level group allows it).
+    pub duo_workflow_mcp_enabled: bool,
+    /// The servers it may connect to: `*` or URL prefixes
+    /// ([`crate::instance::checked_mcp_allowed_servers`]).
+    pub duo_workflow_mcp_allowed_servers: Vec<String>,
 }
 
 pub async fn instance_settings(db: &impl Queries) -> Result<InstanceDuoSettings, DuoSettingsError> {
     let row = db
         .query_one(
-            "SELECT duo_features_enabled, ai_gateway_url, instance_level_ai_beta_features_enabled
+            "SELECT duo_features_enabled, ai_gateway_url, instance_level_ai_beta_features_enabled,
+                    duo_workflow_mcp_enabled, duo_workflow_mcp_allowed_servers
              FROM instance_settings",
             &[],
         )
@@ -62,6 +69,8 @@ pub async fn instance_settings(db: &impl Queries) -> Result<InstanceDuoSettings,
         duo_features_enabled: row.get(0),
         ai_gateway_url: row.get(1),
         experiment_features_enabled: row.get(2),
+        duo_workflow_mcp_enabled: row.get(3),
+        duo_workflow_mcp_allowed_servers: row.get(4),
     })
 }
 
@@ -96,13 +105,19 @@ pub async fn update_instance_settings(
         Some(u) => checked_gateway_url(u)?,
         None => None,
     };
+    let servers =
+        crate::instance::checked_mcp_allowed_servers(&settings.duo_workflow_mcp_allowed_servers)
+            .map_err(|e| DuoSettingsError::Invalid(format!("Allowed MCP servers: {e}")))?;
     db.execute(
         "UPDATE instance_settings SET duo_features_enabled = $1, ai_gateway_url = $2,
-            instance_level_ai_beta_features_enabled = $3, updated_at = now()",
+            instance_level_ai_beta_features_enabled = $3, duo_workflow_mcp_enabled = $4,
+            duo_workflow_mcp_allowed_servers = $5, updated_at = now()",
         &[
             &settings.duo_features_enabled,
             &url,
             &settings.experiment_features_enabled,
+            &settings.duo_workflow_mcp_enabled,
+            &servers,
         ],
     )
     .await?;
@@ -313,6 +328,8 @@ pub struct GroupSwitch {
     pub effective: bool,
     /// Only top-level groups carry it (as in GitLab).
     pub experiment_features_enabled: bool,
+    /// Duo Workflow may use MCP servers here (top-level groups only).
+    pub duo_workflow_mcp_enabled: bool,
 }
 
 /// A project's Duo switch.
@@ -334,7 +351,7 @@ pub async fn group_switches(db: &impl Queries) -> Result<Vec<GroupSwitch>, DuoSe
                  FROM groups g JOIN chain c ON g.parent_id = c.id
              )
              SELECT g.id, c.full_path, g.parent_id IS NULL, g.duo_features_enabled, c.effective,
-                    g.experiment_and_beta_features
+                    g.experiment_and_beta_features, g.duo_workflow_mcp_enabled
              FROM groups g JOIN chain c ON c.id = g.id ORDER BY c.full_path LIMIT $1",
             &[&LIST_LIMIT],
         )
@@ -348,6 +365,7 @@ pub async fn group_switches(db: &impl Queries) -> Result<Vec<GroupSwitch>, DuoSe
             duo_features_enabled: r.get(3),
             effective: r.get(4),
             experiment_features_enabled: r.get(5),
+            duo_workflow_mcp_enabled: r.get(6),
         })
         .collect())
 }
@@ -407,11 +425,7 @@ pub async fn set_group_experiments(
     group_id: i64,
     enabled: bool,
 ) -> Result<(), DuoSettingsError> {
-    let row = db
-        .query_opt("SELECT parent_id FROM groups WHERE id = $1", &[&group_id])
-        .await?
-        .ok_or(DuoSettingsError::NotFound("Group"))?;
-    if row.get::<_, Option<i64>>(0).is_some() {
+    if !is_top_level(db, group_id).await? {
         return Err(DuoSettingsError::Invalid(
             "Experiment features can only be changed on a top-level group".into(),
         ));
@@ -422,6 +436,35 @@ pub async fn set_group_experiments(
     )
     .await?;
     Ok(())
+}
+
+/// Whether Duo Workflow may use MCP servers in a top-level group (GitLab's
+/// group AI setting `duo_workflow_mcp_enabled`).
+pub async fn set_group_mcp(
+    db: &impl Queries,
+    group_id: i64,
+    enabled: bool,
+) -> Result<(), DuoSettingsError> {
+    if !is_top_level(db, group_id).await? {
+        return Err(DuoSettingsError::Invalid(
+            "MCP servers for Duo Workflow can only be allowed on a top-level group".into(),
+        ));
+    }
+    db.execute(
+        "UPDATE groups SET duo_workflow_mcp_enabled = $2 WHERE id = $1",
+        &[&group_id, &enabled],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Whether the group has no parent; an error when there is no such group.
+async fn is_top_level(db: &impl Queries, group_id: i64) -> Result<bool, DuoSettingsError> {
+    let row = db
+        .query_opt("SELECT parent_id FROM groups WHERE id = $1", &[&group_id])
+        .await?
+        .ok_or(DuoSettingsError::NotFound("Group"))?;
+    Ok(row.get::<_, Option<i64>>(0).is_none())
 }
 
 /// Switches Duo features for one project.

@@ -204,7 +204,9 @@ pub struct DuoWorkflow {
     pub latest_checkpoint: Option<DuoWorkflowEvent>,
 }
 
-fn workflow_of(w: &Workflow, latest: Option<&Checkpoint>) -> DuoWorkflow {
+/// The workflow as GraphQL shows it; `mcp_enabled` is
+/// [`crate::policy::Policy::mcp_for_workflows`]'s answer for it.
+fn workflow_of(w: &Workflow, latest: Option<&Checkpoint>, mcp_enabled: bool) -> DuoWorkflow {
     DuoWorkflow {
         id: AiDuoWorkflowsWorkflowId(gid::format(WORKFLOW_GID_MODEL, w.id)),
         user_id: UserId(gid::format("User", w.user_id)),
@@ -234,7 +236,7 @@ fn workflow_of(w: &Workflow, latest: Option<&Checkpoint>) -> DuoWorkflow {
             .map(str::to_owned)
             .collect(),
         allow_agent_to_request_user: w.allow_agent_to_request_user,
-        mcp_enabled: false,
+        mcp_enabled,
         created_at: time(w.created_at),
         updated_at: time(w.updated_at),
         latest_checkpoint: latest.map(|c| event_of(w, Some(c))),
@@ -337,10 +339,15 @@ pub async fn workflows(
         }
     };
     let db = ctx.pool.get().await.map_err(internal)?;
+    let containers: Vec<_> = list.iter().map(Workflow::container).collect();
+    let mcp = crate::policy::Policy::mcp_for_workflows(&*db, &containers)
+        .await
+        .map_err(internal)?;
     let mut nodes = Vec::with_capacity(list.len());
-    for w in &list {
+    for (i, w) in list.iter().enumerate() {
         let latest = checkpoints::latest(&*db, w.id).await.map_err(internal)?;
-        nodes.push(workflow_of(w, latest.as_ref()));
+        let mcp_enabled = mcp.get(i).is_some_and(|m| m.enabled);
+        nodes.push(workflow_of(w, latest.as_ref(), mcp_enabled));
     }
     Ok(DuoWorkflowConnection {
         nodes,
@@ -536,9 +543,12 @@ pub async fn create(
             let latest = checkpoints::latest(&*db, created.workflow.id)
                 .await
                 .map_err(internal)?;
+            let mcp = crate::policy::Policy::mcp_for_workflow(&*db, created.workflow.container())
+                .await
+                .map_err(internal)?;
             Ok(AiDuoWorkflowCreatePayload {
                 client_mutation_id: input.client_mutation_id,
-                workflow: Some(workflow_of(&created.workflow, latest.as_ref())),
+                workflow: Some(workflow_of(&created.workflow, latest.as_ref(), mcp.enabled)),
                 workload: created.run.map(|(started, page)| {
                     let json = started.workload_json(&page);
                     DuoWorkflowWorkload {

@@ -16,6 +16,9 @@ pub struct Group {
     pub duo_features_enabled: bool,
     /// GitLab's `experiment_features_enabled` (set on top-level groups).
     pub experiment_features_enabled: bool,
+    /// GitLab's `ai_settings.duo_workflow_mcp_enabled` (set on top-level
+    /// groups): Duo Workflow may use MCP servers in the group.
+    pub duo_workflow_mcp_enabled: bool,
     pub created_at: DateTime<Utc>,
     /// `acme/platform`.
     pub full_path: String,
@@ -27,7 +30,7 @@ const GROUP_SQL: &str = "WITH RECURSIVE chain(id, parent_id, full_path, root) AS
         SELECT g.id, g.parent_id, c.full_path || '/' || g.path, c.root FROM groups g JOIN chain c ON g.parent_id = c.id
     )
     SELECT g.id, g.name, g.path, g.description, g.visibility, g.parent_id, g.duo_features_enabled,
-           g.experiment_and_beta_features, g.created_at, c.full_path
+           g.experiment_and_beta_features, g.duo_workflow_mcp_enabled, g.created_at, c.full_path
     FROM groups g JOIN chain c ON c.id = g.id";
 
 fn group_from_row(row: &tokio_postgres::Row) -> Group {
@@ -40,6 +43,7 @@ fn group_from_row(row: &tokio_postgres::Row) -> Group {
         parent_id: row.get("parent_id"),
         duo_features_enabled: row.get("duo_features_enabled"),
         experiment_features_enabled: row.get("experiment_and_beta_features"),
+        duo_workflow_mcp_enabled: row.get("duo_workflow_mcp_enabled"),
         created_at: row.get("created_at"),
         full_path: row.get("full_path"),
     }
@@ -166,6 +170,7 @@ pub struct GroupChanges<'a> {
     pub visibility: Option<&'a str>,
     pub duo_features_enabled: Option<bool>,
     pub experiment_features_enabled: Option<bool>,
+    pub duo_workflow_mcp_enabled: Option<bool>,
 }
 
 /// Applies `changes`; a taken path fails with the database's constraint error.
@@ -178,7 +183,8 @@ pub async fn update(
         "UPDATE groups SET name = coalesce($2, name), path = coalesce($3, path),
             description = coalesce($4, description), visibility = coalesce($5, visibility),
             duo_features_enabled = coalesce($6, duo_features_enabled),
-            experiment_and_beta_features = coalesce($7, experiment_and_beta_features)
+            experiment_and_beta_features = coalesce($7, experiment_and_beta_features),
+            duo_workflow_mcp_enabled = coalesce($8, duo_workflow_mcp_enabled)
          WHERE id = $1",
         &[
             &id,
@@ -188,6 +194,7 @@ pub async fn update(
             &changes.visibility,
             &changes.duo_features_enabled,
             &changes.experiment_features_enabled,
+            &changes.duo_workflow_mcp_enabled,
         ],
     )
     .await?;

@@ -22,7 +22,7 @@ mod write;
 
 pub use duo::DuoSwitchScope;
 pub use duo_context::{AiReader, CodeForAi, ContextExclusions};
-pub use workflow::WorkflowFacts;
+pub use workflow::{WorkflowFacts, WorkflowMcp};
 
 pub use write::{EditableItem, PushAccess, WriteAbility};
 

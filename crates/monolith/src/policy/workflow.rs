@@ -118,3 +118,93 @@ impl Policy {
         }
     }
 }
+
+/// Whether a workflow may use tools of MCP servers, and which servers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkflowMcp {
+    /// The workflow entity's `mcp_enabled`.
+    pub enabled: bool,
+    /// The instance allow-list (`*` or URL prefixes) when `enabled`; empty
+    /// otherwise, so nothing reads a list that does not apply.
+    pub allowed_servers: Vec<String>,
+}
+
+impl Policy {
+    /// [`Policy::mcp_for_workflows`] for one workflow container.
+    pub async fn mcp_for_workflow(
+        db: &impl Queries,
+        container: Subject,
+    ) -> Result<WorkflowMcp, PolicyError> {
+        Ok(Self::mcp_for_workflows(db, &[container])
+            .await?
+            .pop()
+            .unwrap_or_default())
+    }
+
+    /// Whether Duo Workflow may use MCP servers in each container (a
+    /// workflow's project, group, or none), in order: the instance admin
+    /// switched it on, Duo features are on there (instance, every group
+    /// above, the project: [`Policy::duo_switched_on`]'s rule), and the
+    /// top-level group allows it (its `duo_workflow_mcp_enabled`; a
+    /// workflow outside any group has only the instance switch to ask).
+    /// Who may read the workflow is the caller's check, made before.
+    ///
+    /// One query for any number of containers: the workflow service reads
+    /// the entity on every run, and the list endpoints show many.
+    pub async fn mcp_for_workflows(
+        db: &impl Queries,
+        containers: &[Subject],
+    ) -> Result<Vec<WorkflowMcp>, PolicyError> {
+        // Only projects, groups and "nowhere" hold workflows; anything else
+        // is asked about as a project that does not exist (never enabled).
+        let (projects, groups): (Vec<Option<i64>>, Vec<Option<i64>>) = containers
+            .iter()
+            .map(|c| match *c {
+                Subject::Project(id) => (Some(id), None),
+                Subject::Group(id) => (None, Some(id)),
+                Subject::Global => (None, None),
+                _ => (Some(0), None),
+            })
+            .unzip();
+        if containers.is_empty() {
+            return Ok(Vec::new());
+        }
+        let row = db
+            .query_one(
+                "WITH RECURSIVE start AS (
+                     SELECT a.ord,
+                            CASE WHEN a.project_id IS NULL THEN a.group_id ELSE p.group_id END AS group_id,
+                            a.project_id IS NULL OR coalesce(p.duo_features_enabled, false) AS project_on,
+                            a.project_id IS NULL AND a.group_id IS NULL AS nowhere
+                     FROM unnest($1::bigint[], $2::bigint[]) WITH ORDINALITY AS a(project_id, group_id, ord)
+                     LEFT JOIN projects p ON p.id = a.project_id
+                 ), chain(ord, parent_id, duo, mcp) AS (
+                     SELECT s.ord, g.parent_id, g.duo_features_enabled, g.duo_workflow_mcp_enabled
+                     FROM start s JOIN groups g ON g.id = s.group_id
+                     UNION ALL
+                     SELECT c.ord, g.parent_id, g.duo_features_enabled, g.duo_workflow_mcp_enabled
+                     FROM chain c JOIN groups g ON g.id = c.parent_id
+                 )
+                 SELECT (SELECT coalesce(array_agg(
+                             i.duo_workflow_mcp_enabled AND i.duo_features_enabled AND s.project_on
+                             AND (s.nowhere OR coalesce(
+                                 (SELECT bool_and(c.duo) AND bool_or(c.mcp AND c.parent_id IS NULL)
+                                  FROM chain c WHERE c.ord = s.ord), false))
+                             ORDER BY s.ord), '{}')
+                         FROM start s),
+                        i.duo_workflow_mcp_allowed_servers
+                 FROM instance_settings i",
+                &[&projects, &groups],
+            )
+            .await?;
+        let enabled: Vec<bool> = row.get(0);
+        let allowed: Vec<String> = row.get(1);
+        Ok(enabled
+            .into_iter()
+            .map(|on| WorkflowMcp {
+                enabled: on,
+                allowed_servers: if on { allowed.clone() } else { Vec::new() },
+            })
+            .collect())
+    }
+}

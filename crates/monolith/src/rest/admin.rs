@@ -23,6 +23,8 @@ fn settings_json(settings: &InstanceSettings) -> Value {
         "ai_action_api_rate_limit": settings.ai_action_api_rate_limit,
         "duo_chat_expiration_days": settings.duo_chat_expiration_days,
         "instance_level_ai_beta_features_enabled": settings.instance_level_ai_beta_features_enabled,
+        "duo_workflow_mcp_enabled": settings.duo_workflow_mcp_enabled,
+        "duo_workflow_mcp_allowed_servers": settings.duo_workflow_mcp_allowed_servers,
     })
 }
 
@@ -43,6 +45,10 @@ pub(super) struct SettingsUpdate {
     ai_gateway_url: Option<String>,
     duo_chat_expiration_days: Option<i32>,
     instance_level_ai_beta_features_enabled: Option<bool>,
+    duo_workflow_mcp_enabled: Option<bool>,
+    /// A JSON list, or one comma-separated text (`a,b`) as GitLab takes
+    /// list settings; `[]` (or `""`) empties it.
+    duo_workflow_mcp_allowed_servers: Option<Vec<String>>,
 }
 
 pub(super) async fn update_settings(
@@ -71,6 +77,12 @@ pub(super) async fn update_settings(
             "duo_chat_expiration_days must be between 1 and 365".into(),
         ));
     }
+    let allowed_servers = b
+        .duo_workflow_mcp_allowed_servers
+        .as_deref()
+        .map(instance::checked_mcp_allowed_servers)
+        .transpose()
+        .map_err(|e| ApiError::BadRequest(format!("duo_workflow_mcp_allowed_servers {e}")))?;
     let switched = b.duo_features_enabled.is_some();
     let db = state.pool.get().await?;
     instance::update_settings(
@@ -81,6 +93,8 @@ pub(super) async fn update_settings(
             ai_gateway_url: b.ai_gateway_url,
             duo_chat_expiration_days: b.duo_chat_expiration_days,
             instance_level_ai_beta_features_enabled: b.instance_level_ai_beta_features_enabled,
+            duo_workflow_mcp_enabled: b.duo_workflow_mcp_enabled,
+            duo_workflow_mcp_allowed_servers: allowed_servers,
         },
     )
     .await?;

@@ -34,6 +34,7 @@ pub(super) fn group_json(group: &Group, base: &url::Url) -> Value {
         "web_url": format!("{}groups/{full_path}", base.as_str()),
         "duo_features_enabled": group.duo_features_enabled,
         "experiment_features_enabled": group.experiment_features_enabled,
+        "ai_settings": { "duo_workflow_mcp_enabled": group.duo_workflow_mcp_enabled },
         "created_at": group.created_at,
     })
 }
@@ -139,6 +140,15 @@ pub(super) struct GroupUpdate {
     duo_features_enabled: Option<bool>,
     /// Only on top-level groups, as in GitLab.
     experiment_features_enabled: Option<bool>,
+    /// GitLab's group AI settings (JSON, or the form keys
+    /// `ai_settings_attributes[duo_workflow_mcp_enabled]`).
+    ai_settings_attributes: Option<AiSettingsAttributes>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct AiSettingsAttributes {
+    /// Only on top-level groups, as in GitLab.
+    duo_workflow_mcp_enabled: Option<bool>,
 }
 
 /// The most open visibility among a group's direct subgroups and projects.
@@ -179,6 +189,16 @@ pub(super) async fn update_group(
             "can only be changed on a top-level group",
         ));
     }
+    let mcp_enabled = b
+        .ai_settings_attributes
+        .as_ref()
+        .and_then(|a| a.duo_workflow_mcp_enabled);
+    if mcp_enabled.is_some() && parent.is_some() {
+        return Err(ApiError::invalid(
+            "ai_settings.duo_workflow_mcp_enabled",
+            "can only be changed on a top-level group",
+        ));
+    }
     if let Some(v) = b.visibility.as_deref() {
         let v = check_visibility(Some(v))?;
         if let Some(pv) = parent_visibility.as_deref()
@@ -205,6 +225,7 @@ pub(super) async fn update_group(
         visibility: b.visibility.as_deref(),
         duo_features_enabled: b.duo_features_enabled,
         experiment_features_enabled: b.experiment_features_enabled,
+        duo_workflow_mcp_enabled: mcp_enabled,
     };
     groups::update(&*db, id, &changes)
         .await

@@ -95,24 +95,94 @@ fn gitlab_message(serde: &str) -> String {
 }
 
 /// Form or query pairs as JSON: `k=v` → text, `k[]=v` → a list of texts
-/// (repeated), `k=v1&k=v2` → the last value.
+/// (repeated), `k[a][b]=v` → nested objects (Rack's nested parameters, as
+/// GitLab takes `ai_settings_attributes[duo_workflow_mcp_enabled]=true`),
+/// `k=v1&k=v2` → the last value. A key that is not of these shapes, or
+/// nests deeper than [`MAX_FORM_NESTING`], is taken as it is.
 pub fn form_values(text: &str) -> Map<String, Value> {
     let mut out = Map::new();
     for (key, value) in url::form_urlencoded::parse(text.as_bytes()) {
-        if let Some(list) = key.strip_suffix("[]") {
-            let entry = out
-                .entry(list.to_owned())
-                .or_insert_with(|| Value::Array(Vec::new()));
-            if let Value::Array(items) = entry {
-                items.push(Value::String(value.into_owned()));
-            } else {
-                *entry = Value::Array(vec![Value::String(value.into_owned())]);
+        let value = Value::String(value.into_owned());
+        match nested_key(&key) {
+            Some((base, path, list)) => insert_nested(&mut out, base, &path, list, value),
+            None => {
+                out.insert(key.into_owned(), value);
             }
-        } else {
-            out.insert(key.into_owned(), Value::String(value.into_owned()));
         }
     }
     out
+}
+
+/// Deepest `[a][b]…` nesting a form key may have; deeper keys stay literal
+/// (and so match no parameter): nesting is what a body's size cannot bound.
+const MAX_FORM_NESTING: usize = 4;
+
+/// `k[a][b][]` → (`k`, [`a`, `b`], a list); `None` when the key has no
+/// brackets or is not made only of `[segment]` groups after its name.
+fn nested_key(key: &str) -> Option<(&str, Vec<&str>, bool)> {
+    let open = key.find('[')?;
+    let base = &key[..open];
+    if base.is_empty() {
+        return None;
+    }
+    let mut rest = &key[open..];
+    let mut path = Vec::new();
+    let mut list = false;
+    while !rest.is_empty() {
+        let inner = rest.strip_prefix('[')?;
+        let close = inner.find(']')?;
+        let segment = &inner[..close];
+        rest = &inner[close + 1..];
+        if segment.contains('[') {
+            return None;
+        }
+        if segment.is_empty() {
+            // `[]` only at the end: lists of objects are not taken.
+            if !rest.is_empty() {
+                return None;
+            }
+            list = true;
+        } else {
+            path.push(segment);
+        }
+    }
+    (path.len() <= MAX_FORM_NESTING).then_some((base, path, list))
+}
+
+fn insert_nested(
+    out: &mut Map<String, Value>,
+    base: &str,
+    path: &[&str],
+    list: bool,
+    value: Value,
+) {
+    let mut map = out;
+    let mut name = base;
+    for segment in path {
+        let entry = map
+            .entry(name.to_owned())
+            .or_insert_with(|| Value::Object(Map::new()));
+        if !entry.is_object() {
+            *entry = Value::Object(Map::new());
+        }
+        let Value::Object(inner) = entry else {
+            return;
+        };
+        map = inner;
+        name = segment;
+    }
+    if list {
+        let entry = map
+            .entry(name.to_owned())
+            .or_insert_with(|| Value::Array(Vec::new()));
+        if let Value::Array(items) = entry {
+            items.push(value);
+        } else {
+            *entry = Value::Array(vec![value]);
+        }
+    } else {
+        map.insert(name.to_owned(), value);
+    }
 }
 
 /// The name serde_json gives `RawValue` when it asks a deserializer for one.
@@ -333,6 +403,32 @@ mod tests {
         assert_eq!(read(serde_json::json!({})).unwrap_err(), "title is missing");
         assert!(read(Value::Object(form_values("title=x&weight=heavy"))).is_err());
         assert!(read(Value::Object(form_values("title=x&confidential=maybe"))).is_err());
+    }
+
+    #[test]
+    fn nested_form_keys_become_objects() {
+        let values = Value::Object(form_values(
+            "ai_settings_attributes[duo_workflow_mcp_enabled]=true&a[b][c]=1&a[b][d][]=x&a[b][d][]=y&plain=p",
+        ));
+        assert_eq!(
+            values,
+            serde_json::json!({
+                "ai_settings_attributes": {"duo_workflow_mcp_enabled": "true"},
+                "a": {"b": {"c": "1", "d": ["x", "y"]}},
+                "plain": "p",
+            })
+        );
+        // Malformed or too deep keys are taken literally.
+        let literal = form_values("[x]=1&k[=2&k[a]b=3&k[][a]=4&d[1][2][3][4][5]=5&k]=6");
+        let keys: Vec<&str> = literal.keys().map(String::as_str).collect();
+        assert_eq!(keys.len(), 6, "{keys:?}");
+        for key in ["[x]", "k[", "k[a]b", "k[][a]", "d[1][2][3][4][5]", "k]"] {
+            assert!(literal.contains_key(key), "{key}");
+        }
+        // A nested value replaces a plain one of the same name, and back.
+        let replaced = form_values("k=1&k[a]=2");
+        assert_eq!(replaced["k"], serde_json::json!({"a": "2"}));
+        assert_eq!(form_values("k[a]=2&k=1")["k"], "1");
     }
 
     #[test]

@@ -11,7 +11,8 @@ use super::{ApiError, require_user};
 use crate::app_state::AppState;
 use crate::identity::oauth::AI_WORKFLOWS_SCOPE;
 use crate::identity::tokens::AuthenticatedUser;
-use crate::policy::Actor;
+use crate::policy::{Actor, Policy, WorkflowMcp};
+use crate::queries::Queries;
 use crate::workflows::store::{self, Workflow};
 use crate::workflows::{Caller, privileges};
 
@@ -74,8 +75,36 @@ pub(super) async fn find_workflow(
     Ok(workflow)
 }
 
-/// GitLab's workflow entity.
-pub(super) fn workflow_json(w: &Workflow, gitlab_url: &url::Url) -> Value {
+/// GitLab's workflow entity for one workflow (one query more: whether it
+/// may use MCP servers).
+pub(super) async fn workflow_entity(
+    state: &AppState,
+    db: &impl Queries,
+    w: &Workflow,
+) -> Result<Value, ApiError> {
+    let mcp = Policy::mcp_for_workflow(db, w.container()).await?;
+    Ok(workflow_json(w, &mcp, &state.config.external_url))
+}
+
+/// GitLab's workflow entities for a list, in order (one query for all).
+pub(super) async fn workflow_entities(
+    state: &AppState,
+    db: &impl Queries,
+    workflows: &[Workflow],
+) -> Result<Vec<Value>, ApiError> {
+    let containers: Vec<_> = workflows.iter().map(Workflow::container).collect();
+    let mcp = Policy::mcp_for_workflows(db, &containers).await?;
+    Ok(workflows
+        .iter()
+        .zip(mcp.iter().chain(std::iter::repeat(&WorkflowMcp::default())))
+        .map(|(w, m)| workflow_json(w, m, &state.config.external_url))
+        .collect())
+}
+
+/// GitLab's workflow entity, with `mcp_allowed_servers`, our addition: the
+/// MCP servers the executor may connect to (the instance allow-list, empty
+/// unless `mcp_enabled`).
+fn workflow_json(w: &Workflow, mcp: &WorkflowMcp, gitlab_url: &url::Url) -> Value {
     json!({
         "id": w.id,
         "project_id": w.project_id,
@@ -93,7 +122,8 @@ pub(super) fn workflow_json(w: &Workflow, gitlab_url: &url::Url) -> Value {
         "environment": w.environment_name(),
         "ai_catalog_item_version_id": Value::Null,
         "workload": Value::Null,
-        "mcp_enabled": false,
+        "mcp_enabled": mcp.enabled,
+        "mcp_allowed_servers": mcp.allowed_servers,
         "gitlab_url": gitlab_url.as_str().trim_end_matches('/'),
         "created_at": w.created_at,
         "updated_at": w.updated_at,

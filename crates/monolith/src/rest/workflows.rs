@@ -9,7 +9,9 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::params::Params;
-use super::workflow_access::{WorkflowCaller, find_workflow, workflow_caller, workflow_json};
+use super::workflow_access::{
+    WorkflowCaller, find_workflow, workflow_caller, workflow_entities, workflow_entity,
+};
 use super::{ApiError, READ_SCOPES, WRITE_SCOPES, require_user};
 use crate::app_state::AppState;
 use crate::identity::users::{self, ServiceAccountUser};
@@ -193,7 +195,8 @@ pub(super) async fn create_workflow(
         request,
     )
     .await?;
-    let mut body = workflow_json(&created.workflow, &state.config.external_url);
+    let db = state.pool.get().await?;
+    let mut body = workflow_entity(&state, &*db, &created.workflow).await?;
     if let Some((started, page)) = &created.run {
         body["workload"] = started.workload_json(page);
     }
@@ -265,10 +268,7 @@ pub(super) async fn list_workflows(
         },
     )
     .await?;
-    let items: Vec<Value> = workflows
-        .iter()
-        .map(|w| workflow_json(w, &state.config.external_url))
-        .collect();
+    let items = workflow_entities(&state, &*db, &workflows).await?;
     Ok(super::pagination::paged(
         &req,
         super::pagination::PageParams::new(q.page, q.per_page),

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use super::ApiError;
 use super::pagination::PageParams;
 use super::params::Params;
-use super::workflow_access::{INTERNAL_SCOPES, find_workflow, workflow_caller, workflow_json};
+use super::workflow_access::{INTERNAL_SCOPES, find_workflow, workflow_caller, workflow_entity};
 use crate::app_state::AppState;
 use crate::identity::oauth::{self, Revocation};
 use crate::workflows::checkpoints::{self, NewCheckpoint, NewWrite};
@@ -149,7 +149,8 @@ pub(super) async fn show(
 ) -> Result<HttpResponse, ApiError> {
     let who = workflow_caller(&state, &req, INTERNAL_SCOPES).await?;
     let workflow = find_workflow(&state, &who, &path).await?;
-    Ok(HttpResponse::Ok().json(workflow_json(&workflow, &state.config.external_url)))
+    let db = state.pool.get().await?;
+    Ok(HttpResponse::Ok().json(workflow_entity(&state, &*db, &workflow).await?))
 }
 
 #[derive(Debug, Deserialize)]
@@ -177,7 +178,7 @@ pub(super) async fn update_status(
     crate::workflows::lease::check_writer(&*client, workflow.id, run_id).await?;
     let change = store::apply_status_event(&mut client, workflow.id, &event, who.caller()).await?;
     Ok(HttpResponse::Ok().json(json!({
-        "workflow": workflow_json(&change.workflow, &state.config.external_url),
+        "workflow": workflow_entity(&state, &*client, &change.workflow).await?,
         "message": change.message,
     })))
 }

@@ -24,8 +24,14 @@ use crate::policy::add_ons::AddOn;
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/admin", web::get().to(index))
-        .route("/admin/gitlab_duo", web::get().to(settings_page))
-        .route("/admin/gitlab_duo", web::post().to(update_settings))
+        .service(
+            web::resource("/admin/gitlab_duo")
+                // A full MCP allow-list, URL-encoded, is larger than the
+                // default 16 KiB form.
+                .app_data(web::FormConfig::default().limit(SETTINGS_FORM_LIMIT))
+                .route(web::get().to(settings_page))
+                .route(web::post().to(update_settings)),
+        )
         .route(
             "/admin/gitlab_duo/seat_utilization",
             web::get().to(seats_page),
@@ -56,11 +62,29 @@ async fn index(state: web::Data<AppState>, req: HttpRequest) -> Result<HttpRespo
 
 // ---- instance Duo settings -------------------------------------------------------
 
+/// Largest settings form: [`crate::instance::MAX_MCP_ALLOWED_SERVERS`] entries
+/// of [`crate::instance::MAX_MCP_SERVER_CHARS`], each character up to three
+/// once URL-encoded, and room for the rest.
+const SETTINGS_FORM_LIMIT: usize =
+    crate::instance::MAX_MCP_ALLOWED_SERVERS * (crate::instance::MAX_MCP_SERVER_CHARS + 2) * 3
+        + 16 * 1024;
+
+/// The allow-list as the textarea shows it: one entry a line.
+fn servers_text(servers: &[String]) -> String {
+    servers.join("\n")
+}
+
+/// The textarea's entries: one a line (blank lines dropped when checked).
+fn servers_of_text(text: &str) -> Vec<String> {
+    text.lines().map(str::to_owned).collect()
+}
+
 fn settings_body(
     state: &AppState,
     session: &SessionUser,
     settings: &InstanceDuoSettings,
     entered_url: &str,
+    entered_servers: &str,
     realm: &str,
     tier: &str,
 ) -> Markup {
@@ -83,6 +107,23 @@ fn settings_body(
                 " Experiment and beta AI features"
             }
             p class="hint" { "Features still in development; they may change or go away." }
+            label class="check" {
+                input type="checkbox" name="duo_workflow_mcp_enabled" value="1" checked[settings.duo_workflow_mcp_enabled];
+                " Allow Duo Workflow to use MCP servers"
+            }
+            p class="hint" {
+                "Flows may then call tools of the MCP servers their users configure, in top-level groups "
+                "that allow it too, and only servers on the list below."
+            }
+            label for="duo_workflow_mcp_allowed_servers" { "Allowed MCP servers" }
+            textarea id="duo_workflow_mcp_allowed_servers" name="duo_workflow_mcp_allowed_servers" rows="4"
+                aria-describedby="duo_workflow_mcp_allowed_servers_hint" { (entered_servers) }
+            p class="hint" id="duo_workflow_mcp_allowed_servers_hint" {
+                "One a line: a URL prefix such as " code { "https://mcp.example.com/" } ", or " code { "*" }
+                " for any server. Empty: no server is allowed. At most "
+                (crate::instance::MAX_MCP_ALLOWED_SERVERS) " entries of "
+                (crate::instance::MAX_MCP_SERVER_CHARS) " characters."
+            }
             div { button type="submit" class="primary" { "Save changes" } }
         }
         dl class="facts" {
@@ -108,13 +149,14 @@ async fn settings_page(
     let settings = duo_settings::instance_settings(&*db).await?;
     let (realm, tier) = realm_and_tier(&state).await?;
     let url = settings.ai_gateway_url.clone().unwrap_or_default();
+    let servers = servers_text(&settings.duo_workflow_mcp_allowed_servers);
     Ok(admin_page(
         &session,
         StatusCode::OK,
         "/admin/gitlab_duo",
         "GitLab Duo",
         &query.flash(),
-        settings_body(&state, &session, &settings, &url, &realm, &tier),
+        settings_body(&state, &session, &settings, &url, &servers, &realm, &tier),
     ))
 }
 
@@ -126,6 +168,9 @@ struct SettingsForm {
     #[serde(default)]
     ai_gateway_url: String,
     experiment_features_enabled: Option<String>,
+    duo_workflow_mcp_enabled: Option<String>,
+    /// Absent (a form without the field): the list stays as it is.
+    duo_workflow_mcp_allowed_servers: Option<String>,
 }
 
 async fn update_settings(
@@ -135,12 +180,26 @@ async fn update_settings(
 ) -> Result<HttpResponse, PageError> {
     let session = admin_session(&state, &req).await?;
     check_form_token(&session, &form.authenticity_token)?;
+    let db = state.pool.get().await?;
+    let servers = match &form.duo_workflow_mcp_allowed_servers {
+        Some(text) => servers_of_text(text),
+        None => {
+            duo_settings::instance_settings(&*db)
+                .await?
+                .duo_workflow_mcp_allowed_servers
+        }
+    };
+    let entered_servers = form
+        .duo_workflow_mcp_allowed_servers
+        .clone()
+        .unwrap_or_else(|| servers_text(&servers));
     let settings = InstanceDuoSettings {
         duo_features_enabled: form.duo_features_enabled.is_some(),
         ai_gateway_url: Some(form.ai_gateway_url.clone()),
         experiment_features_enabled: form.experiment_features_enabled.is_some(),
+        duo_workflow_mcp_enabled: form.duo_workflow_mcp_enabled.is_some(),
+        duo_workflow_mcp_allowed_servers: servers,
     };
-    let db = state.pool.get().await?;
     let attempts = state.config.code_index.max_attempts;
     match duo_settings::update_instance_settings(&*db, &settings, attempts).await {
         Ok(()) => Ok(back_to("/admin/gitlab_duo", "saved")),
@@ -157,6 +216,7 @@ async fn update_settings(
                     &session,
                     &settings,
                     &form.ai_gateway_url,
+                    &entered_servers,
                     &realm,
                     &tier,
                 ),
@@ -388,11 +448,12 @@ async fn switches_response(
     let body = html! {
         p class="hint" {
             "Duo features switched off on a group are off for all its subgroups and projects. "
-            "Experiment and beta features are set on top-level groups."
+            "Experiment and beta features, and whether Duo Workflow may use MCP servers "
+            "(when the instance allows it too), are set on top-level groups."
         }
         h2 { "Groups" }
         table class="admin-table" id="group-switches" {
-            thead { tr { th { "Group" } th { "Duo features" } th { "Experiment and beta features" } } }
+            thead { tr { th { "Group" } th { "Duo features" } th { "Experiment and beta features" } th { "MCP servers in Duo Workflow" } } }
             tbody {
                 @for g in &groups {
                     tr {
@@ -404,9 +465,14 @@ async fn switches_response(
                                 (switch_form(session, "group_experiments", g.id, g.experiment_features_enabled, &g.full_path, "experiment features"))
                             } @else { span class="muted" { "set on the top-level group" } }
                         }
+                        td {
+                            @if g.top_level {
+                                (switch_form(session, "group_mcp", g.id, g.duo_workflow_mcp_enabled, &g.full_path, "MCP servers in Duo Workflow"))
+                            } @else { span class="muted" { "set on the top-level group" } }
+                        }
                     }
                 }
-                @if groups.is_empty() { tr { td colspan="3" class="muted" { "No groups yet." } } }
+                @if groups.is_empty() { tr { td colspan="4" class="muted" { "No groups yet." } } }
             }
         }
         h2 { "Projects" }
@@ -481,9 +547,10 @@ async fn change_switch(
     let outcome = match form.kind.as_str() {
         "group" => duo_settings::set_group_duo(&*db, id, enabled, attempts).await,
         "group_experiments" => duo_settings::set_group_experiments(&*db, id, enabled).await,
+        "group_mcp" => duo_settings::set_group_mcp(&*db, id, enabled).await,
         "project" => duo_settings::set_project_duo(&*db, id, enabled, attempts).await,
         _ => Err(DuoSettingsError::Invalid(
-            "Unknown switch: group, group_experiments or project.".into(),
+            "Unknown switch: group, group_experiments, group_mcp or project.".into(),
         )),
     };
     drop(db);

@@ -31,6 +31,7 @@ mod graphql_clients;
 mod graphql_token_scopes;
 mod hostile_input;
 mod jwt_jwks;
+mod mcp_client_settings;
 mod mcp_server;
 mod policy_duo_chat;
 mod policy_read;
