@@ -8,6 +8,7 @@ mod chat_e2e;
 mod chat_live_e2e;
 mod deploy_manifests;
 mod dev_run_e2e;
+mod mcp_client_e2e;
 mod mcp_e2e;
 mod migrations_e2e;
 mod model_selection_e2e;
