@@ -13,7 +13,8 @@ that line instead of sleeping. Tools:
 Every call is appended as one JSON line to the file named by the first
 argument, so the test can count what reached the server.
 
-    python mcp_fixture_server.py CALLS_FILE
+    python mcp_fixture_server.py CALLS_FILE          # streamable HTTP
+    python mcp_fixture_server.py CALLS_FILE --stdio  # on stdin/stdout
 """
 
 import asyncio
@@ -65,4 +66,7 @@ async def main():
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    if "--stdio" in sys.argv[2:]:
+        server.run()
+    else:
+        asyncio.run(main())

@@ -163,7 +163,7 @@ async fn run_executor(
             .args(["--workflow-id", &workflow.to_string()])
             .arg("--workspace")
             .arg(&checkout.0)
-            // No user file: only the checkout's servers count.
+            // No user file unless the test gives one.
             .args(["--mcp-config", "/nonexistent/mcp.json"])
             .args(["--definition", "chat"])
             .args(extra)
@@ -263,6 +263,46 @@ async fn a_workflow_calls_a_python_sdk_server_after_approval_and_survives_dead_a
         bodies.iter().any(|b| b.contains("did not answer within 1s")),
         "the model heard about the timeout"
     );
+
+    // 3. The user's own file may start a program: the same SDK server on
+    //    stdio, allowed by `*`.
+    allow_mcp(&system, &["*"]).await;
+    let desk_calls = scratch.join("desk-calls.jsonl");
+    let user_file = scratch.join("user-mcp.json");
+    std::fs::write(
+        &user_file,
+        json!({"mcpServers": {"desk": {
+            "command": python().unwrap(),
+            "args": [
+                repo_root().join("e2e/python/mcp_fixture_server.py"),
+                &desk_calls,
+                "--stdio",
+            ],
+        }}})
+        .to_string(),
+    )
+    .unwrap();
+    let workflow = create_workflow(&system, &system.token("alice").unwrap(), &[1, 2, 6], &[2, 6]).await;
+    system.fake.push_tool_calls(
+        "",
+        vec![ToolCall::new("call-3", "desk_lookup", json!({"id": "9"}))],
+    );
+    system.fake.push_text("Ticket 9 is about a fire too.");
+    let (code, log) = run_executor(
+        &system,
+        workflow,
+        &checkout,
+        &["--mcp-config", user_file.to_str().unwrap()],
+    )
+    .await;
+    assert_eq!(code, 0, "{log}");
+    assert!(log.contains("MCP server desk: 2 tool(s)"), "{log}");
+    let desk: Vec<Value> = std::fs::read_to_string(&desk_calls)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(desk, [json!({"tool": "lookup", "arguments": {"id": "9"}})]);
 }
 
 #[tokio::test]
