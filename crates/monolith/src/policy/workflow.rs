@@ -155,6 +155,9 @@ impl Policy {
         db: &impl Queries,
         containers: &[Subject],
     ) -> Result<Vec<WorkflowMcp>, PolicyError> {
+        if containers.is_empty() {
+            return Ok(Vec::new());
+        }
         // Only projects, groups and "nowhere" hold workflows; anything else
         // is asked about as a project that does not exist (never enabled).
         let (projects, groups): (Vec<Option<i64>>, Vec<Option<i64>>) = containers
@@ -166,9 +169,6 @@ impl Policy {
                 _ => (Some(0), None),
             })
             .unzip();
-        if containers.is_empty() {
-            return Ok(Vec::new());
-        }
         let row = db
             .query_one(
                 "WITH RECURSIVE start AS (
