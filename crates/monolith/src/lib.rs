@@ -24,7 +24,8 @@
 //!    (Duo Workflow: workflows, checkpoints, events, run leases), and above
 //!    the code index [`duo_settings`] (instance Duo settings, seats, group and
 //!    project switches, which the code index follows)
-//! 5. the state the interfaces share: [`app_state`]
+//! 5. the state the interfaces share: [`app_state`]; beside it [`review`]
+//!    (code review of merge requests and answers to mentions, run as jobs)
 //! 6. interfaces: [`rest`] (`/api/v4`), [`graphql`] (`/api/graphql`), [`git_http`]
 //!    (clone and push over smart HTTP), [`probes`]
 //!    (liveness, readiness, metrics), [`web`] (pages for people), [`worker`] (the
@@ -57,6 +58,7 @@ pub mod work_items;
 pub mod workflows;
 
 pub mod app_state;
+pub mod review;
 
 pub mod git_http;
 pub mod graphql;

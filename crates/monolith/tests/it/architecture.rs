@@ -45,6 +45,9 @@ const RANKS: &[(&str, u32)] = &[
     ("duo_settings", 8),
     ("workflows", 8),
     ("app_state", 9),
+    // Code review and mentions: jobs over work items, the agent and the
+    // gateway, started by the edges (REST, web) that record the events.
+    ("review", 9),
     ("rest", 10),
     ("git_http", 10),
     ("worker", 10),

@@ -1,0 +1,17 @@
+//! Duo where people work: code review of merge requests by the review bot
+//! (`GitLabDuo`) and answers to mentions in comments.
+//!
+//! - [`triggers`]: the events (the bot assigned as a reviewer, a mention in
+//!   a comment) that enqueue work, per project's trigger settings;
+//! - [`instructions`]: review instructions as GitLab reads them
+//!   (`.gitlab/duo/mr-review-instructions.yaml` on the target branch, plus
+//!   instance and group defaults), matched to files by glob;
+//! - [`response`]: the model's `<review><comment …>` answer, parsed;
+//! - [`reviewer`]: one review: authorize, read the diff, ask the model per
+//!   file within a budget, post diff notes and a summary, follow up on its
+//!   own threads;
+//! - [`mentions`]: a reply in the thread for `@GitLabDuo <question>`.
+
+pub mod instructions;
+pub mod response;
+pub mod triggers;
