@@ -60,6 +60,7 @@ unit_primitives! {
     TroubleshootJob => "troubleshoot_job",
     SummarizeComments => "summarize_comments",
     SummarizeReview => "summarize_review",
+    ReviewMergeRequest => "review_merge_request",
     SummarizeNewMergeRequest => "summarize_new_merge_request",
     GenerateDescription => "generate_description",
     GenerateCommitMessage => "generate_commit_message",

@@ -80,6 +80,7 @@ const EXPECTED: &[(&str, &[&str], f64)] = &[
     ("chat/troubleshoot_job", &["troubleshoot_job"], 60.0),
     ("chat/summarize_comments", &["summarize_comments"], 60.0),
     ("categorize_question", &["duo_chat"], 5.0),
+    ("review_merge_request", &["review_merge_request"], 120.0),
 ];
 
 #[test]
@@ -593,6 +594,15 @@ fn realistic_inputs(id: &str) -> serde_json::Value {
         }),
         "chat/summarize_comments" => json!({
             "notes_content": "<comment>alice: The login page times out behind the proxy.</comment>\n<comment>bob: Raising the proxy timeout to 60s fixed it for me.</comment>\n<comment>alice: Agreed, let's ship that and document it.</comment>",
+        }),
+        "review_merge_request" => json!({
+            "mr_title": "Average of an empty list",
+            "mr_description": "Return 0 for empty input.",
+            "instructions": "Prefer explicit checks over exceptions.",
+            "earlier_threads": "",
+            "file_path": "stats.py",
+            "diff_lines": "<line type=\"context\" old_line=\"1\" new_line=\"1\">def average(values):</line>\n<line type=\"added\" old_line=\"\" new_line=\"2\">    if len(values) == 1: return 0</line>",
+            "file_content": "",
         }),
         "categorize_question" => json!({
             "question": "Why does my pipeline skip the deploy job?",

@@ -31,6 +31,35 @@ pub async fn branch_changes(
     target: &str,
     max_files: usize,
 ) -> Result<Option<Vec<reader::FileChange>>, RepositoryError> {
+    Ok(
+        branch_comparison(repositories, project_id, source, target, max_files)
+            .await?
+            .map(|c| c.changes),
+    )
+}
+
+/// A merge request's comparison with the commits it is made against, as
+/// GitLab's diff positions name them.
+#[derive(Debug, Clone)]
+pub struct Comparison {
+    /// The common ancestor (GitLab's `base_sha`; the target's tip when the
+    /// branches share none).
+    pub base_sha: String,
+    /// The target branch's tip (`start_sha`).
+    pub start_sha: String,
+    /// The source branch's tip (`head_sha`).
+    pub head_sha: String,
+    pub changes: Vec<reader::FileChange>,
+}
+
+/// [`branch_changes`] with the three commits of the comparison.
+pub async fn branch_comparison(
+    repositories: &Repositories,
+    project_id: i64,
+    source: &str,
+    target: &str,
+    max_files: usize,
+) -> Result<Option<Comparison>, RepositoryError> {
     let path = repositories.path(project_id);
     if !path.join("HEAD").exists() {
         return Ok(None);
@@ -43,7 +72,11 @@ pub async fn branch_changes(
         return Ok(None);
     };
     let base = reader::merge_base(&path, from, to).await?;
-    Ok(Some(
-        reader::diff(&path, base.as_deref(), to, max_files).await?,
-    ))
+    let changes = reader::diff(&path, base.as_deref(), to, max_files).await?;
+    Ok(Some(Comparison {
+        base_sha: base.unwrap_or_else(|| from.clone()),
+        start_sha: from.clone(),
+        head_sha: to.clone(),
+        changes,
+    }))
 }
