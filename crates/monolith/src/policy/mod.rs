@@ -12,6 +12,7 @@ use std::sync::Arc;
 use contracts::{DuoErrorCode, UnitPrimitive};
 
 pub mod add_ons;
+mod code_review;
 mod duo;
 pub mod duo_context;
 mod facts;
@@ -20,6 +21,7 @@ mod workflow;
 mod workflow_tools;
 mod write;
 
+pub use code_review::NoCodeReview;
 pub use duo::DuoSwitchScope;
 pub use duo_context::{AiReader, CodeForAi, ContextExclusions};
 pub use workflow::{WorkflowFacts, WorkflowMcp};
