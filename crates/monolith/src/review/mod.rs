@@ -12,6 +12,7 @@
 //!   own threads;
 //! - [`mentions`]: a reply in the thread for `@GitLabDuo <question>`.
 
+pub mod diff_lines;
 pub mod instructions;
 pub mod response;
 pub mod triggers;
