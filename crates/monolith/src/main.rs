@@ -83,18 +83,10 @@ async fn main() -> anyhow::Result<()> {
             }
             // Jobs in this process too: the worker loop stops with the server.
             tracing::info!("DUO_WEB_RUNS_JOBS: this web process also runs queued jobs");
-            let (responder, code_index, runs) = chat_responder(&config, &pool).await?;
+            let (responder, parts) = chat_responder(&config, &pool).await?;
             let lifecycle = state.lifecycle.clone();
             let worker = tokio::spawn(async move {
-                monolith::worker::run(
-                    &config,
-                    pool,
-                    responder,
-                    Some(code_index),
-                    runs,
-                    lifecycle.stopped(),
-                )
-                .await
+                monolith::worker::run(&config, pool, responder, parts, lifecycle.stopped()).await
             });
             let served = server.await;
             state.lifecycle.begin_stopping();
@@ -129,7 +121,7 @@ async fn main() -> anyhow::Result<()> {
         "worker" => {
             let pool = db::pool(&config)?;
             ensure_signing_key(&pool, &config).await?;
-            let (responder, code_index, runs) = chat_responder(&config, &pool).await?;
+            let (responder, parts) = chat_responder(&config, &pool).await?;
             let lifecycle = monolith::lifecycle::Lifecycle::new();
             let probes = match config.worker_probe_addr {
                 Some(addr) => {
@@ -155,16 +147,9 @@ async fn main() -> anyhow::Result<()> {
                     lifecycle.begin_stopping();
                 }
             });
-            monolith::worker::run(
-                &config,
-                pool,
-                responder,
-                Some(code_index),
-                runs,
-                lifecycle.stopped(),
-            )
-            .await
-            .context("running the worker role")?;
+            monolith::worker::run(&config, pool, responder, parts, lifecycle.stopped())
+                .await
+                .context("running the worker role")?;
             if let Some(handle) = probes {
                 handle.stop(true).await;
             }
@@ -227,7 +212,7 @@ async fn main() -> anyhow::Result<()> {
 async fn chat_responder(
     config: &Config,
     pool: &deadpool_postgres::Pool,
-) -> anyhow::Result<WorkerParts> {
+) -> anyhow::Result<(Arc<dyn ChatResponder>, monolith::worker::WorkerParts)> {
     let agent = monolith::agent::AgentResponder::from_config(config, pool.clone())
         .context("setting up the chat agent")?;
     let services = agent.services();
@@ -242,15 +227,16 @@ async fn chat_responder(
     .await
     .context("setting up workflow runs")?
     .map(Arc::new);
-    Ok((Arc::new(agent), code_index, runs))
+    let review = Arc::new(monolith::review::ReviewServices::new(agent.clone(), config));
+    Ok((
+        Arc::new(agent),
+        monolith::worker::WorkerParts {
+            code_index: Some(code_index),
+            workflow_runs: runs,
+            review: Some(review),
+        },
+    ))
 }
-
-/// What the worker loop runs besides the queue itself.
-type WorkerParts = (
-    Arc<dyn ChatResponder>,
-    monolith::code_index::CodeIndex,
-    Option<Arc<monolith::workflows::runs::RunContext>>,
-);
 
 /// Ctrl-C, or SIGTERM from systemd, Kubernetes or `docker stop`.
 async fn stop_requested() {

@@ -41,6 +41,17 @@ pub struct WorkerSettings {
     /// Workflows the product runs itself (their legs and admission); `None`
     /// runs none.
     pub workflow_runs: Option<Arc<crate::workflows::runs::RunContext>>,
+    /// Code reviews and answers to mentions by the review bot; `None` runs
+    /// neither.
+    pub review: Option<Arc<crate::review::ReviewServices>>,
+}
+
+/// What the worker role runs besides chat answers and the periodic jobs.
+#[derive(Default)]
+pub struct WorkerParts {
+    pub code_index: Option<crate::code_index::CodeIndex>,
+    pub workflow_runs: Option<Arc<crate::workflows::runs::RunContext>>,
+    pub review: Option<Arc<crate::review::ReviewServices>>,
 }
 
 impl WorkerSettings {
@@ -58,6 +69,7 @@ impl WorkerSettings {
             workflows: Some(config.duo_workflow.clone()),
             code_index: None,
             workflow_runs: None,
+            review: None,
         }
     }
 }
@@ -134,6 +146,16 @@ pub fn spawn(
             queue.queues.push(runs::QUEUE.to_owned());
         }
     }
+    if let Some(review) = settings.review {
+        use crate::review::jobs;
+        registry.register(jobs::ReviewHandler {
+            services: review.clone(),
+        });
+        registry.register(jobs::MentionHandler { services: review });
+        if !queue.queues.iter().any(|q| q == jobs::QUEUE) {
+            queue.queues.push(jobs::QUEUE.to_owned());
+        }
+    }
     Ok(job_queue::Worker::new(pool, database_url, registry, queue).spawn())
 }
 
@@ -143,14 +165,14 @@ pub async fn run(
     config: &Config,
     pool: Pool,
     responder: Arc<dyn ChatResponder>,
-    code_index: Option<crate::code_index::CodeIndex>,
-    workflow_runs: Option<Arc<crate::workflows::runs::RunContext>>,
+    parts: WorkerParts,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), WorkerError> {
     crate::db::migrate_exclusively(&pool).await?;
     let settings = WorkerSettings {
-        code_index,
-        workflow_runs,
+        code_index: parts.code_index,
+        workflow_runs: parts.workflow_runs,
+        review: parts.review,
         ..WorkerSettings::from_config(config)
     };
     let handle = spawn(

@@ -10,7 +10,7 @@ mod service;
 mod storage;
 
 pub use markdown::render_markdown;
-pub use service::ChatService;
+pub use service::{ChatService, RATE_LIMIT_ACTION};
 pub use storage::{
     HistoryRow, MAX_FEEDBACK_REASON_CHARS, answer_exists, apply_retention, delete_idle_threads,
     delete_thread, messages_since_reset, question_extras, record_feedback, store_answer_once,

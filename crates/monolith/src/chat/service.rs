@@ -17,7 +17,8 @@ use super::*;
 use crate::policy::{Ability, Actor, Policy};
 
 /// What `aiAction` requests are counted as in the shared rate limiter.
-const RATE_LIMIT_ACTION: &str = "ai_action";
+/// The budget chat questions count in (and mentions of the review bot).
+pub const RATE_LIMIT_ACTION: &str = "ai_action";
 
 pub struct ChatService {
     pub pool: Pool,

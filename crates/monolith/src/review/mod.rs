@@ -14,5 +14,12 @@
 
 pub mod diff_lines;
 pub mod instructions;
+pub mod jobs;
+pub mod mentions;
+pub mod posting;
 pub mod response;
+pub mod reviewer;
+pub mod store;
 pub mod triggers;
+
+pub use reviewer::{ReviewBudget, ReviewServices};

@@ -433,6 +433,7 @@ async fn a_push_is_indexed_by_the_worker_and_a_failing_embedder_ends_failed_then
             workflows: None,
             code_index: Some(bench.responder.services().code_index.clone()),
             workflow_runs: None,
+            review: None,
         },
     )
     .unwrap();

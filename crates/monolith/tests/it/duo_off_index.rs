@@ -72,6 +72,7 @@ async fn site_with(worker: bool) -> Site {
                 workflows: None,
                 code_index: Some(bench.responder.services().code_index.clone()),
                 workflow_runs: None,
+                review: None,
             },
         )
         .unwrap()

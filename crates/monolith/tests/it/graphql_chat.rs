@@ -92,6 +92,7 @@ async fn chat_question_is_stored_and_answered_with_a_coded_error() {
             workflows: None,
             code_index: None,
             workflow_runs: None,
+            review: None,
         },
     )
     .unwrap();

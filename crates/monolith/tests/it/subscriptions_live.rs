@@ -246,6 +246,7 @@ async fn a_question_streams_chunks_then_the_full_answer_to_the_socket() {
             workflows: None,
             code_index: None,
             workflow_runs: None,
+            review: None,
         },
     )
     .unwrap();

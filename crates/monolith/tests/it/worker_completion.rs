@@ -59,6 +59,7 @@ fn settings(lease: Duration, heartbeat: Duration, grace: Duration) -> WorkerSett
         workflows: None,
         code_index: None,
         workflow_runs: None,
+        review: None,
     }
 }
 

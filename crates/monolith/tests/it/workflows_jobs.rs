@@ -94,6 +94,7 @@ async fn the_worker_runs_the_stuck_workflow_job_on_its_period() {
             workflows: Some(config.duo_workflow.clone()),
             code_index: None,
             workflow_runs: None,
+            review: None,
         },
     )
     .unwrap();

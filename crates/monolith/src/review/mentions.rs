@@ -1,0 +1,205 @@
+//! `@GitLabDuo <question>` in a comment: the chat agent answers as the
+//! person who asked (their rights bound what it reads), with the issue or
+//! merge request as the resource the question is about, and the bot posts
+//! the answer in the same thread. An internal comment gets an internal
+//! reply; a confidential issue's answer stays on that issue.
+
+use uuid::Uuid;
+
+use super::posting::{self, BotAuthor};
+use super::reviewer::{ReviewError, ReviewServices};
+use super::triggers::{Mention, MentionAsked, bot_id, mention_in};
+use crate::policy::{Actor, ChatAuthError, Subject};
+use crate::work_items::Kind;
+
+/// The comment that asked, as the reply needs it.
+struct Asked {
+    body: String,
+    discussion_id: String,
+    internal: bool,
+}
+
+async fn asked(
+    db: &impl crate::queries::Queries,
+    note_id: i64,
+    kind: Kind,
+    item: i64,
+) -> Result<Option<Asked>, tokio_postgres::Error> {
+    Ok(db
+        .query_opt(
+            "SELECT body, discussion_id, internal FROM notes
+             WHERE id = $1 AND noteable_type = $2 AND noteable_id = $3",
+            &[&note_id, &kind.noteable_type(), &item],
+        )
+        .await?
+        .map(|r| Asked {
+            body: r.get(0),
+            discussion_id: r.get(1),
+            internal: r.get(2),
+        }))
+}
+
+/// Answers the mention `job` names. Errors are for retrying; refusals the
+/// asker should know about are replies.
+pub async fn run(services: &ReviewServices, job: &MentionAsked) -> Result<(), ReviewError> {
+    let agent = services.agent.services();
+    let mut db = agent.pool.get().await?;
+    let kind = match job.noteable_type.as_str() {
+        "Issue" => Kind::Issue,
+        "MergeRequest" => Kind::MergeRequest,
+        _ => return Ok(()),
+    };
+    let Some(item) =
+        crate::work_items::id_by_iid(&*db, kind, job.project_id, job.noteable_iid).await?
+    else {
+        return Ok(());
+    };
+    let Some(asked) = asked(&*db, job.note_id, kind, item).await? else {
+        return Ok(());
+    };
+    let Some(Mention::Question(question)) = mention_in(&asked.body) else {
+        return Ok(());
+    };
+    let Some(bot) = bot_id(&*db).await? else {
+        return Ok(());
+    };
+    let Some(requester) = crate::identity::users::active(&*db, job.requester_id).await? else {
+        return Ok(());
+    };
+    let actor = Actor::user(requester.id, requester.admin);
+    let by = BotAuthor {
+        bot_id: bot,
+        requester_id: requester.id,
+    };
+    let username = crate::identity::users::by_id(&*db, requester.id)
+        .await?
+        .map(|u| u.username)
+        .unwrap_or_default();
+    // A retried job must not answer twice.
+    if already_answered(&*db, kind, item, &asked.discussion_id, bot, job.note_id).await? {
+        return Ok(());
+    }
+    let subject = kind.subject(item);
+    let refusal = match agent
+        .policy
+        .authorize_chat_resource(&*db, Some(actor), subject)
+        .await
+    {
+        Ok(()) => None,
+        Err(ChatAuthError::Denied(contracts::DuoErrorCode::M3003)) => return Ok(()),
+        Err(ChatAuthError::Denied(code)) => Some(format!(
+            "@{username} I cannot answer here: {}",
+            code.user_message()
+        )),
+        Err(ChatAuthError::Policy(e)) => return Err(e.into()),
+    };
+    let text = match refusal {
+        Some(text) => text,
+        None if question.trim().is_empty() => format!(
+            "@{username} Ask me a question after the mention, for example `@GitLabDuo what does this change break?`{}",
+            if kind == Kind::MergeRequest {
+                ", or `@GitLabDuo review` for a code review."
+            } else {
+                "."
+            }
+        ),
+        None => {
+            let allowed = crate::rate_limit::take(
+                &mut db,
+                requester.id,
+                crate::chat::RATE_LIMIT_ACTION,
+                services.rate_limit,
+                services.rate_window,
+            )
+            .await?;
+            if allowed {
+                answer(services, requester.id, subject, &question, &username).await
+            } else {
+                format!(
+                    "@{username} You have asked GitLab Duo too many questions in a short time. Try again in a minute."
+                )
+            }
+        }
+    };
+    posting::reply(
+        &*db,
+        by,
+        kind,
+        item,
+        &asked.discussion_id,
+        &format!("{text}\n\n<!-- duo-mention-reply:{} -->", job.note_id),
+        asked.internal,
+    )
+    .await?;
+    Ok(())
+}
+
+async fn already_answered(
+    db: &impl crate::queries::Queries,
+    kind: Kind,
+    item: i64,
+    discussion_id: &str,
+    bot: i64,
+    note_id: i64,
+) -> Result<bool, tokio_postgres::Error> {
+    let marker = format!("%<!-- duo-mention-reply:{note_id} -->%");
+    Ok(db
+        .query_opt(
+            "SELECT 1 FROM notes WHERE noteable_type = $1 AND noteable_id = $2 AND discussion_id = $3
+               AND author_id = $4 AND body LIKE $5 LIMIT 1",
+            &[&kind.noteable_type(), &item, &discussion_id, &bot, &marker],
+        )
+        .await?
+        .is_some())
+}
+
+/// The chat agent's answer for the asker, about the item.
+async fn answer(
+    services: &ReviewServices,
+    user_id: i64,
+    subject: Subject,
+    question: &str,
+    username: &str,
+) -> String {
+    let (model, id) = match subject {
+        Subject::Issue(id) => ("Issue", id),
+        Subject::MergeRequest(id) => ("MergeRequest", id),
+        _ => ("Issue", 0),
+    };
+    let (chunks, _received) = tokio::sync::mpsc::unbounded_channel();
+    let result = services
+        .agent
+        .answer(
+            crate::agent::Question {
+                request_id: Uuid::new_v4(),
+                user_id,
+                // No chat thread: a mention starts from the item alone.
+                thread_id: 0,
+                content: question.to_owned(),
+                resource_id: Some(crate::gid::format(model, id)),
+                current_file: None,
+                additional_context: Vec::new(),
+            },
+            chunks,
+        )
+        .await;
+    match result {
+        Ok(answer) => match answer.error {
+            None if !answer.content.trim().is_empty() => {
+                format!("@{username} {}", answer.content.trim())
+            }
+            None => format!("@{username} I have no answer to that."),
+            Some(error) => format!(
+                "@{username} I could not answer: {} (error code {})",
+                error.code.user_message(),
+                error.code.code()
+            ),
+        },
+        Err(e) => {
+            tracing::warn!(error = %e, "mention answer failed");
+            format!(
+                "@{username} I could not answer right now: the AI service failed. Try again later."
+            )
+        }
+    }
+}

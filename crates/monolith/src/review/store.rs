@@ -1,0 +1,187 @@
+//! What the review keeps and reads besides the merge request itself: its
+//! records (`duo_code_reviews`), the bot's open threads from earlier
+//! reviews, the default instructions, and the bot's reviewer state.
+
+use serde_json::Value;
+
+use crate::queries::Queries;
+
+/// One review's outcome, written when it ends.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Outcome {
+    pub status: &'static str,
+    pub head_sha: Option<String>,
+    pub files_reviewed: i32,
+    pub files_skipped: Vec<String>,
+    pub comments: i32,
+    pub resolved: i32,
+    pub detail: String,
+}
+
+/// Starts a review record (status `running`).
+pub async fn start(
+    db: &impl Queries,
+    project_id: i64,
+    merge_request_id: i64,
+    requester_id: i64,
+    trigger: &str,
+) -> Result<i64, tokio_postgres::Error> {
+    Ok(db
+        .query_one(
+            "INSERT INTO duo_code_reviews (project_id, merge_request_id, requester_id, trigger)
+             VALUES ($1, $2, $3, $4) RETURNING id",
+            &[&project_id, &merge_request_id, &requester_id, &trigger],
+        )
+        .await?
+        .get(0))
+}
+
+pub async fn finish(
+    db: &impl Queries,
+    id: i64,
+    outcome: &Outcome,
+) -> Result<(), tokio_postgres::Error> {
+    db.execute(
+        "UPDATE duo_code_reviews SET status = $2, head_sha = $3, files_reviewed = $4, files_skipped = $5,
+            comments = $6, resolved = $7, detail = $8, finished_at = now()
+         WHERE id = $1",
+        &[
+            &id,
+            &outcome.status,
+            &outcome.head_sha,
+            &outcome.files_reviewed,
+            &outcome.files_skipped,
+            &outcome.comments,
+            &outcome.resolved,
+            &outcome.detail,
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+/// The head commit the last finished review of the merge request read.
+pub async fn last_reviewed_head(
+    db: &impl Queries,
+    merge_request_id: i64,
+) -> Result<Option<String>, tokio_postgres::Error> {
+    Ok(db
+        .query_opt(
+            "SELECT head_sha FROM duo_code_reviews
+             WHERE merge_request_id = $1 AND status = 'done' AND head_sha IS NOT NULL
+             ORDER BY id DESC LIMIT 1",
+            &[&merge_request_id],
+        )
+        .await?
+        .map(|r| r.get(0)))
+}
+
+/// A thread the bot opened on a line and nobody resolved yet.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpenThread {
+    pub discussion_id: String,
+    pub body: String,
+    /// GitLab's position (`new_path`, `new_line`, `head_sha`…).
+    pub position: Value,
+}
+
+impl OpenThread {
+    pub fn path(&self) -> &str {
+        self.position["new_path"]
+            .as_str()
+            .or_else(|| self.position["old_path"].as_str())
+            .unwrap_or_default()
+    }
+
+    pub fn new_line(&self) -> Option<u32> {
+        self.position["new_line"]
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+    }
+
+    pub fn old_line(&self) -> Option<u32> {
+        self.position["old_line"]
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+    }
+
+    pub fn head_sha(&self) -> &str {
+        self.position["head_sha"].as_str().unwrap_or_default()
+    }
+}
+
+/// The bot's unresolved diff threads on the merge request, oldest first.
+pub async fn open_threads(
+    db: &impl Queries,
+    merge_request_id: i64,
+    bot_id: i64,
+) -> Result<Vec<OpenThread>, tokio_postgres::Error> {
+    let rows = db
+        .query(
+            "SELECT DISTINCT ON (n.discussion_id) n.discussion_id, n.body, n.position
+             FROM notes n
+             WHERE n.noteable_type = 'MergeRequest' AND n.noteable_id = $1 AND n.author_id = $2
+               AND n.note_type = 'DiffNote' AND n.resolvable AND n.resolved_at IS NULL
+               AND n.position IS NOT NULL
+             ORDER BY n.discussion_id, n.id",
+            &[&merge_request_id, &bot_id],
+        )
+        .await?;
+    let mut threads: Vec<OpenThread> = rows
+        .iter()
+        .map(|r| OpenThread {
+            discussion_id: r.get(0),
+            body: r.get(1),
+            position: r.get(2),
+        })
+        .collect();
+    threads.sort_by(|a, b| a.discussion_id.cmp(&b.discussion_id));
+    Ok(threads)
+}
+
+/// The default instructions that apply in the project: the instance's,
+/// then each group's from the top-level one down, with the group's path.
+pub async fn default_instructions(
+    db: &impl Queries,
+    project_id: i64,
+) -> Result<(String, Vec<(String, String)>), tokio_postgres::Error> {
+    let instance: String = db
+        .query_one(
+            "SELECT duo_code_review_instructions FROM instance_settings",
+            &[],
+        )
+        .await?
+        .get(0);
+    let rows = db
+        .query(
+            "WITH RECURSIVE chain(id, parent_id, depth) AS (
+                 SELECT g.id, g.parent_id, 0 FROM groups g JOIN projects p ON p.group_id = g.id WHERE p.id = $1
+                 UNION ALL
+                 SELECT g.id, g.parent_id, c.depth + 1 FROM groups g JOIN chain c ON g.id = c.parent_id
+             )
+             SELECT g.path, g.duo_code_review_instructions FROM chain c JOIN groups g ON g.id = c.id
+             WHERE g.duo_code_review_instructions <> ''
+             ORDER BY c.depth DESC",
+            &[&project_id],
+        )
+        .await?;
+    Ok((
+        instance,
+        rows.iter().map(|r| (r.get(0), r.get(1))).collect(),
+    ))
+}
+
+/// Sets the bot's reviewer state on the merge request, when it is one.
+pub async fn set_reviewer_state(
+    db: &impl Queries,
+    merge_request_id: i64,
+    bot_id: i64,
+    state: &str,
+) -> Result<(), tokio_postgres::Error> {
+    db.execute(
+        "UPDATE merge_request_reviewers SET state = $3 WHERE merge_request_id = $1 AND user_id = $2",
+        &[&merge_request_id, &bot_id, &state],
+    )
+    .await?;
+    Ok(())
+}
