@@ -6,6 +6,7 @@
 
 mod chat_e2e;
 mod chat_live_e2e;
+mod code_review_e2e;
 mod deploy_manifests;
 mod dev_run_e2e;
 mod mcp_client_e2e;
