@@ -213,10 +213,15 @@ async fn a_workflow_calls_a_python_sdk_server_after_approval_and_survives_dead_a
 
     // 1. The tool runs once, after the approval rule allows it; the model
     //    reads its answer framed as untrusted.
-    let workflow = create_workflow(&system, &system.token("alice").unwrap(), &[1, 2, 6], &[2]).await;
+    let workflow =
+        create_workflow(&system, &system.token("alice").unwrap(), &[1, 2, 6], &[2]).await;
     system.fake.push_tool_calls(
         "",
-        vec![ToolCall::new("call-1", "tickets_lookup", json!({"id": "7"}))],
+        vec![ToolCall::new(
+            "call-1",
+            "tickets_lookup",
+            json!({"id": "7"}),
+        )],
     );
     system.fake.push_text("Ticket 7 reports a fire on floor 3.");
     let (code, log) = run_executor(&system, workflow, &checkout, &[]).await;
@@ -250,17 +255,29 @@ async fn a_workflow_calls_a_python_sdk_server_after_approval_and_survives_dead_a
 
     // 2. A slow server: the call times out, the model hears so, the run
     //    finishes (run_mcp_tools pre-approved here).
-    let workflow = create_workflow(&system, &system.token("alice").unwrap(), &[1, 2, 6], &[2, 6]).await;
+    let workflow = create_workflow(
+        &system,
+        &system.token("alice").unwrap(),
+        &[1, 2, 6],
+        &[2, 6],
+    )
+    .await;
     system.fake.push_tool_calls(
         "",
-        vec![ToolCall::new("call-2", "tickets_slow", json!({"seconds": 30}))],
+        vec![ToolCall::new(
+            "call-2",
+            "tickets_slow",
+            json!({"seconds": 30}),
+        )],
     );
     system.fake.push_text("The help desk is slow today.");
     let (code, log) = run_executor(&system, workflow, &checkout, &["--mcp-timeout", "1"]).await;
     assert_eq!(code, 0, "{log}");
     let bodies = system.provider_bodies();
     assert!(
-        bodies.iter().any(|b| b.contains("did not answer within 1s")),
+        bodies
+            .iter()
+            .any(|b| b.contains("did not answer within 1s")),
         "the model heard about the timeout"
     );
 
@@ -282,7 +299,13 @@ async fn a_workflow_calls_a_python_sdk_server_after_approval_and_survives_dead_a
         .to_string(),
     )
     .unwrap();
-    let workflow = create_workflow(&system, &system.token("alice").unwrap(), &[1, 2, 6], &[2, 6]).await;
+    let workflow = create_workflow(
+        &system,
+        &system.token("alice").unwrap(),
+        &[1, 2, 6],
+        &[2, 6],
+    )
+    .await;
     system.fake.push_tool_calls(
         "",
         vec![ToolCall::new("call-3", "desk_lookup", json!({"id": "9"}))],
@@ -318,7 +341,10 @@ async fn mcp_servers_are_used_only_when_every_switch_allows_them() {
     system.fake.push_text("No tools needed.");
     let (code, log) = run_executor(&system, workflow, &checkout, &[]).await;
     assert_eq!(code, 0, "{log}");
-    assert!(log.contains("MCP is not enabled for this workflow"), "{log}");
+    assert!(
+        log.contains("MCP is not enabled for this workflow"),
+        "{log}"
+    );
 
     // On, but the server is not on the allow-list.
     allow_mcp(&system, &["https://mcp.example.com/"]).await;
@@ -335,7 +361,11 @@ async fn mcp_servers_are_used_only_when_every_switch_allows_them() {
     let before = system.provider_bodies().len();
     system.fake.push_tool_calls(
         "",
-        vec![ToolCall::new("call-3", "tickets_lookup", json!({"id": "7"}))],
+        vec![ToolCall::new(
+            "call-3",
+            "tickets_lookup",
+            json!({"id": "7"}),
+        )],
     );
     system.fake.push_text("I cannot reach the help desk.");
     let (code, log) = run_executor(&system, workflow, &checkout, &[]).await;
