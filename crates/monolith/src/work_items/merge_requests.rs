@@ -3,6 +3,7 @@
 //! with (the `diff` column) for when its branches are not in the repository.
 
 use chrono::{DateTime, Utc};
+use tokio_postgres::types::Json;
 
 use super::{AUTHOR_COLUMNS, Author, CLOSED_BY_COLUMNS, Identified, UserRef, WorkItemError};
 use crate::queries::Queries;
@@ -27,6 +28,8 @@ pub struct MergeRequest {
     pub closed_at: Option<DateTime<Utc>>,
     pub author: UserRef,
     pub closed_by: Option<UserRef>,
+    /// In the order they were added (their states: [`super::reviewers`]).
+    pub reviewers: Vec<UserRef>,
 }
 
 impl Identified for MergeRequest {
@@ -38,13 +41,18 @@ impl Identified for MergeRequest {
 fn merge_request_sql() -> String {
     format!(
         "SELECT m.id, m.iid, m.project_id, m.title, m.description, m.state, m.source_branch, m.target_branch,
-            m.labels, m.diff, m.created_at, m.updated_at, coalesce(m.closed_at, CASE WHEN m.state = 'closed' THEN m.updated_at END) AS closed_at, {AUTHOR_COLUMNS}, {CLOSED_BY_COLUMNS}
+            m.labels, m.diff, m.created_at, m.updated_at, coalesce(m.closed_at, CASE WHEN m.state = 'closed' THEN m.updated_at END) AS closed_at, {AUTHOR_COLUMNS}, {CLOSED_BY_COLUMNS},
+            coalesce((SELECT json_agg(json_build_object('id', ru.id, 'username', ru.username, 'name', ru.name,
+                                                        'state', ru.state) ORDER BY r.created_at, r.user_id)
+                      FROM merge_request_reviewers r JOIN users ru ON ru.id = r.user_id WHERE r.merge_request_id = m.id),
+                     '[]'::json) AS reviewers
          FROM merge_requests m JOIN users u ON u.id = m.author_id LEFT JOIN users cb ON cb.id = m.closed_by_id"
     )
 }
 
-fn from_row(row: &tokio_postgres::Row) -> MergeRequest {
-    MergeRequest {
+fn from_row(row: &tokio_postgres::Row) -> Result<MergeRequest, tokio_postgres::Error> {
+    let Json(reviewers) = row.try_get::<_, Json<Vec<UserRef>>>("reviewers")?;
+    Ok(MergeRequest {
         id: row.get("id"),
         iid: row.get("iid"),
         project_id: row.get("project_id"),
@@ -60,7 +68,8 @@ fn from_row(row: &tokio_postgres::Row) -> MergeRequest {
         closed_at: row.get("closed_at"),
         author: UserRef::from_columns(row, "author"),
         closed_by: UserRef::closer(row),
-    }
+        reviewers,
+    })
 }
 
 /// The project's merge requests in `state` (all when `None`), newest first.
@@ -74,7 +83,7 @@ pub async fn list(
         merge_request_sql()
     );
     let rows = db.query(&sql, &[&project, &state]).await?;
-    Ok(rows.iter().map(from_row).collect())
+    rows.iter().map(from_row).collect()
 }
 
 /// The merge request numbered `iid` in the project.
@@ -87,11 +96,11 @@ pub async fn by_iid(
         "{} WHERE m.project_id = $1 AND m.iid = $2",
         merge_request_sql()
     );
-    Ok(db
-        .query_opt(&sql, &[&project, &iid])
+    db.query_opt(&sql, &[&project, &iid])
         .await?
         .as_ref()
-        .map(from_row))
+        .map(from_row)
+        .transpose()
 }
 
 /// What a new merge request is made of.
@@ -154,7 +163,7 @@ pub async fn create(
         .get(0);
     tx.commit().await?;
     let sql = format!("{} WHERE m.id = $1", merge_request_sql());
-    Ok(from_row(&client.query_one(&sql, &[&id]).await?))
+    Ok(from_row(&client.query_one(&sql, &[&id]).await?)?)
 }
 
 /// A merge request as a project page lists it.

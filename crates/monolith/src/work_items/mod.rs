@@ -1,6 +1,6 @@
-//! Work items: issues, merge requests, epics, their notes, and the CI
-//! pipelines and jobs (builds) of a project. Their SQL lives here and nowhere
-//! else: REST, the web pages and the chat tools call these functions and
+//! Work items: issues, merge requests (and their reviewers), epics, their
+//! notes and discussions, and the CI pipelines and jobs (builds) of a
+//! project. Their SQL lives here and nowhere else: REST, the web pages and the chat tools call these functions and
 //! render what comes back, so a column or a join changes in one place.
 //!
 //! Finding is kept apart from access: the lookups say nothing about who may
@@ -10,10 +10,13 @@
 pub mod ai;
 pub mod ai_serialization;
 pub mod builds;
+pub mod discussions;
 pub mod epics;
 pub mod issues;
 pub mod merge_requests;
 pub mod notes;
+pub mod position;
+pub mod reviewers;
 pub mod updates;
 
 use serde::Deserialize;

@@ -1,8 +1,11 @@
 //! Notes (comments) on issues, merge requests and epics. Whether a note may
 //! be read (internal notes) is the policy's `ReadNote`; callers filter.
+//! Every note belongs to a discussion (a plain note to its own); threads,
+//! diff notes and resolution are [`super::discussions`].
 
 use chrono::{DateTime, Utc};
 
+use super::position::Position;
 use super::{AUTHOR_COLUMNS, Author, Identified, Kind, SortOrder, UserRef};
 use crate::queries::Queries;
 
@@ -20,6 +23,22 @@ pub struct Note {
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub author: UserRef,
+    /// GitLab's 40-hex id of the discussion the note belongs to.
+    pub discussion_id: String,
+    /// `DiffNote`, `DiscussionNote`, or `None` for a plain comment.
+    pub note_type: Option<String>,
+    /// Where a diff note sits in the merge request's diff.
+    pub position: Option<Position>,
+    pub resolvable: bool,
+    pub resolved_at: Option<DateTime<Utc>>,
+    pub resolved_by: Option<UserRef>,
+}
+
+impl Note {
+    /// A resolvable note that was resolved.
+    pub fn resolved(&self) -> bool {
+        self.resolvable && self.resolved_at.is_some()
+    }
 }
 
 impl Identified for Note {
@@ -28,15 +47,20 @@ impl Identified for Note {
     }
 }
 
-fn note_sql() -> String {
+/// Every column of a note, for queries that add their own `WHERE` and order.
+pub(super) fn note_sql() -> String {
     format!(
         "SELECT n.id, n.body, n.noteable_type, n.noteable_id, n.internal, n.system, n.created_at, n.updated_at,
+        n.discussion_id, n.note_type, n.position, n.resolvable, n.resolved_at,
+        rb.id AS resolved_by_id, rb.username AS resolved_by_username, rb.name AS resolved_by_name,
+        rb.state AS resolved_by_state,
         {AUTHOR_COLUMNS}
-    FROM notes n JOIN users u ON u.id = n.author_id"
+    FROM notes n JOIN users u ON u.id = n.author_id LEFT JOIN users rb ON rb.id = n.resolved_by_id"
     )
 }
 
-fn from_row(row: &tokio_postgres::Row) -> Note {
+pub(super) fn from_row(row: &tokio_postgres::Row) -> Note {
+    let position: Option<serde_json::Value> = row.get("position");
     Note {
         id: row.get("id"),
         body: row.get("body"),
@@ -47,6 +71,16 @@ fn from_row(row: &tokio_postgres::Row) -> Note {
         created_at: row.get("created_at"),
         updated_at: row.get("updated_at"),
         author: UserRef::from_columns(row, "author"),
+        discussion_id: row.get("discussion_id"),
+        note_type: row.get("note_type"),
+        // A stored position of another shape (an image note, say) is left out
+        // rather than failing the whole list.
+        position: position.and_then(|p| serde_json::from_value(p).ok()),
+        resolvable: row.get("resolvable"),
+        resolved_at: row.get("resolved_at"),
+        resolved_by: row
+            .get::<_, Option<i64>>("resolved_by_id")
+            .map(|_| UserRef::from_columns(row, "resolved_by")),
     }
 }
 
@@ -76,7 +110,8 @@ pub struct NewNote {
     pub author: Author,
 }
 
-/// Adds the note and reads it back.
+/// Adds the note (a plain comment, in a discussion of its own) and reads it
+/// back.
 pub async fn create(db: &impl Queries, new: NewNote) -> Result<Note, tokio_postgres::Error> {
     let id: i64 = db
         .query_one(
@@ -94,6 +129,11 @@ pub async fn create(db: &impl Queries, new: NewNote) -> Result<Note, tokio_postg
         )
         .await?
         .get(0);
+    by_id(db, id).await
+}
+
+/// The note with this id, which must exist (one just written).
+pub(super) async fn by_id(db: &impl Queries, id: i64) -> Result<Note, tokio_postgres::Error> {
     let row = db
         .query_one(&format!("{} WHERE n.id = $1", note_sql()), &[&id])
         .await?;

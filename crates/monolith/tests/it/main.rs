@@ -51,6 +51,7 @@ mod web_code_pages;
 mod web_sign_in;
 mod web_sign_in_redirect;
 mod web_workflow_runs;
+mod work_item_discussions;
 mod work_item_shapes;
 mod worker_completion;
 mod workflow_runner_kubernetes;
