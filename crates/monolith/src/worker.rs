@@ -151,7 +151,10 @@ pub fn spawn(
         registry.register(jobs::ReviewHandler {
             services: review.clone(),
         });
-        registry.register(jobs::MentionHandler { services: review });
+        registry.register(jobs::MentionHandler {
+            services: review.clone(),
+        });
+        registry.register(jobs::PipelineFixHandler { services: review });
         if !queue.queues.iter().any(|q| q == jobs::QUEUE) {
             queue.queues.push(jobs::QUEUE.to_owned());
         }

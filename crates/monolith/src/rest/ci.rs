@@ -235,7 +235,7 @@ pub(super) async fn import_job(
     body: super::params::Params<ImportedJobParams>,
 ) -> Result<HttpResponse, ApiError> {
     let project = path.into_inner();
-    Container::Project(project)
+    let me = Container::Project(project)
         .writer(&state, &req, WriteAbility::ImportJob)
         .await?;
     let b = body.into_inner();
@@ -258,6 +258,13 @@ pub(super) async fn import_job(
         },
     )
     .await?;
+    if job.status == "failed"
+        && let Err(e) =
+            crate::review::triggers::job_failed(&*db, project, job.pipeline_id, job.id, me.id).await
+    {
+        // The job is stored; only the fix flow is missed.
+        tracing::warn!(project_id = project, error = %e, "the failed-pipeline trigger could not be queued");
+    }
     let full_path = Container::Project(project).full_path(&*db).await?;
     Ok(HttpResponse::Created().json(job_json(&job, &state.config.external_url, &full_path)))
 }

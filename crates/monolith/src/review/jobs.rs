@@ -7,7 +7,7 @@ use job_queue::{JobContext, JobError, JobHandler};
 
 use super::reviewer::ReviewServices;
 pub use super::triggers::QUEUE;
-use super::triggers::{MentionAsked, ReviewRequested};
+use super::triggers::{MentionAsked, PipelineFailed, ReviewRequested};
 
 pub struct ReviewHandler {
     pub services: Arc<ReviewServices>,
@@ -47,6 +47,27 @@ impl JobHandler for MentionHandler {
             "answering a mention"
         );
         super::mentions::run(&self.services, &job)
+            .await
+            .map_err(JobError::retryable)
+    }
+}
+
+pub struct PipelineFixHandler {
+    pub services: Arc<ReviewServices>,
+}
+
+#[async_trait]
+impl JobHandler for PipelineFixHandler {
+    type Job = PipelineFailed;
+
+    async fn run(&self, ctx: JobContext, job: PipelineFailed) -> Result<(), JobError> {
+        tracing::info!(
+            job_id = ctx.job_id,
+            project_id = job.project_id,
+            pipeline_id = job.pipeline_id,
+            "starting a fix run for a failed pipeline"
+        );
+        super::pipeline_fix::run(&self.services, &job)
             .await
             .map_err(JobError::retryable)
     }

@@ -10,12 +10,15 @@
 //! - [`reviewer`]: one review: authorize, read the diff, ask the model per
 //!   file within a budget, post diff notes and a summary, follow up on its
 //!   own threads;
-//! - [`mentions`]: a reply in the thread for `@GitLabDuo <question>`.
+//! - [`mentions`]: a reply in the thread for `@GitLabDuo <question>`;
+//! - [`pipeline_fix`]: a failed job starts a run that proposes a fix as a
+//!   merge request (when the project turned that trigger on).
 
 pub mod diff_lines;
 pub mod instructions;
 pub mod jobs;
 pub mod mentions;
+pub mod pipeline_fix;
 pub mod posting;
 pub mod response;
 pub mod reviewer;

@@ -68,6 +68,8 @@ pub struct ReviewServices {
     /// Chat's per-user budget, which mentions count in too.
     pub rate_limit: u32,
     pub rate_window: std::time::Duration,
+    /// For the runs the failed-pipeline trigger starts.
+    pub config: std::sync::Arc<crate::config::Config>,
 }
 
 impl ReviewServices {
@@ -77,6 +79,7 @@ impl ReviewServices {
             budget: ReviewBudget::default(),
             rate_limit: config.ai_action_rate_limit,
             rate_window: config.ai_action_rate_window,
+            config: std::sync::Arc::new(config.clone()),
         }
     }
 }

@@ -68,6 +68,52 @@ impl Job for MentionAsked {
     const KIND: &'static str = "duo_mention_reply";
 }
 
+/// A job of the project failed: a flow reads its log and proposes a fix as
+/// a merge request (when the project turned this trigger on).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PipelineFailed {
+    pub project_id: i64,
+    pub pipeline_id: i64,
+    pub job_id: i64,
+    /// Who reported the failure (the run is theirs).
+    pub user_id: i64,
+}
+
+impl Job for PipelineFailed {
+    const KIND: &'static str = "duo_pipeline_failed";
+}
+
+/// After a job finished as failed: a fix flow, when the project turned the
+/// trigger on (one per pipeline).
+pub async fn job_failed(
+    db: &impl Queries,
+    project_id: i64,
+    pipeline_id: i64,
+    job_id: i64,
+    user_id: i64,
+) -> Result<bool, TriggerError> {
+    if !enabled(db, project_id, TriggerEvent::PipelineFailed).await? {
+        return Ok(false);
+    }
+    job_queue::enqueue(
+        db.plain(),
+        &PipelineFailed {
+            project_id,
+            pipeline_id,
+            job_id,
+            user_id,
+        },
+        EnqueueOptions {
+            max_attempts: 3,
+            ..EnqueueOptions::default()
+                .queue(QUEUE)
+                .dedupe(format!("duo_pipeline_failed:{pipeline_id}"))
+        },
+    )
+    .await?;
+    Ok(true)
+}
+
 /// The events a project can switch (absent: the default).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TriggerEvent {
