@@ -6,9 +6,11 @@
 //! a web page (`web::oauth_consent`); the rules are in
 //! [`crate::identity::oauth_clients`].
 
+use actix_web::error::{JsonPayloadError, UrlencodedError};
+use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::app_state::AppState;
 use crate::identity::oauth_clients::{self as clients, OAuthError};
@@ -58,7 +60,7 @@ pub async fn authorization_server(state: web::Data<AppState>) -> HttpResponse {
     }))
 }
 
-fn oauth_error(status: actix_web::http::StatusCode, e: &OAuthError) -> HttpResponse {
+fn oauth_error(status: StatusCode, e: &OAuthError) -> HttpResponse {
     if let OAuthError::Token(inner) = e {
         tracing::error!(error = %inner, "OAuth request failed");
         return HttpResponse::InternalServerError()
@@ -67,6 +69,44 @@ fn oauth_error(status: actix_web::http::StatusCode, e: &OAuthError) -> HttpRespo
     HttpResponse::build(status)
         .insert_header(("Cache-Control", "no-store"))
         .json(json!({"error": e.code(), "error_description": e.to_string()}))
+}
+
+/// Why a JSON body could not be read, in words for the client (not actix's).
+fn json_body_problem(e: &actix_web::Error) -> String {
+    match e.as_error::<JsonPayloadError>() {
+        Some(JsonPayloadError::ContentType) => "the body must be application/json".into(),
+        Some(
+            JsonPayloadError::Overflow { limit }
+            | JsonPayloadError::OverflowKnownLength { limit, .. },
+        ) => format!("the body is larger than {limit} bytes"),
+        Some(JsonPayloadError::Deserialize(inner)) => format!("the body is not JSON: {inner}"),
+        _ => "the body could not be read".into(),
+    }
+}
+
+/// Why a form body could not be read, in words for the client.
+fn form_body_problem(e: &actix_web::Error) -> String {
+    match e.as_error::<UrlencodedError>() {
+        Some(UrlencodedError::ContentType) => {
+            "the body must be application/x-www-form-urlencoded".into()
+        }
+        Some(UrlencodedError::Overflow { limit, .. }) => {
+            format!("the body is larger than {limit} bytes")
+        }
+        // `serde_urlencoded`'s words: a parameter sent twice (RFC 6749 allows
+        // each once), one that is not UTF-8...
+        Some(UrlencodedError::Parse(inner)) => format!("the form could not be read: {inner}"),
+        _ => "the body could not be read".into(),
+    }
+}
+
+/// RFC 6749's `invalid_request`: a token or revocation request whose form
+/// could not be read.
+fn malformed_form(e: &actix_web::Error) -> HttpResponse {
+    oauth_error(
+        StatusCode::BAD_REQUEST,
+        &OAuthError::InvalidRequest(form_body_problem(e)),
+    )
 }
 
 #[derive(Debug, Deserialize)]
@@ -80,12 +120,24 @@ pub struct RegistrationRequest {
     response_types: Option<Vec<String>>,
 }
 
+/// The registration request of a body: a JSON object (RFC 7591 section
+/// 3.1); anything else is why not. Read as a `Value` first because serde
+/// would also take a struct from a JSON array, field by field in order.
+fn registration_request(body: Value) -> Result<RegistrationRequest, String> {
+    if !body.is_object() {
+        return Err("the client metadata must be a JSON object".into());
+    }
+    serde_json::from_value(body).map_err(|e| format!("the client metadata is not valid: {e}"))
+}
+
 /// `POST /oauth/register` (RFC 7591): a public client, as GitLab registers
-/// MCP clients (`client_name` required, scope `mcp`).
+/// MCP clients (`client_name` required, scope `mcp`). A body that is not a
+/// JSON object is RFC 7591's `invalid_client_metadata` error, in JSON, like
+/// every other refusal here.
 pub async fn register(
     state: web::Data<AppState>,
     req: HttpRequest,
-    body: web::Json<RegistrationRequest>,
+    body: Result<web::Json<Value>, actix_web::Error>,
 ) -> HttpResponse {
     let address = req
         .peer_addr()
@@ -96,12 +148,18 @@ pub async fn register(
             .insert_header(("Retry-After", retry.to_string()))
             .json(json!({"error": "slow_down", "error_description": "too many registrations from this address"}));
     }
-    let body = body.into_inner();
     let bad = |why: &str| {
         oauth_error(
-            actix_web::http::StatusCode::BAD_REQUEST,
+            StatusCode::BAD_REQUEST,
             &OAuthError::InvalidClientMetadata(why.to_owned()),
         )
+    };
+    let body = match body
+        .map_err(|e| json_body_problem(&e))
+        .and_then(|json| registration_request(json.into_inner()))
+    {
+        Ok(body) => body,
+        Err(why) => return bad(&why),
     };
     if body
         .token_endpoint_auth_method
@@ -140,7 +198,7 @@ pub async fn register(
                 "token_endpoint_auth_method": "none",
                 "scope": app.scopes.join(" "),
             })),
-        Err(e) => oauth_error(actix_web::http::StatusCode::BAD_REQUEST, &e),
+        Err(e) => oauth_error(StatusCode::BAD_REQUEST, &e),
     }
 }
 
@@ -156,10 +214,16 @@ pub struct TokenRequest {
 }
 
 /// `POST /oauth/token`: a code (with its PKCE verifier) or a refresh token
-/// for an access token of scope `mcp`.
-pub async fn token(state: web::Data<AppState>, form: web::Form<TokenRequest>) -> HttpResponse {
-    use actix_web::http::StatusCode;
-    let form = form.into_inner();
+/// for an access token of scope `mcp`. A form that cannot be read is
+/// RFC 6749's `invalid_request`, in JSON.
+pub async fn token(
+    state: web::Data<AppState>,
+    form: Result<web::Form<TokenRequest>, actix_web::Error>,
+) -> HttpResponse {
+    let form = match form {
+        Ok(form) => form.into_inner(),
+        Err(e) => return malformed_form(&e),
+    };
     let missing = |name: &str| {
         oauth_error(
             StatusCode::BAD_REQUEST,
@@ -230,10 +294,16 @@ pub struct RevokeRequest {
     client_id: Option<String>,
 }
 
-/// `POST /oauth/revoke` (RFC 7009): 200 whether or not the token existed.
-pub async fn revoke(state: web::Data<AppState>, form: web::Form<RevokeRequest>) -> HttpResponse {
-    use actix_web::http::StatusCode;
-    let form = form.into_inner();
+/// `POST /oauth/revoke` (RFC 7009): 200 whether or not the token existed;
+/// a form that cannot be read is `invalid_request`, in JSON.
+pub async fn revoke(
+    state: web::Data<AppState>,
+    form: Result<web::Form<RevokeRequest>, actix_web::Error>,
+) -> HttpResponse {
+    let form = match form {
+        Ok(form) => form.into_inner(),
+        Err(e) => return malformed_form(&e),
+    };
     let (Some(token), Some(client_id)) = (form.token.as_deref(), form.client_id.as_deref()) else {
         return oauth_error(
             StatusCode::BAD_REQUEST,
