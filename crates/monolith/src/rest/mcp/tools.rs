@@ -3,7 +3,7 @@
 //! same floor (policy, finders, renderers) as the REST route, so a tool shows
 //! exactly what `GET /api/v4/...` would show that user, and refuses alike.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use rmcp::model::{JsonObject, Tool, ToolAnnotations};
 use serde::Deserialize;
@@ -272,6 +272,9 @@ fn work_item_props() -> Vec<(&'static str, Value)> {
     ]
 }
 
+/// The catalogue as `tools/list` answers it, built once.
+pub static CATALOGUE: LazyLock<Vec<Tool>> = LazyLock::new(catalogue);
+
 /// The catalogue as `tools/list` answers it.
 pub fn catalogue() -> Vec<Tool> {
     TOOLS
@@ -293,6 +296,63 @@ pub fn catalogue() -> Vec<Tool> {
 /// Whether `name` is one of the tools.
 pub fn exists(name: &str) -> bool {
     TOOLS.iter().any(|t| t.name == name)
+}
+
+/// Refuses arguments outside the bounds the tool's input schema states
+/// (`minimum`, `maximum`, `minLength`, `maxLength`, `enum`): serde checks the
+/// names and types, not these, and a value the client was told is invalid
+/// (`page: 0`) must not be quietly bent into a valid one. The schema itself
+/// is the rule, so the two cannot drift apart.
+fn check_bounds(name: &str, arguments: &JsonObject) -> Result<(), ToolError> {
+    let Some(tool) = CATALOGUE.iter().find(|t| t.name == name) else {
+        return Ok(());
+    };
+    let Some(Value::Object(properties)) = tool.input_schema.get("properties") else {
+        return Ok(());
+    };
+    let refuse = |why: String| Err(ToolError::Arguments(format!("invalid arguments: {why}")));
+    for (key, value) in arguments {
+        // An unknown argument or a value of the wrong type is serde's to refuse.
+        let Some(schema) = properties.get(key) else {
+            continue;
+        };
+        if let Some(n) = value.as_f64() {
+            if let Some(min) = schema.get("minimum").and_then(Value::as_f64)
+                && n < min
+            {
+                return refuse(format!("{key} must be at least {min}"));
+            }
+            if let Some(max) = schema.get("maximum").and_then(Value::as_f64)
+                && n > max
+            {
+                return refuse(format!("{key} must be at most {max}"));
+            }
+        }
+        if let Some(text) = value.as_str() {
+            // JSON Schema counts characters, not bytes.
+            let len = text.chars().count();
+            if let Some(min) = schema.get("minLength").and_then(Value::as_u64)
+                && (len as u64) < min
+            {
+                return refuse(format!("{key} must be at least {min} characters long"));
+            }
+            if let Some(max) = schema.get("maxLength").and_then(Value::as_u64)
+                && (len as u64) > max
+            {
+                return refuse(format!("{key} must be at most {max} characters long"));
+            }
+        }
+        if let Some(Value::Array(allowed)) = schema.get("enum")
+            && !allowed.contains(value)
+        {
+            let names: Vec<String> = allowed
+                .iter()
+                .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned))
+                .collect();
+            return refuse(format!("{key} must be one of {}", names.join(", ")));
+        }
+    }
+    Ok(())
 }
 
 fn args<T: DeserializeOwned>(arguments: &JsonObject) -> Result<T, ToolError> {
@@ -340,7 +400,9 @@ impl IdOrPath {
 
 /// `page`/`per_page` applied to a whole list, as the REST pagination does.
 /// (Each tool's arguments name them itself: serde cannot refuse unknown
-/// fields next to a flattened struct.)
+/// fields next to a flattened struct.) Values out of the schema's bounds were
+/// refused before ([`check_bounds`]); the clamp only keeps the arithmetic
+/// safe.
 fn paged(page: Option<usize>, per_page: Option<usize>, items: Vec<Value>) -> Value {
     let per_page = per_page.unwrap_or(20).clamp(1, MAX_PER_PAGE);
     let page = page.unwrap_or(1).max(1);
@@ -458,6 +520,7 @@ pub async fn call(
     name: &str,
     arguments: &JsonObject,
 ) -> ToolResult {
+    check_bounds(name, arguments)?;
     let base = &state.config.external_url;
     match name {
         "get_mcp_server_version" => Ok(json!({ "version": SERVER_VERSION })),
@@ -605,7 +668,7 @@ const MAX_SEARCHED_PROJECTS: usize = 50;
 
 async fn search(state: &AppState, caller: &McpCaller, a: SearchArgs) -> ToolResult {
     let term = a.search.trim().to_lowercase();
-    if term.is_empty() || term.len() > 255 || term.contains('\0') {
+    if term.is_empty() || term.chars().count() > 255 || term.contains('\0') {
         return Err(ToolError::Arguments(
             "search must be 1 to 255 characters".into(),
         ));
@@ -615,8 +678,11 @@ async fn search(state: &AppState, caller: &McpCaller, a: SearchArgs) -> ToolResu
     // The projects searched: the one named, those of the group named, or all,
     // keeping those the caller may read and Duo may act in.
     let mut candidates: Vec<(i64, String)> = Vec::new();
+    // A project named outright is refused where Duo is off, as every tool
+    // refuses it (a reader learns why; someone who cannot read it gets the
+    // same 404 as for a project that does not exist, below).
     let only_project = match &a.project_id {
-        Some(p) => Some(p.project(state).await?),
+        Some(p) => Some(project(state, caller, p).await?),
         None => None,
     };
     let group_path = match &a.group_id {
@@ -630,6 +696,9 @@ async fn search(state: &AppState, caller: &McpCaller, a: SearchArgs) -> ToolResu
             {
                 return Err(ApiError::NotFound("Group").into());
             }
+            // Off for a group is off for everything under it: the search
+            // could only come back empty, so say why, as for a project.
+            refuse_where_duo_is_off(state, caller, Subject::Group(group)).await?;
             Some(
                 crate::namespaces::group_full_path(&*db, group)
                     .await
