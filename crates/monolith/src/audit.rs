@@ -3,10 +3,29 @@
 
 use crate::queries::Queries;
 
+/// The kind of token a call came with: the table `token_id` points into
+/// (the two number their ids apart, so the id alone is ambiguous).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenKind {
+    PersonalAccessToken,
+    OAuthAccessToken,
+}
+
+impl TokenKind {
+    /// As the `token_kind` column stores it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenKind::PersonalAccessToken => "personal_access_token",
+            TokenKind::OAuthAccessToken => "oauth_access_token",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct McpToolCall {
     pub user_id: i64,
     pub token_id: i64,
+    pub token_kind: TokenKind,
     pub tool: String,
     /// `ok`, `refused`, `timeout`, `invalid_arguments` or `error`.
     pub outcome: &'static str,
@@ -18,11 +37,12 @@ pub async fn record_mcp_tool_call(
     call: &McpToolCall,
 ) -> Result<(), tokio_postgres::Error> {
     db.execute(
-        "INSERT INTO mcp_tool_calls (user_id, token_id, tool, outcome, duration_ms)
-         VALUES ($1, $2, $3, $4, $5)",
+        "INSERT INTO mcp_tool_calls (user_id, token_id, token_kind, tool, outcome, duration_ms)
+         VALUES ($1, $2, $3, $4, $5, $6)",
         &[
             &call.user_id,
             &call.token_id,
+            &call.token_kind.as_str(),
             &call.tool,
             &call.outcome,
             &call.duration_ms,

@@ -39,7 +39,8 @@ use serde_json::{Value, json};
 
 use super::ApiError;
 use crate::app_state::AppState;
-use crate::identity::request::{presented_token, request_user};
+use crate::audit::TokenKind;
+use crate::identity::request::presented_token;
 use crate::identity::tokens::{AuthenticatedUser, TokenError};
 use crate::policy::Actor;
 use tools::ToolError;
@@ -56,6 +57,8 @@ pub const RESOURCE_METADATA_PATH: &str = "/.well-known/oauth-protected-resource/
 #[derive(Debug, Clone)]
 pub struct McpCaller {
     pub user: AuthenticatedUser,
+    /// Which table `user.token_id` numbers (for the audit log).
+    pub token_kind: TokenKind,
 }
 
 impl McpCaller {
@@ -155,8 +158,6 @@ static SERVICE: LazyLock<StreamableHttpService<McpTools, LocalSessionManager>> =
         )
     });
 
-static CATALOGUE: LazyLock<Vec<rmcp::model::Tool>> = LazyLock::new(tools::catalogue);
-
 /// `POST`, `GET` and `DELETE /api/v4/mcp`.
 pub(super) async fn handle(
     state: web::Data<AppState>,
@@ -169,17 +170,33 @@ pub(super) async fn handle(
     }
 }
 
-async fn authenticate(state: &AppState, req: &HttpRequest) -> Result<McpCaller, McpHttpError> {
-    let user = match request_user(&state.pool, req).await {
-        Ok(Some(user)) => user,
-        Ok(None) | Err(TokenError::Invalid) => return Err(McpHttpError::Unauthorized),
+/// The token's user and the kind of token. The kind is known by which
+/// lookup found it: OAuth access tokens first, as
+/// [`crate::identity::tokens::authenticate`] does (only a token of their
+/// shape costs that query), then personal access tokens through it.
+async fn lookup(
+    state: &AppState,
+    token: &str,
+) -> Result<(AuthenticatedUser, TokenKind), TokenError> {
+    let db = state.pool.get().await.map_err(crate::db::DbError::from)?;
+    if let Some(user) = crate::identity::oauth::authenticate(&*db, token).await? {
+        return Ok((user, TokenKind::OAuthAccessToken));
+    }
+    let user = crate::identity::tokens::authenticate(&*db, token).await?;
+    Ok((user, TokenKind::PersonalAccessToken))
+}
+
+async fn authenticate(state: &AppState, token: &str) -> Result<McpCaller, McpHttpError> {
+    let (user, token_kind) = match lookup(state, token).await {
+        Ok(found) => found,
+        Err(TokenError::Invalid) => return Err(McpHttpError::Unauthorized),
         Err(TokenError::Blocked) => return Err(McpHttpError::Blocked),
         Err(e) => return Err(McpHttpError::Internal(e.to_string())),
     };
     if !user.has_any_scope(&[MCP_SCOPE]) {
         return Err(McpHttpError::InsufficientScope);
     }
-    Ok(McpCaller { user })
+    Ok(McpCaller { user, token_kind })
 }
 
 async fn read_body(mut payload: web::Payload, limit: usize) -> Result<Bytes, McpHttpError> {
@@ -221,7 +238,7 @@ async fn serve(
             limits.requests_per_minute,
         )
         .map_err(|retry| McpHttpError::RateLimited(limits.requests_per_minute, retry))?;
-    let caller = authenticate(state, req).await?;
+    let caller = authenticate(state, &token).await?;
     let body = read_body(payload, limits.max_request_bytes).await?;
 
     let mut builder = http::Request::builder()
@@ -308,7 +325,7 @@ impl ServerHandler for McpTools {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(CATALOGUE.clone()))
+        Ok(ListToolsResult::with_all_items(tools::CATALOGUE.clone()))
     }
 
     async fn call_tool(
@@ -421,6 +438,7 @@ fn audit(
     let entry = crate::audit::McpToolCall {
         user_id: caller.user.id,
         token_id: caller.user.token_id,
+        token_kind: caller.token_kind,
         tool: tool.to_owned(),
         outcome,
         duration_ms: i32::try_from(started.elapsed().as_millis()).unwrap_or(i32::MAX),
