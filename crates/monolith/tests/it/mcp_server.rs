@@ -3,8 +3,10 @@
 //! revoked, blocked), the body size and per-token rate limits, the audit log,
 //! projects and groups with Duo off, Duo context exclusions in diffs, merge
 //! request commits and pipelines with their jobs, the answer cap, epic notes,
-//! the tool time limit and JSON-RPC errors. The end-to-end suite with the
-//! Python SDK (e2e/python/mcp_client_suite.py) covers the rest.
+//! the tool time limit and JSON-RPC errors (arguments outside their schema's
+//! bounds too), and the OAuth endpoints' answers to bodies they cannot read.
+//! The end-to-end suite with the Python SDK (e2e/python/mcp_client_suite.py)
+//! covers the rest.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -1391,6 +1393,35 @@ async fn a_tool_call_past_its_time_is_stopped_and_logged_as_a_timeout() {
     assert_eq!(read["title"], "Slow");
 }
 
+/// An OAuth access token of `user` with the `mcp` scope (a row of
+/// `oauth_access_tokens`, as an MCP client's) whose id is `id`: the two
+/// tables count their ids apart, so tokens are minted until one is numbered
+/// so. `None` when the OAuth ids have passed `id` already.
+async fn oauth_mcp_token_numbered(fx: &Fx, user: Actor, id: i64) -> Option<String> {
+    let db = fx.pool.get().await.unwrap();
+    loop {
+        let minted = monolith::identity::oauth::mint(
+            &**db,
+            user.id,
+            monolith::identity::oauth::USER_TOKEN_LIFETIME,
+        )
+        .await
+        .unwrap();
+        if minted.id > id {
+            return None;
+        }
+        if minted.id == id {
+            db.execute(
+                "UPDATE oauth_access_tokens SET scopes = '{mcp}' WHERE id = $1",
+                &[&minted.id],
+            )
+            .await
+            .unwrap();
+            return Some(minted.token);
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_personal_and_an_oauth_token_with_the_same_id_have_their_own_budgets() {
     let w = world().await;
@@ -1401,29 +1432,10 @@ async fn a_personal_and_an_oauth_token_with_the_same_id_have_their_own_budgets()
     for attempt in 0..2 {
         let started = minute_now();
         let (pat, pat_id) = token_with_id(fx, w.owner, &["mcp"]).await;
-        // Another user's OAuth token for an MCP client (a row of
-        // `oauth_access_tokens` with the mcp scope), numbered like the PAT:
-        // the two tables count their ids apart.
-        let oauth = loop {
-            let db = fx.pool.get().await.unwrap();
-            let minted = monolith::identity::oauth::mint(
-                &**db,
-                w.reporter.id,
-                monolith::identity::oauth::USER_TOKEN_LIFETIME,
-            )
+        // Another user's OAuth token for an MCP client, numbered like the PAT.
+        let oauth = oauth_mcp_token_numbered(fx, w.reporter, pat_id)
             .await
-            .unwrap();
-            assert!(minted.id <= pat_id, "no OAuth token numbered {pat_id}");
-            if minted.id == pat_id {
-                db.execute(
-                    "UPDATE oauth_access_tokens SET scopes = '{mcp}' WHERE id = $1",
-                    &[&minted.id],
-                )
-                .await
-                .unwrap();
-                break minted.token;
-            }
-        };
+            .unwrap_or_else(|| panic!("no OAuth token numbered {pat_id}"));
         // The owner's PAT spends its 3 requests.
         let mut mcp = Mcp::connect(&server, &pat).await;
         let call = mcp
@@ -1488,4 +1500,450 @@ async fn a_note_asked_to_be_confidential_is_never_posted_in_public() {
         )
         .await;
     assert_eq!(http.body["error"]["code"], -32602, "{}", http.body);
+}
+
+// ---- arguments outside their schema's bounds ------------------------------------------------
+
+#[tokio::test]
+async fn arguments_outside_their_schema_bounds_are_json_rpc_invalid_params() {
+    let w = world().await;
+    let fx = &w.fx;
+    let iid = issue(fx, w.project, w.owner, "Paged", "").await;
+    let issue_id = iid_to_id(fx, w.project, iid).await;
+    for _ in 0..3 {
+        fx.note("Issue", issue_id, w.owner, false).await;
+    }
+    let token = fx.token(w.reporter, &["mcp"]).await;
+    let server = Server::start(fx).await;
+    let mut mcp = Mcp::connect(&server, &token).await;
+    let notes = |extra: Value| {
+        let mut arguments = json!({"project_id": w.project, "work_item_iid": iid});
+        for (k, v) in extra.as_object().unwrap() {
+            arguments[k] = v.clone();
+        }
+        arguments
+    };
+
+    for (tool, arguments, message) in [
+        (
+            "get_workitem_notes",
+            notes(json!({"page": 0})),
+            "page must be at least 1",
+        ),
+        (
+            "get_workitem_notes",
+            notes(json!({"per_page": 0})),
+            "per_page must be at least 1",
+        ),
+        (
+            "get_workitem_notes",
+            notes(json!({"per_page": 101})),
+            "per_page must be at most 100",
+        ),
+        (
+            "get_merge_request_commits",
+            json!({"id": w.project, "merge_request_iid": 1, "page": 0}),
+            "page must be at least 1",
+        ),
+        (
+            "get_pipeline_jobs",
+            json!({"id": w.project, "pipeline_id": 1, "per_page": 0}),
+            "per_page must be at least 1",
+        ),
+        (
+            "get_pipeline_jobs",
+            json!({"id": w.project, "pipeline_id": 0}),
+            "pipeline_id must be at least 1",
+        ),
+        (
+            "get_issue",
+            json!({"id": w.project, "issue_iid": 0}),
+            "issue_iid must be at least 1",
+        ),
+        (
+            "get_merge_request",
+            json!({"id": w.project, "merge_request_iid": -1}),
+            "merge_request_iid must be at least 1",
+        ),
+        (
+            "get_workitem_notes",
+            json!({"project_id": w.project, "work_item_iid": 0}),
+            "work_item_iid must be at least 1",
+        ),
+        (
+            "search",
+            json!({"scope": "issues", "search": "paged", "page": 0}),
+            "page must be at least 1",
+        ),
+        (
+            "search",
+            json!({"scope": "wikis", "search": "paged"}),
+            "scope must be one of issues, merge_requests, projects",
+        ),
+        (
+            "search",
+            json!({"scope": "issues", "search": ""}),
+            "search must be at least 1 characters long",
+        ),
+        (
+            "create_issue",
+            json!({"id": w.project, "title": "t".repeat(256)}),
+            "title must be at most 255 characters long",
+        ),
+        (
+            "semantic_code_search",
+            json!({"project_id": w.project, "semantic_query": "q".repeat(2001)}),
+            "semantic_query must be at most 2000 characters long",
+        ),
+    ] {
+        let error = mcp.call_error(tool, arguments.clone()).await;
+        assert_eq!(error["code"], -32602, "{tool} {arguments}: {error}");
+        assert_eq!(
+            error["message"],
+            format!("invalid arguments: {message}"),
+            "{tool} {arguments}"
+        );
+    }
+    let created: i64 = fx
+        .id(
+            "SELECT count(*) FROM issues WHERE project_id = $1",
+            &[&w.project],
+        )
+        .await;
+    assert_eq!(created, 1, "the refused create_issue created nothing");
+
+    // The bounds themselves pass: 255 characters counted as characters,
+    // per_page 100, and a page past the end is an empty list.
+    let read = mcp
+        .call_ok(
+            "get_workitem_notes",
+            notes(json!({"page": 1, "per_page": 100})),
+        )
+        .await;
+    assert_eq!(read.as_array().unwrap().len(), 3, "{read}");
+    let second = mcp
+        .call_ok(
+            "get_workitem_notes",
+            notes(json!({"page": 2, "per_page": 2})),
+        )
+        .await;
+    assert_eq!(second.as_array().unwrap().len(), 1, "{second}");
+    let past = mcp
+        .call_ok(
+            "get_workitem_notes",
+            notes(json!({"page": 3, "per_page": 2})),
+        )
+        .await;
+    assert_eq!(past, json!([]));
+    let hits = mcp
+        .call_ok(
+            "search",
+            json!({"scope": "issues", "search": "é".repeat(255), "project_id": w.project}),
+        )
+        .await;
+    assert_eq!(
+        hits,
+        json!([]),
+        "255 two-byte characters are within maxLength"
+    );
+}
+
+/// The id of the issue `iid` of `project`.
+async fn iid_to_id(fx: &Fx, project: i64, iid: i32) -> i64 {
+    fx.id(
+        "SELECT id FROM issues WHERE project_id = $1 AND iid = $2",
+        &[&project, &iid],
+    )
+    .await
+}
+
+// ---- search where Duo is off -----------------------------------------------------------------
+
+#[tokio::test]
+async fn search_in_a_project_or_group_with_duo_off_says_so_to_readers_only() {
+    let w = world().await;
+    let fx = &w.fx;
+    let on = fx.project(w.group, "web", "private").await;
+    issue(fx, w.project, w.owner, "Flaky login", "").await;
+    issue(fx, on, w.owner, "Flaky logout", "").await;
+    fx.project_duo(w.project, false).await;
+    let reporter = fx.token(w.reporter, &["mcp"]).await;
+    let outsider = fx.token(w.outsider, &["mcp"]).await;
+    let server = Server::start(fx).await;
+    let mut mcp = Mcp::connect(&server, &reporter).await;
+    let mut stranger = Mcp::connect(&server, &outsider).await;
+    let search =
+        |project: Value| json!({"scope": "issues", "search": "flaky", "project_id": project});
+
+    // A reader is told why, by id or by path, as get_issue tells them.
+    for project in [json!(w.project), json!("acme/api"), json!("acme%2Fapi")] {
+        let refused = mcp.call_refused("search", search(project.clone())).await;
+        assert_eq!(refused, DUO_OFF, "{project}");
+    }
+    let refused = mcp
+        .call_refused("get_issue", json!({"id": w.project, "issue_iid": 1}))
+        .await;
+    assert_eq!(refused, DUO_OFF);
+    let hits = mcp.call_ok("search", search(json!(on))).await;
+    assert_eq!(hits[0]["title"], "Flaky logout", "{hits}");
+
+    // Someone who cannot read it gets a project that does not exist's answer.
+    let hidden = stranger
+        .call_refused("search", search(json!(w.project)))
+        .await;
+    let missing = stranger
+        .call_refused("search", search(json!(999_999)))
+        .await;
+    let missing_path = stranger
+        .call_refused("search", search(json!("acme/nothing")))
+        .await;
+    assert_eq!(hidden, "404 Project Not Found");
+    assert_eq!(missing, hidden);
+    assert_eq!(missing_path, hidden);
+    let by_get_issue = stranger
+        .call_refused("get_issue", json!({"id": w.project, "issue_iid": 1}))
+        .await;
+    assert_eq!(by_get_issue, hidden, "search and get_issue agree");
+    let missing = mcp.call_refused("search", search(json!(999_999))).await;
+    assert_eq!(
+        missing, hidden,
+        "a reader of other projects learns nothing either"
+    );
+
+    // Off for the group: a reader of the group is told, others get 404.
+    fx.group_flag(w.group, "duo_features_enabled", false).await;
+    let by_group = json!({"scope": "issues", "search": "flaky", "group_id": "acme"});
+    let refused = mcp.call_refused("search", by_group.clone()).await;
+    assert_eq!(refused, DUO_OFF);
+    let refused = mcp.call_refused("search", search(json!(on))).await;
+    assert_eq!(refused, DUO_OFF);
+    let hidden = stranger.call_refused("search", by_group).await;
+    assert_eq!(hidden, "404 Group Not Found");
+    let missing = stranger
+        .call_refused(
+            "search",
+            json!({"scope": "issues", "search": "flaky", "group_id": "nowhere"}),
+        )
+        .await;
+    assert_eq!(missing, hidden);
+}
+
+// ---- the audit log's token kind ----------------------------------------------------------------
+
+#[tokio::test]
+async fn the_audit_log_tells_a_personal_token_from_an_oauth_token_with_the_same_id() {
+    let w = world().await;
+    let fx = &w.fx;
+    let (pat, pat_id) = token_with_id(fx, w.reporter, &["mcp"]).await;
+    let oauth = oauth_mcp_token_numbered(fx, w.reporter, pat_id)
+        .await
+        .unwrap_or_else(|| panic!("no OAuth token numbered {pat_id}"));
+    let server = Server::start(fx).await;
+
+    let mut by_pat = Mcp::connect(&server, &pat).await;
+    by_pat.call_ok("get_mcp_server_version", json!({})).await;
+    audit_rows(fx, w.reporter, 1).await;
+    let mut by_oauth = Mcp::connect(&server, &oauth).await;
+    by_oauth.call_ok("get_mcp_server_version", json!({})).await;
+    audit_rows(fx, w.reporter, 2).await;
+
+    let db = fx.pool.get().await.unwrap();
+    let rows: Vec<(i64, String)> = db
+        .query(
+            "SELECT token_id, token_kind FROM mcp_tool_calls WHERE user_id = $1 ORDER BY id",
+            &[&w.reporter.id],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        rows,
+        vec![
+            (pat_id, "personal_access_token".to_owned()),
+            (pat_id, "oauth_access_token".to_owned()),
+        ]
+    );
+    // The column takes nothing else.
+    let bad = db
+        .execute(
+            "INSERT INTO mcp_tool_calls (user_id, token_id, token_kind, tool, outcome, duration_ms)
+             VALUES ($1, 1, 'job_token', 'x', 'ok', 0)",
+            &[&w.reporter.id],
+        )
+        .await;
+    assert!(bad.is_err(), "a token kind outside the two was stored");
+}
+
+// ---- OAuth: bodies the endpoints cannot read -------------------------------------------------------
+
+/// One POST to `path` with this content type (none when `None`) and body:
+/// the status, the `Content-Type` and the body as JSON (`Null` if it is not).
+async fn post_raw(
+    server: &Server,
+    path: &str,
+    content_type: Option<&str>,
+    body: impl Into<reqwest::Body>,
+) -> (u16, String, Value) {
+    let mut req = reqwest::Client::new().post(server.url(path)).body(body);
+    if let Some(content_type) = content_type {
+        req = req.header("content-type", content_type);
+    }
+    let res = req.send().await.unwrap();
+    let status = res.status().as_u16();
+    let kind = res
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let text = res.text().await.unwrap();
+    (
+        status,
+        kind,
+        serde_json::from_str(&text).unwrap_or(Value::Null),
+    )
+}
+
+/// An RFC 6749 / RFC 7591 error answer: 400, JSON, `error` and a description
+/// starting with `description`.
+fn assert_oauth_error(answer: &(u16, String, Value), error: &str, description: &str, what: &str) {
+    let (status, kind, body) = answer;
+    assert_eq!(*status, 400, "{what}: {body}");
+    assert!(kind.starts_with("application/json"), "{what}: {kind}");
+    assert_eq!(body["error"], error, "{what}: {body}");
+    let said = body["error_description"].as_str().unwrap_or_default();
+    assert!(
+        said.starts_with(description),
+        "{what}: {said:?} should start with {description:?}"
+    );
+}
+
+#[tokio::test]
+async fn oauth_register_answers_bodies_it_cannot_read_with_invalid_client_metadata() {
+    let fx = Fx::new().await;
+    let server = Server::start(&fx).await;
+    let json = Some("application/json");
+    let good = json!({"client_name": "Editor", "redirect_uris": ["http://127.0.0.1:8123/cb"]});
+    let metadata = "invalid_client_metadata";
+
+    for (what, content_type, body, description) in [
+        (
+            "not JSON",
+            json,
+            "{client_name:".to_owned(),
+            "the body is not JSON",
+        ),
+        (
+            "an array",
+            json,
+            "[]".to_owned(),
+            "the client metadata must be a JSON object",
+        ),
+        (
+            "a string",
+            json,
+            r#""Editor""#.to_owned(),
+            "the client metadata must be a JSON object",
+        ),
+        (
+            // serde alone would read a struct from an array, field by field.
+            "an array of the fields",
+            json,
+            r#"["Editor", ["http://127.0.0.1:8123/cb"]]"#.to_owned(),
+            "the client metadata must be a JSON object",
+        ),
+        (
+            "a field of the wrong type",
+            json,
+            r#"{"client_name": 5, "redirect_uris": []}"#.to_owned(),
+            "the client metadata is not valid",
+        ),
+        (
+            "text/plain",
+            Some("text/plain"),
+            good.to_string(),
+            "the body must be application/json",
+        ),
+        (
+            "no content type",
+            None,
+            good.to_string(),
+            "the body must be application/json",
+        ),
+        (
+            "too large",
+            json,
+            json!({"client_name": "x".repeat(20_000), "redirect_uris": []}).to_string(),
+            "the body is larger than 16384 bytes",
+        ),
+    ] {
+        let answer = post_raw(&server, "/oauth/register", content_type, body).await;
+        assert_oauth_error(&answer, metadata, description, what);
+    }
+    let registered: i64 = fx.id("SELECT count(*) FROM oauth_applications", &[]).await;
+    assert_eq!(registered, 0);
+
+    // A well-formed registration still registers.
+    let (status, _, body) = post_raw(&server, "/oauth/register", json, good.to_string()).await;
+    assert_eq!(status, 201, "{body}");
+    assert!(body["client_id"].as_str().is_some_and(|id| !id.is_empty()));
+}
+
+#[tokio::test]
+async fn oauth_token_and_revoke_answer_forms_they_cannot_read_with_invalid_request() {
+    let fx = Fx::new().await;
+    let server = Server::start(&fx).await;
+    let form = Some("application/x-www-form-urlencoded");
+    let as_json = Some("application/json");
+
+    for path in ["/oauth/token", "/oauth/revoke"] {
+        for (what, content_type, body, description) in [
+            (
+                "JSON",
+                as_json,
+                r#"{"grant_type": "refresh_token"}"#.to_owned(),
+                "the body must be application/x-www-form-urlencoded",
+            ),
+            (
+                "no content type",
+                None,
+                "grant_type=refresh_token".to_owned(),
+                "the body must be application/x-www-form-urlencoded",
+            ),
+            (
+                // RFC 6749 section 3.2: parameters are sent at most once.
+                "a parameter twice",
+                form,
+                "client_id=a&client_id=b&token=t&grant_type=refresh_token".to_owned(),
+                "the form could not be read",
+            ),
+            (
+                "too large",
+                form,
+                format!("client_id={}", "x".repeat(20_000)),
+                "the body is larger than 16384 bytes",
+            ),
+        ] {
+            let answer = post_raw(&server, path, content_type, body).await;
+            assert_oauth_error(
+                &answer,
+                "invalid_request",
+                description,
+                &format!("{path}: {what}"),
+            );
+        }
+    }
+
+    // A readable form still gets the endpoint's own answer.
+    let answer = post_raw(&server, "/oauth/token", form, "grant_type=refresh_token").await;
+    assert_oauth_error(&answer, "invalid_request", "client_id is required", "token");
+    let answer = post_raw(&server, "/oauth/revoke", form, "token=t").await;
+    assert_oauth_error(
+        &answer,
+        "invalid_request",
+        "token and client_id are required",
+        "revoke",
+    );
 }
