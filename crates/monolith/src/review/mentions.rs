@@ -1,8 +1,8 @@
 //! `@GitLabDuo <question>` in a comment: the chat agent answers as the
 //! person who asked (their rights bound what it reads), with the issue or
 //! merge request as the resource the question is about, and the bot posts
-//! the answer in the same thread. An internal comment gets an internal
-//! reply; a confidential issue's answer stays on that issue.
+//! the answer in the same thread. A reply in an internal thread is
+//! internal; a confidential issue's answer stays on that issue.
 
 use uuid::Uuid;
 
@@ -16,7 +16,6 @@ use crate::work_items::Kind;
 struct Asked {
     body: String,
     discussion_id: String,
-    internal: bool,
 }
 
 async fn asked(
@@ -27,7 +26,7 @@ async fn asked(
 ) -> Result<Option<Asked>, tokio_postgres::Error> {
     Ok(db
         .query_opt(
-            "SELECT body, discussion_id, internal FROM notes
+            "SELECT body, discussion_id FROM notes
              WHERE id = $1 AND noteable_type = $2 AND noteable_id = $3",
             &[&note_id, &kind.noteable_type(), &item],
         )
@@ -35,7 +34,6 @@ async fn asked(
         .map(|r| Asked {
             body: r.get(0),
             discussion_id: r.get(1),
-            internal: r.get(2),
         }))
 }
 
@@ -128,7 +126,6 @@ pub async fn run(services: &ReviewServices, job: &MentionAsked) -> Result<(), Re
         item,
         &asked.discussion_id,
         &format!("{text}\n\n<!-- duo-mention-reply:{} -->", job.note_id),
-        asked.internal,
     )
     .await?;
     Ok(())

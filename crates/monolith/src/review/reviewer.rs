@@ -31,6 +31,7 @@ use crate::gateway_client::GatewayAuth;
 use crate::policy::{Actor, AiReader, NoCodeReview};
 use crate::queries::Queries;
 use crate::work_items::Kind;
+use crate::work_items::position::Position;
 
 /// The prompt the gateway runs for each file.
 pub const PROMPT_ID: &str = "review_merge_request";
@@ -104,6 +105,8 @@ pub enum ReviewError {
     Repository(#[from] crate::repositories::RepositoryError),
     #[error("model settings: {0}")]
     Models(#[from] crate::ai_models::ModelsError),
+    #[error(transparent)]
+    WorkItem(#[from] crate::work_items::WorkItemError),
 }
 
 /// What a refusal note says (in our words).
@@ -230,7 +233,7 @@ pub async fn run(services: &ReviewServices, job: &ReviewRequested) -> Result<(),
         .await?;
         return Ok(());
     };
-    store::set_reviewer_state(&*db, mr.id, bot, "review_started").await?;
+    set_state(&*db, mr.id, bot, "review_started").await?;
 
     let comparison = crate::repositories::branch_comparison(
         &agent.repositories,
@@ -328,7 +331,6 @@ pub async fn run(services: &ReviewServices, job: &ReviewRequested) -> Result<(),
                     "This looks addressed in {}: resolving.",
                     &comparison.head_sha[..comparison.head_sha.len().min(8)]
                 ),
-                false,
             )
             .await?;
             posting::resolve(&*db, mr.id, &thread.discussion_id, bot).await?;
@@ -361,7 +363,7 @@ pub async fn run(services: &ReviewServices, job: &ReviewRequested) -> Result<(),
             },
         )
         .await?;
-        store::set_reviewer_state(&*db, mr.id, bot, "reviewed").await?;
+        set_state(&*db, mr.id, bot, "reviewed").await?;
         return Ok(());
     }
 
@@ -479,17 +481,17 @@ pub async fn run(services: &ReviewServices, job: &ReviewRequested) -> Result<(),
                 if commented.contains(&key) {
                     continue;
                 }
-                let position = json!({
-                    "position_type": "text",
-                    "base_sha": comparison.base_sha,
-                    "start_sha": comparison.start_sha,
-                    "head_sha": comparison.head_sha,
-                    "old_path": file.old_path,
-                    "new_path": file.path,
-                    "old_line": line.old_line,
-                    "new_line": line.new_line,
-                });
-                posting::diff_note(&*db, by, mr.id, &comment.body, &position).await?;
+                let position = Position {
+                    base_sha: comparison.base_sha.clone(),
+                    start_sha: comparison.start_sha.clone(),
+                    head_sha: comparison.head_sha.clone(),
+                    old_path: file.old_path.clone(),
+                    new_path: file.path.clone(),
+                    position_type: "text".to_owned(),
+                    old_line: line.old_line.and_then(|n| i32::try_from(n).ok()),
+                    new_line: line.new_line.and_then(|n| i32::try_from(n).ok()),
+                };
+                posting::diff_note(&*db, by, mr.id, &comment.body, position).await?;
                 commented.insert(key);
                 comments += 1;
                 if comment.priority == 3 {
@@ -540,7 +542,19 @@ pub async fn run(services: &ReviewServices, job: &ReviewRequested) -> Result<(),
         },
     )
     .await?;
-    store::set_reviewer_state(&*db, mr.id, bot, "reviewed").await?;
+    set_state(&*db, mr.id, bot, "reviewed").await?;
+    Ok(())
+}
+
+/// The bot's reviewer state, when it is a reviewer (a mention reviews
+/// without making it one).
+async fn set_state(
+    db: &impl Queries,
+    merge_request_id: i64,
+    bot: i64,
+    state: &str,
+) -> Result<(), ReviewError> {
+    crate::work_items::reviewers::set_state(db, merge_request_id, bot, state).await?;
     Ok(())
 }
 

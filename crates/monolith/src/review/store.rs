@@ -170,18 +170,3 @@ pub async fn default_instructions(
         rows.iter().map(|r| (r.get(0), r.get(1))).collect(),
     ))
 }
-
-/// Sets the bot's reviewer state on the merge request, when it is one.
-pub async fn set_reviewer_state(
-    db: &impl Queries,
-    merge_request_id: i64,
-    bot_id: i64,
-    state: &str,
-) -> Result<(), tokio_postgres::Error> {
-    db.execute(
-        "UPDATE merge_request_reviewers SET state = $3 WHERE merge_request_id = $1 AND user_id = $2",
-        &[&merge_request_id, &bot_id, &state],
-    )
-    .await?;
-    Ok(())
-}
