@@ -1,7 +1,8 @@
 //! What an instance administrator changes about Duo: the instance's Duo
 //! settings (on or off, the AI gateway URL, experiment and beta features,
 //! Duo Workflow's use of MCP servers and their allow-list), Duo
-//! seats (who holds which add-on), and the Duo switch of each group and project.
+//! seats (who holds which add-on), the Duo switch of each group and project,
+//! and which events start Duo's work in a project (its triggers).
 //! Plain functions on a database client, shared by the REST API and the admin
 //! pages; who may call them is the policy module's decision, made by the caller.
 //!
@@ -484,6 +485,60 @@ pub async fn set_project_duo(
         return Err(DuoSettingsError::NotFound("Project"));
     }
     follow_duo_switch(db, DuoSwitchScope::Project(project_id), index_attempts).await
+}
+
+/// A project's own choice for one Duo trigger event (`event` as
+/// `project_duo_triggers` names it); an event without one follows its
+/// default.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProjectTrigger {
+    pub event: String,
+    pub enabled: bool,
+}
+
+/// The trigger events the project switched on or off itself.
+pub async fn project_triggers(
+    db: &impl Queries,
+    project_id: i64,
+) -> Result<Vec<ProjectTrigger>, DuoSettingsError> {
+    Ok(db
+        .query(
+            "SELECT event, enabled FROM project_duo_triggers WHERE project_id = $1 ORDER BY event",
+            &[&project_id],
+        )
+        .await?
+        .iter()
+        .map(|r| ProjectTrigger {
+            event: r.get(0),
+            enabled: r.get(1),
+        })
+        .collect())
+}
+
+/// Switches the trigger `event` (one the table takes: `reviewer_assigned`,
+/// `mention`, `pipeline_failed`) for the project, as `by`.
+pub async fn set_project_trigger(
+    db: &impl Queries,
+    project_id: i64,
+    event: &str,
+    enabled: bool,
+    by: i64,
+) -> Result<(), DuoSettingsError> {
+    db.execute(
+        "INSERT INTO project_duo_triggers (project_id, event, enabled, updated_by_id) VALUES ($1, $2, $3, $4)
+         ON CONFLICT (project_id, event) DO UPDATE
+         SET enabled = EXCLUDED.enabled, updated_by_id = EXCLUDED.updated_by_id, updated_at = now()",
+        &[&project_id, &event, &enabled, &by],
+    )
+    .await
+    .map_err(|e| {
+        if e.code().is_some() {
+            DuoSettingsError::Invalid(format!("{event} is not a trigger event"))
+        } else {
+            e.into()
+        }
+    })?;
+    Ok(())
 }
 
 #[cfg(test)]

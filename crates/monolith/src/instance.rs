@@ -39,6 +39,9 @@ pub struct InstanceSettings {
     pub duo_workflow_mcp_enabled: bool,
     /// The MCP servers Duo Workflow may connect to (see [`checked_mcp_allowed_servers`]).
     pub duo_workflow_mcp_allowed_servers: Vec<String>,
+    /// Review instructions every merge request review applies first (the
+    /// YAML of `.gitlab/duo/mr-review-instructions.yaml`; empty for none).
+    pub duo_code_review_instructions: String,
 }
 
 /// The instance settings (the one row).
@@ -48,7 +51,8 @@ pub async fn settings(db: &impl Queries) -> Result<InstanceSettings, tokio_postg
             "SELECT realm, instance_tier, duo_features_enabled, ai_gateway_url,
                     ai_action_api_rate_limit, duo_chat_expiration_days,
                     instance_level_ai_beta_features_enabled,
-                    duo_workflow_mcp_enabled, duo_workflow_mcp_allowed_servers
+                    duo_workflow_mcp_enabled, duo_workflow_mcp_allowed_servers,
+                    duo_code_review_instructions
              FROM instance_settings",
             &[],
         )
@@ -63,6 +67,7 @@ pub async fn settings(db: &impl Queries) -> Result<InstanceSettings, tokio_postg
         instance_level_ai_beta_features_enabled: row.get(6),
         duo_workflow_mcp_enabled: row.get(7),
         duo_workflow_mcp_allowed_servers: row.get(8),
+        duo_code_review_instructions: row.get(9),
     })
 }
 
@@ -78,6 +83,8 @@ pub struct SettingsChange {
     pub duo_workflow_mcp_enabled: Option<bool>,
     /// Already checked with [`checked_mcp_allowed_servers`].
     pub duo_workflow_mcp_allowed_servers: Option<Vec<String>>,
+    /// Already parsed as review instructions.
+    pub duo_code_review_instructions: Option<String>,
 }
 
 /// Applies `change` to the instance settings.
@@ -94,6 +101,7 @@ pub async fn update_settings(
            instance_level_ai_beta_features_enabled = coalesce($5, instance_level_ai_beta_features_enabled),
            duo_workflow_mcp_enabled = coalesce($6, duo_workflow_mcp_enabled),
            duo_workflow_mcp_allowed_servers = coalesce($7, duo_workflow_mcp_allowed_servers),
+           duo_code_review_instructions = coalesce($8, duo_code_review_instructions),
            updated_at = now()",
         &[
             &change.instance_tier,
@@ -103,6 +111,7 @@ pub async fn update_settings(
             &change.instance_level_ai_beta_features_enabled,
             &change.duo_workflow_mcp_enabled,
             &change.duo_workflow_mcp_allowed_servers,
+            &change.duo_code_review_instructions,
         ],
     )
     .await?;

@@ -18,9 +18,22 @@ pub struct User {
     /// `active`, `blocked` or `deactivated`.
     pub state: String,
     pub created_at: DateTime<Utc>,
+    /// GitLab's user type: `human`, or an internal user such as the review
+    /// bot (`duo_code_review_bot`).
+    pub user_type: String,
 }
 
-const USER_COLUMNS: &str = "id, username, name, email, admin, state, created_at";
+impl User {
+    /// An internal user (GitLab's `bot?`): never signs in, holds no tokens.
+    pub fn bot(&self) -> bool {
+        self.user_type != HUMAN
+    }
+}
+
+/// The `user_type` of people.
+const HUMAN: &str = "human";
+
+const USER_COLUMNS: &str = "id, username, name, email, admin, state, created_at, user_type";
 
 fn user_from_row(row: &tokio_postgres::Row) -> User {
     User {
@@ -31,6 +44,7 @@ fn user_from_row(row: &tokio_postgres::Row) -> User {
         admin: row.get("admin"),
         state: row.get("state"),
         created_at: row.get("created_at"),
+        user_type: row.get("user_type"),
     }
 }
 
@@ -48,6 +62,44 @@ pub async fn exists(db: &impl Queries, id: i64) -> Result<bool, tokio_postgres::
         .query_opt("SELECT 1 FROM users WHERE id = $1", &[&id])
         .await?
         .is_some())
+}
+
+/// Those of `ids` that name no user, in the order given.
+pub async fn missing(db: &impl Queries, ids: &[i64]) -> Result<Vec<i64>, tokio_postgres::Error> {
+    let found: Vec<i64> = db
+        .query("SELECT id FROM users WHERE id = ANY($1)", &[&ids])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    Ok(ids
+        .iter()
+        .copied()
+        .filter(|id| !found.contains(id))
+        .collect())
+}
+
+/// Whether user `id` is an internal user (the review bot); `None` for no
+/// such user.
+pub async fn is_internal(
+    db: &impl Queries,
+    id: i64,
+) -> Result<Option<bool>, tokio_postgres::Error> {
+    Ok(db
+        .query_opt(
+            "SELECT user_type <> 'human' FROM users WHERE id = $1",
+            &[&id],
+        )
+        .await?
+        .map(|r| r.get(0)))
+}
+
+/// The review bot (GitLab's internal `GitLabDuo`), as items show it.
+pub async fn review_bot(db: &impl Queries) -> Result<Option<User>, tokio_postgres::Error> {
+    let sql = format!(
+        "SELECT {USER_COLUMNS} FROM users WHERE user_type = 'duo_code_review_bot' ORDER BY id LIMIT 1"
+    );
+    Ok(db.query_opt(&sql, &[]).await?.as_ref().map(user_from_row))
 }
 
 /// Which users a list shows; every field left `None` lets all through.
@@ -200,6 +252,22 @@ pub async fn set_state(
     Ok(())
 }
 
+/// Stores a new password hash (see `passwords::hash`) for the person `id`;
+/// `false` for an internal user, who keeps none.
+pub async fn set_password(
+    db: &impl Queries,
+    id: i64,
+    hashed: &str,
+) -> Result<bool, tokio_postgres::Error> {
+    Ok(db
+        .execute(
+            "UPDATE users SET encrypted_password = $2 WHERE id = $1 AND user_type = 'human'",
+            &[&id, &hashed],
+        )
+        .await?
+        > 0)
+}
+
 /// The name and email address a commit by user `id` is signed with.
 pub async fn name_and_email(
     db: &impl Queries,
@@ -235,15 +303,17 @@ pub async fn active(
         }))
 }
 
-/// The id and stored password hash of the active user with this username
-/// (given in lower case); `None` when there is none.
+/// The id and stored password hash of the active person with this username
+/// (given in lower case); `None` when there is none. Internal users (the
+/// review bot) never sign in, whatever is stored for them.
 pub async fn password_of_active(
     db: &impl Queries,
     username_lowercase: &str,
 ) -> Result<Option<(i64, Option<String>)>, tokio_postgres::Error> {
     Ok(db
         .query_opt(
-            "SELECT id, encrypted_password FROM users WHERE lower(username) = $1 AND state = 'active'",
+            "SELECT id, encrypted_password FROM users
+             WHERE lower(username) = $1 AND state = 'active' AND user_type = 'human'",
             &[&username_lowercase],
         )
         .await?

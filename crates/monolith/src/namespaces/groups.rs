@@ -22,6 +22,9 @@ pub struct Group {
     pub created_at: DateTime<Utc>,
     /// `acme/platform`.
     pub full_path: String,
+    /// Review instructions the group's merge request reviews apply (YAML;
+    /// empty for none).
+    pub duo_code_review_instructions: String,
 }
 
 const GROUP_SQL: &str = "WITH RECURSIVE chain(id, parent_id, full_path, root) AS (
@@ -30,7 +33,8 @@ const GROUP_SQL: &str = "WITH RECURSIVE chain(id, parent_id, full_path, root) AS
         SELECT g.id, g.parent_id, c.full_path || '/' || g.path, c.root FROM groups g JOIN chain c ON g.parent_id = c.id
     )
     SELECT g.id, g.name, g.path, g.description, g.visibility, g.parent_id, g.duo_features_enabled,
-           g.experiment_and_beta_features, g.duo_workflow_mcp_enabled, g.created_at, c.full_path
+           g.experiment_and_beta_features, g.duo_workflow_mcp_enabled, g.created_at, c.full_path,
+           g.duo_code_review_instructions
     FROM groups g JOIN chain c ON c.id = g.id";
 
 fn group_from_row(row: &tokio_postgres::Row) -> Group {
@@ -46,7 +50,46 @@ fn group_from_row(row: &tokio_postgres::Row) -> Group {
         duo_workflow_mcp_enabled: row.get("duo_workflow_mcp_enabled"),
         created_at: row.get("created_at"),
         full_path: row.get("full_path"),
+        duo_code_review_instructions: row.get("duo_code_review_instructions"),
     }
+}
+
+/// One group's default review instructions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupReviewInstructions {
+    pub group_id: i64,
+    /// `acme/platform`.
+    pub full_path: String,
+    /// YAML; never empty here.
+    pub text: String,
+}
+
+/// The default review instructions of the project's group and its
+/// ancestors that have some, from the top-level group down (the order a
+/// review applies them in, before the project's own).
+pub async fn review_instructions_above_project(
+    db: &impl Queries,
+    project_id: i64,
+) -> Result<Vec<GroupReviewInstructions>, tokio_postgres::Error> {
+    let sql = format!(
+        "WITH RECURSIVE up(id, depth) AS (
+             SELECT group_id, 0 FROM projects WHERE id = $1
+             UNION ALL
+             SELECT g.parent_id, up.depth + 1 FROM groups g JOIN up ON g.id = up.id WHERE g.parent_id IS NOT NULL
+         ), found AS ({GROUP_SQL})
+         SELECT f.id, f.full_path, f.duo_code_review_instructions FROM found f JOIN up ON up.id = f.id
+         WHERE f.duo_code_review_instructions <> '' ORDER BY up.depth DESC"
+    );
+    Ok(db
+        .query(&sql, &[&project_id])
+        .await?
+        .iter()
+        .map(|r| GroupReviewInstructions {
+            group_id: r.get(0),
+            full_path: r.get(1),
+            text: r.get(2),
+        })
+        .collect())
 }
 
 /// Every group, oldest first.
@@ -171,6 +214,8 @@ pub struct GroupChanges<'a> {
     pub duo_features_enabled: Option<bool>,
     pub experiment_features_enabled: Option<bool>,
     pub duo_workflow_mcp_enabled: Option<bool>,
+    /// Already parsed as review instructions.
+    pub duo_code_review_instructions: Option<&'a str>,
 }
 
 /// Applies `changes`; a taken path fails with the database's constraint error.
@@ -184,7 +229,8 @@ pub async fn update(
             description = coalesce($4, description), visibility = coalesce($5, visibility),
             duo_features_enabled = coalesce($6, duo_features_enabled),
             experiment_and_beta_features = coalesce($7, experiment_and_beta_features),
-            duo_workflow_mcp_enabled = coalesce($8, duo_workflow_mcp_enabled)
+            duo_workflow_mcp_enabled = coalesce($8, duo_workflow_mcp_enabled),
+            duo_code_review_instructions = coalesce($9, duo_code_review_instructions)
          WHERE id = $1",
         &[
             &id,
@@ -195,6 +241,7 @@ pub async fn update(
             &changes.duo_features_enabled,
             &changes.experiment_features_enabled,
             &changes.duo_workflow_mcp_enabled,
+            &changes.duo_code_review_instructions,
         ],
     )
     .await?;

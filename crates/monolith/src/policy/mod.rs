@@ -16,6 +16,7 @@ mod code_review;
 mod duo;
 pub mod duo_context;
 mod facts;
+mod merge_request_review;
 mod read;
 mod workflow;
 mod workflow_tools;

@@ -10,6 +10,7 @@ use crate::app_state::AppState;
 use crate::duo_settings::DuoSettingsError;
 use crate::instance::{self, InstanceSettings, SettingsChange};
 use crate::policy::DuoSwitchScope;
+use crate::review::instructions::{self, Source};
 
 // ---- application settings and seats ---------------------------------------------
 
@@ -25,6 +26,7 @@ fn settings_json(settings: &InstanceSettings) -> Value {
         "instance_level_ai_beta_features_enabled": settings.instance_level_ai_beta_features_enabled,
         "duo_workflow_mcp_enabled": settings.duo_workflow_mcp_enabled,
         "duo_workflow_mcp_allowed_servers": settings.duo_workflow_mcp_allowed_servers,
+        "duo_code_review_instructions": settings.duo_code_review_instructions,
     })
 }
 
@@ -49,6 +51,9 @@ pub(super) struct SettingsUpdate {
     /// A JSON list, or one comma-separated text (`a,b`) as GitLab takes
     /// list settings; `[]` (or `""`) empties it.
     duo_workflow_mcp_allowed_servers: Option<Vec<String>>,
+    /// Our extension: review instructions every merge request review applies
+    /// (the YAML of `.gitlab/duo/mr-review-instructions.yaml`; `""` for none).
+    duo_code_review_instructions: Option<String>,
 }
 
 pub(super) async fn update_settings(
@@ -83,6 +88,9 @@ pub(super) async fn update_settings(
         .map(instance::checked_mcp_allowed_servers)
         .transpose()
         .map_err(|e| ApiError::BadRequest(format!("duo_workflow_mcp_allowed_servers {e}")))?;
+    if let Some(text) = &b.duo_code_review_instructions {
+        checked_review_instructions(text, Source::Instance)?;
+    }
     let switched = b.duo_features_enabled.is_some();
     let db = state.pool.get().await?;
     instance::update_settings(
@@ -95,6 +103,7 @@ pub(super) async fn update_settings(
             instance_level_ai_beta_features_enabled: b.instance_level_ai_beta_features_enabled,
             duo_workflow_mcp_enabled: b.duo_workflow_mcp_enabled,
             duo_workflow_mcp_allowed_servers: allowed_servers,
+            duo_code_review_instructions: b.duo_code_review_instructions,
         },
     )
     .await?;
@@ -103,6 +112,14 @@ pub(super) async fn update_settings(
     }
     let settings = instance::settings(&*db).await?;
     Ok(HttpResponse::Ok().json(settings_json(&settings)))
+}
+
+/// Review instructions as a review would read them: 400 with the reason
+/// when they do not parse (bad YAML, a bad glob, too large).
+pub(super) fn checked_review_instructions(text: &str, source: Source) -> Result<(), ApiError> {
+    instructions::parse(text, source)
+        .map(|_| ())
+        .map_err(|e| ApiError::BadRequest(format!("duo_code_review_instructions: {e}")))
 }
 
 #[derive(Deserialize)]

@@ -14,6 +14,7 @@ use super::{optional_user, require_admin};
 use crate::app_state::AppState;
 use crate::namespaces::groups::{self, Group, GroupChanges, GroupCreation};
 use crate::policy::{DuoSwitchScope, WriteAbility};
+use crate::review::instructions::Source;
 
 // ---- groups -------------------------------------------------------------------
 
@@ -35,6 +36,7 @@ pub(super) fn group_json(group: &Group, base: &url::Url) -> Value {
         "duo_features_enabled": group.duo_features_enabled,
         "experiment_features_enabled": group.experiment_features_enabled,
         "ai_settings": { "duo_workflow_mcp_enabled": group.duo_workflow_mcp_enabled },
+        "duo_code_review_instructions": group.duo_code_review_instructions,
         "created_at": group.created_at,
     })
 }
@@ -143,6 +145,9 @@ pub(super) struct GroupUpdate {
     /// GitLab's group AI settings (JSON, or the form keys
     /// `ai_settings_attributes[duo_workflow_mcp_enabled]`).
     ai_settings_attributes: Option<AiSettingsAttributes>,
+    /// Our extension: review instructions the group's merge request reviews
+    /// apply, after the instance's (YAML; `""` for none).
+    duo_code_review_instructions: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -182,6 +187,10 @@ pub(super) async fn update_group(
         }
     }
     let db = state.pool.get().await?;
+    if let Some(text) = &b.duo_code_review_instructions {
+        let path = Container::Group(id).full_path(&*db).await?;
+        super::admin::checked_review_instructions(text, Source::Group(path))?;
+    }
     let (parent, parent_visibility) = groups::parent_and_its_visibility(&*db, id).await?;
     if b.experiment_features_enabled.is_some() && parent.is_some() {
         return Err(ApiError::invalid(
@@ -226,6 +235,7 @@ pub(super) async fn update_group(
         duo_features_enabled: b.duo_features_enabled,
         experiment_features_enabled: b.experiment_features_enabled,
         duo_workflow_mcp_enabled: mcp_enabled,
+        duo_code_review_instructions: b.duo_code_review_instructions.as_deref(),
     };
     groups::update(&*db, id, &changes)
         .await

@@ -27,6 +27,20 @@ pub(super) struct ItemUpdate {
     due_date: Option<String>,
     state_event: Option<String>,
     target_branch: Option<String>,
+    /// Merge requests: replaces the reviewers (see `merge_requests::checked_reviewers`).
+    reviewer_ids: Option<Vec<i64>>,
+}
+
+impl ItemUpdate {
+    /// The changes of an item without reviewers (issues, epics).
+    fn without_reviewers(self) -> Result<ItemChanges, ApiError> {
+        if self.reviewer_ids.is_some() {
+            return Err(ApiError::BadRequest(
+                "reviewer_ids is not a parameter here".into(),
+            ));
+        }
+        Ok(self.into())
+    }
 }
 
 impl From<ItemUpdate> for ItemChanges {
@@ -76,16 +90,16 @@ pub(super) async fn editor(
     Ok(actor)
 }
 
-/// Applies the update in one transaction.
+/// Applies the changes in one transaction.
 pub(super) async fn apply(
     state: &AppState,
     kind: Kind,
     id: i64,
     me: Actor,
-    update: ItemUpdate,
+    changes: ItemChanges,
 ) -> Result<(), ApiError> {
     let mut db = state.pool.get().await?;
-    Ok(updates::apply(&mut db, kind, id, me.id, update.into()).await?)
+    Ok(updates::apply(&mut db, kind, id, me.id, changes).await?)
 }
 
 /// `PUT /projects/:id/issues/:iid`.
@@ -99,11 +113,13 @@ pub(super) async fn update_issue(
     let found = super::issues::find_issue(&state, &req, project, iid).await;
     let id = item_id(found)?;
     let me = editor(&state, &req, Kind::Issue, id).await?;
-    apply(&state, Kind::Issue, id, me, body.into_inner()).await?;
+    let changes = body.into_inner().without_reviewers()?;
+    apply(&state, Kind::Issue, id, me, changes).await?;
     super::issues::show_issue(state, req, web::Path::from((project, iid))).await
 }
 
-/// `PUT /projects/:id/merge_requests/:iid`.
+/// `PUT /projects/:id/merge_requests/:iid`; `reviewer_ids` alone is an
+/// update too. Reviewers are checked before anything changes.
 pub(super) async fn update_merge_request(
     state: web::Data<AppState>,
     req: HttpRequest,
@@ -114,7 +130,20 @@ pub(super) async fn update_merge_request(
     let found = super::merge_requests::find_merge_request(&state, &req, project, iid).await;
     let id = item_id(found)?;
     let me = editor(&state, &req, Kind::MergeRequest, id).await?;
-    apply(&state, Kind::MergeRequest, id, me, body.into_inner()).await?;
+    let mut update = body.into_inner();
+    let reviewers = match update.reviewer_ids.take() {
+        Some(ids) => {
+            Some(super::merge_requests::checked_reviewers(&state, me, project, &ids).await?)
+        }
+        None => None,
+    };
+    let changes = ItemChanges::from(update);
+    if reviewers.is_none() || changes != ItemChanges::default() {
+        apply(&state, Kind::MergeRequest, id, me, changes).await?;
+    }
+    if let Some(ids) = reviewers {
+        super::merge_requests::save_reviewers(&state, me.id, project, iid, id, &ids).await?;
+    }
     super::merge_requests::show_merge_request(state, req, web::Path::from((project, iid))).await
 }
 
@@ -129,7 +158,8 @@ pub(super) async fn update_epic(
     let found = super::epics::find_epic(&state, &req, group, EpicKey::Iid(i64::from(iid))).await;
     let id = item_id(found)?;
     let me = editor(&state, &req, Kind::Epic, id).await?;
-    apply(&state, Kind::Epic, id, me, body.into_inner()).await?;
+    let changes = body.into_inner().without_reviewers()?;
+    apply(&state, Kind::Epic, id, me, changes).await?;
     super::epics::show_epic(state, req, web::Path::from((group, iid))).await
 }
 

@@ -14,9 +14,10 @@ use super::pagination::{PageParams, paged};
 use super::param_values::state_filter;
 use super::{ApiError, diffs};
 use crate::app_state::AppState;
+use crate::identity::users;
 use crate::policy::{Actor, WriteAbility};
-use crate::work_items::Author;
 use crate::work_items::merge_requests::{self, MergeRequest, NewMergeRequest};
+use crate::work_items::{Author, reviewers};
 
 pub(super) fn mr_json(mr: &MergeRequest, base: &url::Url, full_path: &str) -> Value {
     let iid = mr.iid;
@@ -37,6 +38,7 @@ pub(super) fn mr_json(mr: &MergeRequest, base: &url::Url, full_path: &str) -> Va
         "draft": false,
         "work_in_progress": false,
         "author": user_basic(&mr.author, base),
+        "reviewers": mr.reviewers.iter().map(|r| user_basic(r, base)).collect::<Vec<_>>(),
         "references": references(full_path, '!', iid),
         "web_url": format!("{}{full_path}/-/merge_requests/{iid}", base.as_str()),
         "created_at": mr.created_at,
@@ -129,6 +131,7 @@ pub(super) struct NewMergeRequestParams {
     /// Our addition: the change as a unified diff (there is no repository to
     /// compute it from).
     diff: Option<String>,
+    reviewer_ids: Option<Vec<i64>>,
 }
 
 fn validate(b: &NewMergeRequestParams) -> Result<(), ApiError> {
@@ -172,8 +175,12 @@ pub(super) async fn create_merge_request(
         .await?;
     let b = body.into_inner();
     validate(&b)?;
+    let reviewer_ids = match &b.reviewer_ids {
+        Some(ids) => Some(checked_reviewers(&state, Actor::from(&me), project, ids).await?),
+        None => None,
+    };
     let mut db = state.pool.get().await?;
-    let mr = merge_requests::create(
+    let mut mr = merge_requests::create(
         &mut db,
         NewMergeRequest {
             project,
@@ -190,8 +197,98 @@ pub(super) async fn create_merge_request(
         },
     )
     .await?;
+    if let Some(ids) = reviewer_ids {
+        save_reviewers(&state, me.id, project, mr.iid, mr.id, &ids).await?;
+        mr = merge_requests::by_iid(&*db, project, mr.iid)
+            .await?
+            .ok_or(ApiError::NotFound("Merge Request"))?;
+    }
     let full_path = Container::Project(project).full_path(&*db).await?;
     Ok(HttpResponse::Created().json(mr_json(&mr, &state.config.external_url, &full_path)))
+}
+
+/// `reviewer_ids` once checked: the caller may set reviewers in the project
+/// (developers and above), and each id (`0` dropped, GitLab's "none") is a
+/// user who may review there; 403 and 400 otherwise.
+pub(super) async fn checked_reviewers(
+    state: &AppState,
+    me: Actor,
+    project: i64,
+    ids: &[i64],
+) -> Result<Vec<i64>, ApiError> {
+    let db = state.pool.get().await?;
+    if !state
+        .policy
+        .may_set_reviewers(&*db, Some(me), project)
+        .await?
+    {
+        return Err(ApiError::Forbidden);
+    }
+    let ids: Vec<i64> = ids.iter().copied().filter(|id| *id != 0).collect();
+    if ids.len() > MAX_REVIEWERS {
+        return Err(ApiError::invalid(
+            "reviewers",
+            format!("maximum number of reviewers ({MAX_REVIEWERS}) exceeded"),
+        ));
+    }
+    if let Some(unknown) = users::missing(&*db, &ids).await?.first() {
+        return Err(ApiError::invalid(
+            "reviewer_ids",
+            format!("user {unknown} does not exist"),
+        ));
+    }
+    for id in &ids {
+        if !state.policy.may_review(&*db, *id, project).await? {
+            return Err(ApiError::invalid(
+                "reviewer_ids",
+                format!("user {id} cannot read this project's merge requests"),
+            ));
+        }
+    }
+    Ok(ids)
+}
+
+/// GitLab's cap on a merge request's reviewers.
+const MAX_REVIEWERS: usize = 200;
+
+/// Makes checked `ids` the merge request's reviewers and starts Duo's review
+/// when the review bot is among those newly added (`requester` asked).
+pub(super) async fn save_reviewers(
+    state: &AppState,
+    requester: i64,
+    project: i64,
+    iid: i32,
+    id: i64,
+    ids: &[i64],
+) -> Result<(), ApiError> {
+    let db = state.pool.get().await?;
+    let added = reviewers::set(&*db, id, ids).await?;
+    super::duo_events::reviewers_added(&*db, project, iid, requester, &added).await;
+    Ok(())
+}
+
+/// `GET …/merge_requests/:iid/reviewers`: each reviewer with their state.
+pub(super) async fn merge_request_reviewers(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<(i64, i32)>,
+) -> Result<HttpResponse, ApiError> {
+    let (project, iid) = path.into_inner();
+    let mr = find_merge_request(&state, &req, project, iid).await?;
+    let db = state.pool.get().await?;
+    let base = &state.config.external_url;
+    let items: Vec<Value> = reviewers::list(&*db, mr.item.id)
+        .await?
+        .iter()
+        .map(|r| {
+            json!({
+                "user": user_basic(&r.user, base),
+                "state": r.state,
+                "created_at": r.created_at,
+            })
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(items))
 }
 
 /// The merge request's per-file changes: the real comparison of its branches
@@ -227,6 +324,22 @@ async fn file_diffs(
             .collect(),
         None => diffs::parse(&mr.diff),
     })
+}
+
+/// `(old_path, new_path)` of each file a merge request the caller may read
+/// changes (a diff note must sit on one).
+pub(super) async fn changed_paths(
+    state: &AppState,
+    req: &impl super::Caller,
+    project: i64,
+    iid: i32,
+) -> Result<Vec<(String, String)>, ApiError> {
+    let mr = find_merge_request(state, req, project, iid).await?;
+    Ok(file_diffs(state, project, &mr.item)
+        .await?
+        .into_iter()
+        .map(|f| (f.old_path, f.new_path))
+        .collect())
 }
 
 /// The merge request with its `changes` (GitLab's older, unpaginated form).

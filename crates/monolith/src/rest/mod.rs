@@ -2,8 +2,8 @@
 //!
 //! - [`routes`]: the one route table, every method and path with its handler;
 //! - handler modules (`users`, `groups`, `projects`, `issues`, `epics`,
-//!   `merge_requests`, `notes`, `members`, `ci`, `repository`,
-//!   `repository_commits`, `branches`, `admin`, `workflows`,
+//!   `merge_requests`, `notes`, `discussions`, `members`, `ci`, `repository`,
+//!   `repository_commits`, `branches`, `admin`, `duo_triggers`, `workflows`,
 //!   `workflows_internal`, `workflows_socket`): parse, ask the policy, call the
 //!   domain, render; they register nothing and import no handler module that
 //!   registers them;
@@ -12,7 +12,8 @@
 //!   sort, state, visibility), `containers` (a group or project the caller may
 //!   read or change), `item_access` (items found through the policy),
 //!   `entities` (GitLab's JSON fragments), `repository_access`,
-//!   `workflow_access`, and [`ApiError`] with its conversions.
+//!   `workflow_access`, `duo_events` (the events that start Duo's work), and
+//!   [`ApiError`] with its conversions.
 //!
 //! `docs/adding-an-endpoint.md` walks through adding one.
 
@@ -21,6 +22,9 @@ mod branches;
 mod ci;
 mod containers;
 mod diffs;
+mod discussions;
+mod duo_events;
+mod duo_triggers;
 mod entities;
 mod epics;
 mod error;

@@ -15,6 +15,7 @@ use super::pagination::{PageParams, paged};
 use super::param_values::sort_order;
 use crate::app_state::AppState;
 use crate::policy::{Actor, Subject, WriteAbility};
+use crate::work_items::discussions;
 use crate::work_items::notes::{self, NewNote, Note};
 use crate::work_items::{Author, Kind};
 
@@ -58,19 +59,33 @@ impl Noteable {
     }
 
     /// GitLab keeps internal notes for issues and epics.
-    fn supports_internal(&self) -> bool {
+    pub fn supports_internal(&self) -> bool {
         self.kind != Kind::MergeRequest
+    }
+
+    /// The project the item lives in (`None` for epics).
+    pub fn project(&self) -> Option<i64> {
+        match self.container {
+            Subject::Project(id) => Some(id),
+            _ => None,
+        }
+    }
+
+    /// The item as the discussions domain names it.
+    pub fn domain(&self) -> discussions::Noteable {
+        discussions::Noteable {
+            kind: self.kind,
+            id: self.id,
+        }
     }
 }
 
-fn note_json(note: &Note, noteable: &Noteable, base: &url::Url) -> Value {
-    let project_id = match noteable.container {
-        Subject::Project(id) => Some(id),
-        _ => None,
-    };
-    json!({
+/// GitLab's note entity: `position` only on diff notes, the resolution only
+/// on resolvable notes (as `API::Entities::Note` exposes them).
+pub(super) fn note_json(note: &Note, noteable: &Noteable, base: &url::Url) -> Value {
+    let mut v = json!({
         "id": note.id,
-        "type": Value::Null,
+        "type": note.note_type,
         "body": note.body,
         "attachment": Value::Null,
         "author": user_basic(&note.author, base),
@@ -79,12 +94,36 @@ fn note_json(note: &Note, noteable: &Noteable, base: &url::Url) -> Value {
         "system": note.system,
         "noteable_id": note.noteable_id,
         "noteable_type": note.noteable_type,
-        "project_id": project_id,
+        "project_id": noteable.project(),
         "noteable_iid": noteable.iid,
-        "resolvable": false,
+        "resolvable": note.resolvable,
         "internal": note.internal,
         "confidential": note.internal,
-    })
+    });
+    let Some(obj) = v.as_object_mut() else {
+        return v;
+    };
+    if let Some(position) = &note.position {
+        if note.noteable_type == "MergeRequest" {
+            obj.insert("commit_id".into(), Value::Null);
+        }
+        let mut position = json!(position);
+        if let Some(p) = position.as_object_mut() {
+            p.insert("line_range".into(), Value::Null);
+        }
+        obj.insert("position".into(), position);
+    }
+    if note.resolvable {
+        obj.insert("resolved".into(), json!(note.resolved()));
+        obj.insert(
+            "resolved_by".into(),
+            note.resolved_by
+                .as_ref()
+                .map_or(Value::Null, |u| user_basic(u, base)),
+        );
+        obj.insert("resolved_at".into(), json!(note.resolved_at));
+    }
+    v
 }
 
 #[derive(Debug, Deserialize)]
@@ -169,24 +208,10 @@ pub(super) async fn note_created<T: NoteTarget>(
 ) -> Result<Value, ApiError> {
     let me = req.writer(state).await?;
     let (_, noteable) = T::find(state, req, path).await?;
-    if note.body.trim().is_empty() {
-        return Err(ApiError::BadRequest("body is missing".into()));
-    }
+    check_body(&note.body)?;
     let internal = note.internal.or(note.confidential).unwrap_or(false);
     if internal {
-        if !noteable.supports_internal() {
-            return Err(ApiError::invalid(
-                "internal",
-                "can only be set on issues and epics",
-            ));
-        }
-        require_write(
-            state,
-            &me,
-            WriteAbility::CreateInternalNote,
-            noteable.container,
-        )
-        .await?;
+        may_write_internal(state, &me, &noteable).await?;
     }
     let db = state.pool.get().await?;
     let created = notes::create(
@@ -203,7 +228,62 @@ pub(super) async fn note_created<T: NoteTarget>(
         },
     )
     .await?;
+    after_note(&*db, &noteable, &created, me.id).await;
     Ok(note_json(&created, &noteable, &state.config.external_url))
+}
+
+/// A note's body: GitLab refuses a blank one.
+pub(super) fn check_body(body: &str) -> Result<(), ApiError> {
+    if body.trim().is_empty() {
+        return Err(ApiError::BadRequest("body is missing".into()));
+    }
+    Ok(())
+}
+
+/// Whether `me` may write an internal note on the item: issues and epics
+/// keep them, for reporters and above.
+pub(super) async fn may_write_internal(
+    state: &AppState,
+    me: &crate::identity::tokens::AuthenticatedUser,
+    noteable: &Noteable,
+) -> Result<(), ApiError> {
+    if !noteable.supports_internal() {
+        return Err(ApiError::invalid(
+            "internal",
+            "can only be set on issues and epics",
+        ));
+    }
+    require_write(
+        state,
+        me,
+        WriteAbility::CreateInternalNote,
+        noteable.container,
+    )
+    .await
+}
+
+/// What follows a note written through the API on an issue or merge
+/// request: Duo's answer when it mentions the review bot. `requester` is the
+/// person behind the write (the human of a composite identity).
+pub(super) async fn after_note(
+    db: &impl crate::queries::Queries,
+    noteable: &Noteable,
+    note: &Note,
+    requester: i64,
+) {
+    let (Some(project), Some(iid)) = (noteable.project(), noteable.iid) else {
+        return;
+    };
+    super::duo_events::note_created(
+        db,
+        project,
+        noteable.kind.noteable_type(),
+        iid,
+        note.id,
+        requester,
+        &note.body,
+    )
+    .await;
 }
 
 #[cfg(test)]

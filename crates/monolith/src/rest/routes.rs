@@ -13,9 +13,9 @@
 use actix_web::web::{ServiceConfig, delete, get, patch, post, put};
 
 use super::{
-    admin, branches, ci, epics, groups, issues, item_updates, mcp, members, merge_requests, notes,
-    projects, repository, repository_commits, users, workflows, workflows_internal,
-    workflows_socket,
+    admin, branches, ci, discussions, duo_triggers, epics, groups, issues, item_updates, mcp,
+    members, merge_requests, notes, projects, repository, repository_commits, users, workflows,
+    workflows_internal, workflows_socket,
 };
 
 /// Mounted by the server under `/api/v4`.
@@ -53,6 +53,12 @@ pub fn api_v4(cfg: &mut ServiceConfig) {
     cfg.route("/projects", post().to(projects::create_project));
     cfg.route("/projects/{id}", get().to(projects::show_project));
     cfg.route("/projects/{id}", put().to(projects::update_project));
+    // Our extension: which events start Duo's work in the project.
+    cfg.route("/projects/{id}/duo_triggers", get().to(duo_triggers::list));
+    cfg.route(
+        "/projects/{id}/duo_triggers/{event}",
+        put().to(duo_triggers::update),
+    );
 
     // ---- issues ------------------------------------------------------------------
     cfg.route("/projects/{id}/issues", get().to(issues::list_issues));
@@ -69,6 +75,22 @@ pub fn api_v4(cfg: &mut ServiceConfig) {
     cfg.route(
         "/projects/{id}/issues/{iid}/notes",
         post().to(notes::create::<issues::IssueNotes>),
+    );
+    cfg.route(
+        "/projects/{id}/issues/{iid}/discussions",
+        get().to(discussions::list::<issues::IssueNotes>),
+    );
+    cfg.route(
+        "/projects/{id}/issues/{iid}/discussions",
+        post().to(discussions::create::<issues::IssueNotes>),
+    );
+    cfg.route(
+        "/projects/{id}/issues/{iid}/discussions/{discussion_id}",
+        get().to(discussions::show::<issues::IssueNotes>),
+    );
+    cfg.route(
+        "/projects/{id}/issues/{iid}/discussions/{discussion_id}/notes",
+        post().to(discussions::reply::<issues::IssueNotes>),
     );
 
     // ---- instance settings and seats ---------------------------------------------
@@ -216,6 +238,30 @@ pub fn api_v4(cfg: &mut ServiceConfig) {
     cfg.route(
         "/projects/{id}/merge_requests/{iid}/notes",
         post().to(notes::create::<merge_requests::MergeRequestNotes>),
+    );
+    cfg.route(
+        "/projects/{id}/merge_requests/{iid}/reviewers",
+        get().to(merge_requests::merge_request_reviewers),
+    );
+    cfg.route(
+        "/projects/{id}/merge_requests/{iid}/discussions",
+        get().to(discussions::list::<merge_requests::MergeRequestNotes>),
+    );
+    cfg.route(
+        "/projects/{id}/merge_requests/{iid}/discussions",
+        post().to(discussions::create::<merge_requests::MergeRequestNotes>),
+    );
+    cfg.route(
+        "/projects/{id}/merge_requests/{iid}/discussions/{discussion_id}",
+        get().to(discussions::show::<merge_requests::MergeRequestNotes>),
+    );
+    cfg.route(
+        "/projects/{id}/merge_requests/{iid}/discussions/{discussion_id}",
+        put().to(discussions::resolve::<merge_requests::MergeRequestNotes>),
+    );
+    cfg.route(
+        "/projects/{id}/merge_requests/{iid}/discussions/{discussion_id}/notes",
+        post().to(discussions::reply::<merge_requests::MergeRequestNotes>),
     );
 
     // ---- CI: pipelines and jobs --------------------------------------------------

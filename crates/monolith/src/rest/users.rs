@@ -9,6 +9,8 @@ use super::pagination::{PageParams, paged};
 use super::param_values::like_pattern;
 use super::{ApiError, READ_SCOPES, WRITE_SCOPES, require_admin, require_user};
 use crate::app_state::AppState;
+use crate::identity::passwords::{self, PasswordError};
+use crate::identity::sessions;
 use crate::identity::tokens::{self, AuthenticatedUser, TokenFilter, TokenRecord};
 use crate::identity::users::{self, User, UserChanges, UserFilter};
 
@@ -24,6 +26,7 @@ fn user_json(user: &User, base: &url::Url, with_admin: bool) -> Value {
         "avatar_url": Value::Null,
         "web_url": format!("{}{}", base.as_str(), user.username),
         "created_at": user.created_at,
+        "bot": user.bot(),
     });
     if with_admin && let Some(obj) = v.as_object_mut() {
         obj.insert("is_admin".into(), json!(user.admin));
@@ -146,9 +149,11 @@ pub(super) struct UserUpdate {
     name: Option<String>,
     email: Option<String>,
     admin: Option<bool>,
+    password: Option<String>,
 }
 
-/// Admins change a user's username, name, email or admin flag.
+/// Admins change a user's username, name, email, admin flag or password.
+/// Internal users (the review bot) never get a password or admin rights.
 pub(super) async fn update_user(
     state: web::Data<AppState>,
     req: HttpRequest,
@@ -168,9 +173,32 @@ pub(super) async fn update_user(
         }
     }
     let client = state.pool.get().await?;
-    if !users::exists(&*client, id).await? {
-        return Err(ApiError::NotFound("User"));
+    let internal = users::is_internal(&*client, id)
+        .await?
+        .ok_or(ApiError::NotFound("User"))?;
+    if internal && b.password.is_some() {
+        return Err(ApiError::ForbiddenBecause(
+            "An internal user cannot have a password",
+        ));
     }
+    if internal && b.admin == Some(true) {
+        return Err(ApiError::ForbiddenBecause(
+            "An internal user cannot be an administrator",
+        ));
+    }
+    let hashed = match b.password.clone() {
+        // Hashing takes tens of milliseconds of CPU: off the async workers.
+        Some(password) => Some(
+            web::block(move || passwords::hash(&password))
+                .await
+                .map_err(|e| ApiError::Internal(e.to_string()))?
+                .map_err(|e| match e {
+                    PasswordError::Hash(detail) => ApiError::Internal(detail),
+                    other => ApiError::invalid("password", other.to_string()),
+                })?,
+        ),
+        None => None,
+    };
     if let Some(email) = &b.email
         && users::email_taken_by_other(&*client, email, id).await?
     {
@@ -195,6 +223,11 @@ pub(super) async fn update_user(
             e.into()
         }
     })?;
+    if let Some(hashed) = hashed {
+        users::set_password(&*client, id, &hashed).await?;
+        // A new password signs the user out everywhere.
+        sessions::destroy_all_for_user(&*client, id).await?;
+    }
     Ok(HttpResponse::Ok().json(user_json(&user, &state.config.external_url, true)))
 }
 
@@ -215,6 +248,11 @@ pub(super) async fn block_user(
     let me = require_admin(&state, &req, WRITE_SCOPES).await?;
     let id = path.into_inner();
     user_state(&state, id).await?;
+    if internal(&state, id).await? {
+        return Err(ApiError::ForbiddenBecause(
+            "An internal user cannot be blocked",
+        ));
+    }
     if id == me.id {
         return Err(ApiError::ForbiddenBecause(
             "The API initiating user cannot be blocked by the API",
@@ -237,6 +275,12 @@ pub(super) async fn unblock_user(
         ));
     }
     set_state(&state, id, "active").await
+}
+
+/// Whether user `id` (who exists) is an internal user such as the review bot.
+async fn internal(state: &AppState, id: i64) -> Result<bool, ApiError> {
+    let client = state.pool.get().await?;
+    Ok(users::is_internal(&*client, id).await?.unwrap_or(false))
 }
 
 async fn set_state(state: &AppState, id: i64, new_state: &str) -> Result<HttpResponse, ApiError> {
@@ -286,8 +330,13 @@ pub(super) async fn create_token(
     let user_id = path.into_inner();
     let body = body.into_inner();
     let client = state.pool.get().await?;
-    if !users::exists(&*client, user_id).await? {
-        return Err(ApiError::NotFound("User"));
+    let internal = users::is_internal(&*client, user_id)
+        .await?
+        .ok_or(ApiError::NotFound("User"))?;
+    if internal {
+        return Err(ApiError::BadRequest(
+            "An internal user (such as the GitLab Duo review bot) cannot have personal access tokens".into(),
+        ));
     }
     let created =
         tokens::create(&*client, user_id, &body.name, &body.scopes, body.expires_at).await?;

@@ -1,8 +1,11 @@
-//! Read-only pages for projects, issues, merge requests and epics, each with an
-//! "Ask Duo" button that opens the chat with that resource attached, and on an
+//! Pages for projects, issues, merge requests and epics, each with an
+//! "Ask Duo" button that opens the chat with that resource attached, on an
 //! issue "Run with Duo" for who may run workflows there (see
-//! [`super::workflow_pages`]). Every page asks the policy first; what a user
-//! may not read is "not found", as on the API.
+//! [`super::workflow_pages`]), and on a merge request its reviewers with
+//! "Request review from GitLab Duo" for who may set them. Items list their
+//! discussions (diff notes with their file and line, resolved threads
+//! marked). Every page asks the policy first; what a user may not read is
+//! "not found", as on the API.
 
 use crate::queries::Queries;
 use actix_web::http::StatusCode;
@@ -12,9 +15,13 @@ use maud::{Markup, PreEscaped, html};
 use super::PageError;
 use super::layout::{self, Page};
 use crate::app_state::AppState;
-use crate::identity::sessions::SessionUser;
+use crate::identity::sessions::{self, SessionUser};
+use crate::identity::users;
 use crate::policy::{Ability, Actor, Subject};
-use crate::work_items::{self, Kind, issues, merge_requests, notes};
+use crate::work_items::discussions::{self, Discussion, Noteable};
+use crate::work_items::notes::Note;
+use crate::work_items::reviewers::{self, Reviewer};
+use crate::work_items::{self, Kind, issues, merge_requests};
 
 /// Most rows a list on a page shows.
 const LIST_LIMIT: i64 = 50;
@@ -26,6 +33,10 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .route(
             "/{path:.+}/-/merge_requests/{iid}",
             web::get().to(merge_request),
+        )
+        .route(
+            "/{path:.+}/-/merge_requests/{iid}/duo_review",
+            web::post().to(request_duo_review),
         );
 }
 
@@ -194,67 +205,159 @@ async fn project(
     ))
 }
 
-/// Notes of one noteable the user may read (internal notes need the policy's
-/// say), oldest first.
-async fn readable_notes(
+/// Most discussions an item's page shows.
+const DISCUSSION_LIMIT: usize = 100;
+
+/// The discussions of one item with the notes people wrote that the user may
+/// read (internal notes need the policy's say), oldest first.
+async fn readable_discussions(
     state: &AppState,
     db: &impl Queries,
     session: &SessionUser,
     kind: Kind,
     id: i64,
-) -> Result<Vec<(String, String)>, PageError> {
+) -> Result<Vec<Discussion>, PageError> {
     let mut out = Vec::new();
-    for comment in notes::comments(db, kind, id, Some(100)).await? {
-        if readable(
-            state,
-            db,
-            session,
-            Ability::ReadNote,
-            Subject::Note(comment.id),
-        )
-        .await?
-        {
-            out.push((comment.author_username, comment.body));
+    for mut discussion in discussions::list(db, Noteable { kind, id }).await? {
+        let mut kept = Vec::new();
+        for note in discussion.notes {
+            if !note.system
+                && readable(
+                    state,
+                    db,
+                    session,
+                    Ability::ReadNote,
+                    Subject::Note(note.id),
+                )
+                .await?
+            {
+                kept.push(note);
+            }
+        }
+        if kept.is_empty() {
+            continue;
+        }
+        discussion.notes = kept;
+        out.push(discussion);
+        if out.len() >= DISCUSSION_LIMIT {
+            break;
         }
     }
     Ok(out)
 }
 
+fn note_markup(note: &Note) -> Markup {
+    html! {
+        strong { "@" (note.author.username) }
+        div class="prose" { (PreEscaped(crate::chat::render_markdown(&note.body))) }
+    }
+}
+
+/// `file:line` of a diff note's thread (the new line, else the old one).
+fn diff_place(discussion: &Discussion) -> Option<String> {
+    let position = discussion.first()?.position.as_ref()?;
+    Some(match (position.new_line, position.old_line) {
+        (Some(line), _) => format!("{}:{line}", position.new_path),
+        (None, Some(line)) => format!("{}:{line}", position.old_path),
+        (None, None) => position.new_path.clone(),
+    })
+}
+
+fn discussions_markup(threads: &[Discussion]) -> Markup {
+    html! {
+        section class="card" {
+            h2 { "Comments" }
+            ul class="rows" {
+                @for thread in threads {
+                    @if thread.individual_note {
+                        @for note in &thread.notes { li { (note_markup(note)) } }
+                    } @else {
+                        li class={ "thread" @if thread.resolved() { " resolved" } } id={ "discussion-" (thread.id) } {
+                            @if let Some(place) = diff_place(thread) {
+                                code class="diff-position" { (place) } " "
+                            }
+                            @if thread.resolved() {
+                                span class="badge resolved" { "resolved" }
+                            } @else if thread.resolvable() {
+                                span class="badge unresolved" { "unresolved" }
+                            }
+                            ul class="replies" {
+                                @for note in &thread.notes { li { (note_markup(note)) } }
+                            }
+                        }
+                    }
+                }
+                @if threads.is_empty() { li class="muted" { "No comments." } }
+            }
+        }
+    }
+}
+
 /// The page of an issue, merge request or epic; `actions` go beside
-/// "Ask Duo" (e.g. "Run with Duo" on an issue).
-fn item_page(
-    session: &SessionUser,
+/// "Ask Duo" (e.g. "Run with Duo" on an issue), `extra` between the
+/// description and the discussions (a merge request's reviewers).
+struct ItemPage<'a> {
     heading: String,
-    gid: &str,
-    state: &str,
-    description: &str,
-    notes: &[(String, String)],
+    gid: &'a str,
+    state: &'a str,
+    description: &'a str,
+    discussions: &'a [Discussion],
     actions: Markup,
-) -> HttpResponse {
-    let description = crate::chat::render_markdown(description);
+    extra: Markup,
+}
+
+fn item_page(session: &SessionUser, item: ItemPage<'_>) -> HttpResponse {
+    let description = crate::chat::render_markdown(item.description);
     page(
         session,
-        &heading,
+        &item.heading,
         html! {
             section class="card" {
                 div class="title-row" {
-                    h1 { (heading) " " span class={ "badge " (state) } { (state) } }
-                    (actions)
-                    (ask_duo(gid, &heading))
+                    h1 { (item.heading) " " span class={ "badge " (item.state) } { (item.state) } }
+                    (item.actions)
+                    (ask_duo(item.gid, &item.heading))
                 }
                 div class="prose" { (PreEscaped(description)) }
             }
-            section class="card" {
-                h2 { "Comments" }
-                ul class="rows" {
-                    @for (author, body) in notes {
-                        li { strong { "@" (author) } div class="prose" { (PreEscaped(crate::chat::render_markdown(body))) } }
-                    }
-                    @if notes.is_empty() { li class="muted" { "No comments." } }
-                }
-            }
+            (item.extra)
+            (discussions_markup(item.discussions))
         },
     )
+}
+
+/// A merge request's reviewers (the review bot as "GitLab Duo") and, for
+/// who may set them, the form asking the bot for a review.
+fn reviewers_markup(
+    session: &SessionUser,
+    reviewers: &[Reviewer],
+    bot: Option<i64>,
+    request_form: Option<&str>,
+) -> Markup {
+    html! {
+        section class="card reviewers" {
+            h2 { "Reviewers" }
+            ul class="rows" {
+                @for r in reviewers {
+                    li {
+                        @if Some(r.user.id) == bot { strong { "GitLab Duo" } } @else { strong { (r.user.name) } }
+                        " " span class="muted" { "@" (r.user.username) }
+                        " " span class={ "badge " (r.state) } { (r.state.replace('_', " ")) }
+                    }
+                }
+                @if reviewers.is_empty() { li class="muted" { "No reviewers." } }
+            }
+            @if let Some(action) = request_form {
+                form method="post" action=(action) class="inline duo-review" {
+                    input type="hidden" name="authenticity_token" value=(session.csrf_token);
+                    button type="submit" class="secondary" id="request-duo-review"
+                        title="GitLab Duo reviews the changes and comments on the lines it has something to say about" {
+                        "Request review from GitLab Duo"
+                    }
+                }
+            }
+        }
+    }
 }
 
 fn parse_iid(text: &str) -> Result<i32, PageError> {
@@ -291,7 +394,7 @@ async fn issue(
     {
         return Err(PageError::NotFound);
     }
-    let notes = readable_notes(&state, &*db, &session, Kind::Issue, id).await?;
+    let threads = readable_discussions(&state, &*db, &session, Kind::Issue, id).await?;
     drop(db);
     let actions = if super::workflow_pages::may_run_with_duo(&state, &session, project).await? {
         super::workflow_pages::run_with_duo_button(&session, &project_path, iid)
@@ -300,12 +403,15 @@ async fn issue(
     };
     Ok(item_page(
         &session,
-        format!("{} (#{iid})", item.title),
-        &crate::gid::format("Issue", id),
-        &item.state,
-        &item.description,
-        &notes,
-        actions,
+        ItemPage {
+            heading: format!("{} (#{iid})", item.title),
+            gid: &crate::gid::format("Issue", id),
+            state: &item.state,
+            description: &item.description,
+            discussions: &threads,
+            actions,
+            extra: html! {},
+        },
     ))
 }
 
@@ -336,15 +442,32 @@ async fn merge_request(
     {
         return Err(PageError::NotFound);
     }
-    let notes = readable_notes(&state, &*db, &session, Kind::MergeRequest, id).await?;
+    let threads = readable_discussions(&state, &*db, &session, Kind::MergeRequest, id).await?;
+    let reviewers = reviewers::list(&*db, id).await?;
+    let bot = users::review_bot(&*db).await?.map(|b| b.id);
+    let may_request = bot.is_some()
+        && state
+            .policy
+            .may_set_reviewers(&*db, actor(&session), project)
+            .await?;
+    let action = format!("/{project_path}/-/merge_requests/{iid}/duo_review");
+    let extra = reviewers_markup(
+        &session,
+        &reviewers,
+        bot,
+        may_request.then_some(action.as_str()),
+    );
     Ok(item_page(
         &session,
-        format!("{} (!{iid})", item.title),
-        &crate::gid::format("MergeRequest", id),
-        &item.state,
-        &item.description,
-        &notes,
-        html! {},
+        ItemPage {
+            heading: format!("{} (!{iid})", item.title),
+            gid: &crate::gid::format("MergeRequest", id),
+            state: &item.state,
+            description: &item.description,
+            discussions: &threads,
+            actions: html! {},
+            extra,
+        },
     ))
 }
 
@@ -367,14 +490,89 @@ async fn epic(
     if !readable(&state, &*db, &session, Ability::ReadEpic, Subject::Epic(id)).await? {
         return Err(PageError::NotFound);
     }
-    let notes = readable_notes(&state, &*db, &session, Kind::Epic, id).await?;
+    let threads = readable_discussions(&state, &*db, &session, Kind::Epic, id).await?;
     Ok(item_page(
         &session,
-        format!("{} (&{iid})", item.title),
-        &crate::gid::format("Epic", id),
-        &item.state,
-        &item.description,
-        &notes,
-        html! {},
+        ItemPage {
+            heading: format!("{} (&{iid})", item.title),
+            gid: &crate::gid::format("Epic", id),
+            state: &item.state,
+            description: &item.description,
+            discussions: &threads,
+            actions: html! {},
+            extra: html! {},
+        },
     ))
+}
+
+#[derive(serde::Deserialize)]
+struct DuoReviewForm {
+    #[serde(default)]
+    authenticity_token: String,
+}
+
+/// "Request review from GitLab Duo": the review bot added as a reviewer
+/// (or asked again), as `reviewer_ids` does through the API, then back to
+/// the merge request.
+async fn request_duo_review(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<(String, String)>,
+    form: web::Form<DuoReviewForm>,
+) -> Result<HttpResponse, PageError> {
+    let (project_path, iid) = path.into_inner();
+    let iid = parse_iid(&iid)?;
+    let session = super::signed_in(&state, &req).await?;
+    if !sessions::csrf_matches(&session.csrf_token, Some(&form.authenticity_token)) {
+        return Err(PageError::Forbidden(
+            "Invalid form token. Reload the page and try again.",
+        ));
+    }
+    let db = state.pool.get().await?;
+    let Some(project) = project_id(&*db, &project_path).await? else {
+        return Err(PageError::NotFound);
+    };
+    let Some(item) = work_items::view_by_iid(&*db, Kind::MergeRequest, project, iid).await? else {
+        return Err(PageError::NotFound);
+    };
+    if !readable(
+        &state,
+        &*db,
+        &session,
+        Ability::ReadMergeRequest,
+        Subject::MergeRequest(item.id),
+    )
+    .await?
+    {
+        return Err(PageError::NotFound);
+    }
+    if !state
+        .policy
+        .may_set_reviewers(&*db, actor(&session), project)
+        .await?
+    {
+        return Err(PageError::Forbidden(
+            "You cannot set the reviewers of this merge request.",
+        ));
+    }
+    let Some(bot) = users::review_bot(&*db).await? else {
+        return Err(PageError::Unprocessable(
+            "This instance has no GitLab Duo review bot.".into(),
+        ));
+    };
+    reviewers::request(&*db, item.id, bot.id)
+        .await
+        .map_err(|e| PageError::Internal(e.to_string()))?;
+    if let Err(e) =
+        crate::review::triggers::reviewers_added(&*db, project, iid, session.user.id, &[bot.id])
+            .await
+    {
+        tracing::warn!(error = %e, project, iid, "could not enqueue the Duo review");
+    }
+    Ok(HttpResponse::SeeOther()
+        .insert_header((
+            "Location",
+            format!("/{project_path}/-/merge_requests/{iid}"),
+        ))
+        .finish())
 }

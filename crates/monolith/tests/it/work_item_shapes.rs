@@ -187,7 +187,10 @@ async fn pages_of_a_project_and_its_issues_merge_requests_and_epics() {
         // What the page itself shows; the layout around it is not ours here.
         let start = html.find("<main").unwrap();
         let end = html.find("</main>").unwrap() + "</main>".len();
-        let main = html[start..end].replace(&server.base, BASE);
+        let mut main = html[start..end].replace(&server.base, BASE);
+        // The session's form token changes with every sign-in.
+        let csrf = crate::web_sign_in::token_in(&html, "name=\"csrf-token\"");
+        main = main.replace(&csrf, "[csrf]");
         pages.push(format!("==== {path}\n{main}"));
     }
 
