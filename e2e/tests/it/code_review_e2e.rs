@@ -9,36 +9,11 @@
     reason = "a failed fixture fails the test"
 )]
 
+use crate::fixtures::{Scratch, git, project_id};
 use e2e_tests::System;
 use serde_json::{Value, json};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let output = std::process::Command::new("git")
-        .args(args)
-        .current_dir(dir)
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).trim().to_owned()
-}
-
-fn scratch() -> PathBuf {
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "code-review-e2e-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 fn write(dir: &Path, path: &str, text: &str) {
     let file = dir.join(path);
@@ -97,15 +72,7 @@ async fn the_bot_reviews_on_changed_lines_follows_up_refuses_without_access_and_
     let system = System::start().await.unwrap();
     let alice = system.token("alice").unwrap();
     let bob = system.token("bob").unwrap();
-    let project = call(
-        &system,
-        &alice,
-        reqwest::Method::GET,
-        "/projects/acme%2Fplatform%2Fapi",
-        None,
-    )
-    .await;
-    let id = project["id"].as_i64().unwrap();
+    let id = project_id(&system, &alice, "acme/platform/api").await;
     let bot = call(
         &system,
         &alice,
@@ -118,12 +85,13 @@ async fn the_bot_reviews_on_changed_lines_follows_up_refuses_without_access_and_
     assert_eq!(bot[0]["bot"], true);
 
     // Review instructions on the target branch, then a branch with a defect.
-    let dir = scratch();
+    let scratch = Scratch::new("code-review-e2e");
+    let dir = scratch.path();
     let url = system
         .web_url
         .replacen("://", &format!("://alice:{alice}@"), 1);
     git(
-        &dir,
+        dir,
         &[
             "clone",
             "-q",
@@ -142,7 +110,7 @@ async fn the_bot_reviews_on_changed_lines_follows_up_refuses_without_access_and_
     git(&checkout, &["add", "."]);
     git(&checkout, &["commit", "-q", "-m", "Review instructions"]);
     git(&checkout, &["push", "-q", "origin", "HEAD:main"]);
-    let base = git(&checkout, &["rev-parse", "HEAD"]);
+    let base = git(&checkout, &["rev-parse", "HEAD"]).trim().to_owned();
     git(&checkout, &["checkout", "-q", "-b", "average"]);
     write(
         &checkout,
@@ -157,7 +125,7 @@ async fn the_bot_reviews_on_changed_lines_follows_up_refuses_without_access_and_
     git(&checkout, &["add", "."]);
     git(&checkout, &["commit", "-q", "-m", "Average"]);
     git(&checkout, &["push", "-q", "origin", "average"]);
-    let head = git(&checkout, &["rev-parse", "HEAD"]);
+    let head = git(&checkout, &["rev-parse", "HEAD"]).trim().to_owned();
     let mr = call(
         &system,
         &alice,
@@ -360,5 +328,4 @@ async fn the_bot_reviews_on_changed_lines_follows_up_refuses_without_access_and_
         "{reply:#}"
     );
     assert!(reply["body"].as_str().unwrap().starts_with("@alice"));
-    let _ = std::fs::remove_dir_all(&dir);
 }

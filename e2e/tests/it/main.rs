@@ -9,6 +9,7 @@ mod chat_live_e2e;
 mod code_review_e2e;
 mod deploy_manifests;
 mod dev_run_e2e;
+mod fixtures;
 mod mcp_client_e2e;
 mod mcp_e2e;
 mod migrations_e2e;

@@ -11,6 +11,7 @@
     reason = "a failed fixture fails the test"
 )]
 
+use crate::fixtures::{Scratch, project_id};
 use e2e_tests::{System, binary, python, repo_root};
 use fake_provider::ToolCall;
 use serde_json::{Value, json};
@@ -63,11 +64,12 @@ impl Tickets {
 }
 
 /// A checkout whose `.gitlab/duo/mcp.json` names `servers`.
-struct Checkout(PathBuf);
+struct Checkout(Scratch);
 
 impl Checkout {
     fn new(servers: Value) -> Self {
-        let dir = tempfile_dir();
+        let scratch = Scratch::new("mcp-client-e2e");
+        let dir = scratch.path();
         std::fs::create_dir_all(dir.join(".gitlab/duo")).unwrap();
         std::fs::write(dir.join("README.md"), "Hello\n").unwrap();
         std::fs::write(
@@ -75,13 +77,7 @@ impl Checkout {
             json!({ "mcpServers": servers }).to_string(),
         )
         .unwrap();
-        Self(dir)
-    }
-}
-
-impl Drop for Checkout {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        Self(scratch)
     }
 }
 
@@ -113,22 +109,8 @@ async fn allow_mcp(system: &System, allowed: &[&str]) {
     .await;
 }
 
-async fn project_id(system: &System, token: &str) -> i64 {
-    let (status, project) = system
-        .rest(
-            token,
-            reqwest::Method::GET,
-            "/projects/acme%2Fplatform%2Fapi",
-            None,
-        )
-        .await
-        .unwrap();
-    assert_eq!(status, 200, "{project}");
-    project["id"].as_i64().unwrap()
-}
-
 async fn create_workflow(system: &System, token: &str, privileges: &[i64], pre: &[i64]) -> i64 {
-    let project = project_id(system, token).await;
+    let project = project_id(system, token, "acme/platform/api").await;
     let (status, created) = system
         .rest(
             token,
@@ -162,7 +144,7 @@ async fn run_executor(
             .args(["--gitlab-url", &system.web_url, "--token", &token])
             .args(["--workflow-id", &workflow.to_string()])
             .arg("--workspace")
-            .arg(&checkout.0)
+            .arg(checkout.0.path())
             // No user file unless the test gives one.
             .args(["--mcp-config", "/nonexistent/mcp.json"])
             .args(["--definition", "chat"])
@@ -202,8 +184,8 @@ async fn chat_log(system: &System, workflow: i64) -> Vec<Value> {
 #[tokio::test]
 async fn a_workflow_calls_a_python_sdk_server_after_approval_and_survives_dead_and_slow_ones() {
     let system = System::start().await.unwrap();
-    let scratch = tempfile_dir();
-    let tickets = Tickets::start(&scratch).await;
+    let scratch = Scratch::new("mcp-client-e2e");
+    let tickets = Tickets::start(scratch.path()).await;
     allow_mcp(&system, &[&tickets.url, "http://127.0.0.1:9/"]).await;
     let checkout = Checkout::new(json!({
         "tickets": {"type": "http", "url": tickets.url},
@@ -284,8 +266,8 @@ async fn a_workflow_calls_a_python_sdk_server_after_approval_and_survives_dead_a
     // 3. The user's own file may start a program: the same SDK server on
     //    stdio, allowed by `*`.
     allow_mcp(&system, &["*"]).await;
-    let desk_calls = scratch.join("desk-calls.jsonl");
-    let user_file = scratch.join("user-mcp.json");
+    let desk_calls = scratch.path().join("desk-calls.jsonl");
+    let user_file = scratch.path().join("user-mcp.json");
     std::fs::write(
         &user_file,
         json!({"mcpServers": {"desk": {
@@ -331,8 +313,8 @@ async fn a_workflow_calls_a_python_sdk_server_after_approval_and_survives_dead_a
 #[tokio::test]
 async fn mcp_servers_are_used_only_when_every_switch_allows_them() {
     let system = System::start().await.unwrap();
-    let scratch = tempfile_dir();
-    let tickets = Tickets::start(&scratch).await;
+    let scratch = Scratch::new("mcp-client-e2e");
+    let tickets = Tickets::start(scratch.path()).await;
     let checkout = Checkout::new(json!({"tickets": {"type": "http", "url": tickets.url}}));
     let alice = system.token("alice").unwrap();
 
@@ -375,7 +357,7 @@ async fn mcp_servers_are_used_only_when_every_switch_allows_them() {
     assert!(bodies[1].contains("there is no tool named tickets_lookup"));
 
     // A stdio server in the checkout's file is never started.
-    let marker = scratch.join("started");
+    let marker = scratch.path().join("started");
     let hostile = Checkout::new(json!({
         "evil": {"command": "touch", "args": [marker.to_str().unwrap()]},
     }));
@@ -387,16 +369,4 @@ async fn mcp_servers_are_used_only_when_every_switch_allows_them() {
     assert!(log.contains("only from the user's own"), "{log}");
     assert!(!marker.exists(), "the workspace's program was not run");
     assert!(tickets.calls().is_empty());
-}
-
-/// A scratch directory for one test.
-fn tempfile_dir() -> PathBuf {
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "mcp-client-e2e-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }

@@ -12,6 +12,7 @@
     reason = "a failed fixture fails the test"
 )]
 
+use crate::fixtures::{git, project_id};
 use e2e_tests::{System, binary};
 use fake_provider::{Failure, ToolCall};
 use serde_json::{Value, json};
@@ -47,29 +48,6 @@ impl Drop for Checkout {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-/// alice's project (she owns the acme group): acme/platform/api.
-async fn project_id(system: &System, token: &str) -> i64 {
-    let (status, projects) = system
-        .rest(
-            token,
-            reqwest::Method::GET,
-            "/projects?membership=true",
-            None,
-        )
-        .await
-        .unwrap();
-    assert_eq!(status, 200, "{projects}");
-    projects
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["path_with_namespace"] == "acme/platform/api")
-        .or_else(|| projects.as_array().unwrap().first())
-        .unwrap()["id"]
-        .as_i64()
-        .unwrap()
 }
 
 async fn create_workflow(system: &System, token: &str, project: i64, pre_approved: &[i64]) -> i64 {
@@ -197,7 +175,7 @@ fn edit_call() -> ToolCall {
 async fn a_workflow_pauses_for_approval_then_edits_once_and_finishes() {
     let system = System::start().await.unwrap();
     let alice = system.token("alice").unwrap();
-    let project = project_id(&system, &alice).await;
+    let project = project_id(&system, &alice, "acme/platform/api").await;
     let checkout = Checkout::new("Hello\n");
     let workflow = create_workflow(&system, &alice, project, &[2]).await;
     system.fake.push_tool_calls(
@@ -251,7 +229,7 @@ async fn a_workflow_pauses_for_approval_then_edits_once_and_finishes() {
 async fn a_rejection_reaches_the_model_and_nothing_changes() {
     let system = System::start().await.unwrap();
     let alice = system.token("alice").unwrap();
-    let project = project_id(&system, &alice).await;
+    let project = project_id(&system, &alice, "acme/platform/api").await;
     let checkout = Checkout::new("Hello\n");
     let workflow = create_workflow(&system, &alice, project, &[2]).await;
     system.fake.push_tool_calls("", vec![edit_call()]);
@@ -284,7 +262,7 @@ async fn a_rejection_reaches_the_model_and_nothing_changes() {
 async fn a_killed_executor_resumes_and_a_second_one_is_refused() {
     let system = System::start().await.unwrap();
     let alice = system.token("alice").unwrap();
-    let project = project_id(&system, &alice).await;
+    let project = project_id(&system, &alice, "acme/platform/api").await;
     let checkout = Checkout::new("Hello\n");
     let workflow = create_workflow(&system, &alice, project, &[1, 2]).await;
     system.fake.push_tool_calls(
@@ -337,7 +315,7 @@ async fn a_killed_executor_resumes_and_a_second_one_is_refused() {
 async fn bad_tokens_and_missing_seats_are_refused() {
     let system = System::start().await.unwrap();
     let alice = system.token("alice").unwrap();
-    let project = project_id(&system, &alice).await;
+    let project = project_id(&system, &alice, "acme/platform/api").await;
     let checkout = Checkout::new("Hello\n");
     let workflow = create_workflow(&system, &alice, project, &[2]).await;
     // A forged service token: the service answers UNAUTHENTICATED.
@@ -373,26 +351,11 @@ async fn bad_tokens_and_missing_seats_are_refused() {
 }
 
 /// Runs `git` in `dir`, failing the test on a non-zero exit.
-pub(crate) fn git(dir: &Path, args: &[&str]) -> String {
-    let output = std::process::Command::new("git")
-        .args(args)
-        .current_dir(dir)
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
 #[tokio::test]
 async fn an_approved_edit_is_committed_and_pushed_to_the_monolith() {
     let system = System::start().await.unwrap();
     let alice = system.token("alice").unwrap();
-    let project = project_id(&system, &alice).await;
+    let project = project_id(&system, &alice, "acme/platform/api").await;
     let scratch = Checkout::new("");
     let url = system
         .web_url

@@ -12,7 +12,7 @@
     reason = "a failed fixture fails the test"
 )]
 
-use crate::workflow_e2e::git;
+use crate::fixtures::{git, project_id};
 use e2e_tests::System;
 use fake_provider::{Failure, ToolCall};
 use serde_json::{Value, json};
@@ -42,20 +42,6 @@ pub(crate) async fn system() -> System {
     })
     .await
     .unwrap()
-}
-
-async fn project_id(system: &System, token: &str) -> i64 {
-    let (status, project) = system
-        .rest(
-            token,
-            reqwest::Method::GET,
-            "/projects/acme%2Fplatform%2Fapi",
-            None,
-        )
-        .await
-        .unwrap();
-    assert_eq!(status, 200, "{project}");
-    project["id"].as_i64().unwrap()
 }
 
 async fn start_run(system: &System, token: &str, project: i64, goal: &str) -> (u16, Value) {
@@ -212,7 +198,7 @@ pub(crate) fn edit_readme() -> ToolCall {
 async fn a_run_started_from_rest_asks_its_user_and_ends_in_a_merge_request() {
     let system = system().await;
     let alice = system.token("alice").unwrap();
-    let project = project_id(&system, &alice).await;
+    let project = project_id(&system, &alice, "acme/platform/api").await;
     // Context builder reads, reports; the planner plans; the executor edits
     // (after approval) and finishes.
     system.fake.push_tool_calls(
@@ -452,7 +438,7 @@ fn workload_refs(system: &System) -> Vec<String> {
 async fn a_stop_ends_a_running_leg_and_a_killed_one_fails_the_workflow() {
     let system = system().await;
     let alice = system.token("alice").unwrap();
-    let project = project_id(&system, &alice).await;
+    let project = project_id(&system, &alice, "acme/platform/api").await;
     // The context builder's model calls hang: the legs keep running.
     system.fake.push_failure(Failure::Hang);
     system.fake.push_failure(Failure::Hang);
@@ -502,7 +488,7 @@ async fn a_stop_ends_a_running_leg_and_a_killed_one_fails_the_workflow() {
 async fn a_sandboxed_command_sees_neither_the_host_nor_the_tokens() {
     let system = system().await;
     let alice = system.token("alice").unwrap();
-    let project = project_id(&system, &alice).await;
+    let project = project_id(&system, &alice, "acme/platform/api").await;
     // The context builder has seen enough, the planner plans; the executor
     // runs a command that looks outside the workspace (privilege 4 is not
     // pre-approved: the user approves it), then ends.
@@ -575,7 +561,7 @@ async fn who_may_not_run_workflows_there_can_neither_start_nor_follow_one() {
     let system = system().await;
     let alice = system.token("alice").unwrap();
     let dave = system.token("dave").unwrap();
-    let project = project_id(&system, &alice).await;
+    let project = project_id(&system, &alice, "acme/platform/api").await;
     system.fake.push_failure(Failure::Hang);
     let (status, _) = start_run(&system, &dave, project, "Do something").await;
     assert!(status == 403 || status == 404, "{status}");
@@ -613,7 +599,7 @@ async fn who_may_not_run_workflows_there_can_neither_start_nor_follow_one() {
 async fn a_paused_run_continues_where_it_was_on_resume() {
     let system = system().await;
     let alice = system.token("alice").unwrap();
-    let project = project_id(&system, &alice).await;
+    let project = project_id(&system, &alice, "acme/platform/api").await;
     // The first leg's model call hangs until the pause ends it; after the
     // resume the context builder reports and the planner plans.
     system.fake.push_failure(Failure::Hang);
