@@ -174,6 +174,65 @@ def merge_requests(ctx):
     expect(note.id in [n.id for n in mr.notes.list(get_all=True)], "mr notes")
 
 
+@step("review surfaces: the bot user, reviewers, diff discussions, replies, resolution")
+def review_surfaces(ctx):
+    project = ctx["user_project"]
+    found = USER.users.list(username="GitLabDuo")
+    expect([u.username for u in found] == ["GitLabDuo"], "the review bot is listed")
+    bot = found[0]
+    expect(bot.bot is True, f"bot flag {bot.attributes.get('bot')}")
+    expect(USER.user.attributes.get("bot") is False, "people are no bots")
+    diff = (
+        "diff --git a/app.py b/app.py\n"
+        "--- a/app.py\n"
+        "+++ b/app.py\n"
+        "@@ -1,2 +1,3 @@\n"
+        " import os\n"
+        "+print(os.environ['SECRET'])\n"
+        " main()\n"
+    )
+    mr = project.mergerequests.create(
+        {"source_branch": "review-me", "target_branch": "main", "title": "Py review", "diff": diff}
+    )
+    mr.reviewer_ids = [bot.id]
+    mr.save()
+    mr = project.mergerequests.get(mr.iid)
+    expect([r["username"] for r in mr.reviewers] == ["GitLabDuo"], f"reviewers {mr.reviewers}")
+    # The worker may already be reviewing (or have refused: alice holds no seat here).
+    details = [(d.user["username"], d.state) for d in mr.reviewer_details.list(get_all=True)]
+    expect(
+        len(details) == 1 and details[0][0] == "GitLabDuo" and details[0][1] in ("unreviewed", "review_started", "reviewed"),
+        f"reviewer states {details}",
+    )
+    position = {
+        "position_type": "text",
+        "base_sha": "a" * 40,
+        "start_sha": "b" * 40,
+        "head_sha": "c" * 40,
+        "old_path": "app.py",
+        "new_path": "app.py",
+        "new_line": 2,
+    }
+    thread = mr.discussions.create({"body": "Do not print secrets.", "position": position})
+    expect(thread.attributes["notes"][0]["type"] == "DiffNote", "a diff note")
+    reply = thread.notes.create({"body": "Removed in the next push."})
+    expect(reply.attributes["position"]["new_line"] == 2, "the reply keeps the line")
+    thread.resolved = True
+    thread.save()
+    listed = {d.id: d for d in mr.discussions.list(get_all=True)}
+    expect(thread.id in listed, "discussions listed")
+    notes = listed[thread.id].attributes["notes"]
+    expect(len(notes) == 2 and all(n["resolved"] for n in notes), f"thread resolved {notes}")
+    expect(notes[0]["position"]["new_path"] == "app.py", "position read back")
+    fetched = mr.discussions.get(thread.id)
+    expect(fetched.attributes["notes"][1]["body"] == "Removed in the next push.", "discussion get")
+    issue = project.issues.create({"title": "Discuss me"})
+    started = issue.discussions.create({"body": "Shall we?"})
+    started.notes.create({"body": "We shall."})
+    threads = issue.discussions.list(get_all=True)
+    expect([len(d.attributes["notes"]) for d in threads] == [2], "issue discussions")
+
+
 @step("epics: create, list, get, edit, close; notes")
 def epics(ctx):
     group = USER.groups.get(ctx["group"].id)
