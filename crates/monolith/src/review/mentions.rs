@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::posting::{self, BotAuthor};
 use super::reviewer::{ReviewError, ReviewServices};
-use super::triggers::{Mention, MentionAsked, bot_id, mention_in};
+use super::triggers::{Mention, MentionAsked, bot_id, mention_in, question_in};
 use crate::policy::{Actor, ChatAuthError, Subject};
 use crate::work_items::Kind;
 
@@ -55,8 +55,14 @@ pub async fn run(services: &ReviewServices, job: &MentionAsked) -> Result<(), Re
     let Some(asked) = asked(&*db, job.note_id, kind, item).await? else {
         return Ok(());
     };
-    let Some(Mention::Question(question)) = mention_in(&asked.body) else {
-        return Ok(());
+    // `review` is a review on a merge request (its own job), a question
+    // anywhere else.
+    let question = match mention_in(&asked.body) {
+        Some(Mention::Question(question)) => question,
+        Some(Mention::Review) if kind != Kind::MergeRequest => {
+            question_in(&asked.body).unwrap_or_default()
+        }
+        _ => return Ok(()),
     };
     let Some(bot) = bot_id(&*db).await? else {
         return Ok(());

@@ -272,12 +272,15 @@ pub async fn run(services: &ReviewServices, job: &ReviewRequested) -> Result<(),
     // Instructions: defaults first, then the project's from the target branch.
     let mut notices = Vec::new();
     let mut groups: Vec<InstructionGroup> = Vec::new();
-    let (instance_text, group_texts) = store::default_instructions(&*db, job.project_id).await?;
+    let instance_text = crate::instance::settings(&*db)
+        .await?
+        .duo_code_review_instructions;
     let mut documents = vec![(instance_text, Source::Instance)];
     documents.extend(
-        group_texts
+        crate::namespaces::groups::review_instructions_above_project(&*db, job.project_id)
+            .await?
             .into_iter()
-            .map(|(path, text)| (text, Source::Group(path))),
+            .map(|g| (g.text, Source::Group(g.full_path))),
     );
     let repository = agent.repositories.path(job.project_id);
     let start_sha = comparison.start_sha.clone();
@@ -471,6 +474,10 @@ pub async fn run(services: &ReviewServices, job: &ReviewRequested) -> Result<(),
                 }
             };
             for comment in response::parse(&answer) {
+                // A comment about another file is not about these lines.
+                if comment.file != file.path && comment.file != file.old_path {
+                    continue;
+                }
                 let Some(line) = diff_lines::place(piece_lines, comment.old_line, comment.new_line)
                 else {
                     continue;

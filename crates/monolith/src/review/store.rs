@@ -1,6 +1,6 @@
 //! What the review keeps and reads besides the merge request itself: its
 //! records (`duo_code_reviews`), the bot's open threads from earlier
-//! reviews, the default instructions, and the bot's reviewer state.
+//! reviews.
 
 use serde_json::Value;
 
@@ -137,36 +137,4 @@ pub async fn open_threads(
         .collect();
     threads.sort_by(|a, b| a.discussion_id.cmp(&b.discussion_id));
     Ok(threads)
-}
-
-/// The default instructions that apply in the project: the instance's,
-/// then each group's from the top-level one down, with the group's path.
-pub async fn default_instructions(
-    db: &impl Queries,
-    project_id: i64,
-) -> Result<(String, Vec<(String, String)>), tokio_postgres::Error> {
-    let instance: String = db
-        .query_one(
-            "SELECT duo_code_review_instructions FROM instance_settings",
-            &[],
-        )
-        .await?
-        .get(0);
-    let rows = db
-        .query(
-            "WITH RECURSIVE chain(id, parent_id, depth) AS (
-                 SELECT g.id, g.parent_id, 0 FROM groups g JOIN projects p ON p.group_id = g.id WHERE p.id = $1
-                 UNION ALL
-                 SELECT g.id, g.parent_id, c.depth + 1 FROM groups g JOIN chain c ON g.id = c.parent_id
-             )
-             SELECT g.path, g.duo_code_review_instructions FROM chain c JOIN groups g ON g.id = c.id
-             WHERE g.duo_code_review_instructions <> ''
-             ORDER BY c.depth DESC",
-            &[&project_id],
-        )
-        .await?;
-    Ok((
-        instance,
-        rows.iter().map(|r| (r.get(0), r.get(1))).collect(),
-    ))
 }

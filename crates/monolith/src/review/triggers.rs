@@ -161,13 +161,7 @@ pub async fn enabled(
 
 /// The review bot's user id.
 pub async fn bot_id(db: &impl Queries) -> Result<Option<i64>, tokio_postgres::Error> {
-    Ok(db
-        .query_opt(
-            "SELECT id FROM users WHERE user_type = 'duo_code_review_bot' ORDER BY id LIMIT 1",
-            &[],
-        )
-        .await?
-        .map(|r| r.get(0)))
+    Ok(crate::identity::users::review_bot(db).await?.map(|u| u.id))
 }
 
 /// After reviewers were added to a merge request: a review when the bot is
@@ -231,6 +225,22 @@ pub enum Mention {
 /// (any case) outside code spans, code blocks and quotes. The question is
 /// the rest of that line and the lines after it.
 pub fn mention_in(body: &str) -> Option<Mention> {
+    let question = question_in(body)?;
+    let words: Vec<&str> = question.split_whitespace().collect();
+    let asks_review = words.first().is_some_and(|w| {
+        w.trim_end_matches(['.', '!', ','])
+            .eq_ignore_ascii_case("review")
+    });
+    Some(if asks_review && words.len() <= 3 {
+        Mention::Review
+    } else {
+        Mention::Question(question)
+    })
+}
+
+/// The text after the mention of the bot in `body` (see [`mention_in`]),
+/// whatever it asks: on an issue, `review` is a question like any other.
+pub fn question_in(body: &str) -> Option<String> {
     let needle = format!("@{}", BOT_USERNAME.to_ascii_lowercase());
     let lines: Vec<&str> = body.lines().collect();
     let mut in_fence = false;
@@ -271,17 +281,7 @@ pub fn mention_in(body: &str) -> Option<Mention> {
                 question.push('\n');
                 question.push_str(more);
             }
-            let question: String = question.trim().chars().take(2000).collect();
-            let words: Vec<&str> = question.split_whitespace().collect();
-            let asks_review = words.first().is_some_and(|w| {
-                w.trim_end_matches(['.', '!', ','])
-                    .eq_ignore_ascii_case("review")
-            });
-            return Some(if asks_review && words.len() <= 3 {
-                Mention::Review
-            } else {
-                Mention::Question(question)
-            });
+            return Some(question.trim().chars().take(2000).collect());
         }
     }
     None
