@@ -339,6 +339,14 @@ pub async fn run(services: &ReviewServices, job: &ReviewRequested) -> Result<(),
             posting::resolve(&*db, mr.id, &thread.discussion_id, bot).await?;
             resolved += 1;
         } else {
+            let mut thread = thread;
+            // Lines added above it moved it: the prompt and the check for
+            // repeats use where it is now.
+            if thread.head_sha() != comparison.head_sha
+                && let Some(n) = line_now(&repository, &thread, &comparison.head_sha).await
+            {
+                thread.position["new_line"] = json!(n);
+            }
             still_open.push(thread);
         }
     }
@@ -637,6 +645,23 @@ async fn line_changed(
     }
     let before = before.trim();
     !before.is_empty() && !now.lines().any(|l| l.trim() == before)
+}
+
+/// The line of `head` that holds the text of the thread's line, nearest
+/// to where it was.
+async fn line_now(repository: &std::path::Path, thread: &OpenThread, head: &str) -> Option<u32> {
+    let n = thread.new_line()?;
+    let before = line_at(repository, thread.head_sha(), thread.path(), n).await?;
+    let before = before.trim();
+    if before.is_empty() {
+        return None;
+    }
+    let now = file_context(repository, head, thread.path(), 4 * 1024 * 1024).await;
+    now.lines()
+        .enumerate()
+        .filter(|(_, line)| line.trim() == before)
+        .filter_map(|(i, _)| u32::try_from(i + 1).ok())
+        .min_by_key(|m| m.abs_diff(n))
 }
 
 struct SummaryFacts<'a> {

@@ -48,6 +48,7 @@ mod rest_token_scopes;
 mod rest_tokens;
 mod rest_writes;
 mod review_bot_user;
+mod review_jobs;
 mod subscriptions_live;
 mod web_admin;
 mod web_code_pages;
