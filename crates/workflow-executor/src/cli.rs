@@ -316,6 +316,11 @@ pub async fn gitlab_post(
             what,
             reason: e.to_string(),
         })?;
+    json_answer(response, what).await
+}
+
+/// GitLab's JSON answer, or the status and the start of the body.
+async fn json_answer(response: reqwest::Response, what: &'static str) -> Result<Value, SetupError> {
     let status = response.status().as_u16();
     let text = response.text().await.unwrap_or_default();
     if !(200..300).contains(&status) {
@@ -352,19 +357,7 @@ pub async fn workflow_entity(
             what,
             reason: e.to_string(),
         })?;
-    let status = response.status().as_u16();
-    let text = response.text().await.unwrap_or_default();
-    if !(200..300).contains(&status) {
-        return Err(SetupError::Status {
-            what,
-            status,
-            body: text.chars().take(500).collect(),
-        });
-    }
-    serde_json::from_str(&text).map_err(|e| SetupError::Http {
-        what,
-        reason: e.to_string(),
-    })
+    json_answer(response, what).await
 }
 
 /// `POST /api/v4/ai/duo_workflows/workflows`: the new workflow's id.

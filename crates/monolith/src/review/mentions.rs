@@ -6,10 +6,10 @@
 
 use uuid::Uuid;
 
-use super::posting::{self, BotAuthor};
+use super::posting;
 use super::reviewer::{ReviewError, ReviewServices};
-use super::triggers::{Mention, MentionAsked, bot_id, mention_in, question_in};
-use crate::policy::{Actor, ChatAuthError, Subject};
+use super::triggers::{Mention, MentionAsked, mention_in, question_in};
+use crate::policy::{ChatAuthError, Subject};
 use crate::work_items::Kind;
 
 /// The comment that asked, as the reply needs it.
@@ -64,23 +64,21 @@ pub async fn run(services: &ReviewServices, job: &MentionAsked) -> Result<(), Re
         }
         _ => return Ok(()),
     };
-    let Some(bot) = bot_id(&*db).await? else {
+    let Some(asker) = super::posting::asker(&*db, job.requester_id).await? else {
         return Ok(());
     };
-    let Some(requester) = crate::identity::users::active(&*db, job.requester_id).await? else {
-        return Ok(());
-    };
-    let actor = Actor::user(requester.id, requester.admin);
-    let by = BotAuthor {
-        bot_id: bot,
-        requester_id: requester.id,
-    };
-    let username = crate::identity::users::by_id(&*db, requester.id)
-        .await?
-        .map(|u| u.username)
-        .unwrap_or_default();
+    let (actor, by, username) = (asker.actor, asker.by, asker.username.as_str());
     // A retried job must not answer twice.
-    if already_answered(&*db, kind, item, &asked.discussion_id, bot, job.note_id).await? {
+    if already_answered(
+        &*db,
+        kind,
+        item,
+        &asked.discussion_id,
+        by.bot_id,
+        job.note_id,
+    )
+    .await?
+    {
         return Ok(());
     }
     let subject = kind.subject(item);
@@ -110,14 +108,14 @@ pub async fn run(services: &ReviewServices, job: &MentionAsked) -> Result<(), Re
         None => {
             let allowed = crate::rate_limit::take(
                 &mut db,
-                requester.id,
+                actor.id,
                 crate::chat::RATE_LIMIT_ACTION,
                 services.rate_limit,
                 services.rate_window,
             )
             .await?;
             if allowed {
-                answer(services, requester.id, subject, &question, &username).await
+                answer(services, actor.id, subject, &question, username).await
             } else {
                 format!(
                     "@{username} You have asked GitLab Duo too many questions in a short time. Try again in a minute."

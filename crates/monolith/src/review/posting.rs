@@ -26,6 +26,40 @@ impl BotAuthor {
     }
 }
 
+/// The person a job works for, as the bot writes for them.
+#[derive(Debug, Clone)]
+pub struct Asker {
+    pub actor: crate::policy::Actor,
+    pub username: String,
+    pub by: BotAuthor,
+}
+
+/// The active user `requester_id` and the bot that writes for them; `None`
+/// when either is missing (a blocked user, no bot), and the job ends.
+pub async fn asker(
+    db: &impl Queries,
+    requester_id: i64,
+) -> Result<Option<Asker>, tokio_postgres::Error> {
+    let Some(bot) = crate::identity::users::review_bot(db).await? else {
+        tracing::warn!("the review bot user is missing");
+        return Ok(None);
+    };
+    let Some(user) = crate::identity::users::by_id(db, requester_id).await? else {
+        return Ok(None);
+    };
+    let Some(active) = crate::identity::users::active(db, requester_id).await? else {
+        return Ok(None);
+    };
+    Ok(Some(Asker {
+        actor: crate::policy::Actor::user(active.id, active.admin),
+        username: user.username,
+        by: BotAuthor {
+            bot_id: bot.id,
+            requester_id,
+        },
+    }))
+}
+
 /// A plain note on the item.
 pub async fn note(
     db: &impl Queries,

@@ -26,9 +26,9 @@ use super::instructions::{self, InstructionGroup, Source};
 use super::posting::{self, BotAuthor};
 use super::response;
 use super::store::{self, OpenThread, Outcome};
-use super::triggers::{ReviewRequested, bot_id};
+use super::triggers::ReviewRequested;
 use crate::gateway_client::GatewayAuth;
-use crate::policy::{Actor, AiReader, NoCodeReview};
+use crate::policy::{AiReader, NoCodeReview};
 use crate::queries::Queries;
 use crate::work_items::Kind;
 use crate::work_items::position::Position;
@@ -122,6 +122,43 @@ fn refusal_text(username: &str, why: NoCodeReview) -> Option<String> {
     }
 }
 
+/// How a review that does not get to the model ends: a note saying why
+/// (none when saying anything would leak), and its record.
+struct Ending {
+    by: BotAuthor,
+    merge_request_id: i64,
+    record: i64,
+}
+
+impl Ending {
+    async fn stop(
+        &self,
+        db: &impl Queries,
+        text: Option<String>,
+        status: &'static str,
+        detail: &str,
+    ) -> Result<(), ReviewError> {
+        if let Some(text) = text {
+            posting::note(
+                db,
+                self.by,
+                Kind::MergeRequest,
+                self.merge_request_id,
+                text,
+                false,
+            )
+            .await?;
+        }
+        let outcome = Outcome {
+            status,
+            detail: detail.to_owned(),
+            ..Outcome::default()
+        };
+        store::finish(db, self.record, &outcome).await?;
+        Ok(())
+    }
+}
+
 /// A file of the diff with what the review needs of it.
 struct ReviewedFile {
     path: String,
@@ -143,68 +180,39 @@ pub async fn run(services: &ReviewServices, job: &ReviewRequested) -> Result<(),
     if mr.state != "opened" {
         return Ok(());
     }
-    let Some(bot) = bot_id(&*db).await? else {
-        tracing::warn!("the review bot user is missing; no review");
+    let Some(asker) = posting::asker(&*db, job.requester_id).await? else {
         return Ok(());
     };
-    let Some(requester) = crate::identity::users::active(&*db, job.requester_id).await? else {
-        return Ok(());
-    };
-    let actor = Actor::user(requester.id, requester.admin);
-    let by = BotAuthor {
-        bot_id: bot,
-        requester_id: requester.id,
-    };
-    let username = crate::identity::users::by_id(&*db, requester.id)
-        .await?
-        .map(|u| u.username)
-        .unwrap_or_default();
-    let record = store::start(
-        &*db,
-        job.project_id,
-        mr.id,
-        requester.id,
-        job.trigger.as_str(),
-    )
-    .await?;
+    let (actor, by, username) = (asker.actor, asker.by, asker.username.as_str());
+    let bot = by.bot_id;
+    let record = store::start(&*db, job.project_id, mr.id, actor.id, job.trigger.as_str()).await?;
 
+    let end = Ending {
+        by,
+        merge_request_id: mr.id,
+        record,
+    };
     if let Some(why) = agent.policy.why_no_code_review(&*db, actor, mr.id).await? {
-        if let Some(text) = refusal_text(&username, why) {
-            posting::note(&*db, by, Kind::MergeRequest, mr.id, text, false).await?;
-        }
-        let outcome = Outcome {
-            status: "refused",
-            detail: format!("{why:?}"),
-            ..Outcome::default()
-        };
-        store::finish(&*db, record, &outcome).await?;
-        return Ok(());
+        return end
+            .stop(
+                &*db,
+                refusal_text(username, why),
+                "refused",
+                &format!("{why:?}"),
+            )
+            .await;
     }
     let model = agent
         .models
         .choice(&*db, crate::ai_models::Feature::DuoChat)
         .await?;
     if model == crate::ai_models::Choice::Disabled {
-        posting::note(
-            &*db,
-            by,
-            Kind::MergeRequest,
-            mr.id,
-            format!("@{username} GitLab Duo is turned off on this instance by an administrator, so I cannot review this merge request."),
-            false,
-        )
-        .await?;
-        store::finish(
-            &*db,
-            record,
-            &Outcome {
-                status: "refused",
-                detail: "model disabled".into(),
-                ..Outcome::default()
-            },
-        )
-        .await?;
-        return Ok(());
+        let text = format!(
+            "@{username} GitLab Duo is turned off on this instance by an administrator, so I cannot review this merge request."
+        );
+        return end
+            .stop(&*db, Some(text), "refused", "model disabled")
+            .await;
     }
     let Some(code) = agent
         .policy
@@ -212,26 +220,12 @@ pub async fn run(services: &ReviewServices, job: &ReviewRequested) -> Result<(),
         .await?
     else {
         // The requester cannot read the code itself (a guest): say so.
-        posting::note(
-            &*db,
-            by,
-            Kind::MergeRequest,
-            mr.id,
-            format!("@{username} I cannot review this merge request for you: you cannot read this project's code."),
-            false,
-        )
-        .await?;
-        store::finish(
-            &*db,
-            record,
-            &Outcome {
-                status: "refused",
-                detail: "cannot read code".into(),
-                ..Outcome::default()
-            },
-        )
-        .await?;
-        return Ok(());
+        let text = format!(
+            "@{username} I cannot review this merge request for you: you cannot read this project's code."
+        );
+        return end
+            .stop(&*db, Some(text), "refused", "cannot read code")
+            .await;
     };
     set_state(&*db, mr.id, bot, "review_started").await?;
 
@@ -244,29 +238,13 @@ pub async fn run(services: &ReviewServices, job: &ReviewRequested) -> Result<(),
     )
     .await?;
     let Some(comparison) = comparison else {
-        posting::note(
-            &*db,
-            by,
-            Kind::MergeRequest,
-            mr.id,
-            format!(
-                "@{username} I cannot review this merge request: its branches `{}` and `{}` are not both in the repository.",
-                mr.source_branch, mr.target_branch
-            ),
-            false,
-        )
-        .await?;
-        store::finish(
-            &*db,
-            record,
-            &Outcome {
-                status: "failed",
-                detail: "branches missing".into(),
-                ..Outcome::default()
-            },
-        )
-        .await?;
-        return Ok(());
+        let text = format!(
+            "@{username} I cannot review this merge request: its branches `{}` and `{}` are not both in the repository.",
+            mr.source_branch, mr.target_branch
+        );
+        return end
+            .stop(&*db, Some(text), "failed", "branches missing")
+            .await;
     };
 
     // Instructions: defaults first, then the project's from the target branch.
@@ -400,7 +378,7 @@ pub async fn run(services: &ReviewServices, job: &ReviewRequested) -> Result<(),
         }
     }
 
-    let auth = gateway_auth(services, &*db, requester.id).await?;
+    let auth = gateway_auth(services, &*db, actor.id).await?;
     let mut total_chars = 0usize;
     let mut commented: BTreeSet<(String, Option<u32>, Option<u32>)> = still_open
         .iter()
@@ -522,7 +500,7 @@ pub async fn run(services: &ReviewServices, job: &ReviewRequested) -> Result<(),
     }
 
     let summary = summary_text(&SummaryFacts {
-        username: &username,
+        username,
         reviewed,
         comments,
         must_fix,
