@@ -425,9 +425,19 @@ async fn refuse_where_duo_is_off(
     container: Subject,
 ) -> Result<(), ToolError> {
     let db = state.pool.get().await.map_err(ApiError::from)?;
+    refuse_where_duo_is_off_in(&*db, state, caller, container).await
+}
+
+/// [`refuse_where_duo_is_off`] on a connection the caller holds.
+async fn refuse_where_duo_is_off_in(
+    db: &impl crate::queries::Queries,
+    state: &AppState,
+    caller: &McpCaller,
+    container: Subject,
+) -> Result<(), ToolError> {
     let allowed = state
         .policy
-        .workflow_token_may_act_in(&*db, caller.actor(), container)
+        .workflow_token_may_act_in(db, caller.actor(), container)
         .await
         .map_err(ApiError::from)?;
     if allowed {
@@ -444,6 +454,29 @@ async fn project(state: &AppState, caller: &McpCaller, id: &IdOrPath) -> Result<
     let project = id.project(state).await?;
     refuse_where_duo_is_off(state, caller, Subject::Project(project)).await?;
     Ok(project)
+}
+
+/// `read` of the project a tool names, once Duo may act there, for reads of
+/// the database only. The Duo switch is read beside `read` (on a second
+/// connection) rather than before it: one round trip less on every call,
+/// a fifth of a tool's own time. The outcome is the sequential one: where
+/// Duo is off, what was read is dropped unseen and the refusal answers; a
+/// project the caller cannot read passes the switch and `read` answers 404.
+/// Writes, and reads that cost more than a query (git, the code index), use
+/// [`project`] first instead.
+async fn read_in_project<T>(
+    state: &AppState,
+    caller: &McpCaller,
+    id: &IdOrPath,
+    read: impl AsyncFnOnce(i64) -> Result<T, ApiError>,
+) -> Result<T, ToolError> {
+    let project = id.project(state).await?;
+    let (duo, value) = futures::join!(
+        refuse_where_duo_is_off(state, caller, Subject::Project(project)),
+        read(project)
+    );
+    duo?;
+    Ok(value?)
 }
 
 #[derive(Deserialize)]
@@ -526,8 +559,10 @@ pub async fn call(
         "get_mcp_server_version" => Ok(json!({ "version": SERVER_VERSION })),
         "get_issue" => {
             let a: IssueArgs = args(arguments)?;
-            let project = project(state, caller, &a.id).await?;
-            let issue = find_issue(state, caller, project, a.issue_iid).await?;
+            let issue = read_in_project(state, caller, &a.id, async |project| {
+                find_issue(state, caller, project, a.issue_iid).await
+            })
+            .await?;
             Ok(issue_json(&issue.item, base, &issue.full_path))
         }
         "create_issue" => {
@@ -544,8 +579,10 @@ pub async fn call(
         }
         "get_merge_request" => {
             let a: MergeRequestArgs = args(arguments)?;
-            let project = project(state, caller, &a.id).await?;
-            let mr = find_merge_request(state, caller, project, a.merge_request_iid).await?;
+            let mr = read_in_project(state, caller, &a.id, async |project| {
+                find_merge_request(state, caller, project, a.merge_request_iid).await
+            })
+            .await?;
             Ok(found_json(state, &mr))
         }
         "get_merge_request_commits" => {
@@ -563,15 +600,18 @@ pub async fn call(
         }
         "get_merge_request_pipelines" => {
             let a: MergeRequestArgs = args(arguments)?;
-            let project = project(state, caller, &a.id).await?;
-            let items = pipelines_of(state, caller, project, a.merge_request_iid).await?;
+            let items = read_in_project(state, caller, &a.id, async |project| {
+                pipelines_of(state, caller, project, a.merge_request_iid).await
+            })
+            .await?;
             Ok(paged(a.page, a.per_page, items))
         }
         "get_pipeline_jobs" => {
             let a: PipelineJobsArgs = args(arguments)?;
-            let project = project(state, caller, &a.id).await?;
-            let items =
-                super::super::ci::jobs_of(state, caller, project, Some(a.pipeline_id), &[]).await?;
+            let items = read_in_project(state, caller, &a.id, async |project| {
+                super::super::ci::jobs_of(state, caller, project, Some(a.pipeline_id), &[]).await
+            })
+            .await?;
             Ok(paged(a.page, a.per_page, items))
         }
         "get_workitem_notes" | "create_workitem_note" => {
@@ -632,15 +672,17 @@ async fn work_item_notes(
     };
     match (&a.project_id, &a.group_id) {
         (Some(p), None) => {
-            let project = project(state, caller, p).await?;
             let iid = i32::try_from(iid)
                 .map_err(|_| ToolError::Arguments("work_item_iid is too large".into()))?;
             if create {
+                let project = project(state, caller, p).await?;
                 let new = note(&a)?;
                 Ok(note_created::<IssueNotes>(state, caller, (project, iid), new).await?)
             } else {
-                let items =
-                    notes_of::<IssueNotes>(state, caller, (project, iid), SortOrder::Asc).await?;
+                let items = read_in_project(state, caller, p, async |project| {
+                    notes_of::<IssueNotes>(state, caller, (project, iid), SortOrder::Asc).await
+                })
+                .await?;
                 Ok(paged(a.page, a.per_page, items))
             }
         }
@@ -674,20 +716,24 @@ async fn search(state: &AppState, caller: &McpCaller, a: SearchArgs) -> ToolResu
         ));
     }
     let actor = Some(caller.actor());
-    let db = state.pool.get().await.map_err(ApiError::from)?;
-    // The projects searched: the one named, those of the group named, or all,
-    // keeping those the caller may read and Duo may act in.
-    let mut candidates: Vec<(i64, String)> = Vec::new();
     // A project named outright is refused where Duo is off, as every tool
     // refuses it (a reader learns why; someone who cannot read it gets the
-    // same 404 as for a project that does not exist, below).
+    // same 404 as for a project that does not exist, below). Resolved before
+    // this takes its own connection: a pool of one would wait for itself.
     let only_project = match &a.project_id {
         Some(p) => Some(project(state, caller, p).await?),
         None => None,
     };
-    let group_path = match &a.group_id {
-        Some(g) => {
-            let group = g.group(state).await?;
+    let group = match &a.group_id {
+        Some(g) => Some(g.group(state).await?),
+        None => None,
+    };
+    let db = state.pool.get().await.map_err(ApiError::from)?;
+    // The projects searched: the one named, those of the group named, or all,
+    // keeping those the caller may read and Duo may act in.
+    let mut candidates: Vec<(i64, String)> = Vec::new();
+    let group_path = match group {
+        Some(group) => {
             if !state
                 .policy
                 .can(&*db, actor, Ability::ReadGroup, Subject::Group(group))
@@ -698,7 +744,7 @@ async fn search(state: &AppState, caller: &McpCaller, a: SearchArgs) -> ToolResu
             }
             // Off for a group is off for everything under it: the search
             // could only come back empty, so say why, as for a project.
-            refuse_where_duo_is_off(state, caller, Subject::Group(group)).await?;
+            refuse_where_duo_is_off_in(&*db, state, caller, Subject::Group(group)).await?;
             Some(
                 crate::namespaces::group_full_path(&*db, group)
                     .await
