@@ -51,3 +51,28 @@ pub async fn record_mcp_tool_call(
     .await?;
     Ok(())
 }
+
+/// Several calls in one statement, in their order.
+pub async fn record_mcp_tool_calls(
+    db: &impl Queries,
+    calls: &[McpToolCall],
+) -> Result<(), tokio_postgres::Error> {
+    let column = |f: fn(&McpToolCall) -> i64| calls.iter().map(f).collect::<Vec<i64>>();
+    let text = |f: fn(&McpToolCall) -> &str| calls.iter().map(f).collect::<Vec<&str>>();
+    let users = column(|c| c.user_id);
+    let tokens = column(|c| c.token_id);
+    let kinds = text(|c| c.token_kind.as_str());
+    let tools = text(|c| &c.tool);
+    let outcomes = text(|c| c.outcome);
+    let durations: Vec<i32> = calls.iter().map(|c| c.duration_ms).collect();
+    db.execute(
+        "INSERT INTO mcp_tool_calls (user_id, token_id, token_kind, tool, outcome, duration_ms)
+         SELECT u, t, k, tool, o, d
+         FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::int[])
+              WITH ORDINALITY AS c (u, t, k, tool, o, d, n)
+         ORDER BY n",
+        &[&users, &tokens, &kinds, &tools, &outcomes, &durations],
+    )
+    .await?;
+    Ok(())
+}

@@ -1947,3 +1947,135 @@ async fn oauth_token_and_revoke_answer_forms_they_cannot_read_with_invalid_reque
         "revoke",
     );
 }
+
+// ---- a session's tool calls, answered without its worker ----------------------------------------
+
+/// One POST of `body` to the MCP endpoint with exactly these headers (and
+/// the token): status, `Content-Type` and the answer.
+async fn post_mcp_with(
+    server: &Server,
+    token: &str,
+    headers: &[(&str, &str)],
+    body: String,
+) -> (u16, String, Value) {
+    let mut req = reqwest::Client::new()
+        .post(mcp_url(server))
+        .bearer_auth(token)
+        .body(body);
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let res = req.send().await.unwrap();
+    let status = res.status().as_u16();
+    let kind = res
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    (status, kind, read_message(res).await)
+}
+
+#[tokio::test]
+async fn a_sessions_tool_calls_answer_as_json_with_the_sessions_checks() {
+    let w = world().await;
+    let token = w.fx.token(w.reporter, &["mcp"]).await;
+    let server = Server::start(&w.fx).await;
+    let mut mcp = Mcp::connect(&server, &token).await;
+
+    // tools/call, tools/list and ping: one JSON object, answering the request.
+    for (method, params) in [
+        (
+            "tools/call",
+            json!({"name": "get_mcp_server_version", "arguments": {}}),
+        ),
+        ("tools/list", json!({})),
+        ("ping", json!({})),
+    ] {
+        let http = mcp.send(method, params).await;
+        assert_eq!(http.status, 200, "{method}: {}", http.body);
+        let kind = http.headers["content-type"].to_str().unwrap();
+        assert!(kind.starts_with("application/json"), "{method}: {kind}");
+        assert_eq!(http.body["id"], mcp.next_id - 1, "{method}: {}", http.body);
+        assert!(http.body.get("result").is_some(), "{method}: {}", http.body);
+    }
+    // The rest of the session goes through its worker, as an event stream.
+    let http = mcp.send("resources/list", json!({})).await;
+    let kind = http.headers["content-type"].to_str().unwrap();
+    assert!(kind.starts_with("text/event-stream"), "{kind}");
+    assert_eq!(http.body["error"]["code"], -32601, "{}", http.body);
+
+    // rmcp's checks hold on the direct path: the protocol version header,
+    // what the client accepts, the session's existence.
+    let call = json!({
+        "jsonrpc": "2.0", "id": 50, "method": "tools/call",
+        "params": {"name": "get_mcp_server_version", "arguments": {}},
+    })
+    .to_string();
+    let both = "application/json, text/event-stream";
+    let json_type = ("content-type", "application/json");
+    let session = ("mcp-session-id", mcp.session.as_str());
+    let (status, _, _) = post_mcp_with(
+        &server,
+        &token,
+        &[
+            ("accept", both),
+            json_type,
+            session,
+            ("mcp-protocol-version", "1999-01-01"),
+        ],
+        call.clone(),
+    )
+    .await;
+    assert_eq!(status, 400, "an unknown protocol version");
+    let (status, _, _) = post_mcp_with(
+        &server,
+        &token,
+        &[
+            ("accept", "application/json"),
+            json_type,
+            session,
+            ("mcp-protocol-version", PROTOCOL),
+        ],
+        call.clone(),
+    )
+    .await;
+    assert_eq!(status, 406, "a client that does not take event streams");
+    let (status, _, _) = post_mcp_with(
+        &server,
+        &token,
+        &[
+            ("accept", both),
+            json_type,
+            ("mcp-session-id", "no-such-session"),
+            ("mcp-protocol-version", PROTOCOL),
+        ],
+        call.clone(),
+    )
+    .await;
+    assert_eq!(status, 404, "a session that does not exist");
+
+    // A session its client ended answers nothing more.
+    let ended = reqwest::Client::new()
+        .delete(mcp_url(&server))
+        .bearer_auth(&token)
+        .header("mcp-session-id", &mcp.session)
+        .header("mcp-protocol-version", PROTOCOL)
+        .send()
+        .await
+        .unwrap();
+    assert!(ended.status().is_success(), "{}", ended.status());
+    let (status, _, _) = post_mcp_with(
+        &server,
+        &token,
+        &[
+            ("accept", both),
+            json_type,
+            session,
+            ("mcp-protocol-version", PROTOCOL),
+        ],
+        call,
+    )
+    .await;
+    assert_eq!(status, 404, "a deleted session");
+}

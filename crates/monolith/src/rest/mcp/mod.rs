@@ -16,10 +16,19 @@
 //! - every tool call in the audit log (tool, outcome, time; never content).
 //!
 //! The tools ([`tools`]) run through the REST floor as [`McpCaller`].
+//!
+//! A session's `tools/call`, `tools/list` and `ping` are answered as one JSON
+//! object by a session-less twin of the service ([`DIRECT`]) rather than as
+//! an event stream through the session's worker: they need nothing of the
+//! session, the specification lets the server answer any request either way,
+//! and the worker's round trips were most of what a tool call cost over REST.
+//! Since rmcp's idle timer no longer sees those calls, sessions are closed
+//! after five idle minutes here ([`IdleSessions`]).
 
 pub mod tools;
 
-use std::sync::{Arc, LazyLock};
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use actix_web::http::StatusCode;
@@ -33,7 +42,10 @@ use rmcp::model::{
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
+use rmcp::transport::streamable_http_server::{
+    SessionId, SessionManager, StreamableHttpServerConfig, StreamableHttpService,
+};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 
@@ -44,6 +56,9 @@ use crate::identity::request::presented_token;
 use crate::identity::tokens::{AuthenticatedUser, TokenError};
 use crate::policy::Actor;
 use tools::ToolError;
+
+/// The header naming a session (streamable HTTP).
+const HEADER_SESSION_ID: &str = "mcp-session-id";
 
 /// The scope a token needs here (GitLab's `mcp`).
 pub const MCP_SCOPE: &str = "mcp";
@@ -138,25 +153,135 @@ impl McpHttpError {
 /// enough to stop one token flooding a replica).
 static LIMITER: LazyLock<crate::rate_limit::PerMinute<Vec<u8>>> = LazyLock::new(Default::default);
 
-/// The protocol side, shared by every request of this process; sessions live
-/// in its session manager (closed after five idle minutes).
+/// The sessions of this process (protocol versions before 2026-07-28).
+static SESSIONS: LazyLock<Arc<LocalSessionManager>> = LazyLock::new(|| {
+    let mut sessions = LocalSessionManager::default();
+    // Closed by `IDLE` instead: rmcp's timer would close a session whose
+    // requests all went to `DIRECT` while it is in use.
+    sessions.session_config.keep_alive = None;
+    Arc::new(sessions)
+});
+
+fn protocol_config() -> StreamableHttpServerConfig {
+    // Our own body limit applies first (`DUO_MCP_MAX_REQUEST_BYTES`).
+    StreamableHttpServerConfig::default()
+        .with_json_response(true)
+        .with_max_request_body_bytes(usize::MAX)
+        .with_sse_keep_alive(Some(Duration::from_secs(15)))
+        .disable_allowed_hosts()
+}
+
+/// The protocol side, shared by every request of this process. Stateless
+/// requests (protocol 2026-07-28) get plain JSON answers; a session's go
+/// through the session's worker and answer as an SSE stream, as rmcp does.
 static SERVICE: LazyLock<StreamableHttpService<McpTools, LocalSessionManager>> =
     LazyLock::new(|| {
-        // Stateless requests (protocol 2026-07-28) get plain JSON answers;
-        // a session's (older versions) always answers as an SSE stream, as
-        // rmcp does. Our own body limit applies first
-        // (`DUO_MCP_MAX_REQUEST_BYTES`).
-        let config = StreamableHttpServerConfig::default()
-            .with_json_response(true)
-            .with_max_request_body_bytes(usize::MAX)
-            .with_sse_keep_alive(Some(Duration::from_secs(15)))
-            .disable_allowed_hosts();
+        StreamableHttpService::new(|| Ok(McpTools), SESSIONS.clone(), protocol_config())
+    });
+
+/// The same protocol without sessions, for the requests of a session that
+/// need nothing of it ([`needs_no_session`]): rmcp validates them as it
+/// validates a session's (protocol version header, the standard headers
+/// against the body) and answers one JSON object.
+static DIRECT: LazyLock<StreamableHttpService<McpTools, NeverSessionManager>> =
+    LazyLock::new(|| {
         StreamableHttpService::new(
             || Ok(McpTools),
-            Arc::new(LocalSessionManager::default()),
-            config,
+            Arc::new(NeverSessionManager::default()),
+            protocol_config().with_legacy_session_mode(false),
         )
     });
+
+/// Whether `body` is a request whose answer needs nothing of its session:
+/// no server-to-client request, notification or stream to resume belongs to
+/// it, so a JSON answer is the whole answer.
+fn needs_no_session(body: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Peek<'a> {
+        #[serde(borrow)]
+        method: Option<std::borrow::Cow<'a, str>>,
+        id: Option<serde::de::IgnoredAny>,
+    }
+    // An object: serde would read the struct from an array too.
+    body.trim_ascii_start().first() == Some(&b'{')
+        && serde_json::from_slice::<Peek>(body).is_ok_and(|m| {
+            m.id.is_some()
+                && matches!(
+                    m.method.as_deref(),
+                    Some("tools/call" | "tools/list" | "ping")
+                )
+        })
+}
+
+/// How long a session may go unused before it is closed.
+const SESSION_IDLE: Duration = Duration::from_secs(300);
+/// How often idle sessions are looked for (on a request, so an instance no
+/// one calls does no work).
+const SWEEP_EVERY: Duration = Duration::from_secs(30);
+
+/// When each session was last used.
+struct IdleSessions {
+    used: Mutex<HashMap<SessionId, Instant>>,
+    swept: Mutex<Instant>,
+}
+
+static IDLE: LazyLock<IdleSessions> = LazyLock::new(|| IdleSessions::new(Instant::now()));
+
+impl IdleSessions {
+    fn new(now: Instant) -> Self {
+        IdleSessions {
+            used: Mutex::default(),
+            swept: Mutex::new(now),
+        }
+    }
+
+    fn touch(&self, id: &SessionId, now: Instant) {
+        let mut used = self.used.lock().unwrap_or_else(PoisonError::into_inner);
+        used.insert(id.clone(), now);
+    }
+
+    fn forget(&self, id: &SessionId) {
+        let mut used = self.used.lock().unwrap_or_else(PoisonError::into_inner);
+        used.remove(id);
+    }
+
+    /// The sessions unused for [`SESSION_IDLE`] at `now`, forgotten here;
+    /// looked for once every [`SWEEP_EVERY`] at most, none in between.
+    fn expired(&self, now: Instant) -> Vec<SessionId> {
+        {
+            let mut swept = self.swept.lock().unwrap_or_else(PoisonError::into_inner);
+            if now.saturating_duration_since(*swept) < SWEEP_EVERY {
+                return Vec::new();
+            }
+            *swept = now;
+        }
+        let mut used = self.used.lock().unwrap_or_else(PoisonError::into_inner);
+        let idle: Vec<SessionId> = used
+            .iter()
+            .filter(|(_, at)| now.saturating_duration_since(**at) >= SESSION_IDLE)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &idle {
+            used.remove(id);
+        }
+        idle
+    }
+}
+
+/// Closes the sessions idle too long, off the request's path.
+fn close_idle_sessions() {
+    let idle = IDLE.expired(Instant::now());
+    if idle.is_empty() {
+        return;
+    }
+    tokio::spawn(async move {
+        for id in idle {
+            if let Err(e) = SESSIONS.close_session(&id).await {
+                tracing::warn!(error = %e, "an idle MCP session could not be closed");
+            }
+        }
+    });
+}
 
 /// `POST`, `GET` and `DELETE /api/v4/mcp`.
 pub(super) async fn handle(
@@ -240,6 +365,30 @@ async fn serve(
         .map_err(|retry| McpHttpError::RateLimited(limits.requests_per_minute, retry))?;
     let caller = authenticate(state, &token).await?;
     let body = read_body(payload, limits.max_request_bytes).await?;
+    close_idle_sessions();
+    // A session this process knows (only those: an id a client made up costs
+    // no memory here).
+    let session = match req
+        .headers()
+        .get(HEADER_SESSION_ID)
+        .and_then(|v| v.to_str().ok())
+    {
+        Some(id) => {
+            let id = SessionId::from(id);
+            SESSIONS
+                .has_session(&id)
+                .await
+                .unwrap_or(false)
+                .then_some(id)
+        }
+        None => None,
+    };
+    if let Some(id) = &session {
+        IDLE.touch(id, Instant::now());
+    }
+    let direct = session.is_some()
+        && req.method() == actix_web::http::Method::POST
+        && needs_no_session(&body);
 
     let mut builder = http::Request::builder()
         .method(req.method().as_str())
@@ -253,8 +402,25 @@ async fn serve(
     request.extensions_mut().insert(caller);
     request.extensions_mut().insert(state.clone());
 
-    let response = SERVICE.handle(request).await;
+    let response = if direct {
+        DIRECT.handle(request).await
+    } else {
+        SERVICE.handle(request).await
+    };
     let (parts, body) = response.into_parts();
+    if parts.status.is_success() {
+        if let Some(created) = parts
+            .headers
+            .get(HEADER_SESSION_ID)
+            .and_then(|v| v.to_str().ok())
+        {
+            IDLE.touch(&SessionId::from(created), Instant::now());
+        } else if let Some(id) = &session
+            && req.method() == actix_web::http::Method::DELETE
+        {
+            IDLE.forget(id);
+        }
+    }
     let status =
         StatusCode::from_u16(parts.status.as_u16()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut out = HttpResponse::build(status);
@@ -427,6 +593,13 @@ fn answer(value: Value, max: usize) -> Vec<ContentBlock> {
     ]
 }
 
+/// Tool calls on their way to the audit log. They are written together,
+/// one INSERT per [`AUDIT_BATCH_AFTER`], instead of one per call: on a busy
+/// server that write was a tenth of a tool call's time (measured with
+/// `./dev bench mcp`), and a row now lands within that delay instead.
+static AUDIT_QUEUE: Mutex<Vec<crate::audit::McpToolCall>> = Mutex::new(Vec::new());
+const AUDIT_BATCH_AFTER: Duration = Duration::from_millis(50);
+
 /// Records the call in the audit log, off the answer's path.
 fn audit(
     state: &AppState,
@@ -444,15 +617,44 @@ fn audit(
         duration_ms: i32::try_from(started.elapsed().as_millis()).unwrap_or(i32::MAX),
     };
     tracing::info!(tool, outcome, user_id = caller.user.id, "MCP tool call");
-    let pool = state.pool.clone();
-    tokio::spawn(async move {
-        let Ok(db) = pool.get().await else {
+    let first = {
+        let mut queue = AUDIT_QUEUE.lock().unwrap_or_else(PoisonError::into_inner);
+        queue.push(entry);
+        queue.len() == 1
+    };
+    // The call that finds the queue empty schedules its writing; the others
+    // ride along.
+    if first {
+        let pool = state.pool.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(AUDIT_BATCH_AFTER).await;
+            let batch =
+                std::mem::take(&mut *AUDIT_QUEUE.lock().unwrap_or_else(PoisonError::into_inner));
+            write_audit(&pool, &batch).await;
+        });
+    }
+}
+
+async fn write_audit(pool: &deadpool_postgres::Pool, batch: &[crate::audit::McpToolCall]) {
+    let db = match pool.get().await {
+        Ok(db) => db,
+        Err(e) => {
+            tracing::warn!(error = %e, calls = batch.len(), "the MCP audit log could not be written");
             return;
-        };
-        if let Err(e) = crate::audit::record_mcp_tool_call(&*db, &entry).await {
-            tracing::warn!(error = %e, "the MCP audit log could not be written");
         }
-    });
+    };
+    if crate::audit::record_mcp_tool_calls(&*db, batch)
+        .await
+        .is_ok()
+    {
+        return;
+    }
+    // One bad row (its user deleted meanwhile) must not lose the others.
+    for call in batch {
+        if let Err(e) = crate::audit::record_mcp_tool_call(&*db, call).await {
+            tracing::warn!(error = %e, tool = %call.tool, "the MCP audit log could not be written");
+        }
+    }
 }
 
 #[cfg(test)]
@@ -464,6 +666,53 @@ mod tests {
             .iter()
             .map(|b| b.as_text().map(|t| t.text.clone()).unwrap_or_default())
             .collect()
+    }
+
+    #[test]
+    fn sessions_unused_for_five_minutes_expire_once_and_others_stay() {
+        let start = Instant::now();
+        let idle = IdleSessions::new(start);
+        let (old, busy): (SessionId, SessionId) = ("old".into(), "busy".into());
+        idle.touch(&old, start);
+        idle.touch(&busy, start);
+        idle.touch(&busy, start + Duration::from_secs(200));
+        // Not looked at again before SWEEP_EVERY, whatever their age.
+        assert!(idle.expired(start + Duration::from_secs(10)).is_empty());
+        assert_eq!(idle.expired(start + SESSION_IDLE), vec![old.clone()]);
+        // Forgotten once expired; the busy one goes five minutes after its use.
+        let later = start + SESSION_IDLE + SWEEP_EVERY;
+        assert!(idle.expired(later).is_empty());
+        let last = start + Duration::from_secs(200) + SESSION_IDLE + SWEEP_EVERY;
+        assert_eq!(idle.expired(last), vec![busy]);
+    }
+
+    #[test]
+    fn a_forgotten_session_never_expires() {
+        let start = Instant::now();
+        let idle = IdleSessions::new(start);
+        let gone: SessionId = "gone".into();
+        idle.touch(&gone, start);
+        idle.forget(&gone);
+        assert!(idle.expired(start + SESSION_IDLE * 2).is_empty());
+    }
+
+    #[test]
+    fn only_a_sessions_pure_requests_skip_its_worker() {
+        let request = |method: &str| {
+            json!({"jsonrpc": "2.0", "id": 3, "method": method, "params": {}}).to_string()
+        };
+        for method in ["tools/call", "tools/list", "ping"] {
+            assert!(needs_no_session(request(method).as_bytes()), "{method}");
+        }
+        for method in ["initialize", "resources/list", "completion/complete"] {
+            assert!(!needs_no_session(request(method).as_bytes()), "{method}");
+        }
+        // A notification (no id), an array, and what is not JSON stay with
+        // the session's worker, which answers them as before.
+        let cancelled = json!({"jsonrpc": "2.0", "method": "tools/call"}).to_string();
+        assert!(!needs_no_session(cancelled.as_bytes()));
+        assert!(!needs_no_session(br#"["tools/call", 3]"#));
+        assert!(!needs_no_session(b"{tools/call"));
     }
 
     #[test]
