@@ -12,9 +12,11 @@ use std::time::Instant;
 
 use anyhow::{Context, ensure};
 use bench::{Latencies, ms, read_status_kib};
-use e2e_tests::System;
+use e2e_tests::{Options, System};
 use serde_json::{Value, json};
 
+/// Rounds of the latency comparison; `MCP_BENCH_ROUNDS` sets another count
+/// (a long run to profile the web process with `perf`).
 const ROUNDS: usize = 300;
 const SESSIONS: usize = 500;
 
@@ -84,7 +86,17 @@ fn rss_kib(pid: u32) -> anyhow::Result<u64> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let system = System::start().await?;
+    let rounds = std::env::var("MCP_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(ROUNDS);
+    // A long run needs more than the default 600 requests a minute per token.
+    let system = System::start_with(Options {
+        monolith_env: vec![("DUO_MCP_REQUESTS_PER_MINUTE".into(), "100000".into())],
+        ..Options::default()
+    })
+    .await?;
+    println!("web process: pid {:?}", system.web.pid());
     let api = system.token("alice")?;
     let mcp = system.new_token("alice", &["mcp"]).await?;
     let http = reqwest::Client::new();
@@ -97,9 +109,9 @@ async fn main() -> anyhow::Result<()> {
     let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
         "params": {"name": "get_issue", "arguments": {"id": "acme/platform/api", "issue_iid": 1}}});
 
-    println!("== get_issue: REST versus MCP tools/call, {ROUNDS} rounds in turns");
+    println!("== get_issue: REST versus MCP tools/call, {rounds} rounds in turns");
     let (mut rest, mut tool) = (Latencies::default(), Latencies::default());
-    for round in 0..ROUNDS + 20 {
+    for round in 0..rounds + 20 {
         let started = Instant::now();
         let res = http
             .get(&rest_url)
