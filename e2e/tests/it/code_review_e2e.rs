@@ -218,6 +218,39 @@ async fn the_bot_reviews_on_changed_lines_follows_up_refuses_without_access_and_
         "excluded by !tests/**"
     );
 
+    // A reply in the bot's thread is answered there, no mention needed.
+    let thread_id = diff_threads[0]["id"].as_str().unwrap().to_owned();
+    system.fake.push_text(
+        "Thought: I can answer from my comment.\nFinal Answer: An empty list has length zero, so the division raises ZeroDivisionError.",
+    );
+    call(
+        &system,
+        &alice,
+        reqwest::Method::POST,
+        &format!("/projects/{id}/merge_requests/{iid}/discussions/{thread_id}/notes"),
+        Some(json!({"body": "Why is that a problem?"})),
+    )
+    .await;
+    let thread = wait_for(
+        &system,
+        &alice,
+        &format!("/projects/{id}/merge_requests/{iid}/discussions/{thread_id}"),
+        |d| d["notes"].as_array().is_some_and(|n| n.len() == 3),
+    )
+    .await;
+    assert_eq!(thread["notes"][2]["author"]["username"], "GitLabDuo");
+    assert!(
+        thread["notes"][2]["body"]
+            .as_str()
+            .unwrap()
+            .contains("ZeroDivisionError")
+    );
+    let asked = system.provider_bodies().last().unwrap().clone();
+    assert!(
+        asked.contains("Why is that a problem?") && asked.contains("return 0 first"),
+        "the thread is the context"
+    );
+
     // 2. A push that fixes the line, then "@GitLabDuo review": the thread is
     //    resolved, nothing is said twice.
     git(&checkout, &["checkout", "-q", "average"]);

@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::posting;
 use super::reviewer::{ReviewError, ReviewServices};
-use super::triggers::{Mention, MentionAsked, mention_in, question_in};
+use super::triggers::{BotThread, Mention, MentionAsked, bot_thread, mention_in, question_in};
 use crate::policy::{ChatAuthError, Subject};
 use crate::work_items::Kind;
 
@@ -57,15 +57,20 @@ pub async fn run(services: &ReviewServices, job: &MentionAsked) -> Result<(), Re
     };
     // `review` is a review on a merge request (its own job), a question
     // anywhere else.
+    let Some(asker) = super::posting::asker(&*db, job.requester_id).await? else {
+        return Ok(());
+    };
     let question = match mention_in(&asked.body) {
         Some(Mention::Question(question)) => question,
         Some(Mention::Review) if kind != Kind::MergeRequest => {
             question_in(&asked.body).unwrap_or_default()
         }
-        _ => return Ok(()),
-    };
-    let Some(asker) = super::posting::asker(&*db, job.requester_id).await? else {
-        return Ok(());
+        Some(Mention::Review) => return Ok(()),
+        // A reply in one of the bot's threads: the thread is the context.
+        None => match bot_thread(&*db, job.note_id, asker.by.bot_id).await? {
+            Some(thread) => thread_question(&thread, &asked.body),
+            None => return Ok(()),
+        },
     };
     let (actor, by, username) = (asker.actor, asker.by, asker.username.as_str());
     // A retried job must not answer twice.
@@ -133,6 +138,30 @@ pub async fn run(services: &ReviewServices, job: &MentionAsked) -> Result<(), Re
     )
     .await?;
     Ok(())
+}
+
+/// The question a reply in the bot's thread asks: the reply, with the
+/// comment it answers and where that comment sits.
+fn thread_question(thread: &BotThread, reply: &str) -> String {
+    let place = thread.position.as_ref().map(|p| {
+        format!(
+            " on `{}` line {}",
+            p["new_path"]
+                .as_str()
+                .or(p["old_path"].as_str())
+                .unwrap_or_default(),
+            p["new_line"]
+                .as_i64()
+                .or(p["old_line"].as_i64())
+                .unwrap_or(0)
+        )
+    });
+    format!(
+        "Someone replied to your review comment{}.\nYour comment was:\n{}\n\nTheir reply:\n{}\n\nAnswer the reply briefly.",
+        place.unwrap_or_default(),
+        thread.body.chars().take(2000).collect::<String>(),
+        reply.trim().chars().take(2000).collect::<String>()
+    )
 }
 
 async fn already_answered(

@@ -304,8 +304,42 @@ fn strip_code_spans(line: &str) -> String {
     out
 }
 
+/// The thread `note_id` replies to, when the bot started it: its first
+/// note's body and position.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BotThread {
+    pub body: String,
+    pub position: Option<serde_json::Value>,
+}
+
+/// [`BotThread`] of the note, if it is a reply in a thread the bot started.
+pub async fn bot_thread(
+    db: &impl Queries,
+    note_id: i64,
+    bot: i64,
+) -> Result<Option<BotThread>, tokio_postgres::Error> {
+    Ok(db
+        .query_opt(
+            "SELECT first.body, first.position FROM notes n
+             JOIN LATERAL (
+                 SELECT f.id, f.author_id, f.body, f.position FROM notes f
+                 WHERE f.noteable_type = n.noteable_type AND f.noteable_id = n.noteable_id
+                   AND f.discussion_id = n.discussion_id
+                 ORDER BY f.created_at, f.id LIMIT 1
+             ) first ON true
+             WHERE n.id = $1 AND first.id <> n.id AND first.author_id = $2",
+            &[&note_id, &bot],
+        )
+        .await?
+        .map(|r| BotThread {
+            body: r.get(0),
+            position: r.get(1),
+        }))
+}
+
 /// After a comment was posted on an issue or merge request: a review or a
-/// reply when it mentions the bot (never for the bot's own comments).
+/// reply when it mentions the bot or answers one of its threads (never for
+/// the bot's own comments).
 pub async fn note_created(
     db: &impl Queries,
     project_id: i64,
@@ -315,13 +349,21 @@ pub async fn note_created(
     author_id: i64,
     body: &str,
 ) -> Result<Option<Mention>, TriggerError> {
-    let Some(mention) = mention_in(body) else {
-        return Ok(None);
-    };
     let Some(bot) = bot_id(db).await? else {
         return Ok(None);
     };
-    if author_id == bot || !enabled(db, project_id, TriggerEvent::Mention).await? {
+    if author_id == bot {
+        return Ok(None);
+    }
+    // A reply in one of the bot's threads asks it, mention or not.
+    let mention = match mention_in(body) {
+        Some(mention) => mention,
+        None => match bot_thread(db, note_id, bot).await? {
+            Some(_) => Mention::Question(body.trim().chars().take(2000).collect()),
+            None => return Ok(None),
+        },
+    };
+    if !enabled(db, project_id, TriggerEvent::Mention).await? {
         return Ok(None);
     }
     match &mention {
