@@ -14,6 +14,7 @@ mod mcp_client_e2e;
 mod mcp_e2e;
 mod migrations_e2e;
 mod model_selection_e2e;
+mod pipeline_fix_e2e;
 mod python_gitlab_e2e;
 mod shutdown_e2e;
 mod web_admin_e2e;

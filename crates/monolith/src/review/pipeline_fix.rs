@@ -13,7 +13,11 @@ use crate::workflows::store::NewWorkflow;
 /// Most of the log's end the goal carries (the rest is in the job).
 const LOG_TAIL_CHARS: usize = 4000;
 
-/// The goal of the fix flow: what failed, where, and what to do.
+/// The goal of the fix flow: what failed, where, and what to do. A run in
+/// the product cannot commit, push or name its branch (its git has no
+/// identity and no credentials; the runner checkpoints the workspace and
+/// publishes it as `duo/workflow-<id>` with a merge request when the run
+/// finishes), so the goal asks for the fix only.
 pub fn goal(job_name: &str, pipeline_id: i64, git_ref: &str, sha: &str, log: &str) -> String {
     let tail: String = {
         let chars: Vec<char> = log.chars().collect();
@@ -23,8 +27,9 @@ pub fn goal(job_name: &str, pipeline_id: i64, git_ref: &str, sha: &str, log: &st
     };
     format!(
         "Started by a failed pipeline: job `{job_name}` of pipeline #{pipeline_id} failed on `{git_ref}` ({short}).\n\
-         Find the cause in the log below, fix the code on a new branch named `duo-fix-pipeline-{pipeline_id}`, \
-         commit, push the branch and open a merge request into `{git_ref}` that explains the fix.\n\n\
+         Find the cause in the log below and fix the code in the workspace. Do not commit, push or open a \
+         merge request yourself: when the run finishes, its changes are put on a new branch and a merge \
+         request into `{git_ref}` is opened with them.\n\n\
          The end of the job's log:\n```\n{tail}\n```",
         short = &sha[..sha.len().min(8)],
     )
@@ -111,7 +116,7 @@ mod tests {
         assert!(text.starts_with(
             "Started by a failed pipeline: job `test` of pipeline #42 failed on `main` (01234567)."
         ));
-        assert!(text.contains("duo-fix-pipeline-42"));
+        assert!(text.contains("a merge request into `main` is opened"));
         assert!(text.contains("cannot find value `conf`"));
         assert!(text.len() < LOG_TAIL_CHARS + 600);
     }
