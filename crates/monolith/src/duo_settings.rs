@@ -420,42 +420,47 @@ pub async fn set_group_duo(
     follow_duo_switch(db, DuoSwitchScope::Group(group_id), index_attempts).await
 }
 
-/// Experiment and beta features of a top-level group.
-pub async fn set_group_experiments(
-    db: &impl Queries,
-    group_id: i64,
-    enabled: bool,
-) -> Result<(), DuoSettingsError> {
-    if !is_top_level(db, group_id).await? {
-        return Err(DuoSettingsError::Invalid(
-            "Experiment features can only be changed on a top-level group".into(),
-        ));
-    }
-    db.execute(
-        "UPDATE groups SET experiment_and_beta_features = $2 WHERE id = $1",
-        &[&group_id, &enabled],
-    )
-    .await?;
-    Ok(())
+/// A switch only top-level groups have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TopLevelGroupSwitch {
+    /// Experiment and beta features.
+    Experiments,
+    /// Whether Duo Workflow may use MCP servers (GitLab's group AI setting
+    /// `duo_workflow_mcp_enabled`).
+    WorkflowMcp,
 }
 
-/// Whether Duo Workflow may use MCP servers in a top-level group (GitLab's
-/// group AI setting `duo_workflow_mcp_enabled`).
-pub async fn set_group_mcp(
+impl TopLevelGroupSwitch {
+    fn column(self) -> &'static str {
+        match self {
+            Self::Experiments => "experiment_and_beta_features",
+            Self::WorkflowMcp => "duo_workflow_mcp_enabled",
+        }
+    }
+
+    fn only_top_level(self) -> &'static str {
+        match self {
+            Self::Experiments => "Experiment features can only be changed on a top-level group",
+            Self::WorkflowMcp => {
+                "MCP servers for Duo Workflow can only be allowed on a top-level group"
+            }
+        }
+    }
+}
+
+/// Turns `switch` of a top-level group on or off.
+pub async fn set_top_level_group_switch(
     db: &impl Queries,
     group_id: i64,
+    switch: TopLevelGroupSwitch,
     enabled: bool,
 ) -> Result<(), DuoSettingsError> {
     if !is_top_level(db, group_id).await? {
-        return Err(DuoSettingsError::Invalid(
-            "MCP servers for Duo Workflow can only be allowed on a top-level group".into(),
-        ));
+        return Err(DuoSettingsError::Invalid(switch.only_top_level().into()));
     }
-    db.execute(
-        "UPDATE groups SET duo_workflow_mcp_enabled = $2 WHERE id = $1",
-        &[&group_id, &enabled],
-    )
-    .await?;
+    // The column is one of two constants, never input.
+    let sql = format!("UPDATE groups SET {} = $2 WHERE id = $1", switch.column());
+    db.execute(&sql, &[&group_id, &enabled]).await?;
     Ok(())
 }
 

@@ -546,8 +546,24 @@ async fn change_switch(
     let attempts = state.config.code_index.max_attempts;
     let outcome = match form.kind.as_str() {
         "group" => duo_settings::set_group_duo(&*db, id, enabled, attempts).await,
-        "group_experiments" => duo_settings::set_group_experiments(&*db, id, enabled).await,
-        "group_mcp" => duo_settings::set_group_mcp(&*db, id, enabled).await,
+        "group_experiments" => {
+            duo_settings::set_top_level_group_switch(
+                &*db,
+                id,
+                duo_settings::TopLevelGroupSwitch::Experiments,
+                enabled,
+            )
+            .await
+        }
+        "group_mcp" => {
+            duo_settings::set_top_level_group_switch(
+                &*db,
+                id,
+                duo_settings::TopLevelGroupSwitch::WorkflowMcp,
+                enabled,
+            )
+            .await
+        }
         "project" => duo_settings::set_project_duo(&*db, id, enabled, attempts).await,
         _ => Err(DuoSettingsError::Invalid(
             "Unknown switch: group, group_experiments, group_mcp or project.".into(),
