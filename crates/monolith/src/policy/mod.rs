@@ -12,7 +12,6 @@ use std::sync::Arc;
 use contracts::{DuoErrorCode, UnitPrimitive};
 
 pub mod add_ons;
-mod code_review;
 mod duo;
 pub mod duo_context;
 mod facts;
@@ -22,9 +21,9 @@ mod workflow;
 mod workflow_tools;
 mod write;
 
-pub use code_review::NoCodeReview;
 pub use duo::DuoSwitchScope;
 pub use duo_context::{AiReader, CodeForAi, ContextExclusions};
+pub use merge_request_review::NoCodeReview;
 pub use workflow::{WorkflowFacts, WorkflowMcp};
 
 pub use write::{EditableItem, PushAccess, WriteAbility};

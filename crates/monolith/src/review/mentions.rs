@@ -67,7 +67,7 @@ pub async fn run(services: &ReviewServices, job: &MentionAsked) -> Result<(), Re
         }
         Some(Mention::Review) => return Ok(()),
         // A reply in one of the bot's threads: the thread is the context.
-        None => match bot_thread(&*db, job.note_id, asker.by.bot_id).await? {
+        None => match bot_thread(&*db, job.note_id).await? {
             Some(thread) => thread_question(&thread, &asked.body),
             None => return Ok(()),
         },

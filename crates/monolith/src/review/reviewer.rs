@@ -298,10 +298,13 @@ pub async fn run(services: &ReviewServices, job: &ReviewRequested) -> Result<(),
     let mut resolved = 0;
     let mut still_open: Vec<OpenThread> = Vec::new();
     let previous_head = store::last_reviewed_head(&*db, mr.id).await?;
-    for thread in store::open_threads(&*db, mr.id, bot).await? {
-        if thread.head_sha() != comparison.head_sha
-            && line_changed(&repository, &thread, &comparison).await
-        {
+    for mut thread in store::open_threads(&*db, mr.id, bot).await? {
+        let now = if thread.head_sha() == comparison.head_sha {
+            LineNow::Unchanged
+        } else {
+            line_now(&repository, &thread, &comparison.head_sha).await
+        };
+        if now == LineNow::Gone {
             posting::reply(
                 &*db,
                 by,
@@ -317,13 +320,10 @@ pub async fn run(services: &ReviewServices, job: &ReviewRequested) -> Result<(),
             posting::resolve(&*db, mr.id, &thread.discussion_id, bot).await?;
             resolved += 1;
         } else {
-            let mut thread = thread;
             // Lines added above it moved it: the prompt and the check for
             // repeats use where it is now.
-            if thread.head_sha() != comparison.head_sha
-                && let Some(n) = line_now(&repository, &thread, &comparison.head_sha).await
-            {
-                thread.position["new_line"] = json!(n);
+            if let LineNow::At(n) = now {
+                thread.position.new_line = i32::try_from(n).ok();
             }
             still_open.push(thread);
         }
@@ -597,49 +597,39 @@ async fn line_at(repository: &std::path::Path, commit: &str, path: &str, n: u32)
         .map(str::to_owned)
 }
 
-/// Whether the line a thread is on was changed since the thread was
-/// written: its text at the thread's commit is gone from the file now (or
-/// the file is), which is what a fix looks like.
-async fn line_changed(
-    repository: &std::path::Path,
-    thread: &OpenThread,
-    comparison: &crate::repositories::Comparison,
-) -> bool {
-    let Some(n) = thread.new_line() else {
-        return false;
-    };
-    let Some(before) = line_at(repository, thread.head_sha(), thread.path(), n).await else {
-        return false;
-    };
-    let now = file_context(
-        repository,
-        &comparison.head_sha,
-        thread.path(),
-        4 * 1024 * 1024,
-    )
-    .await;
-    if now.is_empty() {
-        return true;
-    }
-    let before = before.trim();
-    !before.is_empty() && !now.lines().any(|l| l.trim() == before)
+/// Where a thread's line is in a newer head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LineNow {
+    /// Unknown or not moved (same head, no line, unreadable files).
+    Unchanged,
+    /// Its text is gone from the file (or the file is): what a fix looks like.
+    Gone,
+    /// The line of the new head holding its text, nearest to where it was.
+    At(u32),
 }
 
-/// The line of `head` that holds the text of the thread's line, nearest
-/// to where it was.
-async fn line_now(repository: &std::path::Path, thread: &OpenThread, head: &str) -> Option<u32> {
-    let n = thread.new_line()?;
-    let before = line_at(repository, thread.head_sha(), thread.path(), n).await?;
+/// Reads the thread's line at its commit and the file at `head` once.
+async fn line_now(repository: &std::path::Path, thread: &OpenThread, head: &str) -> LineNow {
+    let Some(n) = thread.new_line() else {
+        return LineNow::Unchanged;
+    };
+    let Some(before) = line_at(repository, thread.head_sha(), thread.path(), n).await else {
+        return LineNow::Unchanged;
+    };
     let before = before.trim();
-    if before.is_empty() {
-        return None;
-    }
     let now = file_context(repository, head, thread.path(), 4 * 1024 * 1024).await;
+    if now.is_empty() {
+        return LineNow::Gone;
+    }
+    if before.is_empty() {
+        return LineNow::Unchanged;
+    }
     now.lines()
         .enumerate()
         .filter(|(_, line)| line.trim() == before)
         .filter_map(|(i, _)| u32::try_from(i + 1).ok())
         .min_by_key(|m| m.abs_diff(n))
+        .map_or(LineNow::Gone, LineNow::At)
 }
 
 struct SummaryFacts<'a> {

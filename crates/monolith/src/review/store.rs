@@ -2,9 +2,9 @@
 //! records (`duo_code_reviews`), the bot's open threads from earlier
 //! reviews.
 
-use serde_json::Value;
-
 use crate::queries::Queries;
+use crate::work_items::discussions::{self, Noteable};
+use crate::work_items::position::Position;
 
 /// One review's outcome, written when it ends.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -81,32 +81,28 @@ pub async fn last_reviewed_head(
 pub struct OpenThread {
     pub discussion_id: String,
     pub body: String,
-    /// GitLab's position (`new_path`, `new_line`, `head_sha`…).
-    pub position: Value,
+    pub position: Position,
+}
+
+fn line(n: Option<i32>) -> Option<u32> {
+    n.and_then(|n| u32::try_from(n).ok())
 }
 
 impl OpenThread {
     pub fn path(&self) -> &str {
-        self.position["new_path"]
-            .as_str()
-            .or_else(|| self.position["old_path"].as_str())
-            .unwrap_or_default()
+        &self.position.new_path
     }
 
     pub fn new_line(&self) -> Option<u32> {
-        self.position["new_line"]
-            .as_u64()
-            .and_then(|n| u32::try_from(n).ok())
+        line(self.position.new_line)
     }
 
     pub fn old_line(&self) -> Option<u32> {
-        self.position["old_line"]
-            .as_u64()
-            .and_then(|n| u32::try_from(n).ok())
+        line(self.position.old_line)
     }
 
     pub fn head_sha(&self) -> &str {
-        self.position["head_sha"].as_str().unwrap_or_default()
+        &self.position.head_sha
     }
 }
 
@@ -116,25 +112,17 @@ pub async fn open_threads(
     merge_request_id: i64,
     bot_id: i64,
 ) -> Result<Vec<OpenThread>, tokio_postgres::Error> {
-    let rows = db
-        .query(
-            "SELECT DISTINCT ON (n.discussion_id) n.discussion_id, n.body, n.position
-             FROM notes n
-             WHERE n.noteable_type = 'MergeRequest' AND n.noteable_id = $1 AND n.author_id = $2
-               AND n.note_type = 'DiffNote' AND n.resolvable AND n.resolved_at IS NULL
-               AND n.position IS NOT NULL
-             ORDER BY n.discussion_id, n.id",
-            &[&merge_request_id, &bot_id],
-        )
-        .await?;
-    let mut threads: Vec<OpenThread> = rows
-        .iter()
-        .map(|r| OpenThread {
-            discussion_id: r.get(0),
-            body: r.get(1),
-            position: r.get(2),
+    let discussions = discussions::list(db, Noteable::merge_request(merge_request_id)).await?;
+    Ok(discussions
+        .into_iter()
+        .filter_map(|d| {
+            let first = d.notes.into_iter().next()?;
+            let open = first.author.id == bot_id && first.resolvable && !first.resolved();
+            Some(OpenThread {
+                discussion_id: d.id,
+                body: first.body,
+                position: first.position.filter(|_| open)?,
+            })
         })
-        .collect();
-    threads.sort_by(|a, b| a.discussion_id.cmp(&b.discussion_id));
-    Ok(threads)
+        .collect())
 }

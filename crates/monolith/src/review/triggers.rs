@@ -312,11 +312,12 @@ pub struct BotThread {
     pub position: Option<serde_json::Value>,
 }
 
-/// [`BotThread`] of the note, if it is a reply in a thread the bot started.
+/// [`BotThread`] of the note, if it is someone else's reply in a thread the
+/// bot started. One query, with the bot found inside it: every comment
+/// posted without a mention asks this.
 pub async fn bot_thread(
     db: &impl Queries,
     note_id: i64,
-    bot: i64,
 ) -> Result<Option<BotThread>, tokio_postgres::Error> {
     Ok(db
         .query_opt(
@@ -327,8 +328,9 @@ pub async fn bot_thread(
                    AND f.discussion_id = n.discussion_id
                  ORDER BY f.created_at, f.id LIMIT 1
              ) first ON true
-             WHERE n.id = $1 AND first.id <> n.id AND first.author_id = $2",
-            &[&note_id, &bot],
+             JOIN users bot ON bot.id = first.author_id AND bot.user_type = 'duo_code_review_bot'
+             WHERE n.id = $1 AND first.id <> n.id AND n.author_id <> bot.id",
+            &[&note_id],
         )
         .await?
         .map(|r| BotThread {
@@ -349,16 +351,17 @@ pub async fn note_created(
     author_id: i64,
     body: &str,
 ) -> Result<Option<Mention>, TriggerError> {
-    let Some(bot) = bot_id(db).await? else {
-        return Ok(None);
-    };
-    if author_id == bot {
-        return Ok(None);
-    }
     // A reply in one of the bot's threads asks it, mention or not.
     let mention = match mention_in(body) {
-        Some(mention) => mention,
-        None => match bot_thread(db, note_id, bot).await? {
+        Some(mention) => {
+            // The bot's own comments never ask it anything.
+            if bot_id(db).await? != Some(author_id) {
+                mention
+            } else {
+                return Ok(None);
+            }
+        }
+        None => match bot_thread(db, note_id).await? {
             Some(_) => Mention::Question(body.trim().chars().take(2000).collect()),
             None => return Ok(None),
         },
