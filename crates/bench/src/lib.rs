@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+pub mod eval;
+
 /// The `p` quantile (0..=1) of an ascending slice, by the nearest-rank method.
 pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
