@@ -83,6 +83,7 @@ pub fn build_server(state: AppState, listener: TcpListener) -> Result<Server, Ap
         App::new()
             .wrap(from_fn(authenticate_request))
             .wrap(from_fn(request_telemetry))
+            .wrap(from_fn(duo_telemetry::trace_requests))
             .configure(|cfg| configure_app(cfg, &state))
     })
     // Streamed answers are many small writes; with Nagle's algorithm each one

@@ -182,7 +182,11 @@ async fn call(
             )
         }
     };
-    let mut request = http.post(url).timeout(timeout).json(&body);
+    let mut request = http
+        .post(url)
+        .headers(duo_telemetry::outgoing_headers())
+        .timeout(timeout)
+        .json(&body);
     if let Some(key) = &target.api_key {
         request = request.bearer_auth(key);
     }

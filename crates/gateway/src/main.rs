@@ -19,7 +19,7 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    gateway::observability::init_logging(&config.log_level, config.log_json);
+    let _telemetry = gateway::observability::init_logging(&config.log_level, config.log_json);
     match gateway::app::serve(config).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

@@ -57,7 +57,9 @@ pub use worker::{JobContext, JobHandler, Periodic, Registry, Worker, WorkerConfi
 pub const MIGRATION_SQL: &str = concat!(
     include_str!("schema.sql"),
     "\n",
-    include_str!("claim_order.sql")
+    include_str!("claim_order.sql"),
+    "\n",
+    include_str!("trace_context.sql")
 );
 
 /// The schema in the steps it grew by, for applications that keep versioned
@@ -65,6 +67,8 @@ pub const MIGRATION_SQL: &str = concat!(
 pub const SCHEMA_V1_SQL: &str = include_str!("schema.sql");
 /// Step 2: pending jobs indexed in claim order.
 pub const CLAIM_ORDER_SQL: &str = include_str!("claim_order.sql");
+/// Step 3: each job keeps the `traceparent` of whoever enqueued it.
+pub const TRACE_CONTEXT_SQL: &str = include_str!("trace_context.sql");
 
 /// The NOTIFY channel that wakes workers.
 pub const JOBS_CHANNEL: &str = "background_jobs";

@@ -70,13 +70,16 @@ pub async fn enqueue_raw<C: GenericClient, P: Serialize + Sync>(
 ) -> Result<Enqueued, QueueError> {
     let payload = serde_json::to_value(payload)?;
     let delay_ms = options.delay.as_millis() as f64;
+    // Who enqueued the job, so its run joins their trace (None with traces off).
+    let trace_context = duo_telemetry::current_traceparent();
     // A duplicate may finish between the insert and the lookup: then insert again.
     for _ in 0..3 {
         let inserted = client
             .query_opt(
                 "INSERT INTO background_jobs
-                     (queue, kind, payload, priority, run_at, max_attempts, dedupe_key)
-                 VALUES ($1, $2, $3, $4, now() + $5 * interval '1 millisecond', $6, $7)
+                     (queue, kind, payload, priority, run_at, max_attempts, dedupe_key,
+                      trace_context)
+                 VALUES ($1, $2, $3, $4, now() + $5 * interval '1 millisecond', $6, $7, $8)
                  ON CONFLICT (dedupe_key)
                      WHERE dedupe_key IS NOT NULL AND state IN ('pending', 'running')
                      DO NOTHING
@@ -89,6 +92,7 @@ pub async fn enqueue_raw<C: GenericClient, P: Serialize + Sync>(
                     &delay_ms,
                     &options.max_attempts,
                     &options.dedupe_key,
+                    &trace_context,
                 ],
             )
             .await?;
@@ -226,6 +230,8 @@ pub(crate) struct Claimed {
     pub payload: serde_json::Value,
     pub attempt: i32,
     pub max_attempts: i32,
+    /// The enqueuer's `traceparent`.
+    pub trace_context: Option<String>,
 }
 
 /// Claims the most urgent runnable job of these queues and kinds: pending and due, or
@@ -262,7 +268,8 @@ pub(crate) async fn claim<C: GenericClient>(
              SET state = 'running', locked_by = $3, attempts = j.attempts + 1,
                  lease_expires_at = now() + $4 * interval '1 millisecond', updated_at = now()
              FROM next WHERE j.id = next.id
-             RETURNING j.id, j.kind, j.queue, j.payload, j.attempts, j.max_attempts",
+             RETURNING j.id, j.kind, j.queue, j.payload, j.attempts, j.max_attempts,
+                       j.trace_context",
             &[&queues, &kinds, &worker_id, &(lease.as_millis() as f64)],
         )
         .await?;
@@ -273,6 +280,7 @@ pub(crate) async fn claim<C: GenericClient>(
         payload: r.get(3),
         attempt: r.get(4),
         max_attempts: r.get(5),
+        trace_context: r.get(6),
     }))
 }
 

@@ -271,8 +271,27 @@ async fn run_claimed(shared: &Shared, job: Claimed, stop: watch::Receiver<bool>)
         pool: shared.pool.clone(),
     };
     tracing::debug!(job_id = job.id, kind = %job.kind, attempt = job.attempt, "running job");
+    // One span per run, a child of the span that enqueued the job.
+    let span = if duo_telemetry::traces_enabled() {
+        let span = tracing::info_span!(
+            "job.run",
+            otel.name = %format!("job {}", job.kind),
+            otel.kind = "consumer",
+            messaging.system = "postgresql",
+            messaging.destination.name = %job.queue,
+            duo.job.id = job.id,
+            duo.job.attempt = job.attempt,
+        );
+        duo_telemetry::continue_from_traceparent(&span, job.trace_context.as_deref());
+        span
+    } else {
+        tracing::Span::none()
+    };
     // A task of its own, so a panicking handler is a failed job, not a dead slot.
-    let mut running = tokio::spawn(async move { handler.run_json(ctx, job.payload).await });
+    let mut running = tokio::spawn(tracing::Instrument::instrument(
+        async move { handler.run_json(ctx, job.payload).await },
+        span,
+    ));
     let mut heartbeat = tokio::time::interval(config.heartbeat);
     heartbeat.tick().await;
     let mut release_at: Option<Instant> = None;

@@ -4,26 +4,24 @@ use anyhow::Context as _;
 use local_llm::config::Config;
 use local_llm::fetch::{fetch_models, missing_weights_hint};
 use local_llm::server::{AppState, bind};
-use tracing_subscriber::EnvFilter;
 
 #[actix_web::main]
 async fn main() -> anyhow::Result<()> {
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("info,llama_cpp_2=warn"));
+    let filter = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|f| !f.trim().is_empty())
+        .unwrap_or_else(|| "info,llama_cpp_2=warn".to_owned());
     // DUO_LOG_FORMAT=json: one JSON object per line on stdout, for log
     // collectors; text on stderr otherwise.
-    if std::env::var("DUO_LOG_FORMAT").is_ok_and(|f| f.trim().eq_ignore_ascii_case("json")) {
-        tracing_subscriber::fmt()
-            .json()
-            .with_env_filter(filter)
-            .with_writer(std::io::stdout)
-            .init();
+    let json = std::env::var("DUO_LOG_FORMAT").is_ok_and(|f| f.trim().eq_ignore_ascii_case("json"));
+    let target = if json {
+        duo_telemetry::LogTarget::Stdout
     } else {
-        tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .init();
-    }
+        duo_telemetry::LogTarget::Stderr
+    };
+    let _telemetry = duo_telemetry::init(
+        duo_telemetry::LogOptions::new("duo-local-llm", filter).json(json, target),
+    );
     let config = Config::from_env()?;
     match std::env::args().nth(1).as_deref() {
         None | Some("serve") => serve(config).await,

@@ -117,20 +117,27 @@ impl AppState {
 pub fn bind(state: AppState, addr: SocketAddr) -> Result<(Server, SocketAddr), StartError> {
     let grace = state.config.shutdown_grace.as_secs();
     let data = web::Data::new(state);
-    let server = HttpServer::new(move || App::new().app_data(data.clone()).configure(routes))
-        .workers(2)
-        // A client that closes its side has gone (HTTP clients do not half-close
-        // while awaiting an answer). Ending the connection at once drops the
-        // handler, which takes a waiting request out of the queue and halts a
-        // running generation; by default actix would keep serving nobody.
-        .h1_allow_half_closed(false)
-        // SIGTERM is handled by the binary (drain first). A stopping server
-        // lets requests in flight finish within the grace period; then their
-        // connections are dropped, which cancels their generations.
-        .disable_signals()
-        .shutdown_timeout(grace)
-        .bind(addr)
-        .map_err(|source| StartError::Bind { addr, source })?;
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(data.clone())
+            .wrap(actix_web::middleware::from_fn(
+                duo_telemetry::trace_requests,
+            ))
+            .configure(routes)
+    })
+    .workers(2)
+    // A client that closes its side has gone (HTTP clients do not half-close
+    // while awaiting an answer). Ending the connection at once drops the
+    // handler, which takes a waiting request out of the queue and halts a
+    // running generation; by default actix would keep serving nobody.
+    .h1_allow_half_closed(false)
+    // SIGTERM is handled by the binary (drain first). A stopping server
+    // lets requests in flight finish within the grace period; then their
+    // connections are dropped, which cancels their generations.
+    .disable_signals()
+    .shutdown_timeout(grace)
+    .bind(addr)
+    .map_err(|source| StartError::Bind { addr, source })?;
     let bound = server.addrs().first().copied().unwrap_or(addr);
     Ok((server.run(), bound))
 }

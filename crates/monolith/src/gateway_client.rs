@@ -322,7 +322,11 @@ impl GatewayClient {
         body: &impl serde::Serialize,
         model: Option<&contracts::ModelMetadata>,
     ) -> Result<reqwest::Response, GatewayError> {
-        let mut request = self.http.post(self.url(auth, path)?).json(body);
+        let mut request = self
+            .http
+            .post(self.url(auth, path)?)
+            .headers(duo_telemetry::outgoing_headers())
+            .json(body);
         for (name, value) in self.headers(auth, model)? {
             request = request.header(name, value);
         }

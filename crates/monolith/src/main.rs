@@ -22,29 +22,27 @@ const USAGE: &str = "usage: duo-monolith <web|worker|migrate|seed [--json]|rotat
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let role = args.first().map(String::as_str).unwrap_or("");
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let filter = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|f| !f.trim().is_empty())
+        .unwrap_or_else(|| "info".to_owned());
     // One JSON object per line for log collectors, on stdout for the roles an
     // orchestrator runs; `seed` and `rotate-keys` print their results on
     // stdout, so their logs stay on stderr. Text (for people) on stderr.
     let json = std::env::var("DUO_LOG_FORMAT").is_ok_and(|f| f.trim().eq_ignore_ascii_case("json"));
     let prints_results = matches!(role, "seed" | "rotate-keys" | "reindex" | "render-run-job");
-    match (json, prints_results) {
-        (true, false) => tracing_subscriber::fmt()
-            .json()
-            .with_env_filter(filter)
-            .with_writer(std::io::stdout)
-            .init(),
-        (true, true) => tracing_subscriber::fmt()
-            .json()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .init(),
-        (false, _) => tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .init(),
-    }
+    let target = if json && !prints_results {
+        duo_telemetry::LogTarget::Stdout
+    } else {
+        duo_telemetry::LogTarget::Stderr
+    };
+    let service = match role {
+        "worker" => "duo-monolith-worker",
+        "web" => "duo-monolith-web",
+        _ => "duo-monolith",
+    };
+    let _telemetry =
+        duo_telemetry::init(duo_telemetry::LogOptions::new(service, filter).json(json, target));
     let config = Config::from_env().context("reading configuration")?;
     match role {
         "migrate" => {

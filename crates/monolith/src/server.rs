@@ -81,6 +81,10 @@ pub fn serve(state: AppState, listener: TcpListener) -> std::io::Result<actix_we
             .wrap(actix_web::middleware::from_fn(
                 crate::rest::input_guard::reject_nul,
             ))
+            // Outermost: one server span per request, continuing the caller's trace.
+            .wrap(actix_web::middleware::from_fn(
+                duo_telemetry::trace_requests,
+            ))
             .configure(configure)
     })
     .on_connect(tcp_nodelay)

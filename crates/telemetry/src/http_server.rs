@@ -30,7 +30,9 @@ pub async fn trace_requests(
         return next.call(req).await;
     }
     let method = req.method().as_str().to_owned();
-    let route = req.match_pattern().unwrap_or_else(|| "unmatched".to_owned());
+    let route = req
+        .match_pattern()
+        .unwrap_or_else(|| "unmatched".to_owned());
     let span = tracing::info_span!(
         "http.server",
         otel.name = %format!("{method} {route}"),

@@ -17,10 +17,12 @@ pub mod propagation;
 mod redact;
 
 pub use http_server::trace_requests;
-pub use llm_debug::{DEFAULT_PATH as LLM_DEBUG_DEFAULT_PATH, LlmDebugLog, llm_debug_log, switch_on};
+pub use llm_debug::{
+    DEFAULT_PATH as LLM_DEBUG_DEFAULT_PATH, LlmDebugLog, llm_debug_log, switch_on,
+};
 pub use propagation::{
     TRACEPARENT, continue_from_headers, continue_from_traceparent, current_headers,
-    current_trace_id, current_traceparent, inject,
+    current_trace_id, current_traceparent, inject, outgoing_headers,
 };
 pub use redact::{REDACTED, Redacting, RedactingWriter, redact};
 

@@ -119,7 +119,8 @@ mod tests {
         let text = std::fs::read_to_string(&path)?;
         std::fs::remove_dir_all(&dir)?;
         assert!(!text.contains("secretsecret"), "{text}");
-        let line: serde_json::Value = serde_json::from_str(text.trim()).map_err(std::io::Error::other)?;
+        let line: serde_json::Value =
+            serde_json::from_str(text.trim()).map_err(std::io::Error::other)?;
         assert_eq!(line["kind"], "request");
         assert_eq!(line["request_id"], "req-1");
         assert_eq!(line["body"], "hi");

@@ -146,3 +146,11 @@ fn set_parent(span: &tracing::Span, context: opentelemetry::Context) {
         let _ = span.set_parent(context);
     }
 }
+
+/// The trace context headers for an outgoing request (empty when traces are
+/// off): `request.headers(duo_telemetry::outgoing_headers())`.
+pub fn outgoing_headers() -> http::HeaderMap {
+    let mut headers = http::HeaderMap::new();
+    inject(&mut headers);
+    headers
+}

@@ -114,8 +114,14 @@ mod tests {
     fn every_kind_of_secret_is_replaced() {
         let cases = [
             ("Authorization: Bearer abcdefghijkl123", "abcdefghijkl123"),
-            ("PRIVATE-TOKEN: glpat-0123456789abcdef", "glpat-0123456789abcdef"),
-            ("key sk-ant-api03-AAAABBBBCCCC used", "sk-ant-api03-AAAABBBBCCCC"),
+            (
+                "PRIVATE-TOKEN: glpat-0123456789abcdef",
+                "glpat-0123456789abcdef",
+            ),
+            (
+                "key sk-ant-api03-AAAABBBBCCCC used",
+                "sk-ant-api03-AAAABBBBCCCC",
+            ),
             (
                 "jwt eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJl end",
                 "eyJhbGciOiJSUzI1NiJ9",

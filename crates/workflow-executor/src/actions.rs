@@ -680,6 +680,7 @@ impl ActionRunner {
         let mut request = gitlab
             .client
             .request(method, url)
+            .headers(duo_telemetry::outgoing_headers())
             .bearer_auth(&gitlab.token)
             .timeout(Duration::from_secs(60));
         if let Some(body) = body {

@@ -309,6 +309,7 @@ pub async fn gitlab_post(
             options.gitlab_url.trim_end_matches('/')
         ))
         .bearer_auth(&options.token)
+        .headers(duo_telemetry::outgoing_headers())
         .json(body)
         .send()
         .await

@@ -45,13 +45,14 @@ fn main() -> ExitCode {
 }
 
 async fn start(args: Vec<String>, secrets: hardening::Secrets) -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("DUO_EXECUTOR_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let filter = std::env::var("DUO_EXECUTOR_LOG")
+        .ok()
+        .filter(|f| !f.trim().is_empty())
+        .unwrap_or_else(|| "warn".to_owned());
+    let _telemetry = duo_telemetry::init(duo_telemetry::LogOptions::new(
+        "duo-workflow-executor",
+        filter,
+    ));
     if args.iter().any(|a| a == "--help" || a == "-h") {
         print!("{}", cli::USAGE);
         return ExitCode::SUCCESS;
@@ -69,7 +70,13 @@ async fn start(args: Vec<String>, secrets: hardening::Secrets) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match run(options).await {
+    // A caller that started this process (the monolith's runner) passes its
+    // trace in `TRACEPARENT`, the convention for processes.
+    let span = tracing::info_span!("workflow.executor", otel.kind = "client");
+    let traceparent = std::env::var("TRACEPARENT").ok();
+    duo_telemetry::continue_from_traceparent(&span, traceparent.as_deref());
+    let outcome = tracing::Instrument::instrument(run(options), span).await;
+    match outcome {
         Ok(SessionEnd::Finished) => {
             eprintln!("duo-workflow-executor: the workflow finished");
             ExitCode::SUCCESS

@@ -160,6 +160,11 @@ fn request_with_metadata<T>(
         "x-gitlab-authentication-type",
         MetadataValue::from_static("oidc"),
     );
+    // The run continues this process's trace in the workflow service.
+    for (name, value) in duo_telemetry::current_headers() {
+        let value = MetadataValue::try_from(value.as_str()).map_err(|_| bad(name))?;
+        metadata.insert(MetadataKey::from_static(name), value);
+    }
     for (name, value) in &target.headers {
         let key =
             MetadataKey::from_bytes(name.to_ascii_lowercase().as_bytes()).map_err(|_| bad(name))?;

@@ -19,6 +19,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+tokio::task_local! {
+    /// The `X-Request-ID` of the request being handled.
+    static REQUEST_ID_SCOPE: String;
+}
+
+/// The `X-Request-ID` of the request this task is handling, if any.
+pub fn current_request_id() -> Option<String> {
+    REQUEST_ID_SCOPE.try_with(Clone::clone).ok()
+}
+
 /// `http_request_duration_seconds{handler,method,status}`: until the last
 /// byte of the body was handed to the connection.
 pub const HTTP_REQUEST_DURATION: &str = "http_request_duration_seconds";
@@ -180,16 +190,15 @@ fn describe() {
 /// Logging set-up for the binaries: `AIGW_LOGGING__LEVEL` (info) is an
 /// env-filter directive; `AIGW_LOGGING__FORMAT_JSON` switches to JSON lines on
 /// stdout (where container log collectors expect them); text goes to stderr.
-pub fn init_logging(level: &str, json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_new(level)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    // Another subscriber may already be set (tests); keep it.
-    let _ = if json {
-        builder.json().with_writer(std::io::stdout).try_init()
+/// Secrets are redacted from every line; traces are exported when
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` is set. Hold the guard until the process ends.
+pub fn init_logging(level: &str, json: bool) -> duo_telemetry::Telemetry {
+    let target = if json {
+        duo_telemetry::LogTarget::Stdout
     } else {
-        builder.with_writer(std::io::stderr).try_init()
+        duo_telemetry::LogTarget::Stderr
     };
+    duo_telemetry::init(duo_telemetry::LogOptions::new("duo-gateway", level).json(json, target))
 }
 
 #[cfg(test)]

@@ -47,7 +47,11 @@ pub async fn request_telemetry(
     req.extensions_mut().insert(RequestId(request_id.clone()));
     let method = req.method().to_string();
 
-    let mut res = next.call(req).await?;
+    // The id is known to whatever runs for this request (model calls write
+    // it to the LLM debug log).
+    let mut res = super::REQUEST_ID_SCOPE
+        .scope(request_id.clone(), next.call(req))
+        .await?;
 
     let elapsed = started.elapsed();
     let overhead = elapsed.saturating_sub(clock.total());

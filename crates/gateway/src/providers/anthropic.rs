@@ -110,6 +110,7 @@ pub(crate) async fn stream(
     })?;
     let request = http
         .post(format!("{}/v1/messages", api_root(base_url)))
+        .headers(duo_telemetry::outgoing_headers())
         .header("x-api-key", api_key)
         .header("anthropic-version", API_VERSION)
         .header("accept", "text/event-stream")

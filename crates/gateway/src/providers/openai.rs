@@ -109,6 +109,7 @@ pub(crate) async fn stream_deltas(
 ) -> Result<TextStream, ProviderError> {
     let mut request = http
         .post(endpoint(base_url, "chat/completions"))
+        .headers(duo_telemetry::outgoing_headers())
         .header("accept", "text/event-stream")
         .json(body);
     if let Some(key) = api_key {
@@ -130,6 +131,7 @@ pub(crate) async fn stream(
 ) -> Result<TextStream, ProviderError> {
     let mut request = http
         .post(endpoint(base_url, "chat/completions"))
+        .headers(duo_telemetry::outgoing_headers())
         .header("accept", "text/event-stream")
         .json(&request_body(call, model));
     if let Some(key) = api_key {

@@ -10,6 +10,7 @@ use crate::observability::{InferenceLabels, InferenceRecorder};
 use futures::StreamExt;
 use secrecy::ExposeSecret;
 use std::time::Duration;
+use tracing::Instrument;
 
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -139,6 +140,16 @@ impl ModelRouter {
     }
 }
 
+/// What a call sends, as text, for spans when content export is on.
+fn prompt_text(call: &ModelCall) -> String {
+    let mut text = call.system.clone().unwrap_or_default();
+    for message in &call.messages {
+        text.push_str("\n\n");
+        text.push_str(&message.content);
+    }
+    text
+}
+
 #[async_trait::async_trait]
 impl ChatModel for ModelRouter {
     async fn stream(&self, mut call: ModelCall) -> Result<TextStream, ProviderError> {
@@ -164,29 +175,34 @@ impl ChatModel for ModelRouter {
             .params
             .first_token_timeout
             .min(self.config.first_token_timeout);
+        recorder.prompt(|| prompt_text(&call));
         let clock = call.wait_clock.clone().unwrap_or_default();
         let mut retries_left = call.params.max_retries;
         // Connecting and waiting for the first token is all model time.
         let stream = clock
-            .time(async {
-                loop {
-                    match self.attempt(&route, &call).await {
-                        Ok(stream) => break Ok(stream),
-                        Err(
-                            err @ (ProviderError::Overloaded { .. } | ProviderError::Connection(_)),
-                        ) if retries_left > 0 => {
-                            retries_left -= 1;
-                            tracing::debug!(engine, error = %err, "retrying the model call");
+            .time(
+                async {
+                    loop {
+                        match self.attempt(&route, &call).await {
+                            Ok(stream) => break Ok(stream),
+                            Err(
+                                err @ (ProviderError::Overloaded { .. }
+                                | ProviderError::Connection(_)),
+                            ) if retries_left > 0 => {
+                                retries_left -= 1;
+                                tracing::debug!(engine, error = %err, "retrying the model call");
+                            }
+                            Err(err) => break Err(err),
                         }
-                        Err(err) => break Err(err),
                     }
                 }
-            })
+                .instrument(recorder.span()),
+            )
             .await;
         let mut stream = match stream {
             Ok(stream) => stream,
             Err(err) => {
-                recorder.fail();
+                recorder.fail_with(&err);
                 return Err(err);
             }
         };
@@ -194,8 +210,9 @@ impl ChatModel for ModelRouter {
             // Time spent here waiting for the next chunk is model time; time
             // between yields belongs to whoever consumes the stream.
             while let Some(item) = clock.time(stream.next()).await {
-                if item.is_err() {
-                    recorder.fail();
+                match &item {
+                    Ok(text) => recorder.output(text),
+                    Err(err) => recorder.fail_with(err),
                 }
                 yield item;
             }

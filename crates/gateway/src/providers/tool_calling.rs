@@ -13,6 +13,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use serde::Serialize;
 use serde_json::{Value, json};
+use tracing::Instrument;
 
 /// How one model turn is asked for.
 #[derive(Debug, Clone, Copy)]
@@ -37,6 +38,13 @@ impl TurnOptions {
             None,
         )
     }
+}
+
+/// What a turn sends, as text, for its span (built only with traces on).
+fn prompt_text(system: &str, messages: &[Message]) -> String {
+    let mut text = system.to_owned();
+    text.push_str(&serde_json::to_string(messages).unwrap_or_default());
+    text
 }
 
 /// A tool as the model sees it.
@@ -173,11 +181,17 @@ impl ToolCallingModel {
     ) -> Result<ModelTurn, ProviderError> {
         let require_call = turn.require_call && !tools.is_empty();
         let mut recorder = turn.recorder(route, false);
+        recorder.prompt(|| prompt_text(system, messages));
         let outcome = self
             .turn(route, system, messages, tools, params, require_call)
+            .instrument(recorder.span())
             .await;
-        if outcome.is_err() {
-            recorder.fail();
+        match &outcome {
+            Ok(answer) => {
+                recorder.output(&answer.text);
+                recorder.debug_output(|| format!("{:?}", answer.tool_calls));
+            }
+            Err(err) => recorder.fail_with(err),
         }
         outcome
     }
@@ -210,6 +224,7 @@ impl ToolCallingModel {
             body.tool_choice = Some("required");
         }
         let mut recorder = turn.recorder(route, true);
+        recorder.prompt(|| prompt_text(system, messages));
         let mut chunks = match stream_openai_deltas(
             self.clients.get(*egress),
             base_url,
@@ -217,11 +232,12 @@ impl ToolCallingModel {
             &body,
             params,
         )
+        .instrument(recorder.span())
         .await
         {
             Ok(chunks) => chunks,
             Err(err) => {
-                recorder.fail();
+                recorder.fail_with(&err);
                 return Err(err);
             }
         };
@@ -231,11 +247,15 @@ impl ToolCallingModel {
                     match chunk {
                         Ok(delta) => {
                             for piece in turn_deltas(&delta) {
+                                match &piece {
+                                    TurnDelta::Text(text) => recorder.output(text),
+                                    TurnDelta::Call { arguments, .. } => recorder.output(arguments),
+                                }
                                 yield Ok(piece);
                             }
                         }
                         Err(err) => {
-                            recorder.fail();
+                            recorder.fail_with(&err);
                             yield Err(err);
                             break;
                         }
@@ -284,6 +304,7 @@ impl ToolCallingModel {
                     .clients
                     .get(*egress)
                     .post(format!("{root}/v1/messages"))
+                    .headers(duo_telemetry::outgoing_headers())
                     .header("x-api-key", key)
                     .header("anthropic-version", "2023-06-01")
                     .json(&{
@@ -308,6 +329,7 @@ impl ToolCallingModel {
                         "{}/chat/completions",
                         base_url.trim_end_matches('/')
                     ))
+                    .headers(duo_telemetry::outgoing_headers())
                     .json(&{
                         let mut body = openai_body(model, system, messages, tools, params);
                         if require_call {

@@ -185,13 +185,16 @@ pub(crate) async fn stream(
     if call.streaming {
         let request = http
             .post(format!("{}?alt=sse", target.url("serverStreamingPredict")))
+            .headers(duo_telemetry::outgoing_headers())
             .header("accept", "text/event-stream")
             .json(&streaming_body(call));
         let request = authorised(request, target.access_token);
         return streaming::start(request, &call.params, Decoder, error_for_status).await;
     }
     let request = authorised(
-        http.post(target.url("predict")).json(&predict_body(call)),
+        http.post(target.url("predict"))
+            .headers(duo_telemetry::outgoing_headers())
+            .json(&predict_body(call)),
         target.access_token,
     );
     // The whole answer is the first token here, so only the whole-call

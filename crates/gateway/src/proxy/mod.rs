@@ -217,9 +217,12 @@ pub async fn forward(
         },
         None,
     );
+    recorder.prompt(|| String::from_utf8_lossy(&call.body).into_owned());
+    let trace_headers = recorder.span().in_scope(duo_telemetry::outgoing_headers);
     let sent = client
         .post(&call.url)
         .headers(call.headers)
+        .headers(trace_headers)
         .body(call.body)
         .send();
     let upstream = clock.time(sent).await.map_err(|err| {

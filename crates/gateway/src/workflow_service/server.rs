@@ -21,6 +21,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument;
 
 /// Capabilities this service announces (`ListCapabilities`, `GenerateToken`).
 pub const CAPABILITIES: [&str; 1] = ["tool_call_approval"];
@@ -143,6 +144,20 @@ impl DuoWorkflow for WorkflowService {
         request: Request<Streaming<ClientEvent>>,
     ) -> Result<Response<Self::ExecuteWorkflowStream>, Status> {
         let caller = self.caller(&request).await?;
+        // The run is one span of the executor's (or monolith's) trace.
+        let run_span = tracing::info_span!(
+            "workflow.run",
+            otel.kind = "server",
+            rpc.system = "grpc",
+            rpc.method = "ExecuteWorkflow",
+            duo.workflow.definition = tracing::field::Empty,
+        );
+        if duo_telemetry::traces_enabled() {
+            duo_telemetry::continue_from_headers(
+                &run_span,
+                &request.metadata().clone().into_headers(),
+            );
+        }
         let model = ModelChoice {
             metadata: AgentModelMetadata::parse(
                 request
@@ -194,23 +209,27 @@ impl DuoWorkflow for WorkflowService {
         let (link, reader) =
             ExecutorLink::start(outbound, inbound, self.services.config.action_timeout);
         let services = self.services.clone();
-        tokio::spawn(async move {
-            let workflow_id = start.workflow_id.clone();
-            let outcome = Run::execute(services, link.clone(), start, flow, model).await;
-            match outcome {
-                Ok(outcome) => {
-                    tracing::info!(%workflow_id, ?outcome, "{}", outcome.message());
+        run_span.record("duo.workflow.definition", flow.name());
+        tokio::spawn(
+            async move {
+                let workflow_id = start.workflow_id.clone();
+                let outcome = Run::execute(services, link.clone(), start, flow, model).await;
+                match outcome {
+                    Ok(outcome) => {
+                        tracing::info!(%workflow_id, ?outcome, "{}", outcome.message());
+                    }
+                    Err(RunError::HungUp) => {
+                        tracing::info!(%workflow_id, "the executor hung up; the run is cancelled");
+                    }
+                    Err(err) => link.fail(err.status()).await,
                 }
-                Err(RunError::HungUp) => {
-                    tracing::info!(%workflow_id, "the executor hung up; the run is cancelled");
-                }
-                Err(err) => link.fail(err.status()).await,
+                reader.abort();
+                drop(lock);
+                // Dropping the last sender ends the stream with OK.
+                drop(link);
             }
-            reader.abort();
-            drop(lock);
-            // Dropping the last sender ends the stream with OK.
-            drop(link);
-        });
+            .instrument(run_span),
+        );
         Ok(Response::new(ReceiverStream::new(receiver)))
     }
 

@@ -12,6 +12,7 @@
 //!   told it already has that answer.
 
 use std::collections::HashSet;
+use tracing::Instrument;
 
 use contracts::{
     AgentMessage, AgentOptions, AgentRequest, AgentScratchpad, AgentStep, MessageRole,
@@ -81,11 +82,35 @@ impl<'a> ReactExecutor<'a> {
 
         let mut steps: Vec<AgentStep> = Vec::new();
         let mut used: HashSet<String> = HashSet::new();
-        for _ in 0..MAX_STEPS {
-            let outcome = match self.step_with_retries(&question, &steps, chunks).await {
+        for step_number in 1..=MAX_STEPS {
+            let step_span = traced(|| {
+                tracing::info_span!(
+                    "agent.step",
+                    duo.agent.step = step_number,
+                    duo.agent.next = tracing::field::Empty,
+                    duo.error_code = tracing::field::Empty,
+                    otel.status_code = tracing::field::Empty,
+                )
+            });
+            let outcome = match self
+                .step_with_retries(&question, &steps, chunks)
+                .instrument(step_span.clone())
+                .await
+            {
                 Ok(outcome) => outcome,
-                Err(err) => return ChatAnswer::failed(err.code(), err.to_string()),
+                Err(err) => {
+                    step_span.record("duo.error_code", err.code().to_string());
+                    step_span.record("otel.status_code", "ERROR");
+                    return ChatAnswer::failed(err.code(), err.to_string());
+                }
             };
+            step_span.record(
+                "duo.agent.next",
+                match &outcome {
+                    StepOutcome::Action { tool, .. } => tool.as_str(),
+                    StepOutcome::Final(_) | StepOutcome::Unknown(_) => "final_answer",
+                },
+            );
             match outcome {
                 StepOutcome::Final(text) => return ChatAnswer::text(text),
                 StepOutcome::Unknown(text) => {
@@ -119,10 +144,31 @@ impl<'a> ReactExecutor<'a> {
                             input: tool_input.clone(),
                             suggestions: thought.clone(),
                         };
-                        match self.tools.run(implementation, &env, &input).await {
+                        // The tool and the kind of resource it reads, never
+                        // its input or what it found.
+                        let tool_span = traced(|| {
+                            tracing::info_span!(
+                                parent: &step_span,
+                                "agent.tool",
+                                otel.name = %format!("execute_tool {tool}"),
+                                gen_ai.operation.name = "execute_tool",
+                                gen_ai.tool.name = %tool,
+                                duo.resource_type = resource_type(&tool),
+                                duo.error_code = tracing::field::Empty,
+                                otel.status_code = tracing::field::Empty,
+                            )
+                        });
+                        let outcome = self
+                            .tools
+                            .run(implementation, &env, &input)
+                            .instrument(tool_span.clone())
+                            .await;
+                        match outcome {
                             ToolOutcome::Observation(text) => text,
                             ToolOutcome::Final(answer) => return answer,
                             ToolOutcome::Failed { code, detail } => {
+                                tool_span.record("duo.error_code", code.to_string());
+                                tool_span.record("otel.status_code", "ERROR");
                                 return ChatAnswer::failed(code, detail);
                             }
                         }
@@ -193,6 +239,29 @@ impl<'a> ReactExecutor<'a> {
             .await
             .map_err(StepError::Failed)?;
         collect_step(&mut events, chunks).await
+    }
+}
+
+/// A span when traces are exported, none otherwise (nothing to pay for).
+fn traced(make: impl FnOnce() -> tracing::Span) -> tracing::Span {
+    if duo_telemetry::traces_enabled() {
+        make()
+    } else {
+        tracing::Span::none()
+    }
+}
+
+/// The kind of GitLab resource a chat tool reads, for its span.
+fn resource_type(tool: &str) -> &'static str {
+    match tool {
+        "issue_reader" => "issue",
+        "epic_reader" => "epic",
+        "merge_request_reader" => "merge_request",
+        "build_reader" => "ci_build",
+        "commit_reader" => "commit",
+        "codebase_search" => "repository",
+        "gitlab_documentation" => "documentation",
+        _ => "other",
     }
 }
 

@@ -146,6 +146,12 @@ impl ServiceClient {
 }
 
 fn apply_metadata(map: &mut MetadataMap, headers: &[(String, String)]) -> Result<(), ServiceError> {
+    // The call continues the current trace (the socket's handshake request).
+    for (name, value) in duo_telemetry::current_headers() {
+        if let Ok(value) = value.parse::<AsciiMetadataValue>() {
+            map.insert(AsciiMetadataKey::from_static(name), value);
+        }
+    }
     for (name, value) in headers {
         let key = AsciiMetadataKey::from_bytes(name.to_ascii_lowercase().as_bytes())
             .map_err(|_| ServiceError::Metadata(name.clone()))?;

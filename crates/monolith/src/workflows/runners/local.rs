@@ -223,6 +223,8 @@ impl Runner for LocalRunner {
             .env("DUO_GITLAB_TOKEN", spec.gitlab_token.expose_secret())
             .env("DUO_SERVICE_TOKEN", spec.service_token.expose_secret())
             .env("DUO_SERVICE_HEADERS", spec.service_headers.expose_secret())
+            // The run joins the trace of the job that started it.
+            .envs(duo_telemetry::current_traceparent().map(|tp| ("TRACEPARENT", tp)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
