@@ -411,6 +411,47 @@ const ASK: &str =
     "mutation($input: AiActionInput!) { aiAction(input: $input) { requestId threadId errors } }";
 const ANSWER: &str = "query($ids: [ID!], $thread: AiConversationThreadID) { aiMessages(requestIds: $ids, roles: [ASSISTANT], threadId: $thread) { nodes { requestId content errors role } } }";
 
+/// `text` with `{web_url}` replaced by the monolith's address and
+/// `{head:<project>}` by the id of the project's newest commit (the demo
+/// history's ids change from one seed to the next).
+async fn fill_in(
+    system: &System,
+    token: &str,
+    cache: &mut HashMap<String, String>,
+    text: &str,
+) -> anyhow::Result<String> {
+    let mut out = text.replace("{web_url}", &system.web_url);
+    while let Some(start) = out.find("{head:") {
+        let end = start
+            + out[start..]
+                .find('}')
+                .with_context(|| format!("an unclosed {{head:...}} in {text:?}"))?;
+        let project = out[start + "{head:".len()..end].to_owned();
+        let key = format!("head {project}");
+        let sha = match cache.get(&key) {
+            Some(sha) => sha.clone(),
+            None => {
+                let path = format!(
+                    "/projects/{}/repository/commits?per_page=1",
+                    project.replace('/', "%2F")
+                );
+                let (status, body) = system
+                    .rest(token, reqwest::Method::GET, &path, None)
+                    .await?;
+                ensure!(status == 200, "GET {path}: {status} {body}");
+                let sha = body[0]["id"]
+                    .as_str()
+                    .with_context(|| format!("{project} has no commits"))?
+                    .to_owned();
+                cache.insert(key, sha.clone());
+                sha
+            }
+        };
+        out.replace_range(start..=end, &sha);
+    }
+    Ok(out)
+}
+
 /// Sends `chat` (in `thread` when given); `aiAction`'s payload.
 async fn ask(
     system: &System,
@@ -498,9 +539,8 @@ async fn run_case(
     if config.model == ModelKind::Fake {
         system.fake.reset();
         for turn in &case.fake {
-            system
-                .fake
-                .push_text(turn.replace("{web_url}", &system.web_url));
+            let turn = fill_in(system, token, gids, turn).await?;
+            system.fake.push_text(turn);
         }
     }
     let poll = match config.model {

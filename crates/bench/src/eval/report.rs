@@ -391,6 +391,7 @@ pub struct CaseChange {
     pub before: Option<BaselineCase>,
     pub after_score: f64,
     pub after_passed: bool,
+    pub after_first_tool: String,
     pub change: Change,
 }
 
@@ -452,6 +453,7 @@ pub fn compare(results: &[CaseResult], baseline: &Baseline) -> Comparison {
                 before,
                 after_score: r.score,
                 after_passed: r.passed,
+                after_first_tool: r.first_tool.clone().unwrap_or_else(|| "none".to_owned()),
                 change,
             }
         })
@@ -488,7 +490,7 @@ pub fn render_comparison(comparison: &Comparison) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<16} {:>8} {:>14} {:>14}",
+        "{:<16} {:>8} {:>15} {:>14}",
         "set", "compared", "passed", "score"
     );
     for s in &comparison.sets {
@@ -509,9 +511,15 @@ pub fn render_comparison(comparison: &Comparison) -> String {
     ] {
         for c in list {
             let before = c.before.as_ref().map_or(0.0, |b| b.score);
+            let tools = match (c.set, c.before.as_ref().and_then(|b| b.first_tool.as_ref())) {
+                (SetKind::ToolSelection, Some(tool)) => {
+                    format!(" (first tool {tool} -> {})", c.after_first_tool)
+                }
+                _ => String::new(),
+            };
             let _ = writeln!(
                 out,
-                "  {label:<7} {:<26} score {before:.2} -> {:.2}",
+                "  {label:<7} {:<26} score {before:.2} -> {:.2}{tools}",
                 c.id, c.after_score
             );
         }

@@ -7,7 +7,8 @@
 //! `expected_tool` (a tool name or `none`), `facts` (texts the answer must
 //! contain) or `reference` (what a correct answer says, for the judge).
 //! `fake` lists the fake model's turns in order (`{web_url}` is replaced by
-//! the monolith's address) and `fake_judge` the fake judge's reply.
+//! the monolith's address, `{head:<project>}` by the id of the project's
+//! newest commit) and `fake_judge` the fake judge's reply.
 
 use std::path::{Path, PathBuf};
 
