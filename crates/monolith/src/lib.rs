@@ -7,7 +7,8 @@
 //!
 //! 1. foundations: [`config`], [`db`], [`gid`], [`instance`],
 //!    [`lifecycle`], [`percent`], [`queries`] (what SQL runs on, with statements prepared
-//!    once per pooled connection), [`rate_limit`] (per-user request budgets)
+//!    once per pooled connection), [`rate_limit`] (per-user request budgets),
+//!    [`features`] (feature flags and their gates)
 //! 2. who is calling: [`identity`] (personal access tokens, the signing keys of
 //!    gateway tokens)
 //! 3. who may do what: [`policy`] (abilities, Duo access, seats and add-ons)
@@ -35,6 +36,7 @@
 pub mod audit;
 pub mod config;
 pub mod db;
+pub mod features;
 pub mod gid;
 pub mod instance;
 pub mod lifecycle;

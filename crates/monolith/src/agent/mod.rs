@@ -6,6 +6,7 @@
 //! page resource (dropped when the user cannot read it), loads the history,
 //! then either runs a slash command or the ReAct loop against the AI gateway.
 
+pub mod feature_flags;
 pub mod history;
 pub mod react_executor;
 pub mod repository_file;
@@ -91,6 +92,8 @@ pub struct RequestContext {
     pub history: Vec<AgentMessage>,
     /// Unit primitives of the user's seats.
     pub scopes: BTreeSet<UnitPrimitive>,
+    /// The feature flags on for this question (announced to the gateway).
+    pub feature_flags: Vec<String>,
     pub auth: GatewayAuth,
     /// The model chosen for the feature this question uses (chat, or the slash
     /// command's feature); sent to the gateway as `model_metadata`.
@@ -100,6 +103,10 @@ pub struct RequestContext {
 impl RequestContext {
     pub fn has_scope(&self, primitive: UnitPrimitive) -> bool {
         self.scopes.contains(&primitive)
+    }
+
+    pub fn feature_enabled(&self, flag: &str) -> bool {
+        self.feature_flags.iter().any(|f| f == flag)
     }
 }
 
@@ -120,6 +127,8 @@ pub struct AgentResponder {
     services: Arc<Services>,
     /// The tools the agent may run (all of them unless a caller narrowed it).
     tools: Arc<tools::ToolBox>,
+    /// Flags announced instead of the evaluated ones (tests of version skew).
+    pinned_flags: Option<Arc<Vec<String>>>,
 }
 
 impl AgentResponder {
@@ -128,15 +137,9 @@ impl AgentResponder {
         let keys = crate::identity::jwt::KeyRing::load_or_create(&config.signing_key_dir)?;
         let secrets =
             crate::identity::secret_box::SecretBox::load_or_create(&config.signing_key_dir)?;
-        let settings = GatewaySettings {
-            // The gateway offers `commit_reader` only behind this flag; this
-            // monolith implements the tool, so it always says so.
-            enabled_feature_flags: vec![
-                "ai_commit_reader_for_chat".to_owned(),
-                "ai_codebase_search_for_chat".to_owned(),
-            ],
-            ..GatewaySettings::from_config(config)
-        };
+        // The feature flags each question announces are evaluated per
+        // question (`feature_flags`), not configured here.
+        let settings = GatewaySettings::from_config(config);
         let gateway = GatewayClient::new(keys, settings)?;
         let repositories = crate::repositories::Repositories::new(
             config.repositories_dir.clone(),
@@ -166,6 +169,7 @@ impl AgentResponder {
         Self {
             services: Arc::new(services),
             tools: Arc::new(tools::ToolBox::standard()),
+            pinned_flags: None,
         }
     }
 
@@ -176,14 +180,11 @@ impl AgentResponder {
         self
     }
 
-    /// Sends these feature flags to the gateway (which gates some tools on them).
-    pub fn with_enabled_feature_flags(self, flags: Vec<String>) -> Self {
-        let mut services = (*self.services).clone();
-        services.gateway = services.gateway.with_enabled_feature_flags(flags);
-        Self {
-            services: Arc::new(services),
-            tools: self.tools,
-        }
+    /// Announces these feature flags on every question instead of the ones
+    /// evaluated for it (the gateway gates some tools on them).
+    pub fn with_enabled_feature_flags(mut self, flags: Vec<String>) -> Self {
+        self.pinned_flags = Some(Arc::new(flags));
+        self
     }
 
     /// Gives up on a gateway that stays silent for `timeout` (A1000).
@@ -193,6 +194,7 @@ impl AgentResponder {
         Ok(Self {
             services: Arc::new(services),
             tools: self.tools,
+            pinned_flags: self.pinned_flags,
         })
     }
 
@@ -216,6 +218,8 @@ impl AgentResponder {
             }
             Err(Refusal::Transient(e)) => return Err(ResponderError::Transient(e)),
         };
+        // Every gateway call of this question announces its flags.
+        let services = &self.services.with_feature_flags(&ctx.feature_flags);
         if let Some(command) = slash_commands::SlashCommand::parse(&ctx.question) {
             if ctx.model == crate::ai_models::Choice::Disabled {
                 let text = format!(
@@ -225,10 +229,10 @@ impl AgentResponder {
                 let _ = chunks.send(text.clone());
                 return Ok(ChatAnswer::text(text));
             }
-            return Ok(slash_commands::run(&self.services, &ctx, command, &chunks).await);
+            return Ok(slash_commands::run(services, &ctx, command, &chunks).await);
         }
         Ok(
-            react_executor::ReactExecutor::new(&self.services, &ctx, &self.tools)
+            react_executor::ReactExecutor::new(services, &ctx, &self.tools)
                 .run(&chunks)
                 .await,
         )
@@ -283,6 +287,12 @@ impl AgentResponder {
         let (realm, gateway_url) = crate::gateway_client::instance_route(&*db)
             .await
             .map_err(Refusal::transient)?;
+        let feature_flags = match &self.pinned_flags {
+            Some(flags) => flags.to_vec(),
+            None => feature_flags::for_question(services, &*db, actor, resource)
+                .await
+                .map_err(Refusal::transient)?,
+        };
         let (current_file, file_content) = match &question.current_file {
             Some(f) => (
                 Some(CurrentFile {
@@ -414,6 +424,7 @@ impl AgentResponder {
                 gateway_url,
             },
             scopes,
+            feature_flags,
             model,
         })
     }

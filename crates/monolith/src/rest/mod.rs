@@ -28,6 +28,7 @@ mod duo_triggers;
 mod entities;
 mod epics;
 mod error;
+mod features;
 mod groups;
 pub mod input_guard;
 mod issues;

@@ -13,9 +13,9 @@
 use actix_web::web::{ServiceConfig, delete, get, patch, post, put};
 
 use super::{
-    admin, branches, ci, discussions, duo_triggers, epics, groups, issues, item_updates, mcp,
-    members, merge_requests, notes, projects, repository, repository_commits, users, workflows,
-    workflows_internal, workflows_socket,
+    admin, branches, ci, discussions, duo_triggers, epics, features, groups, issues, item_updates,
+    mcp, members, merge_requests, notes, projects, repository, repository_commits, users,
+    workflows, workflows_internal, workflows_socket,
 };
 
 /// Mounted by the server under `/api/v4`.
@@ -101,6 +101,11 @@ pub fn api_v4(cfg: &mut ServiceConfig) {
         post().to(admin::assign_seat),
     );
     cfg.route("/projects/{id}", delete().to(projects::delete_project));
+
+    // ---- feature flags (admins) ---------------------------------------------------
+    cfg.route("/features", get().to(features::list_features));
+    cfg.route("/features/{name}", post().to(features::set_feature));
+    cfg.route("/features/{name}", delete().to(features::delete_feature));
 
     // ---- repository: tree, files, blobs ------------------------------------------
     cfg.route("/projects/{id}/repository/tree", get().to(repository::tree));

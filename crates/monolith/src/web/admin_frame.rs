@@ -55,6 +55,7 @@ const SECTIONS: &[(&str, &str)] = &[
     ("/admin/ai/duo_self_hosted", "Self-hosted models"),
     ("/admin/ai/duo_self_hosted/features", "AI features"),
     ("/admin/applications", "Applications"),
+    ("/admin/feature_flags", "Feature flags"),
 ];
 
 /// What a page says above its content: a notice after a change, or why a

@@ -20,6 +20,7 @@
 //!   the frame and gate of `admin_frame`.
 
 pub mod admin;
+pub mod admin_features;
 mod admin_frame;
 pub mod admin_models;
 pub mod assets;
@@ -48,6 +49,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .configure(resources::routes)
         .configure(admin::routes)
         .configure(admin_models::routes)
+        .configure(admin_features::routes)
         .configure(oauth_consent::routes);
 }
 

@@ -28,6 +28,8 @@ const RANKS: &[(&str, u32)] = &[
     ("rate_limit", 3),
     // The audit log of MCP tool calls.
     ("audit", 3),
+    // Feature flags: their gates and evaluation, read by the agent and the edges.
+    ("features", 3),
     ("identity", 4),
     ("policy", 5),
     ("ai_models", 6),

@@ -24,6 +24,7 @@ mod code_index;
 mod db_outage;
 mod duo_context_exclusion;
 mod duo_off_index;
+mod features_api;
 mod fuzz_edges;
 mod git_push_limits;
 mod graphql_chat;

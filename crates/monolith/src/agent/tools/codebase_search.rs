@@ -51,6 +51,10 @@ impl Tool for CodebaseSearch {
         UnitPrimitive::CodebaseSearch
     }
 
+    fn feature_flag(&self) -> Option<&'static str> {
+        Some("ai_codebase_search_for_chat")
+    }
+
     async fn execute(&self, env: &ToolEnv<'_>, input: &ToolInput) -> ToolOutcome {
         let services = env.services;
         let db = match services.pool.get().await {

@@ -223,6 +223,10 @@ impl Tool for CommitReader {
         UnitPrimitive::AskCommit
     }
 
+    fn feature_flag(&self) -> Option<&'static str> {
+        Some("ai_commit_reader_for_chat")
+    }
+
     async fn execute(&self, env: &ToolEnv<'_>, input: &ToolInput) -> ToolOutcome {
         let not_found = || ToolOutcome::failed(DuoErrorCode::M3003, "not found or not readable");
         let commit = match self.identify(env, input).await {

@@ -62,6 +62,11 @@ pub trait Tool: Send + Sync {
     fn name(&self) -> &'static str;
     /// The scope the user's seat must grant for this tool.
     fn unit_primitive(&self) -> UnitPrimitive;
+    /// The feature flag that must be on for the question, if any (the
+    /// gateway gates the tool on the same flag).
+    fn feature_flag(&self) -> Option<&'static str> {
+        None
+    }
     async fn execute(&self, env: &ToolEnv<'_>, input: &ToolInput) -> ToolOutcome;
 }
 
@@ -102,8 +107,15 @@ impl ToolBox {
         self.tools.iter().map(|t| t.name()).collect()
     }
 
-    /// Runs a tool after checking the user's seat grants it (else M3005).
+    /// Runs a tool after checking the user's seat grants it (else M3005)
+    /// and its feature flag is on for the question (else the model is told
+    /// the tool is not available, and nothing is read).
     pub async fn run(&self, tool: &dyn Tool, env: &ToolEnv<'_>, input: &ToolInput) -> ToolOutcome {
+        if let Some(flag) = tool.feature_flag()
+            && !env.ctx.feature_enabled(flag)
+        {
+            return ToolOutcome::Observation(flag_off_observation(tool.name()));
+        }
         if !env.ctx.has_scope(tool.unit_primitive()) {
             return ToolOutcome::failed(
                 DuoErrorCode::M3005,
@@ -112,4 +124,9 @@ impl ToolBox {
         }
         tool.execute(env, input).await
     }
+}
+
+/// What the model reads when it picks a tool whose feature flag is off.
+pub fn flag_off_observation(tool: &str) -> String {
+    format!("The tool {tool} is not available. Answer with another tool or from what you know.")
 }
