@@ -17,6 +17,7 @@ mod model_selection_e2e;
 mod pipeline_fix_e2e;
 mod python_gitlab_e2e;
 mod shutdown_e2e;
+mod traces_e2e;
 mod web_admin_e2e;
 mod web_code_e2e;
 mod web_e2e;

@@ -21,12 +21,13 @@ use std::time::{Duration, Instant};
 
 tokio::task_local! {
     /// The `X-Request-ID` of the request being handled.
-    static REQUEST_ID_SCOPE: String;
+    static REQUEST_ID_SCOPE: std::sync::Arc<str>;
 }
 
-/// The `X-Request-ID` of the request this task is handling, if any.
+/// The `X-Request-ID` of the request this task is handling, if any (known
+/// only while the LLM debug log is on, its one reader).
 pub fn current_request_id() -> Option<String> {
-    REQUEST_ID_SCOPE.try_with(Clone::clone).ok()
+    REQUEST_ID_SCOPE.try_with(|id| id.to_string()).ok()
 }
 
 /// `http_request_duration_seconds{handler,method,status}`: until the last

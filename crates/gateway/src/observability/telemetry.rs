@@ -47,11 +47,19 @@ pub async fn request_telemetry(
     req.extensions_mut().insert(RequestId(request_id.clone()));
     let method = req.method().to_string();
 
-    // The id is known to whatever runs for this request (model calls write
-    // it to the LLM debug log).
-    let mut res = super::REQUEST_ID_SCOPE
-        .scope(request_id.clone(), next.call(req))
-        .await?;
+    // With the LLM debug log on, whatever runs for this request (model calls,
+    // in the handler or while its body streams) knows the request's id.
+    let debug_id: Option<std::sync::Arc<str>> = duo_telemetry::llm_debug_log()
+        .is_some()
+        .then(|| request_id.as_str().into());
+    let mut res = match &debug_id {
+        Some(id) => {
+            super::REQUEST_ID_SCOPE
+                .scope(id.clone(), next.call(req))
+                .await?
+        }
+        None => next.call(req).await?,
+    };
 
     let elapsed = started.elapsed();
     let overhead = elapsed.saturating_sub(clock.total());
@@ -87,6 +95,7 @@ pub async fn request_telemetry(
     Ok(res.map_into_boxed_body().map_body(|_, body| TimedBody {
         inner: body,
         finish: Some(finish),
+        debug_id,
     }))
 }
 
@@ -115,6 +124,8 @@ impl RecordOnEnd {
 struct TimedBody {
     inner: BoxBody,
     finish: Option<RecordOnEnd>,
+    /// The request id for code run while the body streams (LLM debug log on).
+    debug_id: Option<std::sync::Arc<str>>,
 }
 
 impl TimedBody {
@@ -142,7 +153,13 @@ impl MessageBody for TimedBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Bytes, Self::Error>>> {
-        let polled = Pin::new(&mut self.inner).poll_next(cx);
+        let polled = match self.debug_id.clone() {
+            Some(id) => {
+                let inner = &mut self.inner;
+                super::REQUEST_ID_SCOPE.sync_scope(id, || Pin::new(inner).poll_next(cx))
+            }
+            None => Pin::new(&mut self.inner).poll_next(cx),
+        };
         if matches!(polled, Poll::Ready(None | Some(Err(_)))) {
             self.finish();
         }
