@@ -17,7 +17,8 @@
 //!    CI pipelines and jobs: their SQL, and what of them is sent to AI, once
 //!    the policy allows it), [`ai_models`] (which model serves each feature),
 //!    [`gateway_client`] (calls to the AI gateway), [`chat`]
-//!    (threads, messages, the completion seam, live delivery),
+//!    (threads, messages, the completion seam, live delivery), [`ai_usage`]
+//!    (usage records of AI features and the questions' categories),
 //!    [`agent`] (the agent loop, slash commands and tools; above
 //!    [`code_index`], the code index and codebase search, which builds on
 //!    [`repositories`] and [`gateway_client`]), [`repositories`]
@@ -50,6 +51,7 @@ pub mod policy;
 
 pub mod agent;
 pub mod ai_models;
+pub mod ai_usage;
 pub mod chat;
 pub mod code_index;
 pub mod duo_settings;

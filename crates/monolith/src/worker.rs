@@ -85,11 +85,12 @@ pub fn spawn(
 ) -> Result<WorkerHandle, WorkerError> {
     let mut registry = Registry::new();
     registry.register(CompletionHandler {
-        responder,
+        responder: responder.clone(),
         docs_base_url,
     });
     registry.register(ThreadRetentionHandler);
     let mut queue = settings.queue;
+    crate::ai_usage::categorize::register(&mut registry, &mut queue, responder.categorizer());
     queue.periodic.push(Periodic::new(
         &ThreadRetention {},
         settings.retention_every,

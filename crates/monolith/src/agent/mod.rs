@@ -218,9 +218,11 @@ impl AgentResponder {
             }
             Err(Refusal::Transient(e)) => return Err(ResponderError::Transient(e)),
         };
+        crate::ai_usage::note_resource(ctx.resource);
         // Every gateway call of this question announces its flags.
         let services = &self.services.with_feature_flags(&ctx.feature_flags);
         if let Some(command) = slash_commands::SlashCommand::parse(&ctx.question) {
+            crate::ai_usage::note_slash_command(command.name.word());
             if ctx.model == crate::ai_models::Choice::Disabled {
                 let text = format!(
                     "`/{}` is turned off on this instance by an administrator.",
@@ -479,7 +481,24 @@ impl ChatResponder for AgentResponder {
         chunks: ChunkSender,
     ) -> Result<ChatAnswer, ResponderError> {
         let question = self.question_for(job).await?;
-        self.answer(question, chunks).await
+        let usage = crate::ai_usage::Recording::start(job);
+        let answer = usage
+            .around(self.answer(question, usage.timed(chunks)))
+            .await;
+        usage
+            .finish(&self.services.pool, &self.services.policy, &answer)
+            .await;
+        answer
+    }
+
+    fn categorizer(&self) -> Option<Arc<dyn crate::chat::completion::QuestionCategorizer>> {
+        let s = &self.services;
+        let categorizer = crate::ai_usage::Categorizer::new(
+            s.gateway.clone(),
+            s.policy.clone(),
+            s.models.clone(),
+        );
+        Some(Arc::new(categorizer))
     }
 }
 

@@ -7,6 +7,8 @@
 //! [`ChatAnswer`] and the worker stores and broadcasts it, so a retried job can
 //! check "already answered" in one place.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use contracts::DuoErrorCode;
 use serde_json::Value;
@@ -78,4 +80,22 @@ pub trait ChatResponder: Send + Sync {
         job: &CompletionJob,
         chunks: ChunkSender,
     ) -> Result<ChatAnswer, ResponderError>;
+
+    /// What categorises this responder's questions for the usage records
+    /// (the worker runs it as a job after the answer); none by default.
+    fn categorizer(&self) -> Option<Arc<dyn QuestionCategorizer>> {
+        None
+    }
+}
+
+/// Categorises a recorded question (the `ai_usage` domain's job, through
+/// the AI gateway the responder talks to). `Err` only for failures worth a
+/// retry; anything else is noted on the record.
+#[async_trait]
+pub trait QuestionCategorizer: Send + Sync {
+    async fn categorize(
+        &self,
+        pool: &deadpool_postgres::Pool,
+        request_id: uuid::Uuid,
+    ) -> Result<(), String>;
 }

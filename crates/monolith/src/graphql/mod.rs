@@ -8,6 +8,7 @@
 //! - [`transport`]: HTTP and WebSocket handlers.
 
 pub mod ai_models;
+pub mod ai_usage;
 pub mod chat_types;
 pub mod limits;
 pub mod mutation;

@@ -46,6 +46,22 @@ impl Query {
         super::workflows::events(ctx, workflow_id).await
     }
 
+    /// A group by its full path, with its AI analytics.
+    async fn group(
+        ctx: &GqlContext,
+        full_path: juniper::ID,
+    ) -> FieldResult<Option<super::ai_usage::Group>> {
+        super::ai_usage::group(ctx, &full_path).await
+    }
+
+    /// A project by its full path, with its AI analytics.
+    async fn project(
+        ctx: &GqlContext,
+        full_path: juniper::ID,
+    ) -> FieldResult<Option<super::ai_usage::Project>> {
+        super::ai_usage::project(ctx, &full_path).await
+    }
+
     fn current_user(ctx: &GqlContext) -> Option<CurrentUser> {
         Some(CurrentUser {
             actor: ctx.user?,

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use contracts::{DuoErrorCode, UnitPrimitive};
 
 pub mod add_ons;
+mod ai_analytics;
 mod duo;
 pub mod duo_context;
 mod facts;

@@ -54,6 +54,7 @@ const SECTIONS: &[(&str, &str)] = &[
     ("/admin/gitlab_duo/switches", "Groups and projects"),
     ("/admin/ai/duo_self_hosted", "Self-hosted models"),
     ("/admin/ai/duo_self_hosted/features", "AI features"),
+    ("/admin/ai_usage", "AI usage"),
     ("/admin/applications", "Applications"),
     ("/admin/feature_flags", "Feature flags"),
 ];

@@ -20,6 +20,7 @@
 //!   the frame and gate of `admin_frame`.
 
 pub mod admin;
+pub mod admin_ai_usage;
 pub mod admin_features;
 mod admin_frame;
 pub mod admin_models;
@@ -49,6 +50,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .configure(resources::routes)
         .configure(admin::routes)
         .configure(admin_models::routes)
+        .configure(admin_ai_usage::routes)
         .configure(admin_features::routes)
         .configure(oauth_consent::routes);
 }

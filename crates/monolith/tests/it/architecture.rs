@@ -42,6 +42,9 @@ const RANKS: &[(&str, u32)] = &[
     // edges that show them.
     ("work_items", 7),
     ("code_index", 7),
+    // AI usage records and question categorisation: over chat, the gateway
+    // and the models; below the agent that records into it.
+    ("ai_usage", 7),
     ("agent", 8),
     // Turning a Duo switch brings the code index in line with it.
     ("duo_settings", 8),

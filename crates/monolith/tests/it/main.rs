@@ -19,6 +19,7 @@ mod agent_ndjson;
 mod agent_serialize;
 mod agent_tool_catalogue;
 mod agent_tools;
+mod ai_usage;
 mod architecture;
 mod code_index;
 mod db_outage;

@@ -122,6 +122,7 @@ impl ToolBox {
                 format!("the seat does not grant {}", tool.unit_primitive()),
             );
         }
+        crate::ai_usage::note_tool(tool.name());
         tool.execute(env, input).await
     }
 }
