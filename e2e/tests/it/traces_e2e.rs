@@ -251,14 +251,26 @@ async fn one_question_is_one_trace_from_the_client_to_the_model_and_back() {
     assert_eq!(tool.attributes["gen_ai.tool.name"], "issue_reader");
     assert_eq!(tool.attributes["duo.resource_type"], "issue");
     // The gateway continues the worker's call and makes the model call.
-    receiver
+    let agent_call = receiver
         .wait_for(&trace_id, "gateway request span", |s| {
             s.service == "duo-gateway" && s.name == "POST /v2/chat/agent"
         })
         .await;
+    assert_eq!(
+        receiver
+            .spans_of(&trace_id)
+            .iter()
+            .find(|s| s.span_id == agent_call.parent_span_id)
+            .map(|s| s.name.as_str()),
+        Some("agent.step"),
+        "the gateway call is not a child of the agent step"
+    );
+    // The model call runs while the answer streams, still in the request's span.
     let model = receiver
-        .wait_for(&trace_id, "model call span", |s| {
-            s.service == "duo-gateway" && s.name.starts_with("chat ")
+        .wait_for(&trace_id, "model call span under /v2/chat/agent", |s| {
+            s.service == "duo-gateway"
+                && s.name.starts_with("chat ")
+                && s.parent_span_id == agent_call.span_id
         })
         .await;
     assert!(!model.attributes["gen_ai.request.model"].is_empty());
@@ -286,12 +298,47 @@ async fn one_question_is_one_trace_from_the_client_to_the_model_and_back() {
         traceparents.iter().any(|tp| tp.contains(&trace_id)),
         "no provider call carried the trace: {traceparents:?}"
     );
+    // The trace as a tree, for people reading the test's output (and the docs).
+    println!("{}", tree(&receiver.spans_of(&trace_id), client_span));
     // Content stays out of spans unless the operator opts in.
     for span in receiver.spans_of(&trace_id) {
         for value in span.attributes.values() {
             assert!(!value.contains(ISSUE_TEXT), "content exported on {span:?}");
         }
     }
+}
+
+/// The spans under `root`, indented by depth, with their service.
+fn tree(spans: &[ReceivedSpan], root: &str) -> String {
+    fn walk(spans: &[ReceivedSpan], parent: &str, depth: usize, out: &mut String) {
+        for span in spans.iter().filter(|s| s.parent_span_id == parent) {
+            let keys = [
+                "gen_ai.tool.name",
+                "duo.resource_type",
+                "gen_ai.request.model",
+                "duo.time_to_first_token_ms",
+                "gen_ai.usage.input_tokens",
+                "gen_ai.usage.output_tokens",
+                "duo.agent.next",
+                "http.response.status_code",
+            ];
+            let attributes: Vec<String> = keys
+                .iter()
+                .filter_map(|k| span.attributes.get(*k).map(|v| format!("{k}={v}")))
+                .collect();
+            out.push_str(&format!(
+                "{}{} [{}] {}\n",
+                "  ".repeat(depth),
+                span.name,
+                span.service,
+                attributes.join(" ")
+            ));
+            walk(spans, &span.span_id, depth + 1, out);
+        }
+    }
+    let mut out = String::new();
+    walk(spans, root, 0, &mut out);
+    out
 }
 
 fn rand_u128() -> u128 {
