@@ -175,7 +175,11 @@ pub fn prepare(
     let metadata = request.model_metadata.as_ref();
     let definition = choose_families(PROMPT_ID, metadata, config)
         .iter()
-        .find_map(|family| registry.resolve(PROMPT_ID, family, None).ok())
+        .find_map(|family| {
+            registry
+                .resolve_with_flags(PROMPT_ID, family, None, &flags)
+                .ok()
+        })
         .ok_or_else(|| PromptError::NotFound(PROMPT_ID.to_owned()))?;
     let target = definition.model_target(
         &config.providers,

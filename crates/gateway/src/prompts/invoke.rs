@@ -94,6 +94,8 @@ pub fn prepare(
         versions
             .iter()
             .filter(|d| c.matches(&d.version))
+            // A version behind a feature flag is for the agent's requests.
+            .filter(|d| d.feature_flag.is_none())
             .max_by(|a, b| a.version.cmp(&b.version))
     });
     // The scope check comes before the version check, so when no version

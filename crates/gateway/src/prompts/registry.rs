@@ -45,6 +45,8 @@ pub struct PromptDefinition {
     /// Message order is template order.
     pub prompt_template: Vec<(TemplateRole, String)>,
     pub params: PromptParams,
+    /// Chosen only when the request announces this feature flag.
+    pub feature_flag: Option<String>,
     /// Names of the compiled templates in the registry's environment, one per
     /// `prompt_template` entry.
     template_names: Vec<String>,
@@ -121,12 +123,26 @@ impl PromptRegistry {
     }
 
     /// The definition of `prompt_id` for `family` whose version is the highest
-    /// matching `constraint` (`None` means `^1.0.0`).
+    /// matching `constraint` (`None` means `^1.0.0`); versions behind a
+    /// feature flag are left out.
     pub fn resolve(
         &self,
         prompt_id: &str,
         family: &str,
         constraint: Option<&str>,
+    ) -> Result<Arc<PromptDefinition>, PromptError> {
+        self.resolve_with_flags(prompt_id, family, constraint, &[])
+    }
+
+    /// [`PromptRegistry::resolve`] for a request announcing `flags`: a
+    /// version behind one of them may be chosen too, so a new prompt
+    /// version ships to the instances, groups or users that have its flag.
+    pub fn resolve_with_flags(
+        &self,
+        prompt_id: &str,
+        family: &str,
+        constraint: Option<&str>,
+        flags: &[&str],
     ) -> Result<Arc<PromptDefinition>, PromptError> {
         let versions = self
             .versions(prompt_id, family)
@@ -136,6 +152,7 @@ impl PromptRegistry {
         versions
             .iter()
             .filter(|d| constraint.matches(&d.version))
+            .filter(|d| d.feature_flag.as_deref().is_none_or(|f| flags.contains(&f)))
             .max_by(|a, b| a.version.cmp(&b.version))
             .cloned()
             .ok_or(PromptError::NoMatchingVersion)
@@ -278,6 +295,7 @@ fn load_definition(
         unit_primitives: file.unit_primitives,
         prompt_template: file.prompt_template.0,
         params: file.params,
+        feature_flag: file.feature_flag,
         template_names,
     })
 }

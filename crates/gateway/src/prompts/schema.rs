@@ -16,6 +16,10 @@ pub(crate) struct PromptFile {
     pub prompt_template: PromptTemplate,
     #[serde(default)]
     pub params: PromptParams,
+    /// A version that ships behind a feature flag: chosen only for requests
+    /// announcing the flag (`x-gitlab-enabled-feature-flags`).
+    #[serde(default)]
+    pub feature_flag: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -25,6 +25,7 @@ mod hostile_requests;
 mod model_endpoints;
 mod model_metrics;
 mod prompts_api;
+mod prompts_feature_flags;
 mod prompts_registry;
 mod providers;
 mod proxy_contract;
