@@ -350,6 +350,7 @@ pub struct System {
     /// Where the monolith keeps this system's repositories.
     pub repositories: PathBuf,
     monolith_env: Vec<(String, String)>,
+    gateway_env: Vec<(String, String)>,
     _scratch: ScratchDir,
 }
 
@@ -540,6 +541,7 @@ impl System {
             http,
             repositories: scratch.0.join("repositories"),
             monolith_env,
+            gateway_env,
             _scratch: scratch,
         })
     }
@@ -589,6 +591,19 @@ impl System {
             .as_str()
             .map(str::to_owned)
             .ok_or_else(|| HarnessError::Failed(format!("token: {status} {created}")))
+    }
+
+    /// Starts the gateway again, on the same ports and settings (after
+    /// killing it, say), and waits until it is healthy.
+    pub async fn restart_gateway(&mut self) -> Result<()> {
+        let gateway_bin = binary("duo-gateway")?;
+        self.gateway = Service::spawn("gateway", &gateway_bin, &[], &self.gateway_env)?;
+        self.gateway
+            .wait_ready(
+                &self.http,
+                &format!("{}/monitoring/healthz", self.gateway_url),
+            )
+            .await
     }
 
     /// Starts another worker process (after killing one, say).

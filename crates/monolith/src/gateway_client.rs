@@ -49,6 +49,10 @@ pub enum GatewayError {
     Event(String),
     #[error("the answer broke off: {0}")]
     Interrupted(String),
+    /// The connection broke while the answer was streaming (the gateway
+    /// died or was restarted): worth asking again, maybe of another replica.
+    #[error("the connection to the AI gateway broke before the answer was complete: {0}")]
+    StreamCut(String),
     #[error("the AI gateway answer could not be read: {0}")]
     Body(String),
     #[error("signing the gateway token failed: {0}")]
@@ -65,18 +69,46 @@ impl GatewayError {
             Self::PromptTooLong => DuoErrorCode::A1005,
             Self::ToolNotAvailable => DuoErrorCode::G3001,
             Self::Event(_) => DuoErrorCode::A1004,
-            Self::Interrupted(_) => DuoErrorCode::A1003,
+            Self::Interrupted(_) | Self::StreamCut(_) => DuoErrorCode::A1003,
+            // What a proxy in front of a gateway that is down or restarting
+            // answers: as good as not connecting.
+            Self::Status {
+                status: 502 | 503 | 504,
+            } => DuoErrorCode::A1001,
             Self::Status { .. } | Self::Body(_) | Self::Token(_) => DuoErrorCode::A9999,
         }
     }
 
+    /// A failure of the hop itself (the gateway down, restarting, or cut off
+    /// mid-answer), after which the same request may well succeed: on a new
+    /// connection, possibly to another replica.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Self::Connect(_)
+                | Self::StreamCut(_)
+                | Self::NoEvents
+                | Self::Status {
+                    status: 502 | 503 | 504
+                }
+        )
+    }
+
+    /// A request that failed before an answer began: never "unexpected".
     fn from_reqwest(err: &reqwest::Error) -> Self {
         if err.is_timeout() {
             Self::Timeout
-        } else if err.is_connect() {
-            Self::Connect(err.to_string())
         } else {
-            Self::Body(err.to_string())
+            Self::Connect(err.to_string())
+        }
+    }
+
+    /// Reading an answer that had begun failed.
+    fn from_body_error(err: &reqwest::Error) -> Self {
+        if err.is_timeout() {
+            Self::Timeout
+        } else {
+            Self::StreamCut(err.to_string())
         }
     }
 }
@@ -381,7 +413,7 @@ impl GatewayClient {
                         }
                     }
                     Err(err) => {
-                        yield Err(GatewayError::from_reqwest(&err));
+                        yield Err(GatewayError::from_body_error(&err));
                         return;
                     }
                 }
@@ -418,7 +450,7 @@ impl GatewayClient {
         let text = response
             .text()
             .await
-            .map_err(|e| GatewayError::from_reqwest(&e))?;
+            .map_err(|e| GatewayError::from_body_error(&e))?;
         // The gateway answers a JSON string; accept plain text too.
         Ok(serde_json::from_str::<String>(&text).unwrap_or(text))
     }
@@ -464,7 +496,7 @@ impl GatewayClient {
         let text = response
             .text()
             .await
-            .map_err(|e| GatewayError::from_reqwest(&e))?;
+            .map_err(|e| GatewayError::from_body_error(&e))?;
         if status.is_success() {
             let answer = serde_json::from_str::<String>(&text).unwrap_or(text);
             return Ok(ModelCheck::Answered(clip(&answer, CHECK_TEXT_CHARS)));
@@ -575,7 +607,7 @@ impl GatewayClient {
                         }
                     }
                     Err(err) => {
-                        yield Err(GatewayError::from_reqwest(&err));
+                        yield Err(GatewayError::from_body_error(&err));
                         return;
                     }
                 }

@@ -10,6 +10,7 @@ mod code_review_e2e;
 mod deploy_manifests;
 mod dev_run_e2e;
 mod fixtures;
+mod gateway_crash_e2e;
 mod mcp_client_e2e;
 mod mcp_e2e;
 mod migrations_e2e;

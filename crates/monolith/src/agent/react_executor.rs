@@ -213,14 +213,41 @@ impl<'a> ReactExecutor<'a> {
         chunks: &ChunkSender,
     ) -> Result<StepOutcome, GatewayError> {
         let request = self.request(question, steps);
-        let mut attempt = 0;
+        let started = tokio::time::Instant::now();
+        let mut sink = StepChunks::new(chunks);
+        let mut error_events = 0;
+        let mut transport_retries = 0;
         loop {
-            match self.step(&request, chunks).await {
-                Err(StepError::Retryable(message)) if attempt < MAX_STEP_RETRIES => {
-                    attempt += 1;
-                    tracing::debug!(attempt, %message, "retrying an agent step");
+            sink.restart();
+            match self.step(&request, &mut sink).await {
+                Err(StepError::Retryable(message)) if error_events < MAX_STEP_RETRIES => {
+                    error_events += 1;
+                    tracing::debug!(attempt = error_events, %message, "retrying an agent step");
                 }
                 Err(StepError::Retryable(message)) => return Err(error_event_failure(&message)),
+                // The hop to the gateway failed (it died, restarted, or cut
+                // the stream): ask again on a new connection, within the
+                // step's budget. Tools already run are in `steps`, so none
+                // runs twice; the text already shown is not sent twice.
+                Err(StepError::Failed(err)) if err.is_transient() => {
+                    let Some(pause) = transport_backoff(transport_retries, started.elapsed())
+                    else {
+                        tracing::warn!(
+                            code = %err.code(),
+                            attempts = transport_retries + 1,
+                            "the AI gateway stayed unreachable; giving up on the step"
+                        );
+                        return Err(err);
+                    };
+                    transport_retries += 1;
+                    tracing::info!(
+                        attempt = transport_retries,
+                        pause_ms = pause.as_millis() as u64,
+                        error = %err,
+                        "the AI gateway hop failed; retrying the step"
+                    );
+                    tokio::time::sleep(pause).await;
+                }
                 Err(StepError::Failed(err)) => return Err(err),
                 Ok(outcome) => return Ok(outcome),
             }
@@ -230,7 +257,7 @@ impl<'a> ReactExecutor<'a> {
     async fn step(
         &self,
         request: &AgentRequest,
-        chunks: &ChunkSender,
+        chunks: &mut StepChunks<'_>,
     ) -> Result<StepOutcome, StepError> {
         let mut events = self
             .services
@@ -239,6 +266,72 @@ impl<'a> ReactExecutor<'a> {
             .await
             .map_err(StepError::Failed)?;
         collect_step(&mut events, chunks).await
+    }
+}
+
+/// How long a step keeps retrying a failed gateway hop, all pauses included.
+pub const STEP_RETRY_BUDGET: std::time::Duration = std::time::Duration::from_secs(12);
+/// At most this many retries of one step after failed hops.
+pub const MAX_TRANSPORT_RETRIES: u32 = 6;
+
+/// The pause before transport retry `retry` (from 0), or `None` when the
+/// step's budget or its retries are spent: 250 ms doubling to 2 s, with up to
+/// half of it again as jitter, so steps cut off together by one dead gateway
+/// do not all come back at the same instant.
+pub fn transport_backoff(retry: u32, elapsed: std::time::Duration) -> Option<std::time::Duration> {
+    if retry >= MAX_TRANSPORT_RETRIES {
+        return None;
+    }
+    let base_ms = 250u64.saturating_mul(1 << retry.min(3)).min(2_000);
+    let jitter_ms = rand::random_range(0..=base_ms / 2);
+    let pause = std::time::Duration::from_millis(base_ms + jitter_ms);
+    (elapsed + pause < STEP_RETRY_BUDGET).then_some(pause)
+}
+
+/// The answer text of one step as the user sees it, across the step's
+/// attempts: a retry's text is forwarded only past what an earlier attempt
+/// already showed, so a user sees one answer, not its first words twice.
+/// When a retry says something else than what was shown, nothing more is
+/// streamed and the stored final answer (sent whole when the request ends)
+/// replaces the partial one.
+pub struct StepChunks<'a> {
+    sender: &'a ChunkSender,
+    /// What reached the user in this step so far.
+    shown: String,
+    /// This attempt's text.
+    attempt: String,
+    diverged: bool,
+}
+
+impl<'a> StepChunks<'a> {
+    pub fn new(sender: &'a ChunkSender) -> Self {
+        Self {
+            sender,
+            shown: String::new(),
+            attempt: String::new(),
+            diverged: false,
+        }
+    }
+
+    /// A new attempt of the step begins.
+    fn restart(&mut self) {
+        self.attempt.clear();
+    }
+
+    fn push(&mut self, text: &str) {
+        self.attempt.push_str(text);
+        if self.diverged {
+            return;
+        }
+        if self.attempt.len() <= self.shown.len() {
+            self.diverged = !self.shown.starts_with(self.attempt.as_str());
+        } else if self.attempt.starts_with(self.shown.as_str()) {
+            let new = self.attempt[self.shown.len()..].to_owned();
+            self.shown.push_str(&new);
+            let _ = self.sender.send(new);
+        } else {
+            self.diverged = true;
+        }
     }
 }
 
@@ -274,7 +367,10 @@ pub enum StepError {
 
 /// Reads one step's events: forwards answer text live and decides how the
 /// step ended.
-pub async fn collect_step<S>(events: &mut S, chunks: &ChunkSender) -> Result<StepOutcome, StepError>
+pub async fn collect_step<S>(
+    events: &mut S,
+    chunks: &mut StepChunks<'_>,
+) -> Result<StepOutcome, StepError>
 where
     S: futures::Stream<Item = Result<AgentEvent, GatewayError>> + Unpin,
 {
@@ -286,17 +382,14 @@ where
         any_event = true;
         let event = match event {
             Ok(event) => event,
-            Err(err) if !answer.is_empty() => {
-                return Err(StepError::Failed(GatewayError::Interrupted(
-                    err.to_string(),
-                )));
-            }
+            // The stream broke: the caller may ask again (transport errors),
+            // whatever part of the answer was already shown.
             Err(err) => return Err(StepError::Failed(err)),
         };
         match event {
             AgentEvent::FinalAnswerDelta { text, .. } => {
                 if !text.is_empty() {
-                    let _ = chunks.send(text.clone());
+                    chunks.push(&text);
                     answer.push_str(&text);
                 }
             }
@@ -351,7 +444,7 @@ mod tests {
     async fn collect(events: Vec<AgentEvent>) -> (Result<StepOutcome, StepError>, Vec<String>) {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let mut stream = futures::stream::iter(events.into_iter().map(Ok));
-        let outcome = collect_step(&mut stream, &tx).await;
+        let outcome = collect_step(&mut stream, &mut StepChunks::new(&tx)).await;
         let mut chunks = Vec::new();
         while let Ok(c) = rx.try_recv() {
             chunks.push(c);
@@ -408,5 +501,65 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(chunks, vec!["partial"]);
+    }
+
+    fn drain(rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>) -> Vec<String> {
+        let mut out = Vec::new();
+        while let Ok(c) = rx.try_recv() {
+            out.push(c);
+        }
+        out
+    }
+
+    #[test]
+    fn a_retried_step_shows_only_what_was_not_shown_yet() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut sink = StepChunks::new(&tx);
+        sink.push("The answer");
+        sink.push(" is");
+        // The stream broke; the retry says the same and then more.
+        sink.restart();
+        sink.push("The ans");
+        sink.push("wer is forty");
+        sink.push("-two.");
+        assert_eq!(drain(&mut rx), ["The answer", " is", " forty", "-two."]);
+    }
+
+    #[test]
+    fn a_retry_that_says_something_else_streams_no_more() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut sink = StepChunks::new(&tx);
+        sink.push("Yes, because");
+        sink.restart();
+        sink.push("No, since it");
+        sink.push(" cannot.");
+        assert_eq!(drain(&mut rx), ["Yes, because"]);
+    }
+
+    #[test]
+    fn transport_retries_back_off_and_stop_at_the_budget() {
+        let zero = std::time::Duration::ZERO;
+        let first = transport_backoff(0, zero).unwrap();
+        assert!(first >= std::time::Duration::from_millis(250));
+        assert!(first <= std::time::Duration::from_millis(375));
+        let later = transport_backoff(5, zero).unwrap();
+        assert!(later >= std::time::Duration::from_secs(2));
+        assert!(transport_backoff(MAX_TRANSPORT_RETRIES, zero).is_none());
+        assert!(transport_backoff(0, STEP_RETRY_BUDGET).is_none());
+    }
+
+    #[test]
+    fn no_transport_failure_is_unexpected() {
+        for err in [
+            GatewayError::Connect("refused".into()),
+            GatewayError::StreamCut("reset".into()),
+            GatewayError::Timeout,
+            GatewayError::NoEvents,
+            GatewayError::Status { status: 502 },
+            GatewayError::Status { status: 503 },
+            GatewayError::Status { status: 504 },
+        ] {
+            assert_ne!(err.code(), DuoErrorCode::A9999, "{err}");
+        }
     }
 }
