@@ -138,29 +138,59 @@ fn documents(text: &str) -> Vec<Value> {
 }
 
 /// The overlays, each with the Helm values that must render the same objects.
-const OVERLAYS: [&str; 4] = [
+const OVERLAYS: [&str; 5] = [
     "default",
     "in-cluster-postgres",
     "gateway-only",
     "default-with-keda",
+    "default-with-tracing",
 ];
 
-/// The rendered YAML of an overlay (`default-with-keda` is the default
-/// overlay with the KEDA component, put together as the README says).
-fn kustomize(overlay: &str) -> String {
-    if overlay == "default-with-keda" {
-        let scratch = Scratch::new("keda");
-        std::fs::write(
-            scratch.0.join("kustomization.yaml"),
+/// The components an overlay made of the default one adds, as the README
+/// says to add them.
+fn components_of(overlay: &str) -> Option<&'static [&'static str]> {
+    match overlay {
+        "default-with-keda" => Some(&["keda-worker-autoscaling"]),
+        "default-with-tracing" => Some(&["tracing", "trace-collector"]),
+        _ => None,
+    }
+}
+
+/// The rendered YAML of an overlay made of `base` (an overlay of
+/// `deploy/kubernetes/overlays`) with `components` and extra
+/// kustomization lines, in a scratch directory inside the tree.
+fn kustomize_with(base: &str, components: &[&str], extra: &str) -> String {
+    let scratch = Scratch::new("overlay");
+    let namespace = if base == "gateway-only" {
+        "duo-gateway"
+    } else {
+        "duo-chat"
+    };
+    let components: Vec<String> = components
+        .iter()
+        .map(|c| format!("../../../deploy/kubernetes/components/{c}"))
+        .collect();
+    std::fs::write(
+        scratch.0.join("kustomization.yaml"),
+        format!(
             "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
-             namespace: duo-chat\n\
-             resources: [../../../deploy/kubernetes/overlays/default]\n\
-             components: [../../../deploy/kubernetes/components/keda-worker-autoscaling]\n",
-        )
-        .unwrap();
-        return run(Command::new(&tools().kubectl)
-            .arg("kustomize")
-            .arg(&scratch.0));
+             namespace: {namespace}\n\
+             resources: [../../../deploy/kubernetes/overlays/{base}]\n\
+             components: [{}]\n{extra}",
+            components.join(", ")
+        ),
+    )
+    .unwrap();
+    run(Command::new(&tools().kubectl)
+        .arg("kustomize")
+        .arg(&scratch.0))
+}
+
+/// The rendered YAML of an overlay (`default-with-keda` and
+/// `default-with-tracing` are the default overlay with components).
+fn kustomize(overlay: &str) -> String {
+    if let Some(components) = components_of(overlay) {
+        return kustomize_with("default", components, "");
     }
     run(Command::new(&tools().kubectl)
         .arg("kustomize")
@@ -185,6 +215,9 @@ fn helm_template(overlay: &str) -> String {
             "--set",
             "monolith.worker.keda.enabled=true",
         ]),
+        "default-with-tracing" => {
+            command.args(["--namespace", "duo-chat", "--set", "tracing.enabled=true"])
+        }
         other => panic!("no Helm values for {other}"),
     };
     run(&mut command)
@@ -312,6 +345,18 @@ fn every_overlay_renders_and_validates_against_the_kubernetes_api_schemas() {
             overlay == "default-with-keda",
             "{overlay}"
         );
+        for name in [
+            "ConfigMap/duo-tracing",
+            "Deployment/duo-trace-collector",
+            "Service/duo-trace-collector",
+            "PodDisruptionBudget/duo-trace-collector",
+        ] {
+            assert_eq!(
+                found.contains(name),
+                overlay == "default-with-tracing",
+                "{overlay}: {name}"
+            );
+        }
         for object in &objects {
             assert_eq!(
                 object["metadata"]["namespace"],
@@ -472,8 +517,23 @@ fn every_pod_runs_unprivileged_read_only_with_requests_probes_and_enough_time_to
                 };
                 assert!(declared, "{overlay} {name}: {probe} {probe_spec}");
             }
-            // Kubernetes waits longer than the drain and grace periods together.
+            // A disruption budget covers it.
+            assert!(
+                objects.iter().any(|o| o["kind"] == "PodDisruptionBudget"
+                    && o["spec"]["selector"]["matchLabels"]
+                        == object["spec"]["selector"]["matchLabels"]),
+                "{overlay} {name} has no PodDisruptionBudget"
+            );
+            // Kubernetes waits longer than the drain and grace periods together
+            // (the trace collector has none: its batches flush within a second).
             let (config, drain, grace) = match name {
+                "duo-trace-collector" => {
+                    assert!(
+                        pod["terminationGracePeriodSeconds"].as_u64().unwrap() >= 5,
+                        "{overlay} {name}"
+                    );
+                    continue;
+                }
                 "duo-web" | "duo-worker" => (
                     "duo-monolith",
                     "DUO_SHUTDOWN_DRAIN_SECS",
@@ -505,13 +565,6 @@ fn every_pod_runs_unprivileged_read_only_with_requests_probes_and_enough_time_to
             assert!(
                 allowed > needed,
                 "{overlay} {name}: {allowed} s <= {needed} s"
-            );
-            // And a disruption budget covers it.
-            assert!(
-                objects.iter().any(|o| o["kind"] == "PodDisruptionBudget"
-                    && o["spec"]["selector"]["matchLabels"]
-                        == object["spec"]["selector"]["matchLabels"]),
-                "{overlay} {name} has no PodDisruptionBudget"
             );
         }
         // Ingresses and HPAs point at things that exist.
@@ -721,6 +774,261 @@ fn web_and_worker_share_one_repositories_volume_and_a_read_write_once_one_pins_t
             "{service}: {mounts:?}"
         );
     }
+}
+
+// ---------------------------------------------------------------------------
+// Traces
+
+/// The trace collector every install method bundles (Jaeger v2 all-in-one).
+const JAEGER_IMAGE: &str = "docker.io/jaegertracing/jaeger:2.17.0";
+
+/// The Deployments that run Duo's own processes.
+const DUO_DEPLOYMENTS: [&str; 4] = ["duo-web", "duo-worker", "duo-gateway", "duo-local-llm"];
+
+/// The environment a container gets: its `envFrom` ConfigMaps and Secrets in
+/// order, then its `env` (as the kubelet builds it). A reference to an object
+/// that is not rendered fails the test unless it is optional.
+fn container_env(objects: &[Value], container: &Value) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    for source in container["envFrom"].as_array().into_iter().flatten() {
+        let (kind, field, reference) = if source["configMapRef"].is_object() {
+            ("ConfigMap", "data", &source["configMapRef"])
+        } else {
+            ("Secret", "stringData", &source["secretRef"])
+        };
+        let name = reference["name"].as_str().unwrap();
+        let Some(object) = find(objects, kind, name) else {
+            assert_eq!(reference["optional"], true, "no {kind} {name}");
+            continue;
+        };
+        for (key, value) in object[field].as_object().into_iter().flatten() {
+            env.insert(key.clone(), value.as_str().unwrap().to_owned());
+        }
+    }
+    for variable in container["env"].as_array().into_iter().flatten() {
+        env.insert(
+            variable["name"].as_str().unwrap().to_owned(),
+            variable["value"].as_str().unwrap_or_default().to_owned(),
+        );
+    }
+    env
+}
+
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` as every container of every workload gets
+/// it (`None`: unset), keyed `Kind/name/container` (`Kind/name/init:container`
+/// for init containers).
+fn trace_endpoints(objects: &[Value]) -> BTreeMap<String, Option<String>> {
+    let mut endpoints = BTreeMap::new();
+    for object in objects {
+        let Some(pod) = pod_spec(object) else {
+            continue;
+        };
+        let name = object["metadata"]["name"].as_str().unwrap();
+        for container in containers(pod) {
+            let env = container_env(objects, container);
+            // Init containers (the model weights' copy) are marked.
+            let init = pod["initContainers"]
+                .as_array()
+                .is_some_and(|list| list.contains(container));
+            let what = format!(
+                "{}/{name}/{}{}",
+                object["kind"].as_str().unwrap(),
+                if init { "init:" } else { "" },
+                container["name"].as_str().unwrap()
+            );
+            // No process is told to export anywhere else, or named by hand
+            // (each process names itself).
+            assert!(
+                !env.contains_key("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
+                "{what}"
+            );
+            assert!(!env.contains_key("OTEL_SERVICE_NAME"), "{what}");
+            endpoints.insert(what, env.get("OTEL_EXPORTER_OTLP_ENDPOINT").cloned());
+        }
+    }
+    endpoints
+}
+
+/// The Duo Deployments' main containers among `endpoints`.
+fn duo_containers(endpoints: &BTreeMap<String, Option<String>>) -> Vec<&String> {
+    endpoints
+        .keys()
+        .filter(|what| {
+            DUO_DEPLOYMENTS.iter().any(|d| {
+                what.strip_prefix(&format!("Deployment/{d}/"))
+                    .is_some_and(|container| !container.starts_with("init:"))
+            })
+        })
+        .collect()
+}
+
+/// The port named `port` of Service `name`, if both exist.
+fn service_port(objects: &[Value], name: &str, port: &str) -> Option<u64> {
+    find(objects, "Service", name)?["spec"]["ports"]
+        .as_array()?
+        .iter()
+        .find(|p| p["name"] == port)?["port"]
+        .as_u64()
+}
+
+#[test]
+fn with_tracing_every_duo_process_gets_the_collectors_endpoint_and_without_it_none_does() {
+    let collector = "http://duo-trace-collector:4318";
+    let mut renders: Vec<(String, Vec<Value>)> = Vec::new();
+    for overlay in OVERLAYS {
+        renders.push((format!("overlay {overlay}"), documents(&kustomize(overlay))));
+        renders.push((
+            format!("Helm {overlay}"),
+            documents(&helm_template(overlay)),
+        ));
+    }
+    for (what, objects) in &renders {
+        let endpoints = trace_endpoints(objects);
+        let duo = duo_containers(&endpoints);
+        let expected_duo = if what.ends_with("gateway-only") { 1 } else { 4 };
+        assert_eq!(duo.len(), expected_duo, "{what}: {duo:?}");
+        if what.ends_with("default-with-tracing") {
+            for container in &duo {
+                assert_eq!(
+                    endpoints[*container].as_deref(),
+                    Some(collector),
+                    "{what}: {container}"
+                );
+            }
+            // The endpoint is the collector's OTLP/HTTP port, and its pods
+            // are behind that Service on a port they declare.
+            assert_eq!(
+                service_port(objects, "duo-trace-collector", "otlp-http"),
+                Some(4318),
+                "{what}"
+            );
+            let deployment = find(objects, "Deployment", "duo-trace-collector").unwrap();
+            let service = find(objects, "Service", "duo-trace-collector").unwrap();
+            assert_eq!(
+                service["spec"]["selector"],
+                deployment["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"]
+                    .as_str()
+                    .map(|n| json!({ "app.kubernetes.io/name": n }))
+                    .unwrap(),
+                "{what}"
+            );
+            let jaeger = &pod_spec(deployment).unwrap()["containers"][0];
+            assert_eq!(jaeger["image"], JAEGER_IMAGE, "{what}");
+            assert!(
+                jaeger["ports"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|p| p["name"] == "otlp-http" && p["containerPort"] == 4318),
+                "{what}: {jaeger}"
+            );
+            // Content stays off unless the operator opts in.
+            assert_eq!(
+                config_value(objects, "duo-tracing", "DUO_OTEL_EXPORT_CONTENT"),
+                "false"
+            );
+            // The collector itself and the migration Job export nothing.
+            for (container, endpoint) in &endpoints {
+                if !duo.contains(&container) {
+                    assert!(endpoint.is_none(), "{what}: {container}");
+                }
+            }
+        } else {
+            for (container, endpoint) in &endpoints {
+                assert!(endpoint.is_none(), "{what}: {container} gets {endpoint:?}");
+            }
+            assert!(
+                find(objects, "ConfigMap", "duo-tracing").is_none(),
+                "{what}"
+            );
+        }
+    }
+
+    // Your own collector instead of the bundled one: the gateway fleet alone,
+    // with the tracing component (Kustomize) or tracing.endpoint (Helm).
+    let own = "http://otel-collector.observability:4318";
+    let kustomized = documents(&kustomize_with(
+        "gateway-only",
+        &["tracing"],
+        &format!(
+            "patches:\n  - target: {{kind: ConfigMap, name: duo-tracing}}\n    patch: |-\n      \
+             - {{op: replace, path: /data/OTEL_EXPORTER_OTLP_ENDPOINT, value: \"{own}\"}}\n"
+        ),
+    ));
+    let chart = deploy().join("helm/duo-chat");
+    let helmed = documents(&run(Command::new(&tools().helm)
+        .args(["template", "duo-chat"])
+        .arg(&chart)
+        .args(["--namespace", "duo-gateway", "-f"])
+        .arg(chart.join("values-gateway-only.yaml"))
+        .args([
+            "--set",
+            "tracing.enabled=true",
+            "--set",
+            &format!("tracing.endpoint={own}"),
+            "--set",
+            "tracing.collector.enabled=false",
+        ])));
+    assert_eq!(
+        by_name(kustomized.clone()),
+        by_name(helmed.clone()),
+        "gateway-only with tracing: Kustomize (left) and Helm (right) differ"
+    );
+    for (what, objects) in [("overlay", &kustomized), ("Helm", &helmed)] {
+        assert!(find(objects, "Deployment", "duo-trace-collector").is_none());
+        let endpoints = trace_endpoints(objects);
+        assert_eq!(
+            endpoints.get("Deployment/duo-gateway/gateway"),
+            Some(&Some(own.to_owned())),
+            "{what}: {endpoints:?}"
+        );
+    }
+
+    // Compose: every Duo process reads the endpoint from .env (empty: off);
+    // the example names the profile's collector on its OTLP/HTTP port.
+    let compose =
+        documents(&std::fs::read_to_string(deploy().join("compose/compose.yaml")).unwrap())
+            .remove(0);
+    let services = compose["services"].as_object().unwrap();
+    let mut duo_services = 0;
+    for (name, service) in services {
+        let environment = &service["environment"];
+        if ["postgres", "models", "jaeger"].contains(&name.as_str()) {
+            assert!(
+                environment["OTEL_EXPORTER_OTLP_ENDPOINT"].is_null(),
+                "{name}"
+            );
+            continue;
+        }
+        duo_services += 1;
+        assert_eq!(
+            environment["OTEL_EXPORTER_OTLP_ENDPOINT"], "${OTEL_EXPORTER_OTLP_ENDPOINT:-}",
+            "compose {name}"
+        );
+        assert_eq!(
+            environment["DUO_OTEL_EXPORT_CONTENT"], "${DUO_OTEL_EXPORT_CONTENT:-false}",
+            "compose {name}"
+        );
+    }
+    assert_eq!(duo_services, 5, "{:?}", services.keys());
+    let example = std::fs::read_to_string(deploy().join("compose/env.example")).unwrap();
+    assert!(
+        example
+            .lines()
+            .any(|l| l == "#OTEL_EXPORTER_OTLP_ENDPOINT=http://jaeger:4318"),
+        "{example}"
+    );
+    let jaeger = &compose["services"]["jaeger"];
+    assert!(
+        jaeger["healthcheck"]["test"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a.as_str().unwrap().starts_with("http://127.0.0.1:13133/")),
+        "{jaeger}"
+    );
+    // Only the UI is published, on loopback; OTLP stays on the compose network.
+    assert_eq!(jaeger["ports"], json!(["127.0.0.1:16686:16686"]));
 }
 
 // ---------------------------------------------------------------------------
@@ -979,7 +1287,22 @@ fn the_compose_file_follows_the_compose_specification_and_runs_real_commands_rea
             );
             continue;
         }
-        assert_real_command(&strings(&service["command"]), &format!("compose {name}"));
+        if name == "jaeger" {
+            // The optional trace collector: the pinned image's own
+            // entrypoint, started only with `--profile tracing`.
+            assert!(
+                service["image"].as_str().unwrap().contains(JAEGER_IMAGE),
+                "{service}"
+            );
+            assert!(service["command"].is_null(), "{service}");
+            assert_eq!(service["profiles"], json!(["tracing"]));
+        } else {
+            assert_real_command(&strings(&service["command"]), &format!("compose {name}"));
+            // Nothing else hides behind a profile, and nothing waits for the
+            // collector (it is not there without the profile).
+            assert!(service["profiles"].is_null(), "{name}");
+            assert!(service["depends_on"]["jaeger"].is_null(), "{name}");
+        }
         assert_eq!(service["read_only"], true, "{name}");
         assert_eq!(service["cap_drop"], json!(["ALL"]), "{name}");
         // Long-running services are health-checked; one-shots are not restarted.
@@ -1005,6 +1328,10 @@ fn the_compose_file_follows_the_compose_specification_and_runs_real_commands_rea
             for container in containers(pod) {
                 let image = container["image"].as_str().unwrap();
                 if image.contains("pgvector") {
+                    continue;
+                }
+                if image == JAEGER_IMAGE {
+                    assert!(container["command"].is_null(), "{overlay}: {container}");
                     continue;
                 }
                 assert_real_command(

@@ -40,3 +40,24 @@ capabilities:
 checksum/config: {{ toJson .config | sha256sum }}
 checksum/secret: {{ toJson .secret | sha256sum }}
 {{- end }}
+
+{{/* With tracing on, a Duo container also reads the duo-tracing ConfigMap (last). */}}
+{{- define "duo.tracingEnvFrom" -}}
+{{- if .Values.tracing.enabled }}
+- configMapRef:
+    name: duo-tracing
+{{- end }}
+{{- end }}
+
+{{/* The duo-tracing ConfigMap's data. */}}
+{{- define "duo.tracingData" -}}
+{{- $data := dict "OTEL_EXPORTER_OTLP_ENDPOINT" (.Values.tracing.endpoint | default "http://duo-trace-collector:4318") }}
+{{- toJson (merge $data .Values.tracing.config) }}
+{{- end }}
+
+{{/* Rolls a pod when the tracing settings change. */}}
+{{- define "duo.tracingChecksum" -}}
+{{- if .Values.tracing.enabled }}
+checksum/tracing: {{ include "duo.tracingData" . | sha256sum }}
+{{- end }}
+{{- end }}
