@@ -72,9 +72,7 @@ impl GatewayError {
             Self::Interrupted(_) | Self::StreamCut(_) => DuoErrorCode::A1003,
             // What a proxy in front of a gateway that is down or restarting
             // answers: as good as not connecting.
-            Self::Status {
-                status: 502 | 503 | 504,
-            } => DuoErrorCode::A1001,
+            Self::Status { status: 502..=504 } => DuoErrorCode::A1001,
             Self::Status { .. } | Self::Body(_) | Self::Token(_) => DuoErrorCode::A9999,
         }
     }
@@ -88,9 +86,7 @@ impl GatewayError {
             Self::Connect(_)
                 | Self::StreamCut(_)
                 | Self::NoEvents
-                | Self::Status {
-                    status: 502 | 503 | 504
-                }
+                | Self::Status { status: 502..=504 }
         )
     }
 
@@ -425,8 +421,22 @@ impl GatewayClient {
         Ok(Box::pin(stream))
     }
 
-    /// Runs `/v1/prompts/<prompt_id>` and returns the whole answer text.
+    /// Runs `/v1/prompts/<prompt_id>` and returns the whole answer text;
+    /// a failed hop is asked again ([`with_transport_retries`]).
     pub async fn prompt(
+        &self,
+        auth: &GatewayAuth,
+        prompt_id: &str,
+        inputs: Map<String, Value>,
+        model_metadata: Option<&contracts::ModelMetadata>,
+    ) -> Result<String, GatewayError> {
+        with_transport_retries("prompt", || {
+            self.prompt_once(auth, prompt_id, inputs.clone(), model_metadata)
+        })
+        .await
+    }
+
+    async fn prompt_once(
         &self,
         auth: &GatewayAuth,
         prompt_id: &str,
@@ -519,7 +529,21 @@ impl GatewayClient {
     /// `/v1/embeddings/code_embeddings/{index,search}`: one vector per text, in
     /// order, and the model that made them (recorded with the vectors, so a
     /// change of model re-indexes instead of mixing vectors).
+    /// A failed hop is asked again ([`with_transport_retries`]).
     pub async fn code_embeddings(
+        &self,
+        auth: &GatewayAuth,
+        purpose: EmbeddingPurpose,
+        texts: &[String],
+        model_metadata: Option<&contracts::ModelMetadata>,
+    ) -> Result<CodeEmbeddings, GatewayError> {
+        with_transport_retries("code embeddings", || {
+            self.code_embeddings_once(auth, purpose, texts, model_metadata)
+        })
+        .await
+    }
+
+    async fn code_embeddings_once(
         &self,
         auth: &GatewayAuth,
         purpose: EmbeddingPurpose,
@@ -536,10 +560,7 @@ impl GatewayClient {
                 serde_json::to_value(model).map_err(|e| GatewayError::Body(e.to_string()))?;
         }
         let response = self.post(auth, path, &body, model_metadata).await?;
-        let value: Value = response
-            .json()
-            .await
-            .map_err(|e| GatewayError::Body(e.to_string()))?;
+        let value: Value = read_json(response).await?;
         let model = value["model"]["identifier"]
             .as_str()
             .or_else(|| value["model"]["name"].as_str())
@@ -616,8 +637,20 @@ impl GatewayClient {
         Ok(Box::pin(stream))
     }
 
-    /// Searches the GitLab documentation through the gateway.
+    /// Searches the GitLab documentation through the gateway; a failed hop
+    /// is asked again ([`with_transport_retries`]).
     pub async fn search_docs(
+        &self,
+        auth: &GatewayAuth,
+        query: &str,
+    ) -> Result<SearchDocsResponse, GatewayError> {
+        with_transport_retries("documentation search", || {
+            self.search_docs_once(auth, query)
+        })
+        .await
+    }
+
+    async fn search_docs_once(
         &self,
         auth: &GatewayAuth,
         query: &str,
@@ -636,10 +669,64 @@ impl GatewayClient {
         let response = self
             .post(auth, "/v1/search/gitlab-docs", &body, None)
             .await?;
-        response
-            .json()
-            .await
-            .map_err(|e| GatewayError::Body(e.to_string()))
+        read_json(response).await
+    }
+}
+
+/// Reads a JSON answer: a body cut off is a broken hop, JSON that does not
+/// parse is an unexpected answer.
+async fn read_json<T: serde::de::DeserializeOwned>(
+    response: reqwest::Response,
+) -> Result<T, GatewayError> {
+    let bytes = response
+        .bytes()
+        .await
+        .map_err(|e| GatewayError::from_body_error(&e))?;
+    serde_json::from_slice(&bytes).map_err(|e| GatewayError::Body(e.to_string()))
+}
+
+/// How long one model step, or one gateway call, keeps retrying a failed
+/// hop, its pauses included.
+pub const RETRY_BUDGET: Duration = Duration::from_secs(12);
+/// At most this many retries after failed hops.
+pub const MAX_TRANSPORT_RETRIES: u32 = 6;
+
+/// The pause before transport retry `retry` (from 0), or `None` when the
+/// budget or the retries are spent: 250 ms doubling to 2 s, plus up to half
+/// of it again as jitter, so the calls one dead gateway cut off together do
+/// not all come back at the same instant. Each retry opens its request anew,
+/// so a Service in front of several replicas can route it to a live one.
+pub fn transport_backoff(retry: u32, elapsed: Duration) -> Option<Duration> {
+    if retry >= MAX_TRANSPORT_RETRIES {
+        return None;
+    }
+    let base_ms = 250u64.saturating_mul(1 << retry.min(3)).min(2_000);
+    let jitter_ms = rand::random_range(0..=base_ms / 2);
+    let pause = Duration::from_millis(base_ms + jitter_ms);
+    (elapsed + pause < RETRY_BUDGET).then_some(pause)
+}
+
+/// Runs `call` again while it fails with a transient hop failure
+/// ([`GatewayError::is_transient`]), within [`RETRY_BUDGET`].
+pub async fn with_transport_retries<T, F, Fut>(what: &str, mut call: F) -> Result<T, GatewayError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, GatewayError>>,
+{
+    let started = tokio::time::Instant::now();
+    let mut retry = 0;
+    loop {
+        match call().await {
+            Err(err) if err.is_transient() => {
+                let Some(pause) = transport_backoff(retry, started.elapsed()) else {
+                    return Err(err);
+                };
+                retry += 1;
+                tracing::info!(what, attempt = retry, error = %err, "the AI gateway hop failed; retrying");
+                tokio::time::sleep(pause).await;
+            }
+            other => return other,
+        }
     }
 }
 

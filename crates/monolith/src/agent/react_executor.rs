@@ -22,7 +22,7 @@ use futures::StreamExt;
 use super::tools::{ToolBox, ToolEnv, ToolInput, ToolOutcome};
 use super::{RequestContext, Services};
 use crate::chat::completion::{ChatAnswer, ChunkSender};
-use crate::gateway_client::{GatewayError, error_event_failure};
+use crate::gateway_client::{GatewayError, error_event_failure, transport_backoff};
 use contracts::{AgentEvent, DuoErrorCode};
 
 pub const MAX_STEPS: usize = 10;
@@ -269,25 +269,6 @@ impl<'a> ReactExecutor<'a> {
     }
 }
 
-/// How long a step keeps retrying a failed gateway hop, all pauses included.
-pub const STEP_RETRY_BUDGET: std::time::Duration = std::time::Duration::from_secs(12);
-/// At most this many retries of one step after failed hops.
-pub const MAX_TRANSPORT_RETRIES: u32 = 6;
-
-/// The pause before transport retry `retry` (from 0), or `None` when the
-/// step's budget or its retries are spent: 250 ms doubling to 2 s, with up to
-/// half of it again as jitter, so steps cut off together by one dead gateway
-/// do not all come back at the same instant.
-pub fn transport_backoff(retry: u32, elapsed: std::time::Duration) -> Option<std::time::Duration> {
-    if retry >= MAX_TRANSPORT_RETRIES {
-        return None;
-    }
-    let base_ms = 250u64.saturating_mul(1 << retry.min(3)).min(2_000);
-    let jitter_ms = rand::random_range(0..=base_ms / 2);
-    let pause = std::time::Duration::from_millis(base_ms + jitter_ms);
-    (elapsed + pause < STEP_RETRY_BUDGET).then_some(pause)
-}
-
 /// The answer text of one step as the user sees it, across the step's
 /// attempts: a retry's text is forwarded only past what an earlier attempt
 /// already showed, so a user sees one answer, not its first words twice.
@@ -314,11 +295,12 @@ impl<'a> StepChunks<'a> {
     }
 
     /// A new attempt of the step begins.
-    fn restart(&mut self) {
+    pub fn restart(&mut self) {
         self.attempt.clear();
     }
 
-    fn push(&mut self, text: &str) {
+    /// Text of the current attempt: shown unless an earlier attempt showed it.
+    pub fn push(&mut self, text: &str) {
         self.attempt.push_str(text);
         if self.diverged {
             return;
@@ -538,6 +520,7 @@ mod tests {
 
     #[test]
     fn transport_retries_back_off_and_stop_at_the_budget() {
+        use crate::gateway_client::{MAX_TRANSPORT_RETRIES, RETRY_BUDGET};
         let zero = std::time::Duration::ZERO;
         let first = transport_backoff(0, zero).unwrap();
         assert!(first >= std::time::Duration::from_millis(250));
@@ -545,7 +528,7 @@ mod tests {
         let later = transport_backoff(5, zero).unwrap();
         assert!(later >= std::time::Duration::from_secs(2));
         assert!(transport_backoff(MAX_TRANSPORT_RETRIES, zero).is_none());
-        assert!(transport_backoff(0, STEP_RETRY_BUDGET).is_none());
+        assert!(transport_backoff(0, RETRY_BUDGET).is_none());
     }
 
     #[test]

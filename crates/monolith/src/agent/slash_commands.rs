@@ -9,9 +9,11 @@ use contracts::{DuoErrorCode, UnitPrimitive};
 use futures::StreamExt;
 use serde_json::{Map, Value, json};
 
+use super::react_executor::StepChunks;
 use super::tools::resource_identifier::tail;
 use super::{RequestContext, Services};
 use crate::chat::completion::{ChatAnswer, ChunkSender};
+use crate::gateway_client::{GatewayError, transport_backoff};
 use crate::policy::{Ability, ChatAuthError, Subject};
 use crate::work_items::Kind;
 use crate::work_items::builds::{self, JobLog};
@@ -330,35 +332,55 @@ async fn stream_prompt(
     inputs: Map<String, Value>,
     chunks: &ChunkSender,
 ) -> ChatAnswer {
-    let mut stream = match services
+    // A hop to the gateway that fails (it died, restarted, or cut the
+    // stream) is asked again within the budget; text already shown is not
+    // shown twice.
+    let started = tokio::time::Instant::now();
+    let mut sink = StepChunks::new(chunks);
+    let mut retry = 0;
+    loop {
+        sink.restart();
+        let err =
+            match stream_prompt_once(services, ctx, prompt_id, inputs.clone(), &mut sink).await {
+                Ok(answer) => return answer,
+                Err(err) => err,
+            };
+        if err.is_transient()
+            && let Some(pause) = transport_backoff(retry, started.elapsed())
+        {
+            retry += 1;
+            tracing::info!(attempt = retry, error = %err, "the AI gateway hop failed; retrying the prompt");
+            tokio::time::sleep(pause).await;
+            continue;
+        }
+        return ChatAnswer::failed(err.code(), err.to_string());
+    }
+}
+
+async fn stream_prompt_once(
+    services: &Services,
+    ctx: &RequestContext,
+    prompt_id: &str,
+    inputs: Map<String, Value>,
+    chunks: &mut StepChunks<'_>,
+) -> Result<ChatAnswer, GatewayError> {
+    let mut stream = services
         .gateway
         .prompt_stream(&ctx.auth, prompt_id, inputs, ctx.model.metadata())
-        .await
-    {
-        Ok(stream) => stream,
-        Err(err) => return ChatAnswer::failed(err.code(), err.to_string()),
-    };
+        .await?;
     let mut answer = String::new();
     while let Some(piece) = stream.next().await {
-        match piece {
-            Ok(text) => {
-                let _ = chunks.send(text.clone());
-                answer.push_str(&text);
-            }
-            Err(err) => {
-                let code = if answer.is_empty() {
-                    err.code()
-                } else {
-                    DuoErrorCode::A1003
-                };
-                return ChatAnswer::failed(code, err.to_string());
-            }
-        }
+        let text = piece?;
+        chunks.push(&text);
+        answer.push_str(&text);
     }
     if answer.trim().is_empty() {
-        return ChatAnswer::failed(DuoErrorCode::A1002, "the prompt answered nothing");
+        return Ok(ChatAnswer::failed(
+            DuoErrorCode::A1002,
+            "the prompt answered nothing",
+        ));
     }
-    ChatAnswer::text(answer)
+    Ok(ChatAnswer::text(answer))
 }
 
 /// A sentence naming the language of a file, from its extension.
