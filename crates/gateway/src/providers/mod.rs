@@ -184,6 +184,20 @@ impl ProviderError {
         matches!(self, Self::Overloaded { .. })
     }
 
+    /// A failure of the connection or of an overloaded or restarting
+    /// provider, after which the same call may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Self::Overloaded { .. }
+                | Self::Connection(_)
+                | Self::Status {
+                    status: 502..=504,
+                    ..
+                }
+        )
+    }
+
     /// The HTTP status the provider answered with, when there was one.
     pub fn status_code(&self) -> Option<u16> {
         match self {

@@ -868,25 +868,44 @@ impl Run {
         let schemas: Vec<_> = tools.iter().map(|t| t.schema()).collect();
         let params = definition.model_params();
         let prepared = started.elapsed();
-        let turn = self
-            .services
-            .model
-            .complete(
-                &route,
-                &system,
-                self.state
-                    .conversation_history
-                    .get(spec.name)
-                    .map_or(&[][..], Vec::as_slice),
-                &schemas,
-                &params,
-                TurnOptions {
-                    require_call: false,
-                    feature_category: WORKFLOW_FEATURE_CATEGORY,
-                },
-            )
-            .await
-            .map_err(|e| RunError::failure("ModelError", e))?;
+        // A model call whose connection failed or broke is made again (the
+        // node is retried, the run goes on); what the model is asked is the
+        // same, and no tool has run for this turn yet.
+        let mut retry = 0;
+        let turn = loop {
+            let attempt = self
+                .services
+                .model
+                .complete(
+                    &route,
+                    &system,
+                    self.state
+                        .conversation_history
+                        .get(spec.name)
+                        .map_or(&[][..], Vec::as_slice),
+                    &schemas,
+                    &params,
+                    TurnOptions {
+                        require_call: false,
+                        feature_category: WORKFLOW_FEATURE_CATEGORY,
+                    },
+                )
+                .await;
+            match attempt {
+                Err(err) if err.is_transient() && retry < MODEL_NODE_RETRIES => {
+                    retry += 1;
+                    let pause = model_retry_pause(retry);
+                    tracing::info!(
+                        agent = spec.name,
+                        attempt = retry,
+                        error = %err,
+                        "a model call of the run failed; retrying the node"
+                    );
+                    tokio::time::sleep(pause).await;
+                }
+                other => break other.map_err(|e| RunError::failure("ModelError", e))?,
+            }
+        };
         tracing::debug!(
             agent = spec.name,
             prepare_ms = prepared.as_secs_f64() * 1000.0,
@@ -1211,6 +1230,15 @@ pub fn trim_context(conversation: &mut Vec<Message>, budget: usize) {
             conversation.remove(1);
         }
     }
+}
+
+/// Retries of one model node after a failed connection, before the run fails.
+const MODEL_NODE_RETRIES: u32 = 3;
+
+/// 500 ms doubling per retry, plus up to half of it again as jitter.
+fn model_retry_pause(retry: u32) -> std::time::Duration {
+    let base_ms = 500u64 << retry.saturating_sub(1).min(3);
+    std::time::Duration::from_millis(base_ms + rand::random_range(0..=base_ms / 2))
 }
 
 #[cfg(test)]

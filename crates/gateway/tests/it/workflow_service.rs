@@ -600,3 +600,36 @@ async fn a_self_hosted_model_is_used_and_stored_without_its_key() {
     assert!(stored.contains("my-model"));
     assert!(!stored.contains("sk-self-hosted-secret"));
 }
+
+#[actix_web::test]
+async fn a_model_call_that_fails_on_the_way_is_made_again_and_the_run_finishes() {
+    let (fake, monolith, service) = support::harness(support::anthropic).await;
+    let workspace = TempWorkspace::new(&[("README.md", "Hello\n")]);
+    let id = monolith.create_workflow("chat", &[1, 2], &[1, 2]);
+    // The provider stays overloaded longer than the model client's own
+    // immediate retries, then answers: the node is retried after a pause,
+    // the run is not failed.
+    const FAILURES: usize = 4;
+    for _ in 0..FAILURES {
+        fake.push_failure(fake_provider::Failure::Overloaded);
+    }
+    fake.push_text("The README says Hello.");
+    let mut approver = ScriptedApprover::new(vec![]);
+    let mut reporter = Recorder::default();
+    let end = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        service
+            .session(&monolith, &workspace, id, "chat", "read the README")
+            .run(&mut approver, &mut reporter),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(end, SessionEnd::Finished);
+    assert_eq!(monolith.workflow(id).events, ["start", "finish"]);
+    assert_eq!(
+        fake.requests().len(),
+        FAILURES + 1,
+        "asked again after each failure"
+    );
+}
