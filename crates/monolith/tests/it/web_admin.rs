@@ -24,6 +24,8 @@ const ADMIN_PAGES: &[&str] = &[
     "/admin/ai/duo_self_hosted/new",
     "/admin/ai/duo_self_hosted/features",
     "/admin/ai/duo_self_hosted/{id}/edit",
+    "/admin/feature_flags",
+    "/admin/ai_usage",
 ];
 
 /// Every admin form.
@@ -36,6 +38,7 @@ const ADMIN_FORMS: &[&str] = &[
     "/admin/ai/duo_self_hosted/{id}/delete",
     "/admin/ai/duo_self_hosted/{id}/test",
     "/admin/ai/duo_self_hosted/features",
+    "/admin/feature_flags",
 ];
 
 struct Setup {

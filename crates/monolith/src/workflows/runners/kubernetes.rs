@@ -113,6 +113,14 @@ pub fn job_manifest(config: &KubernetesRunnerConfig, spec: &LegSpec, name: &str)
     let limits = &spec.limits;
     let memory = format!("{}Mi", limits.memory_bytes / (1024 * 1024));
     let disk = format!("{}Mi", limits.disk_bytes / (1024 * 1024));
+    let mut env = vec![
+        json!({"name": "HOME", "value": "/tmp"}),
+        json!({"name": "LANG", "value": "C.UTF-8"}),
+    ];
+    // The run's calls continue the trace of the job that started it.
+    if let Some(traceparent) = duo_telemetry::current_traceparent() {
+        env.push(json!({"name": "TRACEPARENT", "value": traceparent}));
+    }
     json!({
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -155,10 +163,7 @@ pub fn job_manifest(config: &KubernetesRunnerConfig, spec: &LegSpec, name: &str)
                         "args": spec.executor_args(&reach, WORKSPACE),
                         "workingDir": WORKSPACE,
                         "envFrom": [{"secretRef": {"name": name}}],
-                        "env": [
-                            {"name": "HOME", "value": "/tmp"},
-                            {"name": "LANG", "value": "C.UTF-8"},
-                        ],
+                        "env": env,
                         "resources": {
                             "requests": {"cpu": "100m", "memory": "128Mi", "ephemeral-storage": "64Mi"},
                             "limits": {"cpu": config.cpu, "memory": memory, "ephemeral-storage": disk},
