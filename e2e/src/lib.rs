@@ -378,6 +378,9 @@ pub struct Options {
     /// No `worker` process: the `web` process runs the jobs itself
     /// (`DUO_WEB_RUNS_JOBS`).
     pub web_runs_jobs: bool,
+    /// Categorise each chat question (a second model call per answer). Off
+    /// by default: a test's scripted model answers must go to the answers.
+    pub categorize_questions: bool,
 }
 
 impl System {
@@ -512,6 +515,26 @@ impl System {
             &format!("{web_url}/.well-known/openid-configuration"),
         )
         .await?;
+        if !options.categorize_questions {
+            let root = users
+                .iter()
+                .find(|u| u.username == "root")
+                .ok_or_else(|| HarnessError::Failed("no seeded root user".into()))?;
+            let status = http
+                .post(format!(
+                    "{web_url}/api/v4/features/duo_chat_categorize_question"
+                ))
+                .header("PRIVATE-TOKEN", &root.token)
+                .json(&json!({ "value": false }))
+                .send()
+                .await?
+                .status();
+            if status.as_u16() != 201 {
+                return Err(HarnessError::Failed(format!(
+                    "turning categorisation off answered {status}"
+                )));
+            }
+        }
         let mut replicas = Vec::new();
         for _ in 0..options.extra_web_replicas {
             let port = free_port()?;

@@ -165,6 +165,8 @@ async fn one_question_is_one_trace_from_the_client_to_the_model_and_back() {
     let system = System::start_with(Options {
         gateway_env: otel_env(&receiver),
         monolith_env: otel_env(&receiver),
+        // Its job is part of the trace too.
+        categorize_questions: true,
         ..Options::default()
     })
     .await

@@ -77,6 +77,22 @@ pub async fn enqueue(db: &impl Queries, request_id: Uuid) -> Result<(), UsageErr
 
 /// Registers the job's handler and makes the worker claim from [`QUEUE`].
 /// With no categorizer, queued jobs are finished with the reason noted.
+/// The flag that turns categorisation off (an operator saving the model
+/// call, or tests whose scripted model must not see a second request).
+pub const FLAG: &str = "duo_chat_categorize_question";
+
+/// Whether questions of this user are categorised; a flag that cannot be
+/// read counts as on (its default).
+pub async fn wanted_for(db: &impl crate::queries::Queries, user_id: i64) -> bool {
+    let actor = crate::features::FlagActor::User {
+        id: user_id,
+        admin: false,
+    };
+    crate::features::store::enabled(db, FLAG, &[actor])
+        .await
+        .unwrap_or(true)
+}
+
 pub fn register(
     registry: &mut Registry,
     queue: &mut WorkerConfig,

@@ -198,7 +198,7 @@ impl Recording {
         let facts = self.facts(result, container);
         let tx = db.transaction().await?;
         let created = store::record_question(&tx, &facts).await?;
-        if created {
+        if created && categorize::wanted_for(&tx, self.user_id).await {
             categorize::enqueue(&tx, self.request_id).await?;
         }
         tx.commit().await?;

@@ -28,6 +28,13 @@ pub const DEFINITIONS: &[Definition] = &[
         description: "Duo Chat may search a project's code (the codebase_search tool).",
     },
     Definition {
+        name: "duo_chat_categorize_question",
+        default_enabled: true,
+        kind: "ops",
+        description: "Each chat question is categorised after its answer (one more model \
+            call, for the AI usage analytics). Off: questions are recorded without a category.",
+    },
+    Definition {
         name: "ai_react_prompt_next",
         default_enabled: false,
         kind: "beta",
