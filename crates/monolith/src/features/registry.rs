@@ -10,6 +10,9 @@ pub struct Definition {
     /// GitLab's flag types: `beta`, `gitlab_com_derisk`, `ops`, ...
     pub kind: &'static str,
     pub description: &'static str,
+    /// Whether questions announce it to the AI gateway (flags only the
+    /// monolith reads are not sent).
+    pub announced: bool,
 }
 
 /// Every flag the code reads, by name.
@@ -20,12 +23,14 @@ pub const DEFINITIONS: &[Definition] = &[
         kind: "beta",
         description: "Duo Chat may read commits (the commit_reader tool). The gateway offers \
             the tool only when the monolith announces this flag.",
+        announced: true,
     },
     Definition {
         name: "ai_codebase_search_for_chat",
         default_enabled: true,
         kind: "beta",
         description: "Duo Chat may search a project's code (the codebase_search tool).",
+        announced: true,
     },
     Definition {
         name: "duo_chat_categorize_question",
@@ -33,6 +38,7 @@ pub const DEFINITIONS: &[Definition] = &[
         kind: "ops",
         description: "Each chat question is categorised after its answer (one more model \
             call, for the AI usage analytics). Off: questions are recorded without a category.",
+        announced: false,
     },
     Definition {
         name: "ai_react_prompt_next",
@@ -40,6 +46,7 @@ pub const DEFINITIONS: &[Definition] = &[
         kind: "beta",
         description: "Chat questions use the next version of the ReAct prompt, where one \
             ships behind this flag (the gateway picks it only when announced).",
+        announced: true,
     },
 ];
 

@@ -85,6 +85,7 @@ pub async fn enabled_flags(
     Ok(all(db)
         .await?
         .into_iter()
+        .filter(|flag| flag.definition().is_none_or(|d| d.announced))
         .filter(|flag| evaluate(&flag.name, flag.gates.as_ref(), actors))
         .map(|flag| flag.name)
         .collect())
