@@ -59,9 +59,10 @@ async fn the_issue_reader_observation_reaches_the_next_model_call() {
     );
     let bodies = system.provider_bodies();
     assert!(bodies.len() >= 2, "{bodies:?}");
+    // The question names the issue, so it is attached to the first call.
     assert!(
-        !bodies[0].contains(LOGIN_ISSUE_TEXT),
-        "the first call cannot know the issue yet"
+        bodies[0].contains(LOGIN_ISSUE_TEXT),
+        "the named issue is missing from the first call"
     );
     assert!(
         bodies.last().unwrap().contains(LOGIN_ISSUE_TEXT),

@@ -73,6 +73,11 @@ impl<'a> ReactExecutor<'a> {
                 None
             }
         };
+        // Without a page, the resource the question names (if readable).
+        let context = match context {
+            Some(context) => Some(context),
+            None => super::named_resources::named_context(self.services, self.ctx).await,
+        };
         let mut question = AgentMessage::new(MessageRole::User, self.ctx.question.clone());
         question.context = context;
         question.current_file = self.ctx.current_file.clone();

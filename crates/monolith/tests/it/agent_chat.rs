@@ -87,7 +87,9 @@ async fn issue_reader_feeds_the_issue_to_the_next_step() {
     );
     let bodies = bench.provider_bodies();
     assert_eq!(bodies.len(), 2);
-    assert!(!bodies[0].contains("password reset email expires"));
+    // The question names the issue (`#1` of the page's project), so it is
+    // attached to the first step already; the tool's observation follows.
+    assert!(bodies[0].contains("password reset email expires"));
     assert!(
         bodies[1].contains("password reset email expires"),
         "the observation reaches the second model call: {}",

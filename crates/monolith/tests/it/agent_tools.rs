@@ -345,8 +345,10 @@ async fn every_reader_answers_the_same_code_for_the_same_failure() {
         let responder = AgentResponder::from_config(&bench.config, pool).unwrap();
         bench.fake.push_text(action(tool, question));
         proxy.cut_when_sent(statement.as_bytes());
+        // The user's words name nothing (a named resource would be read
+        // before the first step, taking the cut); the tool's input does.
         let (answered, ()) = tokio::join!(
-            bench.ask_with(world.user, question, None, None, &responder),
+            bench.ask_with(world.user, "Why is this broken?", None, None, &responder),
             proxy.wait_cut()
         );
         assert_eq!(code(&answered), Some(expected), "{tool} cut at {statement}");

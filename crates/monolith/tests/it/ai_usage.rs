@@ -206,7 +206,7 @@ async fn usage_counts_after_a_scripted_run() {
         .await;
 
     // Categorisation first: its prompt also carries each question.
-    categorised(&bench, "Summarise issue #1", "Project management");
+    categorised(&bench, "Summarise the login issue", "Project management");
     categorised(&bench, "What is a monad?", "General programming");
     categorised(&bench, "Summarise gl/secret#1", "Security");
     // The agent: a tool then an answer, a direct answer, a refused tool.
@@ -214,8 +214,10 @@ async fn usage_counts_after_a_scripted_run() {
         "password reset email expires",
         final_answer("Expired reset emails block logins."),
     );
+    // The question names no resource (a named one would be attached as
+    // context before the first step); the tool's input does.
     bench.fake.reply_when(
-        "Summarise issue #1",
+        "Summarise the login issue",
         action("issue_reader", "Summarise issue #1"),
     );
     bench.fake.reply_when(
@@ -231,7 +233,7 @@ async fn usage_counts_after_a_scripted_run() {
     let with_tool = ask(
         fx,
         world.user,
-        "Summarise issue #1",
+        "Summarise the login issue",
         Some(gid("Project", world.project)),
     )
     .await;
@@ -266,7 +268,7 @@ async fn usage_counts_after_a_scripted_run() {
     );
     assert_eq!(first.namespace_id, Some(world.group));
     assert_eq!(first.category.as_deref(), Some("Project management"));
-    assert_eq!(first.input_tokens, 5, "18 characters, about 4 a token");
+    assert_eq!(first.input_tokens, 7, "25 characters, about 4 a token");
     assert!(first.tokens_estimated);
     let ttft = first.first_token_ms.expect("the answer was streamed");
     assert!(first.total_ms >= ttft, "{first:?}");

@@ -14,6 +14,7 @@ mod agent_chat;
 mod agent_commands;
 mod agent_commit_reader;
 mod agent_file_context;
+mod agent_named_resources;
 mod agent_gateway_client;
 mod agent_ndjson;
 mod agent_serialize;

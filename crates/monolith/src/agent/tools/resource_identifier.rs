@@ -18,6 +18,7 @@ use contracts::{DuoErrorCode, UnitPrimitive};
 use serde_json::{Map, Value, json};
 
 use super::{Tool, ToolEnv, ToolInput, ToolOutcome};
+use crate::agent::{RequestContext, Services};
 use crate::policy::Subject;
 use crate::work_items::{self, AiReadError, read_for_ai};
 
@@ -233,15 +234,15 @@ async fn container_by_path(
 /// The project (group for epics) a short reference is relative to: the
 /// container of the page resource.
 async fn context_container(
-    env: &ToolEnv<'_>,
+    services: &Services,
+    ctx: &RequestContext,
     db: &impl Queries,
     kind: ReaderKind,
 ) -> Result<Option<i64>, String> {
-    let Some(resource) = env.ctx.resource else {
+    let Some(resource) = ctx.resource else {
         return Ok(None);
     };
-    let container = env
-        .services
+    let container = services
         .policy
         .container_of(db, resource)
         .await
@@ -256,8 +257,9 @@ async fn context_container(
 }
 
 /// The item an identifier names, if it exists. Says nothing about access.
-async fn resolve(
-    env: &ToolEnv<'_>,
+pub(crate) async fn resolve(
+    services: &Services,
+    ctx: &RequestContext,
     db: &impl Queries,
     kind: ReaderKind,
     identifier: &Identifier,
@@ -269,15 +271,15 @@ async fn resolve(
         }
     };
     match identifier {
-        Identifier::Current => Ok(env.ctx.resource.and_then(|s| kind.id_of(s))),
-        Identifier::Iid(iid) => match context_container(env, db, kind).await? {
+        Identifier::Current => Ok(ctx.resource.and_then(|s| kind.id_of(s))),
+        Identifier::Iid(iid) => match context_container(services, ctx, db, kind).await? {
             Some(container) => work_items::id_by_iid(db, kind.item_kind(), container, *iid)
                 .await
                 .map_err(|e| e.to_string()),
             None => Ok(None),
         },
         Identifier::Reference { path, iid } => by_path(path, *iid).await.map_err(|e| e.to_string()),
-        Identifier::Url(text) => match parse_url(kind, text, &env.services.external_url) {
+        Identifier::Url(text) => match parse_url(kind, text, &services.external_url) {
             Some((path, iid)) => by_path(&path, iid).await.map_err(|e| e.to_string()),
             None => Ok(None),
         },
@@ -385,7 +387,7 @@ impl Tool for ResourceReader {
             Ok(db) => db,
             Err(e) => return AiReadError::failed(e).into(),
         };
-        let id = match resolve(env, &*db, self.kind, &identifier).await {
+        let id = match resolve(env.services, env.ctx, &*db, self.kind, &identifier).await {
             Ok(Some(id)) => id,
             Ok(None) => return not_found(),
             Err(e) => return AiReadError::failed(e).into(),
