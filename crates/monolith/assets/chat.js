@@ -11,7 +11,7 @@ const question = $('question');
 const menu = $('slash-menu');
 const stopButton = $('stop');
 
-const MESSAGE_FIELDS = 'id requestId content contentHtml errors errorCode role timestamp chunkId threadId extras { sources hasFeedback }';
+const MESSAGE_FIELDS = 'id requestId content contentHtml errors errorCode role timestamp chunkId threadId type extras { sources hasFeedback }';
 const THREADS = `query { aiConversationThreads { nodes { id title lastUpdatedAt conversationType } } }`;
 const MESSAGES = `query($threadId: AiConversationThreadID!) { aiMessages(threadId: $threadId) { nodes { ${MESSAGE_FIELDS} } } }`;
 const ASK = `mutation($content: String!, $resourceId: AiModelID, $additionalContext: [AiAdditionalContextInput!], $clientSubscriptionId: String, $threadId: AiConversationThreadID, $conversationType: AiConversationsThreadsConversationType) {
@@ -94,9 +94,26 @@ function messageElement(message) {
   return item;
 }
 
+// A tool the answer is using now (a TOOL message): a status line above the
+// answer, gone when the answer is final.
+function showTool(message) {
+  if (finished.has(message.requestId)) return;
+  const item = messageElement({ requestId: message.requestId, role: 'ASSISTANT' });
+  let status = item.querySelector('.tool-status');
+  if (!status) {
+    status = document.createElement('p');
+    status.className = 'tool-status';
+    status.setAttribute('role', 'status');
+    item.prepend(status);
+  }
+  status.textContent = message.content ?? '';
+  stopButton.hidden = false;
+}
+
 function showMessage(message) {
   const item = messageElement(message);
   const body = item.querySelector('.body');
+  item.querySelector('.tool-status')?.remove();
   item.querySelector('.error')?.remove();
   item.querySelector('.feedback')?.remove();
   if (message.role === 'USER') {
@@ -130,6 +147,10 @@ function onLive(payload) {
   const message = payload?.aiCompletionResponse;
   if (!message) return;
   if (message.threadId && thread && message.threadId !== thread) return;
+  if (message.type === 'TOOL') {
+    showTool(message);
+    return;
+  }
   if (message.chunkId) {
     showChunk(message);
     return;

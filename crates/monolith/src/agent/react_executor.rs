@@ -163,6 +163,8 @@ impl<'a> ReactExecutor<'a> {
                                 otel.status_code = tracing::field::Empty,
                             )
                         });
+                        // The client shows which tool runs (a TOOL message).
+                        chunks.tool(&tool);
                         let outcome = self
                             .tools
                             .run(implementation, &env, &input)
@@ -430,6 +432,7 @@ mod tests {
 
     async fn collect(events: Vec<AgentEvent>) -> (Result<StepOutcome, StepError>, Vec<String>) {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let tx: ChunkSender = tx.into();
         let mut stream = futures::stream::iter(events.into_iter().map(Ok));
         let outcome = collect_step(&mut stream, &mut StepChunks::new(&tx)).await;
         let mut chunks = Vec::new();
@@ -501,6 +504,7 @@ mod tests {
     #[test]
     fn a_retried_step_shows_only_what_was_not_shown_yet() {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let tx: ChunkSender = tx.into();
         let mut sink = StepChunks::new(&tx);
         sink.push("The answer");
         sink.push(" is");
@@ -515,6 +519,7 @@ mod tests {
     #[test]
     fn a_retry_that_says_something_else_streams_no_more() {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let tx: ChunkSender = tx.into();
         let mut sink = StepChunks::new(&tx);
         sink.push("Yes, because");
         sink.restart();

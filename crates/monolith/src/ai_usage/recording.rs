@@ -17,11 +17,12 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use contracts::DuoErrorCode;
 use deadpool_postgres::Pool;
-use tokio::sync::mpsc;
 
 use super::store::{self, QuestionFacts};
 use super::{UsageError, categorize};
-use crate::chat::completion::{ChatAnswer, ChunkSender, CompletionJob, ResponderError};
+use crate::chat::completion::{
+    ChatAnswer, ChunkSender, CompletionJob, ResponderError, StreamEvent,
+};
 use crate::policy::{Policy, Subject};
 
 tokio::task_local! {
@@ -101,17 +102,17 @@ impl Recording {
     /// A chunk sender that notes when the first text went out, passing
     /// every chunk on to `chunks` in order.
     pub fn timed(&self, chunks: ChunkSender) -> ChunkSender {
-        let (sender, mut received) = mpsc::unbounded_channel::<String>();
+        let (sender, mut received) = ChunkSender::channel();
         let notes = self.notes.clone();
         tokio::spawn(async move {
-            while let Some(text) = received.recv().await {
-                if !text.is_empty() {
+            while let Some(event) = received.recv().await {
+                if matches!(&event, StreamEvent::Text(text) if !text.is_empty()) {
                     notes.with(|s| {
                         s.first_chunk.get_or_insert_with(Instant::now);
                     });
                 }
                 // Nobody listening any more is fine: chunks are a courtesy.
-                let _ = chunks.send(text);
+                chunks.forward(event);
             }
         });
         sender
@@ -256,8 +257,8 @@ mod tests {
     #[tokio::test]
     async fn the_first_chunk_is_timed_and_every_chunk_passes_on_in_order() {
         let recording = Recording::start(&CompletionJob::default());
-        let (out, mut received) = mpsc::unbounded_channel();
-        let timed = recording.timed(out);
+        let (out, mut received) = tokio::sync::mpsc::unbounded_channel();
+        let timed = recording.timed(out.into());
         tokio::time::sleep(Duration::from_millis(20)).await;
         for text in ["a", "b", "c"] {
             timed.send(text.to_owned()).unwrap();

@@ -16,10 +16,70 @@ use tokio::sync::mpsc;
 
 pub use crate::chat::CompletionJob;
 
-/// Text deltas of the answer as they arrive. The worker numbers them
-/// (`chunkId` from 1) and publishes each to the request's
-/// `clientSubscriptionId`. Send errors mean nobody listens any more; ignore them.
-pub type ChunkSender = mpsc::UnboundedSender<String>;
+/// What a responder streams while it works.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamEvent {
+    /// A text delta of the answer.
+    Text(String),
+    /// A tool began to run (its name): GitLab's `TOOL` message.
+    Tool(String),
+}
+
+/// Text deltas of the answer as they arrive, and which tool is running. The
+/// worker numbers the deltas (`chunkId` from 1) and publishes each to the
+/// request's `clientSubscriptionId`, with a `TOOL` message when a tool
+/// starts. Send errors mean nobody listens any more; ignore them.
+#[derive(Debug, Clone)]
+pub struct ChunkSender(Sink);
+
+#[derive(Debug, Clone)]
+enum Sink {
+    Events(mpsc::UnboundedSender<StreamEvent>),
+    /// Text only (tool notices are dropped): what tests and internal
+    /// callers with nobody to tell pass.
+    Text(mpsc::UnboundedSender<String>),
+}
+
+impl ChunkSender {
+    /// A sender of every event, and where they arrive.
+    pub fn channel() -> (Self, mpsc::UnboundedReceiver<StreamEvent>) {
+        let (sender, received) = mpsc::unbounded_channel();
+        (Self(Sink::Events(sender)), received)
+    }
+
+    /// Streams a text delta.
+    pub fn send(&self, text: String) -> Result<(), mpsc::error::SendError<String>> {
+        match &self.0 {
+            Sink::Events(sender) => sender.send(StreamEvent::Text(text)).map_err(|e| match e.0 {
+                StreamEvent::Text(text) | StreamEvent::Tool(text) => mpsc::error::SendError(text),
+            }),
+            Sink::Text(sender) => sender.send(text),
+        }
+    }
+
+    /// Says that `tool` starts running.
+    pub fn tool(&self, tool: &str) {
+        if let Sink::Events(sender) = &self.0 {
+            let _ = sender.send(StreamEvent::Tool(tool.to_owned()));
+        }
+    }
+
+    /// Passes an event on as it came.
+    pub fn forward(&self, event: StreamEvent) {
+        match event {
+            StreamEvent::Text(text) => {
+                let _ = self.send(text);
+            }
+            StreamEvent::Tool(tool) => self.tool(&tool),
+        }
+    }
+}
+
+impl From<mpsc::UnboundedSender<String>> for ChunkSender {
+    fn from(sender: mpsc::UnboundedSender<String>) -> Self {
+        Self(Sink::Text(sender))
+    }
+}
 
 /// What a responder produced for one request.
 #[derive(Debug, Clone, PartialEq)]

@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::mpsc;
 
+use super::completion::StreamEvent;
 use super::completion::{ChatAnswer, ChatResponder, ResponderError};
 use super::live::{self, LiveMessage};
 use super::{ChatError, CompletionJob};
@@ -81,7 +82,7 @@ impl JobHandler for CompletionHandler {
             }
         }
 
-        let (chunks, received) = mpsc::unbounded_channel();
+        let (chunks, received) = super::completion::ChunkSender::channel();
         let mut streaming = tokio::spawn(stream_chunks(ctx.pool.clone(), job.clone(), received));
         let result = self.responder.respond(&job, chunks).await;
         if tokio::time::timeout(CHUNK_DRAIN_LIMIT, &mut streaming)
@@ -111,7 +112,7 @@ impl JobHandler for CompletionHandler {
 async fn stream_chunks(
     pool: Pool,
     job: CompletionJob,
-    mut received: mpsc::UnboundedReceiver<String>,
+    mut received: mpsc::UnboundedReceiver<StreamEvent>,
 ) {
     let Some(client_id) = job.client_subscription_id.as_deref() else {
         // Nobody can subscribe to this request's chunks: just drain them.
@@ -120,15 +121,20 @@ async fn stream_chunks(
     };
     let mut chunk_id = 0;
     let mut db = None;
-    while let Some(text) = received.recv().await {
-        chunk_id += 1;
+    while let Some(event) = received.recv().await {
         if db.is_none() {
             db = pool.get().await.ok();
         }
         let Some(client) = db.as_ref() else {
             continue;
         };
-        let message = LiveMessage::chunk(job.thread_id, job.request_id, chunk_id, text);
+        let message = match event {
+            StreamEvent::Text(text) => {
+                chunk_id += 1;
+                LiveMessage::chunk(job.thread_id, job.request_id, chunk_id, text)
+            }
+            StreamEvent::Tool(tool) => LiveMessage::tool(job.thread_id, job.request_id, &tool),
+        };
         if let Err(e) = live::publish_to_client(&***client, job.user_id, client_id, &message).await
         {
             // Chunks are a courtesy; the stored answer is what counts.

@@ -36,6 +36,9 @@ pub struct LiveMessage {
     pub message: StoredMessage,
     /// 1, 2, 3… for streamed chunks; `None` for full messages.
     pub chunk_id: Option<i32>,
+    /// A `TOOL` message: which tool the answer is using now (never stored).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tool: bool,
 }
 
 impl LiveMessage {
@@ -43,7 +46,17 @@ impl LiveMessage {
         Self {
             message,
             chunk_id: None,
+            tool: false,
         }
+    }
+
+    /// Tells the client that the answer to `request_id` now uses `tool`
+    /// (GitLab's message of type `TOOL`, shown as a status, not as text).
+    pub fn tool(thread_id: i64, request_id: Uuid, tool: &str) -> Self {
+        let mut message = Self::chunk(thread_id, request_id, 0, tool_status(tool));
+        message.chunk_id = None;
+        message.tool = true;
+        message
     }
 
     /// A streamed piece of the answer to `request_id`; never stored.
@@ -63,8 +76,24 @@ impl LiveMessage {
                 created_at: Utc::now(),
             },
             chunk_id: Some(chunk_id),
+            tool: false,
         }
     }
+}
+
+/// What a user reads while a tool runs.
+pub fn tool_status(tool: &str) -> String {
+    let what = match tool {
+        "issue_reader" => "the issue",
+        "epic_reader" => "the epic",
+        "merge_request_reader" => "the merge request",
+        "build_reader" => "the job",
+        "commit_reader" => "the commit",
+        "codebase_search" => "the code",
+        "gitlab_documentation" => "the GitLab documentation",
+        _ => "a tool",
+    };
+    format!("Reading {what}…")
 }
 
 /// Publishes to the user's `aiAction` subscribers. Inside a transaction the

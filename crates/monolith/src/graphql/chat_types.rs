@@ -285,6 +285,8 @@ pub struct AiMessage {
     pub stored: StoredMessage,
     /// Set on streamed chunks (1, 2, 3…), which are never stored.
     pub chunk_id: Option<i32>,
+    /// A `TOOL` message (live only).
+    pub tool: bool,
 }
 
 impl From<LiveMessage> for AiMessage {
@@ -292,6 +294,7 @@ impl From<LiveMessage> for AiMessage {
         AiMessage {
             stored: live.message,
             chunk_id: live.chunk_id,
+            tool: live.tool,
         }
     }
 }
@@ -309,7 +312,7 @@ impl AiMessage {
         Some(self.stored.content.clone())
     }
     fn content_html(&self) -> Option<String> {
-        if !self.stored.errors.is_empty() || self.chunk_id.is_some() {
+        if !self.stored.errors.is_empty() || self.chunk_id.is_some() || self.tool {
             return None;
         }
         Some(chat::render_markdown(&self.stored.content))
@@ -338,7 +341,7 @@ impl AiMessage {
     }
     #[graphql(name = "type")]
     fn message_type(&self) -> Option<AiMessageType> {
-        None
+        self.tool.then_some(AiMessageType::Tool)
     }
     fn extras(&self) -> Option<AiMessageExtras> {
         let extras = &self.stored.extras;

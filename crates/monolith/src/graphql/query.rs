@@ -107,6 +107,7 @@ impl Query {
                 .map(|stored| AiMessage {
                     stored,
                     chunk_id: None,
+                    tool: false,
                 })
                 .collect(),
             page_info: PageInfo::single_page(),

@@ -196,7 +196,7 @@ async fn answer(
         Subject::MergeRequest(id) => ("MergeRequest", id),
         _ => ("Issue", 0),
     };
-    let (chunks, _received) = tokio::sync::mpsc::unbounded_channel();
+    let (chunks, _received) = crate::chat::completion::ChunkSender::channel();
     let result = services
         .agent
         .answer(

@@ -87,6 +87,11 @@ async fn issue_reader_feeds_the_issue_to_the_next_step() {
     );
     let bodies = bench.provider_bodies();
     assert_eq!(bodies.len(), 2);
+    assert_eq!(
+        answered.tools,
+        ["issue_reader"],
+        "the running tool is announced"
+    );
     // The question names the issue (`#1` of the page's project), so it is
     // attached to the first step already; the tool's observation follows.
     assert!(bodies[0].contains("password reset email expires"));

@@ -288,7 +288,7 @@ async fn the_worker_seam_reads_the_selection_from_the_job() {
     };
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
 
-    let answer = bench.responder.respond(&job, tx).await.unwrap();
+    let answer = bench.responder.respond(&job, tx.into()).await.unwrap();
 
     assert_eq!(answer.error, None, "{answer:?}");
     assert_eq!(answer.content, "It does nothing.");

@@ -79,13 +79,14 @@ async fn ask_about(
                 current_file: None,
                 additional_context: vec![item],
             },
-            tx,
+            tx.into(),
         )
         .await
         .expect("no transient failure");
     Answered {
         answer,
         chunks: Vec::new(),
+        tools: Vec::new(),
     }
 }
 

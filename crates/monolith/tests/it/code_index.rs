@@ -169,7 +169,7 @@ async fn ask(
                 current_file: None,
                 additional_context: context,
             },
-            tx,
+            tx.into(),
         )
         .await
         .expect("no transient failure")

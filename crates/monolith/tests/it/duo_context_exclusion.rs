@@ -112,13 +112,14 @@ async fn ask(
                 current_file,
                 additional_context: items,
             },
-            tx,
+            tx.into(),
         )
         .await
         .expect("no transient failure");
     Answered {
         answer,
         chunks: Vec::new(),
+        tools: Vec::new(),
     }
 }
 

@@ -490,3 +490,93 @@ async fn a_quiet_client_that_never_pings_keeps_its_subscription() {
         "{msg}"
     );
 }
+
+/// Reads an issue (a tool), then answers in one chunk.
+struct ToolThenAnswer;
+
+#[async_trait]
+impl ChatResponder for ToolThenAnswer {
+    async fn respond(
+        &self,
+        _job: &CompletionJob,
+        chunks: ChunkSender,
+    ) -> Result<ChatAnswer, ResponderError> {
+        chunks.tool("issue_reader");
+        let _ = chunks.send("It is about logins.".to_owned());
+        Ok(ChatAnswer::text("It is about logins."))
+    }
+}
+
+#[tokio::test]
+async fn a_running_tool_is_announced_to_the_client_as_a_tool_message() {
+    let (fx, user, token, web) = world().await;
+    let user_gid = format!("gid://gitlab/User/{}", user.id);
+    let mut socket = transport_socket(&web, &token).await;
+    send(
+        &mut socket,
+        json!({ "id": "chunks", "type": "subscribe", "payload": {
+            "query": SUBSCRIPTION,
+            "variables": { "userId": user_gid, "aiAction": "CHAT", "clientSubscriptionId": "tab-7", "htmlResponse": true },
+        }}),
+    )
+    .await;
+    web.wait_for_listener(&live::client_topic(user.id, "tab-7"))
+        .await;
+    let worker = monolith::worker::spawn(
+        fx.pool.clone(),
+        fx.db.url(),
+        Arc::new(ToolThenAnswer),
+        "https://docs.gitlab.com".into(),
+        monolith::worker::WorkerSettings {
+            queue: job_queue::WorkerConfig {
+                poll_interval: Duration::from_millis(100),
+                ..Default::default()
+            },
+            retention_every: Duration::from_secs(3600),
+            workflows: None,
+            code_index: None,
+            workflow_runs: None,
+            review: None,
+        },
+    )
+    .unwrap();
+    let res = web
+        .gql(
+            &token,
+            CHAT_MUTATION,
+            json!({ "question": "What is gl/app#1 about?", "clientSubscriptionId": "tab-7" }),
+        )
+        .await;
+    assert_eq!(res["data"]["aiAction"]["errors"], json!([]), "{res}");
+
+    // First the tool (GitLab's TOOL type, no chunk id, no HTML), then the
+    // answer's chunk, then the stored answer.
+    let tool = next(&mut socket).await.unwrap();
+    let data = &tool["payload"]["data"]["aiCompletionResponse"];
+    assert_eq!(data["type"], "TOOL", "{tool}");
+    assert_eq!(data["role"], "ASSISTANT");
+    assert_eq!(data["chunkId"], Value::Null);
+    assert_eq!(data["contentHtml"], Value::Null);
+    assert_eq!(data["content"], "Reading the issue…");
+    let chunk = next(&mut socket).await.unwrap();
+    let data = &chunk["payload"]["data"]["aiCompletionResponse"];
+    assert_eq!(data["chunkId"], json!(1), "{chunk}");
+    assert_eq!(data["type"], Value::Null);
+    let full = next(&mut socket).await.unwrap();
+    let data = &full["payload"]["data"]["aiCompletionResponse"];
+    assert_eq!(data["content"], "It is about logins.", "{full}");
+    assert_eq!(data["type"], Value::Null);
+    // The tool message is live only: the stored conversation has the
+    // question and the answer.
+    let stored: i64 = fx
+        .pool
+        .get()
+        .await
+        .unwrap()
+        .query_one("SELECT count(*) FROM ai_conversation_messages", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(stored, 2);
+    worker.shutdown().await;
+}

@@ -33,6 +33,8 @@ pub struct Bench {
 pub struct Answered {
     pub answer: ChatAnswer,
     pub chunks: Vec<String>,
+    /// The tools the stream said were running, in order.
+    pub tools: Vec<String>,
 }
 
 /// A world with one licensed user who is a developer of a private project.
@@ -276,7 +278,7 @@ impl Bench {
                 &[&thread_id, &content, &Uuid::new_v4(), &request_id],
             )
             .await;
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let (tx, mut rx) = monolith::chat::completion::ChunkSender::channel();
         let answer = responder
             .answer(
                 Question {
@@ -292,11 +294,18 @@ impl Bench {
             )
             .await
             .expect("no transient failure");
-        let mut chunks = Vec::new();
-        while let Ok(chunk) = rx.try_recv() {
-            chunks.push(chunk);
+        let (mut chunks, mut tools) = (Vec::new(), Vec::new());
+        while let Ok(event) = rx.try_recv() {
+            match event {
+                monolith::chat::completion::StreamEvent::Text(text) => chunks.push(text),
+                monolith::chat::completion::StreamEvent::Tool(tool) => tools.push(tool),
+            }
         }
-        Answered { answer, chunks }
+        Answered {
+            answer,
+            chunks,
+            tools,
+        }
     }
 
     /// Every request body the fake provider received, as one string each.
