@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use tokio_postgres::GenericClient;
+use tokio_postgres::types::Type;
 
 use crate::QueueError;
 use crate::job::Job;
@@ -74,8 +75,9 @@ pub async fn enqueue_raw<C: GenericClient, P: Serialize + Sync>(
     let trace_context = duo_telemetry::current_traceparent();
     // A duplicate may finish between the insert and the lookup: then insert again.
     for _ in 0..3 {
+        // Typed parameters: one round trip (no separate prepare), whatever the client.
         let inserted = client
-            .query_opt(
+            .query_typed_opt(
                 "INSERT INTO background_jobs
                      (queue, kind, payload, priority, run_at, max_attempts, dedupe_key,
                       trace_context)
@@ -85,14 +87,14 @@ pub async fn enqueue_raw<C: GenericClient, P: Serialize + Sync>(
                      DO NOTHING
                  RETURNING id",
                 &[
-                    &options.queue,
-                    &kind,
-                    &payload,
-                    &options.priority,
-                    &delay_ms,
-                    &options.max_attempts,
-                    &options.dedupe_key,
-                    &trace_context,
+                    (&options.queue, Type::TEXT),
+                    (&kind, Type::TEXT),
+                    (&payload, Type::JSONB),
+                    (&options.priority, Type::INT2),
+                    (&delay_ms, Type::FLOAT8),
+                    (&options.max_attempts, Type::INT4),
+                    (&options.dedupe_key, Type::TEXT),
+                    (&trace_context, Type::TEXT),
                 ],
             )
             .await?;
@@ -103,10 +105,10 @@ pub async fn enqueue_raw<C: GenericClient, P: Serialize + Sync>(
             });
         }
         let existing = client
-            .query_opt(
+            .query_typed_opt(
                 "SELECT id FROM background_jobs
                  WHERE dedupe_key = $1 AND state IN ('pending', 'running')",
-                &[&options.dedupe_key],
+                &[(&options.dedupe_key, Type::TEXT)],
             )
             .await?;
         if let Some(row) = existing {
@@ -234,95 +236,119 @@ pub(crate) struct Claimed {
     pub trace_context: Option<String>,
 }
 
-/// Claims the most urgent runnable job of these queues and kinds: pending and due, or
-/// running with an expired lease (its worker died).
-pub(crate) async fn claim<C: GenericClient>(
-    client: &C,
+/// What one [`complete_and_claim`] round trip did.
+#[derive(Debug, Default)]
+pub(crate) struct Round {
+    /// How many of the finished jobs were marked done (fewer when a lease was lost).
+    pub completed: usize,
+    pub claimed: Vec<Claimed>,
+}
+
+/// Marks this worker's `finished` jobs done and claims up to `limit` of the most
+/// urgent runnable jobs of these queues and kinds, in one statement (one round
+/// trip): first running jobs whose lease expired (their worker died), oldest lease
+/// first, then pending and due jobs by priority, `run_at`, id. Rows another worker
+/// holds are skipped (`FOR UPDATE SKIP LOCKED`), so no job is claimed twice.
+pub(crate) async fn complete_and_claim(
+    client: &deadpool_postgres::Client,
+    finished: &[i64],
+    limit: usize,
     queues: &[String],
     kinds: &[String],
     worker_id: &str,
     lease: Duration,
-) -> Result<Option<Claimed>, QueueError> {
-    let row = client
-        .query_opt(
-            // Two index-backed lookups instead of one `OR`, which made every
-            // claim scan the whole table (finished jobs included). A job whose
-            // worker died (lease expired) goes before new work.
-            "WITH expired AS (
-                 SELECT id FROM background_jobs
-                 WHERE state = 'running' AND lease_expires_at < now()
-                   AND queue = ANY($1) AND kind = ANY($2)
-                 ORDER BY lease_expires_at
-                 LIMIT 1
-                 FOR UPDATE SKIP LOCKED),
-             pending AS (
-                 SELECT id FROM background_jobs
-                 WHERE state = 'pending' AND run_at <= now()
-                   AND queue = ANY($1) AND kind = ANY($2)
-                   AND NOT EXISTS (SELECT 1 FROM expired)
-                 ORDER BY priority DESC, run_at, id
-                 LIMIT 1
-                 FOR UPDATE SKIP LOCKED),
-             next AS (SELECT id FROM expired UNION ALL SELECT id FROM pending)
+) -> Result<Round, QueueError> {
+    // Two index-backed lookups instead of one `OR`, which made every claim scan the
+    // whole table (finished jobs included). A job finished in this statement is not
+    // taken as expired even if its lease ran out meanwhile: one row, one update.
+    const SQL: &str = "WITH finished AS (
+             UPDATE background_jobs
+             SET state = 'done', locked_by = NULL, lease_expires_at = NULL,
+                 finished_at = now(), updated_at = now()
+             WHERE id = ANY($5) AND locked_by = $3 AND state = 'running'
+             RETURNING id),
+         expired AS (
+             SELECT id FROM background_jobs
+             WHERE state = 'running' AND lease_expires_at < now()
+               AND queue = ANY($1) AND kind = ANY($2) AND id <> ALL($5)
+             ORDER BY lease_expires_at
+             LIMIT $6
+             FOR UPDATE SKIP LOCKED),
+         pending AS (
+             SELECT id FROM background_jobs
+             WHERE state = 'pending' AND run_at <= now()
+               AND queue = ANY($1) AND kind = ANY($2)
+             ORDER BY priority DESC, run_at, id
+             LIMIT GREATEST($6 - (SELECT count(*) FROM expired), 0)
+             FOR UPDATE SKIP LOCKED),
+         claimed AS (
              UPDATE background_jobs j
              SET state = 'running', locked_by = $3, attempts = j.attempts + 1,
                  lease_expires_at = now() + $4 * interval '1 millisecond', updated_at = now()
-             FROM next WHERE j.id = next.id
+             WHERE j.id = ANY(ARRAY(SELECT id FROM expired UNION ALL SELECT id FROM pending))
              RETURNING j.id, j.kind, j.queue, j.payload, j.attempts, j.max_attempts,
-                       j.trace_context",
-            &[&queues, &kinds, &worker_id, &(lease.as_millis() as f64)],
+                       j.trace_context)
+         SELECT f.n, c.id, c.kind, c.queue, c.payload, c.attempts, c.max_attempts,
+                c.trace_context
+         FROM (SELECT count(*) AS n FROM finished) f LEFT JOIN claimed c ON true";
+    let statement = client.prepare_cached(SQL).await?;
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let rows = client
+        .query(
+            &statement,
+            &[
+                &queues,
+                &kinds,
+                &worker_id,
+                &(lease.as_millis() as f64),
+                &finished,
+                &limit,
+            ],
         )
         .await?;
-    Ok(row.map(|r| Claimed {
-        id: r.get(0),
-        kind: r.get(1),
-        queue: r.get(2),
-        payload: r.get(3),
-        attempt: r.get(4),
-        max_attempts: r.get(5),
-        trace_context: r.get(6),
-    }))
+    let mut round = Round::default();
+    for r in rows {
+        round.completed = usize::try_from(r.get::<_, i64>(0)).unwrap_or(0);
+        let Some(id) = r.get::<_, Option<i64>>(1) else {
+            continue;
+        };
+        round.claimed.push(Claimed {
+            id,
+            kind: r.get(2),
+            queue: r.get(3),
+            payload: r.get(4),
+            attempt: r.get(5),
+            max_attempts: r.get(6),
+            trace_context: r.get(7),
+        });
+    }
+    Ok(round)
 }
 
 /// Extends the lease; false when the job is no longer ours.
-pub(crate) async fn heartbeat<C: GenericClient>(
-    client: &C,
+pub(crate) async fn heartbeat(
+    client: &deadpool_postgres::Client,
     id: i64,
     worker_id: &str,
     lease: Duration,
 ) -> Result<bool, QueueError> {
-    let n = client
-        .execute(
+    let statement = client
+        .prepare_cached(
             "UPDATE background_jobs
              SET lease_expires_at = now() + $3 * interval '1 millisecond', updated_at = now()
              WHERE id = $1 AND locked_by = $2 AND state = 'running'",
-            &[&id, &worker_id, &(lease.as_millis() as f64)],
         )
         .await?;
-    Ok(n == 1)
-}
-
-pub(crate) async fn complete<C: GenericClient>(
-    client: &C,
-    id: i64,
-    worker_id: &str,
-) -> Result<bool, QueueError> {
     let n = client
-        .execute(
-            "UPDATE background_jobs
-             SET state = 'done', locked_by = NULL, lease_expires_at = NULL,
-                 finished_at = now(), updated_at = now()
-             WHERE id = $1 AND locked_by = $2 AND state = 'running'",
-            &[&id, &worker_id],
-        )
+        .execute(&statement, &[&id, &worker_id, &(lease.as_millis() as f64)])
         .await?;
     Ok(n == 1)
 }
 
 /// Records a failure: back to pending with `run_at = now() + min(base * 2^(attempts-1),
 /// max)`, or dead when attempts are used up or the failure is permanent.
-pub(crate) async fn fail<C: GenericClient>(
-    client: &C,
+pub(crate) async fn fail(
+    client: &deadpool_postgres::Client,
     id: i64,
     worker_id: &str,
     error: &str,
@@ -330,8 +356,8 @@ pub(crate) async fn fail<C: GenericClient>(
     backoff_base: Duration,
     backoff_max: Duration,
 ) -> Result<bool, QueueError> {
-    let n = client
-        .execute(
+    let statement = client
+        .prepare_cached(
             "UPDATE background_jobs
              SET state = CASE WHEN $4 OR attempts >= max_attempts THEN 'dead' ELSE 'pending' END,
                  run_at = CASE WHEN $4 OR attempts >= max_attempts THEN run_at
@@ -340,6 +366,11 @@ pub(crate) async fn fail<C: GenericClient>(
                  finished_at = CASE WHEN $4 OR attempts >= max_attempts THEN now() END,
                  last_error = $3, locked_by = NULL, lease_expires_at = NULL, updated_at = now()
              WHERE id = $1 AND locked_by = $2 AND state = 'running'",
+        )
+        .await?;
+    let n = client
+        .execute(
+            &statement,
             &[
                 &id,
                 &worker_id,
@@ -354,20 +385,20 @@ pub(crate) async fn fail<C: GenericClient>(
 }
 
 /// Gives a claimed job back without counting the attempt (graceful shutdown).
-pub(crate) async fn release<C: GenericClient>(
-    client: &C,
+pub(crate) async fn release(
+    client: &deadpool_postgres::Client,
     id: i64,
     worker_id: &str,
 ) -> Result<bool, QueueError> {
-    let n = client
-        .execute(
+    let statement = client
+        .prepare_cached(
             "UPDATE background_jobs
              SET state = 'pending', attempts = GREATEST(attempts - 1, 0), locked_by = NULL,
                  lease_expires_at = NULL, updated_at = now()
              WHERE id = $1 AND locked_by = $2 AND state = 'running'",
-            &[&id, &worker_id],
         )
         .await?;
+    let n = client.execute(&statement, &[&id, &worker_id]).await?;
     Ok(n == 1)
 }
 

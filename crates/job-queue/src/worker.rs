@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use deadpool_postgres::Pool;
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -143,7 +143,8 @@ impl Default for WorkerConfig {
     }
 }
 
-/// A worker: `concurrency` claim loops, a NOTIFY listener and a periodic scheduler.
+/// A worker: one claim loop running up to `concurrency` jobs at once, a NOTIFY
+/// listener and a periodic scheduler.
 pub struct Worker {
     pool: Pool,
     database_url: String,
@@ -203,9 +204,7 @@ impl Worker {
             tokio::spawn(listen_for_jobs(shared.clone(), self.database_url)),
             tokio::spawn(schedule_periodic(shared.clone())),
         ];
-        let tasks = (0..shared.config.concurrency.max(1))
-            .map(|_| tokio::spawn(slot(shared.clone(), stop_rx.clone())))
-            .collect();
+        let tasks = vec![tokio::spawn(dispatch(shared.clone(), stop_rx))];
         WorkerHandle {
             stop,
             tasks,
@@ -219,37 +218,120 @@ async fn stopped(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
-/// One claim loop: claim, run, repeat; sleep until NOTIFY or the poll interval.
-async fn slot(shared: Arc<Shared>, stop: watch::Receiver<bool>) {
+/// How a run ended, as its task reports it to the dispatcher.
+enum Outcome {
+    /// The handler succeeded: the dispatcher marks the job done with its next claim.
+    Succeeded(i64),
+    /// The slot is free; the outcome (failure, release) is already recorded.
+    Freed,
+}
+
+/// Reports the run's outcome when dropped, so a slot is given back on every path.
+struct SlotGuard {
+    outcome: Option<Outcome>,
+    tx: mpsc::UnboundedSender<Outcome>,
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        let _ = self.tx.send(self.outcome.take().unwrap_or(Outcome::Freed));
+    }
+}
+
+/// The worker's claim loop. One statement per round trip marks the jobs that
+/// finished since the last one done and claims as many jobs as there are free
+/// slots; each claimed job runs in a task of its own. When nothing is runnable it
+/// sleeps until NOTIFY, a slot frees up with more work likely, or the poll interval.
+/// On shutdown it stops claiming and returns once every running job has finished
+/// (or been released) and its completion is recorded.
+async fn dispatch(shared: Arc<Shared>, stop: watch::Receiver<bool>) {
     let config = &shared.config;
+    let slots = config.concurrency.max(1);
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut finished: Vec<i64> = Vec::new();
+    let mut running = 0usize;
+    // Whether a claim may find work: false after a claim came back short, until
+    // NOTIFY or the poll interval says otherwise. Completions claim regardless.
+    let mut maybe_more = true;
+    let mut stopping = false;
+    let mut poll = tokio::time::interval(config.poll_interval);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    poll.tick().await;
     loop {
-        if *stop.borrow() {
-            return;
+        stopping |= *stop.borrow();
+        while let Ok(outcome) = rx.try_recv() {
+            running = running.saturating_sub(1);
+            if let Outcome::Succeeded(id) = outcome {
+                finished.push(id);
+            }
         }
+        let free = if stopping {
+            0
+        } else {
+            slots.saturating_sub(running)
+        };
         // Register interest before claiming so a NOTIFY in between is not lost.
         let woken = shared.wake.notified();
         tokio::pin!(woken);
         woken.as_mut().enable();
-        match claim_one(&shared).await {
-            Ok(Some(job)) => {
-                run_claimed(&shared, job, stop.clone()).await;
-                continue;
+        let mut failed = false;
+        if (maybe_more && free > 0) || !finished.is_empty() {
+            match round(&shared, &finished, free).await {
+                Ok(round) => {
+                    if round.completed < finished.len() {
+                        tracing::warn!(
+                            jobs = finished.len() - round.completed,
+                            "jobs were taken over before their outcome was recorded"
+                        );
+                    }
+                    finished.clear();
+                    if free > 0 {
+                        maybe_more = round.claimed.len() == free;
+                    }
+                    running += round.claimed.len();
+                    for job in round.claimed {
+                        let guard = SlotGuard {
+                            outcome: None,
+                            tx: tx.clone(),
+                        };
+                        tokio::spawn(run_claimed(shared.clone(), job, stop.clone(), guard));
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "claiming jobs failed");
+                    failed = true;
+                }
             }
-            Ok(None) => {}
-            Err(e) => tracing::warn!(error = %e, "claiming a job failed"),
+        }
+        if stopping && running == 0 {
+            if !finished.is_empty() {
+                tracing::warn!(
+                    jobs = finished.len(),
+                    "stopping without recording finished jobs; their leases will expire"
+                );
+            }
+            return;
         }
         tokio::select! {
-            _ = &mut woken => {}
-            _ = tokio::time::sleep(config.poll_interval) => {}
-            _ = stopped(stop.clone()) => return,
+            Some(outcome) = rx.recv() => {
+                running = running.saturating_sub(1);
+                if let Outcome::Succeeded(id) = outcome {
+                    finished.push(id);
+                }
+            }
+            _ = &mut woken, if !stopping => maybe_more = true,
+            _ = poll.tick(), if !stopping || failed => maybe_more = true,
+            _ = stopped(stop.clone()), if !stopping => stopping = true,
         }
     }
 }
 
-async fn claim_one(shared: &Shared) -> Result<Option<Claimed>, QueueError> {
+async fn round(shared: &Shared, finished: &[i64], want: usize) -> Result<store::Round, QueueError> {
     let client = shared.pool.get().await?;
-    store::claim(
-        &**client,
+    store::complete_and_claim(
+        &client,
+        finished,
+        want,
         &shared.config.queues,
         &shared.kinds,
         &shared.config.worker_id,
@@ -258,7 +340,12 @@ async fn claim_one(shared: &Shared) -> Result<Option<Claimed>, QueueError> {
     .await
 }
 
-async fn run_claimed(shared: &Shared, job: Claimed, stop: watch::Receiver<bool>) {
+async fn run_claimed(
+    shared: Arc<Shared>,
+    job: Claimed,
+    stop: watch::Receiver<bool>,
+    mut guard: SlotGuard,
+) {
     let config = &shared.config;
     let Some(handler) = shared.registry.handlers.get(&job.kind).cloned() else {
         return;
@@ -303,7 +390,7 @@ async fn run_claimed(shared: &Shared, job: Claimed, stop: watch::Receiver<bool>)
             _ = heartbeat.tick() => {
                 match shared.pool.get().await {
                     Ok(c) => {
-                        if let Ok(false) = store::heartbeat(&**c, job.id, &config.worker_id, config.lease).await {
+                        if let Ok(false) = store::heartbeat(&c, job.id, &config.worker_id, config.lease).await {
                             tracing::warn!(job_id = job.id, "lost the lease on a running job");
                         }
                     }
@@ -316,6 +403,11 @@ async fn run_claimed(shared: &Shared, job: Claimed, stop: watch::Receiver<bool>)
             _ = sleep_until_opt(release_at) => break None,
         }
     };
+    if let Some(Ok(Ok(()))) = outcome {
+        // Recorded by the dispatcher together with its next claim.
+        guard.outcome = Some(Outcome::Succeeded(job.id));
+        return;
+    }
     let Ok(client) = shared.pool.get().await else {
         tracing::warn!(
             job_id = job.id,
@@ -327,14 +419,14 @@ async fn run_claimed(shared: &Shared, job: Claimed, stop: watch::Receiver<bool>)
         None => {
             running.abort();
             tracing::info!(job_id = job.id, "releasing a job at shutdown");
-            store::release(&**client, job.id, &config.worker_id).await
+            store::release(&client, job.id, &config.worker_id).await
         }
-        Some(Ok(Ok(()))) => store::complete(&**client, job.id, &config.worker_id).await,
+        Some(Ok(Ok(()))) => Ok(true),
         Some(Ok(Err(e))) => {
             let permanent = matches!(e, JobError::Permanent(_));
             tracing::info!(job_id = job.id, kind = %job.kind, attempt = job.attempt, error = %e, "job failed");
             store::fail(
-                &**client,
+                &client,
                 job.id,
                 &config.worker_id,
                 &e.to_string(),
@@ -351,7 +443,7 @@ async fn run_claimed(shared: &Shared, job: Claimed, stop: watch::Receiver<bool>)
                 "handler cancelled"
             };
             store::fail(
-                &**client,
+                &client,
                 job.id,
                 &config.worker_id,
                 message,
