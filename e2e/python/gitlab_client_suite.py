@@ -264,6 +264,25 @@ def pipelines(ctx):
     expect(len(pipeline.jobs.list(get_all=True)) >= 1, "pipeline jobs")
 
 
+@step("repository tree: recursive, paginated")
+def repository_tree(ctx):
+    project = ADMIN.projects.get("acme/platform/api")
+    top = project.repository_tree(get_all=True)
+    top_paths = {entry["path"] for entry in top}
+    expect("README.md" in top_paths and "src" in top_paths, "top level listed")
+    expect(not any("/" in path for path in top_paths), "top level only without recursive")
+    # python-gitlab sends recursive=True; the whole tree comes back.
+    everything = project.repository_tree(recursive=True, get_all=True)
+    paths = {entry["path"] for entry in everything}
+    expect("src/main.rs" in paths and "config/api.toml" in paths, "nested files listed")
+    expect(top_paths <= paths, "the top level is part of the whole tree")
+    # Pages of one entry each still add up to the whole tree.
+    paged = project.repository_tree(recursive=True, per_page=1, get_all=True)
+    expect({entry["path"] for entry in paged} == paths, "pagination covers the tree")
+    first_page = project.repository_tree(recursive=True, per_page=2, page=1)
+    expect(len(first_page) == 2, "a page holds per_page entries")
+
+
 def main():
     ctx = {}
     for name, fn in STEPS:

@@ -34,7 +34,7 @@ async fn python_gitlab_works_unchanged() {
     // Every step reported itself.
     assert_eq!(
         stdout.lines().filter(|l| l.starts_with("ok: ")).count(),
-        9,
+        10,
         "{stdout}"
     );
 }

@@ -191,6 +191,21 @@ const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
 /// A JSON value read with Grape's coercions (see the module doc).
 pub struct Lenient(pub Value);
 
+/// A boolean parameter as clients send it: `true`, `True` (Python's
+/// requests, so python-gitlab), `1`, `yes`, `on`, `t`, and their opposites.
+pub fn boolean(text: &str) -> Option<bool> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" | "t" => Some(true),
+        "false" | "0" | "no" | "off" | "f" => Some(false),
+        _ => None,
+    }
+}
+
+/// A flag parameter: on only when it says so.
+pub fn flag(text: Option<&str>) -> bool {
+    text.and_then(boolean).unwrap_or(false)
+}
+
 impl<'de> IntoDeserializer<'de, serde_json::Error> for Lenient {
     type Deserializer = Self;
     fn into_deserializer(self) -> Self {
@@ -239,10 +254,9 @@ impl<'de> Deserializer<'de> for Lenient {
 
     fn deserialize_bool<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
         match self.0 {
-            Value::String(s) => match s.trim().to_ascii_lowercase().as_str() {
-                "true" | "1" | "yes" | "on" | "t" => visitor.visit_bool(true),
-                "false" | "0" | "no" | "off" | "f" => visitor.visit_bool(false),
-                _ => Err(de::Error::custom(format_args!("{s:?} is not a boolean"))),
+            Value::String(s) => match boolean(&s) {
+                Some(b) => visitor.visit_bool(b),
+                None => Err(de::Error::custom(format_args!("{s:?} is not a boolean"))),
             },
             other => other.deserialize_bool(visitor),
         }

@@ -54,10 +54,6 @@ pub(super) struct TreeQuery {
     per_page: Option<usize>,
 }
 
-fn truthy(v: Option<&str>) -> bool {
-    matches!(v, Some("true" | "1" | "yes"))
-}
-
 pub(super) async fn tree(
     state: web::Data<AppState>,
     req: HttpRequest,
@@ -68,7 +64,7 @@ pub(super) async fn tree(
     let q = q.into_inner();
     let commit = repo.resolve(q.rev.as_deref(), "Tree").await?;
     let dir = q.path.clone().unwrap_or_default();
-    let recursive = truthy(q.recursive.as_deref());
+    let recursive = super::params::flag(q.recursive.as_deref());
     let path = repo.path.clone();
     let entries = blocking(move || reader::tree(&path, &commit, &dir, recursive))
         .await

@@ -240,7 +240,7 @@ pub(super) async fn compare(
     let repo = readable_repo(&state, &req, id.into_inner()).await?;
     let from = repo.resolve(Some(&from_name), "Ref").await?;
     let to = repo.resolve(Some(&to_name), "Ref").await?;
-    let straight = matches!(q.straight.as_deref(), Some("true" | "1"));
+    let straight = super::params::flag(q.straight.as_deref());
     // Like GitLab (and `git diff a...b`): changes since the common ancestor,
     // unless `straight` asks for the two trees compared directly.
     let base = if straight {
