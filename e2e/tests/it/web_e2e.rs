@@ -361,3 +361,43 @@ async fn a_streamed_chunk_is_on_screen_within_50_ms() {
     let median = delays[rounds / 2];
     assert!(median < 50.0, "median {median:.1} ms of {delays:?}");
 }
+
+#[tokio::test]
+async fn the_running_tool_shows_as_a_status_until_the_answer_is_final() {
+    let system = System::start().await.unwrap();
+    // The question names nothing; the model reads the issue with a tool,
+    // then holds its answer open.
+    system.fake.push_text(
+        "Thought: I need the issue.\nAction: issue_reader\nAction Input: acme/platform/api#1",
+    );
+    system.fake.push(Scripted::Held {
+        before: vec!["Thought: I have it.\nFinal Answer: Old sessions".into()],
+        after: vec![" break the login.".into()],
+    });
+    let browser = signed_in(&system, "alice").await;
+    open_chat(&browser, &system).await;
+    ask(&browser, "What is wrong with the login issue?").await;
+
+    let status = browser
+        .until(
+            "the running tool's status",
+            "const s = document.querySelector('.message.assistant .tool-status'); \
+             return s && s.textContent.includes('Reading the issue') ? s.textContent : null",
+        )
+        .await
+        .unwrap();
+    assert_eq!(status.as_str(), Some("Reading the issue…"));
+    browser.screenshot("chat-tool-status").await.unwrap();
+
+    system.fake.release();
+    browser
+        .until(
+            "the final answer without the status",
+            "const b = document.querySelector('.message.assistant .body'); \
+             return b && !b.classList.contains('streaming') \
+               && b.textContent.includes('break the login') \
+               && !document.querySelector('.message.assistant .tool-status')",
+        )
+        .await
+        .unwrap();
+}
