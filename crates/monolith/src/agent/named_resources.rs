@@ -1,7 +1,8 @@
 //! Resources a question names, attached before the first model step.
 //!
 //! A question such as "Summarize acme/platform/api#1" or one holding a link
-//! to an issue of this instance names its resource plainly. Like the page a
+//! to an issue, merge request, epic or CI job of this instance names its
+//! resource plainly. Like the page a
 //! user is looking at, that resource is resolved, authorized with the same
 //! checks as the reader tools (the seat's unit primitive, then the work
 //! items domain's read rules) and sent as the question's context, so a model
@@ -13,10 +14,12 @@
 //! kind (a bare `#12` counts when the page gives its project). Anything
 //! needing interpretation stays with the reader tools and their prompts.
 
-use contracts::ResourceContext;
+use contracts::{ResourceContext, UnitPrimitive};
 
+use super::tools::build_reader::job_id_in;
 use super::tools::resource_identifier::{Identifier, ReaderKind, direct_candidates, resolve};
 use super::{RequestContext, Services};
+use crate::policy::Subject;
 
 /// The kinds looked for, in the order the first readable one wins.
 const KINDS: [ReaderKind; 3] = [
@@ -42,7 +45,8 @@ pub fn named_in(question: &str, base: &url::Url) -> Vec<(ReaderKind, Identifier)
 /// read, if any.
 pub async fn named_context(services: &Services, ctx: &RequestContext) -> Option<ResourceContext> {
     let named = named_in(&ctx.question, &services.external_url);
-    if named.is_empty() {
+    let job = job_id_in(&ctx.question, &services.external_url);
+    if named.is_empty() && job.is_none() {
         return None;
     }
     let db = match services.pool.get().await {
@@ -52,24 +56,28 @@ pub async fn named_context(services: &Services, ctx: &RequestContext) -> Option<
             return None;
         }
     };
+    let mut subjects = Vec::new();
     for (kind, identifier) in named {
         // The seat must allow reading this kind, as for its reader tool.
         if !ctx.has_scope(kind.unit_primitive()) {
             continue;
         }
-        let id = match resolve(services, ctx, &*db, kind, &identifier).await {
-            Ok(Some(id)) => id,
-            Ok(None) => continue,
-            Err(e) => {
-                tracing::debug!(error = %e, "a named resource could not be resolved");
-                continue;
-            }
-        };
+        match resolve(services, ctx, &*db, kind, &identifier).await {
+            Ok(Some(id)) => subjects.push(kind.item_kind().subject(id)),
+            Ok(None) => {}
+            Err(e) => tracing::debug!(error = %e, "a named resource could not be resolved"),
+        }
+    }
+    // A CI job linked from this instance (as `build_reader` finds it).
+    if let Some(id) = job.filter(|_| ctx.has_scope(UnitPrimitive::AskBuild)) {
+        subjects.push(Subject::Build(id));
+    }
+    for subject in subjects {
         match crate::work_items::ai::page_context(
             &services.policy,
             &*db,
             ctx.actor,
-            kind.item_kind().subject(id),
+            subject,
             &services.external_url,
         )
         .await
