@@ -25,7 +25,8 @@
 //! ```
 //!
 //! Semantics: workers claim with `FOR UPDATE SKIP LOCKED` (any number of worker
-//! processes on one database), hold a lease renewed by a heartbeat while the handler
+//! processes on one database), as many jobs as they have free slots in one statement
+//! that also marks the jobs finished since the last one done, hold a lease renewed by a heartbeat while the handler
 //! runs (a job whose worker died is claimed again once its lease expires), retry
 //! failures with exponential backoff computed in SQL, and mark a job `dead` after
 //! `max_attempts`. An insert wakes idle workers through `NOTIFY background_jobs`;

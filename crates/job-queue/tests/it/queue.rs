@@ -502,3 +502,54 @@ async fn inline_mode_runs_the_handler_at_once_without_the_table() {
         .get(0);
     assert_eq!(n, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_batch_claims_expired_leases_first_then_by_priority() {
+    let (db, pool) = database().await;
+    let c = pool.get().await.unwrap();
+    let expired: i64 = c
+        .query_one(
+            "INSERT INTO background_jobs (kind, payload, state, locked_by, lease_expires_at,
+                                          attempts)
+             VALUES ('block', 'null', 'running', 'a-dead-worker', now() - interval '1 second', 1)
+             RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let mut by_priority = HashMap::new();
+    for priority in [0i16, 5, 1] {
+        let id: i64 = c
+            .query_one(
+                "INSERT INTO background_jobs (kind, payload, priority)
+                 VALUES ('block', 'null', $1) RETURNING id",
+                &[&priority],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        by_priority.insert(priority, id);
+    }
+    let (tx, mut started) = mpsc::unbounded_channel();
+    let mut registry = Registry::new();
+    registry.register(BlockHandler {
+        started: tx,
+        release: Arc::new(tokio::sync::Notify::new()),
+    });
+    let config = WorkerConfig {
+        concurrency: 2,
+        ..fast_config()
+    };
+    let worker = Worker::new(pool.clone(), db.url(), registry, config).spawn();
+    let mut first = vec![started.recv().await.unwrap(), started.recv().await.unwrap()];
+    first.sort();
+    let mut want = vec![(expired, 2), (by_priority[&5], 1)];
+    want.sort();
+    assert_eq!(first, want);
+    worker.shutdown().await;
+    assert!(started.try_recv().is_err(), "a third job started");
+    for id in [by_priority[&0], by_priority[&1]] {
+        assert_eq!(state_of(&pool, id).await.state, JobState::Pending);
+    }
+}
