@@ -129,7 +129,9 @@ export AIGW_FASTAPI__API_PORT="${AIGW_FASTAPI__API_PORT:-${AI_GATEWAY_URL##*:}}"
 export DUO_WORKFLOW_SERVICE_URL="${DUO_WORKFLOW_SERVICE_URL:-http://127.0.0.1:50052}"
 export AIGW_WORKFLOW_SERVICE__LISTEN="${AIGW_WORKFLOW_SERVICE__LISTEN-${DUO_WORKFLOW_SERVICE_URL#*://}}"
 
+default_index_wait=0
 if [ -z "${ANTHROPIC_API_KEY:-}${OPENAI_BASE_URL:-}" ]; then
+  default_index_wait=600
   "$BIN/duo-local-llm" fetch-models
   start local-llm "$BIN/duo-local-llm" serve
   wait_http "http://${DUO_LOCAL_LLM_ADDR:-127.0.0.1:5053}/health" 120 local-llm
@@ -157,6 +159,61 @@ for u in json.load(open(sys.argv[1]))["users"]:
 ' "$RUN_DIR/seed.json")"
 user="${token%% *}"
 token="${token#* }"
+
+# The repository examples need the code index: wait until every demo
+# repository is indexed (or failed), with a progress line, before saying
+# Duo is ready. DUO_RUN_INDEX_WAIT (seconds) bounds the wait: 600 with the
+# bundled model server (it computes the embeddings), 0 (no wait) otherwise.
+wait_indexed() {
+  local limit="${DUO_RUN_INDEX_WAIT:-$default_index_wait}" started=$SECONDS status
+  [ "$limit" -gt 0 ] || return 0
+  while :; do
+    status="$(curl -fsS "http://$DUO_WEB_ADDR/api/v4/projects?per_page=100" \
+      -H "Authorization: Bearer $token" 2>/dev/null | python3 -c '
+import json, sys
+try:
+    projects = json.load(sys.stdin)
+except ValueError:
+    print("unknown 0 0 0 -")
+    sys.exit()
+states = [p["code_index"] for p in projects if p.get("code_index")]
+done = [s for s in states if s["state"] in ("ready", "failed")]
+failed = [s.get("last_error_code") or "?" for s in states if s["state"] == "failed"]
+chunks = sum(s.get("chunk_count") or 0 for s in states)
+print("ok" if states and len(done) == len(states) else "wait", len(done), len(states), chunks, ",".join(failed) or "-")
+' 2>/dev/null || echo "unknown 0 0 0 -")"
+    read -r verdict done_count total chunks failed <<<"$status"
+    if [ "$verdict" = ok ]; then
+      printf '\r' >&2
+      say "demo repositories indexed: $done_count of $total ($chunks chunks)"
+      if [ "$failed" != - ]; then
+        say "indexing failed for some repositories (error codes: $failed); see $RUN_DIR/worker.log"
+      fi
+      return 0
+    fi
+    if [ "$total" = 0 ] && ((SECONDS - started > 30)); then
+      printf '\n' >&2
+      say "no repository is queued for indexing (code search off?); not waiting for the index"
+      return 0
+    fi
+    if ((SECONDS - started > limit)); then
+      printf '\n' >&2
+      say "the demo repositories are not indexed after ${limit}s ($done_count of $total); repository questions answer \"being indexed\" until they are. See $RUN_DIR/worker.log"
+      return 0
+    fi
+    # A dead service will never index anything.
+    for pid in "${pids[@]}"; do
+      if ! kill -0 "$pid" 2>/dev/null; then
+        say "a service exited early; see the logs in $RUN_DIR"
+        exit 1
+      fi
+    done
+    printf '\rindexing the demo repositories: %s of %s done, %s chunks, %ss ' \
+      "$done_count" "$total" "$chunks" "$((SECONDS - started))" >&2
+    sleep 1
+  done
+}
+wait_indexed
 
 cat <<EOF
 

@@ -71,11 +71,11 @@ codes! {
     G3001 = G 3001 : "permissions", "Answering this needs a tool that your GitLab Duo subscription doesn't include.";
     G3002 = G 3002 : "permissions", "No default GitLab Duo namespace is selected. Choose one in your preferences and try again.";
     A1000 = A 1000 : "network", "I'm sorry, I couldn't respond in time. Please try again.";
-    A1001 = A 1001 : "network", "I'm sorry, I couldn't reach the AI service. Please try again.";
+    A1001 = A 1001 : "network", "I'm sorry, I couldn't reach the AI service. Please try again; if it keeps failing, an administrator should check that the AI gateway runs and that AI_GATEWAY_URL points at it.";
     A1002 = A 1002 : "network", "I'm sorry, the AI service sent no answer in time. Please try again.";
     A1003 = A 1003 : "network", "I'm sorry, the answer stopped before it was complete. Please try again.";
-    A1004 = A 1004 : "network", "I'm sorry, the AI service reported an error. Please try again.";
-    A1005 = A 1005 : "network", "This conversation has become too long for the model. Run /clear or /reset and ask again.";
+    A1004 = A 1004 : "network", "I'm sorry, the AI service reported an error. Please try again; if it keeps failing, an administrator should look for the model's error in the AI gateway's log (which model failed, and why).";
+    A1005 = A 1005 : "network", "This conversation and its context are too long for the model's context window. Run /clear or /reset and ask again with less context; an administrator can give the bundled model a larger context (DUO_LOCAL_LLM_CONTEXT) or choose a model with a larger one.";
     A1006 = A 1006 : "network", "I reached the limit of steps I may take for one question. Try a more specific question, or run /clear.";
     A6000 = A 6000 : "other", "I'm sorry, I couldn't respond in time. Try a more specific question, or run /clear.";
     A9999 = A 9999 : "other", "I'm sorry, something unexpected went wrong. Please try again.";

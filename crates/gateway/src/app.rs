@@ -50,6 +50,7 @@ pub fn configure_app(cfg: &mut web::ServiceConfig, state: &AppState) {
         .app_data(web::Data::from(state.prompts.clone()))
         .app_data(web::Data::from(state.model.clone()))
         .app_data(web::Data::new(state.tool_model.clone()))
+        .app_data(web::Data::from(state.context_windows.clone()))
         .app_data(web::Data::from(state.authenticator.clone()))
         .app_data(web::Data::new((*state.config).clone()))
         .app_data(

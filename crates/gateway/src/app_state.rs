@@ -32,6 +32,8 @@ pub struct AppState {
     /// The model calls' HTTP clients (configured endpoints, and endpoints a
     /// request named, behind the egress policy).
     pub provider_clients: ProviderClients,
+    /// The models' context sizes, learnt from their servers.
+    pub context_windows: Arc<crate::chat::context_window::ContextWindows>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -81,6 +83,7 @@ impl AppState {
             docs,
             tool_model: ToolCallingModel::with_clients(provider_clients.clone()),
             provider_clients,
+            context_windows: Arc::new(crate::chat::context_window::ContextWindows::new()),
         })
     }
 }

@@ -115,6 +115,11 @@ pub struct ProvidersConfig {
     /// `AIGW_MODEL_ENGINE_CONCURRENCY_LIMITS`: JSON `{engine: {model: limit}}`,
     /// exported as `model_inferences_max_concurrent`, not enforced.
     pub concurrency_limits: BTreeMap<String, BTreeMap<String, u32>>,
+    /// `AIGW_MODEL_CONTEXT_TOKENS`: JSON `{model id: tokens}`, the context
+    /// size of models whose server does not report it. The chat agent trims
+    /// its prompt to fit (an OpenAI-compatible server's `/models` entry with
+    /// `context_length`, as the bundled model server gives, needs no entry).
+    pub model_context_tokens: BTreeMap<String, u32>,
 }
 
 impl ProvidersConfig {
@@ -375,6 +380,10 @@ impl Config {
             concurrency_limits: env.json(
                 "AIGW_MODEL_ENGINE_CONCURRENCY_LIMITS",
                 "a JSON object of model engine to {model name: limit}",
+            )?,
+            model_context_tokens: env.json(
+                "AIGW_MODEL_CONTEXT_TOKENS",
+                "a JSON object of model id to its context size in tokens",
             )?,
         };
         let mut default_families = default_families;

@@ -293,6 +293,7 @@ mod tests {
             bos_token: "<s>".into(),
             eos_token: "</s>".into(),
             end_of_turn_texts: vec![],
+            context_tokens: 2048,
         };
         let template = ChatTemplate::for_model(&info, None).unwrap();
         assert_eq!(template.source(), TemplateSource::Model);

@@ -84,6 +84,9 @@ pub struct ModelInfo {
     /// Texts of the end-of-generation tokens, stopped at should the model
     /// spell one out of ordinary tokens.
     pub end_of_turn_texts: Vec<String>,
+    /// Tokens the context holds (prompt and answer together): what the
+    /// server reports to clients so they can size their prompts.
+    pub context_tokens: u32,
 }
 
 /// What the token sink tells the engine after each piece.
@@ -164,7 +167,10 @@ impl LlamaEngine {
         let ctx = model
             .new_context(backend, ctx_params)
             .map_err(|e| load_error(format!("creating the context: {e}")))?;
-        let info = read_model_info(model);
+        let info = ModelInfo {
+            context_tokens,
+            ..read_model_info(model)
+        };
         Ok(Self {
             model,
             ctx,
@@ -440,6 +446,7 @@ fn read_model_info(model: &LlamaModel) -> ModelInfo {
         bos_token: token_text(model, vocab.bos()),
         eos_token: token_text(model, vocab.eos()),
         end_of_turn_texts,
+        context_tokens: 0,
     }
 }
 

@@ -165,6 +165,7 @@ async fn health(state: web::Data<AppState>) -> HttpResponse {
         "status": "ok",
         "chat_model": state.config.chat_model_id,
         "chat_template": state.template.source(),
+        "chat_context_tokens": state.chat.model_info().context_tokens,
         "embedding_model": state.config.embed_model_id,
         "chat_queue": state.chat.stats(),
         "embedding_queue": state.embed_admission.stats(),
@@ -268,11 +269,18 @@ pub fn render_metrics(state: &AppState) -> String {
     out
 }
 
+/// The chat model carries `context_length` (OpenRouter's and vLLM's name
+/// for it, as `max_model_len`): the tokens its context holds, prompt and
+/// answer together, so a client can size its prompts.
 async fn list_models(state: web::Data<AppState>) -> HttpResponse {
     let model = |id: &str| json!({ "id": id, "object": "model", "created": 0, "owned_by": "duo-local-llm" });
+    let mut chat = model(&state.config.chat_model_id);
+    let context = state.chat.model_info().context_tokens;
+    chat["context_length"] = json!(context);
+    chat["max_model_len"] = json!(context);
     HttpResponse::Ok().json(json!({
         "object": "list",
-        "data": [model(&state.config.chat_model_id), model(&state.config.embed_model_id)],
+        "data": [chat, model(&state.config.embed_model_id)],
     }))
 }
 
@@ -340,7 +348,14 @@ fn check_inputs(state: &AppState, texts: &[String]) -> Result<(), ApiError> {
 /// into the blocking call, so it stays taken until the CPU work really ends,
 /// even if the client has gone.
 async fn embed(state: &AppState, texts: Vec<String>) -> Result<Embedded, ApiError> {
-    let admitted = state.embed_admission.enter().await.map_err(|e| match e {
+    // A question (a few short inputs) takes the small requests' lane and is
+    // never queued behind an index's bulk batches.
+    let admission = if crate::admission::is_small(&texts) {
+        state.embed_admission.enter_small().await
+    } else {
+        state.embed_admission.enter().await
+    };
+    let admitted = admission.map_err(|e| match e {
         AdmitError::Full => ApiError::QueueFull("embeddings"),
         AdmitError::Closed => ApiError::Internal(e.to_string()),
     })?;

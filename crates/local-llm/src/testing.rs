@@ -113,6 +113,7 @@ impl ChatEngine for GatedEngine {
             bos_token: String::new(),
             eos_token: "<|im_end|>".to_owned(),
             end_of_turn_texts: vec!["<|im_end|>".to_owned()],
+            context_tokens: self.context_tokens(),
         }
     }
 

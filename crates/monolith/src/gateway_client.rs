@@ -41,8 +41,10 @@ pub enum GatewayError {
     Forbidden,
     #[error("the AI gateway answered HTTP {status}")]
     Status { status: u16 },
-    #[error("the conversation is too long for the model")]
-    PromptTooLong,
+    /// The gateway's words say which model, its context and the prompt's
+    /// size (when the gateway knew them).
+    #[error("the conversation is too long for the model: {0}")]
+    PromptTooLong(String),
     #[error("the AI gateway does not offer the tool")]
     ToolNotAvailable,
     #[error("the AI gateway reported an error: {0}")]
@@ -66,7 +68,7 @@ impl GatewayError {
             Self::Timeout => DuoErrorCode::A1000,
             Self::NoEvents => DuoErrorCode::A1002,
             Self::Forbidden => DuoErrorCode::M3006,
-            Self::PromptTooLong => DuoErrorCode::A1005,
+            Self::PromptTooLong(_) => DuoErrorCode::A1005,
             Self::ToolNotAvailable => DuoErrorCode::G3001,
             Self::Event(_) => DuoErrorCode::A1004,
             Self::Interrupted(_) | Self::StreamCut(_) => DuoErrorCode::A1003,
@@ -382,7 +384,12 @@ impl GatewayClient {
         let text = response.text().await.unwrap_or_default();
         tracing::debug!(status = status.as_u16(), body = %text, "gateway refused a request");
         if text.contains(PROMPT_TOO_LONG) {
-            return Err(GatewayError::PromptTooLong);
+            let detail = serde_json::from_str::<serde_json::Value>(&text)
+                .ok()
+                .and_then(|v| v.get("detail").and_then(|d| d.as_str()).map(str::to_owned))
+                .unwrap_or(text);
+            tracing::warn!(detail = %detail, "the prompt does not fit the model's context");
+            return Err(GatewayError::PromptTooLong(detail));
         }
         Err(GatewayError::Status {
             status: status.as_u16(),
@@ -827,7 +834,7 @@ pub fn error_event_failure(message: &str) -> GatewayError {
     if message.contains(TOOL_NOT_AVAILABLE) {
         GatewayError::ToolNotAvailable
     } else if message.contains(PROMPT_TOO_LONG) {
-        GatewayError::PromptTooLong
+        GatewayError::PromptTooLong(message.to_owned())
     } else {
         GatewayError::Event(message.to_owned())
     }

@@ -65,7 +65,8 @@ Commands run with a cleared environment (PATH, HOME, LANG and a few more):
 no token reaches them. Tokens given as options are moved into the
 executor's environment at start, off its command line.
 
-EXIT STATUS: 0 finished, 1 failed, 2 bad options, 3 paused for an approval.
+EXIT STATUS: 0 finished, 1 failed, 2 bad options, 3 paused for an approval,
+4 finished without changing anything (software development: no edit made).
 ";
 
 /// Options that take no value (every other option takes the next argument).

@@ -81,6 +81,10 @@ async fn start(args: Vec<String>, secrets: hardening::Secrets) -> ExitCode {
             eprintln!("duo-workflow-executor: the workflow finished");
             ExitCode::SUCCESS
         }
+        Ok(SessionEnd::FinishedWithoutChanges(message)) => {
+            eprintln!("duo-workflow-executor: the workflow finished WITHOUT CHANGES. {message}");
+            ExitCode::from(4)
+        }
         Ok(SessionEnd::Paused(status)) => {
             eprintln!(
                 "duo-workflow-executor: the workflow is paused ({status}); run again with --approve or on a terminal to answer"
@@ -151,6 +155,7 @@ async fn run(mut options: Options) -> anyhow::Result<SessionEnd> {
     if let (Some(repository), Some(workflow_id)) = (&repository, &options.workflow_id) {
         let outcome = match &end {
             Ok(SessionEnd::Finished) => "finished",
+            Ok(SessionEnd::FinishedWithoutChanges(_)) => "finished without changes",
             Ok(SessionEnd::Paused(_)) => "paused",
             Err(_) => "stopped",
         };

@@ -78,6 +78,26 @@ impl PendingRequest {
     }
 }
 
+/// How a finished run ended: its `workflow_end` entry says whether it
+/// changed nothing (sub type `no_changes`).
+fn finished(checkpoint: &NewCheckpoint) -> SessionEnd {
+    let Ok(value) = serde_json::from_str::<Value>(&checkpoint.checkpoint) else {
+        return SessionEnd::Finished;
+    };
+    let end = value["channel_values"]["ui_chat_log"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .rev()
+        .find(|e| e["message_type"] == "workflow_end");
+    match end {
+        Some(e) if e["message_sub_type"] == "no_changes" => {
+            SessionEnd::FinishedWithoutChanges(e["content"].as_str().unwrap_or_default().to_owned())
+        }
+        _ => SessionEnd::Finished,
+    }
+}
+
 /// Prints what happens (the terminal UI, or nothing in tests).
 pub trait Reporter: Send {
     fn checkpoint(&mut self, checkpoint: &NewCheckpoint);
@@ -88,6 +108,9 @@ pub trait Reporter: Send {
 #[derive(Debug, Clone, PartialEq)]
 pub enum SessionEnd {
     Finished,
+    /// Finished, but a software development run changed nothing: the
+    /// service's last word on it.
+    FinishedWithoutChanges(String),
     /// Left paused: an approval nobody could give.
     Paused(String),
 }
@@ -229,7 +252,7 @@ pub async fn run(session: Session<'_>) -> Result<SessionEnd, SessionError> {
             ));
         };
         match last.status.as_str() {
-            "FINISHED" => return Ok(SessionEnd::Finished),
+            "FINISHED" => return Ok(finished(&last)),
             "TOOL_CALL_APPROVAL_REQUIRED" | "PLAN_APPROVAL_REQUIRED" => {
                 let pending = PendingRequest::from_checkpoint(&last);
                 let decision = approver.decide(&last.status, &pending);

@@ -12,6 +12,7 @@
 //! calling and emits the same events.
 
 use super::FEATURE_CATEGORY;
+use super::budget::{self, Budget, BudgetError, Trimmed};
 use super::native::{self, NativeStep};
 use super::react_parser::{ReactOutcome, ReactParser};
 use super::tools_registry::{
@@ -52,6 +53,9 @@ pub enum AgentError {
     /// The prompt asks for native tool calling on a model that has none.
     #[error("{0}")]
     ModelChoice(String),
+    /// The prompt does not fit the model's context even trimmed.
+    #[error(transparent)]
+    TooLong(#[from] BudgetError),
 }
 
 impl From<AgentError> for ApiError {
@@ -65,6 +69,9 @@ impl From<AgentError> for ApiError {
             }]),
             AgentError::Prompt(e) => e.into(),
             AgentError::ModelChoice(message) => Self::Unprocessable(message),
+            // The text starts with "prompt is too long", which the monolith
+            // turns into A1005 (and shows the rest to the user).
+            AgentError::TooLong(e) => Self::PayloadTooLarge(e.to_string()),
         }
     }
 }
@@ -274,6 +281,55 @@ pub fn prepare(
     })
 }
 
+/// The size of the prompt a prepared step sends, in characters: the system
+/// prompt and the messages, and for native tool calling the tools' schemas
+/// and the earlier calls and their results as well.
+pub fn prompt_chars(prepared: &PreparedAgent) -> usize {
+    match &prepared.native {
+        Some(step) => {
+            // JSON forms (escapes counted): an overestimate, on the safe side.
+            let json_chars = |v: &Value| v.to_string().chars().count();
+            let tools: usize = step
+                .tools
+                .iter()
+                .map(|t| t.name.len() + t.description.chars().count() + json_chars(&t.parameters))
+                .sum();
+            step.system.chars().count()
+                + serde_json::to_value(&step.messages).map_or(0, |v| json_chars(&v))
+                + tools
+        }
+        None => {
+            prepared
+                .call
+                .system
+                .as_ref()
+                .map_or(0, |s| s.chars().count())
+                + prepared
+                    .call
+                    .messages
+                    .iter()
+                    .map(|m| m.content.chars().count())
+                    .sum::<usize>()
+        }
+    }
+}
+
+/// Prepares the step so its prompt fits `budget`: when the whole request
+/// does not, history is dropped and long texts clipped ([`budget::fit`]).
+pub fn prepare_to_fit(
+    registry: &PromptRegistry,
+    config: &Config,
+    user: &GatewayUser,
+    client: ClientInfo<'_>,
+    request: &AgentRequest,
+    budget: &Budget,
+) -> Result<(PreparedAgent, Trimmed), AgentError> {
+    let (fitted, trimmed) = budget::fit(request, budget, |r| {
+        prepare(registry, config, user, client, r).map(|p| prompt_chars(&p))
+    })??;
+    Ok((prepare(registry, config, user, client, &fitted)?, trimmed))
+}
+
 /// The `chat/react` inputs (see `prompts/chat/react/base/1.0.0.yml`).
 pub fn prompt_inputs(
     tools: &[&ToolDefinition],
@@ -340,7 +396,7 @@ fn error_event(err: &ProviderError) -> AgentEvent {
     // Provider messages carry no prompt text or credentials, so WARN is safe.
     tracing::warn!(error = %err, retryable = err.retryable(), "model call failed during an agent step");
     AgentEvent::Error {
-        message: err.to_string(),
+        message: super::model_error_message(err),
         retryable: err.retryable(),
     }
 }

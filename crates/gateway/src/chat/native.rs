@@ -157,7 +157,7 @@ pub fn turn_events(turn: ModelTurn, tools: &[&ToolDefinition], question: &str) -
 fn error_event(err: &ProviderError) -> AgentEvent {
     tracing::warn!(error = %err, retryable = err.retryable(), "model call failed during a native agent step");
     AgentEvent::Error {
-        message: err.to_string(),
+        message: super::model_error_message(err),
         retryable: err.retryable(),
     }
 }

@@ -188,6 +188,15 @@ impl Flow {
     }
 }
 
+/// The `message_sub_type` of the `workflow_end` entry of a software
+/// development run that changed nothing.
+pub const NO_CHANGES: &str = "no_changes";
+
+/// What such a run's last chat log entry says.
+pub const NO_CHANGES_MESSAGE: &str = "Workflow completed without changing anything: the model \
+    made no file edit and no GitLab change. Try a smaller, more specific goal (name the file and \
+    the change), or configure a larger model.";
+
 /// How a stream ended without an error.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunOutcome {
@@ -641,9 +650,8 @@ impl Run {
             }
             if self.state.next_node.is_none() {
                 self.state.status = WorkflowStatus::Completed;
-                self.state
-                    .ui_chat_log
-                    .push(UiChatLogEntry::new("workflow_end", "Workflow completed."));
+                let end = self.end_entry();
+                self.state.ui_chat_log.push(end);
             }
             // A model's calls to read-only tools are stored with their
             // results a moment later: writing a long run's state costs more
@@ -709,6 +717,35 @@ impl Run {
         self.save_as(source).await?;
         self.writer.flush().await?;
         self.notify().await
+    }
+
+    /// The last chat log entry of a completed run. A software development
+    /// run that changed nothing says so (sub type [`NO_CHANGES`]), so that
+    /// nobody takes a run that only talked for a successful edit.
+    fn end_entry(&self) -> UiChatLogEntry {
+        if self.flow != Flow::SoftwareDevelopment || self.changed_something() {
+            return UiChatLogEntry::new("workflow_end", "Workflow completed.");
+        }
+        let mut entry = UiChatLogEntry::new("workflow_end", NO_CHANGES_MESSAGE);
+        entry.message_sub_type = Some(NO_CHANGES.to_owned());
+        entry.status = Some("failure".to_owned());
+        entry
+    }
+
+    /// Whether a tool that changes files or GitLab (anything with side
+    /// effects but `mkdir`) ran successfully in this run.
+    fn changed_something(&self) -> bool {
+        self.state.ui_chat_log.iter().any(|entry| {
+            entry.message_type == "tool"
+                && entry.status.as_deref() == Some("success")
+                && entry.tool_info.as_ref().is_some_and(|info| {
+                    info.name != "mkdir"
+                        && self
+                            .policy
+                            .find(&info.name)
+                            .is_none_or(|tool| tool.has_side_effects())
+                })
+        })
     }
 
     /// Whether `node` runs tools with side effects (anything but reading

@@ -11,6 +11,7 @@ mod stream_support;
 mod workflow_support;
 
 mod agent_api;
+mod agent_budget;
 mod agent_native;
 mod agent_prompt;
 mod agent_stream;

@@ -553,6 +553,70 @@ async fn software_development_plans_asks_and_executes() {
 }
 
 #[actix_web::test]
+async fn a_software_development_run_that_edits_nothing_says_so() {
+    let (fake, monolith, service) = support::harness(support::anthropic).await;
+    let workspace = TempWorkspace::new(&[("README.md", "Hello\n")]);
+    let id = monolith.create_workflow("software_development", &[1, 2], &[2]);
+    // Context builder reads, then reports; the planner plans; the executor
+    // (a small model) only talks about the edit.
+    fake.push_tool_calls("", vec![read_call()]);
+    fake.push_text("README.md holds one line: Hello.");
+    fake.push_tool_calls(
+        "",
+        vec![ToolCall::new(
+            "plan",
+            "create_plan",
+            json!({"steps": ["Add the greeting to README.md"]}),
+        )],
+    );
+    fake.push_text("Add a greeting to README.md. Add a greeting to README.md.");
+    let mut approver = ScriptedApprover::new(vec![Decision::Approve]);
+    let mut recorder = Recorder::default();
+    let end = service
+        .session(&monolith, &workspace, id, "software_development", GOAL)
+        .run(&mut approver, &mut recorder)
+        .await
+        .unwrap();
+    let SessionEnd::FinishedWithoutChanges(message) = end else {
+        panic!("a run without an edit ended as {end:?}");
+    };
+    assert!(
+        message.starts_with("Workflow completed without changing anything"),
+        "{message}"
+    );
+    assert!(message.contains("larger model"), "{message}");
+    assert_eq!(workspace.read("README.md"), "Hello\n");
+    let stored = monolith.workflow(id);
+    assert_eq!(stored.events.last().map(String::as_str), Some("finish"));
+    let last = &stored.checkpoints.last().unwrap()["checkpoint"]["channel_values"];
+    let end_entry = last["ui_chat_log"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(end_entry["message_type"], "workflow_end");
+    assert_eq!(end_entry["message_sub_type"], "no_changes");
+    assert_eq!(end_entry["status"], "failure");
+}
+
+#[actix_web::test]
+async fn a_chat_run_without_tools_is_a_plain_finish() {
+    let (fake, monolith, service) = support::harness(support::anthropic).await;
+    let workspace = TempWorkspace::new(&[]);
+    let id = monolith.create_workflow("chat", &[1, 2], &[2]);
+    fake.push_text("Hello.");
+    let mut approver = ScriptedApprover::new(vec![]);
+    let mut recorder = Recorder::default();
+    let end = service
+        .session(&monolith, &workspace, id, "chat", "say hi")
+        .run(&mut approver, &mut recorder)
+        .await
+        .unwrap();
+    assert_eq!(end, SessionEnd::Finished);
+}
+
+#[actix_web::test]
 async fn a_self_hosted_model_is_used_and_stored_without_its_key() {
     let (fake, monolith, service) = support::harness(|fake| {
         let mut vars = support::anthropic(fake);

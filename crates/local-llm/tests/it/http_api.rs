@@ -223,8 +223,11 @@ async fn models_and_health_describe_the_served_models() {
         .filter_map(|m| m["id"].as_str())
         .collect();
     assert_eq!(ids, vec![CHAT_MODEL, EMBED_MODEL]);
-    let health = reqwest::get(format!("{base}/health")).await.expect("get");
-    assert_eq!(health.status(), StatusCode::OK);
+    // The fake engine's context: clients size their prompts by it.
+    assert_eq!(models["data"][0]["context_length"], 4096);
+    assert!(models["data"][1].get("context_length").is_none());
+    let health: Value = common::get_json(&format!("{base}/health")).await;
+    assert_eq!(health["chat_context_tokens"], 4096);
 }
 
 #[actix_web::test]
