@@ -25,11 +25,13 @@ pub const RETRY_AFTER: Duration = Duration::from_secs(60);
 /// How long the model list may take.
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// `(base url, model)` → the size, or none and when that was learnt.
+type Known = HashMap<(String, String), (Option<u32>, Instant)>;
+
 #[derive(Debug, Default)]
 pub struct ContextWindows {
     client: reqwest::Client,
-    /// `(base url, model)` → the size, or none and when that was learnt.
-    known: Mutex<HashMap<(String, String), (Option<u32>, Instant)>>,
+    known: Mutex<Known>,
 }
 
 impl ContextWindows {
