@@ -1,15 +1,25 @@
 //! Sentence embeddings with a BERT-family model (all-MiniLM-L6-v2 by
 //! default): mean pooling over real tokens, then L2 normalisation.
+//!
+//! Inputs are not padded to a common length: a batch runs packed end to end
+//! through [`PackedBert`], in slices of at most [`TOKENS_PER_FORWARD`] tokens
+//! so memory stays bounded however many inputs a request carries.
 
 use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::bert::{BertModel, Config as BertConfig};
-use tokenizers::{PaddingParams, PaddingStrategy, Tokenizer, TruncationParams};
+use candle_transformers::models::bert::Config as BertConfig;
+use tokenizers::{Tokenizer, TruncationParams};
+
+use crate::packed_bert::PackedBert;
 
 /// sentence-transformers truncates all-MiniLM-L6-v2 inputs at 256 word pieces.
 pub const MAX_SEQUENCE_TOKENS: usize = 256;
+
+/// Most tokens in one forward pass (32 inputs at the sequence limit): bounds
+/// the activations to a few tens of megabytes.
+pub const TOKENS_PER_FORWARD: usize = 32 * MAX_SEQUENCE_TOKENS;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EmbedError {
@@ -47,9 +57,8 @@ fn inference(e: impl std::fmt::Display) -> EmbedError {
 }
 
 pub struct Embedder {
-    model: BertModel,
+    model: PackedBert,
     tokenizer: Tokenizer,
-    device: Device,
     dimensions: usize,
 }
 
@@ -66,10 +75,8 @@ impl Embedder {
             .map_err(|e| load_err(format!("config.json: {e}")))?;
         let mut tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))
             .map_err(|e| load_err(format!("tokenizer.json: {e}")))?;
-        tokenizer.with_padding(Some(PaddingParams {
-            strategy: PaddingStrategy::BatchLongest,
-            ..PaddingParams::default()
-        }));
+        // No padding: every input keeps its own length.
+        tokenizer.with_padding(None);
         tokenizer
             .with_truncation(Some(TruncationParams {
                 max_length: MAX_SEQUENCE_TOKENS,
@@ -81,11 +88,10 @@ impl Embedder {
         let device = Device::Cpu;
         let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, &device)
             .map_err(|e| load_err(e.to_string()))?;
-        let model = BertModel::load(vb, &config).map_err(|e| load_err(e.to_string()))?;
+        let model = PackedBert::load(vb, &config).map_err(|e| load_err(e.to_string()))?;
         Ok(Self {
             model,
             tokenizer,
-            device,
             dimensions: config.hidden_size,
         })
     }
@@ -117,35 +123,29 @@ impl Embedder {
             .tokenizer
             .encode_batch(texts.to_vec(), true)
             .map_err(inference)?;
-        let rows = encodings.len();
-        let cols = encodings.first().map_or(0, |e| e.get_ids().len());
-        let mut ids = Vec::with_capacity(rows * cols);
-        let mut mask = Vec::with_capacity(rows * cols);
-        let mut token_counts = Vec::with_capacity(rows);
-        let mut truncated = Vec::with_capacity(rows);
-        for encoding in &encodings {
-            ids.extend_from_slice(encoding.get_ids());
-            mask.extend_from_slice(encoding.get_attention_mask());
-            token_counts.push(
-                encoding
-                    .get_attention_mask()
-                    .iter()
-                    .filter(|m| **m == 1)
-                    .count(),
-            );
-            truncated.push(!encoding.get_overflowing().is_empty());
+        let token_counts: Vec<usize> = encodings.iter().map(|e| e.get_ids().len()).collect();
+        let truncated = encodings
+            .iter()
+            .map(|e| !e.get_overflowing().is_empty())
+            .collect();
+        let mut vectors = Vec::with_capacity(encodings.len());
+        let mut start = 0;
+        while start < encodings.len() {
+            // At least one input per pass; then as many as fit the budget.
+            let mut end = start + 1;
+            let mut tokens = token_counts[start];
+            while end < encodings.len() && tokens + token_counts[end] <= TOKENS_PER_FORWARD {
+                tokens += token_counts[end];
+                end += 1;
+            }
+            let ids: Vec<&[u32]> = encodings[start..end].iter().map(|e| e.get_ids()).collect();
+            let pooled = self.model.forward_pooled(&ids).map_err(inference)?;
+            let normalised = l2_normalise(&pooled).map_err(inference)?;
+            vectors.extend(normalised.to_vec2::<f32>().map_err(inference)?);
+            start = end;
         }
-        let ids = Tensor::from_vec(ids, (rows, cols), &self.device).map_err(inference)?;
-        let mask = Tensor::from_vec(mask, (rows, cols), &self.device).map_err(inference)?;
-        let type_ids = ids.zeros_like().map_err(inference)?;
-        let hidden = self
-            .model
-            .forward(&ids, &type_ids, Some(&mask))
-            .map_err(inference)?;
-        let pooled = mean_pool(&hidden, &mask).map_err(inference)?;
-        let normalised = l2_normalise(&pooled).map_err(inference)?;
         Ok(Embedded {
-            vectors: normalised.to_vec2::<f32>().map_err(inference)?,
+            vectors,
             token_counts,
             truncated,
         })
@@ -158,14 +158,6 @@ impl EmbedModel for Embedder {
     }
 }
 
-/// Average of the token vectors whose attention mask is 1.
-fn mean_pool(hidden: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
-    let mask = mask.to_dtype(DType::F32)?.unsqueeze(2)?;
-    let summed = hidden.broadcast_mul(&mask)?.sum(1)?;
-    let counts = mask.sum(1)?.clamp(1e-9f32, f32::MAX)?;
-    summed.broadcast_div(&counts)
-}
-
 fn l2_normalise(vectors: &Tensor) -> candle_core::Result<Tensor> {
     let norms = vectors
         .sqr()?
@@ -173,4 +165,90 @@ fn l2_normalise(vectors: &Tensor) -> candle_core::Result<Tensor> {
         .sqrt()?
         .clamp(1e-12f32, f32::MAX)?;
     vectors.broadcast_div(&norms)
+}
+
+/// The embedder as it was before inputs were packed: the whole batch padded
+/// to its longest input and run through candle's `BertModel` with an
+/// attention mask. Kept as the reference the packed path is checked against
+/// (tests and the throughput example); not used to serve.
+pub struct PaddedReference {
+    model: candle_transformers::models::bert::BertModel,
+    tokenizer: Tokenizer,
+    device: Device,
+}
+
+impl PaddedReference {
+    pub fn load(dir: &Path) -> Result<Self, EmbedError> {
+        let load_err = |reason: String| EmbedError::Load {
+            dir: dir.display().to_string(),
+            reason,
+        };
+        let config_text = std::fs::read_to_string(dir.join("config.json"))
+            .map_err(|e| load_err(format!("config.json: {e}")))?;
+        let config: BertConfig = serde_json::from_str(&config_text)
+            .map_err(|e| load_err(format!("config.json: {e}")))?;
+        let mut tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))
+            .map_err(|e| load_err(format!("tokenizer.json: {e}")))?;
+        tokenizer.with_padding(Some(tokenizers::PaddingParams {
+            strategy: tokenizers::PaddingStrategy::BatchLongest,
+            ..tokenizers::PaddingParams::default()
+        }));
+        tokenizer
+            .with_truncation(Some(TruncationParams {
+                max_length: MAX_SEQUENCE_TOKENS,
+                ..TruncationParams::default()
+            }))
+            .map_err(|e| load_err(format!("tokenizer truncation: {e}")))?;
+        let weights = std::fs::read(dir.join("model.safetensors"))
+            .map_err(|e| load_err(format!("model.safetensors: {e}")))?;
+        let device = Device::Cpu;
+        let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, &device)
+            .map_err(|e| load_err(e.to_string()))?;
+        let model = candle_transformers::models::bert::BertModel::load(vb, &config)
+            .map_err(|e| load_err(e.to_string()))?;
+        Ok(Self {
+            model,
+            tokenizer,
+            device,
+        })
+    }
+
+    /// Unit-length vectors, in order.
+    pub fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        if texts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let encodings = self
+            .tokenizer
+            .encode_batch(texts.to_vec(), true)
+            .map_err(inference)?;
+        let rows = encodings.len();
+        let cols = encodings.first().map_or(0, |e| e.get_ids().len());
+        let mut ids = Vec::with_capacity(rows * cols);
+        let mut mask = Vec::with_capacity(rows * cols);
+        for encoding in &encodings {
+            ids.extend_from_slice(encoding.get_ids());
+            mask.extend_from_slice(encoding.get_attention_mask());
+        }
+        let ids = Tensor::from_vec(ids, (rows, cols), &self.device).map_err(inference)?;
+        let mask = Tensor::from_vec(mask, (rows, cols), &self.device).map_err(inference)?;
+        let type_ids = ids.zeros_like().map_err(inference)?;
+        let hidden = self
+            .model
+            .forward(&ids, &type_ids, Some(&mask))
+            .map_err(inference)?;
+        let pooled = mean_pool(&hidden, &mask).map_err(inference)?;
+        l2_normalise(&pooled)
+            .map_err(inference)?
+            .to_vec2::<f32>()
+            .map_err(inference)
+    }
+}
+
+/// Average of the token vectors whose attention mask is 1.
+fn mean_pool(hidden: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
+    let mask = mask.to_dtype(DType::F32)?.unsqueeze(2)?;
+    let summed = hidden.broadcast_mul(&mask)?.sum(1)?;
+    let counts = mask.sum(1)?.clamp(1e-9f32, f32::MAX)?;
+    summed.broadcast_div(&counts)
 }

@@ -13,6 +13,7 @@ pub mod error;
 pub mod fetch;
 pub mod generation;
 pub mod grammar;
+pub mod packed_bert;
 pub mod server;
 pub mod stop;
 #[doc(hidden)]

@@ -9,7 +9,7 @@
 use crate::common;
 
 use local_llm::chat_template::{ChatMessage, render_chatml};
-use local_llm::embeddings::{Embedder, MAX_SEQUENCE_TOKENS};
+use local_llm::embeddings::{Embedder, MAX_SEQUENCE_TOKENS, PaddedReference};
 use local_llm::engine::{ChatEngine, EngineFinish, Flow, LlamaEngine, SamplingParams};
 use serde_json::Value;
 
@@ -146,4 +146,42 @@ fn long_inputs_are_cut_at_the_sequence_limit_and_flagged() {
     assert_eq!(embedded.truncated, vec![true, false]);
     assert_eq!(embedded.token_counts[1], 4);
     assert_eq!(embedded.total_tokens(), MAX_SEQUENCE_TOKENS + 4);
+}
+
+/// The packed path (no padding, per-input attention) gives today's vectors:
+/// cosine ≥ 0.999 against the padded candle `BertModel` for every input,
+/// in order, whatever the mix of lengths in the batch.
+#[test]
+fn packed_embeddings_match_the_padded_model() {
+    let dir = common::test_config().embed_model_dir;
+    let embedder = Embedder::load(&dir).expect("embedder loads");
+    let reference = PaddedReference::load(&dir).expect("reference loads");
+    let texts: Vec<String> = vec![
+        String::new(),
+        "Hi.".into(),
+        "How do I configure merge request approvals?".into(),
+        "fn main() {\n    let client = reqwest::Client::new();\n    println!(\"{:?}\", client);\n}"
+            .into(),
+        "Ünïcödé, emoji 🚀 and CJK 漢字 in one line.".into(),
+        "def handle(request):\n    return Response(status=204)\n".repeat(12),
+        "merge request review ".repeat(200),
+        "class Client:\n    \"\"\"An HTTP client with connection pooling.\"\"\"\n".repeat(3),
+    ];
+    let packed = embedder.embed(&texts).expect("packed");
+    let padded = reference.embed(&texts).expect("padded");
+    assert_eq!(packed.vectors.len(), texts.len());
+    for ((text, a), b) in texts.iter().zip(&packed.vectors).zip(&padded) {
+        let cosine: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+        assert!(cosine >= 0.999, "cosine {cosine} for {text:?}");
+    }
+    // One input at a time gives the same vectors as the batch.
+    for (text, batched) in texts.iter().zip(&packed.vectors) {
+        let single = embedder.embed(std::slice::from_ref(text)).expect("single");
+        let cosine: f32 = single.vectors[0]
+            .iter()
+            .zip(batched)
+            .map(|(x, y)| x * y)
+            .sum();
+        assert!(cosine >= 0.99999, "cosine {cosine} alone for {text:?}");
+    }
 }

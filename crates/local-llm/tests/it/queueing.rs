@@ -338,11 +338,14 @@ async fn embeddings_are_admitted_boundedly_and_refused_with_503_when_full() {
         c.embed_queue_capacity = 1;
     })
     .await;
-    let embed = |text: &str| json!({ "model": EMBED_MODEL, "input": [text] });
+    // Index-sized batches: a request of a few short inputs is a question,
+    // which has a lane of its own (below).
+    let embed = |text: &str| json!({ "model": EMBED_MODEL, "input": vec![text; 5] });
+    let batch = |text: &str| vec![text.to_owned(); 5];
     let running = spawn_post(&app.base, "/v1/embeddings", embed("running"));
     assert_eq!(
         app.embedder.entered().await.expect("the first call runs"),
-        vec!["running".to_owned()]
+        batch("running")
     );
     let waiting = spawn_post(&app.base, "/v1/embeddings", embed("waiting"));
     until_health(&app.base, "one waiting embedding request", |h| {
@@ -357,7 +360,7 @@ async fn embeddings_are_admitted_boundedly_and_refused_with_503_when_full() {
     let (status, body) = spawn_post(
         &app.base,
         VERTEX_PATH,
-        json!({ "instances": [{ "content": "refused too" }] }),
+        json!({ "instances": vec![json!({ "content": "refused too" }); 5] }),
     )
     .await
     .expect("task");
@@ -370,7 +373,7 @@ async fn embeddings_are_admitted_boundedly_and_refused_with_503_when_full() {
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(
         app.embedder.entered().await.expect("the waiter runs next"),
-        vec!["waiting".to_owned()]
+        batch("waiting")
     );
     app.embedder.allow(1);
     assert_eq!(waiting.await.expect("task").0, StatusCode::OK);
