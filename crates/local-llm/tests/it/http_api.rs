@@ -223,11 +223,14 @@ async fn models_and_health_describe_the_served_models() {
         .filter_map(|m| m["id"].as_str())
         .collect();
     assert_eq!(ids, vec![CHAT_MODEL, EMBED_MODEL]);
-    // The fake engine's context: clients size their prompts by it.
-    assert_eq!(models["data"][0]["context_length"], 4096);
+    // The chat model's context, as the engine runs it: clients size their
+    // prompts by it (the same figure under both names, and in /health).
+    let context = models["data"][0]["context_length"].as_u64().unwrap_or(0);
+    assert!(context > 0, "{models}");
+    assert_eq!(models["data"][0]["max_model_len"], context);
     assert!(models["data"][1].get("context_length").is_none());
     let health: Value = common::get_json(&format!("{base}/health")).await;
-    assert_eq!(health["chat_context_tokens"], 4096);
+    assert_eq!(health["chat_context_tokens"], context);
 }
 
 #[actix_web::test]
