@@ -56,6 +56,40 @@ fn inference(e: impl std::fmt::Display) -> EmbedError {
     EmbedError::Inference(e.to_string())
 }
 
+fn load_error(dir: &Path, reason: String) -> EmbedError {
+    EmbedError::Load {
+        dir: dir.display().to_string(),
+        reason,
+    }
+}
+
+/// The model's configuration, its tokenizer (truncating to
+/// [`MAX_SEQUENCE_TOKENS`], padding as asked) and its weights, from `dir`.
+fn load_parts(
+    dir: &Path,
+    padding: Option<tokenizers::PaddingParams>,
+) -> Result<(BertConfig, Tokenizer, VarBuilder<'static>), EmbedError> {
+    let load_err = |reason: String| load_error(dir, reason);
+    let config_text = std::fs::read_to_string(dir.join("config.json"))
+        .map_err(|e| load_err(format!("config.json: {e}")))?;
+    let config: BertConfig =
+        serde_json::from_str(&config_text).map_err(|e| load_err(format!("config.json: {e}")))?;
+    let mut tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))
+        .map_err(|e| load_err(format!("tokenizer.json: {e}")))?;
+    tokenizer.with_padding(padding);
+    tokenizer
+        .with_truncation(Some(TruncationParams {
+            max_length: MAX_SEQUENCE_TOKENS,
+            ..TruncationParams::default()
+        }))
+        .map_err(|e| load_err(format!("tokenizer truncation: {e}")))?;
+    let weights = std::fs::read(dir.join("model.safetensors"))
+        .map_err(|e| load_err(format!("model.safetensors: {e}")))?;
+    let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, &Device::Cpu)
+        .map_err(|e| load_err(e.to_string()))?;
+    Ok((config, tokenizer, vb))
+}
+
 pub struct Embedder {
     model: PackedBert,
     tokenizer: Tokenizer,
@@ -65,30 +99,9 @@ pub struct Embedder {
 impl Embedder {
     /// Loads `config.json`, `tokenizer.json` and `model.safetensors` from `dir`.
     pub fn load(dir: &Path) -> Result<Self, EmbedError> {
-        let load_err = |reason: String| EmbedError::Load {
-            dir: dir.display().to_string(),
-            reason,
-        };
-        let config_text = std::fs::read_to_string(dir.join("config.json"))
-            .map_err(|e| load_err(format!("config.json: {e}")))?;
-        let config: BertConfig = serde_json::from_str(&config_text)
-            .map_err(|e| load_err(format!("config.json: {e}")))?;
-        let mut tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))
-            .map_err(|e| load_err(format!("tokenizer.json: {e}")))?;
         // No padding: every input keeps its own length.
-        tokenizer.with_padding(None);
-        tokenizer
-            .with_truncation(Some(TruncationParams {
-                max_length: MAX_SEQUENCE_TOKENS,
-                ..TruncationParams::default()
-            }))
-            .map_err(|e| load_err(format!("tokenizer truncation: {e}")))?;
-        let weights = std::fs::read(dir.join("model.safetensors"))
-            .map_err(|e| load_err(format!("model.safetensors: {e}")))?;
-        let device = Device::Cpu;
-        let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, &device)
-            .map_err(|e| load_err(e.to_string()))?;
-        let model = PackedBert::load(vb, &config).map_err(|e| load_err(e.to_string()))?;
+        let (config, tokenizer, vb) = load_parts(dir, None)?;
+        let model = PackedBert::load(vb, &config).map_err(|e| load_error(dir, e.to_string()))?;
         Ok(Self {
             model,
             tokenizer,
@@ -179,33 +192,14 @@ pub struct PaddedReference {
 
 impl PaddedReference {
     pub fn load(dir: &Path) -> Result<Self, EmbedError> {
-        let load_err = |reason: String| EmbedError::Load {
-            dir: dir.display().to_string(),
-            reason,
-        };
-        let config_text = std::fs::read_to_string(dir.join("config.json"))
-            .map_err(|e| load_err(format!("config.json: {e}")))?;
-        let config: BertConfig = serde_json::from_str(&config_text)
-            .map_err(|e| load_err(format!("config.json: {e}")))?;
-        let mut tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))
-            .map_err(|e| load_err(format!("tokenizer.json: {e}")))?;
-        tokenizer.with_padding(Some(tokenizers::PaddingParams {
+        let padding = tokenizers::PaddingParams {
             strategy: tokenizers::PaddingStrategy::BatchLongest,
             ..tokenizers::PaddingParams::default()
-        }));
-        tokenizer
-            .with_truncation(Some(TruncationParams {
-                max_length: MAX_SEQUENCE_TOKENS,
-                ..TruncationParams::default()
-            }))
-            .map_err(|e| load_err(format!("tokenizer truncation: {e}")))?;
-        let weights = std::fs::read(dir.join("model.safetensors"))
-            .map_err(|e| load_err(format!("model.safetensors: {e}")))?;
-        let device = Device::Cpu;
-        let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, &device)
-            .map_err(|e| load_err(e.to_string()))?;
+        };
+        let (config, tokenizer, vb) = load_parts(dir, Some(padding))?;
+        let device = vb.device().clone();
         let model = candle_transformers::models::bert::BertModel::load(vb, &config)
-            .map_err(|e| load_err(e.to_string()))?;
+            .map_err(|e| load_error(dir, e.to_string()))?;
         Ok(Self {
             model,
             tokenizer,

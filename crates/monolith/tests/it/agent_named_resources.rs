@@ -145,34 +145,18 @@ async fn a_seat_without_the_reader_primitive_gets_no_context() {
     let _ = agent_support::gid("Issue", 0);
 }
 
-async fn failed_job(bench: &Bench, project: i64, log: &str) -> i64 {
-    let pipeline = bench
-        .fx
-        .id(
-            "INSERT INTO ci_pipelines (project_id, ref, sha, status) VALUES ($1, 'main', 'abc', 'failed') RETURNING id",
-            &[&project],
-        )
-        .await;
-    bench
-        .fx
-        .id(
-            "INSERT INTO ci_builds (project_id, pipeline_id, name, stage, status, log)
-             VALUES ($1, $2, 'lint', 'test', 'failed', $3) RETURNING id",
-            &[&project, &pipeline, &log],
-        )
-        .await
-}
-
 #[tokio::test]
 async fn a_linked_job_is_attached_for_a_reader_and_never_for_anyone_else() {
     let bench = Bench::start().await;
     let world = bench.world().await;
     let base = bench.external_url.trim_end_matches('/').to_owned();
-    let readable = failed_job(&bench, world.project, "error: LINT_FAILED_HERE").await;
+    let readable = bench
+        .failed_job(world.project, "error: LINT_FAILED_HERE")
+        .await;
     let owner = bench.fx.user("owner").await;
     let secret = bench.fx.project(world.group, "secret", "private").await;
     bench.fx.project_member(secret, owner, 40).await;
-    let hidden = failed_job(&bench, secret, "error: HIDDEN_JOB_LOG").await;
+    let hidden = bench.failed_job(secret, "error: HIDDEN_JOB_LOG").await;
 
     answered_without_tools(
         &bench,

@@ -195,24 +195,6 @@ async fn a_too_long_conversation_is_a1005() {
 }
 
 /// A failed pipeline with one failed job in `project`; the job's id.
-async fn failed_job(bench: &Bench, project: i64, log: &str) -> i64 {
-    let pipeline = bench
-        .fx
-        .id(
-            "INSERT INTO ci_pipelines (project_id, ref, sha, status) VALUES ($1, 'main', 'abc', 'failed') RETURNING id",
-            &[&project],
-        )
-        .await;
-    bench
-        .fx
-        .id(
-            "INSERT INTO ci_builds (project_id, pipeline_id, name, stage, status, log)
-             VALUES ($1, $2, 'lint', 'test', 'failed', $3) RETURNING id",
-            &[&project, &pipeline, &log],
-        )
-        .await
-}
-
 /// The readers go through one entry (`work_items::read_for_ai`), so a
 /// refusal is the policy's code whichever tool met it, and the answer is the
 /// same whether the item is hidden or missing.
@@ -226,7 +208,7 @@ async fn every_reader_refuses_alike() {
     bench
         .issue(secret, owner, 1, "Launch", "SECRET_ISSUE", false)
         .await;
-    let hidden_job = failed_job(&bench, secret, "SECRET_LOG").await;
+    let hidden_job = bench.failed_job(secret, "SECRET_LOG").await;
     // Duo is off in this project, which the user can read.
     let quiet = bench.fx.project(world.group, "quiet", "private").await;
     bench.fx.project_member(quiet, world.user, 30).await;
@@ -234,7 +216,7 @@ async fn every_reader_refuses_alike() {
     bench
         .issue(quiet, world.user, 1, "Calm", "QUIET_ISSUE", false)
         .await;
-    let quiet_job = failed_job(&bench, quiet, "QUIET_LOG").await;
+    let quiet_job = bench.failed_job(quiet, "QUIET_LOG").await;
     let job_url =
         |id: i64, project: &str| format!("{}/gl/{project}/-/jobs/{id}", bench.external_url);
 
@@ -302,7 +284,7 @@ async fn every_reader_answers_the_same_code_for_the_same_failure() {
     bench
         .issue(world.project, world.user, 1, "Crash", "CRASH_BODY", false)
         .await;
-    let job = failed_job(&bench, world.project, "JOB_LOG").await;
+    let job = bench.failed_job(world.project, "JOB_LOG").await;
     let job_question = format!("Why did {}/gl/app/-/jobs/{job} fail?", bench.external_url);
     let mut url = url::Url::parse(bench.fx.db.url()).unwrap();
     let proxy = ChaosProxy::start(url.port().unwrap()).await;

@@ -225,6 +225,24 @@ impl Bench {
             .await
     }
 
+    /// A failed CI job (in a failed pipeline on `main`) with this log.
+    pub async fn failed_job(&self, project: i64, log: &str) -> i64 {
+        let pipeline = self
+            .fx
+            .id(
+                "INSERT INTO ci_pipelines (project_id, ref, sha, status) VALUES ($1, 'main', 'abc', 'failed') RETURNING id",
+                &[&project],
+            )
+            .await;
+        self.fx
+            .id(
+                "INSERT INTO ci_builds (project_id, pipeline_id, name, stage, status, log)
+                 VALUES ($1, $2, 'lint', 'test', 'failed', $3) RETURNING id",
+                &[&project, &pipeline, &log],
+            )
+            .await
+    }
+
     /// Stores the question in a new thread and answers it.
     pub async fn ask(&self, user: Actor, content: &str, resource_id: Option<String>) -> Answered {
         self.ask_with(user, content, resource_id, None, self.responder_ref())
