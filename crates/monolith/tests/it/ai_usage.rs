@@ -28,7 +28,7 @@ use uuid::Uuid;
 
 use crate::agent_support::{Bench, gid};
 use crate::support::{Fx, Server};
-use crate::web_sign_in::{browser, set_password, sign_in};
+use crate::web_sign_in::{set_password, signed_in};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
@@ -727,20 +727,9 @@ async fn the_admin_page_draws_the_charts() {
     }
     let server = Server::start(&fx).await;
 
-    let admin = browser();
-    assert_eq!(
-        sign_in(&admin, &server, "root", "correct horse battery")
-            .await
-            .status(),
-        303
-    );
-    let res = admin
-        .get(server.url("/admin/ai_usage?days=7"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 200);
-    let page = res.text().await.unwrap();
+    let admin = signed_in(&server, "root", "correct horse battery").await;
+    let (status, page) = admin.page("/admin/ai_usage?days=7").await;
+    assert_eq!(status, 200);
     for chart in ["questions", "first-token", "errors", "tools", "categories"] {
         assert!(
             page.contains(&format!("<svg class=\"chart\" data-chart=\"{chart}\"")),
@@ -759,17 +748,6 @@ async fn the_admin_page_draws_the_charts() {
         "listed in the admin navigation"
     );
 
-    let user = browser();
-    assert_eq!(
-        sign_in(&user, &server, "alice", "correct horse battery")
-            .await
-            .status(),
-        303
-    );
-    let res = user
-        .get(server.url("/admin/ai_usage"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 404);
+    let user = signed_in(&server, "alice", "correct horse battery").await;
+    assert_eq!(user.page("/admin/ai_usage").await.0, 404);
 }

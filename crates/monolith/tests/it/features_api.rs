@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use crate::agent_support::Bench;
 use crate::rest_support::{delete, get, post, send};
 use crate::support::{Fx, Server};
-use crate::web_sign_in::{browser, set_password, sign_in, token_in};
+use crate::web_sign_in::{set_password, signed_in};
 
 const COMMIT_FLAG: &str = "ai_commit_reader_for_chat";
 
@@ -363,14 +363,7 @@ async fn gates_decide_per_actor_and_percentage_of_actors_is_stable() {
     );
 }
 
-async fn page(server: &Server, client: &crate::web_sign_in::Browser) -> (u16, String) {
-    let res = client
-        .get(server.url("/admin/feature_flags"))
-        .send()
-        .await
-        .unwrap();
-    (res.status().as_u16(), res.text().await.unwrap())
-}
+const FLAGS_PAGE: &str = "/admin/feature_flags";
 
 #[tokio::test]
 async fn the_admin_page_lists_flags_and_turns_them_on_and_off() {
@@ -378,14 +371,8 @@ async fn the_admin_page_lists_flags_and_turns_them_on_and_off() {
     let root = w.fx.admin("pageadmin").await;
     set_password(&w.fx, root.id, "correct horse battery").await;
     set_password(&w.fx, w.alice, "correct horse battery").await;
-    let client = browser();
-    assert_eq!(
-        sign_in(&client, &w.server, "pageadmin", "correct horse battery")
-            .await
-            .status(),
-        303
-    );
-    let (status, html) = page(&w.server, &client).await;
+    let admin = signed_in(&w.server, "pageadmin", "correct horse battery").await;
+    let (status, html) = admin.page(FLAGS_PAGE).await;
     assert_eq!(status, 200);
     assert!(
         html.contains("href=\"/admin/feature_flags\""),
@@ -397,81 +384,59 @@ async fn the_admin_page_lists_flags_and_turns_them_on_and_off() {
     );
     assert!(html.contains("not set (default)"));
     assert!(html.contains("Duo Chat may read commits"));
-    let token = token_in(&html, "name=\"authenticity_token\"");
-
-    let form = |fields: Vec<(&'static str, String)>| {
-        let url = w.server.url("/admin/feature_flags");
-        let client = &client;
-        async move {
-            let fields: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_str())).collect();
-            client.post(url).form(&fields).send().await.unwrap()
-        }
-    };
-    // Without the form token: refused, nothing changed.
-    let res = form(vec![("name", COMMIT_FLAG.into()), ("action", "off".into())]).await;
-    assert_eq!(res.status(), 403);
-    let res = form(vec![
-        ("authenticity_token", "wrong".into()),
-        ("name", COMMIT_FLAG.into()),
-        ("action", "off".into()),
-    ])
-    .await;
-    assert_eq!(res.status(), 403);
+    assert!(
+        html.contains(&format!("value=\"{}\"", admin.csrf)),
+        "the form carries the session's token"
+    );
+    // Without the form token, or with a wrong one: refused, nothing changed.
+    for token in [None, Some("wrong")] {
+        let mut fields = vec![("name", COMMIT_FLAG), ("action", "off")];
+        fields.extend(token.map(|t| ("authenticity_token", t)));
+        let res = admin
+            .browser
+            .post(admin.url(FLAGS_PAGE))
+            .form(&fields)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 403, "token {token:?}");
+    }
     assert_eq!(
         get(&w.server, "/features", &w.admin_token).await.1,
         json!([])
     );
 
-    let res = form(vec![
-        ("authenticity_token", token.clone()),
-        ("name", COMMIT_FLAG.into()),
-        ("action", "off".into()),
-    ])
-    .await;
+    let res = admin
+        .post_form(FLAGS_PAGE, &[("name", COMMIT_FLAG), ("action", "off")])
+        .await;
     assert_eq!(res.status(), 303);
-    let (_, html) = page(&w.server, &client).await;
+    let (_, html) = admin.page(FLAGS_PAGE).await;
     assert!(html.contains("data-flag=\"ai_commit_reader_for_chat\" data-state=\"off\""));
     let back = res.headers()["location"].to_str().unwrap().to_owned();
     assert_eq!(back, "/admin/feature_flags?notice=switched");
-    let notice = client.get(w.server.url(&back)).send().await.unwrap();
-    assert!(notice.text().await.unwrap().contains("Switch changed."));
+    assert!(admin.page(&back).await.1.contains("Switch changed."));
     let (_, list) = get(&w.server, "/features", &w.admin_token).await;
     assert_eq!(list[0]["state"], "off");
 
     // Back to the default, and an unknown flag turned on by name.
-    form(vec![
-        ("authenticity_token", token.clone()),
-        ("name", COMMIT_FLAG.into()),
-        ("action", "reset".into()),
-    ])
-    .await;
-    form(vec![
-        ("authenticity_token", token.clone()),
-        ("name", "my_experiment".into()),
-        ("action", "on".into()),
-    ])
-    .await;
-    let (_, html) = page(&w.server, &client).await;
+    admin
+        .post_form(FLAGS_PAGE, &[("name", COMMIT_FLAG), ("action", "reset")])
+        .await;
+    admin
+        .post_form(FLAGS_PAGE, &[("name", "my_experiment"), ("action", "on")])
+        .await;
+    let (_, html) = admin.page(FLAGS_PAGE).await;
     assert!(html.contains("data-flag=\"ai_commit_reader_for_chat\" data-state=\"on\""));
     assert!(html.contains("data-flag=\"my_experiment\" data-state=\"on\""));
     assert!(html.contains("unknown flag: off"));
-    let res = form(vec![
-        ("authenticity_token", token.clone()),
-        ("name", "Not A Flag".into()),
-        ("action", "on".into()),
-    ])
-    .await;
+    let res = admin
+        .post_form(FLAGS_PAGE, &[("name", "Not A Flag"), ("action", "on")])
+        .await;
     assert_eq!(res.status(), 422);
 
     // Anyone else: not found, as the whole admin area.
-    let other = browser();
-    assert_eq!(
-        sign_in(&other, &w.server, "alice", "correct horse battery")
-            .await
-            .status(),
-        303
-    );
-    assert_eq!(page(&w.server, &other).await.0, 404);
+    let other = signed_in(&w.server, "alice", "correct horse battery").await;
+    assert_eq!(other.page(FLAGS_PAGE).await.0, 404);
 }
 
 #[tokio::test]

@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::support;
-use crate::web_sign_in::{Browser, browser, set_password, sign_in, token_in};
+use crate::web_sign_in::{SignedIn, browser, set_password, signed_in};
 
 use monolith::config::Realm;
 use monolith::policy::{Ability, Subject, access};
@@ -44,27 +44,10 @@ const ADMIN_FORMS: &[&str] = &[
 struct Setup {
     fx: Fx,
     server: Server,
-    root: Browser,
-    root_csrf: String,
+    root: SignedIn,
     alice: monolith::policy::Actor,
     group: i64,
     project: i64,
-}
-
-async fn signed_in(server: &Server, username: &str) -> (Browser, String) {
-    let client = browser();
-    let res = sign_in(&client, server, username, PASSWORD).await;
-    assert_eq!(res.status(), 303, "signing in {username}");
-    let page = client
-        .get(server.url("/-/chat"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let csrf = token_in(&page, "name=\"csrf-token\"");
-    (client, csrf)
 }
 
 async fn setup_with(settings: &[(&str, &str)]) -> Setup {
@@ -78,12 +61,11 @@ async fn setup_with(settings: &[(&str, &str)]) -> Setup {
     fx.group_member(group, alice, access::DEVELOPER).await;
     let project = fx.project(group, "site", "private").await;
     let server = Server::start_with_settings(&fx, fx.pool.clone(), settings).await;
-    let (root, root_csrf) = signed_in(&server, "root").await;
+    let root = signed_in(&server, "root", PASSWORD).await;
     Setup {
         fx,
         server,
         root,
-        root_csrf,
         alice,
         group,
         project,
@@ -95,21 +77,16 @@ async fn setup() -> Setup {
 }
 
 impl Setup {
+    fn url(&self, path: &str) -> String {
+        self.server.url(path)
+    }
+
     async fn post(&self, path: &str, fields: &[(&str, &str)]) -> reqwest::Response {
-        let mut all = vec![("authenticity_token", self.root_csrf.as_str())];
-        all.extend_from_slice(fields);
-        self.root
-            .post(self.server.url(path))
-            .form(&all)
-            .send()
-            .await
-            .unwrap()
+        self.root.post_form(path, fields).await
     }
 
     async fn page(&self, path: &str) -> (u16, String) {
-        let res = self.root.get(self.server.url(path)).send().await.unwrap();
-        let status = res.status().as_u16();
-        (status, res.text().await.unwrap())
+        self.root.page(path).await
     }
 
     async fn create_model(&self, name: &str, key: &str) -> i64 {
@@ -151,7 +128,7 @@ async fn only_instance_admins_see_the_admin_area() {
     // The admin reaches every page, and the navigation links to the area.
     for path in ADMIN_PAGES {
         let path = with_id(path, model);
-        let res = s.root.get(s.server.url(&path)).send().await.unwrap();
+        let res = s.root.browser.get(s.url(&path)).send().await.unwrap();
         let expected = if path == "/admin" { 303 } else { 200 };
         assert_eq!(res.status(), expected, "{path}");
         if expected == 200 {
@@ -160,44 +137,35 @@ async fn only_instance_admins_see_the_admin_area() {
     }
 
     // Alice, signed in with a valid form token, finds nothing at all.
-    let (alice, alice_csrf) = signed_in(&s.server, "alice").await;
-    let chat = alice
-        .get(s.server.url("/-/chat"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let alice = signed_in(&s.server, "alice", PASSWORD).await;
+    let (_, chat) = alice.page("/-/chat").await;
     assert!(!chat.contains("href=\"/admin\""), "no admin link for alice");
     for path in ADMIN_PAGES {
         let path = with_id(path, model);
-        let res = alice.get(s.server.url(&path)).send().await.unwrap();
-        assert_eq!(res.status(), 404, "GET {path}");
+        assert_eq!(alice.page(&path).await.0, 404, "GET {path}");
     }
     let alice_id = s.alice.id.to_string();
     let model_value = format!("self_hosted:{model}");
     for path in ADMIN_FORMS {
         let path = with_id(path, model);
         let res = alice
-            .post(s.server.url(&path))
-            .form(&[
-                ("authenticity_token", alice_csrf.as_str()),
-                ("ai_gateway_url", "https://evil.example"),
-                ("user_id", &alice_id),
-                ("add_on", "duo_enterprise"),
-                ("action", "assign"),
-                ("kind", "project"),
-                ("id", &s.project.to_string()),
-                ("enabled", "false"),
-                ("name", "hijacked"),
-                ("model", "gpt"),
-                ("endpoint", "https://evil.example/v1"),
-                ("duo_chat", model_value.as_str()),
-            ])
-            .send()
-            .await
-            .unwrap();
+            .post_form(
+                &path,
+                &[
+                    ("ai_gateway_url", "https://evil.example"),
+                    ("user_id", &alice_id),
+                    ("add_on", "duo_enterprise"),
+                    ("action", "assign"),
+                    ("kind", "project"),
+                    ("id", &s.project.to_string()),
+                    ("enabled", "false"),
+                    ("name", "hijacked"),
+                    ("model", "gpt"),
+                    ("endpoint", "https://evil.example/v1"),
+                    ("duo_chat", model_value.as_str()),
+                ],
+            )
+            .await;
         assert_eq!(res.status(), 404, "POST {path}");
     }
     // ... and changed nothing.
@@ -261,7 +229,8 @@ async fn admin_forms_need_the_session_form_token() {
             }
             let res = s
                 .root
-                .post(s.server.url(&path))
+                .browser
+                .post(s.url(&path))
                 .form(&fields)
                 .send()
                 .await
@@ -943,23 +912,14 @@ async fn the_graphql_api_narrows_models_and_settings_as_gitlab_does() {
 #[tokio::test]
 async fn the_chat_page_says_why_duo_chat_is_unavailable() {
     let s = setup().await;
-    let (alice, _) = signed_in(&s.server, "alice").await;
+    let alice = signed_in(&s.server, "alice", PASSWORD).await;
     let reason = |html: String| {
         let start = html.find("id=\"page-data\">").unwrap() + "id=\"page-data\">".len();
         let end = html[start..].find("</script>").unwrap();
         let json: serde_json::Value = serde_json::from_str(&html[start..start + end]).unwrap();
         json["unavailable"].as_str().map(str::to_owned)
     };
-    let chat = || async {
-        alice
-            .get(s.server.url("/-/chat"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    };
+    let chat = || async { alice.page("/-/chat").await.1 };
     let no_seat = reason(chat().await).unwrap();
     assert!(no_seat.contains("you need a GitLab Duo seat"), "{no_seat}");
 

@@ -103,6 +103,61 @@ impl Req<'_> {
     }
 }
 
+/// A browser signed in as one user, with the session's form token: how the
+/// admin and other page tests read pages and send forms.
+pub(crate) struct SignedIn {
+    pub(crate) browser: Browser,
+    pub(crate) csrf: String,
+    base: String,
+}
+
+/// Signs `username` in (their password set to `password`) and reads the
+/// session's form token from a page.
+pub(crate) async fn signed_in(server: &Server, username: &str, password: &str) -> SignedIn {
+    let browser = browser();
+    let res = sign_in(&browser, server, username, password).await;
+    assert_eq!(res.status(), 303, "signing in {username}");
+    let page = browser
+        .get(server.url("/-/chat"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let csrf = token_in(&page, "name=\"csrf-token\"");
+    SignedIn {
+        browser,
+        csrf,
+        base: server.url(""),
+    }
+}
+
+impl SignedIn {
+    pub(crate) fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// A page's status and HTML.
+    pub(crate) async fn page(&self, path: &str) -> (u16, String) {
+        let res = self.browser.get(self.url(path)).send().await.unwrap();
+        let status = res.status().as_u16();
+        (status, res.text().await.unwrap())
+    }
+
+    /// A form sent with the session's form token.
+    pub(crate) async fn post_form(&self, path: &str, fields: &[(&str, &str)]) -> reqwest::Response {
+        let mut all = vec![("authenticity_token", self.csrf.as_str())];
+        all.extend_from_slice(fields);
+        self.browser
+            .post(self.url(path))
+            .form(&all)
+            .send()
+            .await
+            .unwrap()
+    }
+}
+
 /// The value of `name="authenticity_token"` (or the csrf meta tag) in a page.
 pub(crate) fn token_in(html: &str, marker: &str) -> String {
     let start = html
