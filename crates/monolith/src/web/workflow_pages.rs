@@ -37,7 +37,8 @@ use super::layout::{self, Page};
 use crate::app_state::AppState;
 use crate::identity::sessions::{self, SessionUser};
 use crate::policy::{Ability, Actor, Subject};
-use crate::workflows::steering::{self, RunLeave, RunRequest, RunView, Steer};
+use crate::workflows::creation::{self, CreateContext, CreateError};
+use crate::workflows::steering::{self, RunView, Steer};
 use crate::workflows::store::{self, ListFilter, NewWorkflow, Workflow};
 use crate::workflows::{Caller, Status, WorkflowError, checkpoints, runs};
 
@@ -113,16 +114,16 @@ async fn may_start(
         .await?)
 }
 
-/// Leave to start runs of the product in the project: a runner is
+/// Whether runs of the product can start in the project: a runner is
 /// configured and the policy lets the user (and the service account) run
 /// workflows there.
-async fn product_run_leave(
+async fn may_run_product(
     state: &AppState,
     session: &SessionUser,
     project_id: i64,
-) -> Result<Option<RunLeave>, PageError> {
+) -> Result<bool, PageError> {
     if runs::configured_runner(&state.config).is_none() {
-        return Ok(None);
+        return Ok(false);
     }
     let db = state.pool.get().await?;
     steering::may_start_run(&*db, &state.policy, Actor::from(&session.user), project_id)
@@ -130,21 +131,33 @@ async fn product_run_leave(
         .map_err(workflow_error)
 }
 
-/// Leave for a run of the product, or why not: 422 without a runner, 403
-/// when the policy says no.
-async fn require_product_run_leave(
+/// Starts a run of the product through the path REST and GraphQL share.
+/// Refusals the user can act on come back as 422 with why: no runner, an
+/// empty repository, a missing branch; 403 when the policy says no.
+async fn start_product_run(
     state: &AppState,
     session: &SessionUser,
-    project_id: i64,
-) -> Result<RunLeave, PageError> {
+    request: creation::CreateRequest,
+) -> Result<Workflow, PageError> {
     if runs::configured_runner(&state.config).is_none() {
         return Err(PageError::Unprocessable(NO_RUNNER.to_owned()));
     }
-    product_run_leave(state, session, project_id)
-        .await?
-        .ok_or(PageError::Forbidden(
+    let context = CreateContext {
+        pool: &state.pool,
+        policy: &state.policy,
+        config: &state.config,
+        repositories: &state.repositories,
+    };
+    match creation::create(&context, Actor::from(&session.user), None, request).await {
+        Ok(created) => Ok(created.workflow),
+        Err(CreateError::Forbidden) => Err(PageError::Forbidden(
             "You cannot run workflows that change code in this project.",
-        ))
+        )),
+        Err(CreateError::IssueNotFound) => Err(PageError::NotFound),
+        Err(CreateError::BadRequest(why)) => Err(PageError::Unprocessable(why)),
+        Err(CreateError::Workflow(e)) => Err(workflow_error(e)),
+        Err(CreateError::Policy(e)) => Err(e.into()),
+    }
 }
 
 /// Whether an issue page offers "Run with Duo" (the caller checked that the
@@ -154,9 +167,7 @@ pub async fn may_run_with_duo(
     session: &SessionUser,
     project_id: i64,
 ) -> Result<bool, PageError> {
-    Ok(product_run_leave(state, session, project_id)
-        .await?
-        .is_some())
+    may_run_product(state, session, project_id).await
 }
 
 /// The "Run with Duo" button of an issue page.
@@ -239,10 +250,7 @@ async fn product_offer(
     if runs::configured_runner(&state.config).is_none() {
         return Ok(ProductOffer::Unavailable(NO_RUNNER));
     }
-    if product_run_leave(state, session, project.id)
-        .await?
-        .is_none()
-    {
+    if !may_run_product(state, session, project.id).await? {
         return Ok(ProductOffer::Unavailable(NO_SERVICE_ACCOUNT));
     }
     let branches: Vec<String> =
@@ -469,25 +477,17 @@ async fn start(
         .await;
     }
     if form.run_in.as_deref() == Some("product") {
-        let leave = require_product_run_leave(&state, &session, project.id).await?;
-        let request = RunRequest {
-            goal: goal.to_owned(),
-            source_branch: form.source_branch.filter(|b| !b.trim().is_empty()),
-            issue_id: None,
-        };
-        return match steering::start_run(
-            &state.pool,
-            &state.config,
-            &state.repositories.path(project.id),
-            leave,
-            request,
-        )
-        .await
-        {
-            Ok((workflow, _)) => Ok(HttpResponse::SeeOther()
+        let request = steering::product_run(
+            project.id,
+            goal.to_owned(),
+            form.source_branch.filter(|b| !b.trim().is_empty()),
+            None,
+        );
+        return match start_product_run(&state, &session, request).await {
+            Ok(workflow) => Ok(HttpResponse::SeeOther()
                 .insert_header(("Location", run_url(&project, workflow.id)))
                 .finish()),
-            Err(WorkflowError::CannotRun(why)) => {
+            Err(PageError::Unprocessable(why)) => {
                 list_page(
                     &state,
                     &session,
@@ -498,7 +498,7 @@ async fn start(
                 )
                 .await
             }
-            Err(e) => Err(workflow_error(e)),
+            Err(e) => Err(e),
         };
     }
     let mut privileges = vec![READ_GITLAB];
@@ -574,21 +574,13 @@ async fn start_from_issue(
         }
         issue
     };
-    let leave = require_product_run_leave(&state, &session, project.id).await?;
-    let request = RunRequest {
-        goal: steering::issue_goal(iid, &issue.title, &issue.description),
-        source_branch: None,
-        issue_id: Some(issue.id),
-    };
-    let (workflow, _) = steering::start_run(
-        &state.pool,
-        &state.config,
-        &state.repositories.path(project.id),
-        leave,
-        request,
-    )
-    .await
-    .map_err(workflow_error)?;
+    let request = steering::product_run(
+        project.id,
+        steering::issue_goal(iid, &issue.title, &issue.description),
+        None,
+        Some(iid),
+    );
+    let workflow = start_product_run(&state, &session, request).await?;
     Ok(HttpResponse::SeeOther()
         .insert_header(("Location", run_url(&project, workflow.id)))
         .finish())

@@ -4,10 +4,9 @@
 //! events that steer it, and what its page shows of it. The REST API drives
 //! the same [`super::runs`] functions with its own parameters.
 
-use std::path::Path;
-
+use super::creation::CreateRequest;
 use super::events::{self, Event};
-use super::runs::{self, EventReaction, StartedRun};
+use super::runs::{self, EventReaction};
 use super::store::{self, NewWorkflow, Workflow};
 use super::{Caller, Status, WorkflowError};
 use crate::policy::{Actor, Policy, Subject};
@@ -29,86 +28,47 @@ pub const REJECT_MESSAGE_MAX_CHARS: usize = 4096;
 /// Most characters of a leg's log shown on the run's page (its end).
 pub const LOG_TAIL_SHOWN_CHARS: usize = 20_000;
 
-/// Leave to start runs in one project: the user and, when the instance has
-/// one, the Duo service account the run acts as. Only [`may_start_run`]
-/// makes one, after asking the policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RunLeave {
-    user: Actor,
-    service_account: Option<Actor>,
-    project_id: i64,
-}
-
 /// Whether `user` may start runs of the product in the project, as the
 /// instance's service account where one is configured (what the REST API
-/// asks for `start_workflow`); `None` when the policy says no.
+/// asks for `start_workflow`; [`super::creation::create`] asks it again).
 pub async fn may_start_run(
     db: &impl Queries,
     policy: &Policy,
     user: Actor,
     project_id: i64,
-) -> Result<Option<RunLeave>, WorkflowError> {
+) -> Result<bool, WorkflowError> {
     let service_account = store::instance_service_account(db).await?;
-    let allowed = policy
+    policy
         .can_run_duo_workflow_as(db, user, service_account, Subject::Project(project_id))
         .await
-        .map_err(|crate::policy::PolicyError::Db(e)| WorkflowError::Db(e))?;
-    Ok(allowed.then_some(RunLeave {
-        user,
-        service_account,
-        project_id,
-    }))
+        .map_err(|crate::policy::PolicyError::Db(e)| WorkflowError::Db(e))
 }
 
-/// What a run is started with.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RunRequest {
-    pub goal: String,
-    /// The branch to start from and to open the merge request into; `None`:
-    /// the project's default branch.
-    pub source_branch: Option<String>,
-    /// The issue the run works on (the caller checked that the user may read it).
-    pub issue_id: Option<i64>,
-}
-
-/// Creates a software-development workflow as the leave allows and queues
-/// its first leg. Refused (`CannotRun`) when no runner is configured, the
-/// repository is empty or the source branch does not exist.
-pub async fn start_run(
-    pool: &deadpool_postgres::Pool,
-    config: &crate::config::Config,
-    repository: &Path,
-    leave: RunLeave,
-    request: RunRequest,
-) -> Result<(Workflow, StartedRun), WorkflowError> {
-    runs::check_start(
-        config,
-        repository,
-        Some(leave.project_id),
-        request.source_branch.as_deref(),
-    )?;
-    let new = NewWorkflow {
-        container: Some(Subject::Project(leave.project_id)),
-        goal: Some(request.goal),
-        workflow_definition: Some(RUN_DEFINITION.to_owned()),
-        agent_privileges: Some(RUN_PRIVILEGES.to_vec()),
-        pre_approved_agent_privileges: Some(RUN_PRE_APPROVED_PRIVILEGES.to_vec()),
-        allow_agent_to_request_user: Some(true),
-        service_account_id: leave.service_account.map(|s| s.id),
-        source_branch: request.source_branch,
-        issue_id: request.issue_id,
-        ..NewWorkflow::default()
-    };
-    let caller = Caller {
-        user_id: leave.user.id,
-        service_account_id: leave.service_account.map(|s| s.id),
-    };
-    let workflow = {
-        let db = pool.get().await?;
-        store::create(&*db, caller, &new).await?
-    };
-    let started = runs::start(pool, config, workflow.id, None).await?;
-    Ok((workflow, started))
+/// A run of the product as the web app starts one: a software-development
+/// workflow that edits the code and ends in a merge request, started now.
+/// It is created by [`super::creation::create`], the path REST and GraphQL
+/// take, so the same checks apply (who may run it as which service account,
+/// the issue, the runner, the repository and the branch).
+pub fn product_run(
+    project_id: i64,
+    goal: String,
+    source_branch: Option<String>,
+    issue_iid: Option<i32>,
+) -> CreateRequest {
+    CreateRequest {
+        workflow: NewWorkflow {
+            container: Some(Subject::Project(project_id)),
+            goal: Some(goal),
+            workflow_definition: Some(RUN_DEFINITION.to_owned()),
+            agent_privileges: Some(RUN_PRIVILEGES.to_vec()),
+            pre_approved_agent_privileges: Some(RUN_PRE_APPROVED_PRIVILEGES.to_vec()),
+            allow_agent_to_request_user: Some(true),
+            source_branch,
+            ..NewWorkflow::default()
+        },
+        start: true,
+        issue_iid,
+    }
 }
 
 /// The goal of a run on an issue: its number, title and description (cut
