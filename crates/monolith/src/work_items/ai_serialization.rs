@@ -53,18 +53,13 @@ pub async fn serialize_for_ai(
             };
             let iid: i32 = r.get(0);
             let path: String = r.get(7);
-            let labels: Vec<String> = r.get(4);
             (
                 ResourceType::Issue,
-                format!(
-                    "<issue>\n<reference>{path}#{iid}</reference>\n<url>{base}/{path}/-/issues/{iid}</url>\n<title>{}</title>\n<state>{}</state>\n<confidential>{}</confidential>\n<labels>{}</labels>\n<author>@{}</author>\n<created_at>{}</created_at>\n<description>\n{}\n</description>\n</issue>",
-                    escape(r.get(1)),
-                    r.get::<_, String>(3),
-                    r.get::<_, bool>(5),
-                    escape(&labels.join(", ")),
-                    r.get::<_, String>(6),
-                    r.get::<_, String>(8),
-                    escape(&bounded(r.get(2), MAX_TEXT_CHARS)),
+                planning_item(
+                    "issue",
+                    &format!("{path}#{iid}"),
+                    &format!("{base}/{path}/-/issues/{iid}"),
+                    &r,
                 ),
             )
         }
@@ -86,18 +81,13 @@ pub async fn serialize_for_ai(
             };
             let iid: i32 = r.get(0);
             let path: String = r.get(7);
-            let labels: Vec<String> = r.get(4);
             (
                 ResourceType::Epic,
-                format!(
-                    "<epic>\n<reference>{path}&amp;{iid}</reference>\n<url>{base}/groups/{path}/-/epics/{iid}</url>\n<title>{}</title>\n<state>{}</state>\n<confidential>{}</confidential>\n<labels>{}</labels>\n<author>@{}</author>\n<created_at>{}</created_at>\n<description>\n{}\n</description>\n</epic>",
-                    escape(r.get(1)),
-                    r.get::<_, String>(3),
-                    r.get::<_, bool>(5),
-                    escape(&labels.join(", ")),
-                    r.get::<_, String>(6),
-                    r.get::<_, String>(8),
-                    escape(&bounded(r.get(2), MAX_TEXT_CHARS)),
+                planning_item(
+                    "epic",
+                    &format!("{path}&amp;{iid}"),
+                    &format!("{base}/groups/{path}/-/epics/{iid}"),
+                    &r,
                 ),
             )
         }
@@ -131,20 +121,18 @@ pub async fn serialize_for_ai(
                     String::new()
                 }
             };
-            (
-                ResourceType::MergeRequest,
-                format!(
-                    "<merge_request>\n<reference>{path}!{iid}</reference>\n<url>{base}/{path}/-/merge_requests/{iid}</url>\n<title>{}</title>\n<state>{}</state>\n<source_branch>{}</source_branch>\n<target_branch>{}</target_branch>\n<labels>{}</labels>\n<author>@{}</author>\n<description>\n{}\n</description>\n<diff>\n{}\n</diff>\n</merge_request>",
-                    escape(r.get(1)),
-                    r.get::<_, String>(3),
-                    escape(r.get(5)),
-                    escape(r.get(6)),
-                    escape(&labels.join(", ")),
-                    r.get::<_, String>(7),
-                    escape(&bounded(r.get(2), MAX_TEXT_CHARS)),
-                    escape(&bounded(&diff, MAX_TEXT_CHARS)),
-                ),
-            )
+            let document = AiDocument::new("merge_request")
+                .field("reference", format!("{path}!{iid}"))
+                .field("url", format!("{base}/{path}/-/merge_requests/{iid}"))
+                .field("title", escape(r.get(1)))
+                .field("state", r.get::<_, String>(3))
+                .field("source_branch", escape(r.get(5)))
+                .field("target_branch", escape(r.get(6)))
+                .field("labels", escape(&labels.join(", ")))
+                .field("author", format!("@{}", r.get::<_, String>(7)))
+                .block("description", escape(&bounded(r.get(2), MAX_TEXT_CHARS)))
+                .block("diff", escape(&bounded(&diff, MAX_TEXT_CHARS)));
+            (ResourceType::MergeRequest, document.finish())
         }
         Subject::Build(id) => {
             let Some(r) = db
@@ -163,17 +151,14 @@ pub async fn serialize_for_ai(
             };
             let path: String = r.get(4);
             let log: String = r.get(5);
-            (
-                ResourceType::Build,
-                format!(
-                    "<job>\n<url>{base}/{path}/-/jobs/{id}</url>\n<name>{}</name>\n<stage>{}</stage>\n<status>{}</status>\n<ref>{}</ref>\n<log_tail>\n{}\n</log_tail>\n</job>",
-                    escape(r.get(0)),
-                    escape(r.get(1)),
-                    r.get::<_, String>(2),
-                    escape(r.get(3)),
-                    escape(&tail(&log, MAX_TEXT_CHARS)),
-                ),
-            )
+            let document = AiDocument::new("job")
+                .field("url", format!("{base}/{path}/-/jobs/{id}"))
+                .field("name", escape(r.get(0)))
+                .field("stage", escape(r.get(1)))
+                .field("status", r.get::<_, String>(2))
+                .field("ref", escape(r.get(3)))
+                .block("log_tail", escape(&tail(&log, MAX_TEXT_CHARS)));
+            (ResourceType::Build, document.finish())
         }
         _ => return Ok(None),
     };
@@ -181,6 +166,59 @@ pub async fn serialize_for_ai(
         resource_type,
         content,
     }))
+}
+
+/// An issue or an epic (the same facts, read by the same columns: iid,
+/// title, description, state, labels, confidential, author, path, created).
+fn planning_item(tag: &'static str, reference: &str, url: &str, r: &tokio_postgres::Row) -> String {
+    let labels: Vec<String> = r.get(4);
+    AiDocument::new(tag)
+        .field("reference", reference)
+        .field("url", url)
+        .field("title", escape(r.get(1)))
+        .field("state", r.get::<_, String>(3))
+        .field("confidential", r.get::<_, bool>(5))
+        .field("labels", escape(&labels.join(", ")))
+        .field("author", format!("@{}", r.get::<_, String>(6)))
+        .field("created_at", r.get::<_, String>(8))
+        .block("description", escape(&bounded(r.get(2), MAX_TEXT_CHARS)))
+        .finish()
+}
+
+/// A resource as the model reads it: `<tag>` holding one element per fact,
+/// one per line; long texts (`block`) on lines of their own. Values are
+/// written as given: callers escape what users wrote.
+struct AiDocument {
+    tag: &'static str,
+    text: String,
+}
+
+impl AiDocument {
+    fn new(tag: &'static str) -> Self {
+        Self {
+            tag,
+            text: format!("<{tag}>\n"),
+        }
+    }
+
+    fn field(mut self, name: &str, value: impl std::fmt::Display) -> Self {
+        use std::fmt::Write;
+        let _ = writeln!(self.text, "<{name}>{value}</{name}>");
+        self
+    }
+
+    fn block(mut self, name: &str, value: impl std::fmt::Display) -> Self {
+        use std::fmt::Write;
+        let _ = writeln!(self.text, "<{name}>\n{value}\n</{name}>");
+        self
+    }
+
+    fn finish(mut self) -> String {
+        self.text.push_str("</");
+        self.text.push_str(self.tag);
+        self.text.push('>');
+        self.text
+    }
 }
 
 /// The last `max` characters of `text`.
