@@ -29,7 +29,6 @@ use uuid::Uuid;
 use crate::chat::completion::{
     ChatAnswer, ChatResponder, ChunkSender, CompletionJob, ResponderError,
 };
-use crate::chat::resource::ChatResource;
 use crate::config::Config;
 use crate::policy::add_ons::AddOnCatalogue;
 use crate::policy::{Actor, ChatAuthError, Policy, PolicyError, Subject};
@@ -109,18 +108,6 @@ impl RequestContext {
     pub fn feature_enabled(&self, flag: &str) -> bool {
         self.feature_flags.iter().any(|f| f == flag)
     }
-}
-
-/// A question to answer, with the editor state the client sent along.
-#[derive(Debug, Clone)]
-pub struct Question {
-    pub request_id: Uuid,
-    pub user_id: i64,
-    pub thread_id: i64,
-    pub content: String,
-    pub resource_id: Option<String>,
-    pub current_file: Option<crate::chat::CurrentFile>,
-    pub additional_context: Vec<AdditionalContext>,
 }
 
 #[derive(Clone)]
@@ -207,10 +194,10 @@ impl AgentResponder {
     /// [`ChatAnswer`]; only infrastructure failures are errors.
     pub async fn answer(
         &self,
-        question: Question,
+        question: &CompletionJob,
         chunks: ChunkSender,
     ) -> Result<ChatAnswer, ResponderError> {
-        let ctx = match self.prepare(&question).await {
+        let ctx = match self.prepare(question).await {
             Ok(ctx) => ctx,
             Err(Refusal::Code(code, detail)) => return Ok(ChatAnswer::failed(code, detail)),
             Err(Refusal::Answer(text)) => {
@@ -241,7 +228,7 @@ impl AgentResponder {
         )
     }
 
-    async fn prepare(&self, question: &Question) -> Result<RequestContext, Refusal> {
+    async fn prepare(&self, question: &CompletionJob) -> Result<RequestContext, Refusal> {
         let services = &self.services;
         let db = services.pool.get().await.map_err(Refusal::transient)?;
         let actor = load_actor(&*db, question.user_id)
@@ -432,45 +419,32 @@ impl AgentResponder {
         })
     }
 
-    /// The question of a queued job. The editor state travels in the job;
-    /// jobs from before it did fall back to the stored message's `extras`.
-    async fn question_for(&self, job: &CompletionJob) -> Result<Question, ResponderError> {
-        let mut current_file = job.current_file.clone();
-        let mut additional_context: Vec<AdditionalContext> = job
-            .additional_context
-            .iter()
-            .filter_map(|c| {
-                serde_json::from_value(serde_json::json!({
-                    "category": c.category,
-                    "id": c.id,
-                    "content": c.content,
-                    "metadata": c.metadata,
-                }))
-                .ok()
-            })
-            .collect();
-        if current_file.is_none() && additional_context.is_empty() {
-            let db = self
-                .services
-                .pool
-                .get()
-                .await
-                .map_err(|e| ResponderError::Transient(e.to_string()))?;
-            let extras = crate::chat::question_extras(&*db, job.thread_id, job.request_id)
-                .await
-                .map_err(|e| ResponderError::Transient(e.to_string()))?;
-            current_file = stored_current_file(&extras);
-            additional_context = stored_additional_context(&extras);
+    /// A queued job with its editor state. It travels in the job; jobs from
+    /// before it did fall back to the stored message's `extras`.
+    async fn with_stored_context<'j>(
+        &self,
+        job: &'j CompletionJob,
+    ) -> Result<std::borrow::Cow<'j, CompletionJob>, ResponderError> {
+        if job.current_file.is_some() || !job.additional_context.is_empty() {
+            return Ok(std::borrow::Cow::Borrowed(job));
         }
-        Ok(Question {
-            request_id: job.request_id,
-            user_id: job.user_id,
-            thread_id: job.thread_id,
-            content: job.content.clone(),
-            resource_id: job.resource_id.clone(),
-            current_file,
-            additional_context,
-        })
+        let db = self
+            .services
+            .pool
+            .get()
+            .await
+            .map_err(|e| ResponderError::Transient(e.to_string()))?;
+        let extras = crate::chat::question_extras(&*db, job.thread_id, job.request_id)
+            .await
+            .map_err(|e| ResponderError::Transient(e.to_string()))?;
+        let mut filled = job.clone();
+        filled.current_file = stored_current_file(&extras);
+        filled.additional_context = extras
+            .get("additional_context")
+            .and_then(Value::as_array)
+            .map(|items| crate::chat::known_context_values(items))
+            .unwrap_or_default();
+        Ok(std::borrow::Cow::Owned(filled))
     }
 }
 
@@ -481,10 +455,10 @@ impl ChatResponder for AgentResponder {
         job: &CompletionJob,
         chunks: ChunkSender,
     ) -> Result<ChatAnswer, ResponderError> {
-        let question = self.question_for(job).await?;
+        let question = self.with_stored_context(job).await?;
         let usage = crate::ai_usage::Recording::start(job);
         let answer = usage
-            .around(self.answer(question, usage.timed(chunks)))
+            .around(self.answer(&question, usage.timed(chunks)))
             .await;
         usage
             .finish(&self.services.pool, &self.services.policy, &answer)
@@ -542,14 +516,12 @@ pub async fn readable_resource(
     actor: Actor,
     gid_text: &str,
 ) -> Result<Option<Subject>, PolicyError> {
-    let Some(ChatResource::Item(subject)) = crate::chat::resource::parse_chat_resource(gid_text)
-    else {
-        return Ok(None);
-    };
-    Ok(policy
-        .may_send_to_ai(db, actor, subject)
-        .await?
-        .then_some(subject))
+    Ok(
+        match crate::chat::resource::authorize(policy, db, actor, gid_text).await? {
+            crate::chat::resource::ChatResourceAccess::Item(subject) => Some(subject),
+            _ => None,
+        },
+    )
 }
 
 fn stored_current_file(extras: &Value) -> Option<crate::chat::CurrentFile> {
@@ -561,21 +533,6 @@ fn stored_current_file(extras: &Value) -> Option<crate::chat::CurrentFile> {
         content_above_cursor: text("content_above_cursor"),
         content_below_cursor: text("content_below_cursor"),
     })
-}
-
-/// Stored additional context items; categories this version does not know
-/// are skipped rather than failing the answer.
-fn stored_additional_context(extras: &Value) -> Vec<AdditionalContext> {
-    extras
-        .get("additional_context")
-        .and_then(Value::as_array)
-        .map(|items| {
-            items
-                .iter()
-                .filter_map(|item| serde_json::from_value(item.clone()).ok())
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// The page resource as the gateway's `context` of the user message.

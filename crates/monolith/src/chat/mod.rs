@@ -60,13 +60,10 @@ pub enum Role {
     Assistant = 2,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct AdditionalContext {
-    pub id: String,
-    pub category: String,
-    pub content: String,
-    pub metadata: Option<Value>,
-}
+/// An item of additional context as the gateway receives it: the GraphQL
+/// edge converts its input into this type once, the job carries it, the agent
+/// passes it on.
+pub use contracts::AdditionalContext;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CurrentFile {
@@ -109,10 +106,28 @@ pub struct CompletionJob {
     pub client_subscription_id: Option<String>,
     #[serde(default)]
     pub current_file: Option<CurrentFile>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "known_context_items")]
     pub additional_context: Vec<AdditionalContext>,
     #[serde(default)]
     pub platform_origin: Option<String>,
+}
+
+/// A job's context items; items this version cannot read (a category from a
+/// newer release) are skipped rather than failing the whole answer.
+fn known_context_items<'de, D>(deserializer: D) -> Result<Vec<AdditionalContext>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    let items = Vec::<Value>::deserialize(deserializer)?;
+    Ok(known_context_values(&items))
+}
+
+/// The context items of a list of JSON values, skipping unreadable ones.
+pub fn known_context_values(items: &[Value]) -> Vec<AdditionalContext> {
+    items
+        .iter()
+        .filter_map(|item| serde_json::from_value(item.clone()).ok())
+        .collect()
 }
 
 impl job_queue::Job for CompletionJob {

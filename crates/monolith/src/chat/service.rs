@@ -8,13 +8,13 @@ use deadpool_postgres::Pool;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::resource::ChatResource;
+use super::resource::ChatResourceAccess;
 use super::storage::{
     create_thread, find_thread, latest_thread, message_from_row, resolve_thread_for_write,
     thread_from_row,
 };
 use super::*;
-use crate::policy::{Ability, Actor, Policy};
+use crate::policy::{Actor, Policy};
 
 /// What `aiAction` requests are counted as in the shared rate limiter.
 /// The budget chat questions count in (and mentions of the review bot).
@@ -75,11 +75,7 @@ impl ChatService {
                 thread_id: fresh.id,
             });
         }
-        let extras = json!({
-            "additional_context": request.additional_context.iter().map(|c| json!({
-                "id": c.id, "category": c.category, "content": c.content, "metadata": c.metadata,
-            })).collect::<Vec<_>>(),
-        });
+        let extras = json!({ "additional_context": request.additional_context });
         let question = store_message(
             &tx,
             thread.id,
@@ -129,24 +125,11 @@ impl ChatService {
         user: Actor,
         gid_text: &str,
     ) -> Result<(), ChatError> {
-        let subject = match crate::chat::resource::parse_chat_resource(gid_text) {
-            Some(ChatResource::User(id)) if id == user.id => return Ok(()),
-            Some(ChatResource::Item(subject)) => subject,
-            _ => return Err(ChatError::ResourceNotFound),
-        };
-        let readable = match Ability::to_read(subject) {
-            Some(ability) if ability != Ability::ReadNote => {
-                self.policy.can(db, Some(user), ability, subject).await?
-            }
-            _ => false,
-        };
-        if !readable {
-            return Err(ChatError::ResourceNotFound);
+        match super::resource::authorize(&self.policy, db, user, gid_text).await? {
+            ChatResourceAccess::NoResource | ChatResourceAccess::Item(_) => Ok(()),
+            ChatResourceAccess::NotFound => Err(ChatError::ResourceNotFound),
+            ChatResourceAccess::DuoOff => Err(ChatError::ResourceNotPermitted),
         }
-        if !self.policy.duo_features_on_for(db, user, subject).await? {
-            return Err(ChatError::ResourceNotPermitted);
-        }
-        Ok(())
     }
 
     async fn check_rate_limit(&self, user_id: i64) -> Result<(), ChatError> {
@@ -246,7 +229,8 @@ fn validate(request: &ChatRequest) -> Result<(), ChatError> {
             request
                 .additional_context
                 .iter()
-                .flat_map(|c| [c.id.as_str(), c.category.as_str(), c.content.as_str()]),
+                .flat_map(|c| [c.id.as_deref(), c.content.as_deref()])
+                .flatten(),
         );
     if texts.into_iter().any(|t| t.contains('\0')) {
         return Err(ChatError::Invalid(
@@ -269,12 +253,13 @@ fn validate(request: &ChatRequest) -> Result<(), ChatError> {
         )));
     }
     for item in &request.additional_context {
-        if item.id.chars().count() > MAX_CONTEXT_ID_CHARS {
+        let chars = |text: &Option<String>| text.as_deref().map_or(0, |t| t.chars().count());
+        if chars(&item.id) > MAX_CONTEXT_ID_CHARS {
             return Err(ChatError::Invalid(format!(
                 "additionalContext.id is too long (maximum is {MAX_CONTEXT_ID_CHARS} characters)"
             )));
         }
-        if item.content.chars().count() > MAX_CONTEXT_CONTENT_CHARS {
+        if chars(&item.content) > MAX_CONTEXT_CONTENT_CHARS {
             return Err(ChatError::Invalid(format!(
                 "additionalContext.content is too long (maximum is {MAX_CONTEXT_CONTENT_CHARS} characters)"
             )));
@@ -307,9 +292,9 @@ mod tests {
         let ctx = ChatRequest {
             content: "hi".into(),
             additional_context: vec![AdditionalContext {
-                id: "x".repeat(256),
-                category: "file".into(),
-                content: String::new(),
+                id: Some("x".repeat(256)),
+                category: contracts::ContextCategory::File,
+                content: None,
                 metadata: None,
             }],
             ..Default::default()

@@ -90,6 +90,25 @@ impl AdditionalContextCategory {
             Self::Attachments => "attachments",
         }
     }
+
+    /// The category the gateway knows, if any (GitLab's newer categories
+    /// have no use in this agent yet and are left out of the question).
+    pub(crate) fn contract(self) -> Option<contracts::ContextCategory> {
+        use contracts::ContextCategory as C;
+        Some(match self {
+            Self::File => C::File,
+            Self::Snippet => C::Snippet,
+            Self::MergeRequest => C::MergeRequest,
+            Self::Issue => C::Issue,
+            Self::Dependency => C::Dependency,
+            Self::LocalGit => C::LocalGit,
+            Self::Terminal => C::Terminal,
+            Self::UserRule => C::UserRule,
+            Self::Repository => C::Repository,
+            Self::Directory => C::Directory,
+            Self::AgentUserEnvironment | Self::Attachments => return None,
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, GraphQLEnum)]

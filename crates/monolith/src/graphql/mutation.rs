@@ -136,13 +136,19 @@ impl Mutation {
                 .additional_context
                 .unwrap_or_default()
                 .into_iter()
-                .map(|c| {
-                    Ok(chat::AdditionalContext {
-                        metadata: c.metadata_object()?,
-                        id: c.id.to_string(),
-                        category: c.category.wire().to_owned(),
-                        content: c.content,
-                    })
+                .filter_map(|c| {
+                    let category = c.category.contract()?;
+                    let metadata = match c.metadata_object() {
+                        Ok(Some(serde_json::Value::Object(map))) => Some(map),
+                        Ok(_) => None,
+                        Err(e) => return Some(Err(e)),
+                    };
+                    Some(Ok(chat::AdditionalContext {
+                        category,
+                        id: Some(c.id.to_string()),
+                        content: Some(c.content),
+                        metadata,
+                    }))
                 })
                 .collect::<FieldResult<_>>()?,
             platform_origin: input.platform_origin,

@@ -15,6 +15,16 @@ pub enum DuoSwitchScope {
     Project(i64),
 }
 
+/// Whether a resource may go into a prompt, and if not, what the user may be
+/// told: an unreadable resource is indistinguishable from a missing one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AiResourceAccess {
+    Allowed,
+    NotFound,
+    /// Readable, but Duo features are off for its group or project.
+    DuoOff,
+}
+
 impl Policy {
     pub(super) fn group_duo_features(group: &GroupFacts, user: Option<Actor>) -> bool {
         Self::group_readable(group, user) && group.duo_chain_enabled
@@ -361,11 +371,28 @@ impl Policy {
         user: Actor,
         resource: Subject,
     ) -> Result<bool, PolicyError> {
+        Ok(self.ai_resource_access(db, user, resource).await? == AiResourceAccess::Allowed)
+    }
+
+    /// [`Policy::may_send_to_ai`] with the reason of a refusal: the one rule
+    /// for a chat question's resource, when the question is asked and when it
+    /// is answered.
+    pub async fn ai_resource_access(
+        &self,
+        db: &impl Queries,
+        user: Actor,
+        resource: Subject,
+    ) -> Result<AiResourceAccess, PolicyError> {
         let Some(ability) = Ability::to_read(resource).filter(|a| *a != Ability::ReadNote) else {
-            return Ok(false);
+            return Ok(AiResourceAccess::NotFound);
         };
-        Ok(self.can(db, Some(user), ability, resource).await?
-            && self.duo_features_on_for(db, user, resource).await?)
+        if !self.can(db, Some(user), ability, resource).await? {
+            return Ok(AiResourceAccess::NotFound);
+        }
+        if !self.duo_features_on_for(db, user, resource).await? {
+            return Ok(AiResourceAccess::DuoOff);
+        }
+        Ok(AiResourceAccess::Allowed)
     }
 
     /// Whether Duo features are on, for `user`, in the group or project that

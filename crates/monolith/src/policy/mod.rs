@@ -22,7 +22,7 @@ mod workflow;
 mod workflow_tools;
 mod write;
 
-pub use duo::DuoSwitchScope;
+pub use duo::{AiResourceAccess, DuoSwitchScope};
 pub use duo_context::{AiReader, CodeForAi, ContextExclusions};
 pub use merge_request_review::NoCodeReview;
 pub use workflow::{WorkflowFacts, WorkflowMcp};

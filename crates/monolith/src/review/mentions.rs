@@ -200,15 +200,14 @@ async fn answer(
     let result = services
         .agent
         .answer(
-            crate::agent::Question {
+            &crate::chat::CompletionJob {
                 request_id: Uuid::new_v4(),
                 user_id,
                 // No chat thread: a mention starts from the item alone.
                 thread_id: 0,
                 content: question.to_owned(),
                 resource_id: Some(crate::gid::format(model, id)),
-                current_file: None,
-                additional_context: Vec::new(),
+                ..Default::default()
             },
             chunks,
         )

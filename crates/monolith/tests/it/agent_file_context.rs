@@ -4,7 +4,7 @@
 //! gateway and the fake provider.
 
 use contracts::{AdditionalContext, DuoErrorCode};
-use monolith::agent::Question;
+use monolith::chat::CompletionJob;
 use monolith::repositories::writer::{self, CommitRequest, FileAction, Signature};
 use serde_json::json;
 use uuid::Uuid;
@@ -70,7 +70,7 @@ async fn ask_about(
     let answer = bench
         .responder_ref()
         .answer(
-            Question {
+            &CompletionJob {
                 request_id,
                 user_id: user.id,
                 thread_id,
@@ -78,6 +78,7 @@ async fn ask_about(
                 resource_id: None,
                 current_file: None,
                 additional_context: vec![item],
+                ..Default::default()
             },
             tx.into(),
         )

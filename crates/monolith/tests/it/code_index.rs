@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use contracts::{AdditionalContext, DuoErrorCode};
-use monolith::agent::Question;
+use monolith::chat::CompletionJob;
 use monolith::code_index::chat_context::BEING_INDEXED;
 use monolith::code_index::indexer::index_project;
 use monolith::code_index::{IndexState, store};
@@ -160,7 +160,7 @@ async fn ask(
     bench
         .responder
         .answer(
-            Question {
+            &CompletionJob {
                 request_id,
                 user_id: world.user.id,
                 thread_id,
@@ -168,6 +168,7 @@ async fn ask(
                 resource_id: None,
                 current_file: None,
                 additional_context: context,
+                ..Default::default()
             },
             tx.into(),
         )

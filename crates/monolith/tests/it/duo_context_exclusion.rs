@@ -6,7 +6,7 @@
 //! the provider received.
 
 use contracts::AdditionalContext;
-use monolith::agent::Question;
+use monolith::chat::CompletionJob;
 use monolith::chat::CurrentFile;
 use monolith::repositories::writer::{self, CommitRequest, FileAction, Signature};
 use serde_json::json;
@@ -103,7 +103,7 @@ async fn ask(
     let answer = bench
         .responder_ref()
         .answer(
-            Question {
+            &CompletionJob {
                 request_id,
                 user_id: world.user.id,
                 thread_id,
@@ -111,6 +111,7 @@ async fn ask(
                 resource_id: resource,
                 current_file,
                 additional_context: items,
+                ..Default::default()
             },
             tx.into(),
         )

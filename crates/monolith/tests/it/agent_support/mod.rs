@@ -9,7 +9,8 @@ use std::path::PathBuf;
 
 use actix_web::{App, HttpResponse, HttpServer, web};
 use fake_provider::FakeProvider;
-use monolith::agent::{AgentResponder, Question};
+use monolith::agent::AgentResponder;
+use monolith::chat::CompletionJob;
 use monolith::chat::completion::ChatAnswer;
 use monolith::config::Realm;
 use monolith::identity::jwt::KeyRing;
@@ -299,7 +300,7 @@ impl Bench {
         let (tx, mut rx) = monolith::chat::completion::ChunkSender::channel();
         let answer = responder
             .answer(
-                Question {
+                &CompletionJob {
                     request_id,
                     user_id: user.id,
                     thread_id,
@@ -307,6 +308,7 @@ impl Bench {
                     resource_id,
                     current_file,
                     additional_context: Vec::new(),
+                    ..Default::default()
                 },
                 tx,
             )
