@@ -25,11 +25,37 @@ fn read_err(e: impl std::fmt::Display) -> RepositoryError {
 /// decode each commit's trees again as the next commit's parent.
 const OBJECT_CACHE_BYTES: usize = 4 * 1024 * 1024;
 
+/// How many opened repositories each blocking thread keeps (the most
+/// recently used).
+const OPENED_KEPT_PER_THREAD: usize = 8;
+
+thread_local! {
+    /// Repositories this thread opened recently, by path. Opening one reads
+    /// its config and lists its packs, which costs more than most of the
+    /// reads that follow; a kept handle still sees new refs (read from disk
+    /// on every lookup) and new packs (looked for when an object is
+    /// missing). Per thread because gitoxide's handles are not `Send` here,
+    /// and the blocking pool reuses its threads.
+    static OPENED: std::cell::RefCell<lru::LruCache<std::path::PathBuf, gix::Repository>> =
+        std::cell::RefCell::new(lru::LruCache::new(
+            std::num::NonZeroUsize::new(OPENED_KEPT_PER_THREAD)
+                .unwrap_or(std::num::NonZeroUsize::MIN),
+        ));
+}
+
 pub fn open(path: &Path) -> Result<gix::Repository, RepositoryError> {
-    let mut repo =
-        gix::open(path).map_err(|e| RepositoryError::NotFound(format!("repository: {e}")))?;
-    repo.object_cache_size_if_unset(OBJECT_CACHE_BYTES);
-    Ok(repo)
+    let kept = OPENED.with_borrow_mut(|opened| opened.get(path).cloned());
+    match kept {
+        // A repository removed since it was kept is not found, as before.
+        Some(repo) if path.exists() => Ok(repo),
+        _ => {
+            let mut repo = gix::open(path)
+                .map_err(|e| RepositoryError::NotFound(format!("repository: {e}")))?;
+            repo.object_cache_size_if_unset(OBJECT_CACHE_BYTES);
+            OPENED.with_borrow_mut(|opened| opened.put(path.to_path_buf(), repo.clone()));
+            Ok(repo)
+        }
+    }
 }
 
 /// Branch and tag names with the commits they point at (annotated tags peeled).
