@@ -266,6 +266,19 @@ pub async fn full_path(db: &impl Queries, id: i64) -> Result<String, tokio_postg
     Ok(db.query_one(&sql, &[&id]).await?.get(0))
 }
 
+/// The project's default branch and full path, in one round trip (what every
+/// repository read needs); `None` when there is no such project.
+pub async fn repository_facts(
+    db: &impl Queries,
+    id: i64,
+) -> Result<Option<(String, String)>, tokio_postgres::Error> {
+    let sql = format!(
+        "{} SELECT p.default_branch, paths.full_path || '/' || p.path FROM projects p JOIN paths ON paths.id = p.group_id WHERE p.id = $1",
+        super::FULL_PATHS
+    );
+    Ok(db.query_opt(&sql, &[&id]).await?.map(|r| (r.get(0), r.get(1))))
+}
+
 /// What a page about the project's code shows of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CodeFacts {

@@ -10,7 +10,6 @@ use actix_web::HttpRequest;
 use base64::Engine as _;
 use serde_json::{Value, json};
 
-use super::containers::project_full_path;
 use super::{ApiError, require_user};
 use crate::app_state::AppState;
 use crate::identity::tokens::AuthenticatedUser;
@@ -100,8 +99,11 @@ pub(super) async fn readable_repo(
     {
         return Err(ApiError::NotFound("Project"));
     }
-    let default_branch = crate::namespaces::projects::default_branch(&*db, project_id).await?;
-    let full_path = project_full_path(&*db, project_id).await?;
+    let (default_branch, full_path) =
+        crate::namespaces::projects::repository_facts(&*db, project_id)
+            .await?
+            .ok_or(ApiError::NotFound("Project"))?;
+    drop(db);
     let path = state
         .repositories
         .ensure(project_id, &default_branch)
