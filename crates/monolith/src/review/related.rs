@@ -206,12 +206,19 @@ fn search_text(called: &[String], lines: &[DiffLine]) -> String {
     text
 }
 
-/// Whether `content` defines one of `names`.
+/// Whether `content` defines one of `names` (the whole name: defining
+/// `tax_rate_override` is not defining `tax_rate`).
 fn defines(content: &str, names: &[String]) -> bool {
     names.iter().any(|name| {
-        DEFINERS
-            .iter()
-            .any(|d| content.contains(&format!("{d}{name}")))
+        DEFINERS.iter().any(|d| {
+            let needle = format!("{d}{name}");
+            content.match_indices(&needle).any(|(at, _)| {
+                !content[at + needle.len()..]
+                    .chars()
+                    .next()
+                    .is_some_and(|c| c.is_alphanumeric() || c == '_')
+            })
+        })
     })
 }
 
@@ -325,6 +332,8 @@ mod tests {
             chunks: 2,
             chars: 6_000,
         };
+        assert!(!defines("def tax_rate_override(r):", &called));
+        assert!(defines("x = 1\ndef tax_rate(r):", &called));
         let picked = pick(hits.clone(), &["app.py"], &called, limits);
         let paths: Vec<&str> = picked.iter().map(|h| h.path.as_str()).collect();
         assert_eq!(paths, ["lib/tax.py", "docs.md"]);

@@ -795,25 +795,18 @@ async fn an_indexed_project_sends_the_called_functions_definition_but_no_exclude
     let bench = Bench::start().await;
     let world = bench.world().await;
     let mr = tax_merge_request(&bench, &world, true).await;
-    // Excluded after indexing: its chunks are still stored, and must stay out.
-    bench
-        .fx
-        .exec(
-            "UPDATE projects SET duo_context_exclusion_rules = '{secrets/}' WHERE id = $1",
-            &[&world.project],
-        )
-        .await;
     bench.fake.reset();
     bench.fake.set_default_text("<review></review>");
+    let services = services(&bench);
 
-    review(&services(&bench), &world, world.user.id).await;
+    review(&services, &world, world.user.id).await;
 
     let prompts = prompts_for(&bench, "billing.py");
     assert_eq!(prompts.len(), 1);
     let related = section(&prompts[0], "related_code");
     assert!(
-        related.contains("<code path=\"lib/tax.py\""),
-        "{}",
+        related.starts_with("\n<code path=\"lib/tax.py\""),
+        "the called function's definition comes first: {}",
         prompts[0]
     );
     assert!(related.contains("RELATED_MARKER"), "{related}");
@@ -821,16 +814,44 @@ async fn an_indexed_project_sends_the_called_functions_definition_but_no_exclude
         !related.contains("path=\"billing.py\""),
         "the reviewed file is not repeated: {related}"
     );
+    assert!(related.matches("<code ").count() <= 3, "{related}");
     assert!(related.len() <= 6_000 + 200, "{}", related.len());
+    // Not excluded yet: the other file that mentions it is found too.
+    assert!(related.contains("SECRET_RATE_MARKER"), "{related}");
+    assert_eq!(embedding_calls(&bench), 1, "one search for the one piece");
+    let notes = bot_notes(&bench, "MergeRequest", mr).await;
+    assert!(last_plain(&notes).contains("- Files reviewed: 1"));
+
+    // Excluded now (its chunks are still in the index): never sent again.
+    bench
+        .fx
+        .exec(
+            "UPDATE projects SET duo_context_exclusion_rules = '{secrets/}' WHERE id = $1",
+            &[&world.project],
+        )
+        .await;
+    commit(
+        &bench,
+        world.project,
+        "feature",
+        None,
+        &[("billing.py", &format!("{TOTAL_AFTER}# taxed\n"))],
+    )
+    .await;
+    bench.fake.reset();
+    bench.fake.set_default_text("<review></review>");
+
+    review(&services, &world, world.user.id).await;
+
+    let prompts = prompts_for(&bench, "billing.py");
+    assert_eq!(prompts.len(), 1);
+    assert!(section(&prompts[0], "related_code").contains("RELATED_MARKER"));
     for body in bench.provider_bodies() {
         assert!(
             !body.contains("SECRET_RATE_MARKER"),
             "an excluded file's chunk: {body}"
         );
     }
-    assert_eq!(embedding_calls(&bench), 1, "one search for the one piece");
-    let notes = bot_notes(&bench, "MergeRequest", mr).await;
-    assert!(last_plain(&notes).contains("- Files reviewed: 1"));
 }
 
 #[tokio::test]
