@@ -251,6 +251,34 @@ async fn the_bot_reviews_on_changed_lines_follows_up_refuses_without_access_and_
         "the thread is the context"
     );
 
+    // A reply that dismisses the comment is answered and teaches the bot.
+    system
+        .fake
+        .push_text("Thought: noted.\nFinal Answer: Understood, the list is never empty there.");
+    call(
+        &system,
+        &alice,
+        reqwest::Method::POST,
+        &format!("/projects/{id}/merge_requests/{iid}/discussions/{thread_id}/notes"),
+        Some(
+            json!({"body": "False positive: this is intended, callers never pass an empty list."}),
+        ),
+    )
+    .await;
+    let thread = wait_for(
+        &system,
+        &alice,
+        &format!("/projects/{id}/merge_requests/{iid}/discussions/{thread_id}"),
+        |d| d["notes"].as_array().is_some_and(|n| n.len() == 5),
+    )
+    .await;
+    let answer = thread["notes"][4]["body"].as_str().unwrap();
+    assert_eq!(thread["notes"][4]["author"]["username"], "GitLabDuo");
+    assert!(
+        answer.contains("later reviews of this project will take your reply into account"),
+        "{answer}"
+    );
+
     // 2. A push that fixes the line, then "@GitLabDuo review": the thread is
     //    resolved, nothing is said twice.
     git(&checkout, &["checkout", "-q", "average"]);

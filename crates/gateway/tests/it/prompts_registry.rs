@@ -110,7 +110,13 @@ fn shipped_prompts_match_the_reference_table() {
             );
             assert_eq!(def.model.name, model, "{id}/{family}");
             assert_eq!(def.model.params.max_tokens, Some(2048), "{id}/{family}");
-            assert_eq!(def.version.to_string(), "1.0.0");
+            // The review prompt's 1.1.0 added related code and feedback.
+            let latest = if *id == "review_merge_request" {
+                "1.1.0"
+            } else {
+                "1.0.0"
+            };
+            assert_eq!(def.version.to_string(), latest, "{id}/{family}");
             let params = def.model_params();
             assert_eq!(params.timeout, Duration::from_secs_f64(*timeout));
             assert!(params.first_token_timeout <= params.timeout);
@@ -603,6 +609,8 @@ fn realistic_inputs(id: &str) -> serde_json::Value {
             "file_path": "stats.py",
             "diff_lines": "<line type=\"context\" old_line=\"1\" new_line=\"1\">def average(values):</line>\n<line type=\"added\" old_line=\"\" new_line=\"2\">    if len(values) == 1: return 0</line>",
             "file_content": "",
+            "related_code": "<code path=\"stats/empty.py\" lines=\"1-2\">\ndef is_empty(values):\n    return len(values) == 0\n</code>",
+            "feedback": "- On `stats.py` you commented: \"Prefer a guard clause.\"\n  A developer replied: \"We don't do guard clauses here.\"",
         }),
         "categorize_question" => json!({
             "question": "Why does my pipeline skip the deploy job?",

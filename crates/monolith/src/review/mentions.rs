@@ -3,13 +3,19 @@
 //! merge request as the resource the question is about, and the bot posts
 //! the answer in the same thread. A reply in an internal thread is
 //! internal; a confidential issue's answer stays on that issue.
+//!
+//! A reply in one of the bot's diff threads that dismisses its comment
+//! ("false positive", "this is intended") also teaches the bot: it becomes
+//! the project's review feedback ([`super::feedback`]), when the person who
+//! replied reads the merge request and its code and Duo is on there.
 
 use uuid::Uuid;
 
+use super::feedback::{self, NewFeedback};
 use super::posting;
 use super::reviewer::{ReviewError, ReviewServices};
 use super::triggers::{BotThread, Mention, MentionAsked, bot_thread, mention_in, question_in};
-use crate::policy::{ChatAuthError, Subject};
+use crate::policy::{Actor, AiReader, ChatAuthError, Subject};
 use crate::work_items::Kind;
 
 /// The comment that asked, as the reply needs it.
@@ -86,6 +92,22 @@ pub async fn run(services: &ReviewServices, job: &MentionAsked) -> Result<(), Re
     {
         return Ok(());
     }
+    let learned = if kind == Kind::MergeRequest {
+        learn(
+            services,
+            &*db,
+            actor,
+            Reply {
+                project_id: job.project_id,
+                merge_request_id: item,
+                note_id: job.note_id,
+                body: &asked.body,
+            },
+        )
+        .await?
+    } else {
+        false
+    };
     let subject = kind.subject(item);
     let refusal = match agent
         .policy
@@ -100,7 +122,7 @@ pub async fn run(services: &ReviewServices, job: &MentionAsked) -> Result<(), Re
         )),
         Err(ChatAuthError::Policy(e)) => return Err(e.into()),
     };
-    let text = match refusal {
+    let mut text = match refusal {
         Some(text) => text,
         None if question.trim().is_empty() => format!(
             "@{username} Ask me a question after the mention, for example `@GitLabDuo what does this change break?`{}",
@@ -128,6 +150,11 @@ pub async fn run(services: &ReviewServices, job: &MentionAsked) -> Result<(), Re
             }
         }
     };
+    if learned {
+        text.push_str(
+            "\n\nNoted: later reviews of this project will take your reply into account.",
+        );
+    }
     posting::reply(
         &*db,
         by,
@@ -138,6 +165,78 @@ pub async fn run(services: &ReviewServices, job: &MentionAsked) -> Result<(), Re
     )
     .await?;
     Ok(())
+}
+
+/// A reply on a merge request, as learning reads it.
+struct Reply<'a> {
+    project_id: i64,
+    merge_request_id: i64,
+    note_id: i64,
+    body: &'a str,
+}
+
+/// Keeps `reply` as the project's review feedback when it dismisses the
+/// bot's diff comment it answers and its author may teach the bot (reads
+/// the merge request and the code, Duo on, the file not excluded); whether
+/// it counts. A retried job keeps it once.
+async fn learn(
+    services: &ReviewServices,
+    db: &impl crate::queries::Queries,
+    actor: Actor,
+    reply: Reply<'_>,
+) -> Result<bool, ReviewError> {
+    if !feedback::dismisses(reply.body) {
+        return Ok(false);
+    }
+    let Some(thread) = bot_thread(db, reply.note_id).await? else {
+        return Ok(false);
+    };
+    let Some(path) = thread
+        .position
+        .as_ref()
+        .and_then(|p| p["new_path"].as_str().or(p["old_path"].as_str()))
+        .filter(|p| !p.is_empty())
+    else {
+        return Ok(false);
+    };
+    let policy = &services.agent.services().policy;
+    if !policy
+        .may_send_to_ai(db, actor, Subject::MergeRequest(reply.merge_request_id))
+        .await?
+    {
+        return Ok(false);
+    }
+    let Some(code) = policy
+        .code_for_ai(db, AiReader::User(actor), reply.project_id)
+        .await?
+    else {
+        return Ok(false);
+    };
+    if !code.allows(path) {
+        return Ok(false);
+    }
+    let kept = feedback::record(
+        db,
+        &NewFeedback {
+            project_id: reply.project_id,
+            merge_request_id: reply.merge_request_id,
+            path,
+            comment: &thread.body,
+            reply: reply.body,
+            user_id: actor.id,
+            reply_note_id: reply.note_id,
+        },
+    )
+    .await?;
+    if kept {
+        tracing::info!(
+            project_id = reply.project_id,
+            path,
+            "a developer dismissed a review comment: kept as review feedback"
+        );
+    }
+    // Kept now or by an earlier run of this job: either way it counts.
+    Ok(true)
 }
 
 /// The question a reply in the bot's thread asks: the reply, with the

@@ -11,8 +11,11 @@
 //! 4. the bot's own open threads are checked first: a thread whose line the
 //!    new push changed is resolved as fixed, the others are shown to the
 //!    model so it does not repeat them;
-//! 5. each file (or piece of a long one) is one model call; comments land
-//!    only on lines of the diff, never twice on the same line;
+//! 5. each file (or piece of a long one) is one model call, with the code
+//!    the piece relies on from the project's code index (when it has one)
+//!    and what developers said about earlier comments on the file or its
+//!    language; comments land only on lines of the diff, never twice on the
+//!    same line, and never again where developers dismissed them;
 //! 6. one summary note says what was reviewed, skipped and resolved.
 
 use std::collections::BTreeSet;
@@ -22,8 +25,10 @@ use serde_json::{Map, json};
 use uuid::Uuid;
 
 use super::diff_lines::{self, DiffLine};
+use super::feedback;
 use super::instructions::{self, InstructionGroup, Source};
 use super::posting::{self, BotAuthor};
+use super::related::{RelatedCode, RelatedLimits};
 use super::response;
 use super::store::{self, OpenThread, Outcome};
 use super::triggers::ReviewRequested;
@@ -47,6 +52,11 @@ pub struct ReviewBudget {
     pub max_total_chars: usize,
     /// A changed file is shown whole, for context, up to this many bytes.
     pub max_context_bytes: usize,
+    /// Related code from the index per prompt: most chunks, most characters.
+    pub related_chunks: usize,
+    pub related_chars: usize,
+    /// Most characters of related code one review sends in all.
+    pub max_related_total_chars: usize,
 }
 
 impl Default for ReviewBudget {
@@ -56,6 +66,9 @@ impl Default for ReviewBudget {
             max_piece_chars: 24_000,
             max_total_chars: 240_000,
             max_context_bytes: 16 * 1024,
+            related_chunks: 3,
+            related_chars: 6_000,
+            max_related_total_chars: 60_000,
         }
     }
 }
@@ -379,6 +392,22 @@ pub async fn run(services: &ReviewServices, job: &ReviewRequested) -> Result<(),
     }
 
     let auth = gateway_auth(services, &*db, actor.id).await?;
+    // The index searched for related code (none: the review goes without),
+    // and what developers said about the bot's earlier comments here.
+    let related = if files.is_empty() {
+        None
+    } else {
+        RelatedCode::open(&agent.code_index, actor.id, job.project_id, code.exclusions())
+            .await
+            .unwrap_or_else(|e| {
+                tracing::warn!(project_id = job.project_id, error = %e, "the code index is unusable: the review goes without related code");
+                None
+            })
+    };
+    let mut related_failed = false;
+    let mut related_total = 0usize;
+    let dismissals = feedback::for_project(&*db, job.project_id).await?;
+    let mut dismissed = 0;
     let mut total_chars = 0usize;
     let mut commented: BTreeSet<(String, Option<u32>, Option<u32>)> = still_open
         .iter()
@@ -417,6 +446,7 @@ pub async fn run(services: &ReviewServices, job: &ReviewRequested) -> Result<(),
             })
             .collect::<Vec<_>>()
             .join("\n");
+        let feedback_text = feedback::prompt_text(&feedback::relevant(&dismissals, &file.path));
         let context = file_context(
             &repository,
             &comparison.head_sha,
@@ -436,6 +466,36 @@ pub async fn run(services: &ReviewServices, job: &ReviewRequested) -> Result<(),
                 break;
             }
             total_chars += annotated.len();
+            let related_text = match &related {
+                Some(index)
+                    if !related_failed
+                        && related_total < services.budget.max_related_total_chars =>
+                {
+                    let limits = RelatedLimits {
+                        chunks: services.budget.related_chunks,
+                        chars: services
+                            .budget
+                            .related_chars
+                            .min(services.budget.max_related_total_chars - related_total),
+                    };
+                    let reviewed = [file.path.as_str(), file.old_path.as_str()];
+                    match index.around(&reviewed, piece_lines, limits).await {
+                        Ok(hits) => {
+                            let text = super::related::prompt_text(&hits);
+                            related_total += text.len();
+                            text
+                        }
+                        Err(e) => {
+                            // One failure (the embedder down) stands for the
+                            // rest of this review.
+                            tracing::warn!(merge_request_id = mr.id, error = %e, "related code search failed: the review goes without it");
+                            related_failed = true;
+                            String::new()
+                        }
+                    }
+                }
+                _ => String::new(),
+            };
             let mut inputs = Map::new();
             inputs.insert("mr_title".into(), json!(mr.title));
             inputs.insert(
@@ -447,6 +507,8 @@ pub async fn run(services: &ReviewServices, job: &ReviewRequested) -> Result<(),
             inputs.insert("file_path".into(), json!(file.path));
             inputs.insert("diff_lines".into(), json!(annotated));
             inputs.insert("file_content".into(), json!(context));
+            inputs.insert("related_code".into(), json!(related_text));
+            inputs.insert("feedback".into(), json!(feedback_text));
             let answer = match agent
                 .gateway
                 .prompt(&auth, PROMPT_ID, inputs, model.metadata())
@@ -472,6 +534,11 @@ pub async fn run(services: &ReviewServices, job: &ReviewRequested) -> Result<(),
                 // A comment on another line of the same position of an open
                 // thread would repeat it; so would the same comment twice.
                 if commented.contains(&key) {
+                    continue;
+                }
+                // Developers dismissed this very comment on this file before.
+                if feedback::dismissed_before(&dismissals, &file.path, &comment.body) {
+                    dismissed += 1;
                     continue;
                 }
                 let position = Position {
@@ -506,6 +573,7 @@ pub async fn run(services: &ReviewServices, job: &ReviewRequested) -> Result<(),
         must_fix,
         resolved,
         still_open: still_open.len(),
+        dismissed,
         skipped: &skipped,
         failed: &failed_files,
         applied: &applied,
@@ -639,6 +707,7 @@ struct SummaryFacts<'a> {
     must_fix: i32,
     resolved: i32,
     still_open: usize,
+    dismissed: i32,
     skipped: &'a [(String, &'static str)],
     failed: &'a [String],
     applied: &'a BTreeSet<String>,
@@ -668,6 +737,13 @@ fn summary_text(f: &SummaryFacts<'_>) -> String {
     }
     if f.still_open > 0 {
         let _ = writeln!(text, "- Earlier threads still open: {}", f.still_open);
+    }
+    if f.dismissed > 0 {
+        let _ = writeln!(
+            text,
+            "- Comments left out because developers dismissed the same comment on the same file before: {}",
+            f.dismissed
+        );
     }
     if f.comments == 0 && f.failed.is_empty() && f.reviewed > 0 {
         text.push_str("\nI found nothing that needs a comment.\n");
@@ -711,6 +787,7 @@ mod tests {
             must_fix: 1,
             resolved: 1,
             still_open: 0,
+            dismissed: 1,
             skipped: &[(
                 "secrets/key.pem".into(),
                 "excluded by the project's Duo context rules",
@@ -725,6 +802,7 @@ mod tests {
         assert!(text.contains("`secrets/key.pem`: excluded"));
         assert!(text.contains("Review instructions applied: Ruby style."));
         assert!(text.contains("bad YAML"));
+        assert!(text.contains("dismissed the same comment on the same file before: 1"));
         assert!(refusal_text("bob", NoCodeReview::CannotRead).is_none());
         assert!(
             refusal_text("bob", NoCodeReview::NoAccess)

@@ -731,6 +731,177 @@ async fn a_failing_ai_service_is_named_in_the_summary_and_the_record() {
     assert_eq!(skipped, ["app.py"]);
 }
 
+// 7b. Related code from the code index -----------------------------------------
+
+const TAX: &str = "def tax_rate(region):\n    \"\"\"The sales tax of a region, RELATED_MARKER.\"\"\"\n    return RATES.get(region, 0.2)\n";
+const SECRET_TAX: &str =
+    "def tax_rate_override(region):\n    return 'SECRET_RATE_MARKER' # tax_rate region\n";
+const TOTAL_BEFORE: &str = "def total(order):\n    return order.amount\n";
+const TOTAL_AFTER: &str =
+    "def total(order):\n    rate = tax_rate(order.region)\n    return order.amount * (1 + rate)\n";
+
+/// `main` with the tax helpers (indexed when `indexed`), a merge request
+/// that makes `billing.py` call `tax_rate`.
+async fn tax_merge_request(bench: &Bench, world: &World, indexed: bool) -> i64 {
+    commit(
+        bench,
+        world.project,
+        "main",
+        None,
+        &[
+            ("lib/tax.py", TAX),
+            ("secrets/tax_override.py", SECRET_TAX),
+            ("billing.py", TOTAL_BEFORE),
+        ],
+    )
+    .await;
+    if indexed {
+        monolith::code_index::indexer::index_project(
+            &bench.responder.services().code_index,
+            world.project,
+        )
+        .await
+        .unwrap();
+    }
+    commit(
+        bench,
+        world.project,
+        "feature",
+        Some("main"),
+        &[("billing.py", TOTAL_AFTER)],
+    )
+    .await;
+    bench
+        .fx
+        .id(
+            "INSERT INTO merge_requests (project_id, iid, title, description, author_id, source_branch, target_branch)
+             VALUES ($1, 1, 'Taxes', 'Totals with tax.', $2, 'feature', 'main') RETURNING id",
+            &[&world.project, &world.user.id],
+        )
+        .await
+}
+
+fn embedding_calls(bench: &Bench) -> usize {
+    bench
+        .fake
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with("/embeddings"))
+        .count()
+}
+
+#[tokio::test]
+async fn an_indexed_project_sends_the_called_functions_definition_but_no_excluded_file() {
+    let bench = Bench::start().await;
+    let world = bench.world().await;
+    let mr = tax_merge_request(&bench, &world, true).await;
+    bench.fake.reset();
+    bench.fake.set_default_text("<review></review>");
+    let services = services(&bench);
+
+    review(&services, &world, world.user.id).await;
+
+    let prompts = prompts_for(&bench, "billing.py");
+    assert_eq!(prompts.len(), 1);
+    let related = section(&prompts[0], "related_code");
+    assert!(
+        related.starts_with("\n<code path=\"lib/tax.py\""),
+        "the called function's definition comes first: {}",
+        prompts[0]
+    );
+    assert!(related.contains("RELATED_MARKER"), "{related}");
+    assert!(
+        !related.contains("path=\"billing.py\""),
+        "the reviewed file is not repeated: {related}"
+    );
+    assert!(related.matches("<code ").count() <= 3, "{related}");
+    assert!(related.len() <= 6_000 + 200, "{}", related.len());
+    // Not excluded yet: the other file that mentions it is found too.
+    assert!(related.contains("SECRET_RATE_MARKER"), "{related}");
+    assert_eq!(embedding_calls(&bench), 1, "one search for the one piece");
+    let notes = bot_notes(&bench, "MergeRequest", mr).await;
+    assert!(last_plain(&notes).contains("- Files reviewed: 1"));
+
+    // Excluded now (its chunks are still in the index): never sent again.
+    bench
+        .fx
+        .exec(
+            "UPDATE projects SET duo_context_exclusion_rules = '{secrets/}' WHERE id = $1",
+            &[&world.project],
+        )
+        .await;
+    commit(
+        &bench,
+        world.project,
+        "feature",
+        None,
+        &[("billing.py", &format!("{TOTAL_AFTER}# taxed\n"))],
+    )
+    .await;
+    bench.fake.reset();
+    bench.fake.set_default_text("<review></review>");
+
+    review(&services, &world, world.user.id).await;
+
+    let prompts = prompts_for(&bench, "billing.py");
+    assert_eq!(prompts.len(), 1);
+    assert!(section(&prompts[0], "related_code").contains("RELATED_MARKER"));
+    for body in bench.provider_bodies() {
+        assert!(
+            !body.contains("SECRET_RATE_MARKER"),
+            "an excluded file's chunk: {body}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn without_an_index_or_with_the_embedder_down_the_review_goes_on_without_related_code() {
+    let bench = Bench::start().await;
+    let world = bench.world().await;
+    let mr = tax_merge_request(&bench, &world, false).await;
+    bench.fake.set_default_text("<review></review>");
+    let services = services(&bench);
+
+    review(&services, &world, world.user.id).await;
+
+    assert_eq!(embedding_calls(&bench), 0, "no index: nothing embedded");
+    let prompts = prompts_for(&bench, "billing.py");
+    assert_eq!(prompts.len(), 1);
+    assert!(!prompts[0].contains("<related_code>"), "{}", prompts[0]);
+    let notes = bot_notes(&bench, "MergeRequest", mr).await;
+    assert!(last_plain(&notes).contains("- Files reviewed: 1"));
+    assert_eq!(record(&bench, mr).await.0, "done");
+
+    // Indexed, but the embedder fails: still a review, without related code.
+    monolith::code_index::indexer::index_project(
+        &bench.responder.services().code_index,
+        world.project,
+    )
+    .await
+    .unwrap();
+    commit(
+        &bench,
+        world.project,
+        "feature",
+        None,
+        &[("billing.py", &format!("{TOTAL_AFTER}# taxed\n"))],
+    )
+    .await;
+    bench.fake.reset();
+    bench.fake.set_default_text("<review></review>");
+    bench.fake.set_embeddings_failing(true);
+
+    review(&services, &world, world.user.id).await;
+
+    assert!(embedding_calls(&bench) >= 1, "the search was tried");
+    let prompts = prompts_for(&bench, "billing.py");
+    assert_eq!(prompts.len(), 1);
+    assert!(!prompts[0].contains("<related_code>"), "{}", prompts[0]);
+    let notes = bot_notes(&bench, "MergeRequest", mr).await;
+    assert!(last_plain(&notes).contains("- Files reviewed: 1"));
+    assert_eq!(record(&bench, mr).await.0, "done");
+}
+
 // 8. Mentions -----------------------------------------------------------------
 
 fn final_answer(text: &str) -> String {
@@ -918,6 +1089,169 @@ async fn a_mention_without_chat_access_is_told_why_without_a_model_call() {
             .starts_with("@seatless I cannot answer here: "),
         "{}",
         replies[0].body
+    );
+}
+
+// 8b. Learning from replies ----------------------------------------------------
+
+const DISMISSED: &str = "EMPTY_LIST: dividing by len(values) fails for an empty list.";
+
+/// A reply by `author` in the merge request's thread `discussion_id`; its id.
+async fn thread_reply(bench: &Bench, mr: i64, discussion_id: &str, author: i64, body: &str) -> i64 {
+    bench
+        .fx
+        .id(
+            "INSERT INTO notes (noteable_type, noteable_id, author_id, body, discussion_id, note_type)
+             VALUES ('MergeRequest', $1, $2, $3, $4, 'DiffNote') RETURNING id",
+            &[&mr, &author, &body, &discussion_id],
+        )
+        .await
+}
+
+fn mr_reply(world: &World, note_id: i64, requester: i64) -> MentionAsked {
+    MentionAsked {
+        project_id: world.project,
+        noteable_type: "MergeRequest".into(),
+        noteable_iid: 1,
+        note_id,
+        requester_id: requester,
+    }
+}
+
+/// The project's feedback: (path, comment, reply, user).
+async fn feedback_rows(bench: &Bench, project: i64) -> Vec<(String, String, String, Option<i64>)> {
+    let db = bench.fx.pool.get().await.unwrap();
+    db.query(
+        "SELECT path, comment, reply, user_id FROM duo_review_feedback WHERE project_id = $1 ORDER BY id",
+        &[&project],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+    .collect()
+}
+
+#[tokio::test]
+async fn a_dismissing_reply_teaches_later_reviews_and_the_dismissed_comment_is_not_posted_again() {
+    let bench = Bench::start().await;
+    let world = bench.world().await;
+    let mr = merge_request(&bench, &world, &[("README.md", "hi\n")], &[("app.py", APP)]).await;
+    let services = services(&bench);
+    bench.fake.reply_when(
+        "The change to `app.py`",
+        answer(&[comment("app.py", 3, DISMISSED)]),
+    );
+    // The answers in the thread (a rule: refused replies ask no model).
+    bench.fake.reply_when(
+        "Someone replied to your review comment",
+        final_answer("Understood."),
+    );
+    bench.fake.set_default_text("<review></review>");
+    review(&services, &world, world.user.id).await;
+    let notes = bot_notes(&bench, "MergeRequest", mr).await;
+    let thread = diff_notes(&notes)[0].discussion_id.clone();
+
+    // Neither a stranger nor a guest teaches the bot.
+    let stranger = bench.fx.user("stranger").await;
+    bench.fx.seat(stranger, "duo_enterprise", false).await;
+    let guest = bench.fx.user("guest").await;
+    bench.fx.seat(guest, "duo_enterprise", false).await;
+    bench.fx.project_member(world.project, guest, 10).await;
+    for who in [stranger, guest] {
+        let note = thread_reply(
+            &bench,
+            mr,
+            &thread,
+            who.id,
+            "false positive: this is intended",
+        )
+        .await;
+        mentions::run(&services, &mr_reply(&world, note, who.id))
+            .await
+            .unwrap();
+    }
+    assert!(feedback_rows(&bench, world.project).await.is_empty());
+
+    // A reply that agrees teaches nothing either.
+    let agreeing = thread_reply(&bench, mr, &thread, world.user.id, "Good catch, will fix.").await;
+    mentions::run(&services, &mr_reply(&world, agreeing, world.user.id))
+        .await
+        .unwrap();
+    assert!(feedback_rows(&bench, world.project).await.is_empty());
+
+    // The developer dismisses it: kept once, however often the job runs.
+    let reply = thread_reply(
+        &bench,
+        mr,
+        &thread,
+        world.user.id,
+        "false positive: this is intended, values is never empty here",
+    )
+    .await;
+    let job = mr_reply(&world, reply, world.user.id);
+    mentions::run(&services, &job).await.unwrap();
+    mentions::run(&services, &job).await.unwrap();
+    let rows = feedback_rows(&bench, world.project).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].0, "app.py");
+    assert_eq!(rows[0].1, DISMISSED);
+    assert!(rows[0].2.starts_with("false positive: this is intended"));
+    assert_eq!(rows[0].3, Some(world.user.id));
+    let answered = bot_notes(&bench, "MergeRequest", mr).await;
+    let last = answered.last().unwrap();
+    assert_eq!(last.discussion_id, thread);
+    assert!(
+        last.body
+            .contains("later reviews of this project will take your reply into account"),
+        "{}",
+        last.body
+    );
+
+    // They resolve the thread; a new push; the model says the same again.
+    bench
+        .fx
+        .exec(
+            "UPDATE notes SET resolved_at = now(), resolved_by_id = $2 WHERE discussion_id = $1",
+            &[&thread, &world.user.id],
+        )
+        .await;
+    commit(
+        &bench,
+        world.project,
+        "feature",
+        None,
+        &[("util.py", "def half(x):\n    return x / 2\n")],
+    )
+    .await;
+    let before = diff_notes(&bot_notes(&bench, "MergeRequest", mr).await).len();
+    review(&services, &world, world.user.id).await;
+
+    let prompts = prompts_for(&bench, "app.py");
+    let latest = prompts.last().unwrap();
+    let said = section(latest, "feedback");
+    assert!(said.contains("EMPTY_LIST"), "{latest}");
+    assert!(
+        said.contains("false positive: this is intended"),
+        "{latest}"
+    );
+    assert!(
+        latest.contains("What developers here said about earlier review comments"),
+        "{latest}"
+    );
+    // Another file of the same language hears it too.
+    let util = prompts_for(&bench, "util.py");
+    assert!(section(util.last().unwrap(), "feedback").contains("EMPTY_LIST"));
+    let notes = bot_notes(&bench, "MergeRequest", mr).await;
+    assert_eq!(
+        diff_notes(&notes).len(),
+        before,
+        "the dismissed comment is not posted again"
+    );
+    let summary = last_plain(&notes);
+    assert!(
+        summary.contains("dismissed the same comment on the same file before: 1"),
+        "{summary}"
     );
 }
 
