@@ -198,7 +198,13 @@ function drawHistory() {
 // ---- the schema ---------------------------------------------------------------
 
 let types = [];
+// The root types' names: query, mutation, subscription (listed first, so).
 let roots = new Set();
+
+function rootRank(name) {
+  const rank = [...roots].indexOf(name);
+  return rank === -1 ? roots.size : rank;
+}
 
 function typeLink(name) {
   const button = document.createElement('button');
@@ -238,7 +244,7 @@ function drawTypes() {
   const shown = types
     .filter((t) => !t.name.startsWith('__'))
     .filter((t) => !filter || t.name.toLowerCase().includes(filter))
-    .sort((a, b) => Number(roots.has(b.name)) - Number(roots.has(a.name)) || a.name.localeCompare(b.name));
+    .sort((a, b) => rootRank(a.name) - rootRank(b.name) || a.name.localeCompare(b.name));
   for (const type of shown) {
     const item = document.createElement('li');
     item.dataset.type = type.name;
