@@ -117,15 +117,6 @@ async fn the_explorer_runs_a_query_and_browses_the_schema() {
         .unwrap();
     assert_eq!(hidden, true);
 
-    // Tab indents in the editor instead of leaving it.
-    set_editor(&browser, "query", "").await;
-    browser.type_into("#query", "a\u{e004}b").await.unwrap();
-    let value = browser
-        .js("return document.getElementById('query').value", vec![])
-        .await
-        .unwrap();
-    assert_eq!(value, "a  b");
-
     // The schema browser: a type's fields with their types and descriptions.
     browser
         .type_into("#type-filter", "CurrentUser")
@@ -202,6 +193,15 @@ async fn the_explorer_runs_a_query_and_browses_the_schema() {
     );
     assert_eq!(query, QUERY);
     assert_eq!(variables, "{\"typeName\": \"CurrentUser\"}");
+
+    // Tab indents in the editor instead of leaving it.
+    set_editor(&browser, "query", "").await;
+    browser.type_into("#query", "a\u{e004}b").await.unwrap();
+    let value = browser
+        .js("return document.getElementById('query').value", vec![])
+        .await
+        .unwrap();
+    assert_eq!(value, "a  b");
 }
 
 #[tokio::test]

@@ -96,10 +96,12 @@ async fn job(
         section class="card job" {
             div class="title-row" {
                 h1 { (heading) " " span class={ "badge " (job.status) } { (job.status) } }
-                @if explain {
-                    (duo_prompts::link(PredefinedPrompt::ExplainJobFailure, &gid, &heading))
+                div class="actions" {
+                    @if explain {
+                        (duo_prompts::link(PredefinedPrompt::ExplainJobFailure, &gid, &heading))
+                    }
+                    (super::resources::ask_duo(&gid, &heading))
                 }
-                (super::resources::ask_duo(&gid, &heading))
             }
             dl class="facts" {
                 dt { "Stage" } dd { (job.stage) }

@@ -333,8 +333,10 @@ fn item_page(session: &SessionUser, item: ItemPage<'_>) -> HttpResponse {
             section class="card" {
                 div class="title-row" {
                     h1 { (item.heading) " " span class={ "badge " (item.state) } { (item.state) } }
-                    (item.actions)
-                    (ask_duo(item.gid, &item.heading))
+                    div class="actions" {
+                        (item.actions)
+                        (ask_duo(item.gid, &item.heading))
+                    }
                 }
                 div class="prose" { (PreEscaped(description)) }
             }
