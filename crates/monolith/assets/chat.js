@@ -314,12 +314,8 @@ question.addEventListener('keydown', (event) => {
   }
 });
 
-$('ask').addEventListener('submit', async (event) => {
-  event.preventDefault();
-  const content = question.value.trim();
-  if (!content) return;
-  question.value = '';
-  menu.hidden = true;
+// Asks; a refused question shows as a line in the conversation.
+async function askShowingErrors(content) {
   try {
     await ask(content);
   } catch (e) {
@@ -328,6 +324,15 @@ $('ask').addEventListener('submit', async (event) => {
     item.append(errorLine({ errors: [e.message] }));
     list.append(item);
   }
+}
+
+$('ask').addEventListener('submit', async (event) => {
+  event.preventDefault();
+  const content = question.value.trim();
+  if (!content) return;
+  question.value = '';
+  menu.hidden = true;
+  await askShowingErrors(content);
 });
 
 stopButton.addEventListener('click', () => {
@@ -362,6 +367,15 @@ async function start() {
   await live.whenReady();
   document.body.dataset.live = 'true';
   await openThread(thread);
+  // A predefined question from an item page ("Explain this job failure"):
+  // sent once when the page was opened from this site, else only filled in.
+  if (data.prompt && resource && !unavailable) {
+    if (data.sendPrompt) {
+      await askShowingErrors(data.prompt);
+    } else {
+      question.value = data.prompt;
+    }
+  }
   question.focus();
 }
 

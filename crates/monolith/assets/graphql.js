@@ -5,14 +5,21 @@
 
 const csrf = () => document.querySelector('meta[name="csrf-token"]')?.content ?? '';
 
-export async function gql(query, variables = {}) {
+// One POST to /api/graphql as the signed-in user; the HTTP status and the
+// parsed body (`{}` when it is not JSON), errors included.
+export async function postGraphql(request) {
   const response = await fetch('/api/graphql', {
     method: 'POST',
     credentials: 'same-origin',
     headers: { 'Content-Type': 'application/json', 'X-CSRF-Token': csrf() },
-    body: JSON.stringify({ query, variables }),
+    body: JSON.stringify(request),
   });
   const body = await response.json().catch(() => ({}));
+  return { response, body };
+}
+
+export async function gql(query, variables = {}) {
+  const { response, body } = await postGraphql({ query, variables });
   if (!response.ok) {
     throw new Error(body.message || body.errors?.[0]?.message || `HTTP ${response.status}`);
   }

@@ -26,6 +26,11 @@ const FILES: &[(&str, &str, &str)] = &[
         include_str!("../../assets/graphql.js"),
     ),
     (
+        "graphql_explorer.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../assets/graphql_explorer.js"),
+    ),
+    (
         "markdown.js",
         "text/javascript; charset=utf-8",
         include_str!("../../assets/markdown.js"),

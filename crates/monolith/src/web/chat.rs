@@ -10,6 +10,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::PageError;
+use super::duo_prompts::{self, PredefinedPrompt};
 use super::layout::{self, Page};
 use super::repository_browser::{self, AskAbout};
 use crate::ai_models::{Feature, Provider};
@@ -34,6 +35,9 @@ struct ChatQuery {
     context: Option<String>,
     context_ref: Option<String>,
     context_path: Option<String>,
+    /// A predefined question to ask about `resource` (a key of
+    /// [`PredefinedPrompt`], never the text itself).
+    prompt: Option<String>,
 }
 
 /// The slash commands the menu offers, with what each does.
@@ -133,6 +137,15 @@ async fn page(
         }
         _ => None,
     };
+    // Only about a resource, and sent by the page only when opened from this
+    // site; otherwise the question is filled in for the user to send.
+    let prompt = query
+        .prompt
+        .as_deref()
+        .and_then(PredefinedPrompt::parse)
+        .filter(|_| resource.is_some())
+        .map(PredefinedPrompt::question);
+    let send_prompt = prompt.is_some() && duo_prompts::opened_from_this_site(&req);
     let data = json!({
         "userGid": gid::format("User", session.user.id),
         "unavailable": unavailable,
@@ -141,6 +154,8 @@ async fn page(
         "resourceTitle": query.resource_title.map(|t| t.chars().take(200).collect::<String>()),
         "additionalContext": context.as_ref().map(|(item, _)| vec![item.clone()]),
         "contextTitle": context.map(|(_, title)| title),
+        "prompt": prompt,
+        "sendPrompt": send_prompt,
         "commands": SLASH_COMMANDS.iter().map(|(c, d)| json!({ "command": c, "description": d })).collect::<Vec<_>>(),
     });
     let body = html! {

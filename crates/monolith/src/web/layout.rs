@@ -65,6 +65,7 @@ pub fn render(page: Page<'_>, body: Markup) -> Markup {
                         @if let Some(session) = page.session {
                             a href="/-/chat" { "Chat" }
                             a href="/explore/projects" { "Projects" }
+                            a href="/-/graphql-explorer" title="GraphQL explorer" { "GraphQL" }
                             @if session.user.admin {
                                 a href="/admin" { "Admin" }
                             }

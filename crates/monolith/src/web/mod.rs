@@ -15,6 +15,9 @@
 //!   follow, approve, stop;
 //! - [`oauth_consent`]: authorizing an MCP client (OAuth consent), the
 //!   user's authorized applications and the admin's list of them;
+//! - [`jobs`]: a CI job's page, with "Explain this job failure";
+//! - [`duo_prompts`]: the links that open chat with a predefined question;
+//! - [`graphql_explorer`]: run GraphQL queries and browse the schema;
 //! - [`help`]: the error-code help page;
 //! - [`admin`], [`admin_models`]: the admin area (instance admins only), on
 //!   the frame and gate of `admin_frame`.
@@ -26,7 +29,10 @@ mod admin_frame;
 pub mod admin_models;
 pub mod assets;
 pub mod chat;
+pub mod duo_prompts;
+pub mod graphql_explorer;
 pub mod help;
+pub mod jobs;
 pub mod layout;
 pub mod oauth_consent;
 pub mod repository_browser;
@@ -45,6 +51,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .configure(sign_in::routes)
         .configure(chat::routes)
         .configure(help::routes)
+        .configure(graphql_explorer::routes)
+        .configure(jobs::routes)
         .configure(repository_browser::routes)
         .configure(workflow_pages::routes)
         .configure(resources::routes)

@@ -13,6 +13,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use maud::{Markup, PreEscaped, html};
 
 use super::PageError;
+use super::duo_prompts::{self, PredefinedPrompt};
 use super::layout::{self, Page};
 use crate::app_state::AppState;
 use crate::identity::sessions::{self, SessionUser};
@@ -49,7 +50,7 @@ fn actor(session: &SessionUser) -> Option<Actor> {
     Some(Actor::from(&session.user))
 }
 
-fn ask_duo(gid: &str, title: &str) -> Markup {
+pub(super) fn ask_duo(gid: &str, title: &str) -> Markup {
     let href = format!(
         "/-/chat?resource={}&resource_title={}",
         url::form_urlencoded::byte_serialize(gid.as_bytes()).collect::<String>(),
@@ -293,6 +294,23 @@ fn discussions_markup(threads: &[Discussion]) -> Markup {
     }
 }
 
+/// "Summarize comments" for an item with comments the user may read, when
+/// they could ask it.
+async fn summarize_comments(
+    state: &AppState,
+    session: &SessionUser,
+    threads: &[Discussion],
+    item: Subject,
+    gid: &str,
+    heading: &str,
+) -> Result<Markup, PageError> {
+    let prompt = PredefinedPrompt::SummarizeComments;
+    if threads.is_empty() || !duo_prompts::offered(state, session, prompt, item).await? {
+        return Ok(html! {});
+    }
+    Ok(duo_prompts::link(prompt, gid, heading))
+}
+
 /// The page of an issue, merge request or epic; `actions` go beside
 /// "Ask Duo" (e.g. "Run with Duo" on an issue), `extra` between the
 /// description and the discussions (a merge request's reviewers).
@@ -315,8 +333,10 @@ fn item_page(session: &SessionUser, item: ItemPage<'_>) -> HttpResponse {
             section class="card" {
                 div class="title-row" {
                     h1 { (item.heading) " " span class={ "badge " (item.state) } { (item.state) } }
-                    (item.actions)
-                    (ask_duo(item.gid, &item.heading))
+                    div class="actions" {
+                        (item.actions)
+                        (ask_duo(item.gid, &item.heading))
+                    }
                 }
                 div class="prose" { (PreEscaped(description)) }
             }
@@ -396,20 +416,32 @@ async fn issue(
     }
     let threads = readable_discussions(&state, &*db, &session, Kind::Issue, id).await?;
     drop(db);
-    let actions = if super::workflow_pages::may_run_with_duo(&state, &session, project).await? {
+    let run_with_duo = if super::workflow_pages::may_run_with_duo(&state, &session, project).await?
+    {
         super::workflow_pages::run_with_duo_button(&session, &project_path, iid)
     } else {
         html! {}
     };
+    let heading = format!("{} (#{iid})", item.title);
+    let gid = crate::gid::format("Issue", id);
+    let summarize = summarize_comments(
+        &state,
+        &session,
+        &threads,
+        Subject::Issue(id),
+        &gid,
+        &heading,
+    )
+    .await?;
     Ok(item_page(
         &session,
         ItemPage {
-            heading: format!("{} (#{iid})", item.title),
-            gid: &crate::gid::format("Issue", id),
+            heading,
+            gid: &gid,
             state: &item.state,
             description: &item.description,
             discussions: &threads,
-            actions,
+            actions: html! { (summarize) (run_with_duo) },
             extra: html! {},
         },
     ))
@@ -457,15 +489,27 @@ async fn merge_request(
         bot,
         may_request.then_some(action.as_str()),
     );
+    drop(db);
+    let heading = format!("{} (!{iid})", item.title);
+    let gid = crate::gid::format("MergeRequest", id);
+    let summarize = summarize_comments(
+        &state,
+        &session,
+        &threads,
+        Subject::MergeRequest(id),
+        &gid,
+        &heading,
+    )
+    .await?;
     Ok(item_page(
         &session,
         ItemPage {
-            heading: format!("{} (!{iid})", item.title),
-            gid: &crate::gid::format("MergeRequest", id),
+            heading,
+            gid: &gid,
             state: &item.state,
             description: &item.description,
             discussions: &threads,
-            actions: html! {},
+            actions: summarize,
             extra,
         },
     ))
@@ -491,15 +535,27 @@ async fn epic(
         return Err(PageError::NotFound);
     }
     let threads = readable_discussions(&state, &*db, &session, Kind::Epic, id).await?;
+    drop(db);
+    let heading = format!("{} (&{iid})", item.title);
+    let gid = crate::gid::format("Epic", id);
+    let summarize = summarize_comments(
+        &state,
+        &session,
+        &threads,
+        Subject::Epic(id),
+        &gid,
+        &heading,
+    )
+    .await?;
     Ok(item_page(
         &session,
         ItemPage {
-            heading: format!("{} (&{iid})", item.title),
-            gid: &crate::gid::format("Epic", id),
+            heading,
+            gid: &gid,
             state: &item.state,
             description: &item.description,
             discussions: &threads,
-            actions: html! {},
+            actions: summarize,
             extra: html! {},
         },
     ))

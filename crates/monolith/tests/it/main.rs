@@ -55,6 +55,8 @@ mod review_jobs;
 mod subscriptions_live;
 mod web_admin;
 mod web_code_pages;
+mod web_duo_prompts;
+mod web_graphql_explorer;
 mod web_merge_request_review;
 mod web_sign_in;
 mod web_sign_in_redirect;
