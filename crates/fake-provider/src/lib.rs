@@ -30,6 +30,7 @@ use futures::Stream;
 use script::{ModelMode, Plan};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::{Semaphore, watch};
@@ -99,6 +100,24 @@ pub(crate) struct State {
     shutdown: watch::Receiver<bool>,
     /// One permit per [`FakeProvider::release`]; each held answer takes one.
     releases: Arc<Semaphore>,
+    /// Embedding calls being answered right now.
+    embeddings_in_flight: watch::Sender<usize>,
+    /// The most embedding calls answered at once since the last reset.
+    embeddings_peak: AtomicUsize,
+    /// While true, embedding calls wait for [`FakeProvider::release_embedding`].
+    embeddings_held: watch::Sender<bool>,
+    embedding_releases: Arc<Semaphore>,
+}
+
+/// Counts an embedding call out again however its answer ends.
+pub(crate) struct EmbeddingInFlight<'a>(&'a State);
+
+impl Drop for EmbeddingInFlight<'_> {
+    fn drop(&mut self) {
+        self.0
+            .embeddings_in_flight
+            .send_modify(|n| *n = n.saturating_sub(1));
+    }
 }
 
 impl State {
@@ -106,6 +125,32 @@ impl State {
         // A panic while holding the lock cannot leave the script inconsistent
         // in a way that matters to a test double, so recover from poisoning.
         self.script.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts an embedding call in (until the guard drops) and, while calls
+    /// are held, waits for its release.
+    pub(crate) async fn embedding_started(&self) -> EmbeddingInFlight<'_> {
+        let mut now = 0;
+        self.embeddings_in_flight.send_modify(|n| {
+            *n += 1;
+            now = *n;
+        });
+        self.embeddings_peak.fetch_max(now, Ordering::SeqCst);
+        let guard = EmbeddingInFlight(self);
+        let mut held = self.embeddings_held.subscribe();
+        if *held.borrow_and_update() {
+            let mut shutdown = self.shutdown.clone();
+            tokio::select! {
+                permit = self.embedding_releases.acquire() => {
+                    if let Ok(permit) = permit {
+                        permit.forget();
+                    }
+                }
+                _ = held.wait_for(|on| !*on) => {}
+                _ = shutdown.wait_for(|stopped| *stopped) => {}
+            }
+        }
+        guard
     }
 
     pub(crate) fn embeddings_failing(&self) -> bool {
@@ -293,6 +338,10 @@ impl FakeProvider {
             }),
             shutdown: shutdown_rx,
             releases: Arc::new(Semaphore::new(0)),
+            embeddings_in_flight: watch::Sender::new(0),
+            embeddings_peak: AtomicUsize::new(0),
+            embeddings_held: watch::Sender::new(false),
+            embedding_releases: Arc::new(Semaphore::new(0)),
         });
         let data = web::Data::from(state.clone());
         let server = HttpServer::new(move || {
@@ -406,6 +455,28 @@ impl FakeProvider {
         self.state.lock().embeddings_failing = failing;
     }
 
+    /// Holds every embedding call (`true`) until [`Self::release_embedding`]
+    /// lets it answer, or answers at once again (`false`, releasing all).
+    pub fn hold_embeddings(&self, on: bool) {
+        self.state.embeddings_held.send_replace(on);
+    }
+
+    /// Lets one held embedding call answer; a release before a call is held
+    /// is kept for it.
+    pub fn release_embedding(&self) {
+        self.state.embedding_releases.add_permits(1);
+    }
+
+    /// The number of embedding calls being answered now, to wait on.
+    pub fn embeddings_in_flight(&self) -> watch::Receiver<usize> {
+        self.state.embeddings_in_flight.subscribe()
+    }
+
+    /// The most embedding calls answered at once since the last [`Self::reset`].
+    pub fn embeddings_peak(&self) -> usize {
+        self.state.embeddings_peak.load(Ordering::SeqCst)
+    }
+
     /// Turns request recording off (benchmarks) or on (the default).
     pub fn set_recording(&self, on: bool) {
         self.state.lock().record = on;
@@ -422,6 +493,7 @@ impl FakeProvider {
         script.requests.clear();
         script.queue.clear();
         script.rules.clear();
+        self.state.embeddings_peak.store(0, Ordering::SeqCst);
     }
 
     /// Stops the server, ending hanging responses, and waits for it.

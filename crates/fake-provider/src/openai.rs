@@ -175,6 +175,7 @@ pub(crate) async fn embeddings(
     body: web::Bytes,
 ) -> HttpResponse {
     let json = state.record(&req, &body);
+    let _in_flight = state.embedding_started().await;
     let inputs: Vec<String> = match &json["input"] {
         Value::String(s) => vec![s.clone()],
         Value::Array(items) => items

@@ -130,8 +130,16 @@ pub struct CodeIndexConfig {
     pub max_file_bytes: u64,
     /// Files indexed per project at most (`DUO_CODE_INDEX_MAX_FILES`, 20000).
     pub max_files: usize,
-    /// Chunks per embedding call to the gateway (`DUO_CODE_INDEX_EMBED_BATCH`, 32).
+    /// Most chunks in one embedding call to the gateway
+    /// (`DUO_CODE_INDEX_EMBED_BATCH`, 64, at most 250).
     pub embed_batch: usize,
+    /// Estimated word pieces in one embedding call: batches are cut by
+    /// this budget first (`DUO_CODE_INDEX_EMBED_BATCH_TOKENS`, 8192).
+    pub embed_batch_tokens: usize,
+    /// Embedding calls one indexing run has on their way at once
+    /// (`DUO_CODE_INDEX_EMBED_IN_FLIGHT`, 2, at most 16): the next batch
+    /// waits at the model server while one is computed, never more.
+    pub embed_in_flight: usize,
     /// One indexing run may take this long (`DUO_CODE_INDEX_JOB_TIMEOUT_SECS`, 1800).
     pub job_timeout: Duration,
     /// How often a worker looks for projects whose index is behind their
@@ -156,10 +164,19 @@ impl CodeIndexConfig {
                 "DUO_CODE_INDEX_MAX_FILES",
             )?,
             embed_batch: positive(
-                parse_or(get, "DUO_CODE_INDEX_EMBED_BATCH", 32)?,
+                parse_or(get, "DUO_CODE_INDEX_EMBED_BATCH", 64)?,
                 "DUO_CODE_INDEX_EMBED_BATCH",
             )?
             .min(250),
+            embed_batch_tokens: positive(
+                parse_or(get, "DUO_CODE_INDEX_EMBED_BATCH_TOKENS", 8192)?,
+                "DUO_CODE_INDEX_EMBED_BATCH_TOKENS",
+            )?,
+            embed_in_flight: positive(
+                parse_or(get, "DUO_CODE_INDEX_EMBED_IN_FLIGHT", 2)?,
+                "DUO_CODE_INDEX_EMBED_IN_FLIGHT",
+            )?
+            .min(16),
             job_timeout: Duration::from_secs(positive(
                 parse_or(get, "DUO_CODE_INDEX_JOB_TIMEOUT_SECS", 1800)?,
                 "DUO_CODE_INDEX_JOB_TIMEOUT_SECS",

@@ -5,9 +5,16 @@
 //!   gateway's default code-embedding provider (`local`) calls it, and the
 //!   monolith's worker indexes on push.
 //! - The labelled evaluation set (`fixtures/code-search`: the invented
-//!   "Larkspur" repository and its questions) is pushed with the real `git`
-//!   client over smart HTTP; the time from push to a `ready` index gives
-//!   files/s and chunks/s.
+//!   "Larkspur" repository of 85 files and its questions) is pushed with the
+//!   real `git` client over smart HTTP; the time from push to a `ready`
+//!   index gives files/s, chunks/s and word pieces (tokens)/s. Goal: under
+//!   30 s. While it indexes, a question is embedded at the model server
+//!   every 100 ms: its latency p50/p99 (goal: p99 under 50 ms).
+//! - The same chunk texts embedded by the model server alone, and by the
+//!   reference (ONNX Runtime running the same weights on as many threads,
+//!   `scripts/embed-reference.sh`, installed into `.cache/`): tokens/s of
+//!   both, their ratio, and the cosine of both vectors for a sample.
+//!   `DUO_BENCH_NO_REFERENCE=1` skips it.
 //! - Each question is embedded once at the model server, then searched
 //!   vector-only, full-text-only and fused; recall@1, recall@5 and MRR over
 //!   distinct file paths, recall@5 per question kind, and the search's own
@@ -22,6 +29,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail, ensure};
 use bench::{Latencies, load_average, ms};
 use e2e_tests::{Options, Service, System};
+use monolith::code_index::batching::Batcher;
 use monolith::code_index::chunker::{self, Chunk};
 use monolith::code_index::filters::Exclusions;
 use monolith::code_index::search::{self, QueryVector, Retrieval, Scope};
@@ -31,8 +39,16 @@ use serde_json::{Value, json};
 const LIMIT: usize = 10;
 /// Timed passes over all questions, per mode (after one untimed warm-up).
 const TIMED_PASSES: usize = 3;
-/// Texts per embedding call, as the indexer sends them (its default).
-const EMBED_BATCH: usize = 32;
+/// Calls as the indexer cuts them by default: estimated word pieces, then
+/// chunks per call (`DUO_CODE_INDEX_EMBED_BATCH_TOKENS`, `…_EMBED_BATCH`).
+const EMBED_BATCH_TOKENS: usize = 8192;
+const EMBED_BATCH: usize = 64;
+/// How often a question is embedded while the repository is indexed.
+const QUESTION_EVERY: Duration = Duration::from_millis(100);
+/// Texts whose vectors are compared with the reference's.
+const COSINE_SAMPLE: usize = 16;
+/// Threads of the model server and of the reference.
+const THREADS: usize = 2;
 /// How long one indexing run may take before the bench gives up.
 const INDEX_DEADLINE: Duration = Duration::from_secs(900);
 /// The file the one-file push changes.
@@ -198,6 +214,16 @@ async fn embed_texts(
     model: &str,
     texts: &[String],
 ) -> anyhow::Result<Vec<Vec<f32>>> {
+    Ok(embed_counted(http, base_url, model, texts).await?.0)
+}
+
+/// Vectors of `texts` and the word pieces the model server counted.
+async fn embed_counted(
+    http: &reqwest::Client,
+    base_url: &str,
+    model: &str,
+    texts: &[String],
+) -> anyhow::Result<(Vec<Vec<f32>>, u64)> {
     let response = http
         .post(format!("{base_url}/embeddings"))
         .json(&json!({ "model": model, "input": texts }))
@@ -227,7 +253,109 @@ async fn embed_texts(
         vectors.len(),
         texts.len()
     );
-    Ok(vectors)
+    let tokens = body["usage"]["prompt_tokens"].as_u64().unwrap_or_default();
+    Ok((vectors, tokens))
+}
+
+/// Embeds one question after another, every [`QUESTION_EVERY`], until
+/// `stop` turns true: the latency a chat question meets while an index runs.
+async fn probe_questions(
+    http: reqwest::Client,
+    base_url: String,
+    model: String,
+    questions: Vec<String>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<Latencies> {
+    let mut latencies = Latencies::default();
+    let mut tick = tokio::time::interval(QUESTION_EVERY);
+    for question in questions.iter().cycle() {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.wait_for(|s| *s) => break,
+        }
+        let started = Instant::now();
+        embed_texts(&http, &base_url, &model, std::slice::from_ref(question)).await?;
+        latencies.push(started.elapsed());
+    }
+    Ok(latencies)
+}
+
+/// What the reference script measured.
+struct Reference {
+    runtime: String,
+    tokens: u64,
+    seconds: f64,
+    vectors: BTreeMap<usize, Vec<f32>>,
+}
+
+/// Runs `scripts/embed-reference.sh` on `texts` with [`THREADS`] threads.
+async fn run_reference(
+    models: &Path,
+    scratch: &Path,
+    texts: &[String],
+    sample: &[usize],
+) -> anyhow::Result<Reference> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let input = scratch.join("reference-in.json");
+    let output = scratch.join("reference-out.json");
+    std::fs::write(
+        &input,
+        serde_json::to_vec(&json!({
+            "texts": texts,
+            "threads": THREADS,
+            "batch": 32,
+            "sample": sample,
+        }))?,
+    )?;
+    let out = tokio::process::Command::new(root.join("scripts/embed-reference.sh"))
+        .arg(models.join("all-MiniLM-L6-v2"))
+        .arg(&input)
+        .arg(&output)
+        .output()
+        .await?;
+    ensure!(
+        out.status.success(),
+        "the reference failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let body: Value = serde_json::from_slice(&std::fs::read(&output)?)?;
+    let mut vectors = BTreeMap::new();
+    for (index, vector) in body["vectors"].as_object().context("no vectors")? {
+        let vector: Vec<f32> = serde_json::from_value(vector.clone())?;
+        vectors.insert(index.parse()?, vector);
+    }
+    Ok(Reference {
+        runtime: body["runtime"].as_str().unwrap_or_default().to_owned(),
+        tokens: body["tokens"].as_u64().unwrap_or_default(),
+        seconds: body["seconds"].as_f64().unwrap_or_default(),
+        vectors,
+    })
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| f64::from(*x) * f64::from(*y))
+        .sum();
+    let norm = |v: &[f32]| v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    dot / (norm(a) * norm(b))
+}
+
+/// The calls the indexer would make of `texts` by default.
+fn indexer_batches(texts: &[String]) -> Vec<Vec<usize>> {
+    let mut batcher = Batcher::new(EMBED_BATCH_TOKENS, EMBED_BATCH, 2);
+    batcher.push(
+        0,
+        texts
+            .iter()
+            .map(|t| monolith::code_index::chunker::estimated_tokens(t)),
+    );
+    batcher
+        .take_batches(true)
+        .into_iter()
+        .map(|b| b.into_iter().map(|c| c.chunk).collect())
+        .collect()
 }
 
 /// The 1-based rank of the first labelled file among the distinct paths of
@@ -295,7 +423,12 @@ async fn main() -> anyhow::Result<()> {
     println!("{} labelled questions", questions.len());
 
     println!("starting the local model server (all-MiniLM-L6-v2), PostgreSQL and the system");
-    let (local_llm, models) = e2e_tests::local_model_server().await?;
+    let (mut local_llm, models) = e2e_tests::local_model_server().await?;
+    // A model server built elsewhere (say, in release while the rest is not).
+    if let Some(binary) = std::env::var_os("DUO_BENCH_LOCAL_LLM") {
+        local_llm = PathBuf::from(binary);
+    }
+    println!("model server: {}", local_llm.display());
     let port = e2e_tests::free_port()?;
     let mut model_server = Service::spawn(
         "local-llm",
@@ -304,6 +437,7 @@ async fn main() -> anyhow::Result<()> {
         &[
             ("DUO_LOCAL_LLM_ADDR".into(), format!("127.0.0.1:{port}")),
             ("DUO_MODELS_DIR".into(), models.display().to_string()),
+            ("DUO_LOCAL_LLM_THREADS".into(), THREADS.to_string()),
         ],
     )?;
     let http = reqwest::Client::builder()
@@ -360,11 +494,22 @@ async fn main() -> anyhow::Result<()> {
     println!(
         "\n== indexing ({copied} files in the repository, vendored and generated ones included)"
     );
+    let embedding_model = "all-minilm-l6-v2".to_owned();
+    let (stop_probe, stopped) = tokio::sync::watch::channel(false);
     let started = Instant::now();
     git(&source, &["push", "-q", &remote, "main"]).await?;
     let pushed = started.elapsed();
+    let probe = tokio::spawn(probe_questions(
+        http.clone(),
+        model_url.clone(),
+        embedding_model,
+        questions.iter().map(|q| q.text.clone()).collect(),
+        stopped,
+    ));
     let (indexed, running_since) = wait_indexed(&pool, &system, project_id, &head).await?;
     let ready_at = Instant::now();
+    let _ = stop_probe.send(true);
+    let during_index = probe.await??;
     let total = ready_at - started;
     let seconds = |d: Duration| format!("{:.2} s", d.as_secs_f64());
     println!(
@@ -399,13 +544,6 @@ async fn main() -> anyhow::Result<()> {
         })
         .collect();
     println!("code_index jobs: {}", jobs.join(", "));
-    println!(
-        "{} files, {} chunks indexed: {:.1} files/s, {:.1} chunks/s (push to ready)",
-        indexed.files,
-        indexed.chunks,
-        f64::from(indexed.files) / total.as_secs_f64(),
-        f64::from(indexed.chunks) / total.as_secs_f64()
-    );
     let model = indexed
         .model
         .clone()
@@ -437,17 +575,72 @@ async fn main() -> anyhow::Result<()> {
             chunker::embedding_text(r.get(0), &chunk)
         })
         .collect();
+    let mut ours: Vec<Vec<f32>> = vec![Vec::new(); texts.len()];
+    let mut tokens = 0;
     let started = Instant::now();
-    for batch in texts.chunks(EMBED_BATCH) {
-        embed_texts(&http, &model_url, &model, batch).await?;
+    for batch in indexer_batches(&texts) {
+        let batch_texts: Vec<String> = batch.iter().map(|&i| texts[i].clone()).collect();
+        let (vectors, counted) = embed_counted(&http, &model_url, &model, &batch_texts).await?;
+        tokens += counted;
+        for (i, vector) in batch.into_iter().zip(vectors) {
+            ours[i] = vector;
+        }
     }
     let alone = started.elapsed();
+    let run_secs = total.as_secs_f64();
     println!(
-        "the model server alone embeds the {} chunk texts in {:.2} s: {:.1} chunks/s",
+        "first index: {} files, {} chunks, {tokens} word pieces in {run_secs:.2} s (push to ready): \
+         {:.1} files/s, {:.1} chunks/s, {:.0} tokens/s: {} (goal: under 30 s)",
+        indexed.files,
+        indexed.chunks,
+        f64::from(indexed.files) / run_secs,
+        f64::from(indexed.chunks) / run_secs,
+        tokens as f64 / run_secs,
+        verdict(run_secs < 30.0)
+    );
+    println!(
+        "a question embedded while it indexed ({} questions, one every {} ms): p50 {} ms  p99 {} ms: {} (goal: p99 under 50 ms)",
+        during_index.len(),
+        QUESTION_EVERY.as_millis(),
+        ms(during_index.quantile(0.5)),
+        ms(during_index.quantile(0.99)),
+        verdict(
+            !during_index.is_empty() && during_index.quantile(0.99) < Duration::from_millis(50)
+        )
+    );
+    let ours_rate = tokens as f64 / alone.as_secs_f64();
+    println!(
+        "\n== embedding alone ({THREADS} threads)\nduo-local-llm: the {} chunk texts in {:.2} s: {:.1} chunks/s, {ours_rate:.0} tokens/s",
         texts.len(),
         alone.as_secs_f64(),
         texts.len() as f64 / alone.as_secs_f64()
     );
+    if std::env::var_os("DUO_BENCH_NO_REFERENCE").is_none() {
+        let step = (texts.len() / COSINE_SAMPLE).max(1);
+        let sample: Vec<usize> = (0..texts.len()).step_by(step).take(COSINE_SAMPLE).collect();
+        match run_reference(&models, &scratch, &texts, &sample).await {
+            Ok(reference) => {
+                let rate = reference.tokens as f64 / reference.seconds;
+                println!(
+                    "reference ({}): {} word pieces in {:.2} s: {rate:.0} tokens/s",
+                    reference.runtime, reference.tokens, reference.seconds
+                );
+                println!("ours / reference: {:.2}", ours_rate / rate);
+                let cosines: Vec<f64> = reference
+                    .vectors
+                    .iter()
+                    .filter_map(|(i, v)| ours.get(*i).map(|o| cosine(o, v)))
+                    .collect();
+                let lowest = cosines.iter().copied().fold(f64::INFINITY, f64::min);
+                println!(
+                    "cosine ours vs reference over {} sampled chunks: lowest {lowest:.6}: {} (goal: at least 0.999)",
+                    cosines.len(),
+                    verdict(lowest >= 0.999)
+                );
+            }
+            Err(e) => println!("reference: not measured: {e:#}"),
+        }
+    }
 
     println!(
         "\n== retrieval ({} questions, top {LIMIT} hits each)",

@@ -165,6 +165,27 @@ pub fn embedding_text(path: &str, chunk: &Chunk) -> String {
     }
 }
 
+/// About how many word pieces a BERT-style tokenizer makes of `text`
+/// (`[CLS]` and `[SEP]` included): each punctuation mark is one, a run of
+/// letters and digits one per six characters begun. Without the model's
+/// vocabulary this is an estimate, close enough to size batches by work.
+pub fn estimated_tokens(text: &str) -> usize {
+    let mut tokens: usize = 2;
+    let mut run: usize = 0;
+    for c in text.chars() {
+        if c.is_alphanumeric() {
+            run += 1;
+            continue;
+        }
+        tokens += run.div_ceil(6);
+        run = 0;
+        if !c.is_whitespace() {
+            tokens += 1;
+        }
+    }
+    tokens + run.div_ceil(6)
+}
+
 /// Words for full-text search: the path's parts and the content with
 /// identifiers split (`rateLimit`, `rate_limit` → `rate limit`), so a plain
 /// question matches code that spells the words as one identifier.
@@ -267,6 +288,15 @@ mod tests {
         let chunks = chunk("text", &text);
         assert!(chunks.len() >= 5);
         assert!(chunks.iter().all(|c| c.content.len() <= CHUNK_BYTES));
+    }
+
+    #[test]
+    fn token_estimates_count_punctuation_and_long_words() {
+        assert_eq!(estimated_tokens(""), 2);
+        // fn, add, (, x, :, u32, ), {, }
+        assert_eq!(estimated_tokens("fn add(x: u32) {}"), 2 + 9);
+        // A 13-letter word is three pieces at most.
+        assert_eq!(estimated_tokens("authorization"), 2 + 3);
     }
 
     #[test]

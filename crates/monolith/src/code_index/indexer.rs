@@ -9,6 +9,11 @@
 //!   crash leaves every file either old or new, never half, and the rerun
 //!   (from the same indexed commit) reuses what was already embedded.
 //! - The indexed commit moves only when the whole run succeeded.
+//! - Pipelined: chunks are cut into calls by estimated word pieces
+//!   ([`super::batching`]), at most `DUO_CODE_INDEX_EMBED_IN_FLIGHT` calls
+//!   are out at once while the next files are read, and each file is stored
+//!   as soon as all its vectors are back; what waits is bounded by a few
+//!   calls' worth of chunks, whatever the repository's size.
 
 use crate::queries::Queries;
 use async_trait::async_trait;
@@ -16,11 +21,15 @@ use job_queue::{EnqueueOptions, Job, JobContext, JobError, JobHandler};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use std::collections::{HashMap, VecDeque};
+use tokio::task::{JoinError, JoinSet};
+
+use super::batching::{Batcher, ChunkRef};
 use super::chunker::{self, Chunk};
 use super::filters::{self, Exclusions};
 use super::store::{self, IndexState, NewChunk};
 use super::{CodeIndex, CodeIndexError};
-use crate::gateway_client::EmbeddingPurpose;
+use crate::gateway_client::{CodeEmbeddings, EmbeddingPurpose, GatewayAuth, GatewayError};
 use crate::policy::{AiReader, DuoSwitchScope, Policy, Subject};
 use crate::repositories::pushes::RepositoryPushed;
 
@@ -445,8 +454,7 @@ impl Run<'_> {
         changes: &Changes,
     ) -> Result<(), CodeIndexError> {
         let max_bytes = self.index.settings.max_file_bytes;
-        let mut pending: Vec<Pending> = Vec::new();
-        let mut pending_chunks = 0;
+        let mut calls = self.embedding_calls().await?;
         for entry in &changes.upserts {
             self.summary.files_seen += 1;
             let mut db = self.index.pool.get().await?;
@@ -487,21 +495,22 @@ impl Run<'_> {
             let chunks = tokio::task::spawn_blocking(move || chunker::chunk(language, &text))
                 .await
                 .map_err(|e| crate::repositories::RepositoryError::Read(e.to_string()))?;
-            pending_chunks += chunks.len();
-            pending.push(Pending {
+            let file = Pending {
                 path: entry.path.clone(),
                 blob_id: entry.blob_id.clone(),
                 language,
                 chunks,
-            });
-            if pending_chunks >= self.index.settings.embed_batch {
-                self.embed_and_store(std::mem::take(&mut pending)).await?;
-                pending_chunks = 0;
+            };
+            if file.chunks.is_empty() {
+                self.store_file(file, Vec::new()).await?;
+            } else {
+                calls.queue(file);
             }
+            // Calls go out (and answers are stored) while the next files are
+            // read; this waits only when as many calls as allowed are out.
+            self.pump(&mut calls, false).await?;
         }
-        if !pending.is_empty() {
-            self.embed_and_store(pending).await?;
-        }
+        self.pump(&mut calls, true).await?;
         // Deletions last: a renamed file's new path has already taken the
         // old path's vectors.
         let db = self.index.pool.get().await?;
@@ -512,85 +521,230 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// Embeds the files' chunks (in calls of the configured batch size) and
-    /// stores each file in its own transaction.
-    async fn embed_and_store(&mut self, files: Vec<Pending>) -> Result<(), CodeIndexError> {
-        let texts: Vec<String> = files
-            .iter()
-            .flat_map(|f| f.chunks.iter().map(|c| chunker::embedding_text(&f.path, c)))
-            .collect();
-        let mut vectors: Vec<Vec<f32>> = Vec::with_capacity(texts.len());
-        let (auth, model) = {
-            let db = self.index.pool.get().await?;
-            (
-                super::embedding_auth(&*db, 0, Uuid::new_v4()).await?,
-                self.index.embedding_model(&*db).await?,
-            )
-        };
-        for batch in texts.chunks(self.index.settings.embed_batch) {
-            // Asked again before each call: a switch turned off mid-run lets
-            // at most the call already on its way through.
-            let db = self.index.pool.get().await?;
-            if !Policy::duo_switched_on(&*db, Subject::Project(self.project_id)).await? {
-                return Err(CodeIndexError::DuoSwitchedOff);
+    /// The run's embedding calls, none made yet.
+    async fn embedding_calls(&self) -> Result<EmbeddingCalls, CodeIndexError> {
+        let settings = &self.index.settings;
+        let db = self.index.pool.get().await?;
+        Ok(EmbeddingCalls {
+            auth: super::embedding_auth(&*db, 0, Uuid::new_v4()).await?,
+            model: self.index.embedding_model(&*db).await?,
+            batcher: Batcher::new(
+                settings.embed_batch_tokens,
+                settings.embed_batch,
+                settings.embed_in_flight.max(2),
+            ),
+            files: HashMap::new(),
+            next_file: 0,
+            ready: VecDeque::new(),
+            out: JoinSet::new(),
+            max_out: settings.embed_in_flight.max(1),
+        })
+    }
+
+    /// Sends what is ready while fewer calls than allowed are out, and
+    /// stores what came back. Returns when no call can go out without
+    /// waiting for an answer, except `finishing`: then it returns when every
+    /// chunk has its vector and every file is stored.
+    async fn pump(
+        &mut self,
+        calls: &mut EmbeddingCalls,
+        finishing: bool,
+    ) -> Result<(), CodeIndexError> {
+        loop {
+            while let Some(answered) = calls.out.try_join_next() {
+                self.receive(calls, answered).await?;
             }
-            drop(db);
-            let answer = self
-                .index
-                .gateway
-                .code_embeddings(&auth, EmbeddingPurpose::Index, batch, model.as_ref())
+            if calls.ready.is_empty() {
+                calls.ready.extend(calls.batcher.take_batches(finishing));
+            }
+            if calls.out.len() < calls.max_out
+                && let Some(batch) = calls.ready.pop_front()
+            {
+                self.send(calls, batch).await?;
+                continue;
+            }
+            let wait = !calls.ready.is_empty() || (finishing && !calls.out.is_empty());
+            if !wait {
+                return Ok(());
+            }
+            match calls.out.join_next().await {
+                Some(answered) => self.receive(calls, answered).await?,
+                None => return Ok(()),
+            }
+        }
+    }
+
+    async fn send(
+        &mut self,
+        calls: &mut EmbeddingCalls,
+        batch: Vec<ChunkRef>,
+    ) -> Result<(), CodeIndexError> {
+        // Asked again before each call: a switch turned off mid-run lets
+        // at most the calls already on their way through.
+        let db = self.index.pool.get().await?;
+        if !Policy::duo_switched_on(&*db, Subject::Project(self.project_id)).await? {
+            return Err(CodeIndexError::DuoSwitchedOff);
+        }
+        drop(db);
+        let texts: Vec<String> = batch
+            .iter()
+            .filter_map(|c| {
+                let file = &calls.files.get(&c.file)?.file;
+                Some(chunker::embedding_text(
+                    &file.path,
+                    file.chunks.get(c.chunk)?,
+                ))
+            })
+            .collect();
+        let gateway = self.index.gateway.clone();
+        let auth = calls.auth.clone();
+        let model = calls.model.clone();
+        calls.out.spawn(async move {
+            let answer = gateway
+                .code_embeddings(&auth, EmbeddingPurpose::Index, &texts, model.as_ref())
+                .await;
+            (batch, answer)
+        });
+        Ok(())
+    }
+
+    /// Puts an answer's vectors in place and stores each file that has all
+    /// of its own.
+    async fn receive(
+        &mut self,
+        calls: &mut EmbeddingCalls,
+        answered: Result<(Vec<ChunkRef>, Result<CodeEmbeddings, GatewayError>), JoinError>,
+    ) -> Result<(), CodeIndexError> {
+        let (batch, answer) =
+            answered.map_err(|e| GatewayError::Body(format!("an embedding call stopped: {e}")))?;
+        let answer = answer?;
+        self.summary.embedding_calls += 1;
+        match &self.model {
+            Some(model) if *model != answer.model => return Err(CodeIndexError::ModelChanged),
+            Some(_) => {}
+            None => {
+                // Recorded at once, so a crashed run's successor reuses
+                // what this one stored.
+                let db = self.index.pool.get().await?;
+                db.execute(
+                    "UPDATE code_index_states SET embedding_model = $2 WHERE project_id = $1",
+                    &[&self.project_id, &answer.model],
+                )
                 .await?;
-            self.summary.embedding_calls += 1;
-            match &self.model {
-                Some(model) if *model != answer.model => return Err(CodeIndexError::ModelChanged),
-                Some(_) => {}
-                None => {
-                    // Recorded at once, so a crashed run's successor reuses
-                    // what this one stored.
-                    let db = self.index.pool.get().await?;
-                    db.execute(
-                        "UPDATE code_index_states SET embedding_model = $2 WHERE project_id = $1",
-                        &[&self.project_id, &answer.model],
-                    )
-                    .await?;
-                    self.model = Some(answer.model.clone());
+                self.model = Some(answer.model.clone());
+            }
+        }
+        if answer.vectors.len() != batch.len() {
+            return Err(GatewayError::Body(format!(
+                "{} vectors for {} texts",
+                answer.vectors.len(),
+                batch.len()
+            ))
+            .into());
+        }
+        if let Some(first) = answer.vectors.first() {
+            self.dimensions = Some(first.len() as i32);
+        }
+        let mut complete = Vec::new();
+        for (place, vector) in batch.iter().zip(answer.vectors) {
+            let Some(waiting) = calls.files.get_mut(&place.file) else {
+                continue;
+            };
+            if let Some(slot) = waiting.vectors.get_mut(place.chunk)
+                && slot.replace(vector).is_none()
+            {
+                waiting.missing -= 1;
+                if waiting.missing == 0 {
+                    complete.push(place.file);
                 }
             }
-            if let Some(first) = answer.vectors.first() {
-                self.dimensions = Some(first.len() as i32);
-            }
-            vectors.extend(answer.vectors);
         }
-        let model = self.model.clone().unwrap_or_default();
-        let mut vectors = vectors.into_iter();
-        let mut db = self.index.pool.get().await?;
-        for file in files {
-            let chunks: Vec<NewChunk> = file
-                .chunks
-                .into_iter()
-                .zip(vectors.by_ref())
-                .map(|(chunk, embedding)| NewChunk {
-                    chunk,
-                    language: file.language.to_owned(),
-                    embedding,
-                })
-                .collect();
-            let tx = db.transaction().await?;
-            still_on(&tx, self.project_id).await?;
-            store::replace_file(
-                &tx,
-                self.project_id,
-                &file.path,
-                &file.blob_id,
-                &model,
-                &chunks,
-            )
-            .await?;
-            tx.commit().await?;
-            self.summary.files_embedded += 1;
-            self.summary.chunks_embedded += chunks.len();
+        for id in complete {
+            if let Some(waiting) = calls.files.remove(&id) {
+                let vectors = waiting.vectors.into_iter().flatten().collect();
+                self.store_file(waiting.file, vectors).await?;
+            }
         }
         Ok(())
+    }
+
+    /// Replaces the file's chunks with these, in one transaction.
+    async fn store_file(
+        &mut self,
+        file: Pending,
+        vectors: Vec<Vec<f32>>,
+    ) -> Result<(), CodeIndexError> {
+        let model = self.model.clone().unwrap_or_default();
+        let chunks: Vec<NewChunk> = file
+            .chunks
+            .into_iter()
+            .zip(vectors)
+            .map(|(chunk, embedding)| NewChunk {
+                chunk,
+                language: file.language.to_owned(),
+                embedding,
+            })
+            .collect();
+        let mut db = self.index.pool.get().await?;
+        let tx = db.transaction().await?;
+        still_on(&tx, self.project_id).await?;
+        store::replace_file(
+            &tx,
+            self.project_id,
+            &file.path,
+            &file.blob_id,
+            &model,
+            &chunks,
+        )
+        .await?;
+        tx.commit().await?;
+        self.summary.files_embedded += 1;
+        self.summary.chunks_embedded += chunks.len();
+        Ok(())
+    }
+}
+
+/// A file whose chunks are out for embedding.
+struct Waiting {
+    file: Pending,
+    vectors: Vec<Option<Vec<f32>>>,
+    missing: usize,
+}
+
+/// One run's embedding calls: the chunks waiting to go, the calls out (at
+/// most `max_out`; dropping this aborts them) and the files waiting for
+/// their vectors.
+struct EmbeddingCalls {
+    auth: GatewayAuth,
+    model: Option<contracts::ModelMetadata>,
+    batcher: Batcher,
+    files: HashMap<usize, Waiting>,
+    next_file: usize,
+    /// Cut by the batcher, not sent yet.
+    ready: VecDeque<Vec<ChunkRef>>,
+    out: JoinSet<(Vec<ChunkRef>, Result<CodeEmbeddings, GatewayError>)>,
+    max_out: usize,
+}
+
+impl EmbeddingCalls {
+    fn queue(&mut self, file: Pending) {
+        let id = self.next_file;
+        self.next_file += 1;
+        let tokens: Vec<usize> = file
+            .chunks
+            .iter()
+            .map(|c| chunker::estimated_tokens(&chunker::embedding_text(&file.path, c)))
+            .collect();
+        self.batcher.push(id, tokens);
+        let missing = file.chunks.len();
+        self.files.insert(
+            id,
+            Waiting {
+                file,
+                vectors: vec![None; missing],
+                missing,
+            },
+        );
     }
 }
 

@@ -11,6 +11,7 @@
 //! - [`switches`]: turning Duo off for a project, a group or the instance
 //!   drops what is indexed of it; turning it back on indexes it again.
 
+pub mod batching;
 pub mod chat_context;
 pub mod chunker;
 pub mod filters;

@@ -643,3 +643,120 @@ async fn the_admins_embedding_model_choice_is_used_and_off_sends_nothing() {
         calls.iter().map(|r| &r.body["model"]).collect::<Vec<_>>()
     );
 }
+
+/// Stored chunks of a project as (embedding text, stored vector).
+async fn stored_vectors(bench: &Bench, project: i64) -> Vec<(String, Vec<f32>)> {
+    let db = bench.fx.pool.get().await.unwrap();
+    db.query(
+        "SELECT path, symbol, content, start_byte, end_byte, start_line, end_line, embedding::text
+         FROM code_chunks WHERE project_id = $1 ORDER BY id",
+        &[&project],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| {
+        let number = |i: usize| usize::try_from(r.get::<_, i32>(i)).unwrap();
+        let chunk = monolith::code_index::chunker::Chunk {
+            start_byte: number(3),
+            end_byte: number(4),
+            start_line: number(5),
+            end_line: number(6),
+            symbol: r.get(1),
+            content: r.get(2),
+        };
+        let vector: String = r.get(7);
+        let vector: Vec<f32> = serde_json::from_str(&vector).unwrap();
+        (
+            monolith::code_index::chunker::embedding_text(r.get(0), &chunk),
+            vector,
+        )
+    })
+    .collect()
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    dot / (norm(a) * norm(b))
+}
+
+#[tokio::test]
+async fn indexing_keeps_at_most_the_configured_calls_in_flight_and_each_chunk_gets_its_own_vector()
+{
+    let bench = Bench::start().await;
+    let world = seeded(&bench).await;
+    // Files of several chunks each, of different lengths, so calls are
+    // many and chunks are reordered by length across files.
+    let actions = (0..8)
+        .map(|i| FileAction::Create {
+            path: format!("src/ledger/book_{i}.py"),
+            content: (0..4 + i)
+                .map(|f| {
+                    format!(
+                        "def entry_{i}_{f}(amount, account):\n    \"\"\"Posts amount {f} to account {i}; {}\"\"\"\n    total = amount * {f} + {i}\n    return account.post(total)\n\n\n",
+                        "balances carry over. ".repeat(f * 3)
+                    )
+                })
+                .collect::<String>()
+                .into_bytes(),
+            executable: false,
+        })
+        .collect();
+    commit(&bench, world.project, actions).await;
+    let mut index = bench.responder.services().code_index.clone();
+    index.settings.embed_in_flight = 2;
+    index.settings.embed_batch = 2;
+    index.settings.embed_batch_tokens = 400;
+
+    bench.fake.reset();
+    bench.fake.hold_embeddings(true);
+    let mut in_flight = bench.fake.embeddings_in_flight();
+    let project = world.project;
+    let mut run = tokio::spawn(async move { index_project(&index, project).await });
+    // A held call is let go once two are out, so a run that pipelines
+    // reaches two; a lone last call is let go after a while.
+    let mut lone_for_a_while = false;
+    let summary = loop {
+        let now = *in_flight.borrow_and_update();
+        if now >= 2 || (now == 1 && lone_for_a_while) {
+            bench.fake.release_embedding();
+        }
+        lone_for_a_while = false;
+        tokio::select! {
+            done = &mut run => break done.unwrap().unwrap(),
+            changed = in_flight.changed() => changed.unwrap(),
+            () = tokio::time::sleep(Duration::from_millis(300)) => lone_for_a_while = true,
+        }
+    };
+    bench.fake.hold_embeddings(false);
+    assert_eq!(
+        bench.fake.embeddings_peak(),
+        2,
+        "two calls out at once, never more ({summary:?})"
+    );
+    assert!(summary.embedding_calls >= 8, "{summary:?}");
+
+    // Sorted by length across files, every chunk still got its own vector:
+    // the embedder asked directly gives the same for each stored text.
+    let stored = stored_vectors(&bench, world.project).await;
+    assert_eq!(stored.len(), summary.chunks_embedded);
+    let texts: Vec<&str> = stored.iter().map(|(t, _)| t.as_str()).collect();
+    let answer: serde_json::Value = reqwest::Client::new()
+        .post(format!("{}/embeddings", bench.fake.openai_base_url()))
+        .json(&json!({"model": "fake-bow-minilm", "input": texts}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    for (i, (text, vector)) in stored.iter().enumerate() {
+        let expected: Vec<f32> =
+            serde_json::from_value(answer["data"][i]["embedding"].clone()).unwrap();
+        assert!(
+            cosine(vector, &expected) > 0.9999,
+            "the chunk {text:?} has another chunk's vector"
+        );
+    }
+}
