@@ -13,6 +13,7 @@ mod workflows_support;
 mod agent_chat;
 mod agent_commands;
 mod agent_commit_reader;
+mod agent_documentation;
 mod agent_file_context;
 mod agent_gateway_client;
 mod agent_named_resources;
