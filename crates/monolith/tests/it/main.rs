@@ -43,6 +43,7 @@ mod policy_write;
 mod probes;
 mod repositories_git;
 mod repositories_rest;
+mod rest_code_search;
 mod rest_discussions;
 mod rest_members;
 mod rest_merge_requests;
