@@ -83,6 +83,7 @@ const WORKSPACE_AND_GITLAB_READS: &[&str] = &[
     "get_merge_request",
     "get_pipeline_errors",
     "get_repository_file",
+    "semantic_code_search",
 ];
 
 const ALL_TOOLS: &[&str] = &[
@@ -101,6 +102,7 @@ const ALL_TOOLS: &[&str] = &[
     "get_merge_request",
     "get_pipeline_errors",
     "get_repository_file",
+    "semantic_code_search",
     "create_issue_note",
     "create_merge_request",
 ];

@@ -279,6 +279,21 @@ pub static CATALOGUE: LazyLock<Vec<ToolSpec>> = LazyLock::new(|| {
             K::GitLab,
         ),
         tool(
+            "semantic_code_search",
+            "Search the project's code by meaning (its code index): returns the closest chunks, each with its path, lines, content and score. Use it to find where something is implemented before reading files.",
+            object(
+                json!({
+                    "project_id": integer("The project (default: the workflow's)"),
+                    "semantic_query": string("What the code you look for does, in a sentence"),
+                    "directory_path": string("Search only below this directory"),
+                    "limit": integer("How many chunks (1 to 20, default 10)"),
+                }),
+                &["semantic_query"],
+            ),
+            Some(P::ReadOnlyGitlab),
+            K::GitLab,
+        ),
+        tool(
             "create_issue_note",
             "Add a comment to an issue.",
             object(
@@ -320,6 +335,15 @@ pub static CATALOGUE: LazyLock<Vec<ToolSpec>> = LazyLock::new(|| {
         ),
     ]
 });
+
+/// The unit primitive a tool's feature needs beyond the workflow's own, for
+/// the tools that have one (GitLab's codebase search is `codebase_search`).
+pub fn unit_primitive(name: &str) -> Option<&'static str> {
+    match name {
+        "semantic_code_search" => Some("codebase_search"),
+        _ => None,
+    }
+}
 
 pub fn find(name: &str) -> Option<&'static ToolSpec> {
     CATALOGUE.iter().find(|t| t.name == name)
@@ -630,6 +654,19 @@ pub fn gitlab_request(
             }
             ("GET", path, None)
         }
+        "semantic_code_search" => {
+            let mut path = format!(
+                "{base}/semantic_code_search?semantic_query={}",
+                encode_segment(str_arg(args, "semantic_query"))
+            );
+            if let Some(directory) = args["directory_path"].as_str() {
+                path.push_str(&format!("&directory_path={}", encode_segment(directory)));
+            }
+            if let Some(limit) = args["limit"].as_i64() {
+                path.push_str(&format!("&limit={limit}"));
+            }
+            ("GET", path, None)
+        }
         "create_issue_note" => (
             "POST",
             format!("{base}/issues/{}/notes", number("issue_iid")?),
@@ -752,6 +789,44 @@ mod tests {
         };
         assert_eq!(run.program, "git");
         assert_eq!(run.arguments, ["commit", "-m", "x"]);
+    }
+
+    #[test]
+    fn codebase_search_is_a_read_only_gitlab_call_to_the_code_index() {
+        let spec = find("semantic_code_search").unwrap();
+        assert_eq!(spec.kind, ToolKind::GitLab);
+        assert!(!spec.has_side_effects());
+        assert_eq!(
+            unit_primitive("semantic_code_search"),
+            Some("codebase_search")
+        );
+        let policy = ToolPolicy {
+            privileges: [Privilege::ReadOnlyGitlab as i64].into_iter().collect(),
+            ..ToolPolicy::default()
+        };
+        let offered: Vec<&str> = policy
+            .tools(&["semantic_code_search", "read_file"], false)
+            .iter()
+            .map(|t| t.name.as_ref())
+            .collect();
+        assert_eq!(offered, ["semantic_code_search"]);
+
+        let (method, path, body) = gitlab_request(
+            &call(
+                "semantic_code_search",
+                json!({"semantic_query": "where are refunds checked?", "directory_path": "src/billing", "limit": 5}),
+            ),
+            Some(7),
+        )
+        .unwrap();
+        assert_eq!(method, "GET");
+        assert_eq!(
+            path,
+            "/api/v4/projects/7/semantic_code_search?semantic_query=where%20are%20refunds%20checked%3F&directory_path=src%2Fbilling&limit=5"
+        );
+        assert_eq!(body, None);
+        let args = json!({"semantic_query": "x", "limit": "many"});
+        assert!(validate_args(spec, &args).is_err());
     }
 
     #[test]

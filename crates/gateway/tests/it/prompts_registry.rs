@@ -79,6 +79,7 @@ const EXPECTED: &[(&str, &[&str], f64)] = &[
     ),
     ("chat/troubleshoot_job", &["troubleshoot_job"], 60.0),
     ("chat/summarize_comments", &["summarize_comments"], 60.0),
+    ("chat/documentation_search", &["documentation_search"], 60.0),
     ("categorize_question", &["duo_chat"], 5.0),
     ("review_merge_request", &["review_merge_request"], 120.0),
 ];
@@ -600,6 +601,21 @@ fn realistic_inputs(id: &str) -> serde_json::Value {
         }),
         "chat/summarize_comments" => json!({
             "notes_content": "<comment>alice: The login page times out behind the proxy.</comment>\n<comment>bob: Raising the proxy timeout to 60s fixed it for me.</comment>\n<comment>alice: Agreed, let's ship that and document it.</comment>",
+        }),
+        "chat/documentation_search" => json!({
+            "question": "How do I make a CI job run only on the default branch?",
+            "passages": [
+                {
+                    "title": "Specify when jobs run with rules",
+                    "url": "https://docs.gitlab.com/ci/jobs/job_rules/",
+                    "content": "Use `rules:if` with `$CI_COMMIT_BRANCH == $CI_DEFAULT_BRANCH` to add a job to pipelines for the default branch only.",
+                },
+                {
+                    "title": "Predefined CI/CD variables",
+                    "url": null,
+                    "content": "`CI_DEFAULT_BRANCH` holds the name of the project's default branch.",
+                },
+            ],
         }),
         "review_merge_request" => json!({
             "mr_title": "Average of an empty list",

@@ -10,12 +10,16 @@
 //! tools well keeps them. A resource the user may not read is left out
 //! exactly like one that does not exist: nothing tells them apart.
 //!
+//! Commits, files and directories named by link or reference are read by
+//! [`super::named_code`], with their readers' checks.
+//!
 //! Only unambiguous forms are attached: one full reference or link per
 //! kind (a bare `#12` counts when the page gives its project). Anything
 //! needing interpretation stays with the reader tools and their prompts.
 
-use contracts::{ResourceContext, UnitPrimitive};
+use contracts::UnitPrimitive;
 
+use super::named_code::{AttachedContext, code_context, named_code_in};
 use super::tools::build_reader::job_id_in;
 use super::tools::resource_identifier::{Identifier, ReaderKind, direct_candidates, resolve};
 use super::{RequestContext, Services};
@@ -42,11 +46,13 @@ pub fn named_in(question: &str, base: &url::Url) -> Vec<(ReaderKind, Identifier)
 }
 
 /// The context of the first resource the question names that the user may
-/// read, if any.
-pub async fn named_context(services: &Services, ctx: &RequestContext) -> Option<ResourceContext> {
+/// read, if any: work items and jobs first, then commits, files and
+/// directories.
+pub async fn named_context(services: &Services, ctx: &RequestContext) -> Option<AttachedContext> {
     let named = named_in(&ctx.question, &services.external_url);
     let job = job_id_in(&ctx.question, &services.external_url);
-    if named.is_empty() && job.is_none() {
+    let code = named_code_in(&ctx.question, &services.external_url);
+    if named.is_empty() && job.is_none() && code.is_empty() {
         return None;
     }
     let db = match services.pool.get().await {
@@ -82,10 +88,18 @@ pub async fn named_context(services: &Services, ctx: &RequestContext) -> Option<
         )
         .await
         {
-            Ok(Some(context)) => return Some(context),
+            Ok(Some(context)) => return Some(AttachedContext::Resource(context)),
             // Refused: as if it did not exist.
             Ok(None) => {}
             Err(e) => tracing::debug!(error = %e, "a named resource could not be read"),
+        }
+    }
+    for named in &code {
+        match code_context(services, ctx, &*db, named).await {
+            Ok(Some(context)) => return Some(context),
+            // Refused, excluded or missing: all alike.
+            Ok(None) => {}
+            Err(e) => tracing::debug!(error = %e, "named code could not be read"),
         }
     }
     None

@@ -19,6 +19,7 @@ use contracts::{
 };
 use futures::StreamExt;
 
+use super::named_code::AttachedContext;
 use super::tools::{ToolBox, ToolEnv, ToolInput, ToolOutcome};
 use super::{RequestContext, Services};
 use crate::chat::completion::{ChatAnswer, ChunkSender};
@@ -74,15 +75,23 @@ impl<'a> ReactExecutor<'a> {
             }
         };
         // Without a page, the resource the question names (if readable).
+        let mut additional_context = self.ctx.additional_context.clone();
         let context = match context {
             Some(context) => Some(context),
-            None => super::named_resources::named_context(self.services, self.ctx).await,
+            None => match super::named_resources::named_context(self.services, self.ctx).await {
+                Some(AttachedContext::Resource(context)) => Some(context),
+                Some(AttachedContext::Item(item)) => {
+                    additional_context.push(item);
+                    None
+                }
+                None => None,
+            },
         };
         let mut question = AgentMessage::new(MessageRole::User, self.ctx.question.clone());
         question.context = context;
         question.current_file = self.ctx.current_file.clone();
-        if !self.ctx.additional_context.is_empty() {
-            question.additional_context = Some(self.ctx.additional_context.clone());
+        if !additional_context.is_empty() {
+            question.additional_context = Some(additional_context);
         }
 
         let mut steps: Vec<AgentStep> = Vec::new();

@@ -20,6 +20,7 @@
 mod admin;
 mod branches;
 mod ci;
+mod code_search;
 mod containers;
 mod diffs;
 mod discussions;
@@ -140,6 +141,7 @@ const WORKFLOW_TOOL_ENDPOINTS: &[(&str, &str)] = &[
         "GET",
         "/api/v4/projects/{id}/repository/files/{file_path:.+}/raw",
     ),
+    ("GET", "/api/v4/projects/{id}/semantic_code_search"),
 ];
 
 fn workflow_tool_endpoint(req: &HttpRequest) -> bool {

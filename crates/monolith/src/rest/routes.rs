@@ -13,9 +13,9 @@
 use actix_web::web::{ServiceConfig, delete, get, patch, post, put};
 
 use super::{
-    admin, branches, ci, discussions, duo_triggers, epics, features, groups, issues, item_updates,
-    mcp, members, merge_requests, notes, projects, repository, repository_commits, users,
-    workflows, workflows_internal, workflows_socket,
+    admin, branches, ci, code_search, discussions, duo_triggers, epics, features, groups, issues,
+    item_updates, mcp, members, merge_requests, notes, projects, repository, repository_commits,
+    users, workflows, workflows_internal, workflows_socket,
 };
 
 /// Mounted by the server under `/api/v4`.
@@ -109,6 +109,10 @@ pub fn api_v4(cfg: &mut ServiceConfig) {
 
     // ---- repository: tree, files, blobs ------------------------------------------
     cfg.route("/projects/{id}/repository/tree", get().to(repository::tree));
+    cfg.route(
+        "/projects/{id}/semantic_code_search",
+        get().to(code_search::semantic_code_search),
+    );
     cfg.route(
         "/projects/{id}/repository/files/{file_path:.+}/raw",
         get().to(repository::raw_file),

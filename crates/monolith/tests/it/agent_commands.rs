@@ -243,6 +243,9 @@ async fn the_documentation_tool_answers_with_sources() {
     bench.fake.push_text(
         " This is about GitLab itself.\nAction: gitlab_documentation\nAction Input: error code M3003",
     );
+    bench
+        .fake
+        .push_text("M3003 means the resource was not found.");
 
     let answered = bench
         .ask(world.user, "What does error M3003 mean?", None)
@@ -252,8 +255,8 @@ async fn the_documentation_tool_answers_with_sources() {
     let sources = answered.answer.extras["sources"].as_array().unwrap();
     assert!(!sources.is_empty(), "{:?}", answered.answer.extras);
     assert_eq!(answered.chunks.concat().trim_end(), answered.answer.content);
-    // One model call: the documentation answer itself needs none.
-    assert_eq!(bench.provider_bodies().len(), 1);
+    // Two model calls: the step, then the documentation answer's prompt.
+    assert_eq!(bench.provider_bodies().len(), 2);
 }
 
 #[tokio::test]

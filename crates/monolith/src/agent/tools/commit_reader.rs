@@ -17,7 +17,8 @@ use serde_json::{Map, Value, json};
 
 use super::resource_identifier::{MAX_TEXT_CHARS, bounded};
 use super::{Tool, ToolEnv, ToolInput, ToolOutcome};
-use crate::policy::{Ability, AiReader, ChatAuthError, CodeForAi, Subject};
+use crate::agent::{RequestContext, Services};
+use crate::policy::{Ability, Actor, AiReader, ChatAuthError, CodeForAi, Subject};
 use crate::repositories::reader;
 
 /// Identifier prompt attempts before giving up with M3003.
@@ -179,38 +180,6 @@ impl CommitReader {
         }
         Ok(None)
     }
-
-    /// The project the commit is in (it exists; nothing said about access).
-    async fn project(
-        &self,
-        env: &ToolEnv<'_>,
-        db: &impl Queries,
-        commit: &CommitRef,
-    ) -> Result<Option<(i64, String)>, String> {
-        match commit {
-            CommitRef::InProject { path, sha } => {
-                Ok(crate::namespaces::project_id_by_full_path(db, path)
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .map(|id| (id, sha.clone())))
-            }
-            CommitRef::InCurrentProject { sha } => {
-                let Some(resource) = env.ctx.resource else {
-                    return Ok(None);
-                };
-                match env
-                    .services
-                    .policy
-                    .container_of(db, resource)
-                    .await
-                    .map_err(|e| e.to_string())?
-                {
-                    Some(Subject::Project(id)) => Ok(Some((id, sha.clone()))),
-                    _ => Ok(None),
-                }
-            }
-        }
-    }
 }
 
 #[async_trait]
@@ -238,56 +207,24 @@ impl Tool for CommitReader {
             Ok(db) => db,
             Err(e) => return ToolOutcome::failed(DuoErrorCode::M4001, e.to_string()),
         };
-        let (project, sha) = match self.project(env, &*db, &commit).await {
+        let (project, sha) = match commit_project(env.services, env.ctx, &*db, &commit).await {
             Ok(Some(found)) => found,
             Ok(None) => return not_found(),
             Err(e) => return ToolOutcome::failed(DuoErrorCode::M4001, e),
         };
-        // Code first (a guest sees the project but not its commits), then Duo
-        // on for the project, before the repository is opened.
-        let subject = Subject::Project(project);
-        match env
-            .services
-            .policy
-            .can(&*db, Some(env.ctx.actor), Ability::ReadCode, subject)
-            .await
-        {
-            Ok(true) => {}
-            Ok(false) => return not_found(),
-            Err(e) => return ToolOutcome::failed(DuoErrorCode::M4001, e.to_string()),
-        }
-        match env
-            .services
-            .policy
-            .authorize_chat_resource(&*db, Some(env.ctx.actor), subject)
-            .await
-        {
-            Ok(()) => {}
-            Err(ChatAuthError::Denied(code)) => {
-                return ToolOutcome::failed(code, "not found or not readable");
-            }
-            Err(ChatAuthError::Policy(e)) => {
-                return ToolOutcome::failed(DuoErrorCode::M4001, e.to_string());
-            }
-        }
-        // What of the commit's files may be shown: its diff of an excluded
-        // file is left out (and the model told so).
-        let code = match env
-            .services
-            .policy
-            .code_for_ai(&*db, AiReader::User(env.ctx.actor), project)
-            .await
-        {
-            Ok(Some(code)) => code,
-            Ok(None) => return not_found(),
-            Err(e) => return ToolOutcome::failed(DuoErrorCode::M4001, e.to_string()),
-        };
-        let full_path = match crate::namespaces::projects::full_path(&*db, project).await {
-            Ok(path) => path,
-            Err(e) => return ToolOutcome::failed(DuoErrorCode::M4001, e.to_string()),
-        };
+        let (code, full_path) =
+            match readable_commit_code(env.services, &*db, env.ctx.actor, project).await {
+                Ok(found) => found,
+                Err(CommitRefusal::Hidden) => return not_found(),
+                Err(CommitRefusal::Denied(code)) => {
+                    return ToolOutcome::failed(code, "not found or not readable");
+                }
+                Err(CommitRefusal::Failed(e)) => {
+                    return ToolOutcome::failed(DuoErrorCode::M4001, e);
+                }
+            };
         drop(db);
-        match describe(env, &code, &full_path, &sha).await {
+        match describe(env.services, &code, &full_path, &sha).await {
             Ok(Some(text)) => ToolOutcome::Observation(format!(
                 "Please use this information about the identified commit: {text}"
             )),
@@ -297,14 +234,98 @@ impl Tool for CommitReader {
     }
 }
 
+/// The project `commit` is in (it exists; nothing said about access): the
+/// named one, or the project of the user's page.
+pub async fn commit_project(
+    services: &Services,
+    ctx: &RequestContext,
+    db: &impl Queries,
+    commit: &CommitRef,
+) -> Result<Option<(i64, String)>, String> {
+    match commit {
+        CommitRef::InProject { path, sha } => {
+            Ok(crate::namespaces::project_id_by_full_path(db, path)
+                .await
+                .map_err(|e| e.to_string())?
+                .map(|id| (id, sha.clone())))
+        }
+        CommitRef::InCurrentProject { sha } => {
+            let Some(resource) = ctx.resource else {
+                return Ok(None);
+            };
+            match services
+                .policy
+                .container_of(db, resource)
+                .await
+                .map_err(|e| e.to_string())?
+            {
+                Some(Subject::Project(id)) => Ok(Some((id, sha.clone()))),
+                _ => Ok(None),
+            }
+        }
+    }
+}
+
+/// Why a project's commits may not be shown to the model.
+#[derive(Debug)]
+pub enum CommitRefusal {
+    /// Treated as missing: no code access, or no Duo for the user here.
+    Hidden,
+    /// Refused with GitLab's chat code for the resource.
+    Denied(DuoErrorCode),
+    /// The database or the policy failed.
+    Failed(String),
+}
+
+/// The checks before a commit of `project` is read, in order: the user's
+/// access to its code (a guest sees the project but not its commits), then
+/// Duo for the project, then the exclusion rules the diff is held to.
+/// Returns those rules and the project's full path.
+pub async fn readable_commit_code(
+    services: &Services,
+    db: &impl Queries,
+    actor: Actor,
+    project: i64,
+) -> Result<(CodeForAi, String), CommitRefusal> {
+    let failed = |e: &dyn std::fmt::Display| CommitRefusal::Failed(e.to_string());
+    let subject = Subject::Project(project);
+    if !services
+        .policy
+        .can(db, Some(actor), Ability::ReadCode, subject)
+        .await
+        .map_err(|e| failed(&e))?
+    {
+        return Err(CommitRefusal::Hidden);
+    }
+    match services
+        .policy
+        .authorize_chat_resource(db, Some(actor), subject)
+        .await
+    {
+        Ok(()) => {}
+        Err(ChatAuthError::Denied(code)) => return Err(CommitRefusal::Denied(code)),
+        Err(ChatAuthError::Policy(e)) => return Err(failed(&e)),
+    }
+    let code = services
+        .policy
+        .code_for_ai(db, AiReader::User(actor), project)
+        .await
+        .map_err(|e| failed(&e))?
+        .ok_or(CommitRefusal::Hidden)?;
+    let full_path = crate::namespaces::projects::full_path(db, project)
+        .await
+        .map_err(|e| failed(&e))?;
+    Ok((code, full_path))
+}
+
 /// The commit as the model reads it; `None` when the repository has no such commit.
-async fn describe(
-    env: &ToolEnv<'_>,
+pub async fn describe(
+    services: &Services,
     code: &CodeForAi,
     full_path: &str,
     sha: &str,
 ) -> Result<Option<String>, String> {
-    let path = env.services.repositories.path(code.project_id());
+    let path = services.repositories.path(code.project_id());
     if !path.join("HEAD").exists() {
         return Ok(None);
     }
@@ -351,7 +372,7 @@ async fn describe(
             "diff": diff,
         }));
     }
-    let base = env.services.external_url.as_str().trim_end_matches('/');
+    let base = services.external_url.as_str().trim_end_matches('/');
     let body = json!({
         "id": info.id,
         "project": full_path,

@@ -1,22 +1,51 @@
 //! `gitlab_documentation`: answers from the GitLab documentation. It asks the
-//! gateway's documentation search, then answers with the best passages and
-//! their links (`extras.sources`), streamed as the final answer. No passage
-//! found → M2000.
+//! gateway's documentation search, then has the model write the answer from
+//! the passages found (the gateway's `chat/documentation_search` prompt, with
+//! each passage's title and link), streamed as the final answer with the
+//! pages in `extras.sources`. No passage found → M2000.
 //!
-//! The gateway has no documentation-answer prompt yet, so the answer is the
-//! passages themselves rather than a model's summary of them.
+//! The answer is never lost to a model failure: when the prompt fails, the
+//! passages themselves are the answer, after a line saying the summary is
+//! unavailable.
 
 use async_trait::async_trait;
 use contracts::{DuoErrorCode, UnitPrimitive};
-use serde_json::{Value, json};
+use futures::StreamExt;
+use serde_json::{Map, Value, json};
 
 use super::{Tool, ToolEnv, ToolInput, ToolOutcome};
 use crate::chat::completion::ChatAnswer;
+use crate::gateway_client::{GatewayError, with_transport_retries};
 
 pub struct GitlabDocumentation;
 
+/// The gateway prompt that writes the answer.
+pub const ANSWER_PROMPT: &str = "chat/documentation_search";
+
 /// Longest passage quoted from one page.
 const MAX_PASSAGE_CHARS: usize = 1_500;
+
+/// The line that opens the fallback answer.
+pub const SUMMARY_UNAVAILABLE: &str =
+    "A summary of the documentation is unavailable right now; here is what it says:";
+
+/// One passage found by the search.
+#[derive(Debug, Clone)]
+struct Passage {
+    title: String,
+    url: Option<String>,
+    content: String,
+}
+
+impl Passage {
+    fn as_markdown(&self) -> String {
+        let heading = match &self.url {
+            Some(url) => format!("### [{}]({url})", self.title),
+            None => format!("### {}", self.title),
+        };
+        format!("{heading}\n\n{}\n\n", self.content)
+    }
+}
 
 #[async_trait]
 impl Tool for GitlabDocumentation {
@@ -48,24 +77,20 @@ impl Tool for GitlabDocumentation {
             return ToolOutcome::failed(DuoErrorCode::M2000, "no documentation found");
         }
         let mut sources = Vec::new();
-        let first = "Here is what the GitLab documentation says:\n\n".to_owned();
-        let _ = env.chunks.send(first.clone());
-        let mut answer = first;
+        let mut passages = Vec::new();
         for result in &results {
             let title =
                 meta(&result.metadata, &["title", "source"]).unwrap_or_else(|| result.id.clone());
             let url = meta(&result.metadata, &["source_url", "url"]);
-            let heading = match &url {
-                Some(url) => format!("### [{title}]({url})\n\n"),
-                None => format!("### {title}\n\n"),
-            };
-            let piece = format!(
-                "{heading}{}\n\n",
-                super::resource_identifier::bounded(result.content.trim(), MAX_PASSAGE_CHARS)
-            );
-            let _ = env.chunks.send(piece.clone());
-            answer.push_str(&piece);
-            let mut source = serde_json::Map::new();
+            passages.push(Passage {
+                title: title.clone(),
+                url: url.clone(),
+                content: super::resource_identifier::bounded(
+                    result.content.trim(),
+                    MAX_PASSAGE_CHARS,
+                ),
+            });
+            let mut source = Map::new();
             source.insert("title".into(), json!(title));
             if let Some(url) = url {
                 source.insert("source_url".into(), json!(url));
@@ -75,6 +100,8 @@ impl Tool for GitlabDocumentation {
             }
             sources.push(Value::Object(source));
         }
+        // The user's own words: the tool input is a search query.
+        let answer = written_answer(env, &env.ctx.question, &passages).await;
         ToolOutcome::Final(ChatAnswer {
             content: answer.trim_end().to_owned(),
             extras: json!({ "sources": sources }),
@@ -83,7 +110,66 @@ impl Tool for GitlabDocumentation {
     }
 }
 
-fn meta(metadata: &serde_json::Map<String, Value>, keys: &[&str]) -> Option<String> {
+/// The model's answer, streamed as it comes; after a failed prompt (or an
+/// empty answer), the passages follow what was streamed.
+async fn written_answer(env: &ToolEnv<'_>, question: &str, passages: &[Passage]) -> String {
+    let mut answer = String::new();
+    let failure = match stream_answer(env, question, passages, &mut answer).await {
+        Ok(()) if !answer.trim().is_empty() => return answer,
+        Ok(()) => "the model answered nothing".to_owned(),
+        Err(err) => err.to_string(),
+    };
+    tracing::warn!(error = %failure, "the documentation answer prompt failed; answering with the passages");
+    let mut fallback = String::new();
+    if !answer.is_empty() {
+        fallback.push_str("\n\n");
+    }
+    fallback.push_str(SUMMARY_UNAVAILABLE);
+    fallback.push_str("\n\n");
+    for passage in passages {
+        fallback.push_str(&passage.as_markdown());
+    }
+    let _ = env.chunks.send(fallback.clone());
+    answer.push_str(&fallback);
+    answer
+}
+
+async fn stream_answer(
+    env: &ToolEnv<'_>,
+    question: &str,
+    passages: &[Passage],
+    answer: &mut String,
+) -> Result<(), GatewayError> {
+    let mut inputs = Map::new();
+    inputs.insert("question".into(), json!(question));
+    inputs.insert(
+        "passages".into(),
+        Value::Array(
+            passages
+                .iter()
+                .map(|p| json!({"title": p.title, "url": p.url, "content": p.content}))
+                .collect(),
+        ),
+    );
+    let gateway = &env.services.gateway;
+    let mut stream = with_transport_retries("documentation answer", || {
+        gateway.prompt_stream(
+            &env.ctx.auth,
+            ANSWER_PROMPT,
+            inputs.clone(),
+            env.ctx.model.metadata(),
+        )
+    })
+    .await?;
+    while let Some(piece) = stream.next().await {
+        let text = piece?;
+        let _ = env.chunks.send(text.clone());
+        answer.push_str(&text);
+    }
+    Ok(())
+}
+
+fn meta(metadata: &Map<String, Value>, keys: &[&str]) -> Option<String> {
     keys.iter()
         .find_map(|k| metadata.get(*k).and_then(Value::as_str))
         .filter(|s| !s.is_empty())

@@ -81,6 +81,15 @@ impl Bench {
 
     /// `gateway_url`: use this URL instead of starting a gateway.
     pub async fn start_with_gateway(gateway_url: Option<String>) -> Bench {
+        Self::start_with(gateway_url, &[]).await
+    }
+
+    /// The in-process gateway with `gateway_env` added to its settings.
+    pub async fn start_with_gateway_env(gateway_env: &[(&str, &str)]) -> Bench {
+        Self::start_with(None, gateway_env).await
+    }
+
+    async fn start_with(gateway_url: Option<String>, gateway_env: &[(&str, &str)]) -> Bench {
         let fx = Fx::new().await;
         let fake = FakeProvider::start().await.unwrap();
         let mut servers = Vec::new();
@@ -127,7 +136,7 @@ impl Bench {
                 let docs = root.join("docs").display().to_string();
                 let fake_url = fake.url();
                 let openai_url = fake.openai_base_url();
-                let config = gateway::Config::for_tests(&[
+                let mut env = vec![
                     ("ANTHROPIC_API_KEY", "test-key"),
                     ("ANTHROPIC_BASE_URL", fake_url.as_str()),
                     // Code embeddings from the fake's bag-of-words model.
@@ -139,8 +148,9 @@ impl Bench {
                     ("AIGW_GITLAB_URL", external_url.as_str()),
                     ("AIGW_PROMPTS_DIR", prompts.as_str()),
                     ("AIGW_DOCS__DIR", docs.as_str()),
-                ])
-                .unwrap();
+                ];
+                env.extend_from_slice(gateway_env);
+                let config = gateway::Config::for_tests(&env).unwrap();
                 let state = gateway::app::AppState::build(config).unwrap();
                 let (gateway_listener, url) = listener();
                 let server = gateway::app::build_server(state, gateway_listener).unwrap();

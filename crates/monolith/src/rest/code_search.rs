@@ -1,0 +1,204 @@
+//! `GET /api/v4/projects/:id/semantic_code_search`: the project's code index
+//! searched by meaning, for Duo Workflow's `gitlab_codebase_search` tool (the
+//! "API for Workflow" of the codebase search design) and any other caller.
+//!
+//! The same gate as chat's codebase search, in order: a signed-in caller who
+//! may read the project (404 otherwise, as if it did not exist), its code
+//! may go to AI (`Policy::code_for_ai`: code access, Duo on; 403 when only
+//! Duo is off), and the project's Duo context exclusion rules drop excluded
+//! files from the results. A project not indexed yet is queued for indexing
+//! and answers an empty list with `status: "indexing"`.
+
+use actix_web::{HttpRequest, HttpResponse, web};
+use serde::Deserialize;
+use serde_json::json;
+use uuid::Uuid;
+
+use super::ApiError;
+use super::containers::readable_project;
+use super::workflow_tools::DUO_OFF;
+use crate::app_state::AppState;
+use crate::code_index::search::{self, QueryVector, Retrieval, Scope};
+use crate::code_index::{CodeIndex, store};
+use crate::gateway_client::{EmbeddingPurpose, GatewayClient, GatewaySettings};
+use crate::policy::{Ability, AiReader, Subject};
+use crate::repositories::reader;
+
+/// Longest query accepted (as the MCP tool's).
+const MAX_QUERY_CHARS: usize = 2_000;
+/// Results per call: GitLab's semantic search default and our ceiling.
+const DEFAULT_LIMIT: usize = 10;
+const MAX_LIMIT: usize = 20;
+/// Longest chunk content returned, and all of them together.
+const MAX_CHUNK_CHARS: usize = 4_000;
+const MAX_TOTAL_CHARS: usize = 32_000;
+
+#[derive(Debug, Deserialize)]
+pub(super) struct SearchParams {
+    semantic_query: Option<String>,
+    directory_path: Option<String>,
+    limit: Option<usize>,
+}
+
+/// The checked parameters.
+struct Query {
+    text: String,
+    directory: Option<String>,
+    limit: usize,
+}
+
+fn checked(params: SearchParams) -> Result<Query, ApiError> {
+    let text = params.semantic_query.unwrap_or_default();
+    if text.trim().is_empty() {
+        return Err(ApiError::BadRequest("semantic_query is missing".into()));
+    }
+    if text.chars().count() > MAX_QUERY_CHARS || text.contains('\0') {
+        return Err(ApiError::BadRequest(format!(
+            "semantic_query must be at most {MAX_QUERY_CHARS} characters long"
+        )));
+    }
+    let directory = match params.directory_path.as_deref().map(str::trim) {
+        None | Some("") => None,
+        Some(dir) => {
+            let clean = reader::clean_path(dir)
+                .map_err(|_| ApiError::BadRequest("directory_path is invalid".into()))?;
+            (!clean.is_empty()).then_some(clean)
+        }
+    };
+    let limit = params.limit.unwrap_or(DEFAULT_LIMIT);
+    if !(1..=MAX_LIMIT).contains(&limit) {
+        return Err(ApiError::BadRequest(format!(
+            "limit must be between 1 and {MAX_LIMIT}"
+        )));
+    }
+    Ok(Query {
+        text,
+        directory,
+        limit,
+    })
+}
+
+pub(super) async fn semantic_code_search(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<i64>,
+    params: web::Query<SearchParams>,
+) -> Result<HttpResponse, ApiError> {
+    let project_id = path.into_inner();
+    let actor = readable_project(&state, &req, project_id)
+        .await?
+        .ok_or(ApiError::Unauthorized)?;
+    let query = checked(params.into_inner())?;
+    let mut db = state.pool.get().await?;
+    let Some(code) = state
+        .policy
+        .code_for_ai(&*db, AiReader::User(actor), project_id)
+        .await?
+    else {
+        // A reader of the project who may not read its code: as if absent;
+        // one who may, with Duo off here: refused saying so.
+        let reads_code = state
+            .policy
+            .can(
+                &*db,
+                Some(actor),
+                Ability::ReadCode,
+                Subject::Project(project_id),
+            )
+            .await?;
+        return Err(if reads_code {
+            ApiError::ForbiddenBecause(DUO_OFF)
+        } else {
+            ApiError::NotFound("Project")
+        });
+    };
+    let index = code_index(&state)?;
+    let searchable = store::status(&*db, project_id)
+        .await?
+        .is_some_and(|s| s.searchable());
+    if !searchable {
+        store::ensure_status(&*db, project_id).await?;
+        crate::code_index::enqueue_index(&*db, project_id, index.settings.max_attempts)
+            .await
+            .map_err(|e| ApiError::Internal(e.to_string()))?;
+        return Ok(HttpResponse::Ok().json(json!({"status": "indexing", "results": []})));
+    }
+    let auth = crate::code_index::embedding_auth(&*db, actor.id, Uuid::new_v4()).await?;
+    let model = index
+        .embedding_model(&*db)
+        .await
+        .map_err(|e| unavailable(&e))?;
+    let embedded = index
+        .gateway
+        .code_embeddings(
+            &auth,
+            EmbeddingPurpose::Search,
+            std::slice::from_ref(&query.text),
+            model.as_ref(),
+        )
+        .await
+        .map_err(|e| unavailable(&e))?;
+    let vector = embedded
+        .vectors
+        .into_iter()
+        .next()
+        .map(|vector| QueryVector {
+            model: embedded.model,
+            vector,
+        });
+    let scope = Scope {
+        project_id,
+        directory: query.directory,
+    };
+    let hits = search::search(
+        &mut db,
+        &scope,
+        &query.text,
+        vector.as_ref(),
+        Retrieval::Fused,
+        query.limit,
+        code.exclusions(),
+    )
+    .await?;
+    let mut total = 0;
+    let mut results = Vec::new();
+    for hit in hits {
+        // Checked again here: nothing excluded leaves, whatever the search did.
+        if !code.allows(&hit.path) {
+            continue;
+        }
+        let content = crate::work_items::ai_serialization::bounded(&hit.content, MAX_CHUNK_CHARS);
+        total += content.chars().count();
+        if total > MAX_TOTAL_CHARS {
+            break;
+        }
+        results.push(json!({
+            "path": hit.path,
+            "start_line": hit.start_line,
+            "end_line": hit.end_line,
+            "content": content,
+            "score": hit.score,
+        }));
+    }
+    Ok(HttpResponse::Ok().json(json!({"status": "ready", "results": results})))
+}
+
+fn unavailable(e: &dyn std::fmt::Display) -> ApiError {
+    tracing::warn!(error = %e, "semantic code search could not embed the query");
+    ApiError::Internal(format!("the code search is unavailable: {e}"))
+}
+
+/// The code index as the request's state reaches it.
+fn code_index(state: &AppState) -> Result<CodeIndex, ApiError> {
+    let settings = GatewaySettings::from_config(&state.config);
+    let gateway = GatewayClient::with_shared_keys(state.keys.clone(), settings)
+        .map_err(|e| unavailable(&e))?;
+    Ok(CodeIndex {
+        pool: state.pool.clone(),
+        repositories: state.repositories.clone(),
+        gateway,
+        settings: state.config.code_index.clone(),
+        models: state.models.clone(),
+        policy: state.policy.clone(),
+    })
+}
