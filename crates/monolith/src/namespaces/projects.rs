@@ -276,7 +276,10 @@ pub async fn repository_facts(
         "{} SELECT p.default_branch, paths.full_path || '/' || p.path FROM projects p JOIN paths ON paths.id = p.group_id WHERE p.id = $1",
         super::FULL_PATHS
     );
-    Ok(db.query_opt(&sql, &[&id]).await?.map(|r| (r.get(0), r.get(1))))
+    Ok(db
+        .query_opt(&sql, &[&id])
+        .await?
+        .map(|r| (r.get(0), r.get(1))))
 }
 
 /// What a page about the project's code shows of it.
