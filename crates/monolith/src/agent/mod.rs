@@ -8,6 +8,7 @@
 
 pub mod feature_flags;
 pub mod history;
+pub mod instance_links;
 pub mod named_code;
 pub mod named_resources;
 pub mod react_executor;

@@ -88,17 +88,8 @@ fn parse_lines(fragment: &str) -> Option<LineRange> {
 /// A `/-/blob/` or `/-/tree/` link of this instance: (project, kind, rest,
 /// fragment).
 fn parse_code_link(text: &str, base: &url::Url) -> Option<NamedCode> {
-    let url = url::Url::parse(text).ok()?;
-    if url.host_str() != base.host_str()
-        || url.port_or_known_default() != base.port_or_known_default()
-    {
-        return None;
-    }
-    let path = url
-        .path()
-        .strip_prefix(base.path().trim_end_matches('/'))?
-        .trim_start_matches('/');
-    let decoded = percent_decode(path)?;
+    let path = super::instance_links::path_below(text, base)?;
+    let decoded = crate::percent::decode(&path)?;
     if let Some((project, rest)) = decoded.split_once("/-/blob/") {
         let rest = rest.trim_end_matches('/');
         // A blob link names a file: a ref and at least one path segment.
@@ -108,7 +99,9 @@ fn parse_code_link(text: &str, base: &url::Url) -> Option<NamedCode> {
         return Some(NamedCode::File {
             project_path: project.to_owned(),
             rev_and_path: rest.to_owned(),
-            lines: url.fragment().and_then(parse_lines),
+            lines: url::Url::parse(text.trim())
+                .ok()
+                .and_then(|url| url.fragment().and_then(parse_lines)),
         });
     }
     let (project, rest) = decoded.split_once("/-/tree/")?;
@@ -117,24 +110,6 @@ fn parse_code_link(text: &str, base: &url::Url) -> Option<NamedCode> {
         project_path: project.to_owned(),
         rev_and_path: rest.to_owned(),
     })
-}
-
-/// `%20` and friends in a link's path, as UTF-8.
-fn percent_decode(path: &str) -> Option<String> {
-    let bytes = path.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = path.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 /// The pieces of code `question` names unambiguously: at most one per kind

@@ -26,16 +26,7 @@ pub struct FileLocation {
 /// `https://host/acme/website/-/blob/main/src/app.js` → (`acme/website`,
 /// `main/src/app.js`); the split of the ref from the path needs the repository.
 pub fn parse_blob_url(text: &str, base: &url::Url) -> Option<FileLocation> {
-    let url = url::Url::parse(text.trim()).ok()?;
-    if url.host_str() != base.host_str()
-        || url.port_or_known_default() != base.port_or_known_default()
-    {
-        return None;
-    }
-    let path = url
-        .path()
-        .strip_prefix(base.path().trim_end_matches('/'))?
-        .trim_start_matches('/');
+    let path = super::instance_links::path_below(text, base)?;
     let (project, rest) = path.split_once("/-/blob/")?;
     Some(FileLocation {
         project_path: Some(project.to_owned()),

@@ -15,13 +15,8 @@ pub fn job_id_in(text: &str, base: &url::Url) -> Option<i64> {
     text.split_whitespace().find_map(|raw| {
         let token =
             raw.trim_matches(|c: char| matches!(c, ',' | '.' | '?' | '!' | ')' | '(' | '"' | '\''));
-        let url = url::Url::parse(token).ok()?;
-        if url.host_str() != base.host_str()
-            || url.port_or_known_default() != base.port_or_known_default()
-        {
-            return None;
-        }
-        let (_, rest) = url.path().split_once("/-/jobs/")?;
+        let path = crate::agent::instance_links::path_below(token, base)?;
+        let (_, rest) = path.split_once("/-/jobs/")?;
         rest.trim_end_matches('/').parse().ok().filter(|id| *id > 0)
     })
 }

@@ -51,16 +51,7 @@ fn is_project_path(text: &str) -> bool {
 
 /// `<base>/<project>/-/commit/<sha>` of this instance.
 fn parse_url(text: &str, base: &url::Url) -> Option<CommitRef> {
-    let url = url::Url::parse(text).ok()?;
-    if url.host_str() != base.host_str()
-        || url.port_or_known_default() != base.port_or_known_default()
-    {
-        return None;
-    }
-    let path = url
-        .path()
-        .strip_prefix(base.path().trim_end_matches('/'))?
-        .trim_start_matches('/');
+    let path = crate::agent::instance_links::path_below(text, base)?;
     let (project, rest) = path.split_once("/-/commit/")?;
     let sha = rest.trim_end_matches('/');
     (is_sha(sha) && is_project_path(project)).then(|| CommitRef::InProject {

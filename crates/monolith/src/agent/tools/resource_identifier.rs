@@ -165,14 +165,7 @@ fn parse_reference(kind: ReaderKind, token: &str) -> Option<Identifier> {
 /// A link of this instance: `<base>/<project path>/-/issues/12`,
 /// `<base>/groups/<group path>/-/epics/3`. Returns (container path, iid).
 fn parse_url(kind: ReaderKind, text: &str, base: &url::Url) -> Option<(String, i32)> {
-    let url = url::Url::parse(text).ok()?;
-    if url.host_str() != base.host_str()
-        || url.port_or_known_default() != base.port_or_known_default()
-    {
-        return None;
-    }
-    let base_path = base.path().trim_end_matches('/');
-    let path = url.path().strip_prefix(base_path)?.trim_start_matches('/');
+    let path = crate::agent::instance_links::path_below(text, base)?;
     let (container, rest) = path.split_once("/-/")?;
     let mut parts = rest.trim_end_matches('/').split('/');
     if parts.next()? != kind.url_segment() {
