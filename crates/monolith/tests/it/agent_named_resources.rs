@@ -182,7 +182,7 @@ async fn a_linked_job_is_attached_for_a_reader_and_never_for_anyone_else() {
 
 // ------------------------------------------------- commits, files, directories
 
-use monolith::repositories::writer::{self, CommitRequest, FileAction, Signature};
+use monolith::repositories::writer::{self, CommitRequest, Signature};
 
 const CODE_SECRET: &str = "EXCLUDED_KEY_MATERIAL";
 
@@ -200,13 +200,7 @@ async fn commit(bench: &Bench, project: i64, title: &str, files: &[(&str, &str)]
                 email: "ada@example.com".into(),
                 when: None,
             },
-            actions: files
-                .iter()
-                .map(|(p, c)| FileAction::Upsert {
-                    path: (*p).into(),
-                    content: c.as_bytes().to_vec(),
-                })
-                .collect(),
+            actions: crate::agent_support::upserts(files),
         },
     )
     .await

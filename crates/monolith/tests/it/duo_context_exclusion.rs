@@ -8,7 +8,7 @@
 use contracts::AdditionalContext;
 use monolith::chat::CompletionJob;
 use monolith::chat::CurrentFile;
-use monolith::repositories::writer::{self, CommitRequest, FileAction, Signature};
+use monolith::repositories::writer::{self, CommitRequest, Signature};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -32,13 +32,7 @@ async fn commit(bench: &Bench, project: i64, files: &[(&str, &str)]) -> String {
                 email: "dev@example.com".into(),
                 when: None,
             },
-            actions: files
-                .iter()
-                .map(|(p, c)| FileAction::Upsert {
-                    path: (*p).into(),
-                    content: c.as_bytes().to_vec(),
-                })
-                .collect(),
+            actions: crate::agent_support::upserts(files),
         },
     )
     .await

@@ -10,7 +10,7 @@
 )]
 
 use monolith::code_index::indexer::index_project;
-use monolith::repositories::writer::{self, CommitRequest, FileAction, Signature};
+use monolith::repositories::writer::{self, CommitRequest, Signature};
 use serde_json::Value;
 
 use crate::agent_support::Bench;
@@ -52,13 +52,7 @@ async fn seeded(bench: &Bench) -> (i64, monolith::policy::Actor) {
                 email: "dev@example.com".into(),
                 when: None,
             },
-            actions: files
-                .iter()
-                .map(|(p, c)| FileAction::Upsert {
-                    path: (*p).into(),
-                    content: c.as_bytes().to_vec(),
-                })
-                .collect(),
+            actions: crate::agent_support::upserts(&files),
         },
     )
     .await

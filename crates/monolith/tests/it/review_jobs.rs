@@ -5,7 +5,7 @@
 //! the fake provider standing in for the model.
 
 use fake_provider::Failure;
-use monolith::repositories::writer::{self, CommitRequest, FileAction, Signature};
+use monolith::repositories::writer::{self, CommitRequest, Signature};
 use monolith::review::ReviewServices;
 use monolith::review::triggers::{
     self, Mention, MentionAsked, PipelineFailed, ReviewRequested, ReviewTrigger,
@@ -37,13 +37,7 @@ async fn commit(
                 email: "dev@example.com".into(),
                 when: None,
             },
-            actions: files
-                .iter()
-                .map(|(path, content)| FileAction::Upsert {
-                    path: (*path).into(),
-                    content: content.as_bytes().to_vec(),
-                })
-                .collect(),
+            actions: crate::agent_support::upserts(files),
         },
     )
     .await

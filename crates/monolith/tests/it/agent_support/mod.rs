@@ -363,3 +363,17 @@ impl Drop for Bench {
 pub fn gid(model: &str, id: i64) -> String {
     monolith::gid::format(model, id)
 }
+
+/// Files to write in one commit (`(path, content)`), as the repository
+/// writer takes them.
+pub fn upserts(files: &[(&str, &str)]) -> Vec<monolith::repositories::writer::FileAction> {
+    files
+        .iter()
+        .map(
+            |(path, content)| monolith::repositories::writer::FileAction::Upsert {
+                path: (*path).into(),
+                content: content.as_bytes().to_vec(),
+            },
+        )
+        .collect()
+}
