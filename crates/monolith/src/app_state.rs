@@ -101,6 +101,22 @@ pub enum GatewayTokenError {
 }
 
 impl AppState {
+    /// The code index as a request reaches it (codebase search over REST and
+    /// MCP): this instance's gateway settings and signing keys.
+    pub fn code_index(&self) -> Result<crate::code_index::CodeIndex, reqwest::Error> {
+        let settings = crate::gateway_client::GatewaySettings::from_config(&self.config);
+        let gateway =
+            crate::gateway_client::GatewayClient::with_shared_keys(self.keys.clone(), settings)?;
+        Ok(crate::code_index::CodeIndex {
+            pool: self.pool.clone(),
+            repositories: self.repositories.clone(),
+            gateway,
+            settings: self.config.code_index.clone(),
+            models: self.models.clone(),
+            policy: self.policy.clone(),
+        })
+    }
+
     /// A gateway JWT for the user, scoped to the unit primitives their seats grant.
     pub async fn gateway_token(&self, user_id: i64) -> Result<String, GatewayTokenError> {
         let db = self.pool.get().await?;

@@ -1,5 +1,5 @@
 //! `GET /api/v4/projects/:id/semantic_code_search`: the project's code index
-//! searched by meaning, for Duo Workflow's `gitlab_codebase_search` tool (the
+//! searched by meaning, for Duo Workflow's `semantic_code_search` tool (the
 //! "API for Workflow" of the codebase search design) and any other caller.
 //!
 //! The same gate as chat's codebase search, in order: a signed-in caller who
@@ -19,8 +19,8 @@ use super::containers::readable_project;
 use super::workflow_tools::DUO_OFF;
 use crate::app_state::AppState;
 use crate::code_index::search::{self, QueryVector, Retrieval, Scope};
-use crate::code_index::{CodeIndex, store};
-use crate::gateway_client::{EmbeddingPurpose, GatewayClient, GatewaySettings};
+use crate::code_index::store;
+use crate::gateway_client::EmbeddingPurpose;
 use crate::policy::{Ability, AiReader, Subject};
 use crate::repositories::reader;
 
@@ -112,7 +112,7 @@ pub(super) async fn semantic_code_search(
             ApiError::NotFound("Project")
         });
     };
-    let index = code_index(&state)?;
+    let index = state.code_index().map_err(|e| unavailable(&e))?;
     let searchable = store::status(&*db, project_id)
         .await?
         .is_some_and(|s| s.searchable());
@@ -186,19 +186,4 @@ pub(super) async fn semantic_code_search(
 fn unavailable(e: &dyn std::fmt::Display) -> ApiError {
     tracing::warn!(error = %e, "semantic code search could not embed the query");
     ApiError::Internal(format!("the code search is unavailable: {e}"))
-}
-
-/// The code index as the request's state reaches it.
-fn code_index(state: &AppState) -> Result<CodeIndex, ApiError> {
-    let settings = GatewaySettings::from_config(&state.config);
-    let gateway = GatewayClient::with_shared_keys(state.keys.clone(), settings)
-        .map_err(|e| unavailable(&e))?;
-    Ok(CodeIndex {
-        pool: state.pool.clone(),
-        repositories: state.repositories.clone(),
-        gateway,
-        settings: state.config.code_index.clone(),
-        models: state.models.clone(),
-        policy: state.policy.clone(),
-    })
 }

@@ -19,9 +19,7 @@ use super::super::merge_requests::{
 use super::super::notes::{NewNoteParams, note_created, notes_of};
 use super::McpCaller;
 use crate::app_state::AppState;
-use crate::code_index::CodeIndex;
 use crate::code_index::chat_context::{Outcome, Searched, search_project};
-use crate::gateway_client::{GatewayClient, GatewaySettings};
 use crate::policy::{Ability, Subject};
 use crate::work_items::SortOrder;
 use crate::work_items::epics::EpicKey;
@@ -851,20 +849,6 @@ async fn search(state: &AppState, caller: &McpCaller, a: SearchArgs) -> ToolResu
 // ---- semantic_code_search: the code index, with chat's gate (the caller reads
 // the code, Duo is on, excluded files never appear) -------------------------
 
-fn code_index(state: &AppState) -> Result<CodeIndex, ToolError> {
-    let settings = GatewaySettings::from_config(&state.config);
-    let gateway = GatewayClient::with_shared_keys(state.keys.clone(), settings)
-        .map_err(|e| ToolError::Refused(format!("the AI gateway client could not start: {e}")))?;
-    Ok(CodeIndex {
-        pool: state.pool.clone(),
-        repositories: state.repositories.clone(),
-        gateway,
-        settings: state.config.code_index.clone(),
-        models: state.models.clone(),
-        policy: state.policy.clone(),
-    })
-}
-
 async fn semantic_search(
     state: &AppState,
     caller: &McpCaller,
@@ -878,7 +862,9 @@ async fn semantic_search(
     // The REST floor first: a project the caller cannot read is "not found",
     // worded as everywhere else.
     super::super::containers::readable_project(state, caller, project).await?;
-    let index = code_index(state)?;
+    let index = state
+        .code_index()
+        .map_err(|e| ToolError::Refused(format!("the AI gateway client could not start: {e}")))?;
     let searched = search_project(
         &index,
         &state.policy,
