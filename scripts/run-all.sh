@@ -129,12 +129,18 @@ export AIGW_FASTAPI__API_PORT="${AIGW_FASTAPI__API_PORT:-${AI_GATEWAY_URL##*:}}"
 export DUO_WORKFLOW_SERVICE_URL="${DUO_WORKFLOW_SERVICE_URL:-http://127.0.0.1:50052}"
 export AIGW_WORKFLOW_SERVICE__LISTEN="${AIGW_WORKFLOW_SERVICE__LISTEN-${DUO_WORKFLOW_SERVICE_URL#*://}}"
 
+# The bundled model server's address (DUO_LOCAL_LLM_ADDR, as the server itself
+# reads it) is where the gateway sends chat, embeddings and Vertex calls.
+export DUO_LOCAL_LLM_ADDR="${DUO_LOCAL_LLM_ADDR:-127.0.0.1:5053}"
+export AIGW_LOCAL_LLM__URL="${AIGW_LOCAL_LLM__URL:-http://$DUO_LOCAL_LLM_ADDR/v1}"
+export AIGW_VERTEX_TEXT_MODEL__ENDPOINT="${AIGW_VERTEX_TEXT_MODEL__ENDPOINT:-http://$DUO_LOCAL_LLM_ADDR}"
+
 default_index_wait=0
 if [ -z "${ANTHROPIC_API_KEY:-}${OPENAI_BASE_URL:-}" ]; then
   default_index_wait=600
   "$BIN/duo-local-llm" fetch-models
   start local-llm "$BIN/duo-local-llm" serve
-  wait_http "http://${DUO_LOCAL_LLM_ADDR:-127.0.0.1:5053}/health" 120 local-llm
+  wait_http "http://$DUO_LOCAL_LLM_ADDR/health" 120 local-llm
 fi
 
 start gateway "$BIN/duo-gateway"

@@ -251,29 +251,67 @@ pub fn prepare(
     messages.append(&mut call.messages);
     call.messages = messages;
     call.feature_category = FEATURE_CATEGORY;
-    let native = native_route.map(|route| {
-        let bundled = matches!(&route, ModelRoute::OpenAi { base_url, .. }
-            if *base_url == config.providers.local_llm_url);
-        NativeStep {
-            route,
-            system: call.system.clone().unwrap_or_default(),
-            messages: call
-                .messages
-                .iter()
-                .map(|m| match m.role {
-                    ChatRole::Assistant => Message::AiMessage {
-                        content: m.content.clone(),
-                        tool_calls: Vec::new(),
-                    },
-                    _ => Message::human(m.content.clone()),
-                })
-                .chain(native::step_messages(request.steps()))
-                .collect(),
-            tools: native::tool_schemas(&tools, bundled.then_some(native::BUNDLED_ANSWER_CHARS)),
-            params: call.params.clone(),
-            question: question.content.clone(),
+    let conversation: Vec<Message> = call
+        .messages
+        .iter()
+        .map(|m| match m.role {
+            ChatRole::Assistant => Message::AiMessage {
+                content: m.content.clone(),
+                tool_calls: Vec::new(),
+            },
+            _ => Message::human(m.content.clone()),
+        })
+        .collect();
+    let native = match native_route {
+        None => None,
+        Some(route) => {
+            let bundled = matches!(&route, ModelRoute::OpenAi { base_url, .. }
+                if *base_url == config.providers.local_llm_url);
+            let free_text = if bundled {
+                // The same system prompt with no tools: no instructions
+                // about functions for an answer that calls none.
+                let mut plain = inputs.clone();
+                plain["tools"] = json!([]);
+                plain["tool_names"] = json!([]);
+                plain["resources"] = json!([]);
+                let system = definition
+                    .render_roles(registry, &plain, |role| role == TemplateRole::System)?
+                    .into_iter()
+                    .map(|m| m.content)
+                    .collect::<Vec<_>>()
+                    .join("\n\n");
+                let has_context = question.context.is_some()
+                    || question.current_file.is_some()
+                    || question
+                        .additional_context
+                        .as_ref()
+                        .is_some_and(|items| !items.is_empty());
+                Some(native::FreeTextAnswer::new(
+                    system,
+                    conversation.clone(),
+                    request.steps(),
+                    has_context,
+                ))
+            } else {
+                None
+            };
+            Some(NativeStep {
+                route,
+                system: call.system.clone().unwrap_or_default(),
+                messages: conversation
+                    .into_iter()
+                    .chain(native::step_messages(request.steps()))
+                    .collect(),
+                tools: native::tool_schemas(
+                    &tools,
+                    bundled.then_some(native::BUNDLED_ANSWER_CHARS),
+                ),
+                params: call.params.clone(),
+                question: question.content.clone(),
+                free_text,
+            })
         }
-    });
+    };
     Ok(PreparedAgent {
         call,
         tools,

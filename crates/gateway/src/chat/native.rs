@@ -41,6 +41,55 @@ pub struct NativeStep {
     pub params: ModelParams,
     /// The user's question: the tool input when the model gives none.
     pub question: String,
+    /// Set for models that answer better in plain text than inside a
+    /// function call's JSON (the bundled model).
+    pub free_text: Option<FreeTextAnswer>,
+}
+
+/// How a small model answers in plain text: the agent's system prompt
+/// without the tool instructions, and the conversation with the results of
+/// earlier steps written out for it. Asked instead of the function call when
+/// the question already carries its context (a small model answers from it
+/// rather than choosing tools), after a tool ran, and as soon as the model
+/// chooses `answer_directly` (its JSON answer is not waited for).
+#[derive(Debug, Clone)]
+pub struct FreeTextAnswer {
+    pub system: String,
+    pub messages: Vec<Message>,
+    /// Whether the step goes straight to the plain-text answer.
+    pub skip_choice: bool,
+}
+
+/// How long a plain-text answer from the bundled model may be, in tokens:
+/// about ten seconds of decoding on two cores, more than the questions a
+/// 135M model can answer well need.
+pub const BUNDLED_ANSWER_TOKENS: u32 = 400;
+
+impl FreeTextAnswer {
+    /// The plain-text form of a step: `base` is the conversation up to and
+    /// including the question; each earlier step's result follows as a user
+    /// turn that asks for the answer from it.
+    pub fn new(system: String, base: Vec<Message>, steps: &[AgentStep], has_context: bool) -> Self {
+        let mut messages = base;
+        if !steps.is_empty() {
+            let mut results = String::from(
+                "Here is what was read to answer my question. Answer it from this, quoting names, titles, states and paths exactly.\n",
+            );
+            for step in steps {
+                results.push_str(&format!(
+                    "\n<{tool}>\n{observation}\n</{tool}>\n",
+                    tool = step.tool.replace("\\_", "_"),
+                    observation = step.observation
+                ));
+            }
+            messages.push(Message::human(results));
+        }
+        Self {
+            system,
+            messages,
+            skip_choice: has_context || !steps.is_empty(),
+        }
+    }
 }
 
 /// How long a direct answer from the bundled model may be, in characters:
@@ -152,6 +201,63 @@ pub fn turn_events(turn: ModelTurn, tools: &[&ToolDefinition], question: &str) -
         return vec![AgentEvent::Unknown { text: turn.text }];
     }
     vec![AgentEvent::delta(turn.text)]
+}
+
+/// The plain-text answer, streamed as `final_answer_delta`s.
+fn free_text_answer(
+    model: &ToolCallingModel,
+    step: &NativeStep,
+    free: &FreeTextAnswer,
+) -> BoxStream<'static, AgentEvent> {
+    let model = model.clone();
+    let route = step.route.clone();
+    let system = free.system.clone();
+    let messages = free.messages.clone();
+    let mut params = step.params.clone();
+    params.max_tokens = params.max_tokens.min(BUNDLED_ANSWER_TOKENS);
+    async_stream::stream! {
+        let options = TurnOptions {
+            require_call: false,
+            feature_category: FEATURE_CATEGORY,
+        };
+        let pieces = match model.stream_turn(&route, &system, &messages, &[], &params, options).await {
+            Ok(Some(pieces)) => pieces,
+            Ok(None) => match model.complete(&route, &system, &messages, &[], &params, options).await {
+                Ok(turn) => futures::stream::iter([Ok(TurnDelta::Text(turn.text))]).boxed(),
+                Err(err) => {
+                    yield error_event(&err);
+                    return;
+                }
+            },
+            Err(err) => {
+                yield error_event(&err);
+                return;
+            }
+        };
+        let mut pieces = pieces;
+        let mut said = false;
+        while let Some(piece) = pieces.next().await {
+            match piece {
+                Ok(TurnDelta::Text(text)) if !text.is_empty() => {
+                    // Leading blank lines would start the answer's Markdown badly.
+                    let text = if said { text } else { text.trim_start().to_owned() };
+                    if !text.is_empty() {
+                        said = true;
+                        yield AgentEvent::delta(text);
+                    }
+                }
+                Ok(_) => {}
+                Err(err) => {
+                    yield error_event(&err);
+                    return;
+                }
+            }
+        }
+        if !said {
+            yield AgentEvent::Unknown { text: String::new() };
+        }
+    }
+    .boxed()
 }
 
 fn error_event(err: &ProviderError) -> AgentEvent {
@@ -298,6 +404,13 @@ pub fn run(
             require_call: true,
             feature_category: FEATURE_CATEGORY,
         };
+        if let Some(free) = step.free_text.as_ref().filter(|f| f.skip_choice) {
+            let mut answer = free_text_answer(&model, &step, free);
+            while let Some(event) = answer.next().await {
+                yield event;
+            }
+            return;
+        }
         let streamed = model
             .stream_turn(&step.route, &step.system, &step.messages, &step.tools, &step.params, options)
             .await;
@@ -331,6 +444,19 @@ pub fn run(
                         }
                     };
                     turn.push(&piece);
+                    if let (Some(free), true) = (
+                        step.free_text.as_ref(),
+                        turn.first_call_name() == Some(DIRECT_ANSWER),
+                    ) {
+                        // The choice is made: the JSON answer is not waited
+                        // for (dropping the stream ends its generation).
+                        drop(pieces);
+                        let mut answer = free_text_answer(&model, &step, free);
+                        while let Some(event) = answer.next().await {
+                            yield event;
+                        }
+                        return;
+                    }
                     if let TurnDelta::Call { index: 0, arguments, .. } = &piece
                         && turn.first_call_name() == Some(DIRECT_ANSWER)
                     {

@@ -165,3 +165,183 @@ async fn the_react_family_is_unchanged() {
     assert!(sent.get("tools").is_none(), "{sent}");
     assert!(sent.to_string().contains("Action Input"));
 }
+
+/// The chat completion requests the fake received (the gateway also asks
+/// the bundled server for its context size).
+fn completions(fake: &FakeProvider) -> Vec<fake_provider::RecordedRequest> {
+    fake.requests()
+        .into_iter()
+        .filter(|r| r.path.ends_with("/chat/completions"))
+        .collect()
+}
+
+/// A gateway whose model is the bundled model server, played by `fake`.
+fn bundled_gateway(fake: &FakeProvider) -> String {
+    crate::app_support::spawn_gateway(crate::app_support::local_model_config(
+        fake.url().trim_end_matches('/'),
+        &[],
+    ))
+}
+
+/// The text of every `final_answer_delta`, joined, and the other lines.
+fn answer_text(lines: &[String]) -> (String, Vec<String>) {
+    let mut text = String::new();
+    let mut others = Vec::new();
+    for line in lines {
+        let event: Value = serde_json::from_str(line).unwrap();
+        if event["type"] == "final_answer_delta" {
+            text.push_str(event["data"]["text"].as_str().unwrap());
+        } else {
+            others.push(line.clone());
+        }
+    }
+    (text, others)
+}
+
+fn system_prompt(body: &Value) -> String {
+    body["messages"][0]["content"].as_str().unwrap().to_owned()
+}
+
+#[actix_web::test]
+async fn the_bundled_model_answers_in_plain_text_once_it_chooses_to_answer_directly() {
+    let fake = FakeProvider::start().await.unwrap();
+    let gw = bundled_gateway(&fake);
+    // What a small model writes inside the call is not what the user gets.
+    fake.push_tool_calls(
+        "",
+        vec![call(
+            "answer_directly",
+            r#"{"answer": "The answer, in Markdown, is: "}"#,
+        )],
+    );
+    fake.push_text("A merge request proposes the changes of one branch for another.");
+    let lines = agent(
+        &gw,
+        "duo_chat,ask_issue",
+        &question("What is a merge request?"),
+    )
+    .await
+    .rest()
+    .await;
+    let (text, others) = answer_text(&lines);
+    assert_eq!(
+        text,
+        "A merge request proposes the changes of one branch for another."
+    );
+    assert!(others.is_empty(), "{others:?}");
+    let requests = completions(&fake);
+    assert_eq!(requests.len(), 2, "the choice, then the answer");
+    let choice = &requests[0].body;
+    assert!(
+        choice["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["function"]["name"] == "answer_directly"),
+        "{choice}"
+    );
+    let answer = &requests[1].body;
+    assert!(answer.get("tools").is_none(), "{answer}");
+    assert!(answer.get("tool_choice").is_none(), "{answer}");
+    let system = system_prompt(answer);
+    assert!(system.contains("GitLab Duo Chat"), "{system}");
+    assert!(!system.contains("calling exactly one function"), "{system}");
+    assert!(
+        answer["max_tokens"].as_u64().unwrap() <= 400,
+        "a small model's plain answer is bounded: {answer}"
+    );
+    let last = answer["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(last["role"], "user");
+    assert!(
+        last["content"]
+            .as_str()
+            .unwrap()
+            .contains("What is a merge request?"),
+        "{last}"
+    );
+}
+
+#[actix_web::test]
+async fn the_bundled_model_answers_a_question_with_its_context_without_choosing_a_tool() {
+    let fake = FakeProvider::start().await.unwrap();
+    let gw = bundled_gateway(&fake);
+    fake.push_text("Issue #1, Add a dark mode, is open.");
+    let mut body = question("Summarize acme/platform/api#1");
+    body["messages"][0]["context"] = json!({
+        "type": "issue",
+        "content": "<title>Add a dark mode</title><state>opened</state>",
+    });
+    let lines = agent(&gw, "duo_chat,ask_issue", &body).await.rest().await;
+    let (text, others) = answer_text(&lines);
+    assert_eq!(text, "Issue #1, Add a dark mode, is open.");
+    assert!(others.is_empty(), "{others:?}");
+    let requests = completions(&fake);
+    assert_eq!(requests.len(), 1, "no tool choice: one plain request");
+    let sent = &requests[0].body;
+    assert!(sent.get("tools").is_none(), "{sent}");
+    let user = sent["messages"].as_array().unwrap().last().unwrap()["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(user.contains("Add a dark mode"), "{user}");
+    assert!(user.contains("Summarize acme/platform/api#1"), "{user}");
+}
+
+#[actix_web::test]
+async fn after_a_tool_ran_the_bundled_model_answers_from_its_result_in_plain_text() {
+    let fake = FakeProvider::start().await.unwrap();
+    let gw = bundled_gateway(&fake);
+    fake.push_text("The issue asks for a dark mode.");
+    let mut body = question("Summarize issue #1");
+    body["options"] = json!({"agent_scratchpad": {"agent_type": "react", "steps": [{
+        "thought": "I should read the issue.",
+        "tool": "issue\\_reader",
+        "tool_input": "Summarize issue #1",
+        "observation": "Issue #1: Add a dark mode."
+    }]}});
+    let lines = agent(&gw, "duo_chat,ask_issue", &body).await.rest().await;
+    let (text, _) = answer_text(&lines);
+    assert_eq!(text, "The issue asks for a dark mode.");
+    let requests = completions(&fake);
+    assert_eq!(requests.len(), 1);
+    let sent = &requests[0].body;
+    assert!(sent.get("tools").is_none(), "{sent}");
+    let messages = sent["messages"].as_array().unwrap();
+    let roles: Vec<&str> = messages
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    // No tool-role messages for a request that declares no tools.
+    assert_eq!(roles, ["system", "user", "user"], "{sent}");
+    let results = messages[2]["content"].as_str().unwrap();
+    assert!(results.contains("<issue_reader>"), "{results}");
+    assert!(results.contains("Issue #1: Add a dark mode."), "{results}");
+}
+
+#[actix_web::test]
+async fn a_bundled_model_choosing_a_tool_still_gets_it() {
+    let fake = FakeProvider::start().await.unwrap();
+    let gw = bundled_gateway(&fake);
+    fake.push_tool_calls("", vec![call("issue_reader", "{}")]);
+    let lines = agent(&gw, "duo_chat,ask_issue", &question("Summarize issue #1"))
+        .await
+        .rest()
+        .await;
+    assert_eq!(
+        lines,
+        vec![line(
+            "action",
+            json!({
+                "tool": "issue_reader",
+                "tool_input": "Summarize issue #1",
+                "thought": "I should use issue_reader to answer this.",
+            })
+        )]
+    );
+    assert_eq!(completions(&fake).len(), 1);
+}
