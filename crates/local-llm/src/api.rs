@@ -26,6 +26,15 @@ pub struct ChatCompletionRequest {
     pub response_format: Option<Value>,
     /// Accepted for compatibility; one call per turn is generated.
     pub parallel_tool_calls: Option<bool>,
+    /// OpenAI's penalties (-2 to 2) on tokens already generated: by how often
+    /// they occurred, and for occurring at all.
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    /// llama.cpp server's "don't repeat yourself" sampler (0 = off): a token
+    /// that would extend a sequence the answer already wrote is penalized by
+    /// `multiplier * 1.75^(length - 2)`. It stops the verbatim loops small
+    /// models fall into without touching text copied from the prompt.
+    pub dry_multiplier: Option<f32>,
 }
 
 #[derive(Debug, Default, Deserialize)]

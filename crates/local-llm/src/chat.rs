@@ -12,7 +12,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use crate::api::{ChatCompletionRequest, Usage, WireMessage};
 use crate::chat_template::{ChatMessage, ChatTemplate, TemplateError};
 use crate::config::Config;
-use crate::engine::{EngineError, SamplingParams};
+use crate::engine::{EngineError, Repetition, SamplingParams};
 use crate::error::ApiError;
 use crate::generation::{FinishReason, GenerationEvent, GenerationRequest};
 use crate::tools::{Answer, OutputEvent, OutputParser, OutputPlan, ToolsError};
@@ -102,6 +102,20 @@ pub fn prepare(
             "max_tokens must be at least 1".to_owned(),
         ));
     }
+    let penalty = |name: &str, value: Option<f32>| match value.unwrap_or(0.0) {
+        v if (-2.0..=2.0).contains(&v) => Ok(v),
+        _ => Err(ApiError::Unprocessable(format!(
+            "{name} must be between -2 and 2"
+        ))),
+    };
+    let frequency_penalty = penalty("frequency_penalty", request.frequency_penalty)?;
+    let presence_penalty = penalty("presence_penalty", request.presence_penalty)?;
+    let dry_multiplier = request.dry_multiplier.unwrap_or(0.0);
+    if !(0.0..=5.0).contains(&dry_multiplier) {
+        return Err(ApiError::Unprocessable(
+            "dry_multiplier must be between 0 and 5".to_owned(),
+        ));
+    }
     let stop = request.stop.map(|s| s.into_vec()).unwrap_or_default();
     if stop.len() > 4 {
         return Err(ApiError::Unprocessable(
@@ -118,6 +132,11 @@ pub fn prepare(
                 max_tokens,
                 seed: pick_seed(request.seed),
                 constraint: plan.constraint.clone(),
+                repetition: Repetition {
+                    frequency_penalty,
+                    presence_penalty,
+                    dry_multiplier,
+                },
             },
             stop,
         },

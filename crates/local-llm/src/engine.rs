@@ -42,7 +42,30 @@ pub struct SamplingParams {
     pub seed: u32,
     /// A grammar the output must follow.
     pub constraint: Option<Constraint>,
+    pub repetition: Repetition,
 }
+
+/// Penalties against repeating what the answer already said (all 0: none).
+/// They see only generated tokens, never the prompt, so an answer may still
+/// quote its context.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Repetition {
+    pub frequency_penalty: f32,
+    pub presence_penalty: f32,
+    pub dry_multiplier: f32,
+}
+
+impl Repetition {
+    fn is_off(&self) -> bool {
+        self.frequency_penalty == 0.0 && self.presence_penalty == 0.0 && self.dry_multiplier == 0.0
+    }
+}
+
+/// llama.cpp server's defaults for the DRY sampler: base, the length a
+/// repeat may have before it is penalized, and what ends a sequence.
+const DRY_BASE: f32 = 1.75;
+const DRY_ALLOWED_LENGTH: i32 = 2;
+const DRY_SEQUENCE_BREAKERS: [&str; 4] = ["\n", ":", "\"", "*"];
 
 impl Default for SamplingParams {
     fn default() -> Self {
@@ -52,6 +75,7 @@ impl Default for SamplingParams {
             max_tokens: 256,
             seed: 0x5eed,
             constraint: None,
+            repetition: Repetition::default(),
         }
     }
 }
@@ -189,11 +213,38 @@ impl LlamaEngine {
         self
     }
 
-    fn sampler(params: &SamplingParams) -> LlamaSampler {
-        if params.temperature <= 0.0 {
-            return LlamaSampler::greedy();
-        }
+    fn sampler(&self, params: &SamplingParams) -> LlamaSampler {
+        let repetition = params.repetition;
+        // The penalties look at every token of the context (this llama.cpp
+        // reads 0 and negative windows as "off").
+        let window = i32::try_from(self.context_tokens).unwrap_or(i32::MAX);
         let mut chain = Vec::new();
+        if !repetition.is_off() {
+            chain.push(LlamaSampler::penalties(
+                self.model.n_vocab(),
+                window,
+                1.0,
+                repetition.frequency_penalty,
+                repetition.presence_penalty,
+            ));
+            if repetition.dry_multiplier > 0.0 {
+                chain.push(LlamaSampler::dry(
+                    self.model,
+                    repetition.dry_multiplier,
+                    DRY_BASE,
+                    DRY_ALLOWED_LENGTH,
+                    window,
+                    DRY_SEQUENCE_BREAKERS,
+                ));
+            }
+        }
+        if params.temperature <= 0.0 {
+            if chain.is_empty() {
+                return LlamaSampler::greedy();
+            }
+            chain.push(LlamaSampler::greedy());
+            return LlamaSampler::chain_simple(chain);
+        }
         if params.top_p < 1.0 {
             chain.push(LlamaSampler::top_p(params.top_p, 1));
         }
@@ -272,7 +323,7 @@ impl LlamaEngine {
         let context = self.context_tokens as usize;
         let mut batch = LlamaBatch::new(PROMPT_CHUNK, 1);
         let cached_tokens = self.load_prompt(prompt, &mut batch)?;
-        let mut sampler = Self::sampler(params);
+        let mut sampler = self.sampler(params);
         let mut gate = match &params.constraint {
             Some(constraint) => Some(GrammarGate::new(self.model, constraint)?),
             None => None,

@@ -302,10 +302,14 @@ pub fn prepare(
                     .into_iter()
                     .chain(native::step_messages(request.steps()))
                     .collect(),
-                tools: native::tool_schemas(
-                    &tools,
-                    bundled.then_some(native::BUNDLED_ANSWER_CHARS),
-                ),
+                tools: if bundled {
+                    native::tool_schemas(
+                        &native::offered_to_small_model(&tools, &question.content),
+                        Some(native::BUNDLED_ANSWER_CHARS),
+                    )
+                } else {
+                    native::tool_schemas(&tools, None)
+                },
                 params: call.params.clone(),
                 question: question.content.clone(),
                 free_text,

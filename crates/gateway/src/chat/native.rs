@@ -65,6 +65,12 @@ pub struct FreeTextAnswer {
 /// 135M model can answer well need.
 pub const BUNDLED_ANSWER_TOKENS: u32 = 400;
 
+/// The bundled model server's penalty on repeating its own words in a
+/// plain answer (llama.cpp's DRY sampler; 0.8 is its documented starting
+/// point): greedy decoding of a 135M model otherwise repeats one line until
+/// its token budget runs out.
+pub const BUNDLED_DRY_MULTIPLIER: f32 = 0.8;
+
 impl FreeTextAnswer {
     /// The plain-text form of a step: `base` is the conversation up to and
     /// including the question; each earlier step's result follows as a user
@@ -90,6 +96,48 @@ impl FreeTextAnswer {
             skip_choice: has_context || !steps.is_empty(),
         }
     }
+}
+
+/// The tools that read one named resource: they need a question naming it.
+const READERS: [&str; 5] = [
+    "issue_reader",
+    "merge_request_reader",
+    "epic_reader",
+    "build_reader",
+    "commit_reader",
+];
+
+/// Whether `question` names a resource a reader could look up: a reference
+/// (`#12`, `!34`, `&5`, a commit id), a link, or "this issue" and the like.
+/// A small model offered the readers for "What is a merge request?" calls
+/// one; without such a name there is nothing for it to read.
+pub fn names_a_resource(question: &str) -> bool {
+    static NAMED: std::sync::LazyLock<Option<regex::Regex>> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(
+            r"(?ix)
+            [\#!&]\d+                                   # #12, !34, &5
+            | https?://\S+                               # a link
+            | \b[0-9a-f]{7,40}\b                         # a commit id
+            | \b(this|that|the\s+current)\s+(issue|merge\s+request|mr|epic|job|build|pipeline|commit)\b
+            | \b(issue|merge\s+request|mr|epic|job|build|commit)\s+(number\s+)?\d+\b",
+        )
+        .ok()
+    });
+    NAMED.as_ref().is_none_or(|named| named.is_match(question))
+}
+
+/// The tools offered to the bundled model for `question`: the readers only
+/// when it names something to read.
+pub fn offered_to_small_model<'a>(
+    tools: &[&'a ToolDefinition],
+    question: &str,
+) -> Vec<&'a ToolDefinition> {
+    let named = names_a_resource(question);
+    tools
+        .iter()
+        .filter(|tool| named || !READERS.contains(&tool.name))
+        .copied()
+        .collect()
 }
 
 /// How long a direct answer from the bundled model may be, in characters:
@@ -215,6 +263,7 @@ fn free_text_answer(
     let messages = free.messages.clone();
     let mut params = step.params.clone();
     params.max_tokens = params.max_tokens.min(BUNDLED_ANSWER_TOKENS);
+    params.dry_multiplier = Some(BUNDLED_DRY_MULTIPLIER);
     async_stream::stream! {
         let options = TurnOptions {
             require_call: false,
@@ -494,6 +543,32 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn questions_naming_something_to_read_are_told_apart_from_the_rest() {
+        for named in [
+            "Summarize issue #12",
+            "What does !34 change?",
+            "Summarize acme/platform/api#1",
+            "Is epic &5 done?",
+            "Why did http://gitlab.example/acme/api/-/jobs/7 fail?",
+            "Explain commit 1a2b3c4d",
+            "Summarize this issue",
+            "what is this merge request about",
+            "Why did job 42 fail?",
+        ] {
+            assert!(names_a_resource(named), "{named}");
+        }
+        for plain in [
+            "What is a merge request?",
+            "What can you do?",
+            "How do I write a haiku in Rust?",
+            "Explain issues and epics in GitLab",
+            "What is the difference between an issue and a merge request?",
+        ] {
+            assert!(!names_a_resource(plain), "{plain}");
+        }
+    }
 
     #[test]
     fn a_direct_answer_streams_out_of_its_arguments_over_any_split() {

@@ -75,6 +75,9 @@ pub struct ModelParams {
     pub first_token_timeout: Duration,
     /// Retries on connection errors and overload (GitLab uses 1).
     pub max_retries: u32,
+    /// llama.cpp's "don't repeat yourself" penalty, sent only to servers
+    /// that take it (the bundled model server): small models loop otherwise.
+    pub dry_multiplier: Option<f32>,
 }
 
 impl Default for ModelParams {
@@ -88,6 +91,7 @@ impl Default for ModelParams {
             timeout: Duration::from_secs(60),
             first_token_timeout: Duration::from_secs(30),
             max_retries: 1,
+            dry_multiplier: None,
         }
     }
 }

@@ -548,6 +548,8 @@ struct OpenAiRequest<'a> {
     temperature: Option<f32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tool_choice: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dry_multiplier: Option<f32>,
 }
 
 #[derive(Serialize)]
@@ -652,6 +654,7 @@ fn openai_body<'a>(
             .collect(),
         temperature: params.temperature,
         tool_choice: None,
+        dry_multiplier: params.dry_multiplier,
     }
 }
 

@@ -240,6 +240,14 @@ async fn the_bundled_model_answers_in_plain_text_once_it_chooses_to_answer_direc
             .any(|t| t["function"]["name"] == "answer_directly"),
         "{choice}"
     );
+    // Nothing in the question to read: the small model is not offered the readers.
+    let offered: Vec<&str> = choice["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert!(!offered.contains(&"issue_reader"), "{offered:?}");
     let answer = &requests[1].body;
     assert!(answer.get("tools").is_none(), "{answer}");
     assert!(answer.get("tool_choice").is_none(), "{answer}");
@@ -250,6 +258,9 @@ async fn the_bundled_model_answers_in_plain_text_once_it_chooses_to_answer_direc
         answer["max_tokens"].as_u64().unwrap() <= 400,
         "a small model's plain answer is bounded: {answer}"
     );
+    // Its plain answer is kept from looping; the grammar-bound choice is not touched.
+    assert_eq!(answer["dry_multiplier"], json!(0.8), "{answer}");
+    assert!(choice.get("dry_multiplier").is_none(), "{choice}");
     let last = answer["messages"]
         .as_array()
         .unwrap()
@@ -343,5 +354,14 @@ async fn a_bundled_model_choosing_a_tool_still_gets_it() {
             })
         )]
     );
-    assert_eq!(completions(&fake).len(), 1);
+    let requests = completions(&fake);
+    assert_eq!(requests.len(), 1);
+    assert!(
+        requests[0].body["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["function"]["name"] == "issue_reader"),
+        "a question naming an issue is offered its reader"
+    );
 }

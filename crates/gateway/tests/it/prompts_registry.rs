@@ -103,6 +103,17 @@ fn shipped_prompts_match_the_reference_table() {
             let def = registry
                 .resolve(id, family, None)
                 .unwrap_or_else(|e| panic!("{id}/{family}: {e}"));
+            // GitLab's table holds for every family, except that the small
+            // models' readers (1.0.1) get a budget fit for their one-line
+            // JSON answer: a looping model stops in seconds.
+            let small_reader = family == "openai" && id.ends_with("_reader");
+            let (timeout, max_tokens, latest) = if small_reader {
+                (&20.0, 96, "1.0.1")
+            } else if *id == "review_merge_request" {
+                (timeout, 2048, "1.1.0")
+            } else {
+                (timeout, 2048, "1.0.0")
+            };
             assert_eq!(def.unit_primitives, *unit_primitives, "{id}/{family}");
             assert_eq!(def.params.timeout, Some(*timeout), "{id}/{family}");
             assert_eq!(
@@ -110,13 +121,12 @@ fn shipped_prompts_match_the_reference_table() {
                 "{id}/{family}"
             );
             assert_eq!(def.model.name, model, "{id}/{family}");
-            assert_eq!(def.model.params.max_tokens, Some(2048), "{id}/{family}");
+            assert_eq!(
+                def.model.params.max_tokens,
+                Some(max_tokens),
+                "{id}/{family}"
+            );
             // The review prompt's 1.1.0 added related code and feedback.
-            let latest = if *id == "review_merge_request" {
-                "1.1.0"
-            } else {
-                "1.0.0"
-            };
             assert_eq!(def.version.to_string(), latest, "{id}/{family}");
             let params = def.model_params();
             assert_eq!(params.timeout, Duration::from_secs_f64(*timeout));

@@ -293,6 +293,20 @@ async fn bad_input_gets_clear_openai_errors() {
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_openai_error(&body, "invalid_value");
 
+    for (field, value) in [
+        ("dry_multiplier", json!(9)),
+        ("dry_multiplier", json!(-1)),
+        ("frequency_penalty", json!(3)),
+        ("presence_penalty", json!(-2.5)),
+    ] {
+        let mut body =
+            json!({ "model": CHAT_MODEL, "messages": [{ "role": "user", "content": "hi" }] });
+        body[field] = value;
+        let (status, body) = post(&base, "/v1/chat/completions", body).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{field}");
+        assert_openai_error(&body, "invalid_value");
+    }
+
     // Bigger than the body limit.
     let huge = "x".repeat(100 * 1024);
     let (status, body) = post(
@@ -472,4 +486,63 @@ fn serving_without_weights_prints_one_line_and_exits_2() {
     let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 1, "{stderr}");
     assert!(lines[0].contains("fetch-models"), "{stderr}");
+}
+
+/// The bundled model loops under greedy decoding ("- Code review: ..." until
+/// the budget ends); llama.cpp's DRY sampler, asked for by the gateway for
+/// plain answers, stops the verbatim repeats, and leaves a request without
+/// it exactly as it was.
+#[actix_web::test]
+async fn the_dry_penalty_stops_verbatim_repeats_and_is_off_unless_asked() {
+    let base = common::start_server(common::test_config()).await;
+    let ask = |dry: Option<f64>| {
+        let mut body = json!({
+            "model": CHAT_MODEL,
+            "messages": [
+                { "role": "system", "content": "You are GitLab Duo Chat, the assistant built into this self-hosted GitLab-compatible service. You help software developers with GitLab, with their projects, and with programming in general. Answer accurately and concisely, in Markdown, and say so when you do not know something." },
+                { "role": "user", "content": "What can you do?" }
+            ],
+            "temperature": 0,
+            "max_tokens": 300,
+        });
+        if let Some(dry) = dry {
+            body["dry_multiplier"] = json!(dry);
+        }
+        body
+    };
+    let repeats = |text: &str| {
+        let lines: Vec<&str> = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| l.len() >= 20)
+            .collect();
+        lines
+            .iter()
+            .map(|l| lines.iter().filter(|m| *m == l).count())
+            .max()
+            .unwrap_or(0)
+    };
+    let (status, plain) = post(&base, "/v1/chat/completions", ask(None)).await;
+    assert_eq!(status, StatusCode::OK, "{plain}");
+    let plain = plain["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (_, off) = post(&base, "/v1/chat/completions", ask(Some(0.0))).await;
+    let off = off["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(repeats(&off) >= 3, "a multiplier of 0 is no penalty: {off}");
+    let (status, dry) = post(&base, "/v1/chat/completions", ask(Some(0.8))).await;
+    assert_eq!(status, StatusCode::OK, "{dry}");
+    let dry = dry["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        repeats(&plain) >= 3,
+        "the greedy answer no longer loops; pick another prompt: {plain}"
+    );
+    assert!(repeats(&dry) < 3, "the DRY answer still loops: {dry}");
 }
