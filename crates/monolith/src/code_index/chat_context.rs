@@ -177,14 +177,14 @@ async fn project_context(
             BranchLookup::Other(outcome) => return Ok(Searched::Other(outcome)),
         },
     };
-    let status = match branch_index {
-        None => store::status(&*db, target.project_id).await?,
-        // Searchable, checked above.
+    // A branch's index was found searchable above; the default branch's here.
+    let default_status = match branch_index {
+        None => Some(store::status(&*db, target.project_id).await?),
         Some(_) => None,
     };
-    match status {
-        _ if branch_index.is_some() => {}
-        Some(s) if s.state == IndexState::Failed => {
+    match default_status {
+        None => {}
+        Some(Some(s)) if s.state == IndexState::Failed => {
             let code = s
                 .last_error_code
                 .as_deref()
@@ -198,8 +198,8 @@ async fn project_context(
                 ),
             )));
         }
-        Some(s) if s.searchable() => {}
-        _ => {
+        Some(Some(s)) if s.searchable() => {}
+        Some(_) => {
             store::ensure_status(&*db, target.project_id).await?;
             super::enqueue_index(&*db, target.project_id, index.settings.max_attempts).await?;
             return Ok(Searched::Other(Outcome::Answer(BEING_INDEXED.to_owned())));
