@@ -150,6 +150,10 @@ pub struct CodeIndexConfig {
     pub max_attempts: i32,
     /// Search results given to chat (`DUO_CODE_SEARCH_RESULTS`, 10).
     pub search_results: usize,
+    /// Branches other than the default kept indexed per project
+    /// (`DUO_CODE_INDEX_MAX_BRANCHES`, 3, at most 50); the least recently
+    /// searched is evicted first.
+    pub max_branches: usize,
 }
 
 impl CodeIndexConfig {
@@ -192,6 +196,11 @@ impl CodeIndexConfig {
             search_results: positive(
                 parse_or(get, "DUO_CODE_SEARCH_RESULTS", 10)?,
                 "DUO_CODE_SEARCH_RESULTS",
+            )?
+            .min(50),
+            max_branches: positive(
+                parse_or(get, "DUO_CODE_INDEX_MAX_BRANCHES", 3)?,
+                "DUO_CODE_INDEX_MAX_BRANCHES",
             )?
             .min(50),
         })

@@ -118,6 +118,9 @@ pub fn spawn(
         registry.register(crate::code_index::indexer::CodeIndexCatchUpHandler {
             index: index.clone(),
         });
+        registry.register(crate::code_index::indexer::CodeIndexBranchHandler {
+            index: index.clone(),
+        });
         registry.register(crate::code_index::indexer::CodeIndexHandler { index });
         queue.periodic.push(Periodic::new(
             &crate::code_index::indexer::CodeIndexCatchUp {},

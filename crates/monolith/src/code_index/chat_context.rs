@@ -6,6 +6,12 @@
 //! `include_repository_context` / `include_directory_context`; the project
 //! exists, the user may read its code and Duo is on for it (otherwise the same
 //! answer as for a project that does not exist); the index is usable.
+//!
+//! An item's `metadata.branch` (seed 002's phase 2) searches that branch's
+//! index instead of the default branch's: the name is checked as git checks
+//! a branch name before anything is looked up, the branch must exist once
+//! the project was authorized, and a branch not indexed yet is queued and
+//! answered "being indexed" (see [`super::branches`]).
 
 use std::collections::BTreeSet;
 
@@ -13,6 +19,7 @@ use crate::queries::Queries;
 use contracts::{AdditionalContext, ContextCategory, DuoErrorCode, UnitPrimitive};
 use uuid::Uuid;
 
+use super::branches::{self, BadBranch};
 use super::filters::Exclusions;
 use super::search::{self, QueryVector, Retrieval, Scope};
 use super::store::{self, IndexState};
@@ -22,6 +29,11 @@ use crate::policy::{Actor, AiReader, Policy};
 
 /// What chat says while a project is being indexed (GitLab's wording).
 pub const BEING_INDEXED: &str = "The repository is being indexed. Try again in a few minutes.";
+
+/// What chat says while a branch is being indexed.
+pub fn branch_being_indexed(branch: &str) -> String {
+    format!("The branch {branch} of the repository is being indexed. Try again in a few minutes.")
+}
 
 /// A directory this small is sent whole instead of searched.
 const SMALL_DIRECTORY_FILES: usize = 5;
@@ -45,6 +57,16 @@ pub enum Outcome {
 struct Target {
     project_id: i64,
     directory: Option<String>,
+    /// A branch other than the default to search (`metadata.branch`).
+    branch: Option<String>,
+}
+
+/// Why an item names no searchable target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum BadTarget {
+    /// No project GID, or an unusable directory.
+    Unreadable,
+    Branch(BadBranch),
 }
 
 /// Fills the repository and directory items of `items`; other items pass
@@ -77,11 +99,20 @@ pub async fn prepare(
                 format!("the seat does not include {}", needed.as_str()),
             ));
         }
-        let Some(target) = target_of(&item) else {
-            return Ok(Outcome::Refused(
-                DuoErrorCode::M3003,
-                "unreadable context item".into(),
-            ));
+        let target = match target_of(&item) {
+            Ok(target) => target,
+            Err(BadTarget::Unreadable) => {
+                return Ok(Outcome::Refused(
+                    DuoErrorCode::M3003,
+                    "unreadable context item".into(),
+                ));
+            }
+            Err(BadTarget::Branch(e)) => {
+                return Ok(Outcome::Refused(
+                    DuoErrorCode::M4001,
+                    format!("metadata.branch: {e}"),
+                ));
+            }
         };
         match project_context(index, policy, actor, &target, question, &mut query_vector).await? {
             Searched::Text(text) => item.content = Some(text),
@@ -114,6 +145,7 @@ pub async fn search_project(
     let target = Target {
         project_id,
         directory,
+        branch: None,
     };
     project_context(index, policy, actor, &target, question, &mut None).await
 }
@@ -137,9 +169,22 @@ async fn project_context(
             "project not readable".into(),
         )));
     };
-    let status = store::status(&*db, target.project_id).await?;
-    match status {
-        Some(s) if s.state == IndexState::Failed => {
+    let branch_index = match &target.branch {
+        None => None,
+        Some(name) => match branch_index(index, &*db, target.project_id, name).await? {
+            BranchLookup::Default => None,
+            BranchLookup::Indexed(id) => Some((id, name.as_str())),
+            BranchLookup::Other(outcome) => return Ok(Searched::Other(outcome)),
+        },
+    };
+    // A branch's index was found searchable above; the default branch's here.
+    let default_status = match branch_index {
+        None => Some(store::status(&*db, target.project_id).await?),
+        Some(_) => None,
+    };
+    match default_status {
+        None => {}
+        Some(Some(s)) if s.state == IndexState::Failed => {
             let code = s
                 .last_error_code
                 .as_deref()
@@ -153,8 +198,8 @@ async fn project_context(
                 ),
             )));
         }
-        Some(s) if s.searchable() => {}
-        _ => {
+        Some(Some(s)) if s.searchable() => {}
+        Some(_) => {
             store::ensure_status(&*db, target.project_id).await?;
             super::enqueue_index(&*db, target.project_id, index.settings.max_attempts).await?;
             return Ok(Searched::Other(Outcome::Answer(BEING_INDEXED.to_owned())));
@@ -184,8 +229,14 @@ async fn project_context(
             ));
         }
     }
+    if let Some((_, branch)) = branch_index {
+        text.push_str(&format!("Branch: {branch}\n"));
+    }
+    let branch_id = branch_index.map(|(id, _)| id);
     let whole = match &target.directory {
-        Some(dir) => small_directory(index, &*db, target.project_id, dir, exclusions).await?,
+        Some(dir) => {
+            small_directory(index, &*db, target.project_id, branch_id, dir, exclusions).await?
+        }
         None => None,
     };
     let blocks = match whole {
@@ -215,9 +266,10 @@ async fn project_context(
                 project_id: target.project_id,
                 directory: target.directory.clone(),
             };
-            let hits = search::search(
+            let hits = search::search_on(
                 &mut db,
                 &scope,
+                branch_id,
                 question,
                 query_vector.as_ref(),
                 Retrieval::Fused,
@@ -251,12 +303,94 @@ fn is_code_context(category: ContextCategory) -> bool {
     )
 }
 
-/// The project (and directory) an item names: a repository item by its
-/// project GID (or GitLab's blueprint variant with `metadata.directory`), a
-/// directory item by `metadata.projectId` and `metadata.relativePath`.
-fn target_of(item: &AdditionalContext) -> Option<Target> {
+/// Which index a `metadata.branch` names, once the project is authorized.
+enum BranchLookup {
+    /// The default branch (named explicitly).
+    Default,
+    /// The branch's index, searchable (`code_index_branches.id`).
+    Indexed(i64),
+    /// Not searchable: the answer or refusal to give instead.
+    Other(Outcome),
+}
+
+/// Looks the branch up for a user already authorized for the project: it
+/// must exist; its index is used (and moves to the back of the eviction
+/// order), or queued when missing.
+async fn branch_index(
+    index: &CodeIndex,
+    db: &impl Queries,
+    project_id: i64,
+    branch: &str,
+) -> Result<BranchLookup, CodeIndexError> {
+    let default: Option<String> = db
+        .query_opt(
+            "SELECT default_branch FROM projects WHERE id = $1",
+            &[&project_id],
+        )
+        .await?
+        .map(|r| r.get(0));
+    if default.as_deref() == Some(branch) {
+        return Ok(BranchLookup::Default);
+    }
+    if super::indexer::head_commit(index, project_id, branch)
+        .await
+        .is_none()
+    {
+        return Ok(BranchLookup::Other(Outcome::Refused(
+            DuoErrorCode::M4001,
+            format!("the branch {branch} does not exist in the repository"),
+        )));
+    }
+    let existing = branches::find(db, project_id, branch).await?;
+    if let Some(row) = existing.as_ref().filter(|r| r.state == IndexState::Failed) {
+        let code = row
+            .last_error_code
+            .as_deref()
+            .and_then(DuoErrorCode::parse)
+            .unwrap_or(DuoErrorCode::A9999);
+        return Ok(BranchLookup::Other(Outcome::Refused(
+            code,
+            format!(
+                "indexing the branch failed: {}",
+                row.last_error.clone().unwrap_or_default()
+            ),
+        )));
+    }
+    let (row, _) =
+        branches::use_branch(db, project_id, branch, index.settings.max_branches).await?;
+    if row.searchable() {
+        return Ok(BranchLookup::Indexed(row.id));
+    }
+    super::enqueue_branch_index(db, project_id, branch, index.settings.max_attempts).await?;
+    Ok(BranchLookup::Other(Outcome::Answer(branch_being_indexed(
+        branch,
+    ))))
+}
+
+/// The project (and directory, and branch) an item names: a repository item
+/// by its project GID (or GitLab's blueprint variant with
+/// `metadata.directory`), a directory item by `metadata.projectId` and
+/// `metadata.relativePath`; either may name `metadata.branch`.
+fn target_of(item: &AdditionalContext) -> Result<Target, BadTarget> {
     let metadata = item.metadata.as_ref();
     let meta_str = |key: &str| metadata.and_then(|m| m.get(key)).and_then(|v| v.as_str());
+    let branch = match metadata.and_then(|m| m.get("branch")) {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::String(name)) => Some(
+            branches::validate_name(name)
+                .map_err(BadTarget::Branch)?
+                .to_owned(),
+        ),
+        Some(_) => return Err(BadTarget::Branch(BadBranch::NotAName)),
+    };
+    let target = target_without_branch(item, &meta_str).ok_or(BadTarget::Unreadable)?;
+    Ok(Target { branch, ..target })
+}
+
+fn target_without_branch<'a>(
+    item: &'a AdditionalContext,
+    meta_str: &impl Fn(&str) -> Option<&'a str>,
+) -> Option<Target> {
     let project_gid = match item.category {
         ContextCategory::Directory => meta_str("projectId").or(item.id.as_deref()),
         _ => item.id.as_deref().or(meta_str("projectId")),
@@ -280,6 +414,7 @@ fn target_of(item: &AdditionalContext) -> Option<Target> {
     Some(Target {
         project_id,
         directory,
+        branch: None,
     })
 }
 
@@ -288,17 +423,28 @@ async fn small_directory(
     index: &CodeIndex,
     db: &impl Queries,
     project_id: i64,
+    branch: Option<i64>,
     directory: &str,
     exclusions: &Exclusions,
 ) -> Result<Option<Vec<(String, String)>>, CodeIndexError> {
     let Some(pattern) = search::directory_pattern(directory) else {
         return Ok(None);
     };
+    let sql = format!(
+        "SELECT path, min(blob_id), max(end_byte) FROM code_chunks
+         WHERE project_id = $1 AND path LIKE $2 AND {}
+         GROUP BY path ORDER BY path LIMIT $3",
+        store::on_index(4, branch)
+    );
     let rows = db
         .query(
-            "SELECT path, min(blob_id), max(end_byte) FROM code_chunks
-             WHERE project_id = $1 AND path LIKE $2 GROUP BY path ORDER BY path LIMIT $3",
-            &[&project_id, &pattern, &((SMALL_DIRECTORY_FILES + 1) as i64)],
+            &sql,
+            &[
+                &project_id,
+                &pattern,
+                &((SMALL_DIRECTORY_FILES + 1) as i64),
+                &branch,
+            ],
         )
         .await?;
     let total: i64 = rows.iter().map(|r| i64::from(r.get::<_, i32>(2))).sum();
@@ -340,9 +486,10 @@ mod tests {
             item(json!({"category": "repository", "id": "gid://gitlab/Project/7", "content": ""}));
         assert_eq!(
             target_of(&repo),
-            Some(Target {
+            Ok(Target {
                 project_id: 7,
-                directory: None
+                directory: None,
+                branch: None,
             })
         );
         let dir = item(
@@ -351,9 +498,10 @@ mod tests {
         );
         assert_eq!(
             target_of(&dir),
-            Some(Target {
+            Ok(Target {
                 project_id: 7,
-                directory: Some("src/auth".into())
+                directory: Some("src/auth".into()),
+                branch: None,
             })
         );
         let blueprint = item(
@@ -361,18 +509,48 @@ mod tests {
             "metadata": {"directory": "lib"}}),
         );
         assert_eq!(
-            target_of(&blueprint).and_then(|t| t.directory),
+            target_of(&blueprint).ok().and_then(|t| t.directory),
             Some("lib".into())
         );
         let escape = item(
             json!({"category": "directory", "metadata": {"relativePath": "../x", "projectId": "gid://gitlab/Project/7"}}),
         );
-        assert_eq!(target_of(&escape), None);
+        assert_eq!(target_of(&escape), Err(BadTarget::Unreadable));
         let no_path = item(
             json!({"category": "directory", "metadata": {"projectId": "gid://gitlab/Project/7"}}),
         );
-        assert_eq!(target_of(&no_path), None);
+        assert_eq!(target_of(&no_path), Err(BadTarget::Unreadable));
         let other = item(json!({"category": "repository", "id": "gid://gitlab/Group/7"}));
-        assert_eq!(target_of(&other), None);
+        assert_eq!(target_of(&other), Err(BadTarget::Unreadable));
+    }
+
+    #[test]
+    fn branches_come_from_metadata_and_are_checked_first() {
+        let on_branch = item(
+            json!({"category": "repository", "id": "gid://gitlab/Project/3",
+            "metadata": {"branch": "feature/x"}}),
+        );
+        assert_eq!(
+            target_of(&on_branch).ok().and_then(|t| t.branch),
+            Some("feature/x".into())
+        );
+        let dir = item(
+            json!({"category": "directory", "metadata": {"relativePath": "src",
+            "projectId": "gid://gitlab/Project/7", "branch": "refs/heads/topic"}}),
+        );
+        assert_eq!(
+            target_of(&dir).ok().and_then(|t| t.branch),
+            Some("topic".into())
+        );
+        for bad in [json!("a..b"), json!("x\u{0}y"), json!(""), json!(7)] {
+            let item = item(
+                json!({"category": "repository", "id": "gid://gitlab/Project/3",
+                "metadata": {"branch": bad}}),
+            );
+            assert!(
+                matches!(target_of(&item), Err(BadTarget::Branch(_))),
+                "{bad}"
+            );
+        }
     }
 }

@@ -14,6 +14,8 @@
 //!   are out at once while the next files are read, and each file is stored
 //!   as soon as all its vectors are back; what waits is bounded by a few
 //!   calls' worth of chunks, whatever the repository's size.
+//! - Other branches ([`CodeIndexBranchJob`], see [`super::branches`]) run
+//!   the same way into their own index, starting from the default branch's.
 
 use crate::queries::Queries;
 use async_trait::async_trait;
@@ -25,6 +27,7 @@ use std::collections::{HashMap, VecDeque};
 use tokio::task::{JoinError, JoinSet};
 
 use super::batching::{Batcher, ChunkRef};
+use super::branches;
 use super::chunker::{self, Chunk};
 use super::filters::{self, Exclusions};
 use super::store::{self, IndexState, NewChunk};
@@ -64,6 +67,38 @@ pub async fn enqueue_index(
             .await?
             .created,
     )
+}
+
+/// Index (or bring up to date) one branch other than the default.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CodeIndexBranchJob {
+    pub project_id: i64,
+    pub branch: String,
+}
+
+impl Job for CodeIndexBranchJob {
+    const KIND: &'static str = "code_index_branch";
+}
+
+/// Enqueues the branch's index job unless one is pending or running;
+/// `true` when this call created it.
+pub async fn enqueue_branch_index(
+    db: &impl Queries,
+    project_id: i64,
+    branch: &str,
+    max_attempts: i32,
+) -> Result<bool, job_queue::QueueError> {
+    let options = EnqueueOptions {
+        max_attempts,
+        ..EnqueueOptions::default()
+    }
+    .queue(QUEUE)
+    .dedupe(format!("code_index_branch:{project_id}:{branch}"));
+    let job = CodeIndexBranchJob {
+        project_id,
+        branch: branch.to_owned(),
+    };
+    Ok(job_queue::enqueue(db.plain(), &job, options).await?.created)
 }
 
 /// Queues a full re-index (the whole tree walked again) of one project by
@@ -138,7 +173,57 @@ impl JobHandler for CodeIndexHandler {
     }
 }
 
-/// Turns a push into an index run when the default branch moved.
+/// Runs [`CodeIndexBranchJob`]s.
+pub struct CodeIndexBranchHandler {
+    pub index: CodeIndex,
+}
+
+#[async_trait]
+impl JobHandler for CodeIndexBranchHandler {
+    type Job = CodeIndexBranchJob;
+
+    async fn run(&self, ctx: JobContext, job: CodeIndexBranchJob) -> Result<(), JobError> {
+        let timeout = self.index.settings.job_timeout;
+        let run = index_branch(&self.index, job.project_id, &job.branch);
+        let result = match tokio::time::timeout(timeout, run).await {
+            Ok(result) => result,
+            Err(_) => Err(CodeIndexError::Timeout(timeout.as_secs())),
+        };
+        let Err(error) = result else {
+            return Ok(());
+        };
+        let last = ctx.attempt >= ctx.max_attempts;
+        tracing::warn!(
+            project_id = job.project_id,
+            attempt = ctx.attempt,
+            error = %error,
+            "indexing a branch failed"
+        );
+        let db = self.index.pool.get().await.map_err(JobError::retryable)?;
+        let row = branches::find(&*db, job.project_id, &job.branch)
+            .await
+            .map_err(JobError::retryable)?;
+        if let Some(row) = row {
+            branches::record_error(
+                &*db,
+                row.id,
+                &error.code().to_string(),
+                &error.to_string(),
+                last,
+            )
+            .await
+            .map_err(JobError::retryable)?;
+        }
+        if last {
+            Ok(())
+        } else {
+            Err(JobError::retryable(error))
+        }
+    }
+}
+
+/// Turns a push into an index run when the default branch moved, and into
+/// a run of each indexed branch (a deleted branch's run drops its index).
 pub struct RepositoryPushedHandler {
     pub max_attempts: i32,
 }
@@ -167,6 +252,14 @@ impl JobHandler for RepositoryPushedHandler {
             enqueue_index(&*db, job.project_id, self.max_attempts)
                 .await
                 .map_err(JobError::retryable)?;
+            let indexed = branches::of_project(&*db, job.project_id)
+                .await
+                .map_err(JobError::retryable)?;
+            for row in indexed {
+                enqueue_branch_index(&*db, job.project_id, &row.branch, self.max_attempts)
+                    .await
+                    .map_err(JobError::retryable)?;
+            }
         } else {
             // Marked, so turning Duo on indexes what was pushed meanwhile.
             store::forget(&*db, &[job.project_id])
@@ -233,11 +326,39 @@ impl JobHandler for CodeIndexCatchUpHandler {
                     .map_err(JobError::retryable)?;
             }
         }
+        // Branch indexes behind their branch, or whose branch is gone (its
+        // run drops the index).
+        let rows = db
+            .query(
+                "SELECT project_id, branch, indexed_commit FROM code_index_branches
+                 WHERE state IN ('ready', 'pending') ORDER BY updated_at LIMIT 1000",
+                &[],
+            )
+            .await
+            .map_err(JobError::retryable)?;
+        for row in rows {
+            let (project_id, branch, indexed): (i64, String, Option<String>) =
+                (row.get(0), row.get(1), row.get(2));
+            if off_set.contains(&project_id) {
+                continue;
+            }
+            if head_commit(&self.index, project_id, &branch).await != indexed {
+                enqueue_branch_index(&*db, project_id, &branch, self.index.settings.max_attempts)
+                    .await
+                    .map_err(JobError::retryable)?;
+            }
+        }
         Ok(())
     }
 }
 
-async fn head_commit(index: &CodeIndex, project_id: i64, branch: &str) -> Option<String> {
+/// The commit `branch` points at; `None` when the branch (or the
+/// repository) does not exist.
+pub(super) async fn head_commit(
+    index: &CodeIndex,
+    project_id: i64,
+    branch: &str,
+) -> Option<String> {
     let path = index.repositories.path(project_id);
     let branch = branch.to_owned();
     tokio::task::spawn_blocking(move || {
@@ -328,7 +449,7 @@ pub async fn index_project(
         let Some(head) = head else {
             // An empty repository: nothing to search, and nothing wrong.
             let db = index.pool.get().await?;
-            store::prune(&*db, project_id, "", Some(&[])).await?;
+            store::prune(&*db, project_id, None, "", Some(&[])).await?;
             db.execute(
                 "UPDATE code_index_states SET state = 'ready', indexed_commit = NULL,
                      chunk_count = 0, file_count = 0, last_error = NULL, last_error_code = NULL,
@@ -342,6 +463,7 @@ pub async fn index_project(
         let run = Run {
             index,
             project_id,
+            branch: None,
             exclusions: code.exclusions().clone(),
             model,
             dimensions: None,
@@ -378,6 +500,111 @@ pub async fn index_project(
     Ok(total)
 }
 
+/// Indexes one branch other than the default up to its head, again while
+/// it keeps moving. A branch whose index was evicted does nothing; one that
+/// no longer exists (or became the default) loses its index.
+pub async fn index_branch(
+    index: &CodeIndex,
+    project_id: i64,
+    branch: &str,
+) -> Result<RunSummary, CodeIndexError> {
+    let mut total = RunSummary::default();
+    for _ in 0..5 {
+        let db = index.pool.get().await?;
+        let Some(row) = branches::find(&*db, project_id, branch).await? else {
+            return Ok(total);
+        };
+        let Some(project) = db
+            .query_opt(
+                "SELECT default_branch FROM projects WHERE id = $1",
+                &[&project_id],
+            )
+            .await?
+        else {
+            return Ok(total);
+        };
+        if project.get::<_, String>(0) == branch {
+            branches::drop_branch(&*db, row.id).await?;
+            return Ok(total);
+        }
+        let Some(code) = index
+            .policy
+            .code_for_ai(&*db, AiReader::Indexer, project_id)
+            .await?
+        else {
+            store::forget(&*db, &[project_id]).await?;
+            return Ok(total);
+        };
+        let default_status = store::status(&*db, project_id).await?;
+        drop(db);
+        let Some(head) = head_commit(index, project_id, branch).await else {
+            // The branch was deleted: its index goes with it.
+            let db = index.pool.get().await?;
+            branches::drop_branch(&*db, row.id).await?;
+            tracing::info!(project_id, branch, "branch deleted: its index is dropped");
+            return Ok(total);
+        };
+        if row.state == IndexState::Ready && row.indexed_commit.as_deref() == Some(head.as_str()) {
+            return Ok(total);
+        }
+        let git_dir = index.repositories.path(project_id);
+        let mut db = index.pool.get().await?;
+        branches::set_state(&*db, row.id, IndexState::Indexing).await?;
+        let (mut indexed, mut model) = (row.indexed_commit.clone(), row.embedding_model.clone());
+        if indexed.is_none() || model.is_none() {
+            // A new branch starts as a copy of the default branch's index
+            // and then indexes only the difference.
+            let seed = default_status
+                .filter(|s| s.searchable())
+                .and_then(|s| Some((s.indexed_commit?, s.embedding_model?)));
+            if let Some((commit, seed_model)) = seed
+                && commit_exists(&git_dir, &commit).await
+            {
+                let tx = db.transaction().await?;
+                if !(branches::hold(&tx, row.id).await?
+                    && Policy::duo_switched_on(&tx, Subject::Project(project_id)).await?)
+                {
+                    return Ok(total);
+                }
+                branches::seed_from_default(&tx, row.id, project_id, &seed_model, &commit).await?;
+                tx.commit().await?;
+                indexed = Some(commit);
+                model = Some(seed_model);
+            }
+        }
+        drop(db);
+        let run = Run {
+            index,
+            project_id,
+            branch: Some(row.id),
+            exclusions: code.exclusions().clone(),
+            model,
+            dimensions: None,
+            summary: RunSummary::default(),
+        };
+        match run.execute(indexed.as_deref(), &head).await {
+            Err(CodeIndexError::DuoSwitchedOff) => {
+                let db = index.pool.get().await?;
+                store::forget(&*db, &[project_id]).await?;
+                return Ok(total);
+            }
+            Err(CodeIndexError::BranchDropped) => return Ok(total),
+            other => total += other?,
+        }
+        if head_commit(index, project_id, branch).await.as_deref() == Some(head.as_str()) {
+            tracing::info!(
+                project_id,
+                branch,
+                files_embedded = total.files_embedded,
+                files_reused = total.files_reused,
+                "branch indexed"
+            );
+            return Ok(total);
+        }
+    }
+    Ok(total)
+}
+
 /// A file to bring into the index.
 #[derive(Debug, Clone)]
 struct FileEntry {
@@ -406,6 +633,9 @@ struct Pending {
 struct Run<'a> {
     index: &'a CodeIndex,
     project_id: i64,
+    /// The branch index written (`code_index_branches.id`); `None`: the
+    /// default branch's.
+    branch: Option<i64>,
     exclusions: Exclusions,
     /// The model the stored vectors come from (learnt from the first answer
     /// of the gateway when nothing is stored yet).
@@ -443,8 +673,18 @@ impl Run<'_> {
         }
         let model = self.model.clone().unwrap_or_default();
         let db = self.index.pool.get().await?;
-        store::prune(&*db, self.project_id, &model, changes.full_tree.as_deref()).await?;
-        store::finish(&*db, self.project_id, head, &model, self.dimensions).await?;
+        store::prune(
+            &*db,
+            self.project_id,
+            self.branch,
+            &model,
+            changes.full_tree.as_deref(),
+        )
+        .await?;
+        match self.branch {
+            None => store::finish(&*db, self.project_id, head, &model, self.dimensions).await?,
+            Some(id) => branches::finish(&*db, id, head, &model).await?,
+        }
         Ok(self.summary)
     }
 
@@ -459,16 +699,22 @@ impl Run<'_> {
             self.summary.files_seen += 1;
             let mut db = self.index.pool.get().await?;
             if filters::path_skip(&entry.path, entry.size, max_bytes, &self.exclusions).is_some() {
-                store::remove_file(&*db, self.project_id, &entry.path).await?;
+                store::remove_file(&*db, self.project_id, self.branch, &entry.path).await?;
                 continue;
             }
             if let Some(model) = &self.model {
                 // The file's old chunks go and the copies come in one transaction.
                 let tx = db.transaction().await?;
-                still_on(&tx, self.project_id).await?;
-                let reused =
-                    store::reuse_blob(&tx, self.project_id, &entry.path, &entry.blob_id, model)
-                        .await?;
+                still_on(&tx, self.project_id, self.branch).await?;
+                let reused = store::reuse_blob(
+                    &tx,
+                    self.project_id,
+                    self.branch,
+                    &entry.path,
+                    &entry.blob_id,
+                    model,
+                )
+                .await?;
                 tx.commit().await?;
                 if reused {
                     self.summary.files_reused += 1;
@@ -487,7 +733,7 @@ impl Run<'_> {
             };
             if filters::content_skip(&bytes).is_some() {
                 let db = self.index.pool.get().await?;
-                store::remove_file(&*db, self.project_id, &entry.path).await?;
+                store::remove_file(&*db, self.project_id, self.branch, &entry.path).await?;
                 continue;
             }
             let text = String::from_utf8_lossy(&bytes).into_owned();
@@ -515,7 +761,7 @@ impl Run<'_> {
         // old path's vectors.
         let db = self.index.pool.get().await?;
         for path in &changes.deletions {
-            store::remove_file(&*db, self.project_id, path).await?;
+            store::remove_file(&*db, self.project_id, self.branch, path).await?;
             self.summary.files_removed += 1;
         }
         Ok(())
@@ -626,11 +872,17 @@ impl Run<'_> {
                 // Recorded at once, so a crashed run's successor reuses
                 // what this one stored.
                 let db = self.index.pool.get().await?;
-                db.execute(
-                    "UPDATE code_index_states SET embedding_model = $2 WHERE project_id = $1",
-                    &[&self.project_id, &answer.model],
-                )
-                .await?;
+                match self.branch {
+                    None => {
+                        db.execute(
+                            "UPDATE code_index_states SET embedding_model = $2
+                             WHERE project_id = $1",
+                            &[&self.project_id, &answer.model],
+                        )
+                        .await?;
+                    }
+                    Some(id) => branches::set_model(&*db, id, &answer.model).await?,
+                }
                 self.model = Some(answer.model.clone());
             }
         }
@@ -687,10 +939,11 @@ impl Run<'_> {
             .collect();
         let mut db = self.index.pool.get().await?;
         let tx = db.transaction().await?;
-        still_on(&tx, self.project_id).await?;
+        still_on(&tx, self.project_id, self.branch).await?;
         store::replace_file(
             &tx,
             self.project_id,
+            self.branch,
             &file.path,
             &file.blob_id,
             &model,
@@ -749,13 +1002,25 @@ impl EmbeddingCalls {
 }
 
 /// First thing in a transaction that stores chunks: holds the project's
-/// index state (turning Duo off waits for this transaction, then removes
-/// what it stored) and checks that Duo is still on, else
-/// [`CodeIndexError::DuoSwitchedOff`].
-async fn still_on(tx: &impl Queries, project_id: i64) -> Result<(), CodeIndexError> {
-    if store::hold_state(tx, project_id).await?
-        && Policy::duo_switched_on(tx, Subject::Project(project_id)).await?
+/// index state, or the branch's row (turning Duo off, evicting or dropping
+/// the branch waits for this transaction, then removes what it stored) and
+/// checks that Duo is still on, else [`CodeIndexError::DuoSwitchedOff`]
+/// ([`CodeIndexError::BranchDropped`] when the branch's row is gone).
+async fn still_on(
+    tx: &impl Queries,
+    project_id: i64,
+    branch: Option<i64>,
+) -> Result<(), CodeIndexError> {
+    if let Some(id) = branch
+        && !branches::hold(tx, id).await?
     {
+        return Err(CodeIndexError::BranchDropped);
+    }
+    let held = match branch {
+        None => store::hold_state(tx, project_id).await?,
+        Some(_) => true,
+    };
+    if held && Policy::duo_switched_on(tx, Subject::Project(project_id)).await? {
         Ok(())
     } else {
         Err(CodeIndexError::DuoSwitchedOff)

@@ -1,10 +1,13 @@
-//! Codebase search: the code index of each project's default branch and
-//! the searches chat runs over it. See `docs/code-search.md`.
+//! Codebase search: the code index of each project's default branch (and
+//! of a few other branches asked about) and the searches chat runs over it.
+//! See `docs/code-search.md`.
 //!
 //! - [`indexer`]: the `code_index` job (on push, on first use, by command)
 //!   walks what changed since the indexed commit, chunks files
 //!   ([`chunker`]), skips what must never be sent to AI ([`filters`]), has
 //!   the gateway embed the chunks and stores them ([`store`]).
+//! - [`branches`]: indexes of other branches, made on demand, bounded per
+//!   project, sharing embedded blobs with the default branch.
 //! - [`search`]: vector kNN and full-text search fused by reciprocal rank.
 //! - [`chat_context`]: the `REPOSITORY` / `DIRECTORY` additional context of a
 //!   chat question, authorized, searched and rendered as GitLab does.
@@ -12,6 +15,7 @@
 //!   drops what is indexed of it; turning it back on indexes it again.
 
 pub mod batching;
+pub mod branches;
 pub mod chat_context;
 pub mod chunker;
 pub mod filters;
@@ -28,7 +32,7 @@ use crate::config::CodeIndexConfig;
 use crate::gateway_client::{GatewayAuth, GatewayClient, GatewayError};
 use crate::repositories::Repositories;
 
-pub use indexer::{CodeIndexJob, enqueue_index};
+pub use indexer::{CodeIndexBranchJob, CodeIndexJob, enqueue_branch_index, enqueue_index};
 pub use store::{IndexState, IndexStatus};
 
 /// What indexing and searching need.
@@ -103,6 +107,10 @@ pub enum CodeIndexError {
     /// (handled inside a run: it stops and drops the index).
     #[error("GitLab Duo was turned off for the project")]
     DuoSwitchedOff,
+    /// The branch's index was evicted or dropped under its run (handled
+    /// inside a run: it stops).
+    #[error("the branch's index was dropped")]
+    BranchDropped,
 }
 
 impl CodeIndexError {

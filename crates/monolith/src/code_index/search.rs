@@ -75,11 +75,27 @@ pub struct QueryVector {
     pub vector: Vec<f32>,
 }
 
-/// Searches `scope` for `question`; `vector` is the question's embedding
-/// (needed unless `mode` is [`Retrieval::TextOnly`]).
+/// Searches `scope` of the default branch's index for `question`; `vector`
+/// is the question's embedding (needed unless `mode` is [`Retrieval::TextOnly`]).
 pub async fn search(
     db: &mut deadpool_postgres::Object,
     scope: &Scope,
+    question: &str,
+    vector: Option<&QueryVector>,
+    mode: Retrieval,
+    limit: usize,
+    exclusions: &Exclusions,
+) -> Result<Vec<Hit>, tokio_postgres::Error> {
+    search_on(db, scope, None, question, vector, mode, limit, exclusions).await
+}
+
+/// [`search`] in one index: the default branch's (`None`) or the branch
+/// index with this id (`code_index_branches.id`).
+#[allow(clippy::too_many_arguments)]
+pub async fn search_on(
+    db: &mut deadpool_postgres::Object,
+    scope: &Scope,
+    branch: Option<i64>,
     question: &str,
     vector: Option<&QueryVector>,
     mode: Retrieval,
@@ -91,12 +107,14 @@ pub async fn search(
     if mode != Retrieval::TextOnly
         && let Some(v) = vector
     {
-        lists.push(vector_candidates(db, scope.project_id, pattern.as_deref(), v).await?);
+        lists.push(vector_candidates(db, scope.project_id, branch, pattern.as_deref(), v).await?);
     }
     if mode != Retrieval::VectorOnly
         && let Some(query) = text_query(question)
     {
-        lists.push(text_candidates(&***db, scope.project_id, pattern.as_deref(), &query).await?);
+        lists.push(
+            text_candidates(&***db, scope.project_id, branch, pattern.as_deref(), &query).await?,
+        );
     }
     Ok(fuse(lists, limit, exclusions))
 }
@@ -104,6 +122,7 @@ pub async fn search(
 async fn vector_candidates(
     db: &mut deadpool_postgres::Object,
     project_id: i64,
+    branch: Option<i64>,
     pattern: Option<&str>,
     query: &QueryVector,
 ) -> Result<Vec<(i64, Hit)>, tokio_postgres::Error> {
@@ -119,8 +138,9 @@ async fn vector_candidates(
     let sql = format!(
         "SELECT id, path, start_line, end_line, content FROM code_chunks
          WHERE project_id = $1 AND embedding_model = $2 AND dimensions = $3
-           AND ($5::text IS NULL OR path LIKE $5)
-         ORDER BY {distance} LIMIT $6"
+           AND ($5::text IS NULL OR path LIKE $5) AND {on}
+         ORDER BY {distance} LIMIT $6",
+        on = super::store::on_index(7, branch)
     );
     let tx = db.transaction().await?;
     // With the HNSW index and a project filter, keep scanning until enough
@@ -139,6 +159,7 @@ async fn vector_candidates(
                 &literal,
                 &pattern,
                 &CANDIDATES,
+                &branch,
             ],
         )
         .await?;
@@ -149,18 +170,20 @@ async fn vector_candidates(
 async fn text_candidates(
     db: &impl Queries,
     project_id: i64,
+    branch: Option<i64>,
     pattern: Option<&str>,
     query: &str,
 ) -> Result<Vec<(i64, Hit)>, tokio_postgres::Error> {
+    let sql = format!(
+        "SELECT id, path, start_line, end_line, content FROM code_chunks,
+             to_tsquery('english', $2) AS q
+         WHERE project_id = $1 AND search_text @@ q
+           AND ($3::text IS NULL OR path LIKE $3) AND {on}
+         ORDER BY ts_rank(search_text, q, 1) DESC, id LIMIT $4",
+        on = super::store::on_index(5, branch)
+    );
     let rows = db
-        .query(
-            "SELECT id, path, start_line, end_line, content FROM code_chunks,
-                 to_tsquery('english', $2) AS q
-             WHERE project_id = $1 AND search_text @@ q
-               AND ($3::text IS NULL OR path LIKE $3)
-             ORDER BY ts_rank(search_text, q, 1) DESC, id LIMIT $4",
-            &[&project_id, &query, &pattern, &CANDIDATES],
-        )
+        .query(&sql, &[&project_id, &query, &pattern, &CANDIDATES, &branch])
         .await?;
     Ok(rows.iter().map(hit_from_row).collect())
 }

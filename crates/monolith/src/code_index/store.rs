@@ -1,4 +1,9 @@
 //! The index's tables: one state row per project and the chunks.
+//!
+//! Chunks of the default branch have no `branch_id`; those of another
+//! branch carry its row in `code_index_branches` (see [`super::branches`]).
+//! The chunk functions take `branch: Option<i64>` to say which index they
+//! write: `None` for the default branch.
 
 use crate::queries::Queries;
 
@@ -23,7 +28,7 @@ impl IndexState {
         }
     }
 
-    fn parse(text: &str) -> Self {
+    pub(super) fn parse(text: &str) -> Self {
         match text {
             "indexing" => Self::Indexing,
             "ready" => Self::Ready,
@@ -171,8 +176,10 @@ pub async fn finish(
     db.execute(
         "UPDATE code_index_states SET state = 'ready', indexed_commit = $2,
              embedding_model = $3, embedding_dimensions = COALESCE($4, embedding_dimensions),
-             chunk_count = (SELECT count(*) FROM code_chunks WHERE project_id = $1),
-             file_count = (SELECT count(DISTINCT path) FROM code_chunks WHERE project_id = $1),
+             chunk_count = (SELECT count(*) FROM code_chunks
+                 WHERE project_id = $1 AND branch_id IS NULL),
+             file_count = (SELECT count(DISTINCT path) FROM code_chunks
+                 WHERE project_id = $1 AND branch_id IS NULL),
              last_error = NULL, last_error_code = NULL, updated_at = now(), indexed_at = now()
          WHERE project_id = $1",
         &[&project_id, &commit, &model, &dimensions],
@@ -202,7 +209,7 @@ pub const DUO_OFF_CODE: &str = "M3002";
 const DUO_OFF_TEXT: &str = "GitLab Duo features are turned off for this project";
 
 /// Drops everything indexed of the projects (Duo was turned off for them):
-/// their chunks go, their state is marked [`DUO_OFF_CODE`]. The state row
+/// their chunks and branch indexes go, their state is marked [`DUO_OFF_CODE`]. The state row
 /// is written first: a run in flight holds it while it writes chunks
 /// ([`hold_state`]), so this waits for that write and then removes it too,
 /// and the run's next write sees Duo off and stops.
@@ -218,6 +225,12 @@ pub async fn forget(db: &impl Queries, project_ids: &[i64]) -> Result<u64, tokio
            AND (state <> 'pending' OR indexed_commit IS NOT NULL OR chunk_count > 0
                 OR last_error_code IS DISTINCT FROM $3)",
         &[&project_ids, &DUO_OFF_TEXT, &DUO_OFF_CODE],
+    )
+    .await?;
+    // Branch indexes are asked for again by the next question about them.
+    db.execute(
+        "DELETE FROM code_index_branches WHERE project_id = ANY($1)",
+        &[&project_ids],
     )
     .await?;
     db.execute(
@@ -269,20 +282,27 @@ pub struct NewChunk {
     pub embedding: Vec<f32>,
 }
 
-/// Replaces a file's chunks (none: the file left the index).
+/// The condition that picks one index's chunks, its branch id bound to
+/// `$param`: the default branch's say `branch_id IS NULL`, as its partial
+/// indexes do, so the planner uses them.
+pub fn on_index(param: usize, branch: Option<i64>) -> String {
+    match branch {
+        None => format!("(branch_id IS NULL AND ${param}::bigint IS NULL)"),
+        Some(_) => format!("branch_id = ${param}"),
+    }
+}
+
+/// Replaces a file's chunks in one index (none: the file left the index).
 pub async fn replace_file(
     db: &impl Queries,
     project_id: i64,
+    branch: Option<i64>,
     path: &str,
     blob_id: &str,
     model: &str,
     chunks: &[NewChunk],
 ) -> Result<(), tokio_postgres::Error> {
-    db.execute(
-        "DELETE FROM code_chunks WHERE project_id = $1 AND path = $2",
-        &[&project_id, &path],
-    )
-    .await?;
+    remove_file(db, project_id, branch, path).await?;
     for c in chunks {
         let vector = vector_literal(&c.embedding);
         let dims = c.embedding.len() as i32;
@@ -290,9 +310,9 @@ pub async fn replace_file(
         db.execute(
             "INSERT INTO code_chunks (project_id, path, blob_id, language, start_line, end_line,
                  start_byte, end_byte, symbol, content, embedding_model, embedding, dimensions,
-                 search_text)
+                 search_text, branch_id)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12::text::vector, $13,
-                 to_tsvector('english', $14))",
+                 to_tsvector('english', $14), $15)",
             &[
                 &project_id,
                 &path,
@@ -308,6 +328,7 @@ pub async fn replace_file(
                 &vector,
                 &dims,
                 &words,
+                &branch,
             ],
         )
         .await?;
@@ -315,40 +336,59 @@ pub async fn replace_file(
     Ok(())
 }
 
-/// Stores `path` with the chunks already embedded for the same blob under the
-/// same model (a rename, a revert, or a resumed run). `false` when there are none.
+/// Stores `path` in one index with the chunks already embedded for the same
+/// blob under the same model anywhere in the project: the default branch or
+/// another branch (a rename, a revert, a resumed run, a branch sharing the
+/// file). `false` when there are none.
 pub async fn reuse_blob(
     db: &impl Queries,
     project_id: i64,
+    branch: Option<i64>,
     path: &str,
     blob_id: &str,
     model: &str,
 ) -> Result<bool, tokio_postgres::Error> {
+    // The same place first (nothing to do), then the same path elsewhere
+    // (copied whole, full-text words included).
     let existing = db
         .query_opt(
-            "SELECT path FROM code_chunks
-             WHERE project_id = $1 AND blob_id = $2 AND embedding_model = $3 LIMIT 1",
-            &[&project_id, &blob_id, &model],
+            "SELECT path, branch_id FROM code_chunks
+             WHERE project_id = $1 AND blob_id = $2 AND embedding_model = $3
+             ORDER BY (path = $4 AND branch_id IS NOT DISTINCT FROM $5) DESC, (path = $4) DESC
+             LIMIT 1",
+            &[&project_id, &blob_id, &model, &path, &branch],
         )
         .await?;
     let Some(row) = existing else {
         return Ok(false);
     };
-    let source: String = row.get(0);
-    if source == path {
+    let (source, source_branch): (String, Option<i64>) = (row.get(0), row.get(1));
+    if source == path && source_branch == branch {
         return Ok(true);
     }
-    db.execute(
-        "DELETE FROM code_chunks WHERE project_id = $1 AND path = $2",
-        &[&project_id, &path],
-    )
-    .await?;
+    remove_file(db, project_id, branch, path).await?;
+    if source == path {
+        db.execute(
+            "INSERT INTO code_chunks (project_id, path, blob_id, language, start_line, end_line,
+                 start_byte, end_byte, symbol, content, embedding_model, embedding, dimensions,
+                 search_text, branch_id)
+             SELECT project_id, path, blob_id, language, start_line, end_line, start_byte,
+                 end_byte, symbol, content, embedding_model, embedding, dimensions, search_text, $5
+             FROM code_chunks
+             WHERE project_id = $1 AND path = $2 AND blob_id = $3
+               AND branch_id IS NOT DISTINCT FROM $4",
+            &[&project_id, &path, &blob_id, &source_branch, &branch],
+        )
+        .await?;
+        return Ok(true);
+    }
     // Copied row by row: the full-text words include the path, which changed.
     let rows = db
         .query(
             "SELECT id, content FROM code_chunks
-             WHERE project_id = $1 AND path = $2 AND blob_id = $3",
-            &[&project_id, &source, &blob_id],
+             WHERE project_id = $1 AND path = $2 AND blob_id = $3
+               AND branch_id IS NOT DISTINCT FROM $4",
+            &[&project_id, &source, &blob_id, &source_branch],
         )
         .await?;
     for row in rows {
@@ -357,50 +397,61 @@ pub async fn reuse_blob(
         db.execute(
             "INSERT INTO code_chunks (project_id, path, blob_id, language, start_line, end_line,
                  start_byte, end_byte, symbol, content, embedding_model, embedding, dimensions,
-                 search_text)
+                 search_text, branch_id)
              SELECT project_id, $2, blob_id, language, start_line, end_line, start_byte, end_byte,
-                 symbol, content, embedding_model, embedding, dimensions, to_tsvector('english', $3)
+                 symbol, content, embedding_model, embedding, dimensions,
+                 to_tsvector('english', $3), $4
              FROM code_chunks WHERE id = $1",
-            &[&id, &path, &words],
+            &[&id, &path, &words, &branch],
         )
         .await?;
     }
     Ok(true)
 }
 
-/// Removes a file's chunks.
+/// Removes a file's chunks from one index.
 pub async fn remove_file(
     db: &impl Queries,
     project_id: i64,
+    branch: Option<i64>,
     path: &str,
 ) -> Result<(), tokio_postgres::Error> {
     db.execute(
-        "DELETE FROM code_chunks WHERE project_id = $1 AND path = $2",
-        &[&project_id, &path],
+        &format!(
+            "DELETE FROM code_chunks WHERE project_id = $1 AND path = $2 AND {}",
+            on_index(3, branch)
+        ),
+        &[&project_id, &path, &branch],
     )
     .await?;
     Ok(())
 }
 
-/// Removes chunks made by another model than `model` (after a model change)
-/// and chunks of paths no longer in the tree.
+/// Removes chunks of one index made by another model than `model` (after a
+/// model change) and chunks of paths no longer in the tree.
 pub async fn prune(
     db: &impl Queries,
     project_id: i64,
+    branch: Option<i64>,
     model: &str,
     keep_paths: Option<&[String]>,
 ) -> Result<u64, tokio_postgres::Error> {
+    let on = on_index(3, branch);
     let mut removed = db
         .execute(
-            "DELETE FROM code_chunks WHERE project_id = $1 AND embedding_model <> $2",
-            &[&project_id, &model],
+            &format!(
+                "DELETE FROM code_chunks WHERE project_id = $1 AND embedding_model <> $2 AND {on}"
+            ),
+            &[&project_id, &model, &branch],
         )
         .await?;
     if let Some(paths) = keep_paths {
         removed += db
             .execute(
-                "DELETE FROM code_chunks WHERE project_id = $1 AND NOT (path = ANY($2))",
-                &[&project_id, &paths],
+                &format!(
+                    "DELETE FROM code_chunks WHERE project_id = $1 AND NOT (path = ANY($2)) AND {on}"
+                ),
+                &[&project_id, &paths, &branch],
             )
             .await?;
     }

@@ -24,6 +24,7 @@ mod agent_tools;
 mod ai_usage;
 mod architecture;
 mod code_index;
+mod code_index_branches;
 mod db_outage;
 mod duo_context_exclusion;
 mod duo_off_index;
