@@ -418,7 +418,7 @@ impl PromptDefinition {
             first_token_timeout: timeout,
             timeout,
             max_retries: settings.max_retries,
-            dry_multiplier: None,
+            dry_multiplier: settings.dry_multiplier,
         }
     }
 

@@ -59,6 +59,9 @@ pub(crate) struct LitellmParams {
     pub max_tokens: Option<u32>,
     pub max_retries: Option<u32>,
     pub custom_llm_provider: Option<String>,
+    /// llama.cpp's "don't repeat yourself" penalty (0 to 5), for prompts
+    /// whose small model loops under greedy decoding.
+    pub dry_multiplier: Option<f32>,
 }
 
 /// Which client class calls the model.
@@ -92,6 +95,8 @@ pub struct ModelSettings {
     pub custom_llm_provider: Option<String>,
     /// anthropic only: extra headers sent with every call.
     pub default_headers: BTreeMap<String, String>,
+    /// litellm only: llama.cpp's DRY penalty, sent to OpenAI-compatible servers.
+    pub dry_multiplier: Option<f32>,
 }
 
 impl From<ModelFile> for ModelConfig {
@@ -106,6 +111,7 @@ impl From<ModelFile> for ModelConfig {
                 max_retries: p.max_retries.unwrap_or(1),
                 custom_llm_provider: None,
                 default_headers: p.default_headers,
+                dry_multiplier: None,
             },
             ModelClassParams::Litellm(p) => ModelSettings {
                 model_class_provider: ModelClassProvider::Litellm,
@@ -116,6 +122,7 @@ impl From<ModelFile> for ModelConfig {
                 max_retries: p.max_retries.unwrap_or(1),
                 custom_llm_provider: p.custom_llm_provider,
                 default_headers: BTreeMap::new(),
+                dry_multiplier: p.dry_multiplier.filter(|m| (0.0..=5.0).contains(m)),
             },
         };
         Self {

@@ -36,6 +36,9 @@ pub(crate) fn request_body(call: &ModelCall, model: &str) -> Value {
     if let Some(p) = call.params.top_p {
         body["top_p"] = json!(p);
     }
+    if let Some(m) = call.params.dry_multiplier {
+        body["dry_multiplier"] = json!(m);
+    }
     body
 }
 

@@ -107,8 +107,11 @@ fn shipped_prompts_match_the_reference_table() {
             // models' readers (1.0.1) get a budget fit for their one-line
             // JSON answer: a looping model stops in seconds.
             let small_reader = family == "openai" && id.ends_with("_reader");
+            let small_docs = family == "openai" && *id == "chat/documentation_search";
             let (timeout, max_tokens, latest) = if small_reader {
                 (&20.0, 96, "1.0.1")
+            } else if small_docs {
+                (timeout, 512, "1.0.1")
             } else if *id == "review_merge_request" {
                 (timeout, 2048, "1.1.0")
             } else {
@@ -129,6 +132,13 @@ fn shipped_prompts_match_the_reference_table() {
             // The review prompt's 1.1.0 added related code and feedback.
             assert_eq!(def.version.to_string(), latest, "{id}/{family}");
             let params = def.model_params();
+            // Only the small models' documentation answers ask for the
+            // penalty on repeating themselves.
+            assert_eq!(
+                params.dry_multiplier,
+                small_docs.then_some(0.8),
+                "{id}/{family}"
+            );
             assert_eq!(params.timeout, Duration::from_secs_f64(*timeout));
             assert!(params.first_token_timeout <= params.timeout);
         }
