@@ -61,11 +61,15 @@ impl Repetition {
     }
 }
 
-/// llama.cpp server's defaults for the DRY sampler: base, the length a
-/// repeat may have before it is penalized, and what ends a sequence.
+/// llama.cpp server's defaults for the DRY sampler: base, and the length a
+/// repeat may have before it is penalized.
 const DRY_BASE: f32 = 1.75;
 const DRY_ALLOWED_LENGTH: i32 = 2;
-const DRY_SEQUENCE_BREAKERS: [&str; 4] = ["\n", ":", "\"", "*"];
+/// No sequence breakers (llama.cpp's default ends a sequence at newlines,
+/// colons, quotes and asterisks): a small model's loops are whole Markdown
+/// lines such as "- **What can you do.**", which those breakers cut into
+/// pieces too short to be penalized.
+const DRY_SEQUENCE_BREAKERS: [&str; 0] = [];
 
 impl Default for SamplingParams {
     fn default() -> Self {

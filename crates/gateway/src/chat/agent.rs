@@ -267,6 +267,11 @@ pub fn prepare(
         Some(route) => {
             let bundled = matches!(&route, ModelRoute::OpenAi { base_url, .. }
                 if *base_url == config.providers.local_llm_url);
+            let offered = if bundled {
+                native::offered_to_small_model(&tools, &question.content)
+            } else {
+                tools.clone()
+            };
             let free_text = if bundled {
                 // The same system prompt with no tools: no instructions
                 // about functions for an answer that calls none.
@@ -290,7 +295,8 @@ pub fn prepare(
                     system,
                     conversation.clone(),
                     request.steps(),
-                    has_context,
+                    // Nothing to choose from is a plain answer too.
+                    has_context || offered.is_empty(),
                 ))
             } else {
                 None
@@ -302,14 +308,10 @@ pub fn prepare(
                     .into_iter()
                     .chain(native::step_messages(request.steps()))
                     .collect(),
-                tools: if bundled {
-                    native::tool_schemas(
-                        &native::offered_to_small_model(&tools, &question.content),
-                        Some(native::BUNDLED_ANSWER_CHARS),
-                    )
-                } else {
-                    native::tool_schemas(&tools, None)
-                },
+                tools: native::tool_schemas(
+                    &offered,
+                    bundled.then_some(native::BUNDLED_ANSWER_CHARS),
+                ),
                 params: call.params.clone(),
                 question: question.content.clone(),
                 free_text,

@@ -126,16 +126,34 @@ pub fn names_a_resource(question: &str) -> bool {
     NAMED.as_ref().is_none_or(|named| named.is_match(question))
 }
 
-/// The tools offered to the bundled model for `question`: the readers only
-/// when it names something to read.
+/// Whether `question` asks about code: where something is, a function, a
+/// file, the repository.
+pub fn asks_about_code(question: &str) -> bool {
+    static CODE: std::sync::LazyLock<Option<regex::Regex>> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(
+            r"(?i)\b(code|codebase|function|method|class|struct|module|file|files|repository|repo|source|implemented|implementation|defined|handled|configured)\b|\bwhere\s+(is|are|do|does)\b",
+        )
+        .ok()
+    });
+    CODE.as_ref().is_none_or(|code| code.is_match(question))
+}
+
+/// The tools offered to the bundled model for `question`: a reader when it
+/// names something to read, codebase search when it asks about code, and
+/// nothing else: a model of its size answers a general question (or one
+/// about GitLab) better by itself than by choosing and reading a tool, and
+/// with nothing offered it is not asked to choose at all.
 pub fn offered_to_small_model<'a>(
     tools: &[&'a ToolDefinition],
     question: &str,
 ) -> Vec<&'a ToolDefinition> {
     let named = names_a_resource(question);
+    let code = asks_about_code(question);
     tools
         .iter()
-        .filter(|tool| named || !READERS.contains(&tool.name))
+        .filter(|tool| {
+            (named && READERS.contains(&tool.name)) || (code && tool.name == "codebase_search")
+        })
         .copied()
         .collect()
 }
@@ -543,6 +561,24 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn questions_about_code_are_told_apart_from_the_rest() {
+        for code in [
+            "Where is the session refresh handled?",
+            "Which function parses the config?",
+            "Explain the rate limit code in acme/website",
+        ] {
+            assert!(asks_about_code(code), "{code}");
+        }
+        for plain in [
+            "What is a merge request?",
+            "What can you do?",
+            "Summarize issue #1",
+        ] {
+            assert!(!asks_about_code(plain), "{plain}");
+        }
+    }
 
     #[test]
     fn questions_naming_something_to_read_are_told_apart_from_the_rest() {

@@ -214,20 +214,13 @@ async fn the_bundled_model_answers_in_plain_text_once_it_chooses_to_answer_direc
             r#"{"answer": "The answer, in Markdown, is: "}"#,
         )],
     );
-    fake.push_text("A merge request proposes the changes of one branch for another.");
-    let lines = agent(
-        &gw,
-        "duo_chat,ask_issue",
-        &question("What is a merge request?"),
-    )
-    .await
-    .rest()
-    .await;
+    fake.push_text("Issue #1 asks for a dark mode.");
+    let lines = agent(&gw, "duo_chat,ask_issue", &question("Summarize issue #1"))
+        .await
+        .rest()
+        .await;
     let (text, others) = answer_text(&lines);
-    assert_eq!(
-        text,
-        "A merge request proposes the changes of one branch for another."
-    );
+    assert_eq!(text, "Issue #1 asks for a dark mode.");
     assert!(others.is_empty(), "{others:?}");
     let requests = completions(&fake);
     assert_eq!(requests.len(), 2, "the choice, then the answer");
@@ -240,14 +233,6 @@ async fn the_bundled_model_answers_in_plain_text_once_it_chooses_to_answer_direc
             .any(|t| t["function"]["name"] == "answer_directly"),
         "{choice}"
     );
-    // Nothing in the question to read: the small model is not offered the readers.
-    let offered: Vec<&str> = choice["tools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["function"]["name"].as_str().unwrap())
-        .collect();
-    assert!(!offered.contains(&"issue_reader"), "{offered:?}");
     let answer = &requests[1].body;
     assert!(answer.get("tools").is_none(), "{answer}");
     assert!(answer.get("tool_choice").is_none(), "{answer}");
@@ -272,9 +257,37 @@ async fn the_bundled_model_answers_in_plain_text_once_it_chooses_to_answer_direc
         last["content"]
             .as_str()
             .unwrap()
-            .contains("What is a merge request?"),
+            .contains("Summarize issue #1"),
         "{last}"
     );
+}
+
+#[actix_web::test]
+async fn the_bundled_model_answers_a_question_naming_nothing_to_read_without_choosing() {
+    let fake = FakeProvider::start().await.unwrap();
+    let gw = bundled_gateway(&fake);
+    fake.push_text("A merge request proposes the changes of one branch for another.");
+    let lines = agent(
+        &gw,
+        "duo_chat,ask_issue,ask_merge_request,documentation_search",
+        &question("What is a merge request?"),
+    )
+    .await
+    .rest()
+    .await;
+    let (text, others) = answer_text(&lines);
+    assert_eq!(
+        text,
+        "A merge request proposes the changes of one branch for another."
+    );
+    assert!(others.is_empty(), "{others:?}");
+    // No reader has anything to read, and documentation answers need a
+    // model that writes from passages: one plain request, no tools.
+    let requests = completions(&fake);
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    let sent = &requests[0].body;
+    assert!(sent.get("tools").is_none(), "{sent}");
+    assert_eq!(sent["dry_multiplier"], json!(0.8), "{sent}");
 }
 
 #[actix_web::test]
