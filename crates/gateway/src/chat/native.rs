@@ -71,21 +71,90 @@ pub const BUNDLED_ANSWER_TOKENS: u32 = 400;
 /// its token budget runs out.
 pub const BUNDLED_DRY_MULTIPLIER: f32 = 0.8;
 
+/// The context of a question written for a small model: GitLab's tagged
+/// documents (`<title>X</title>`, `<search_result>` blocks) become labelled
+/// lines (`Title: X`, `File path: src/a.rs`), which a 135M model quotes,
+/// where it echoes tags or invents around them. Lines that are only a tag
+/// are dropped, unless text follows (a `<description>` block: `Description:`).
+pub fn plain_markup(text: &str) -> String {
+    static SINGLE: std::sync::LazyLock<Option<regex::Regex>> =
+        std::sync::LazyLock::new(|| regex::Regex::new(r"^<([a-z_]+)>(.*)</([a-z_]+)>$").ok());
+    static OPEN: std::sync::LazyLock<Option<regex::Regex>> =
+        std::sync::LazyLock::new(|| regex::Regex::new(r"^<([a-z_]+)>(.*)$").ok());
+    static CLOSE: std::sync::LazyLock<Option<regex::Regex>> =
+        std::sync::LazyLock::new(|| regex::Regex::new(r"^(.*)</([a-z_]+)>$").ok());
+    let (Some(single), Some(open), Some(close)) = (SINGLE.as_ref(), OPEN.as_ref(), CLOSE.as_ref())
+    else {
+        return text.to_owned();
+    };
+    let label = |tag: &str| {
+        let words = tag.replace('_', " ");
+        let mut chars = words.chars();
+        chars
+            .next()
+            .map(|first| first.to_uppercase().chain(chars).collect::<String>())
+            .unwrap_or_default()
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = String::with_capacity(text.len());
+    for (i, line) in lines.iter().enumerate() {
+        let trimmed = line.trim();
+        if let Some(found) = single.captures(trimmed)
+            && found[1] == found[3]
+        {
+            let value = found[2].trim();
+            if !value.is_empty() {
+                out.push_str(&format!("{}: {value}\n", label(&found[1])));
+            }
+            continue;
+        }
+        if let Some(found) = open.captures(trimmed) {
+            let rest = found[2].trim();
+            let next_is_text = lines
+                .get(i + 1)
+                .is_some_and(|next| !next.trim_start().starts_with('<'));
+            if !rest.is_empty() {
+                out.push_str(&format!("{}: {rest}\n", label(&found[1])));
+            } else if next_is_text {
+                out.push_str(&format!("{}:\n", label(&found[1])));
+            }
+            continue;
+        }
+        if let Some(found) = close.captures(trimmed) {
+            let before = found[1].trim_end();
+            if !before.is_empty() {
+                out.push_str(before);
+                out.push('\n');
+            }
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out.trim_end().to_owned()
+}
+
 impl FreeTextAnswer {
     /// The plain-text form of a step: `base` is the conversation up to and
     /// including the question; each earlier step's result follows as a user
     /// turn that asks for the answer from it.
     pub fn new(system: String, base: Vec<Message>, steps: &[AgentStep], has_context: bool) -> Self {
-        let mut messages = base;
+        let mut messages: Vec<Message> = base
+            .into_iter()
+            .map(|message| match message {
+                Message::HumanMessage { content } => Message::human(plain_markup(&content)),
+                other => other,
+            })
+            .collect();
         if !steps.is_empty() {
             let mut results = String::from(
                 "Here is what was read to answer my question. Answer it from this, quoting names, titles, states and paths exactly.\n",
             );
             for step in steps {
                 results.push_str(&format!(
-                    "\n<{tool}>\n{observation}\n</{tool}>\n",
+                    "\nFrom {tool}:\n{observation}\n",
                     tool = step.tool.replace("\\_", "_"),
-                    observation = step.observation
+                    observation = plain_markup(&step.observation)
                 ));
             }
             messages.push(Message::human(results));
@@ -561,6 +630,16 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tagged_context_becomes_labelled_lines() {
+        let tagged = "<context>\nThe user is currently looking at this issue:\n<type>issue</type>\n<content>\n<issue>\n<reference>acme/api#1</reference>\n<title>Login fails</title>\n<state>opened</state>\n<created_at></created_at>\n<description>\nUsers get a 500.\nSteps: reload\n</description>\n</issue>\n</content>\n</context>\n<search_result>\n<file_path>src/session.rs</file_path>\n<content>fn refresh() {\n}</content>\n</search_result>\nSummarize it";
+        assert_eq!(
+            plain_markup(tagged),
+            "Context:\nThe user is currently looking at this issue:\nType: issue\nReference: acme/api#1\nTitle: Login fails\nState: opened\nDescription:\nUsers get a 500.\nSteps: reload\nFile path: src/session.rs\nContent: fn refresh() {\n}\nSummarize it"
+        );
+        assert_eq!(plain_markup("a < b and c > d"), "a < b and c > d");
+    }
 
     #[test]
     fn questions_about_code_are_told_apart_from_the_rest() {

@@ -343,7 +343,7 @@ async fn after_a_tool_ran_the_bundled_model_answers_from_its_result_in_plain_tex
     // No tool-role messages for a request that declares no tools.
     assert_eq!(roles, ["system", "user", "user"], "{sent}");
     let results = messages[2]["content"].as_str().unwrap();
-    assert!(results.contains("<issue_reader>"), "{results}");
+    assert!(results.contains("From issue_reader:"), "{results}");
     assert!(results.contains("Issue #1: Add a dark mode."), "{results}");
 }
 
