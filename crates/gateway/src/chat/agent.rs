@@ -212,6 +212,21 @@ pub fn prepare(
             ),
         ));
     }
+    let native_route = match definition.params.tool_calling {
+        ToolCalling::React => None,
+        ToolCalling::Native => Some(
+            route_for_target(&config.providers, &target)
+                .map_err(|e| AgentError::ModelChoice(e.to_string()))?,
+        ),
+    };
+    let bundled = matches!(&native_route, Some(ModelRoute::OpenAi { base_url, .. })
+        if *base_url == config.providers.local_llm_url);
+    // The bundled small model chooses readers poorly and loses its context
+    // window to their results: when the question's resource is attached
+    // already, it answers from it (its only function is the direct answer).
+    // Models that use tools well keep them.
+    let from_context = bundled && has_attached_context(question);
+    let tools = if from_context { Vec::new() } else { tools };
     // The system prompt and the scratchpad prefill once; the question's user
     // turn with them (one render of the whole input).
     let inputs = prompt_inputs(&tools, request, question);
@@ -240,45 +255,48 @@ pub fn prepare(
             }
         }
     }
-    let native_route = match definition.params.tool_calling {
-        ToolCalling::React => None,
-        ToolCalling::Native => Some(
-            route_for_target(&config.providers, &target)
-                .map_err(|e| AgentError::ModelChoice(e.to_string()))?,
-        ),
-    };
     let mut call = definition.model_call(rendered, target);
     messages.append(&mut call.messages);
     call.messages = messages;
     call.feature_category = FEATURE_CATEGORY;
-    let native = native_route.map(|route| {
-        let bundled = matches!(&route, ModelRoute::OpenAi { base_url, .. }
-            if *base_url == config.providers.local_llm_url);
-        NativeStep {
-            route,
-            system: call.system.clone().unwrap_or_default(),
-            messages: call
-                .messages
-                .iter()
-                .map(|m| match m.role {
-                    ChatRole::Assistant => Message::AiMessage {
-                        content: m.content.clone(),
-                        tool_calls: Vec::new(),
-                    },
-                    _ => Message::human(m.content.clone()),
-                })
-                .chain(native::step_messages(request.steps()))
-                .collect(),
-            tools: native::tool_schemas(&tools, bundled.then_some(native::BUNDLED_ANSWER_CHARS)),
-            params: call.params.clone(),
-            question: question.content.clone(),
-        }
+    let native = native_route.map(|route| NativeStep {
+        route,
+        system: call.system.clone().unwrap_or_default(),
+        messages: call
+            .messages
+            .iter()
+            .map(|m| match m.role {
+                ChatRole::Assistant => Message::AiMessage {
+                    content: m.content.clone(),
+                    tool_calls: Vec::new(),
+                },
+                _ => Message::human(m.content.clone()),
+            })
+            .chain(native::step_messages(request.steps()))
+            .collect(),
+        tools: native::tool_schemas(
+            &tools,
+            bundled.then_some(native::BUNDLED_ANSWER_CHARS),
+            from_context,
+        ),
+        params: call.params.clone(),
+        question: question.content.clone(),
     });
     Ok(PreparedAgent {
         call,
         tools,
         native,
     })
+}
+
+/// Whether the monolith attached a resource, a file or another context item
+/// to the question.
+fn has_attached_context(question: &AgentMessage) -> bool {
+    question.context.is_some()
+        || question
+            .additional_context
+            .as_ref()
+            .is_some_and(|items| !items.is_empty())
 }
 
 /// The size of the prompt a prepared step sends, in characters: the system

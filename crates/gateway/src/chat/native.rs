@@ -50,17 +50,33 @@ pub struct NativeStep {
 pub const BUNDLED_ANSWER_CHARS: u64 = 600;
 
 /// The direct answer, then the catalogue's tools, as function definitions;
-/// `answer_chars` bounds the direct answer's length.
-pub fn tool_schemas(tools: &[&ToolDefinition], answer_chars: Option<u64>) -> Vec<ToolSchema> {
-    let mut answer = json!({"type": "string", "description": "The answer, in Markdown"});
+/// `answer_chars` bounds the direct answer's length. `from_context`: the
+/// question's resource is attached and the direct answer is the only
+/// function, so it asks for that resource's facts.
+pub fn tool_schemas(
+    tools: &[&ToolDefinition],
+    answer_chars: Option<u64>,
+    from_context: bool,
+) -> Vec<ToolSchema> {
+    let (function, argument) = if from_context {
+        (
+            "Answers the question from the GitLab resource given with it: its title and state first, then the facts the question asks for.",
+            "The answer, in Markdown, quoting the resource's title",
+        )
+    } else {
+        (
+            "Answers the user directly, without reading anything: for greetings, \
+            general programming questions, and questions the other functions cannot read.",
+            "The answer, in Markdown",
+        )
+    };
+    let mut answer = json!({"type": "string", "description": argument});
     if let Some(limit) = answer_chars {
         answer["maxLength"] = json!(limit);
     }
     let direct = ToolSchema {
         name: DIRECT_ANSWER.to_owned(),
-        description: "Answers the user directly, without reading anything: for greetings, \
-            general programming questions, and questions the other functions cannot read."
-            .to_owned(),
+        description: function.to_owned(),
         parameters: json!({
             "type": "object",
             "properties": {"answer": answer},
@@ -469,7 +485,7 @@ mod tests {
 
     #[test]
     fn schemas_speak_of_the_input_argument() {
-        let schemas = tool_schemas(&catalogue(), None);
+        let schemas = tool_schemas(&catalogue(), None, false);
         let (direct, tools) = schemas.split_first().unwrap();
         for schema in tools {
             assert!(

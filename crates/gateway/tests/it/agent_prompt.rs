@@ -141,3 +141,58 @@ fn the_local_default_asks_natively_and_the_openai_family_keeps_react() {
     assert_eq!(react.call.params.max_tokens, 4096);
     assert_eq!(react.call.params.stop, vec!["Observation:".to_owned()]);
 }
+
+#[test]
+fn the_bundled_model_answers_from_an_attached_resource_and_others_keep_their_readers() {
+    let with_issue: AgentRequest = serde_json::from_str(
+        r#"{"messages":[{"role":"user","content":"What is it about?",
+            "context":{"type":"issue","content":"<issue><title>Add dark mode</title></issue>"}}]}"#,
+    )
+    .unwrap();
+    let plain: AgentRequest =
+        serde_json::from_str(r#"{"messages":[{"role":"user","content":"What is it about?"}]}"#)
+            .unwrap();
+    let prepared = |cfg: &gateway::Config, request: &AgentRequest| {
+        prepare(
+            &registry(),
+            cfg,
+            &GatewayUser::debug(),
+            ClientInfo::default(),
+            request,
+        )
+        .unwrap()
+    };
+    let bundled = gateway::Config::for_tests(&[]).unwrap();
+    let attached = prepared(&bundled, &with_issue);
+    assert!(attached.tools.is_empty(), "no reader may be run");
+    let step = attached.native.expect("a native step");
+    let names: Vec<&str> = step.tools.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["answer_directly"]);
+    assert!(
+        step.tools[0]
+            .description
+            .contains("from the GitLab resource given with it")
+    );
+    assert!(
+        step.system.contains("from that resource only"),
+        "{}",
+        step.system
+    );
+    assert!(format!("{:?}", step.messages).contains("Add dark mode"));
+
+    // Nothing attached: the bundled model chooses among the readers.
+    let step = prepared(&bundled, &plain).native.expect("a native step");
+    assert!(step.tools.iter().any(|t| t.name == "issue_reader"));
+    assert!(!step.system.contains("from that resource only"));
+
+    // A hosted model keeps its readers with the resource attached.
+    let hosted = prepared(&config(&[]), &with_issue);
+    assert!(hosted.tools.iter().any(|t| t.name == "issue_reader"));
+    assert!(
+        !hosted
+            .call
+            .system
+            .unwrap_or_default()
+            .contains("from that resource only")
+    );
+}
