@@ -61,7 +61,9 @@ pub fn tool_schemas(
     let (function, argument) = if from_context {
         (
             "Answers the question from the GitLab resource given with it: its title and state first, then the facts the question asks for.",
-            "The answer, in Markdown, quoting the resource's title",
+            // The bundled model copies this text into its answer: it
+            // says no more than the plain one.
+            "The answer, in Markdown",
         )
     } else {
         (
