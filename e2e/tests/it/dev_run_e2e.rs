@@ -19,9 +19,11 @@ use e2e_tests::{binary, free_port, repo_root};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-struct Run {
+pub(crate) struct Run {
     child: Child,
-    run_dir: PathBuf,
+    pub(crate) run_dir: PathBuf,
+    /// What `./dev run` printed, up to "Press Ctrl-C".
+    pub(crate) printed: String,
 }
 
 fn alive(pid: u32) -> bool {
@@ -31,7 +33,7 @@ fn alive(pid: u32) -> bool {
             .unwrap_or(false)
 }
 
-fn signal(pid: u32, name: &str) {
+pub(crate) fn signal(pid: u32, name: &str) {
     let status = std::process::Command::new("kill")
         .args([&format!("-{name}"), &pid.to_string()])
         .status()
@@ -39,16 +41,32 @@ fn signal(pid: u32, name: &str) {
     assert!(status.success());
 }
 
-struct Env {
+pub(crate) struct Env {
     vars: Vec<(String, String)>,
     pg_dir: PathBuf,
     pg_port: u16,
-    scratch: PathBuf,
+    pub(crate) scratch: PathBuf,
+    /// Where the web app listens.
+    pub(crate) web: String,
+    /// How long `./dev run` may take to say it is ready.
+    ready_within: Duration,
 }
 
 impl Env {
-    fn new() -> Self {
-        let scratch = std::env::temp_dir().join(format!("duo-dev-run-{}", std::process::id()));
+    /// A run with a provider key: no local model server, ready at once.
+    pub(crate) fn new() -> Self {
+        Self::with_model(false)
+    }
+
+    /// With `bundled`, no provider key: the bundled model server runs (its
+    /// weights fetched by `./dev run` itself) and the run waits for the demo
+    /// repositories' index before it says it is ready.
+    pub(crate) fn with_model(bundled: bool) -> Self {
+        let scratch = std::env::temp_dir().join(format!(
+            "duo-dev-run-{}-{}",
+            std::process::id(),
+            if bundled { "bundled" } else { "key" }
+        ));
         let _ = std::fs::remove_dir_all(&scratch);
         std::fs::create_dir_all(&scratch).unwrap();
         let bin = binary("duo-monolith")
@@ -86,22 +104,32 @@ impl Env {
                 "DUO_REPOSITORIES_DIR".into(),
                 scratch.join("repositories").display().to_string(),
             ),
-            // A provider key: no local model server (it is not what is tested).
-            ("ANTHROPIC_API_KEY".into(), "dev-run-test".into()),
         ];
+        let mut vars = vars;
+        if bundled {
+            let model = free_port().unwrap();
+            vars.push(("DUO_LOCAL_LLM_ADDR".into(), format!("127.0.0.1:{model}")));
+        } else {
+            // A provider key: no local model server (it is not what is tested).
+            vars.push(("ANTHROPIC_API_KEY".into(), "dev-run-test".into()));
+        }
         Self {
             vars,
             pg_dir,
             pg_port,
             scratch,
+            web: format!("127.0.0.1:{web}"),
+            ready_within: Duration::from_secs(if bundled { 900 } else { 120 }),
         }
     }
 
-    async fn start(&self) -> Run {
+    pub(crate) async fn start(&self) -> Run {
         let mut child = Command::new("bash")
             .arg(repo_root().join("scripts/run-all.sh"))
             .current_dir(repo_root())
             .env_remove("DATABASE_URL")
+            .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("OPENAI_BASE_URL")
             .envs(self.vars.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -118,8 +146,11 @@ impl Env {
             }
         });
         let mut lines = BufReader::new(stdout).lines();
-        let ready = tokio::time::timeout(Duration::from_secs(120), async {
+        let mut printed = String::new();
+        let ready = tokio::time::timeout(self.ready_within, async {
             while let Ok(Some(line)) = lines.next_line().await {
+                printed.push_str(&line);
+                printed.push('\n');
                 if line.starts_with("Press Ctrl-C") {
                     return true;
                 }
@@ -133,6 +164,7 @@ impl Env {
         Run {
             child,
             run_dir: self.scratch.join("run"),
+            printed,
         }
     }
 
@@ -163,11 +195,11 @@ impl Run {
             .collect()
     }
 
-    fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id().unwrap()
     }
 
-    async fn exit_code(mut self) -> Option<i32> {
+    pub(crate) async fn exit_code(mut self) -> Option<i32> {
         tokio::time::timeout(Duration::from_secs(60), self.child.wait())
             .await
             .expect("./dev run did not stop within 60 s")

@@ -17,6 +17,7 @@ mod migrations_e2e;
 mod model_selection_e2e;
 mod pipeline_fix_e2e;
 mod python_gitlab_e2e;
+mod readme_e2e;
 mod shutdown_e2e;
 mod traces_e2e;
 mod web_admin_e2e;

@@ -5,9 +5,18 @@
 //! bench prints the share of well-formed first steps and of correct tool
 //! choices for each.
 //!
+//! With `--grounding` it measures whole answers instead
+//! ([`bench::grounding`]): held-out questions naming issues, merge requests,
+//! epics, jobs, commits, files and a directory (and a few naming nothing) go
+//! through GraphQL `aiAction`, the monolith, the gateway and the bundled
+//! model; printed are the share with the right context or tool, the share of
+//! grounded answers (holding the resource's facts), latency p50/p99 and the
+//! load average. `--all` runs the first-step modes and then the grounding.
+//!
 //! Options: `--limit N` asks only the first N questions; `--only native` or
-//! `--only react` runs one mode; `DUO_BENCH_VERBOSE=1` prints every step.
-//! The model server inherits the environment (`DUO_LOCAL_LLM_THREADS`, ...).
+//! `--only react` runs one mode; `--timeout SECS` bounds one grounded answer
+//! (600 s); `DUO_BENCH_VERBOSE=1` prints every step or answer. The model
+//! server inherits the environment (`DUO_LOCAL_LLM_THREADS`, ...).
 
 use anyhow::{Context, bail};
 use bench::{Latencies, load_average, ms};
@@ -346,13 +355,33 @@ fn percent(part: usize, whole: usize) -> f64 {
     }
 }
 
+/// What a run measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Measure {
+    FirstStep,
+    Grounding,
+    Both,
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let mut limit = QUESTIONS.len();
+    let mut limit: Option<usize> = None;
     let mut only: Option<String> = None;
+    let mut measure = Measure::FirstStep;
+    let mut timeout = Duration::from_secs(600);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
+            "--grounding" => measure = Measure::Grounding,
+            "--all" => measure = Measure::Both,
+            "--timeout" => {
+                timeout = Duration::from_secs(
+                    args.next()
+                        .context("--timeout needs seconds")?
+                        .parse()
+                        .context("--timeout needs seconds")?,
+                );
+            }
             "--only" => {
                 let mode = args.next().context("--only needs native or react")?;
                 if mode != "native" && mode != "react" {
@@ -361,15 +390,36 @@ async fn main() -> anyhow::Result<()> {
                 only = Some(mode);
             }
             "--limit" => {
-                limit = args
-                    .next()
-                    .context("--limit needs a number")?
-                    .parse()
-                    .context("--limit needs a number")?;
+                limit = Some(
+                    args.next()
+                        .context("--limit needs a number")?
+                        .parse()
+                        .context("--limit needs a number")?,
+                );
             }
-            other => bail!("unknown option {other}; use --limit N or --only native|react"),
+            other => bail!(
+                "unknown option {other}; use --grounding, --all, --limit N, --only native|react or --timeout SECS"
+            ),
         }
     }
+    let verbose = std::env::var_os("DUO_BENCH_VERBOSE").is_some();
+    if measure != Measure::Grounding {
+        first_steps(limit.unwrap_or(QUESTIONS.len()), only.as_deref()).await?;
+    }
+    if measure != Measure::FirstStep {
+        let summary = bench::grounding::run(&bench::grounding::RunOptions {
+            limit: limit.unwrap_or(bench::grounding::CASES.len()),
+            timeout,
+            verbose,
+        })
+        .await?;
+        summary.print();
+    }
+    Ok(())
+}
+
+/// The first step of each labelled question, natively and in ReAct text.
+async fn first_steps(limit: usize, only: Option<&str>) -> anyhow::Result<()> {
     let questions = &QUESTIONS[..limit.min(QUESTIONS.len())];
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(600))
@@ -386,7 +436,7 @@ async fn main() -> anyhow::Result<()> {
         questions.len(),
         load_average()
     );
-    let wanted = |mode: &str| only.as_deref().is_none_or(|o| o == mode);
+    let wanted = |mode: &str| only.is_none_or(|o| o == mode);
     let none: &[(&str, Expected)] = &[];
     let native = run_mode(
         &client,

@@ -204,7 +204,7 @@ struct Harness {
 }
 
 /// Starts the bundled model server; its OpenAI-compatible base URL.
-async fn start_model_server() -> anyhow::Result<(Service, String)> {
+pub async fn start_model_server() -> anyhow::Result<(Service, String)> {
     let (binary, models) = e2e_tests::local_model_server()
         .await
         .context("the bundled model server")?;
@@ -453,7 +453,7 @@ async fn fill_in(
 }
 
 /// Sends `chat` (in `thread` when given); `aiAction`'s payload.
-async fn ask(
+pub async fn ask(
     system: &System,
     token: &str,
     chat: Value,
@@ -475,7 +475,7 @@ async fn ask(
 }
 
 /// Polls for the answer to `request_id`; `None` after `limit`.
-async fn wait_answer(
+pub async fn wait_answer(
     system: &System,
     token: &str,
     request_id: &str,

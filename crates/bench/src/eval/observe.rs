@@ -3,13 +3,15 @@
 //! proxy between the monolith and the gateway (`AI_GATEWAY_URL` points at
 //! it). Every request is passed on unchanged and every answer streamed back
 //! as it arrives; on the way, the `action` events of `POST /v2/chat/agent`
-//! (the tool the model chose for the monolith to run) are noted in order.
+//! (the tool the model chose for the monolith to run) are noted in order,
+//! and so are the requests themselves (what the monolith attached to the
+//! question, the tool results it sent back).
 
 use std::sync::{Arc, Mutex, PoisonError};
 
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
 use anyhow::Context;
-use contracts::AgentEvent;
+use contracts::{AgentEvent, AgentRequest};
 use futures::StreamExt;
 
 /// One tool call the agent asked the monolith to make.
@@ -24,6 +26,8 @@ struct Shared {
     /// The gateway's base URL; set once the system is up.
     upstream: Mutex<String>,
     actions: Mutex<Vec<Action>>,
+    /// The bodies of `POST /v2/chat/agent`, in the order they arrived.
+    requests: Mutex<Vec<AgentRequest>>,
 }
 
 /// The running proxy.
@@ -92,6 +96,19 @@ impl GatewayRecorder {
             .unwrap_or_default()
     }
 
+    /// How many agent requests were seen so far (a mark to read later ones from).
+    pub fn request_mark(&self) -> usize {
+        lock(&self.shared.requests).len()
+    }
+
+    /// The agent requests seen since `mark`, oldest first.
+    pub fn requests_since(&self, mark: usize) -> Vec<AgentRequest> {
+        lock(&self.shared.requests)
+            .get(mark..)
+            .map(<[AgentRequest]>::to_vec)
+            .unwrap_or_default()
+    }
+
     pub async fn stop(self) {
         self.handle.stop(false).await;
     }
@@ -155,6 +172,10 @@ async fn forward(
     let Ok(method) = reqwest::Method::from_bytes(request.method().as_str().as_bytes()) else {
         return HttpResponse::MethodNotAllowed().finish();
     };
+    let watch = path.starts_with("/v2/chat/agent");
+    if watch && let Ok(request) = serde_json::from_slice::<AgentRequest>(&body) {
+        lock(&shared.requests).push(request);
+    }
     let mut outgoing = client.request(method, format!("{upstream}{path}"));
     for (name, value) in request.headers() {
         if !hop_by_hop(name.as_str()) {
@@ -173,7 +194,6 @@ async fn forward(
             response.insert_header((name.as_str(), value.as_bytes()));
         }
     }
-    let watch = path.starts_with("/v2/chat/agent");
     let shared = shared.into_inner();
     let mut pending = Vec::new();
     let stream = answer.bytes_stream().map(move |piece| {

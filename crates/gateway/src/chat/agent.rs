@@ -212,6 +212,21 @@ pub fn prepare(
             ),
         ));
     }
+    let native_route = match definition.params.tool_calling {
+        ToolCalling::React => None,
+        ToolCalling::Native => Some(
+            route_for_target(&config.providers, &target)
+                .map_err(|e| AgentError::ModelChoice(e.to_string()))?,
+        ),
+    };
+    let bundled = matches!(&native_route, Some(ModelRoute::OpenAi { base_url, .. })
+        if *base_url == config.providers.local_llm_url);
+    // The bundled small model chooses readers poorly and loses its context
+    // window to their results: when the question's resource is attached
+    // already, it answers from it (its only function is the direct answer).
+    // Models that use tools well keep them.
+    let from_context = bundled && has_attached_context(question);
+    let tools = if from_context { Vec::new() } else { tools };
     // The system prompt and the scratchpad prefill once; the question's user
     // turn with them (one render of the whole input).
     let inputs = prompt_inputs(&tools, request, question);
@@ -240,13 +255,6 @@ pub fn prepare(
             }
         }
     }
-    let native_route = match definition.params.tool_calling {
-        ToolCalling::React => None,
-        ToolCalling::Native => Some(
-            route_for_target(&config.providers, &target)
-                .map_err(|e| AgentError::ModelChoice(e.to_string()))?,
-        ),
-    };
     let mut call = definition.model_call(rendered, target);
     messages.append(&mut call.messages);
     call.messages = messages;
@@ -265,8 +273,6 @@ pub fn prepare(
     let native = match native_route {
         None => None,
         Some(route) => {
-            let bundled = matches!(&route, ModelRoute::OpenAi { base_url, .. }
-                if *base_url == config.providers.local_llm_url);
             let offered = if bundled {
                 native::offered_to_small_model(&tools, &question.content)
             } else {
@@ -285,12 +291,7 @@ pub fn prepare(
                     .map(|m| m.content)
                     .collect::<Vec<_>>()
                     .join("\n\n");
-                let has_context = question.context.is_some()
-                    || question.current_file.is_some()
-                    || question
-                        .additional_context
-                        .as_ref()
-                        .is_some_and(|items| !items.is_empty());
+                let has_context = from_context || question.current_file.is_some();
                 Some(native::FreeTextAnswer::new(
                     system,
                     conversation.clone(),
@@ -311,6 +312,7 @@ pub fn prepare(
                 tools: native::tool_schemas(
                     &offered,
                     bundled.then_some(native::BUNDLED_ANSWER_CHARS),
+                    from_context,
                 ),
                 params: call.params.clone(),
                 question: question.content.clone(),
@@ -323,6 +325,16 @@ pub fn prepare(
         tools,
         native,
     })
+}
+
+/// Whether the monolith attached a resource, a file or another context item
+/// to the question.
+fn has_attached_context(question: &AgentMessage) -> bool {
+    question.context.is_some()
+        || question
+            .additional_context
+            .as_ref()
+            .is_some_and(|items| !items.is_empty())
 }
 
 /// The size of the prompt a prepared step sends, in characters: the system

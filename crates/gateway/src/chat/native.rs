@@ -95,7 +95,17 @@ pub fn plain_markup(text: &str) -> String {
             .map(|first| first.to_uppercase().chain(chars).collect::<String>())
             .unwrap_or_default()
     };
-    let lines: Vec<&str> = text.lines().collect();
+    // Tags written on one line (`<issue><title>X</title></issue>`) first
+    // go one per line.
+    static ADJACENT: std::sync::LazyLock<Option<regex::Regex>> =
+        std::sync::LazyLock::new(|| regex::Regex::new(r"(</?[a-z_]+>)(</?[a-z_]+>)").ok());
+    let mut split = text.to_owned();
+    if let Some(adjacent) = ADJACENT.as_ref() {
+        for _ in 0..2 {
+            split = adjacent.replace_all(&split, "$1\n$2").into_owned();
+        }
+    }
+    let lines: Vec<&str> = split.lines().collect();
     let mut out = String::with_capacity(text.len());
     for (i, line) in lines.iter().enumerate() {
         let trimmed = line.trim();
@@ -234,17 +244,35 @@ pub fn offered_to_small_model<'a>(
 pub const BUNDLED_ANSWER_CHARS: u64 = 600;
 
 /// The direct answer, then the catalogue's tools, as function definitions;
-/// `answer_chars` bounds the direct answer's length.
-pub fn tool_schemas(tools: &[&ToolDefinition], answer_chars: Option<u64>) -> Vec<ToolSchema> {
-    let mut answer = json!({"type": "string", "description": "The answer, in Markdown"});
+/// `answer_chars` bounds the direct answer's length. `from_context`: the
+/// question's resource is attached and the direct answer is the only
+/// function, so it asks for that resource's facts.
+pub fn tool_schemas(
+    tools: &[&ToolDefinition],
+    answer_chars: Option<u64>,
+    from_context: bool,
+) -> Vec<ToolSchema> {
+    let (function, argument) = if from_context {
+        (
+            "Answers the question from the GitLab resource given with it: its title and state first, then the facts the question asks for.",
+            // The bundled model copies this text into its answer: it
+            // says no more than the plain one.
+            "The answer, in Markdown",
+        )
+    } else {
+        (
+            "Answers the user directly, without reading anything: for greetings, \
+            general programming questions, and questions the other functions cannot read.",
+            "The answer, in Markdown",
+        )
+    };
+    let mut answer = json!({"type": "string", "description": argument});
     if let Some(limit) = answer_chars {
         answer["maxLength"] = json!(limit);
     }
     let direct = ToolSchema {
         name: DIRECT_ANSWER.to_owned(),
-        description: "Answers the user directly, without reading anything: for greetings, \
-            general programming questions, and questions the other functions cannot read."
-            .to_owned(),
+        description: function.to_owned(),
         parameters: json!({
             "type": "object",
             "properties": {"answer": answer},
@@ -639,6 +667,10 @@ mod tests {
             "Context:\nThe user is currently looking at this issue:\nType: issue\nReference: acme/api#1\nTitle: Login fails\nState: opened\nDescription:\nUsers get a 500.\nSteps: reload\nFile path: src/session.rs\nContent: fn refresh() {\n}\nSummarize it"
         );
         assert_eq!(plain_markup("a < b and c > d"), "a < b and c > d");
+        assert_eq!(
+            plain_markup("<issue><title>Add dark mode</title></issue>"),
+            "Title: Add dark mode"
+        );
     }
 
     #[test]
@@ -785,7 +817,7 @@ mod tests {
 
     #[test]
     fn schemas_speak_of_the_input_argument() {
-        let schemas = tool_schemas(&catalogue(), None);
+        let schemas = tool_schemas(&catalogue(), None, false);
         let (direct, tools) = schemas.split_first().unwrap();
         for schema in tools {
             assert!(

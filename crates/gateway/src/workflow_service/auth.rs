@@ -16,11 +16,13 @@ use tonic::Status;
 use tonic::metadata::MetadataMap;
 
 /// Unit primitives a token minted by `GenerateToken` may carry: the caller's
-/// scopes are narrowed to these.
-pub const SERVICE_UNIT_PRIMITIVES: [&str; 3] = [
+/// scopes are narrowed to these (the flows' own, and those of the tools that
+/// need one: `codebase_search` for `semantic_code_search`).
+pub const SERVICE_UNIT_PRIMITIVES: [&str; 4] = [
     "duo_agent_platform",
     "duo_workflow_execute_workflow",
     "duo_chat",
+    "codebase_search",
 ];
 
 /// The authenticated caller of one RPC.

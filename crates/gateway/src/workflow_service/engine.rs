@@ -14,7 +14,7 @@ use super::state::{
     CheckpointPost, PlanStep, ToolInfo, UiChatLogEntry, WorkflowState, WorkflowStatus,
     new_thread_ts,
 };
-use super::tools::{self, ToolKind, ToolPolicy, ToolResult, ToolSpec};
+use super::tools::{self, ToolKind, ToolPolicy, ToolResult, ToolSpec, UnitPrimitives};
 use crate::config::{PromptsConfig, ProvidersConfig, WorkflowServiceConfig};
 use crate::prompts::{PromptDefinition, PromptRegistry, TemplateRole};
 use crate::providers::ModelRoute;
@@ -346,13 +346,15 @@ impl Drop for LockRenewal {
 }
 
 impl Run {
-    /// Loads the workflow, sends the first status event and runs it.
+    /// Loads the workflow, sends the first status event and runs it;
+    /// `unit_primitives` are the caller's (they decide some tools).
     pub async fn execute(
         services: Arc<Services>,
         link: ExecutorLink,
         start: StartWorkflowRequest,
         flow: Flow,
         model: ModelChoice,
+        unit_primitives: UnitPrimitives,
     ) -> Result<RunOutcome, RunError> {
         let workflow_id = start.workflow_id.trim().to_owned();
         if !valid_workflow_id(&workflow_id) {
@@ -407,6 +409,7 @@ impl Run {
             start,
             flow,
             model,
+            unit_primitives,
             monolith,
             workflow_id,
             record,
@@ -437,6 +440,7 @@ impl Run {
         start: StartWorkflowRequest,
         flow: Flow,
         model: ModelChoice,
+        unit_primitives: UnitPrimitives,
         monolith: MonolithApi,
         workflow_id: String,
         record: super::monolith_api::WorkflowRecord,
@@ -463,6 +467,7 @@ impl Run {
                     .collect(),
                 session_approved: session_approved_tools(&start),
                 mcp_tools: run_mcp_tools(&workflow_id, &record, &start),
+                unit_primitives,
             },
             command_timeout: start
                 .client_capabilities
@@ -1002,13 +1007,14 @@ impl Run {
         }
         for call in tool_calls {
             let problem = match self.policy.find(&call.name) {
-                Some(tool) if spec.offers(tool) && self.policy.enabled(tool) => {
-                    tools::validate_args(tool, &call.args).err()
-                }
-                Some(_) => Some(format!(
+                Some(tool) if !spec.offers(tool) => Some(format!(
                     "the tool {} is not available to this workflow",
                     call.name
                 )),
+                Some(tool) => match self.policy.refusal(tool) {
+                    Some(refusal) => Some(refusal.message(&call.name)),
+                    None => tools::validate_args(tool, &call.args).err(),
+                },
                 None => Some(format!("there is no tool named {}", call.name)),
             };
             match problem {

@@ -5,7 +5,7 @@ use super::auth::{HEADER_MODEL_METADATA, MintedToken, WorkflowAuth, WorkflowCall
 use super::engine::{Flow, Run, RunError, Services};
 use super::link::{ExecutorLink, MAX_ACTION_BYTES};
 use super::model_choice::{AgentModelMetadata, ModelChoice};
-use super::tools::CATALOGUE;
+use super::tools::{CATALOGUE, UnitPrimitives, unit_primitive};
 use contracts::duo_workflow::duo_workflow_server::{DuoWorkflow, DuoWorkflowServer};
 use contracts::duo_workflow::{
     Action, Capability, ClientEvent, GenerateTokenRequest, GenerateTokenResponse, Kind,
@@ -173,6 +173,10 @@ impl DuoWorkflow for WorkflowService {
         model
             .check(&self.services.providers)
             .map_err(|e| Status::permission_denied(e.to_string()))?;
+        let unit_primitives = UnitPrimitives {
+            held: caller.scopes.clone(),
+            all: caller.is_debug,
+        };
         let mut inbound = request.into_inner();
         let first = tokio::time::timeout(START_TIMEOUT, inbound.message())
             .await
@@ -213,7 +217,8 @@ impl DuoWorkflow for WorkflowService {
         tokio::spawn(
             async move {
                 let workflow_id = start.workflow_id.clone();
-                let outcome = Run::execute(services, link.clone(), start, flow, model).await;
+                let outcome =
+                    Run::execute(services, link.clone(), start, flow, model, unit_primitives).await;
                 match outcome {
                     Ok(outcome) => {
                         tracing::info!(%workflow_id, ?outcome, "{}", outcome.message());
@@ -273,10 +278,13 @@ impl DuoWorkflow for WorkflowService {
         &self,
         request: Request<ListToolsRequest>,
     ) -> Result<Response<ListToolsResponse>, Status> {
-        self.caller(&request).await?;
+        let caller = self.caller(&request).await?;
         Ok(Response::new(ListToolsResponse {
+            // Not the tools whose feature needs a unit primitive the caller
+            // lacks: no run of theirs is offered them.
             tools: CATALOGUE
                 .iter()
+                .filter(|tool| unit_primitive(&tool.name).is_none_or(|up| caller.can(up)))
                 .map(|tool| to_struct(&tool.openai_schema()))
                 .collect(),
             eval_dataset: Vec::new(),

@@ -350,20 +350,76 @@ pub fn find(name: &str) -> Option<&'static ToolSpec> {
 }
 
 /// What one workflow may use: its agent privileges, its pre-approved ones,
-/// tools the user pre-approved for the session, and the MCP tools its
-/// executor offers (empty unless the workflow may use them).
+/// tools the user pre-approved for the session, the MCP tools its executor
+/// offers (empty unless the workflow may use them), and the unit primitives
+/// its caller's token carries (a tool whose feature needs one the caller
+/// lacks is neither offered nor run, as chat's tool catalogue filters its
+/// tools).
 #[derive(Debug, Clone, Default)]
 pub struct ToolPolicy {
     pub privileges: BTreeSet<i64>,
     pub pre_approved: BTreeSet<i64>,
     pub session_approved: BTreeSet<String>,
     pub mcp_tools: Vec<ToolSpec>,
+    pub unit_primitives: UnitPrimitives,
+}
+
+/// The unit primitives a run's caller holds: none by default.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnitPrimitives {
+    /// Those of the caller's token.
+    pub held: BTreeSet<String>,
+    /// Every one: the service runs without authentication (development).
+    pub all: bool,
+}
+
+impl UnitPrimitives {
+    pub fn allows(&self, unit_primitive: &str) -> bool {
+        self.all || self.held.contains(unit_primitive)
+    }
+}
+
+/// Why a workflow may not use a tool it has by name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolRefusal {
+    /// The workflow's agent privileges do not include the tool's.
+    Privilege,
+    /// The caller lacks the unit primitive of the tool's feature.
+    UnitPrimitive(&'static str),
+}
+
+impl ToolRefusal {
+    /// The tool error the model is sent for a call to `tool`.
+    pub fn message(&self, tool: &str) -> String {
+        match self {
+            Self::Privilege => format!("the tool {tool} is not available to this workflow"),
+            Self::UnitPrimitive(needed) => format!(
+                "the tool {tool} is not available to this workflow: it needs the unit primitive {needed}, which the user's GitLab Duo seat does not grant"
+            ),
+        }
+    }
 }
 
 impl ToolPolicy {
     pub fn enabled(&self, spec: &ToolSpec) -> bool {
-        spec.privilege
-            .is_none_or(|p| self.privileges.contains(&(p as i64)))
+        self.refusal(spec).is_none()
+    }
+
+    /// Why `spec` may not be used by this workflow, if it may not.
+    pub fn refusal(&self, spec: &ToolSpec) -> Option<ToolRefusal> {
+        if spec
+            .privilege
+            .is_some_and(|p| !self.privileges.contains(&(p as i64)))
+        {
+            return Some(ToolRefusal::Privilege);
+        }
+        // MCP tools never take a catalogue name, so only catalogue tools
+        // have a unit primitive here.
+        match (spec.kind, unit_primitive(&spec.name)) {
+            (ToolKind::Mcp, _) | (_, None) => None,
+            (_, Some(needed)) if self.unit_primitives.allows(needed) => None,
+            (_, Some(needed)) => Some(ToolRefusal::UnitPrimitive(needed)),
+        }
     }
 
     pub fn needs_approval(&self, spec: &ToolSpec) -> bool {
@@ -800,16 +856,46 @@ mod tests {
             unit_primitive("semantic_code_search"),
             Some("codebase_search")
         );
+        let held = |primitives: &[&str]| UnitPrimitives {
+            held: primitives.iter().map(|p| (*p).to_owned()).collect(),
+            all: false,
+        };
         let policy = ToolPolicy {
             privileges: [Privilege::ReadOnlyGitlab as i64].into_iter().collect(),
+            unit_primitives: held(&["duo_agent_platform", "codebase_search"]),
             ..ToolPolicy::default()
         };
-        let offered: Vec<&str> = policy
-            .tools(&["semantic_code_search", "read_file"], false)
-            .iter()
-            .map(|t| t.name.as_ref())
-            .collect();
-        assert_eq!(offered, ["semantic_code_search"]);
+        let offered = |policy: &ToolPolicy| -> Vec<String> {
+            policy
+                .tools(&["semantic_code_search", "read_file"], false)
+                .iter()
+                .map(|t| t.name.to_string())
+                .collect()
+        };
+        assert_eq!(offered(&policy), ["semantic_code_search"]);
+        // Without the unit primitive: not offered, and a call is refused
+        // saying which one is missing.
+        let without = ToolPolicy {
+            unit_primitives: held(&["duo_agent_platform"]),
+            ..policy.clone()
+        };
+        assert!(offered(&without).is_empty());
+        let refusal = without.refusal(spec).unwrap();
+        assert_eq!(refusal, ToolRefusal::UnitPrimitive("codebase_search"));
+        assert!(
+            refusal
+                .message("semantic_code_search")
+                .contains("needs the unit primitive codebase_search")
+        );
+        // A service without authentication allows every unit primitive.
+        let open = ToolPolicy {
+            unit_primitives: UnitPrimitives {
+                held: Default::default(),
+                all: true,
+            },
+            ..without
+        };
+        assert!(open.enabled(spec));
 
         let (method, path, body) = gitlab_request(
             &call(
@@ -827,6 +913,19 @@ mod tests {
         assert_eq!(body, None);
         let args = json!({"semantic_query": "x", "limit": "many"});
         assert!(validate_args(spec, &args).is_err());
+    }
+
+    #[test]
+    fn minted_tokens_may_carry_every_tool_unit_primitive() {
+        for tool in CATALOGUE.iter() {
+            if let Some(needed) = unit_primitive(&tool.name) {
+                assert!(
+                    crate::workflow_service::auth::SERVICE_UNIT_PRIMITIVES.contains(&needed),
+                    "{} needs {needed}, which GenerateToken drops",
+                    tool.name
+                );
+            }
+        }
     }
 
     #[test]

@@ -141,3 +141,83 @@ fn the_local_default_asks_natively_and_the_openai_family_keeps_react() {
     assert_eq!(react.call.params.max_tokens, 4096);
     assert_eq!(react.call.params.stop, vec!["Observation:".to_owned()]);
 }
+
+#[test]
+fn the_bundled_model_answers_from_an_attached_resource_and_others_keep_their_readers() {
+    let with_issue: AgentRequest = serde_json::from_str(
+        r#"{"messages":[{"role":"user","content":"What is it about?",
+            "context":{"type":"issue","content":"<issue><title>Add dark mode</title></issue>"}}]}"#,
+    )
+    .unwrap();
+    let plain: AgentRequest =
+        serde_json::from_str(r#"{"messages":[{"role":"user","content":"What is it about?"}]}"#)
+            .unwrap();
+    let prepared = |cfg: &gateway::Config, request: &AgentRequest| {
+        prepare(
+            &registry(),
+            cfg,
+            &GatewayUser::debug(),
+            ClientInfo::default(),
+            request,
+        )
+        .unwrap()
+    };
+    let bundled = gateway::Config::for_tests(&[]).unwrap();
+    let attached = prepared(&bundled, &with_issue);
+    assert!(attached.tools.is_empty(), "no reader may be run");
+    let step = attached.native.expect("a native step");
+    let names: Vec<&str> = step.tools.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["answer_directly"]);
+    assert!(
+        step.tools[0]
+            .description
+            .contains("from the GitLab resource given with it")
+    );
+    assert!(
+        step.system.contains("from that resource only"),
+        "{}",
+        step.system
+    );
+    assert!(format!("{:?}", step.messages).contains("Add dark mode"));
+    // It is not even asked to choose: it answers in plain text, its context
+    // written as labelled lines.
+    let free = step.free_text.expect("a plain answer");
+    assert!(free.skip_choice);
+    assert!(
+        free.system.contains("from that resource only"),
+        "{}",
+        free.system
+    );
+    assert!(
+        format!("{:?}", free.messages).contains("Title: Add dark mode"),
+        "{:?}",
+        free.messages
+    );
+
+    // Nothing attached: the bundled model chooses among the readers when
+    // the question names something to read.
+    let names_one: AgentRequest = serde_json::from_str(
+        r#"{"messages":[{"role":"user","content":"What is issue #3 about?"}]}"#,
+    )
+    .unwrap();
+    let step = prepared(&bundled, &names_one)
+        .native
+        .expect("a native step");
+    assert!(step.tools.iter().any(|t| t.name == "issue_reader"));
+    assert!(!step.system.contains("from that resource only"));
+    assert!(!step.free_text.expect("a plain answer").skip_choice);
+    // ...and answers a question naming nothing in plain text at once.
+    let step = prepared(&bundled, &plain).native.expect("a native step");
+    assert!(step.free_text.expect("a plain answer").skip_choice);
+
+    // A hosted model keeps its readers with the resource attached.
+    let hosted = prepared(&config(&[]), &with_issue);
+    assert!(hosted.tools.iter().any(|t| t.name == "issue_reader"));
+    assert!(
+        !hosted
+            .call
+            .system
+            .unwrap_or_default()
+            .contains("from that resource only")
+    );
+}

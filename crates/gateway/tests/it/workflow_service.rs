@@ -457,6 +457,96 @@ async fn callers_are_authenticated_and_authorized() {
     assert!(fake.requests().is_empty(), "no model call for refused runs");
 }
 
+/// One chat run whose caller holds `scopes`, with the model calling
+/// `semantic_code_search` once and then answering: the model's request
+/// bodies and the monolith double's requests.
+async fn run_calling_codebase_search(scopes: &[&str]) -> (Vec<String>, Vec<String>) {
+    let (fake, monolith, service) = support::harness(support::anthropic).await;
+    let workspace = TempWorkspace::new(&[("README.md", "Hello\n")]);
+    // Reading GitLab is one of the workflow's privileges, pre-approved.
+    let id = monolith.create_workflow("chat", &[1, 2], &[2]);
+    fake.push_tool_calls(
+        "Let me search the code.",
+        vec![ToolCall::new(
+            "call-search",
+            "semantic_code_search",
+            json!({"semantic_query": "where is the greeting?"}),
+        )],
+    );
+    fake.push_text("The greeting is in README.md.");
+    let mut session = service.session(&monolith, &workspace, id, "chat", GOAL);
+    session.target = service.target(&support::monolith_token(scopes));
+    let end = session
+        .run(
+            &mut ScriptedApprover::new(Vec::new()),
+            &mut Recorder::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(end, SessionEnd::Finished);
+    let requests = monolith.state.lock().unwrap().requests.clone();
+    (request_bodies(&fake), requests)
+}
+
+#[actix_web::test]
+async fn codebase_search_needs_its_unit_primitive() {
+    // Without codebase_search: never offered, and the call is refused with a
+    // tool error naming the missing unit primitive; the code index is never
+    // asked.
+    let (bodies, requests) = run_calling_codebase_search(CHAT_SCOPES).await;
+    assert_eq!(bodies.len(), 2);
+    assert!(
+        bodies[0].contains("\"read_file\""),
+        "the other tools are offered"
+    );
+    assert!(!bodies[0].contains("semantic_code_search"));
+    assert!(bodies[1].contains("needs the unit primitive codebase_search"));
+    assert!(!bodies[1].contains("Hello (indexed)"));
+    assert!(!requests.iter().any(|r| r.contains("semantic_code_search")));
+
+    // With it: offered, run against the monolith, its result sent back.
+    let (bodies, requests) =
+        run_calling_codebase_search(&["duo_chat", "duo_agent_platform", "codebase_search"]).await;
+    assert_eq!(bodies.len(), 2);
+    assert!(bodies[0].contains("\"semantic_code_search\""));
+    assert!(bodies[1].contains("Hello (indexed)"));
+    assert!(!bodies[1].contains("needs the unit primitive"));
+    assert!(requests.iter().any(|r| r.starts_with(
+        "GET /api/v4/projects/1/semantic_code_search?semantic_query=where%20is%20the%20greeting%3F"
+    )));
+}
+
+#[actix_web::test]
+async fn minted_tokens_keep_codebase_search_only_for_callers_who_hold_it() {
+    let (_fake, _monolith, service) = support::harness(support::anthropic).await;
+    let mut client = service.client().await;
+    for (scopes, listed) in [
+        (&["duo_chat", "duo_agent_platform"][..], false),
+        (
+            &["duo_chat", "duo_agent_platform", "codebase_search"][..],
+            true,
+        ),
+    ] {
+        let minted = client
+            .generate_token(support::request(
+                GenerateTokenRequest::default(),
+                &support::monolith_token(scopes),
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        // The minted token decides the tools of the runs made with it.
+        let tools = client
+            .list_tools(support::request(ListToolsRequest {}, &minted.token))
+            .await
+            .unwrap()
+            .into_inner();
+        let names = format!("{:?}", tools.tools);
+        assert!(names.contains("read_file"));
+        assert_eq!(names.contains("semantic_code_search"), listed, "{scopes:?}");
+    }
+}
+
 #[actix_web::test]
 async fn generated_tokens_work_and_cannot_mint_more() {
     // The monolith double serves the keys the tokens are checked with.
