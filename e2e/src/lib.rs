@@ -345,6 +345,8 @@ pub struct System {
     pub web_url: String,
     /// The extra `web` replicas and their URLs ([`Options::extra_web_replicas`]).
     pub replicas: Vec<(Service, String)>,
+    /// The `worker` processes beyond the first ([`Options::extra_workers`]).
+    pub extra_workers: Vec<Service>,
     pub users: Vec<DemoUser>,
     pub http: reqwest::Client,
     /// Where the monolith keeps this system's repositories.
@@ -372,6 +374,8 @@ pub struct Options {
     pub monolith_env: Vec<(String, String)>,
     /// `web` processes beyond the first, each on its own port, one database.
     pub extra_web_replicas: usize,
+    /// `worker` processes beyond the first, claiming from the same queue.
+    pub extra_workers: usize,
     /// Point the gateway at this OpenAI-compatible base URL (the real local
     /// model server) instead of the fake provider's Anthropic endpoint.
     pub local_model_url: Option<String>,
@@ -550,12 +554,25 @@ impl System {
             replicas.push((replica, url));
         }
 
+        let mut extra_workers = Vec::new();
+        if !options.web_runs_jobs {
+            for _ in 0..options.extra_workers {
+                extra_workers.push(Service::spawn(
+                    "worker-replica",
+                    &monolith_bin,
+                    &["worker"],
+                    &monolith_env,
+                )?);
+            }
+        }
+
         Ok(Self {
             db,
             fake,
             gateway,
             web,
             worker,
+            extra_workers,
             gateway_url,
             workflow_url: format!("http://127.0.0.1:{workflow_port}"),
             web_url,
@@ -643,9 +660,22 @@ impl System {
 
     /// Runs a GraphQL operation; returns the whole response body.
     pub async fn graphql(&self, token: &str, query: &str, variables: Value) -> Result<Value> {
+        self.graphql_at(&self.web_url, token, query, variables)
+            .await
+    }
+
+    /// A GraphQL request to one web replica (`web_url` or one of
+    /// [`System::replicas`]).
+    pub async fn graphql_at(
+        &self,
+        web_url: &str,
+        token: &str,
+        query: &str,
+        variables: Value,
+    ) -> Result<Value> {
         let resp = self
             .http
-            .post(format!("{}/api/graphql", self.web_url))
+            .post(format!("{web_url}/api/graphql"))
             .bearer_auth(token)
             .json(&json!({ "query": query, "variables": variables }))
             .send()
@@ -743,8 +773,21 @@ impl System {
         chat: Value,
         client_subscription_id: &str,
     ) -> Result<Value> {
+        self.ask_with_subscription_at(&self.web_url, token, chat, client_subscription_id)
+            .await
+    }
+
+    /// [`System::ask_with_subscription`] through one web replica.
+    pub async fn ask_with_subscription_at(
+        &self,
+        web_url: &str,
+        token: &str,
+        chat: Value,
+        client_subscription_id: &str,
+    ) -> Result<Value> {
         let body = self
-            .graphql(
+            .graphql_at(
+                web_url,
                 token,
                 "mutation($input: AiActionInput!) { aiAction(input: $input) { requestId threadId errors } }",
                 json!({ "input": { "chat": chat, "clientSubscriptionId": client_subscription_id } }),

@@ -191,8 +191,20 @@ async fn run(
     }
 }
 
+/// An [`Envelope`] as it arrives, its payload left unparsed: every process
+/// receives every message, and most are for topics nobody here listens to.
+#[derive(Deserialize)]
+struct Incoming<'a> {
+    #[serde(borrow)]
+    topic: std::borrow::Cow<'a, str>,
+    #[serde(default, borrow)]
+    payload: Option<&'a serde_json::value::RawValue>,
+    #[serde(default)]
+    id: Option<i64>,
+}
+
 async fn deliver(client: &tokio_postgres::Client, topics: &Topics, text: &str) {
-    let envelope: Envelope = match serde_json::from_str(text) {
+    let envelope: Incoming = match serde_json::from_str(text) {
         Ok(e) => e,
         Err(e) => {
             tracing::warn!(error = %e, "ignoring malformed pub/sub notification");
@@ -201,11 +213,17 @@ async fn deliver(client: &tokio_postgres::Client, topics: &Topics, text: &str) {
     };
     let sender = {
         let topics = topics.lock().unwrap_or_else(|p| p.into_inner());
-        topics.get(&envelope.topic).cloned()
+        topics.get(envelope.topic.as_ref()).cloned()
     };
     let Some(sender) = sender else { return };
     let payload = match (envelope.payload, envelope.id) {
-        (Some(p), _) => p,
+        (Some(raw), _) => match serde_json::from_str(raw.get()) {
+            Ok(payload) => payload,
+            Err(e) => {
+                tracing::warn!(error = %e, "ignoring malformed pub/sub payload");
+                return;
+            }
+        },
         (None, Some(id)) => {
             match client
                 .query_opt("SELECT payload FROM pubsub_messages WHERE id = $1", &[&id])

@@ -427,7 +427,7 @@ impl AgentResponder {
         &self,
         job: &'j CompletionJob,
     ) -> Result<std::borrow::Cow<'j, CompletionJob>, ResponderError> {
-        if job.current_file.is_some() || !job.additional_context.is_empty() {
+        if job.context_in_job || job.current_file.is_some() || !job.additional_context.is_empty() {
             return Ok(std::borrow::Cow::Borrowed(job));
         }
         let db = self

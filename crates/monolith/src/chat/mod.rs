@@ -12,9 +12,9 @@ mod storage;
 pub use markdown::render_markdown;
 pub use service::{ChatService, RATE_LIMIT_ACTION};
 pub use storage::{
-    HistoryRow, MAX_FEEDBACK_REASON_CHARS, answer_exists, apply_retention, delete_idle_threads,
-    delete_thread, messages_since_reset, question_extras, record_feedback, store_answer_once,
-    store_message, thread_exists,
+    CompletionStart, HistoryRow, MAX_FEEDBACK_REASON_CHARS, apply_retention, completion_start,
+    delete_idle_threads, delete_thread, messages_since_reset, question_extras, record_feedback,
+    store_answer_once, store_message,
 };
 
 use async_trait::async_trait;
@@ -110,6 +110,11 @@ pub struct CompletionJob {
     pub additional_context: Vec<AdditionalContext>,
     #[serde(default)]
     pub platform_origin: Option<String>,
+    /// The question's editor context (`current_file`, `additional_context`)
+    /// travels in this job, even when empty. Jobs enqueued by a release
+    /// before it lack the flag; their context is read from the stored question.
+    #[serde(default)]
+    pub context_in_job: bool,
 }
 
 /// A job's context items; items this version cannot read (a category from a

@@ -97,6 +97,7 @@ impl ChatService {
                 current_file: request.current_file,
                 additional_context: request.additional_context,
                 platform_origin: request.platform_origin,
+                context_in_job: true,
             };
             self.queue.enqueue(&tx, &job).await?;
         }

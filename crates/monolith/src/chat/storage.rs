@@ -60,26 +60,38 @@ pub async fn store_answer_once(
     Ok(row.as_ref().map(message_from_row))
 }
 
-/// Whether the request already has a stored assistant answer.
-pub async fn answer_exists(db: &impl Queries, request_xid: Uuid) -> Result<bool, ChatError> {
-    Ok(db
-        .query_opt(
-            "SELECT 1 FROM ai_conversation_messages WHERE request_xid = $1 AND role = 2",
-            &[&request_xid],
-        )
-        .await?
-        .is_some())
+/// What a completion job finds when it starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompletionStart {
+    /// No answer stored yet and the thread is there: answer it.
+    Answer,
+    /// An answer to the request is stored already (a re-run after a crash).
+    AlreadyAnswered,
+    /// The thread is gone (retention or `/clear`): nothing to answer.
+    ThreadGone,
 }
 
-/// Whether the thread still exists (retention or `/clear` may have removed it).
-pub async fn thread_exists(db: &impl Queries, thread_id: i64) -> Result<bool, ChatError> {
-    Ok(db
-        .query_opt(
-            "SELECT 1 FROM ai_conversation_threads WHERE id = $1",
-            &[&thread_id],
+/// Whether the request still needs its answer, in one round trip.
+pub async fn completion_start(
+    db: &impl Queries,
+    request_xid: Uuid,
+    thread_id: i64,
+) -> Result<CompletionStart, ChatError> {
+    let row = db
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM ai_conversation_messages WHERE request_xid = $1 AND role = 2),
+                    EXISTS (SELECT 1 FROM ai_conversation_threads WHERE id = $2)",
+            &[&request_xid, &thread_id],
         )
-        .await?
-        .is_some())
+        .await?;
+    let (answered, thread): (bool, bool) = (row.get(0), row.get(1));
+    Ok(if answered {
+        CompletionStart::AlreadyAnswered
+    } else if !thread {
+        CompletionStart::ThreadGone
+    } else {
+        CompletionStart::Answer
+    })
 }
 
 /// One message of a thread as the agent's history needs it.

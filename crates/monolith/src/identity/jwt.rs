@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use jsonwebtoken::{Algorithm, Header};
 use rsa::RsaPrivateKey;
 use rsa::pkcs8::{DecodePrivateKey, EncodePrivateKey, LineEnding};
 use rsa::traits::PublicKeyParts;
@@ -29,6 +29,10 @@ pub enum JwtError {
     Key(String),
     #[error("signing failed: {0}")]
     Sign(#[from] jsonwebtoken::errors::Error),
+    #[error("signing failed: {0}")]
+    Rsa(String),
+    #[error("token encoding: {0}")]
+    Json(#[from] serde_json::Error),
     #[error("no signing key")]
     NoKey,
     #[error("key ring lock poisoned")]
@@ -40,7 +44,10 @@ struct SigningKey {
     kid: String,
     created_at: u64,
     private: RsaPrivateKey,
-    encoding: EncodingKey,
+    /// Parsed and checked once: `jsonwebtoken::encode` parses the DER key
+    /// again for every token, which was a third of a worker's CPU per chat
+    /// answer (one token per gateway call).
+    signer: std::sync::Arc<aws_lc_rs::signature::RsaKeyPair>,
 }
 
 #[derive(Clone)]
@@ -172,7 +179,11 @@ impl KeyRing {
     fn key_from_pem(kid: &str, pem: &str) -> Result<SigningKey, JwtError> {
         let private =
             RsaPrivateKey::from_pkcs8_pem(pem).map_err(|e| JwtError::Key(format!("{kid}: {e}")))?;
-        let encoding = EncodingKey::from_rsa_pem(pem.as_bytes())?;
+        let der = private
+            .to_pkcs8_der()
+            .map_err(|e| JwtError::Key(format!("{kid}: {e}")))?;
+        let signer = aws_lc_rs::signature::RsaKeyPair::from_pkcs8(der.as_bytes())
+            .map_err(|e| JwtError::Key(format!("{kid}: {e}")))?;
         let created_at = kid
             .split('-')
             .next()
@@ -182,7 +193,7 @@ impl KeyRing {
             kid: kid.to_owned(),
             created_at,
             private,
-            encoding,
+            signer: std::sync::Arc::new(signer),
         })
     }
 
@@ -236,7 +247,21 @@ impl KeyRing {
         let key = self.keys.last().ok_or(JwtError::NoKey)?;
         let mut header = Header::new(Algorithm::RS256);
         header.kid = Some(key.kid.clone());
-        Ok(jsonwebtoken::encode(&header, claims, &key.encoding)?)
+        let signed = format!(
+            "{}.{}",
+            URL_SAFE_NO_PAD.encode(serde_json::to_vec(&header)?),
+            URL_SAFE_NO_PAD.encode(serde_json::to_vec(claims)?)
+        );
+        let mut signature = vec![0; key.signer.public_modulus_len()];
+        key.signer
+            .sign(
+                &aws_lc_rs::signature::RSA_PKCS1_SHA256,
+                &aws_lc_rs::rand::SystemRandom::new(),
+                signed.as_bytes(),
+                &mut signature,
+            )
+            .map_err(|e| JwtError::Rsa(e.to_string()))?;
+        Ok(format!("{signed}.{}", URL_SAFE_NO_PAD.encode(signature)))
     }
 
     /// The JSON Web Key Set of every published key.
