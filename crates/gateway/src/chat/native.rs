@@ -58,6 +58,61 @@ pub struct FreeTextAnswer {
     pub messages: Vec<Message>,
     /// Whether the step goes straight to the plain-text answer.
     pub skip_choice: bool,
+    /// The facts of the question's context the answer starts with, written
+    /// by the gateway: a model this small cannot be relied on to quote them.
+    pub lead: Option<String>,
+}
+
+/// The opening line of a small model's answer from labelled context: the
+/// resource's title with its reference, state, labels and assignees, and the
+/// files of a code search. `None` when the context has none of these.
+pub fn context_lead(plain: &str) -> Option<String> {
+    let field = |label: &str| {
+        plain
+            .lines()
+            .find_map(|line| line.strip_prefix(label))
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+    };
+    let mut lead = String::new();
+    if let Some(title) = field("Title: ") {
+        let mut facts: Vec<String> = Vec::new();
+        if let Some(reference) = field("Reference: ") {
+            facts.push(reference.to_owned());
+        }
+        if let Some(state) = field("State: ") {
+            facts.push(if state == "opened" {
+                "open".to_owned()
+            } else {
+                state.to_owned()
+            });
+        }
+        if let Some(labels) = field("Labels: ") {
+            facts.push(format!("labels: {labels}"));
+        }
+        if let Some(assignees) = field("Assignees: ") {
+            facts.push(format!("assignees: {assignees}"));
+        }
+        lead.push_str(&format!("**{title}**"));
+        if !facts.is_empty() {
+            lead.push_str(&format!(" ({})", facts.join(", ")));
+        }
+    }
+    let mut files: Vec<&str> = Vec::new();
+    for path in plain.lines().filter_map(|l| l.strip_prefix("File path: ")) {
+        let path = path.trim();
+        if !path.is_empty() && !files.contains(&path) && files.len() < 5 {
+            files.push(path);
+        }
+    }
+    if !files.is_empty() {
+        if !lead.is_empty() {
+            lead.push('\n');
+        }
+        let listed: Vec<String> = files.iter().map(|f| format!("`{f}`")).collect();
+        lead.push_str(&format!("Files: {}", listed.join(", ")));
+    }
+    (!lead.is_empty()).then(|| format!("{lead}\n\n"))
 }
 
 /// How long a plain-text answer from the bundled model may be, in tokens:
@@ -169,10 +224,19 @@ impl FreeTextAnswer {
             }
             messages.push(Message::human(results));
         }
+        let lead = if has_context {
+            messages.iter().rev().find_map(|m| match m {
+                Message::HumanMessage { content } => context_lead(content),
+                _ => None,
+            })
+        } else {
+            None
+        };
         Self {
             system,
             messages,
             skip_choice: has_context || !steps.is_empty(),
+            lead,
         }
     }
 }
@@ -376,6 +440,7 @@ fn free_text_answer(
     let route = step.route.clone();
     let system = free.system.clone();
     let messages = free.messages.clone();
+    let lead = free.lead.clone();
     let mut params = step.params.clone();
     params.max_tokens = params.max_tokens.min(BUNDLED_ANSWER_TOKENS);
     params.dry_multiplier = Some(BUNDLED_DRY_MULTIPLIER);
@@ -400,6 +465,10 @@ fn free_text_answer(
         };
         let mut pieces = pieces;
         let mut said = false;
+        if let Some(lead) = lead {
+            said = true;
+            yield AgentEvent::delta(lead);
+        }
         while let Some(piece) = pieces.next().await {
             match piece {
                 Ok(TurnDelta::Text(text)) if !text.is_empty() => {
@@ -671,6 +740,21 @@ mod tests {
             plain_markup("<issue><title>Add dark mode</title></issue>"),
             "Title: Add dark mode"
         );
+    }
+
+    #[test]
+    fn a_small_models_answer_leads_with_the_contexts_facts() {
+        let issue = "Context:\nType: issue\nReference: acme/api#1\nTitle: Login fails\nState: opened\nLabels: bug, auth\nDescription:\nUsers get a 500.\nSummarize it";
+        assert_eq!(
+            context_lead(issue).as_deref(),
+            Some("**Login fails** (acme/api#1, open, labels: bug, auth)\n\n")
+        );
+        let code = "File path: src/session.rs\nContent: fn a()\nFile path: src/main.rs\nFile path: src/session.rs\nWhere?";
+        assert_eq!(
+            context_lead(code).as_deref(),
+            Some("Files: `src/session.rs`, `src/main.rs`\n\n")
+        );
+        assert_eq!(context_lead("What is a merge request?"), None);
     }
 
     #[test]

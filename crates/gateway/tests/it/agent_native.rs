@@ -302,7 +302,11 @@ async fn the_bundled_model_answers_a_question_with_its_context_without_choosing_
     });
     let lines = agent(&gw, "duo_chat,ask_issue", &body).await.rest().await;
     let (text, others) = answer_text(&lines);
-    assert_eq!(text, "Issue #1, Add a dark mode, is open.");
+    // The gateway writes the resource's facts first; the model goes on.
+    assert_eq!(
+        text,
+        "**Add a dark mode** (open)\n\nIssue #1, Add a dark mode, is open."
+    );
     assert!(others.is_empty(), "{others:?}");
     let requests = completions(&fake);
     assert_eq!(requests.len(), 1, "no tool choice: one plain request");
