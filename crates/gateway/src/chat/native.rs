@@ -196,7 +196,19 @@ pub fn plain_markup(text: &str) -> String {
         out.push_str(line);
         out.push('\n');
     }
-    out.trim_end().to_owned()
+    unescape_entities(out.trim_end())
+}
+
+/// The five XML entities the monolith's documents escape (`acme&amp;1` is
+/// the epic `acme&1`), back to their characters; `&amp;` last so that an
+/// escaped entity stays one.
+fn unescape_entities(text: &str) -> String {
+    text.replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&#39;", "'")
+        .replace("&apos;", "'")
+        .replace("&amp;", "&")
 }
 
 impl FreeTextAnswer {
@@ -739,6 +751,12 @@ mod tests {
         assert_eq!(
             plain_markup("<issue><title>Add dark mode</title></issue>"),
             "Title: Add dark mode"
+        );
+        assert_eq!(
+            plain_markup(
+                "<epic>\n<reference>acme&amp;1</reference>\n<title>a &lt;b&gt; &amp;lt;</title>\n</epic>"
+            ),
+            "Reference: acme&1\nTitle: a <b> &lt;"
         );
     }
 
