@@ -98,7 +98,46 @@ pub fn context_lead(plain: &str) -> Option<String> {
             lead.push_str(&format!(" ({})", facts.join(", ")));
         }
     }
+    // A commit is attached as JSON (`Commit: {...}`): its title, short id
+    // and changed files.
+    if lead.is_empty()
+        && let Some(commit) =
+            field("Commit: ").and_then(|json| serde_json::from_str::<serde_json::Value>(json).ok())
+    {
+        let title = commit["title"].as_str().unwrap_or_default();
+        let id: String = commit["id"]
+            .as_str()
+            .unwrap_or_default()
+            .chars()
+            .take(8)
+            .collect();
+        let changed: Vec<String> = commit["diffs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|d| d["new_path"].as_str())
+            .take(5)
+            .map(|p| format!("`{p}`"))
+            .collect();
+        if !title.is_empty() {
+            lead.push_str(&format!("**{title}** (commit {id})"));
+            if !changed.is_empty() {
+                lead.push_str(&format!("\nChanged: {}", changed.join(", ")));
+            }
+        }
+    }
     let mut files: Vec<&str> = Vec::new();
+    // A file attached by its link: its path is in the link.
+    for link in plain.lines().filter_map(|l| l.strip_prefix("Id: ")) {
+        if let Some((_, rest)) = link.trim().split_once("/-/blob/")
+            && let Some((_, path)) = rest.split_once('/')
+        {
+            let path = path.split('#').next().unwrap_or(path);
+            if !path.is_empty() && !files.contains(&path) {
+                files.push(path);
+            }
+        }
+    }
     for path in plain.lines().filter_map(|l| l.strip_prefix("File path: ")) {
         let path = path.trim();
         if !path.is_empty() && !files.contains(&path) && files.len() < 5 {
@@ -773,6 +812,16 @@ mod tests {
             Some("Files: `src/session.rs`, `src/main.rs`\n\n")
         );
         assert_eq!(context_lead("What is a merge request?"), None);
+        let commit = r#"Commit: {"id": "fbbf7742fc3996a9", "title": "Refresh sessions", "diffs": [{"new_path": "src/session.rs"}]}"#;
+        assert_eq!(
+            context_lead(commit).as_deref(),
+            Some("**Refresh sessions** (commit fbbf7742)\nChanged: `src/session.rs`\n\n")
+        );
+        let file = "Id: http://gitlab.example/acme/api/-/blob/main/config/api.toml#L3\nCategory: file\nContent: listen = 1";
+        assert_eq!(
+            context_lead(file).as_deref(),
+            Some("Files: `config/api.toml`\n\n")
+        );
     }
 
     #[test]
