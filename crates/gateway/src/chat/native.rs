@@ -97,6 +97,24 @@ pub fn context_lead(plain: &str) -> Option<String> {
         if !facts.is_empty() {
             lead.push_str(&format!(" ({})", facts.join(", ")));
         }
+        // A merge request: its branches and the files its diff changes.
+        if let (Some(source), Some(target)) = (field("Source branch: "), field("Target branch: ")) {
+            lead.push_str(&format!("\nFrom `{source}` into `{target}`"));
+            let mut changed: Vec<String> = Vec::new();
+            for path in plain
+                .lines()
+                .filter_map(|l| l.strip_prefix("+++ b/"))
+                .map(str::trim)
+            {
+                let path = format!("`{path}`");
+                if !changed.contains(&path) && changed.len() < 5 {
+                    changed.push(path);
+                }
+            }
+            if !changed.is_empty() {
+                lead.push_str(&format!("; changes {}", changed.join(", ")));
+            }
+        }
     }
     // A commit is attached as JSON (`Commit: {...}`): its title, short id
     // and changed files.
@@ -812,6 +830,13 @@ mod tests {
             Some("Files: `src/session.rs`, `src/main.rs`\n\n")
         );
         assert_eq!(context_lead("What is a merge request?"), None);
+        let mr = "Title: Refresh sessions\nState: opened\nSource branch: fix\nTarget branch: main\nDiff:\n--- a/src/session.rs\n+++ b/src/session.rs\n@@ -1 +1 @@";
+        assert_eq!(
+            context_lead(mr).as_deref(),
+            Some(
+                "**Refresh sessions** (open)\nFrom `fix` into `main`; changes `src/session.rs`\n\n"
+            )
+        );
         let commit = r#"Commit: {"id": "fbbf7742fc3996a9", "title": "Refresh sessions", "diffs": [{"new_path": "src/session.rs"}]}"#;
         assert_eq!(
             context_lead(commit).as_deref(),
