@@ -138,12 +138,8 @@ impl JobHandler for CodeIndexHandler {
     type Job = CodeIndexJob;
 
     async fn run(&self, ctx: JobContext, job: CodeIndexJob) -> Result<(), JobError> {
-        let timeout = self.index.settings.job_timeout;
         let result =
-            match tokio::time::timeout(timeout, index_project(&self.index, job.project_id)).await {
-                Ok(result) => result,
-                Err(_) => Err(CodeIndexError::Timeout(timeout.as_secs())),
-            };
+            within_job_timeout(&self.index, index_project(&self.index, job.project_id)).await;
         let Err(error) = result else {
             return Ok(());
         };
@@ -164,12 +160,29 @@ impl JobHandler for CodeIndexHandler {
         )
         .await
         .map_err(JobError::retryable)?;
-        if last {
-            // Recorded as `failed`: the next push or a re-index starts over.
-            Ok(())
-        } else {
-            Err(JobError::retryable(error))
-        }
+        // Recorded as `failed`: the next push or a re-index starts over.
+        retry_unless_last(last, error)
+    }
+}
+
+/// An index run bounded by the job timeout (a run past it is an error).
+async fn within_job_timeout<T>(
+    index: &CodeIndex,
+    run: impl std::future::Future<Output = Result<T, CodeIndexError>>,
+) -> Result<T, CodeIndexError> {
+    let timeout = index.settings.job_timeout;
+    tokio::time::timeout(timeout, run)
+        .await
+        .unwrap_or(Err(CodeIndexError::Timeout(timeout.as_secs())))
+}
+
+/// A failed run is retried, unless it was the last attempt (its error is
+/// recorded by then).
+fn retry_unless_last(last: bool, error: CodeIndexError) -> Result<(), JobError> {
+    if last {
+        Ok(())
+    } else {
+        Err(JobError::retryable(error))
     }
 }
 
@@ -183,12 +196,8 @@ impl JobHandler for CodeIndexBranchHandler {
     type Job = CodeIndexBranchJob;
 
     async fn run(&self, ctx: JobContext, job: CodeIndexBranchJob) -> Result<(), JobError> {
-        let timeout = self.index.settings.job_timeout;
         let run = index_branch(&self.index, job.project_id, &job.branch);
-        let result = match tokio::time::timeout(timeout, run).await {
-            Ok(result) => result,
-            Err(_) => Err(CodeIndexError::Timeout(timeout.as_secs())),
-        };
+        let result = within_job_timeout(&self.index, run).await;
         let Err(error) = result else {
             return Ok(());
         };
@@ -214,11 +223,7 @@ impl JobHandler for CodeIndexBranchHandler {
             .await
             .map_err(JobError::retryable)?;
         }
-        if last {
-            Ok(())
-        } else {
-            Err(JobError::retryable(error))
-        }
+        retry_unless_last(last, error)
     }
 }
 
