@@ -49,15 +49,27 @@ impl ContextWindows {
         if let Some(tokens) = config.model_context_tokens.get(&target.model) {
             return Some((target.model.clone(), *tokens));
         }
-        let Ok(ModelRoute::OpenAi {
+        let route = route_for_target(config, target).ok()?;
+        self.for_route(config, &route).await
+    }
+
+    /// The model `route` goes to and its context size, if known (the
+    /// configured sizes, else the bundled server's model list).
+    pub async fn for_route(
+        &self,
+        config: &ProvidersConfig,
+        route: &ModelRoute,
+    ) -> Option<(String, u32)> {
+        let ModelRoute::OpenAi {
             base_url,
             model,
             egress: Egress::Configured,
             ..
-        }) = route_for_target(config, target)
+        } = route
         else {
             return None;
         };
+        let (base_url, model) = (base_url.clone(), model.clone());
         if let Some(tokens) = config.model_context_tokens.get(&model) {
             return Some((model, *tokens));
         }

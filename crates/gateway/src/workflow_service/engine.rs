@@ -6,6 +6,7 @@
 //! and a tools node `<name>_tools`; `plan_approval` is the one special node.
 
 use super::checkpoint_writer::CheckpointWriter;
+use super::guided_edit::{self, Goal, Step};
 use super::link::{ExecutorLink, INFRA_STOP_REASONS, LinkError, StreamSignal};
 use super::mcp_tools;
 use super::model_choice::{AgentModelMetadata, ModelChoice, WORKFLOW_FEATURE_CATEGORY, route_for};
@@ -17,9 +18,9 @@ use super::state::{
 use super::tools::{self, ToolKind, ToolPolicy, ToolResult, ToolSpec, UnitPrimitives};
 use crate::config::{PromptsConfig, ProvidersConfig, WorkflowServiceConfig};
 use crate::prompts::{PromptDefinition, PromptRegistry, TemplateRole};
-use crate::providers::ModelRoute;
 use crate::providers::conversation::{Message, ToolCall};
-use crate::providers::tool_calling::{ModelTurn, ToolCallingModel, TurnOptions};
+use crate::providers::tool_calling::{ModelTurn, ToolCallingModel, ToolSchema, TurnOptions};
+use crate::providers::{ModelParams, ModelRoute};
 use contracts::duo_workflow::{NewCheckpoint, StartWorkflowRequest, approval};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
@@ -33,6 +34,8 @@ pub struct Services {
     pub prompts: Arc<PromptRegistry>,
     pub model: ToolCallingModel,
     pub config: WorkflowServiceConfig,
+    /// Models' context sizes (the bundled server reports its own).
+    pub context_windows: Arc<crate::chat::context_window::ContextWindows>,
     /// Run locks of runs that ended without giving them back (their executor
     /// hung up, so the monolith could no longer be told), by workflow id: the
     /// next run of the workflow on this service takes the lock over at once
@@ -289,6 +292,9 @@ pub struct Run {
     command_timeout: bool,
     additional_context: String,
     model_calls: u32,
+    /// The service takes this run's steps for a model too small to choose
+    /// tools ([`guided_edit`]).
+    guided: bool,
 }
 
 enum NodeEnd {
@@ -484,6 +490,7 @@ impl Run {
             writer,
             model,
             model_calls: 0,
+            guided: false,
         };
         match &latest {
             Some(stored) => {
@@ -730,7 +737,9 @@ impl Run {
     /// run that changed nothing says so (sub type [`NO_CHANGES`]), so that
     /// nobody takes a run that only talked for a successful edit.
     fn end_entry(&self) -> UiChatLogEntry {
-        if self.flow != Flow::SoftwareDevelopment || self.changed_something() {
+        let asked_for_change = self.flow == Flow::SoftwareDevelopment
+            || (self.guided && guided_edit::asks_for_change(&self.state.goal));
+        if !asked_for_change || self.changed_something() {
             return UiChatLogEntry::new("workflow_end", "Workflow completed.");
         }
         let mut entry = UiChatLogEntry::new("workflow_end", NO_CHANGES_MESSAGE);
@@ -869,7 +878,8 @@ impl Run {
     async fn run_agent(&mut self, spec: &AgentSpec) -> Result<(), RunError> {
         let started = std::time::Instant::now();
         let tools = self.policy.tools(spec.tools, spec.mcp);
-        let tool_names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+        let schemas: Vec<_> = tools.iter().map(|t| t.schema()).collect();
+        let tool_names: Vec<&str> = schemas.iter().map(|t| t.name.as_str()).collect();
         let definition = self.prompt(spec)?;
         let inputs = self.prompt_inputs(spec, &tool_names);
         let rendered = definition
@@ -891,44 +901,59 @@ impl Run {
                 .conversation(spec.name)
                 .push(Message::human(first.join("\n\n")));
         }
-        if self.model_calls >= self.services.config.max_model_calls {
-            return Err(RunError::failure(
-                "StepLimit",
-                format!(
-                    "the run made {} model calls, the most one stream may make",
-                    self.model_calls
-                ),
-            ));
-        }
-        self.model_calls += 1;
         let route = route_for(&self.services.providers, &definition, &self.model)
             .map_err(|e| RunError::failure("ModelChoiceError", e))?;
-        let budget = self
-            .services
-            .config
-            .max_context_tokens
-            .saturating_sub(system.len() / 4);
-        trim_context(self.state.conversation(spec.name), budget);
-        let schemas: Vec<_> = tools.iter().map(|t| t.schema()).collect();
+        if self.small_model(&route) {
+            self.guided = true;
+            return self.run_guided(spec, &route).await;
+        }
+        self.count_model_call()?;
         let params = definition.model_params();
+        self.fit_conversation(spec, &route, &system, params.max_tokens)
+            .await?;
         let prepared = started.elapsed();
-        // A model call whose connection failed or broke is made again (the
-        // node is retried, the run goes on); what the model is asked is the
-        // same, and no tool has run for this turn yet.
+        let messages = self
+            .state
+            .conversation_history
+            .get(spec.name)
+            .cloned()
+            .unwrap_or_default();
+        let turn = self
+            .call_model(spec.name, &route, &system, &messages, &schemas, &params)
+            .await?;
+        tracing::debug!(
+            agent = spec.name,
+            prepare_ms = prepared.as_secs_f64() * 1000.0,
+            model_ms = (started.elapsed() - prepared).as_secs_f64() * 1000.0,
+            "agent step timed"
+        );
+        self.take_turn(spec, turn, &route);
+        Ok(())
+    }
+
+    /// One model call; a call whose connection failed or broke is made
+    /// again (the node is retried, the run goes on): what the model is asked
+    /// is the same, and no tool has run for this turn yet.
+    async fn call_model(
+        &self,
+        agent: &str,
+        route: &ModelRoute,
+        system: &str,
+        messages: &[Message],
+        schemas: &[ToolSchema],
+        params: &ModelParams,
+    ) -> Result<ModelTurn, RunError> {
         let mut retry = 0;
-        let turn = loop {
+        loop {
             let attempt = self
                 .services
                 .model
                 .complete(
-                    &route,
-                    &system,
-                    self.state
-                        .conversation_history
-                        .get(spec.name)
-                        .map_or(&[][..], Vec::as_slice),
-                    &schemas,
-                    &params,
+                    route,
+                    system,
+                    messages,
+                    schemas,
+                    params,
                     TurnOptions {
                         require_call: false,
                         feature_category: WORKFLOW_FEATURE_CATEGORY,
@@ -940,24 +965,251 @@ impl Run {
                     retry += 1;
                     let pause = model_retry_pause(retry);
                     tracing::info!(
-                        agent = spec.name,
+                        agent,
                         attempt = retry,
                         error = %err,
                         "a model call of the run failed; retrying the node"
                     );
                     tokio::time::sleep(pause).await;
                 }
-                other => break other.map_err(|e| RunError::failure("ModelError", e))?,
+                other => return other.map_err(|e| RunError::failure("ModelError", e)),
+            }
+        }
+    }
+
+    /// Counts a model call against the stream's limit.
+    fn count_model_call(&mut self) -> Result<(), RunError> {
+        if self.model_calls >= self.services.config.max_model_calls {
+            return Err(RunError::failure(
+                "StepLimit",
+                format!(
+                    "the run made {} model calls, the most one stream may make",
+                    self.model_calls
+                ),
+            ));
+        }
+        self.model_calls += 1;
+        Ok(())
+    }
+
+    /// The model's context size when known (configured, or reported by
+    /// the bundled server).
+    async fn context_of(&self, route: &ModelRoute) -> Option<(String, u32)> {
+        self.services
+            .context_windows
+            .for_route(&self.services.providers, route)
+            .await
+    }
+
+    /// Whether `route` goes to the bundled model, which cannot choose tools
+    /// (the chat agent makes the same call, `chat::agent`).
+    fn small_model(&self, route: &ModelRoute) -> bool {
+        matches!(route, ModelRoute::OpenAi { base_url, .. }
+            if *base_url == self.services.providers.local_llm_url)
+    }
+
+    /// Drops the oldest exchanges of `spec`'s conversation until the prompt
+    /// fits the service's limit and the model's context (its answer's
+    /// `max_tokens` kept free); a prompt that cannot fit fails the run with
+    /// the sizes and what to change.
+    async fn fit_conversation(
+        &mut self,
+        spec: &AgentSpec,
+        route: &ModelRoute,
+        system: &str,
+        max_tokens: u32,
+    ) -> Result<(), RunError> {
+        let window = self.context_of(route).await;
+        let mut limit = self.services.config.max_context_tokens;
+        if let Some((_, context)) = &window {
+            let reserve = max_tokens.min(context / 4);
+            limit = limit.min(context.saturating_sub(reserve) as usize);
+        }
+        let system_tokens = crate::chat::budget::estimate_tokens(system.len());
+        let budget = limit.saturating_sub(system_tokens);
+        let conversation = self.state.conversation(spec.name);
+        trim_context(conversation, budget);
+        let needed = system_tokens
+            + conversation
+                .iter()
+                .map(Message::estimated_tokens)
+                .sum::<usize>();
+        match window {
+            Some((model, context)) if needed > limit => Err(RunError::failure(
+                "ContextTooSmall",
+                format!(
+                    "the {} agent's prompt needs about {needed} tokens, and the model {model} \
+                     holds {context} (with room for its answer) even after dropping earlier \
+                     steps: choose a model with a larger context (the bundled model server: \
+                     DUO_LOCAL_LLM_CONTEXT), or give a shorter goal and less attached context",
+                    spec.name
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// A step of a run on a model too small to choose tools: the service
+    /// takes it ([`guided_edit`]); the model writes only text.
+    async fn run_guided(&mut self, spec: &AgentSpec, route: &ModelRoute) -> Result<(), RunError> {
+        let turn = match guided_edit::read_goal(&self.state.goal) {
+            Goal::Question if self.flow == Flow::Chat => self.plain_answer(spec, route).await?,
+            Goal::Question => {
+                self.decline(spec, "The goal asks for no change to a file.");
+                return Ok(());
+            }
+            Goal::Beyond(reason) => {
+                self.decline(spec, &reason);
+                return Ok(());
+            }
+            Goal::Edit(goal) => {
+                let conversation = self.state.conversation(spec.name).clone();
+                match guided_edit::next_step(spec.name, &goal, &conversation) {
+                    Step::Call { text, call } => ModelTurn {
+                        text,
+                        tool_calls: vec![call],
+                        invalid_calls: Vec::new(),
+                    },
+                    Step::Finish(text) => ModelTurn {
+                        text,
+                        tool_calls: Vec::new(),
+                        invalid_calls: Vec::new(),
+                    },
+                    Step::Write { contents } => {
+                        let reply = self.write_text(&goal, contents.as_deref(), route).await?;
+                        let edit = guided_edit::clean_text(
+                            &reply,
+                            contents.as_deref().unwrap_or_default(),
+                            &self.state.goal,
+                            goal.one_line,
+                        )
+                        .ok_or_else(|| "The model wrote no text to add.".to_owned())
+                        .and_then(|text| {
+                            guided_edit::edit_call(&conversation, &goal, contents.as_deref(), &text)
+                        });
+                        match edit {
+                            Ok(call) => ModelTurn {
+                                text: format!("Proposing an edit of {}.", goal.path),
+                                tool_calls: vec![call],
+                                invalid_calls: Vec::new(),
+                            },
+                            Err(reason) => {
+                                self.decline(spec, &reason);
+                                return Ok(());
+                            }
+                        }
+                    }
+                }
             }
         };
-        tracing::debug!(
-            agent = spec.name,
-            prepare_ms = prepared.as_secs_f64() * 1000.0,
-            model_ms = (started.elapsed() - prepared).as_secs_f64() * 1000.0,
-            "agent step timed"
-        );
-        self.take_turn(spec, turn, &route);
+        self.take_turn(spec, turn, route);
         Ok(())
+    }
+
+    /// Ends the run with what the service could not do and what to do
+    /// instead; nothing was changed, and the run's last entry says so.
+    fn decline(&mut self, spec: &AgentSpec, reason: &str) {
+        let text = guided_edit::decline_message(reason);
+        self.state.conversation(spec.name).push(Message::AiMessage {
+            content: text.clone(),
+            tool_calls: Vec::new(),
+        });
+        self.state
+            .ui_chat_log
+            .push(UiChatLogEntry::new("agent", text.clone()));
+        self.state.agent_results.insert(spec.name.to_owned(), text);
+        self.state.next_node = None;
+    }
+
+    /// The small model's text for a guided edit.
+    async fn write_text(
+        &mut self,
+        goal: &guided_edit::EditGoal,
+        contents: Option<&str>,
+        route: &ModelRoute,
+    ) -> Result<String, RunError> {
+        let registry = &self.services.prompts;
+        let definition = registry
+            .resolve(guided_edit::WRITE_TEXT_PROMPT, "openai", None)
+            .map_err(|e| RunError::failure("PromptError", e))?;
+        let mut params = definition.model_params();
+        if goal.one_line {
+            params.max_tokens = params.max_tokens.min(64);
+        }
+        // The file as far as it fits the model's context beside the
+        // instructions and the answer.
+        let mut shown = guided_edit::MAX_SHOWN_CHARS;
+        if let Some((_, context)) = self.context_of(route).await {
+            let free = (context as usize).saturating_sub(params.max_tokens as usize + 300);
+            shown = shown.min(free * crate::chat::budget::CHARS_PER_TOKEN);
+        }
+        let inputs = json!({
+            "goal": self.state.goal,
+            "file_path": goal.path,
+            "file_content": guided_edit::shown_contents(contents.unwrap_or_default(), shown),
+            "new_file": contents.is_none(),
+            "one_line": goal.one_line,
+        });
+        let rendered = definition
+            .render(registry, &inputs)
+            .map_err(|e| RunError::failure("PromptError", e))?;
+        let text_of = |role: TemplateRole| {
+            rendered
+                .iter()
+                .filter(|m| m.role == role)
+                .map(|m| m.content.as_str())
+                .collect::<Vec<_>>()
+                .join("\n\n")
+        };
+        let (system, user) = (text_of(TemplateRole::System), text_of(TemplateRole::User));
+        self.count_model_call()?;
+        let turn = self
+            .call_model(
+                "write_text",
+                route,
+                &system,
+                &[Message::human(user)],
+                &[],
+                &params,
+            )
+            .await?;
+        Ok(turn.text)
+    }
+
+    /// A question to the chat flow on the small model: answered in plain
+    /// text from the agent's own prompt, offered no tools.
+    async fn plain_answer(
+        &mut self,
+        spec: &AgentSpec,
+        route: &ModelRoute,
+    ) -> Result<ModelTurn, RunError> {
+        let definition = self.prompt(spec)?;
+        let inputs = self.prompt_inputs(spec, &[]);
+        let rendered = definition
+            .render(&self.services.prompts, &inputs)
+            .map_err(|e| RunError::failure("PromptError", e))?;
+        let system: Vec<&str> = rendered
+            .iter()
+            .filter(|m| m.role == TemplateRole::System)
+            .map(|m| m.content.as_str())
+            .collect();
+        let system = system.join("\n\n");
+        let mut params = definition.model_params();
+        params.max_tokens = params
+            .max_tokens
+            .min(crate::chat::native::BUNDLED_ANSWER_TOKENS);
+        params.dry_multiplier = Some(crate::chat::native::BUNDLED_DRY_MULTIPLIER);
+        self.count_model_call()?;
+        self.fit_conversation(spec, route, &system, params.max_tokens)
+            .await?;
+        let messages = self.state.conversation(spec.name).clone();
+        let mut turn = self
+            .call_model(spec.name, route, &system, &messages, &[], &params)
+            .await?;
+        // Offered no tools, it has none to call.
+        turn.tool_calls.clear();
+        turn.invalid_calls.clear();
+        Ok(turn)
     }
 
     /// Records the model's turn and decides where the graph goes.

@@ -14,6 +14,7 @@
 pub mod auth;
 pub mod checkpoint_writer;
 pub mod engine;
+pub mod guided_edit;
 pub mod link;
 pub mod mcp_tools;
 pub mod model_choice;
@@ -48,6 +49,7 @@ impl WorkflowService {
                 prompts: state.prompts.clone(),
                 model: state.tool_model.clone(),
                 config: config.workflow.clone(),
+                context_windows: state.context_windows.clone(),
                 orphaned_locks: std::sync::Mutex::default(),
             }),
             auth: Arc::new(auth),

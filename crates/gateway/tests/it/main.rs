@@ -34,3 +34,4 @@ mod vertex_provider;
 mod workflow_mcp;
 mod workflow_prompts;
 mod workflow_service;
+mod workflow_small_model;
