@@ -192,7 +192,7 @@ pub enum Step {
 const EDIT_TOOLS: &[&str] = &["edit_file", "create_file_with_contents"];
 
 /// A tool call of the conversation with its result, if it has one.
-fn calls<'a>(conversation: &'a [Message]) -> Vec<(&'a ToolCall, Option<(&'a str, bool)>)> {
+fn calls(conversation: &[Message]) -> Vec<(&ToolCall, Option<(&str, bool)>)> {
     let mut found = Vec::new();
     for message in conversation {
         if let Message::AiMessage { tool_calls, .. } = message {
