@@ -605,7 +605,11 @@ fn openai_body<'a>(
         tool_calls: Vec::new(),
     };
     let mut wire = Vec::with_capacity(messages.len() + 1);
-    wire.push(plain("system", system));
+    // An empty system turn is left out: chat templates then use the
+    // model's own default instead of an empty instruction.
+    if !system.is_empty() {
+        wire.push(plain("system", system));
+    }
     for message in messages {
         wire.push(match message {
             Message::HumanMessage { content } => plain("user", content),

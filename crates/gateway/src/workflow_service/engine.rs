@@ -1080,8 +1080,8 @@ impl Run {
                         let edit = guided_edit::clean_text(
                             &reply,
                             contents.as_deref().unwrap_or_default(),
+                            &goal,
                             &self.state.goal,
-                            goal.one_line,
                         )
                         .ok_or_else(|| "The model wrote no text to add.".to_owned())
                         .and_then(|text| {
@@ -1149,6 +1149,7 @@ impl Run {
             "file_content": guided_edit::shown_contents(contents.unwrap_or_default(), shown),
             "new_file": contents.is_none(),
             "one_line": goal.one_line,
+            "what": goal.what,
         });
         let rendered = definition
             .render(registry, &inputs)

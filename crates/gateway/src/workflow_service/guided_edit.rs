@@ -41,12 +41,27 @@ pub struct EditGoal {
     pub path: String,
     /// The goal asks for one line (or one sentence).
     pub one_line: bool,
+    /// What to write, in the goal's words ("a one-line description").
+    pub what: String,
 }
 
 /// Verbs of goals that add text.
 const ADDING: &[&str] = &[
     "add", "append", "write", "insert", "include", "put", "document", "create",
 ];
+/// Verbs that add text when the goal names the file as where it goes
+/// ("Describe this repository in NOTES.md"), and otherwise ask a question
+/// ("Describe src/main.rs").
+const ADDING_TO: &[&str] = &[
+    "describe",
+    "summarize",
+    "summarise",
+    "explain",
+    "list",
+    "note",
+];
+/// Words that name a file as the place text goes.
+const INTO: &[&str] = &["in", "into", "to", "inside"];
 /// Verbs of changes other than additions.
 const CHANGING: &[&str] = &[
     "fix",
@@ -110,16 +125,36 @@ pub fn named_paths(goal: &str) -> Vec<String> {
 /// Whether a goal asks for a change (an addition or another edit): such a
 /// run that changed nothing must say so.
 pub fn asks_for_change(goal: &str) -> bool {
-    words(goal).any(|w| ADDING.contains(&w.as_str()) || CHANGING.contains(&w.as_str()))
+    adds(goal) || words(goal).any(|w| CHANGING.contains(&w.as_str()))
+}
+
+/// Whether a goal asks for text to be added: an adding verb, or a
+/// describing one with a file named as where the text goes.
+fn adds(goal: &str) -> bool {
+    let lowered: Vec<String> = words(goal).collect();
+    if lowered.iter().any(|w| ADDING.contains(&w.as_str())) {
+        return true;
+    }
+    lowered.iter().any(|w| ADDING_TO.contains(&w.as_str())) && names_destination(goal)
+}
+
+/// Whether a named file follows "in", "to", "into" or "inside".
+fn names_destination(goal: &str) -> bool {
+    let paths = named_paths(goal);
+    let tokens: Vec<&str> = goal.split_whitespace().collect();
+    tokens.windows(2).any(|pair| {
+        INTO.contains(&pair[0].to_lowercase().as_str())
+            && paths.iter().any(|p| pair[1].contains(p.as_str()))
+    })
 }
 
 /// Reads a goal for a small model.
 pub fn read_goal(goal: &str) -> Goal {
     let lowered: Vec<String> = words(goal).collect();
-    let adds = lowered.iter().any(|w| ADDING.contains(&w.as_str()));
+    let adds = adds(goal);
     let changes = lowered.iter().any(|w| CHANGING.contains(&w.as_str()));
     let paths = named_paths(goal);
-    if !adds && !changes && paths.is_empty() {
+    if !adds && !changes {
         return Goal::Question;
     }
     if !adds {
@@ -163,7 +198,49 @@ pub fn read_goal(goal: &str) -> Goal {
     Goal::Edit(EditGoal {
         path: path.clone(),
         one_line,
+        what: what_to_write(goal, path),
     })
+}
+
+/// What the goal asks to be written, without its verb and its file: "Add
+/// a one-line description to README.md" → "a one-line description";
+/// "Describe this repository in NOTES.md" → "a description of this
+/// repository". The goal itself when nothing is left.
+pub fn what_to_write(goal: &str, path: &str) -> String {
+    let tokens: Vec<&str> = goal.split_whitespace().collect();
+    let bare = |t: &str| {
+        t.trim_matches(|c: char| !c.is_alphanumeric())
+            .to_lowercase()
+    };
+    let Some(verb_at) = tokens.iter().position(|t| {
+        let w = bare(t);
+        ADDING.contains(&w.as_str()) || ADDING_TO.contains(&w.as_str())
+    }) else {
+        return goal.trim().to_owned();
+    };
+    let mut what: Vec<&str> = Vec::new();
+    let mut rest = tokens[verb_at + 1..].iter().peekable();
+    while let Some(token) = rest.next() {
+        let names_file = |t: &str| t.contains(path);
+        if INTO.contains(&bare(token).as_str()) && rest.peek().is_some_and(|t| names_file(t)) {
+            rest.next();
+            continue;
+        }
+        what.push(token);
+    }
+    let what = what.join(" ");
+    let what = what.trim().trim_end_matches(['.', '!']).trim();
+    if what.is_empty() {
+        return goal.trim().to_owned();
+    }
+    match bare(tokens[verb_at]).as_str() {
+        "describe" => format!("a description of {what}"),
+        "summarize" | "summarise" => format!("a summary of {what}"),
+        "explain" => format!("an explanation of {what}"),
+        "list" => format!("a list of {what}"),
+        "note" => format!("a note on {what}"),
+        _ => what.to_owned(),
+    }
 }
 
 /// What a goal the service cannot carry out with a small model ends with.
@@ -336,13 +413,21 @@ fn added_text(edit: &ToolCall) -> Option<String> {
 /// The model's reply made into the text to add: code fences, quotes and
 /// lines the file already has (or that repeat the goal) left out; one line
 /// when the goal asks for one; bounded. `None` when nothing is left.
-pub fn clean_text(reply: &str, contents: &str, goal: &str, one_line: bool) -> Option<String> {
+pub fn clean_text(reply: &str, contents: &str, goal: &EditGoal, goal_text: &str) -> Option<String> {
+    let one_line = goal.one_line;
+    let file_name = goal
+        .path
+        .rsplit('/')
+        .next()
+        .unwrap_or(&goal.path)
+        .to_lowercase();
+    let what = goal.what.to_lowercase();
     let existing: Vec<String> = contents
         .lines()
         .map(|l| l.trim().to_lowercase())
         .filter(|l| !l.is_empty())
         .collect();
-    let goal = goal.trim().to_lowercase();
+    let goal = goal_text.trim().to_lowercase();
     let mut kept: Vec<String> = Vec::new();
     for line in reply.lines() {
         let line = line.trim();
@@ -357,6 +442,7 @@ pub fn clean_text(reply: &str, contents: &str, goal: &str, one_line: bool) -> Op
             || !line.chars().any(char::is_alphabetic)
             || existing.contains(&lowered)
             || lowered.trim_end_matches('.') == goal.trim_end_matches('.')
+            || restates(&lowered, &file_name, &what)
             || kept.iter().any(|k| k.to_lowercase() == lowered)
         {
             continue;
@@ -383,6 +469,34 @@ pub fn clean_text(reply: &str, contents: &str, goal: &str, one_line: bool) -> Op
         text
     };
     (!text.is_empty()).then_some(text)
+}
+
+/// Whether a line of the reply talks about the task instead of doing it
+/// ("Here is the text:", "A one-line description of README.md").
+fn restates(line: &str, file_name: &str, what: &str) -> bool {
+    const ABOUT_THE_TASK: &[&str] = &[
+        "here is",
+        "here's",
+        "this file",
+        "the task",
+        "reply with",
+        "the new text",
+    ];
+    ABOUT_THE_TASK
+        .iter()
+        .any(|p| line.starts_with(p) || line.contains(p))
+        || line.contains(file_name)
+        || restates_what(line, what)
+}
+
+/// The line is mostly the goal's own words for what to write.
+fn restates_what(line: &str, what: &str) -> bool {
+    let what = what.trim_start_matches("a ").trim_start_matches("an ");
+    if what.len() < 8 || !line.contains(what) {
+        return false;
+    }
+    let rest = line.replacen(what, " ", 1);
+    rest.split_whitespace().count() <= 4
 }
 
 /// Whether text shown to the model was cut by the executor or the tool layer
@@ -464,27 +578,47 @@ pub fn shown_contents(contents: &str, max_chars: usize) -> String {
 mod tests {
     use super::*;
 
-    fn edit(path: &str, one_line: bool) -> Goal {
+    fn edit(path: &str, one_line: bool, what: &str) -> Goal {
         Goal::Edit(EditGoal {
             path: path.to_owned(),
             one_line,
+            what: what.to_owned(),
         })
+    }
+
+    fn goal(path: &str, one_line: bool) -> EditGoal {
+        EditGoal {
+            path: path.to_owned(),
+            one_line,
+            what: "a one-line description".to_owned(),
+        }
     }
 
     #[test]
     fn goals_are_read_for_a_small_model() {
         assert_eq!(
             read_goal("Add a one-line description to README.md"),
-            edit("README.md", true)
+            edit("README.md", true, "a one-line description")
         );
         assert_eq!(
             read_goal("Append usage notes to `docs/usage.md`."),
-            edit("docs/usage.md", false)
+            edit("docs/usage.md", false, "usage notes")
         );
         assert_eq!(
             read_goal("Write a CHANGELOG.md entry for version 1.2"),
-            edit("CHANGELOG.md", false)
+            edit(
+                "CHANGELOG.md",
+                false,
+                "a CHANGELOG.md entry for version 1.2"
+            )
         );
+        assert_eq!(
+            read_goal("Describe this repository in NOTES.md"),
+            edit("NOTES.md", false, "a description of this repository")
+        );
+        assert_eq!(read_goal("Describe src/main.rs"), Goal::Question);
+        assert!(!asks_for_change("Describe src/main.rs"));
+        assert!(asks_for_change("Describe the project in NOTES.md"));
         assert_eq!(read_goal("What can you do?"), Goal::Question);
         assert_eq!(read_goal("How does the session code work"), Goal::Question);
         assert!(
@@ -510,10 +644,7 @@ mod tests {
 
     #[test]
     fn the_steps_follow_the_conversation() {
-        let goal = EditGoal {
-            path: "README.md".into(),
-            one_line: true,
-        };
+        let goal = goal("README.md", true);
         let mut conversation = vec![Message::human("Add a one-line description to README.md")];
         let Step::Call { call: read, .. } = next_step("chat", &goal, &conversation) else {
             panic!("a read comes first");
@@ -565,10 +696,7 @@ mod tests {
 
     #[test]
     fn a_missing_file_is_created_and_an_unreadable_one_is_not_touched() {
-        let goal = EditGoal {
-            path: "NOTES.md".into(),
-            one_line: false,
-        };
+        let goal = goal("NOTES.md", false);
         let read = call(&[], "read_file", json!({"file_path": "NOTES.md"}));
         let conversation = vec![
             Message::AiMessage {
@@ -600,10 +728,7 @@ mod tests {
 
     #[test]
     fn repeated_anchors_write_the_whole_file_unless_it_was_cut() {
-        let goal = EditGoal {
-            path: "src/lib.rs".into(),
-            one_line: true,
-        };
+        let goal = goal("src/lib.rs", true);
         let contents = "}\nfn a() {\n}\n";
         let whole = edit_call(&[], &goal, Some(contents), "// end").unwrap();
         assert_eq!(whole.name, "create_file_with_contents");
@@ -615,28 +740,50 @@ mod tests {
 
     #[test]
     fn replies_are_cleaned() {
-        let goal = "Add a one-line description to README.md";
+        let text = "Add a one-line description to README.md";
+        let readme = goal("README.md", true);
         assert_eq!(
             clean_text(
                 "```\n# Demo\nA small demo project.\nMore.\n```",
                 "# Demo\n",
-                goal,
-                true
+                &readme,
+                text
             ),
             Some("A small demo project.".into())
         );
         assert_eq!(
-            clean_text("\"Quoted line.\"", "", goal, true),
+            clean_text("\"Quoted line.\"", "", &readme, text),
             Some("Quoted line.".into())
         );
-        assert_eq!(clean_text("# Demo\n\n", "# Demo", goal, true), None);
-        assert_eq!(clean_text(goal, "", goal, true), None);
+        assert_eq!(clean_text("# Demo\n\n", "# Demo", &readme, text), None);
+        assert_eq!(clean_text(text, "", &readme, text), None);
+        // Talk about the task is not the text.
+        for reply in [
+            "Here is the text:",
+            "A one-line description of a demo.",
+            "The README.md file is a project.",
+        ] {
+            assert_eq!(clean_text(reply, "", &readme, text), None, "{reply}");
+        }
+        let notes = EditGoal {
+            what: "usage notes".into(),
+            ..goal("a.md", false)
+        };
         assert_eq!(
-            clean_text("one\none\ntwo", "", "Add notes to a.md", false),
+            clean_text("one\none\ntwo", "", &notes, "Add usage notes to a.md"),
             Some("one\ntwo".into())
         );
+        assert_eq!(
+            clean_text(
+                "Usage notes: run ./dev test to run every test.",
+                "",
+                &notes,
+                "Add usage notes to a.md"
+            ),
+            Some("Usage notes: run ./dev test to run every test.".into())
+        );
         let long = "word ".repeat(100);
-        let cleaned = clean_text(&long, "", goal, true).unwrap();
+        let cleaned = clean_text(&long, "", &readme, text).unwrap();
         assert!(cleaned.len() <= MAX_LINE_CHARS && cleaned.ends_with("word"));
     }
 }

@@ -69,8 +69,13 @@ async fn the_software_development_flow_adds_the_models_line_after_two_approvals(
     assert_eq!(call["dry_multiplier"], 0.8);
     assert!(call["max_tokens"].as_u64().unwrap() <= 64);
     let prompt = call["messages"].to_string();
+    assert_eq!(
+        call["messages"].as_array().unwrap().len(),
+        1,
+        "no empty system turn"
+    );
     assert!(
-        prompt.contains("# Demo") && prompt.contains(GOAL),
+        prompt.contains("# Demo") && prompt.contains("It should be a one-line description."),
         "{prompt}"
     );
     let stored = monolith.workflow(id);
