@@ -1083,7 +1083,13 @@ impl Run {
                             &goal,
                             &self.state.goal,
                         )
-                        .ok_or_else(|| "The model wrote no text to add.".to_owned())
+                        .ok_or_else(|| {
+                            format!(
+                                "The model's reply held no text to add to {} (it talked about \
+                                 the task instead), so nothing was changed.",
+                                goal.path
+                            )
+                        })
                         .and_then(|text| {
                             guided_edit::edit_call(&conversation, &goal, contents.as_deref(), &text)
                         });
@@ -1146,7 +1152,7 @@ impl Run {
         let inputs = json!({
             "goal": self.state.goal,
             "file_path": goal.path,
-            "file_content": guided_edit::shown_contents(contents.unwrap_or_default(), shown),
+            "file_content": guided_edit::shown_contents(contents.unwrap_or_default().trim_end(), shown),
             "new_file": contents.is_none(),
             "one_line": goal.one_line,
             "what": goal.what,

@@ -233,6 +233,17 @@ pub fn what_to_write(goal: &str, path: &str) -> String {
     if what.is_empty() {
         return goal.trim().to_owned();
     }
+    // A description of nothing named is one of the project (a small model
+    // otherwise describes the description).
+    let what = if ["description", "summary", "overview"]
+        .iter()
+        .any(|noun| what.to_lowercase().ends_with(noun))
+    {
+        format!("{what} of the project")
+    } else {
+        what.to_owned()
+    };
+    let what = what.as_str();
     match bare(tokens[verb_at]).as_str() {
         "describe" => format!("a description of {what}"),
         "summarize" | "summarise" => format!("a summary of {what}"),
@@ -359,11 +370,13 @@ pub fn next_step(agent: &str, goal: &EditGoal, conversation: &[Message]) -> Step
             {
                 return match result {
                     None => Step::Finish(format!("The edit of {} got no result.", goal.path)),
-                    Some((_, false)) => Step::Finish(format!(
-                        "Added to {}:\n\n{}",
-                        goal.path,
-                        added_text(edit).unwrap_or_default()
-                    )),
+                    Some((_, false)) => {
+                        let added = added_text(edit).unwrap_or_default();
+                        // One line reads on one line (terminals show an
+                        // entry's first line).
+                        let gap = if added.contains('\n') { "\n\n" } else { " " };
+                        Step::Finish(format!("Added to {}:{gap}{added}", goal.path))
+                    }
                     Some((message, true)) if message.contains("rejected") => Step::Finish(format!(
                         "You rejected the edit: {} is unchanged.",
                         goal.path
@@ -598,7 +611,7 @@ mod tests {
     fn goals_are_read_for_a_small_model() {
         assert_eq!(
             read_goal("Add a one-line description to README.md"),
-            edit("README.md", true, "a one-line description")
+            edit("README.md", true, "a one-line description of the project")
         );
         assert_eq!(
             read_goal("Append usage notes to `docs/usage.md`."),
@@ -673,7 +686,7 @@ mod tests {
         conversation.push(Message::tool(&edit, "edited", false));
         assert_eq!(
             next_step("chat", &goal, &conversation),
-            Step::Finish("Added to README.md:\n\nA demo project.".into())
+            Step::Finish("Added to README.md: A demo project.".into())
         );
         rejected.push(Message::tool(
             &edit,

@@ -75,7 +75,8 @@ async fn the_software_development_flow_adds_the_models_line_after_two_approvals(
         "no empty system turn"
     );
     assert!(
-        prompt.contains("# Demo") && prompt.contains("It should be a one-line description."),
+        prompt.contains("# Demo")
+            && prompt.contains("It should be a one-line description of the project."),
         "{prompt}"
     );
     let stored = monolith.workflow(id);
