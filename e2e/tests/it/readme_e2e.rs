@@ -307,11 +307,51 @@ async fn judge_repository(instance: &Instance, request: &str, answer: &str) {
     );
 }
 
+/// The file a workflow goal names (`--goal "... README.md"`) and the goal.
+fn workflow_goal(command: &str) -> (String, String) {
+    let at = command
+        .find("--goal \"")
+        .unwrap_or_else(|| panic!("a workflow example without --goal: {command}"))
+        + "--goal \"".len();
+    let goal = &command[at..at + command[at..].find('"').unwrap()];
+    let file = goal
+        .split_whitespace()
+        .map(|w| w.trim_end_matches('.'))
+        .find(|w| w.contains('.'))
+        .unwrap_or_else(|| panic!("the goal {goal:?} names no file"));
+    (file.to_owned(), goal.to_owned())
+}
+
+/// The workflow command `./dev run` printed, for a demo checkout made the
+/// way the README makes one.
+fn printed_workflow(printed: &str) -> String {
+    let lines: Vec<&str> = printed.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.contains("duo-workflow-executor"))
+        .unwrap_or_else(|| panic!("./dev run printed no workflow command:\n{printed}"));
+    let mut command = Vec::new();
+    for line in &lines[at..] {
+        command.push(line.trim_end_matches('\\').trim());
+        if !line.trim_end().ends_with('\\') {
+            break;
+        }
+    }
+    format!(
+        "mkdir -p /tmp/demo && echo \"# Demo\" > /tmp/demo/README.md && {}",
+        command.join(" ").replace("/path/to/checkout", "/tmp/demo")
+    )
+}
+
 /// The workflow example, run as written with the printed token, the
-/// executor of this build and this run's address.
+/// executor of this build and this run's address, at a terminal where the
+/// user answers `y` to each question. Judged by the file its goal names: the
+/// text it had is kept, a new line is there, nothing said three times, and
+/// the run reports what it added.
 async fn run_workflow(env: &Env, token: &str, command: &str) {
     let bin = e2e_tests::binary("duo-workflow-executor").unwrap();
     let workspace = env.scratch.join("demo");
+    let _ = std::fs::remove_dir_all(&workspace);
     let command = command
         .replace("/tmp/demo", &workspace.display().to_string())
         .replace(
@@ -319,12 +359,19 @@ async fn run_workflow(env: &Env, token: &str, command: &str) {
             &bin.display().to_string(),
         )
         .replace("http://127.0.0.1:3000", &format!("http://{}", env.web));
+    let (file, goal) = workflow_goal(&command);
+    let script = std::env::temp_dir().join(format!("readme-workflow-{}.sh", std::process::id()));
+    std::fs::write(&script, &command).unwrap();
     let output = tokio::time::timeout(
         WORKFLOW_BOUND,
         tokio::process::Command::new("bash")
             .arg("-c")
-            // Approvals are answered at the terminal, as a user would.
-            .arg(format!("yes y | {command}"))
+            // `script` gives the command a terminal: the executor asks there
+            // (it pauses instead when its input is not a terminal).
+            .arg(format!(
+                "yes y | script -qfec 'bash {}' /dev/null",
+                script.display()
+            ))
             .env("TOKEN", token)
             .current_dir(repo_root())
             .output(),
@@ -332,34 +379,38 @@ async fn run_workflow(env: &Env, token: &str, command: &str) {
     .await
     .unwrap_or_else(|_| panic!("the workflow example took more than {WORKFLOW_BOUND:?}"))
     .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    let readme = std::fs::read_to_string(workspace.join("README.md")).unwrap();
-    // What the bundled model does today: the run finishes with the agent's
-    // answer and leaves the file as it was (issue 31 asks for a real edit;
-    // the 135M model does not make one). An edit, when one is made, keeps
-    // the title.
+    let _ = std::fs::remove_file(&script);
+    let shown = String::from_utf8_lossy(&output.stdout).replace('\r', "");
     assert!(
         output.status.success(),
-        "the workflow example failed (exit {:?}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        "the workflow example failed (exit {:?}):\n{shown}",
         output.status.code()
     );
     assert!(
-        stderr.contains("[agent] ") && stderr.contains("-- FINISHED"),
-        "the workflow gave no answer:\n{stderr}"
+        shown.contains("-- FINISHED") && !shown.contains("without changing anything"),
+        "{goal:?}: the workflow changed nothing:\n{shown}"
+    );
+    let written = std::fs::read_to_string(workspace.join(&file))
+        .unwrap_or_else(|e| panic!("{goal:?}: {file} was not written ({e}):\n{shown}"));
+    let before = if file == "README.md" { "# Demo" } else { "" };
+    assert!(
+        written.starts_with(before),
+        "{file} lost its text:\n{written}"
+    );
+    let added: Vec<&str> = written[before.len()..]
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    assert!(!added.is_empty(), "{goal:?}: nothing added to {file}");
+    assert!(
+        repeated_line(&written).is_none(),
+        "{goal:?}: {file} repeats a line:\n{written}"
     );
     assert!(
-        readme.starts_with("# Demo"),
-        "the title was lost:\n{readme}"
+        shown.contains(&format!("Added to {file}: {}", added[0])),
+        "{goal:?}: the run does not say what it added:\n{shown}"
     );
-    eprintln!(
-        "workflow example: README.md {}",
-        if readme.trim() == "# Demo" {
-            "unchanged"
-        } else {
-            "edited"
-        }
-    );
+    eprintln!("workflow {goal:?}: {file} now reads {written:?}");
 }
 
 /// Stops `./dev run` (and so everything it started) when the test ends
@@ -385,6 +436,7 @@ async fn every_readme_example_gives_a_useful_answer_with_the_bundled_model() {
     let _stop = StopOnDrop(run.pid());
     eprintln!("./dev run ready in {:.1}s", started.elapsed().as_secs_f64());
     examples.insert(0, Example::Question(printed_question(&run.printed)));
+    examples.push(Example::Shell(printed_workflow(&run.printed)));
 
     let seed: Value =
         serde_json::from_str(&std::fs::read_to_string(run.run_dir.join("seed.json")).unwrap())
@@ -452,6 +504,19 @@ fn the_readme_parser_finds_each_kind_of_example() {
             r#"-d '{"query":"mutation { aiAction(input: {chat: {content: \"What can you do?\"}}) { requestId } }"}'"#
         ),
         "What can you do?"
+    );
+    let printed = "Run a workflow:\n  /x/duo-workflow-executor --gitlab-url http://h --token glpat-1 \\\n  --project-id 1 --goal \"Describe this repository in NOTES.md\" --workspace /path/to/checkout\n\nPress Ctrl-C";
+    let command = printed_workflow(printed);
+    assert!(
+        command.ends_with("/x/duo-workflow-executor --gitlab-url http://h --token glpat-1 --project-id 1 --goal \"Describe this repository in NOTES.md\" --workspace /tmp/demo"),
+        "{command}"
+    );
+    assert_eq!(
+        workflow_goal(&command),
+        (
+            "NOTES.md".to_owned(),
+            "Describe this repository in NOTES.md".to_owned()
+        )
     );
     assert_eq!(
         repeated_line(

@@ -1076,23 +1076,36 @@ impl Run {
                         invalid_calls: Vec::new(),
                     },
                     Step::Write { contents } => {
-                        let reply = self.write_text(&goal, contents.as_deref(), route).await?;
-                        let edit = guided_edit::clean_text(
-                            &reply,
-                            contents.as_deref().unwrap_or_default(),
-                            &goal,
-                            &self.state.goal,
-                        )
-                        .ok_or_else(|| {
-                            format!(
-                                "The model's reply held no text to add to {} (it talked about \
+                        let existing = contents.as_deref().unwrap_or_default();
+                        let mut text = None;
+                        // A reply that only talks about the task is asked
+                        // for once more, more plainly.
+                        for retry in [false, true] {
+                            let reply = self
+                                .write_text(&goal, contents.as_deref(), route, retry)
+                                .await?;
+                            text =
+                                guided_edit::clean_text(&reply, existing, &goal, &self.state.goal);
+                            if text.is_some() {
+                                break;
+                            }
+                        }
+                        let edit = text
+                            .ok_or_else(|| {
+                                format!(
+                                    "The model's reply held no text to add to {} (it talked about \
                                  the task instead), so nothing was changed.",
-                                goal.path
-                            )
-                        })
-                        .and_then(|text| {
-                            guided_edit::edit_call(&conversation, &goal, contents.as_deref(), &text)
-                        });
+                                    goal.path
+                                )
+                            })
+                            .and_then(|text| {
+                                guided_edit::edit_call(
+                                    &conversation,
+                                    &goal,
+                                    contents.as_deref(),
+                                    &text,
+                                )
+                            });
                         match edit {
                             Ok(call) => ModelTurn {
                                 text: format!("Proposing an edit of {}.", goal.path),
@@ -1133,6 +1146,7 @@ impl Run {
         goal: &guided_edit::EditGoal,
         contents: Option<&str>,
         route: &ModelRoute,
+        retry: bool,
     ) -> Result<String, RunError> {
         let registry = &self.services.prompts;
         let definition = registry
@@ -1156,6 +1170,7 @@ impl Run {
             "new_file": contents.is_none(),
             "one_line": goal.one_line,
             "what": goal.what,
+            "retry": retry,
         });
         let rendered = definition
             .render(registry, &inputs)

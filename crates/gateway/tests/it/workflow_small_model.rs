@@ -102,6 +102,8 @@ async fn the_chat_flow_creates_a_missing_file_and_answers_questions_without_tool
     let (fake, monolith, service) = support::harness(bundled).await;
     let workspace = TempWorkspace::new(&[]);
     let id = monolith.create_workflow("chat", &[1, 2], &[2]);
+    // The first reply only talks about the task: asked once more, plainly.
+    fake.push_text("Here is the note for NOTES.md:");
     fake.push_text("Run the tests with ./dev test.");
     let mut approver = ScriptedApprover::new(vec![Decision::Approve]);
     let mut recorder = Recorder::default();
@@ -124,6 +126,12 @@ async fn the_chat_flow_creates_a_missing_file_and_answers_questions_without_tool
     assert_eq!(
         approver.asked[0].1.tool_calls[0].0,
         "create_file_with_contents"
+    );
+    let calls = model_calls(&fake);
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert_eq!(
+        calls[1]["messages"][0]["content"].as_str().unwrap().trim(),
+        "Write a few short lines that are a short note on testing."
     );
 
     // A question: one plain call, no tools offered, the loop penalty on.
