@@ -14,15 +14,19 @@
 //! the answer starts is 421 `{"detail": "<status>: <reason>"}` (or the
 //! failure's description when the provider sent no status, e.g. a timeout).
 //! A streamed answer is committed to 200 only once the first text arrives;
-//! a failure after that just ends the body and is logged.
+//! a failure after that just ends the body and is logged. A rendered prompt
+//! larger than the model's known context (configured, or reported by the
+//! bundled server) is not sent: 413 with the sizes and what to change.
 
 use super::body::RawBody;
 use crate::auth::GatewayUser;
+use crate::chat::budget::{self, Budget};
+use crate::chat::context_window::ContextWindows;
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::prompts::{PromptInvocation, PromptRegistry, prepare};
 use crate::providers::{ChatModel, ModelWaitClock, ProviderError, ProviderKind};
-use actix_web::{HttpResponse, web};
+use actix_web::{HttpRequest, HttpResponse, web};
 use bytes::Bytes;
 use contracts::PromptRequest;
 use futures::StreamExt;
@@ -47,7 +51,10 @@ fn upstream_error(err: &ProviderError) -> ApiError {
     }
 }
 
+// Extractors are the handler's arguments.
+#[allow(clippy::too_many_arguments)]
 pub async fn invoke_prompt(
+    req: HttpRequest,
     user: GatewayUser,
     prompt_id: web::Path<String>,
     RawBody(body): RawBody,
@@ -94,6 +101,14 @@ pub async fn invoke_prompt(
         ));
     }
 
+    if let Some(windows) = req.app_data::<web::Data<ContextWindows>>()
+        && let Some((model_id, context_tokens)) = windows
+            .lookup(&config.providers, &prepared.call.target)
+            .await
+    {
+        check_fits(&prompt_id, &prepared.call, model_id, context_tokens)?;
+    }
+
     let mut stream = model
         .stream(prepared.call)
         .await
@@ -136,6 +151,30 @@ pub async fn invoke_prompt(
     Ok(HttpResponse::Ok()
         .content_type("text/event-stream; charset=utf-8")
         .streaming(body))
+}
+
+/// Refuses a prompt its model cannot hold (the caller's inputs are the
+/// prompt: nothing here may be dropped to fit).
+fn check_fits(
+    prompt_id: &str,
+    call: &crate::providers::ModelCall,
+    model: String,
+    context_tokens: u32,
+) -> Result<(), ApiError> {
+    let budget = Budget::new(model, context_tokens, call.params.max_tokens);
+    let chars = call.system.as_ref().map_or(0, String::len)
+        + call.messages.iter().map(|m| m.content.len()).sum::<usize>();
+    let needed = budget::estimate_tokens(chars);
+    if needed <= budget.prompt_tokens() {
+        return Ok(());
+    }
+    Err(ApiError::PayloadTooLarge(format!(
+        "prompt is too long for the model {}: its context holds {} tokens ({} kept for the \
+         answer), and the prompt {prompt_id} with these inputs needs about {needed} tokens. Send \
+         shorter inputs, or give the model a larger context (the bundled model server: \
+         DUO_LOCAL_LLM_CONTEXT) or choose a model with a larger one",
+        budget.model, budget.context_tokens, budget.reserve_tokens
+    )))
 }
 
 fn respond_with_text(stream: bool, text: String) -> HttpResponse {

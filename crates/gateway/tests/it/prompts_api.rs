@@ -64,6 +64,9 @@ impl TestGateway {
                 .app_data(web::Data::from(registry.clone()))
                 .app_data(web::Data::from(chat_model.clone()))
                 .app_data(web::Data::new(config.clone()))
+                .app_data(web::Data::new(
+                    gateway::chat::context_window::ContextWindows::new(),
+                ))
                 .wrap(from_fn(test_identity))
                 .configure(configure)
         })
@@ -421,5 +424,44 @@ async fn custom_models_use_model_metadata() {
             .unwrap()
             .starts_with("You are a helpful coding assistant")
     );
+    gw.stop().await;
+}
+
+#[actix_web::test]
+async fn a_prompt_larger_than_its_models_context_is_413_with_the_sizes() {
+    let gw = TestGateway::start(
+        chunks(&["ok"]),
+        &[
+            ("AIGW_CUSTOM_MODELS__ENABLED", "true"),
+            ("AIGW_MODEL_CONTEXT_TOKENS", r#"{"mistral": 400}"#),
+        ],
+    )
+    .await;
+    let metadata = json!({"name": "mistral", "provider": "openai", "endpoint": "http://127.0.0.1:11434/v1", "api_key": "k"});
+    let mut inputs = explain_inputs();
+    inputs["selected_text"] = json!("print('hi')\n".repeat(200));
+    let (status, body) = gw
+        .explain(
+            None,
+            json!({"inputs": inputs, "model_metadata": metadata.clone()}),
+        )
+        .await;
+    assert_eq!(status, 413, "{body}");
+    let detail = body["detail"].as_str().unwrap();
+    assert!(
+        detail
+            .starts_with("prompt is too long for the model mistral: its context holds 400 tokens"),
+        "{detail}"
+    );
+    assert!(detail.contains("chat/explain_code"), "{detail}");
+    assert!(gw.model.calls().is_empty(), "nothing sent that cannot fit");
+    // A prompt that fits goes through.
+    let got = gw
+        .explain(
+            None,
+            json!({"inputs": explain_inputs(), "model_metadata": metadata}),
+        )
+        .await;
+    assert_eq!(got, (200, json!("ok")));
     gw.stop().await;
 }
