@@ -208,6 +208,19 @@ impl Run {
     }
 }
 
+/// A test that ends early (a failed assertion) must not leave `./dev run`
+/// and its services running: a run still going when dropped gets SIGTERM,
+/// which stops everything it started.
+impl Drop for Run {
+    fn drop(&mut self) {
+        if let (Ok(None), Some(pid)) = (self.child.try_wait(), self.child.id()) {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
+        }
+    }
+}
+
 async fn stops_everything(env: &Env, run: Run, signal_name: &str, code: i32) {
     let services = run.services();
     assert_eq!(services.len(), 3, "gateway, web and worker: {services:?}");

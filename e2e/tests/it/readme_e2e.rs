@@ -413,18 +413,6 @@ async fn run_workflow(env: &Env, token: &str, command: &str) {
     eprintln!("workflow {goal:?}: {file} now reads {written:?}");
 }
 
-/// Stops `./dev run` (and so everything it started) when the test ends
-/// early: a failed assertion must not leave the services running.
-struct StopOnDrop(u32);
-
-impl Drop for StopOnDrop {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &self.0.to_string()])
-            .status();
-    }
-}
-
 #[tokio::test]
 async fn every_readme_example_gives_a_useful_answer_with_the_bundled_model() {
     let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
@@ -433,7 +421,7 @@ async fn every_readme_example_gives_a_useful_answer_with_the_bundled_model() {
     let env = Env::with_model(true);
     let started = Instant::now();
     let run = env.start().await;
-    let _stop = StopOnDrop(run.pid());
+    // `Run` stops `./dev run` if the test ends early (`dev_run_e2e`).
     eprintln!("./dev run ready in {:.1}s", started.elapsed().as_secs_f64());
     examples.insert(0, Example::Question(printed_question(&run.printed)));
     examples.push(Example::Shell(printed_workflow(&run.printed)));
