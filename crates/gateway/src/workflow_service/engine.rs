@@ -17,7 +17,7 @@ use super::state::{
 };
 use super::tools::{self, ToolKind, ToolPolicy, ToolResult, ToolSpec, UnitPrimitives};
 use crate::config::{PromptsConfig, ProvidersConfig, WorkflowServiceConfig};
-use crate::prompts::{PromptDefinition, PromptRegistry, TemplateRole};
+use crate::prompts::{PromptDefinition, PromptRegistry, RenderedMessage, TemplateRole};
 use crate::providers::conversation::{Message, ToolCall};
 use crate::providers::tool_calling::{ModelTurn, ToolCallingModel, ToolSchema, TurnOptions};
 use crate::providers::{ModelParams, ModelRoute};
@@ -885,21 +885,12 @@ impl Run {
         let rendered = definition
             .render(&self.services.prompts, &inputs)
             .map_err(|e| RunError::failure("PromptError", e))?;
-        let system: Vec<&str> = rendered
-            .iter()
-            .filter(|m| m.role == TemplateRole::System)
-            .map(|m| m.content.as_str())
-            .collect();
-        let system = system.join("\n\n");
+        let system = role_text(&rendered, TemplateRole::System);
         if self.state.conversation(spec.name).is_empty() {
-            let first: Vec<String> = rendered
-                .iter()
-                .filter(|m| m.role == TemplateRole::User)
-                .map(|m| m.content.clone())
-                .collect();
+            let first = role_text(&rendered, TemplateRole::User);
             self.state
                 .conversation(spec.name)
-                .push(Message::human(first.join("\n\n")));
+                .push(Message::human(first));
         }
         let route = route_for(&self.services.providers, &definition, &self.model)
             .map_err(|e| RunError::failure("ModelChoiceError", e))?;
@@ -1175,15 +1166,10 @@ impl Run {
         let rendered = definition
             .render(registry, &inputs)
             .map_err(|e| RunError::failure("PromptError", e))?;
-        let text_of = |role: TemplateRole| {
-            rendered
-                .iter()
-                .filter(|m| m.role == role)
-                .map(|m| m.content.as_str())
-                .collect::<Vec<_>>()
-                .join("\n\n")
-        };
-        let (system, user) = (text_of(TemplateRole::System), text_of(TemplateRole::User));
+        let (system, user) = (
+            role_text(&rendered, TemplateRole::System),
+            role_text(&rendered, TemplateRole::User),
+        );
         self.count_model_call()?;
         let turn = self
             .call_model(
@@ -1210,12 +1196,7 @@ impl Run {
         let rendered = definition
             .render(&self.services.prompts, &inputs)
             .map_err(|e| RunError::failure("PromptError", e))?;
-        let system: Vec<&str> = rendered
-            .iter()
-            .filter(|m| m.role == TemplateRole::System)
-            .map(|m| m.content.as_str())
-            .collect();
-        let system = system.join("\n\n");
+        let system = role_text(&rendered, TemplateRole::System);
         let mut params = definition.model_params();
         params.max_tokens = params
             .max_tokens
@@ -1454,6 +1435,16 @@ impl Run {
             }
         })
     }
+}
+
+/// The rendered templates of one role, one paragraph each.
+fn role_text(rendered: &[RenderedMessage], role: TemplateRole) -> String {
+    rendered
+        .iter()
+        .filter(|m| m.role == role)
+        .map(|m| m.content.as_str())
+        .collect::<Vec<_>>()
+        .join("\n\n")
 }
 
 /// The executor's MCP tools this run offers: none unless the monolith says
