@@ -10,10 +10,11 @@
 //! and answers an empty list with `status: "indexing"`.
 //!
 //! `ref` searches a branch other than the default, through the same path as
-//! chat's `metadata.branch` (`code_index::chat_context::branch_index`): a
-//! name git would refuse is 400 before anything is looked up; after the
-//! checks above, a branch that does not exist is 404 and one not indexed yet
-//! is queued and answers `status: "indexing"`.
+//! chat's `metadata.branch` (`code_index::chat_context::branch_index`): for
+//! a caller who may read the project, a name git would refuse is 400 before
+//! the branch is looked up; after the checks above, a branch that does not
+//! exist is 404 and one not indexed yet is queued and answers
+//! `status: "indexing"`.
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;

@@ -913,7 +913,13 @@ async fn rest_semantic_code_search_takes_a_ref_with_the_same_checks() {
     bench.fx.seat(outsider, "duo_enterprise", false).await;
     let theirs = bench.fx.token(outsider, &["api"]).await;
     let mut answers = Vec::new();
-    for params in [on_branch, "&ref=no-such-branch", "&ref=topic-stranger", ""] {
+    for params in [
+        on_branch,
+        "&ref=no-such-branch",
+        "&ref=topic-stranger",
+        "&ref=a..b",
+        "",
+    ] {
         answers.push(rest_search(&server, world.project, &theirs, params).await);
     }
     assert!(
@@ -1002,6 +1008,7 @@ async fn the_mcp_semantic_code_search_tool_takes_a_ref_with_the_same_checks() {
         Some(BRANCH),
         Some("no-such-branch"),
         Some("topic-stranger"),
+        Some("a..b"),
         None,
     ] {
         refusals.push(
