@@ -16,9 +16,25 @@
 # its processes running; the next run stops them first (their ids are kept in
 # the run directory). For tests: DUO_RUN_DIR (run directory), DUO_RUN_BIN (use
 # these binaries, do not build), DUO_PG_PORT and DUO_PG_DIR (a private database).
+#
+# Another GGUF chat model for the bundled server: `./dev run --chat-model PATH
+# [--chat-template FILE]` (the same as DUO_LOCAL_LLM_CHAT_MODEL and
+# DUO_LOCAL_LLM_CHAT_TEMPLATE; docs/local-llm.md).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --chat-model) export DUO_LOCAL_LLM_CHAT_MODEL="$(realpath "${2:?--chat-model needs a path}")"; shift 2 ;;
+    --chat-template) export DUO_LOCAL_LLM_CHAT_TEMPLATE="$(realpath "${2:?--chat-template needs a file}")"; shift 2 ;;
+    *) echo "usage: ./dev run [--chat-model PATH.gguf] [--chat-template FILE.jinja]" >&2; exit 2 ;;
+  esac
+done
+if [ -n "${DUO_LOCAL_LLM_CHAT_MODEL:-}" ] && [ ! -f "$DUO_LOCAL_LLM_CHAT_MODEL" ]; then
+  echo "duo: no chat model at $DUO_LOCAL_LLM_CHAT_MODEL" >&2
+  exit 2
+fi
 
 RUN_DIR="${DUO_RUN_DIR:-$ROOT/.cache/run}"
 mkdir -p "$RUN_DIR"

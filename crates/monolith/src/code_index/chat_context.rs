@@ -133,21 +133,57 @@ pub enum Searched {
 }
 
 /// Authorizes the user for the project's code, checks its index and
-/// searches it (or sends a small directory whole).
+/// searches it (or sends a small directory whole). `branch` searches that
+/// branch instead of the default one, exactly as an item's
+/// `metadata.branch` does: a name git would refuse is M4001 before anything
+/// is looked up, then the same authorization, on-demand indexing and
+/// exclusions.
 pub async fn search_project(
     index: &CodeIndex,
     policy: &Policy,
     actor: Actor,
     project_id: i64,
     directory: Option<String>,
+    branch: Option<&str>,
     question: &str,
 ) -> Result<Searched, CodeIndexError> {
+    let branch = match branch.map(branches::validate_name).transpose() {
+        Ok(name) => name.map(str::to_owned),
+        Err(e) => {
+            return Ok(Searched::Other(Outcome::Refused(
+                DuoErrorCode::M4001,
+                format!("branch: {e}"),
+            )));
+        }
+    };
     let target = Target {
         project_id,
         directory,
-        branch: None,
+        branch,
     };
     project_context(index, policy, actor, &target, question, &mut None).await
+}
+
+/// The branch a question's repository or directory context names for
+/// `project_id`, if any (the chat tool searches it like the item does).
+pub fn context_branch(items: &[AdditionalContext], project_id: i64) -> Option<String> {
+    code_targets(items)
+        .filter(|t| t.project_id == project_id)
+        .find_map(|t| t.branch)
+}
+
+/// The project of the question's first repository or directory item.
+pub fn context_project(items: &[AdditionalContext]) -> Option<i64> {
+    code_targets(items).next().map(|t| t.project_id)
+}
+
+/// The readable targets of the code context items (bad ones were refused
+/// before the agent started).
+fn code_targets(items: &[AdditionalContext]) -> impl Iterator<Item = Target> + '_ {
+    items
+        .iter()
+        .filter(|i| is_code_context(i.category))
+        .filter_map(|i| target_of(i).ok())
 }
 
 /// [`search_project`] with the question's embedding cached across items.
@@ -174,6 +210,12 @@ async fn project_context(
         Some(name) => match branch_index(index, &*db, target.project_id, name).await? {
             BranchLookup::Default => None,
             BranchLookup::Indexed(id) => Some((id, name.as_str())),
+            BranchLookup::Missing => {
+                return Ok(Searched::Other(Outcome::Refused(
+                    DuoErrorCode::M4001,
+                    format!("the branch {name} does not exist in the repository"),
+                )));
+            }
             BranchLookup::Other(outcome) => return Ok(Searched::Other(outcome)),
         },
     };
@@ -304,19 +346,23 @@ fn is_code_context(category: ContextCategory) -> bool {
 }
 
 /// Which index a `metadata.branch` names, once the project is authorized.
-enum BranchLookup {
+#[derive(Debug)]
+pub enum BranchLookup {
     /// The default branch (named explicitly).
     Default,
     /// The branch's index, searchable (`code_index_branches.id`).
     Indexed(i64),
+    /// No such branch in the repository.
+    Missing,
     /// Not searchable: the answer or refusal to give instead.
     Other(Outcome),
 }
 
-/// Looks the branch up for a user already authorized for the project: it
-/// must exist; its index is used (and moves to the back of the eviction
-/// order), or queued when missing.
-async fn branch_index(
+/// Looks the branch up for a user already authorized for the project
+/// (`Policy::code_for_ai`) and a name already checked
+/// ([`branches::validate_name`]): it must exist; its index is used (and
+/// moves to the back of the eviction order), or queued when missing.
+pub async fn branch_index(
     index: &CodeIndex,
     db: &impl Queries,
     project_id: i64,
@@ -336,10 +382,7 @@ async fn branch_index(
         .await
         .is_none()
     {
-        return Ok(BranchLookup::Other(Outcome::Refused(
-            DuoErrorCode::M4001,
-            format!("the branch {branch} does not exist in the repository"),
-        )));
+        return Ok(BranchLookup::Missing);
     }
     let existing = branches::find(db, project_id, branch).await?;
     if let Some(row) = existing.as_ref().filter(|r| r.state == IndexState::Failed) {

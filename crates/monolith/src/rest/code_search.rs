@@ -8,6 +8,13 @@
 //! Duo is off), and the project's Duo context exclusion rules drop excluded
 //! files from the results. A project not indexed yet is queued for indexing
 //! and answers an empty list with `status: "indexing"`.
+//!
+//! `ref` searches a branch other than the default, through the same path as
+//! chat's `metadata.branch` (`code_index::chat_context::branch_index`): for
+//! a caller who may read the project, a name git would refuse is 400 before
+//! the branch is looked up; after the checks above, a branch that does not
+//! exist is 404 and one not indexed yet is queued and answers
+//! `status: "indexing"`.
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
@@ -18,8 +25,9 @@ use super::ApiError;
 use super::containers::readable_project;
 use super::workflow_tools::DUO_OFF;
 use crate::app_state::AppState;
+use crate::code_index::chat_context::{self, BranchLookup, Outcome};
 use crate::code_index::search::{self, QueryVector, Retrieval, Scope};
-use crate::code_index::store;
+use crate::code_index::{CodeIndex, branches, store};
 use crate::gateway_client::EmbeddingPurpose;
 use crate::policy::{Ability, AiReader, Subject};
 use crate::repositories::reader;
@@ -38,6 +46,8 @@ pub(super) struct SearchParams {
     semantic_query: Option<String>,
     directory_path: Option<String>,
     limit: Option<usize>,
+    #[serde(rename = "ref")]
+    branch: Option<String>,
 }
 
 /// The checked parameters.
@@ -45,6 +55,8 @@ struct Query {
     text: String,
     directory: Option<String>,
     limit: usize,
+    /// A branch other than the default, its name checked as git checks it.
+    branch: Option<String>,
 }
 
 fn checked(params: SearchParams) -> Result<Query, ApiError> {
@@ -71,11 +83,27 @@ fn checked(params: SearchParams) -> Result<Query, ApiError> {
             "limit must be between 1 and {MAX_LIMIT}"
         )));
     }
+    let branch = match params.branch.as_deref() {
+        None => None,
+        Some(name) => Some(
+            branches::validate_name(name)
+                .map_err(|e| ApiError::BadRequest(format!("ref is invalid: {e}")))?
+                .to_owned(),
+        ),
+    };
     Ok(Query {
         text,
         directory,
         limit,
+        branch,
     })
+}
+
+/// Which index a search reads, or what to answer instead.
+enum Target {
+    /// The default branch's (`None`) or a branch's index (its id).
+    Index(Option<i64>),
+    Indexing,
 }
 
 pub(super) async fn semantic_code_search(
@@ -113,16 +141,12 @@ pub(super) async fn semantic_code_search(
         });
     };
     let index = state.code_index().map_err(|e| unavailable(&e))?;
-    let searchable = store::status(&*db, project_id)
-        .await?
-        .is_some_and(|s| s.searchable());
-    if !searchable {
-        store::ensure_status(&*db, project_id).await?;
-        crate::code_index::enqueue_index(&*db, project_id, index.settings.max_attempts)
-            .await
-            .map_err(|e| ApiError::Internal(e.to_string()))?;
-        return Ok(HttpResponse::Ok().json(json!({"status": "indexing", "results": []})));
-    }
+    let branch_id = match which_index(&index, &*db, project_id, query.branch.as_deref()).await? {
+        Target::Index(branch_id) => branch_id,
+        Target::Indexing => {
+            return Ok(HttpResponse::Ok().json(json!({"status": "indexing", "results": []})));
+        }
+    };
     let auth = crate::code_index::embedding_auth(&*db, actor.id, Uuid::new_v4()).await?;
     let model = index
         .embedding_model(&*db)
@@ -150,9 +174,10 @@ pub(super) async fn semantic_code_search(
         project_id,
         directory: query.directory,
     };
-    let hits = search::search(
+    let hits = search::search_on(
         &mut db,
         &scope,
+        branch_id,
         &query.text,
         vector.as_ref(),
         Retrieval::Fused,
@@ -181,6 +206,45 @@ pub(super) async fn semantic_code_search(
         }));
     }
     Ok(HttpResponse::Ok().json(json!({"status": "ready", "results": results})))
+}
+
+/// The index to search, for a caller already authorized for the project's
+/// code: the branch's when one is named (queued when missing), else the
+/// default branch's (queued when not indexed yet).
+async fn which_index(
+    index: &CodeIndex,
+    db: &impl crate::queries::Queries,
+    project_id: i64,
+    branch: Option<&str>,
+) -> Result<Target, ApiError> {
+    if let Some(name) = branch {
+        let found = chat_context::branch_index(index, db, project_id, name)
+            .await
+            .map_err(|e| ApiError::Internal(e.to_string()))?;
+        match found {
+            BranchLookup::Default => {}
+            BranchLookup::Indexed(id) => return Ok(Target::Index(Some(id))),
+            BranchLookup::Missing => return Err(ApiError::NotFound("Branch")),
+            BranchLookup::Other(Outcome::Answer(_)) => return Ok(Target::Indexing),
+            BranchLookup::Other(Outcome::Refused(code, detail)) => {
+                return Err(ApiError::Internal(format!("{detail} ({code})")));
+            }
+            BranchLookup::Other(Outcome::Ready(_)) => {
+                return Err(ApiError::Internal("unexpected branch lookup".into()));
+            }
+        }
+    }
+    let searchable = store::status(db, project_id)
+        .await?
+        .is_some_and(|s| s.searchable());
+    if !searchable {
+        store::ensure_status(db, project_id).await?;
+        crate::code_index::enqueue_index(db, project_id, index.settings.max_attempts)
+            .await
+            .map_err(|e| ApiError::Internal(e.to_string()))?;
+        return Ok(Target::Indexing);
+    }
+    Ok(Target::Index(None))
 }
 
 fn unavailable(e: &dyn std::fmt::Display) -> ApiError {

@@ -699,3 +699,333 @@ async fn the_worker_follows_pushes_to_an_indexed_branch_and_drops_a_deleted_one(
     assert_eq!(left, 0);
     worker.shutdown().await;
 }
+
+// ---- the same branch path from the chat tool, the REST endpoint and MCP ------------
+
+/// What the provider was asked after the tool ran (the observation).
+fn tool_prompts(bench: &Bench) -> Vec<String> {
+    bench
+        .fake
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with("/messages"))
+        .map(|r| r.body.to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn the_codebase_search_tool_searches_the_branch_its_question_context_names() {
+    let bench = Bench::start().await;
+    let world = seeded(&bench).await;
+    let index = &bench.responder.services().code_index;
+    // The context names a small directory on the branch (sent whole: no
+    // voucher file in it), so a voucher file in the prompt comes from the tool.
+    let on_branch = || directory_item(world.project, "src/http", BRANCH);
+    let answer = ask(&bench, &world, "voucher", vec![on_branch()]).await;
+    assert_eq!(answer.content, branch_being_indexed(BRANCH));
+    index_branch(index, world.project, BRANCH).await.unwrap();
+
+    // No project named in the input: the context's project, on its branch.
+    bench.fake.reset();
+    bench
+        .fake
+        .push_text(" Search the code.\nAction: codebase_search\nAction Input: voucher");
+    bench
+        .fake
+        .push_text(" Found it.\nFinal Answer: 23 percent.");
+    let answer = ask(
+        &bench,
+        &world,
+        "What does a voucher take off?",
+        vec![on_branch()],
+    )
+    .await;
+    assert!(answer.error.is_none(), "{answer:?}");
+    let prompts = tool_prompts(&bench);
+    assert_eq!(prompts.len(), 2, "{prompts:?}");
+    assert!(
+        !prompts[0].contains(COUPONS),
+        "the context alone has no voucher file"
+    );
+    assert!(
+        prompts[1].contains(&format!("<file_path>{COUPONS}</file_path>")),
+        "{}",
+        prompts[1]
+    );
+    assert!(prompts[1].contains(&format!("Branch: {BRANCH}")));
+    assert!(
+        !prompts[1].contains(LEDGER),
+        "a default-only file on the branch"
+    );
+    assert!(
+        prompts.iter().all(|p| !p.contains("hunter3")),
+        "an excluded file reached the prompt"
+    );
+
+    // The project named in the input, with the context on the same project: its branch too.
+    bench.fake.reset();
+    bench
+        .fake
+        .push_text(" Search.\nAction: codebase_search\nAction Input: gl/app voucher");
+    bench.fake.push_text(" Done.\nFinal Answer: ok.");
+    ask(&bench, &world, "voucher in gl/app?", vec![on_branch()]).await;
+    let prompts = tool_prompts(&bench);
+    assert!(prompts[1].contains(COUPONS) && !prompts[1].contains(LEDGER));
+
+    // Without branch context: the default branch.
+    bench.fake.reset();
+    bench
+        .fake
+        .push_text(" Search.\nAction: codebase_search\nAction Input: gl/app voucher");
+    bench.fake.push_text(" Done.\nFinal Answer: ok.");
+    let answer = ask(&bench, &world, "voucher in gl/app?", vec![]).await;
+    assert!(answer.error.is_none(), "{answer:?}");
+    let prompts = tool_prompts(&bench);
+    assert!(
+        prompts[1].contains(&format!("<file_path>{LEDGER}</file_path>")),
+        "{}",
+        prompts[1]
+    );
+    assert!(
+        !prompts[1].contains(COUPONS),
+        "a branch-only file on the default branch"
+    );
+
+    // A stranger with the same context: refused before any model call or embedding.
+    let outsider = bench.fx.user("outsider").await;
+    bench.fx.seat(outsider, "duo_enterprise", false).await;
+    let stranger = World {
+        user: outsider,
+        group: world.group,
+        project: world.project,
+    };
+    bench.fake.reset();
+    bench
+        .fake
+        .push_text(" Search.\nAction: codebase_search\nAction Input: voucher");
+    let answer = ask(&bench, &stranger, "voucher", vec![on_branch()]).await;
+    assert_eq!(
+        answer.error.as_ref().map(|e| e.code),
+        Some(DuoErrorCode::M3003)
+    );
+    assert!(
+        bench.fake.requests().is_empty(),
+        "nothing asked or embedded"
+    );
+}
+
+/// GET `/projects/:id/semantic_code_search` with these query parameters.
+async fn rest_search(
+    server: &crate::support::Server,
+    project: i64,
+    token: &str,
+    params: &str,
+) -> (u16, serde_json::Value) {
+    crate::rest_support::get(
+        server,
+        &format!("/projects/{project}/semantic_code_search?semantic_query=voucher{params}"),
+        token,
+    )
+    .await
+}
+
+fn result_paths(body: &serde_json::Value) -> Vec<String> {
+    body["results"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no results: {body}"))
+        .iter()
+        .map(|r| r["path"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn rest_semantic_code_search_takes_a_ref_with_the_same_checks() {
+    let bench = Bench::start().await;
+    let world = seeded(&bench).await;
+    let index = &bench.responder.services().code_index;
+    let server = crate::rest_code_search::server(&bench).await;
+    let api = bench.fx.token(world.user, &["api"]).await;
+    let on_branch = "&ref=feature%2Fcoupons";
+
+    // Not indexed yet: queued once, answered "indexing", nothing embedded.
+    bench.fake.reset();
+    for _ in 0..2 {
+        let (status, body) = rest_search(&server, world.project, &api, on_branch).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body, json!({"status": "indexing", "results": []}));
+    }
+    assert!(bench.fake.requests().is_empty());
+    let jobs = count(
+        &bench,
+        "SELECT count(*) FROM background_jobs WHERE kind = 'code_index_branch'
+         AND payload->>'branch' = $1",
+        &[&BRANCH],
+    )
+    .await;
+    assert_eq!(jobs, 1);
+    index_branch(index, world.project, BRANCH).await.unwrap();
+
+    // The branch's file on the branch, never the excluded one; the default's on the default.
+    let (status, body) = rest_search(&server, world.project, &api, on_branch).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "ready");
+    let found = result_paths(&body);
+    assert_eq!(found.first().map(String::as_str), Some(COUPONS), "{body}");
+    assert!(!found.contains(&LEDGER.to_owned()), "{body}");
+    assert!(found.iter().all(|p| !p.starts_with("secrets/")), "{body}");
+    assert!(!body.to_string().contains("hunter3"), "{body}");
+    for default in ["", "&ref=main"] {
+        let (status, body) = rest_search(&server, world.project, &api, default).await;
+        assert_eq!(status, 200, "{body}");
+        let found = result_paths(&body);
+        assert!(found.contains(&LEDGER.to_owned()), "{default}: {body}");
+        assert!(!found.contains(&COUPONS.to_owned()), "{default}: {body}");
+    }
+
+    // A bad name: 400 before anything is looked up; a missing branch: 404.
+    bench.fake.reset();
+    for bad in ["a..b", "-rf", "refs%2Fheads%2F", "a%20b", "x~1"] {
+        let (status, body) =
+            rest_search(&server, world.project, &api, &format!("&ref={bad}")).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+        assert!(
+            body["error"]
+                .as_str()
+                .unwrap()
+                .starts_with("ref is invalid"),
+            "{body}"
+        );
+    }
+    // A NUL is refused for every parameter before the endpoint runs.
+    let (status, body) = rest_search(&server, world.project, &api, "&ref=x%00y").await;
+    assert_eq!(status, 400, "{body}");
+    assert!(bench.fake.requests().is_empty());
+    let (status, body) = rest_search(&server, world.project, &api, "&ref=no-such-branch").await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["message"], "404 Branch Not Found");
+
+    // A stranger: the same 404 whatever the branch, and nothing queued.
+    let repo = bench.repositories().path(world.project);
+    writer::create_branch(&repo, "topic-stranger", "main")
+        .await
+        .unwrap();
+    let outsider = bench.fx.user("outsider").await;
+    bench.fx.seat(outsider, "duo_enterprise", false).await;
+    let theirs = bench.fx.token(outsider, &["api"]).await;
+    let mut answers = Vec::new();
+    for params in [
+        on_branch,
+        "&ref=no-such-branch",
+        "&ref=topic-stranger",
+        "&ref=a..b",
+        "",
+    ] {
+        answers.push(rest_search(&server, world.project, &theirs, params).await);
+    }
+    assert!(
+        answers
+            .iter()
+            .all(|a| *a == (404, json!({"message": "404 Project Not Found"}))),
+        "{answers:?}"
+    );
+    assert!(
+        branch_row(&bench, world.project, "topic-stranger")
+            .await
+            .is_none()
+    );
+    assert!(
+        bench.fake.requests().is_empty(),
+        "nothing embedded for them"
+    );
+}
+
+#[tokio::test]
+async fn the_mcp_semantic_code_search_tool_takes_a_ref_with_the_same_checks() {
+    use crate::mcp_server::{Mcp, texts};
+    let bench = Bench::start().await;
+    let world = seeded(&bench).await;
+    let index = &bench.responder.services().code_index;
+    let server = crate::rest_code_search::server(&bench).await;
+    let token = bench.fx.token(world.user, &["mcp"]).await;
+    let mut mcp = Mcp::connect(&server, &token).await;
+    let search = |branch: Option<&str>| {
+        let mut args = json!({"project_id": world.project, "semantic_query": "voucher"});
+        if let Some(branch) = branch {
+            args["ref"] = json!(branch);
+        }
+        args
+    };
+
+    // Not indexed yet: said so (as for the default branch), queued.
+    let first = mcp.call("semantic_code_search", search(Some(BRANCH))).await;
+    assert_eq!(first["isError"], false, "{first}");
+    assert_eq!(texts(&first), vec![branch_being_indexed(BRANCH)]);
+    index_branch(index, world.project, BRANCH).await.unwrap();
+
+    let on_branch = mcp.call("semantic_code_search", search(Some(BRANCH))).await;
+    assert_eq!(on_branch["isError"], false, "{on_branch}");
+    let text = texts(&on_branch).join("\n");
+    assert!(
+        text.contains(&format!("<file_path>{COUPONS}</file_path>")),
+        "{text}"
+    );
+    assert!(!text.contains(LEDGER), "{text}");
+    assert!(
+        !text.contains("hunter3") && !text.contains("secrets/"),
+        "{text}"
+    );
+    let default = mcp.call("semantic_code_search", search(None)).await;
+    let text = texts(&default).join("\n");
+    assert!(text.contains(LEDGER) && !text.contains(COUPONS), "{text}");
+
+    // Bad and missing names: tool errors; an overlong one breaks the schema.
+    bench.fake.reset();
+    let bad = mcp
+        .call_refused("semantic_code_search", search(Some("a..b")))
+        .await;
+    assert!(bad.contains("M4001"), "{bad}");
+    assert!(bench.fake.requests().is_empty());
+    let missing = mcp
+        .call_refused("semantic_code_search", search(Some("no-such-branch")))
+        .await;
+    assert!(missing.contains("does not exist"), "{missing}");
+    let error = mcp
+        .call_error("semantic_code_search", search(Some(&"b".repeat(256))))
+        .await;
+    assert_eq!(error["code"], -32602, "{error}");
+
+    // A stranger: the same refusal whatever the branch, nothing queued or embedded.
+    let repo = bench.repositories().path(world.project);
+    writer::create_branch(&repo, "topic-stranger", "main")
+        .await
+        .unwrap();
+    let outsider = bench.fx.user("outsider").await;
+    bench.fx.seat(outsider, "duo_enterprise", false).await;
+    let theirs = bench.fx.token(outsider, &["mcp"]).await;
+    let mut stranger = Mcp::connect(&server, &theirs).await;
+    let mut refusals = Vec::new();
+    for branch in [
+        Some(BRANCH),
+        Some("no-such-branch"),
+        Some("topic-stranger"),
+        Some("a..b"),
+        None,
+    ] {
+        refusals.push(
+            stranger
+                .call_refused("semantic_code_search", search(branch))
+                .await,
+        );
+    }
+    assert!(refusals.iter().all(|r| *r == refusals[0]), "{refusals:?}");
+    assert!(
+        refusals[0].contains("404 Project Not Found"),
+        "{refusals:?}"
+    );
+    assert!(
+        branch_row(&bench, world.project, "topic-stranger")
+            .await
+            .is_none()
+    );
+    assert!(bench.fake.requests().is_empty());
+}

@@ -119,7 +119,7 @@ fn initialize_body(id: i64) -> Value {
 }
 
 /// An MCP session of one token: initialized, ready for `tools/*`.
-struct Mcp<'a> {
+pub(crate) struct Mcp<'a> {
     server: &'a Server,
     token: String,
     session: String,
@@ -128,7 +128,7 @@ struct Mcp<'a> {
 
 impl<'a> Mcp<'a> {
     /// `initialize` and `notifications/initialized` (two requests).
-    async fn connect(server: &'a Server, token: &str) -> Mcp<'a> {
+    pub(crate) async fn connect(server: &'a Server, token: &str) -> Mcp<'a> {
         let init = post_mcp(server, Some(token), None, initialize_body(1).to_string()).await;
         assert_eq!(init.status, 200, "initialize: {}", init.body);
         assert_eq!(init.body["result"]["protocolVersion"], PROTOCOL);
@@ -161,7 +161,7 @@ impl<'a> Mcp<'a> {
     }
 
     /// The `result` of `tools/call`; fails on a JSON-RPC error.
-    async fn call(&mut self, tool: &str, arguments: Value) -> Value {
+    pub(crate) async fn call(&mut self, tool: &str, arguments: Value) -> Value {
         let http = self
             .send("tools/call", json!({"name": tool, "arguments": arguments}))
             .await;
@@ -182,14 +182,14 @@ impl<'a> Mcp<'a> {
     }
 
     /// A tool result with `isError: true`: its text.
-    async fn call_refused(&mut self, tool: &str, arguments: Value) -> String {
+    pub(crate) async fn call_refused(&mut self, tool: &str, arguments: Value) -> String {
         let result = self.call(tool, arguments).await;
         assert_eq!(result["isError"], true, "{tool} was not refused: {result}");
         texts(&result).join("\n")
     }
 
     /// The JSON-RPC `error` of `tools/call`; fails on a result.
-    async fn call_error(&mut self, tool: &str, arguments: Value) -> Value {
+    pub(crate) async fn call_error(&mut self, tool: &str, arguments: Value) -> Value {
         let http = self
             .send("tools/call", json!({"name": tool, "arguments": arguments}))
             .await;
@@ -204,7 +204,7 @@ impl<'a> Mcp<'a> {
 }
 
 /// The text blocks of a tool result.
-fn texts(result: &Value) -> Vec<String> {
+pub(crate) fn texts(result: &Value) -> Vec<String> {
     result["content"]
         .as_array()
         .unwrap_or_else(|| panic!("no content: {result}"))

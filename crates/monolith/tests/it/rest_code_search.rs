@@ -71,7 +71,7 @@ async fn seeded(bench: &Bench) -> (i64, monolith::policy::Actor) {
 }
 
 /// The monolith's REST API over the bench's database, repositories and gateway.
-async fn server(bench: &Bench) -> Server {
+pub(crate) async fn server(bench: &Bench) -> Server {
     let repositories = bench.config.repositories_dir.display().to_string();
     Server::start_with_settings(
         &bench.fx,

@@ -3,10 +3,14 @@
 //! works without the client attaching repository context.
 //!
 //! The Action Input names the project by its full path (the first word with
-//! a `/` that is a project), or the project of the page the user is on. The
-//! same checks as repository context apply before anything is searched
-//! (`read_code`, Duo on for the project; a missing and an unreadable project
-//! answer alike), and a project still being indexed says so.
+//! a `/` that is a project); otherwise the project of the question's
+//! repository or directory context, or of the page the user is on. When the
+//! question's repository or directory context for that project names a
+//! branch (`metadata.branch`), that branch is searched, as the item itself
+//! is. The same checks as repository context apply before anything is
+//! searched (`read_code`, Duo on for the project; a missing and an
+//! unreadable project answer alike), and a project or branch still being
+//! indexed says so.
 
 use async_trait::async_trait;
 use contracts::{DuoErrorCode, UnitPrimitive};
@@ -74,6 +78,9 @@ impl Tool for CodebaseSearch {
                 Err(e) => return ToolOutcome::failed(DuoErrorCode::A9999, e.to_string()),
             }
         }
+        if project.is_none() {
+            project = chat_context::context_project(&env.ctx.additional_context);
+        }
         if project.is_none()
             && let Some(resource) = env.ctx.resource
         {
@@ -96,12 +103,14 @@ impl Tool for CodebaseSearch {
         } else {
             query.trim().to_owned()
         };
+        let branch = chat_context::context_branch(&env.ctx.additional_context, project);
         match chat_context::search_project(
             &services.code_index,
             &services.policy,
             env.ctx.actor,
             project,
             None,
+            branch.as_deref(),
             &query,
         )
         .await

@@ -244,6 +244,11 @@ const TOOLS: &[ToolSpec] = &[
                         "directory_path",
                         json!({"type": "string", "maxLength": 1024}),
                     ),
+                    (
+                        "ref",
+                        json!({"type": "string", "minLength": 1, "maxLength": 255,
+                            "description": "A branch to search instead of the default branch (indexed on first use)."}),
+                    ),
                 ],
             )
         },
@@ -542,6 +547,9 @@ struct CodeSearchArgs {
     project_id: IdOrPath,
     semantic_query: String,
     directory_path: Option<String>,
+    /// A branch other than the default (GitLab's name for a branch argument).
+    #[serde(rename = "ref")]
+    branch: Option<String>,
 }
 
 /// Runs the tool `name` for `caller`.
@@ -623,7 +631,12 @@ pub async fn call(
         "semantic_code_search" => {
             let a: CodeSearchArgs = args(arguments)?;
             let project = project(state, caller, &a.project_id).await?;
-            semantic_search(state, caller, project, a.directory_path, &a.semantic_query).await
+            let scope = CodeScope {
+                project,
+                directory: a.directory_path,
+                branch: a.branch,
+            };
+            semantic_search(state, caller, scope, &a.semantic_query).await
         }
         other => Err(ToolError::Arguments(format!("unknown tool {other}"))),
     }
@@ -849,13 +862,24 @@ async fn search(state: &AppState, caller: &McpCaller, a: SearchArgs) -> ToolResu
 // ---- semantic_code_search: the code index, with chat's gate (the caller reads
 // the code, Duo is on, excluded files never appear) -------------------------
 
+/// Where `semantic_code_search` looks.
+struct CodeScope {
+    project: i64,
+    directory: Option<String>,
+    branch: Option<String>,
+}
+
 async fn semantic_search(
     state: &AppState,
     caller: &McpCaller,
-    project: i64,
-    directory: Option<String>,
+    scope: CodeScope,
     query: &str,
 ) -> ToolResult {
+    let CodeScope {
+        project,
+        directory,
+        branch,
+    } = scope;
     if query.trim().is_empty() || query.contains('\0') {
         return Err(ToolError::Arguments("semantic_query is empty".into()));
     }
@@ -871,6 +895,7 @@ async fn semantic_search(
         caller.actor(),
         project,
         directory,
+        branch.as_deref(),
         query,
     )
     .await
