@@ -16,6 +16,15 @@ pub enum ConfigError {
     Invalid { name: &'static str, reason: String },
 }
 
+/// Which engine computes embeddings (`DUO_LOCAL_LLM_EMBED_ENGINE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EmbedEngine {
+    /// llama.cpp on int8 (Q8_0) weights, or candle if that cannot load.
+    Fast,
+    /// candle's f32 BERT only (exact vectors, several times slower).
+    Candle,
+}
+
 #[derive(Debug, Clone)]
 pub struct Config {
     pub addr: SocketAddr,
@@ -26,6 +35,7 @@ pub struct Config {
     /// Directory with `config.json`, `tokenizer.json`, `model.safetensors` of a BERT-family model.
     pub embed_model_dir: PathBuf,
     pub embed_model_id: String,
+    pub embed_engine: EmbedEngine,
     pub threads: i32,
     /// Context window for one generation (prompt plus output), in tokens.
     pub context_tokens: u32,
@@ -59,6 +69,7 @@ impl Config {
             chat_model_id: DEFAULT_CHAT_MODEL_ID.to_owned(),
             embed_model_dir: models_dir.join(EMBED_DIR),
             embed_model_id: DEFAULT_EMBED_MODEL_ID.to_owned(),
+            embed_engine: EmbedEngine::Fast,
             models_dir,
             threads: 2,
             context_tokens: 2048,
@@ -110,6 +121,18 @@ impl Config {
         }
         if let Some(id) = var("DUO_LOCAL_LLM_EMBED_MODEL_ID") {
             config.embed_model_id = id;
+        }
+        if let Some(engine) = var("DUO_LOCAL_LLM_EMBED_ENGINE") {
+            config.embed_engine = match engine.trim().to_ascii_lowercase().as_str() {
+                "fast" | "llama" => EmbedEngine::Fast,
+                "candle" => EmbedEngine::Candle,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        name: "DUO_LOCAL_LLM_EMBED_ENGINE",
+                        reason: format!("expected fast or candle, got {engine:?}"),
+                    });
+                }
+            };
         }
         if let Some(threads) = var("DUO_LOCAL_LLM_THREADS") {
             config.threads = parse_positive("DUO_LOCAL_LLM_THREADS", &threads)?;
