@@ -11,6 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use local_llm::bert_gguf::DenseWeights;
 use local_llm::embeddings::Embedder;
 
 fn main() -> anyhow::Result<()> {
@@ -35,7 +36,12 @@ fn main() -> anyhow::Result<()> {
     let mut fast_vectors = Vec::new();
     if only != "candle" {
         let start = Instant::now();
-        let embedder = Embedder::load(&dir, threads)?;
+        let weights = if std::env::var("WEIGHTS").as_deref() == Ok("q8") {
+            DenseWeights::Q8
+        } else {
+            DenseWeights::F16
+        };
+        let embedder = Embedder::load(&dir, threads, weights)?;
         println!(
             "fast engine loaded in {:.2}s (llama.cpp: {})",
             start.elapsed().as_secs_f64(),

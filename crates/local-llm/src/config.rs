@@ -4,6 +4,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::bert_gguf::DenseWeights;
+
 pub const DEFAULT_ADDR: &str = "127.0.0.1:5053";
 pub const DEFAULT_CHAT_MODEL_ID: &str = "smollm2-135m-instruct";
 pub const DEFAULT_EMBED_MODEL_ID: &str = "all-minilm-l6-v2";
@@ -19,7 +21,7 @@ pub enum ConfigError {
 /// Which engine computes embeddings (`DUO_LOCAL_LLM_EMBED_ENGINE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EmbedEngine {
-    /// llama.cpp on int8 (Q8_0) weights, or candle if that cannot load.
+    /// llama.cpp on f16 (or int8) weights, or candle if that cannot load.
     Fast,
     /// candle's f32 BERT only (exact vectors, several times slower).
     Candle,
@@ -36,6 +38,8 @@ pub struct Config {
     pub embed_model_dir: PathBuf,
     pub embed_model_id: String,
     pub embed_engine: EmbedEngine,
+    /// The fast engine's dense weights (`DUO_LOCAL_LLM_EMBED_WEIGHTS`).
+    pub embed_weights: DenseWeights,
     pub threads: i32,
     /// Context window for one generation (prompt plus output), in tokens.
     pub context_tokens: u32,
@@ -70,6 +74,7 @@ impl Config {
             embed_model_dir: models_dir.join(EMBED_DIR),
             embed_model_id: DEFAULT_EMBED_MODEL_ID.to_owned(),
             embed_engine: EmbedEngine::Fast,
+            embed_weights: DenseWeights::F16,
             models_dir,
             threads: 2,
             context_tokens: 2048,
@@ -130,6 +135,18 @@ impl Config {
                     return Err(ConfigError::Invalid {
                         name: "DUO_LOCAL_LLM_EMBED_ENGINE",
                         reason: format!("expected fast or candle, got {engine:?}"),
+                    });
+                }
+            };
+        }
+        if let Some(weights) = var("DUO_LOCAL_LLM_EMBED_WEIGHTS") {
+            config.embed_weights = match weights.trim().to_ascii_lowercase().as_str() {
+                "f16" => DenseWeights::F16,
+                "q8" | "int8" => DenseWeights::Q8,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        name: "DUO_LOCAL_LLM_EMBED_WEIGHTS",
+                        reason: format!("expected f16 or q8, got {weights:?}"),
                     });
                 }
             };

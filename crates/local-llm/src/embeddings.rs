@@ -4,7 +4,7 @@
 //! Two engines behind one [`Embedder`], both fed the `tokenizers` crate's
 //! word pieces:
 //! - llama.cpp ([`LlamaBert`], the default): the weights converted to a
-//!   Q8_0 GGUF, the dense layers as int8 dot products, a lane of its own for
+//!   GGUF (dense layers in f16, or int8 on request), a lane of its own for
 //!   single questions. Vectors within cosine 0.999 of the f32 ones.
 //! - candle ([`PackedBert`], f32): the fallback when the conversion or
 //!   llama.cpp's load fails, and the reference the fast path is held to.
@@ -17,6 +17,7 @@ use candle_nn::VarBuilder;
 use candle_transformers::models::bert::Config as BertConfig;
 use tokenizers::{Tokenizer, TruncationParams};
 
+use crate::bert_gguf::DenseWeights;
 use crate::llama_bert::{Lane, LlamaBert};
 use crate::packed_bert::PackedBert;
 
@@ -119,10 +120,10 @@ pub struct Embedder {
 }
 
 impl Embedder {
-    /// The fast engine (llama.cpp, int8) on `threads` threads, or candle's
+    /// The fast engine (llama.cpp) on `threads` threads, or candle's
     /// f32 model when the fast one cannot be loaded (logged).
-    pub fn load(dir: &Path, threads: usize) -> Result<Self, EmbedError> {
-        match Self::load_llama(dir, threads) {
+    pub fn load(dir: &Path, threads: usize, dense: DenseWeights) -> Result<Self, EmbedError> {
+        match Self::load_llama(dir, threads, dense) {
             Ok(embedder) => Ok(embedder),
             Err(e) => {
                 tracing::warn!(error = %e, "embedding with candle (f32): llama.cpp could not load the model");
@@ -131,10 +132,11 @@ impl Embedder {
         }
     }
 
-    /// llama.cpp on the Q8_0 conversion of `dir`'s weights.
-    pub fn load_llama(dir: &Path, threads: usize) -> Result<Self, EmbedError> {
+    /// llama.cpp on the GGUF conversion of `dir`'s weights.
+    pub fn load_llama(dir: &Path, threads: usize, dense: DenseWeights) -> Result<Self, EmbedError> {
         let tokenizer = load_tokenizer(dir, None)?;
-        let model = LlamaBert::load(dir, threads).map_err(|e| load_error(dir, e.to_string()))?;
+        let model =
+            LlamaBert::load(dir, threads, dense).map_err(|e| load_error(dir, e.to_string()))?;
         Ok(Self {
             dimensions: model.dimensions(),
             engine: Engine::Llama(model),

@@ -1,6 +1,6 @@
 //! The BERT encoder run by llama.cpp: the bundled safetensors converted once
-//! to a Q8_0 GGUF ([`crate::bert_gguf`]), so the dense layers (nearly all of
-//! the work) run as int8 dot products instead of f32 products.
+//! to a GGUF ([`crate::bert_gguf`]) with f16 (or int8) dense weights, so the
+//! dense layers (nearly all of the work) run on ggml's tuned kernels.
 //!
 //! Two lanes, each a thread owning its own llama.cpp context: bulk batches
 //! (an index) take one with every thread, single questions the other with
@@ -24,7 +24,7 @@ use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::token::LlamaToken;
 
-use crate::bert_gguf;
+use crate::bert_gguf::{self, DenseWeights};
 
 /// Most tokens in one llama.cpp pass. Attention is computed over the whole
 /// pass (masked per input), so its cost per token grows with this: one input
@@ -36,7 +36,7 @@ const PASS_INPUTS: usize = 128;
 /// llama.cpp's `LLAMA_FLASH_ATTN_TYPE_ENABLED`.
 const FLASH_ATTENTION_ENABLED: i32 = 1;
 /// Bump when the converted file's contents change: old caches are ignored.
-const FORMAT_VERSION: u32 = 2;
+const FORMAT_VERSION: u32 = 1;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LlamaBertError {
@@ -74,8 +74,8 @@ impl LlamaBert {
     /// Converts the model in `dir` (once; the GGUF is cached next to it, or
     /// in the temporary directory when `dir` is read-only), loads it and
     /// starts both lanes with `threads` threads each.
-    pub fn load(dir: &Path, threads: usize) -> Result<Self, LlamaBertError> {
-        let gguf = converted_gguf(dir)?;
+    pub fn load(dir: &Path, threads: usize, dense: DenseWeights) -> Result<Self, LlamaBertError> {
+        let gguf = converted_gguf(dir, dense)?;
         let backend = crate::engine::backend().map_err(|e| LlamaBertError::Load(e.to_string()))?;
         let model = LlamaModel::load_from_file(backend, &gguf, &LlamaModelParams::default())
             .map_err(|e| LlamaBertError::Load(format!("{}: {e}", gguf.display())))?;
@@ -151,7 +151,7 @@ impl LlamaBert {
 /// The GGUF converted from `dir`'s safetensors, written on first use. The
 /// name carries the source's size and modification time, so replacing the
 /// weights converts again.
-fn converted_gguf(dir: &Path) -> Result<PathBuf, LlamaBertError> {
+fn converted_gguf(dir: &Path, dense: DenseWeights) -> Result<PathBuf, LlamaBertError> {
     let source = dir.join("model.safetensors");
     let meta = std::fs::metadata(&source)
         .map_err(|e| LlamaBertError::Load(format!("{}: {e}", source.display())))?;
@@ -161,7 +161,8 @@ fn converted_gguf(dir: &Path) -> Result<PathBuf, LlamaBertError> {
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_secs());
     let name = format!(
-        "model.q8_0.v{FORMAT_VERSION}.{:x}-{modified:x}.gguf",
+        "model.{}.v{FORMAT_VERSION}.{:x}-{modified:x}.gguf",
+        dense.name(),
         meta.len()
     );
     let beside = dir.join(&name);
@@ -177,7 +178,7 @@ fn converted_gguf(dir: &Path) -> Result<PathBuf, LlamaBertError> {
         // Written under a name of its own, then renamed: a concurrent start
         // never loads a half-written file.
         let partial = target.with_extension(format!("partial-{}", std::process::id()));
-        match bert_gguf::write_bert_gguf(dir, &partial) {
+        match bert_gguf::write_bert_gguf(dir, &partial, dense) {
             Ok(()) => match std::fs::rename(&partial, &target) {
                 Ok(()) => {
                     remove_stale_conversions(&target);
@@ -195,8 +196,8 @@ fn converted_gguf(dir: &Path) -> Result<PathBuf, LlamaBertError> {
     Err(LlamaBertError::Load(last_error))
 }
 
-/// Earlier conversions beside `kept` (older format or weights) are dead
-/// weight: removed, best effort.
+/// Earlier conversions beside `kept` of the same kind (older format or
+/// weights) are dead weight: removed, best effort.
 fn remove_stale_conversions(kept: &Path) {
     let (Some(dir), Some(kept_name)) = (kept.parent(), kept.file_name()) else {
         return;
@@ -204,12 +205,15 @@ fn remove_stale_conversions(kept: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
+    let kept_text = kept_name.to_string_lossy();
+    // `model.<weights>.v` or `duo-local-llm-model.<weights>.v`.
+    let Some(kind) = kept_text.split_inclusive(".v").next() else {
+        return;
+    };
     for entry in entries.flatten() {
         let name = entry.file_name();
         let text = name.to_string_lossy();
-        let ours =
-            text.starts_with("model.q8_0.v") || text.starts_with("duo-local-llm-model.q8_0.v");
-        if ours && text.ends_with(".gguf") && name != kept_name {
+        if text.starts_with(kind) && text.ends_with(".gguf") && name != kept_name {
             let _ = std::fs::remove_file(entry.path());
         }
     }

@@ -68,7 +68,9 @@ impl AppState {
         })?;
         let embed_threads = usize::try_from(config.threads).unwrap_or(1);
         let embedder = Arc::new(match config.embed_engine {
-            EmbedEngine::Fast => Embedder::load(&config.embed_model_dir, embed_threads)?,
+            EmbedEngine::Fast => {
+                Embedder::load(&config.embed_model_dir, embed_threads, config.embed_weights)?
+            }
             EmbedEngine::Candle => Embedder::load_candle(&config.embed_model_dir)?,
         });
         Self::from_parts(config, chat, embedder)

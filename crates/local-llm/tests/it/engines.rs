@@ -8,6 +8,7 @@
 
 use crate::common;
 
+use local_llm::bert_gguf::DenseWeights;
 use local_llm::chat_template::{ChatMessage, render_chatml};
 use local_llm::embeddings::{Embedder, MAX_SEQUENCE_TOKENS, PaddedReference};
 use local_llm::engine::{ChatEngine, EngineFinish, Flow, LlamaEngine, SamplingParams};
@@ -213,30 +214,33 @@ fn cosine(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
-/// The int8 llama.cpp path gives today's (candle f32) vectors: cosine ≥
-/// 0.999 for every input, alone or in a batch, with the same word pieces.
+/// The llama.cpp path gives today's (candle f32) vectors: cosine ≥ 0.999
+/// for every input, alone or in a batch, with the same word pieces, with f16
+/// dense weights (the default) and with int8 ones.
 #[test]
 fn llama_embeddings_match_the_candle_vectors() {
     let dir = common::test_config().embed_model_dir;
-    let fast = Embedder::load_llama(&dir, 2).expect("llama.cpp embedder loads");
-    assert!(fast.is_llama());
-    assert_eq!(fast.dimensions(), 384);
     let candle = Embedder::load_candle(&dir).expect("candle embedder loads");
     let texts = mixed_inputs();
-    let got = fast.embed(&texts).expect("fast embeds");
     let want = candle.embed(&texts).expect("candle embeds");
-    assert_eq!(got.token_counts, want.token_counts);
-    assert_eq!(got.truncated, want.truncated);
-    assert_eq!(got.vectors.len(), texts.len());
-    for ((text, a), b) in texts.iter().zip(&got.vectors).zip(&want.vectors) {
-        let c = cosine(a, b);
-        assert!(c >= 0.999, "cosine {c} for {text:?}");
-    }
-    // One at a time (the express lane) gives the batch's vectors.
-    for (text, batched) in texts.iter().zip(&got.vectors) {
-        let single = fast.embed(std::slice::from_ref(text)).expect("single");
-        let c = cosine(&single.vectors[0], batched);
-        assert!(c >= 0.9999, "cosine {c} alone for {text:?}");
+    for weights in [DenseWeights::F16, DenseWeights::Q8] {
+        let fast = Embedder::load_llama(&dir, 2, weights).expect("llama.cpp embedder loads");
+        assert!(fast.is_llama());
+        assert_eq!(fast.dimensions(), 384);
+        let got = fast.embed(&texts).expect("fast embeds");
+        assert_eq!(got.token_counts, want.token_counts);
+        assert_eq!(got.truncated, want.truncated);
+        assert_eq!(got.vectors.len(), texts.len());
+        for ((text, a), b) in texts.iter().zip(&got.vectors).zip(&want.vectors) {
+            let c = cosine(a, b);
+            assert!(c >= 0.999, "{weights:?}: cosine {c} for {text:?}");
+        }
+        // One at a time (the express lane) gives the batch's vectors.
+        for (text, batched) in texts.iter().zip(&got.vectors) {
+            let single = fast.embed(std::slice::from_ref(text)).expect("single");
+            let c = cosine(&single.vectors[0], batched);
+            assert!(c >= 0.9999, "{weights:?}: cosine {c} alone for {text:?}");
+        }
     }
 }
 
@@ -245,7 +249,8 @@ fn llama_embeddings_match_the_candle_vectors() {
 #[test]
 fn a_question_embeds_while_a_bulk_request_is_in_progress() {
     let dir = common::test_config().embed_model_dir;
-    let embedder = std::sync::Arc::new(Embedder::load_llama(&dir, 2).expect("loads"));
+    let embedder =
+        std::sync::Arc::new(Embedder::load_llama(&dir, 2, DenseWeights::F16).expect("loads"));
     // One input at the sequence limit per pass: 24 passes of bulk work,
     // each far longer than a question takes.
     let bulk: Vec<String> = (0..24)
