@@ -40,6 +40,12 @@ pub struct Config {
     pub embed_engine: EmbedEngine,
     /// The fast engine's dense weights (`DUO_LOCAL_LLM_EMBED_WEIGHTS`).
     pub embed_weights: DenseWeights,
+    /// Threads of the fast engine's bulk lane (`DUO_LOCAL_LLM_EMBED_THREADS`).
+    /// One by default: llama.cpp's threads wait for each other in OpenMP
+    /// barriers that spin, and on a busy machine (or beside the question
+    /// lane's thread) a spinning thread held the cores: a bulk request took
+    /// 48 s with two threads against 5.7 s with one.
+    pub embed_threads: usize,
     pub threads: i32,
     /// Context window for one generation (prompt plus output), in tokens.
     pub context_tokens: u32,
@@ -75,6 +81,7 @@ impl Config {
             embed_model_id: DEFAULT_EMBED_MODEL_ID.to_owned(),
             embed_engine: EmbedEngine::Fast,
             embed_weights: DenseWeights::F16,
+            embed_threads: 1,
             models_dir,
             threads: 2,
             context_tokens: 2048,
@@ -150,6 +157,9 @@ impl Config {
                     });
                 }
             };
+        }
+        if let Some(n) = var("DUO_LOCAL_LLM_EMBED_THREADS") {
+            config.embed_threads = parse_positive("DUO_LOCAL_LLM_EMBED_THREADS", &n)?;
         }
         if let Some(threads) = var("DUO_LOCAL_LLM_THREADS") {
             config.threads = parse_positive("DUO_LOCAL_LLM_THREADS", &threads)?;

@@ -66,11 +66,12 @@ impl AppState {
         let chat = GenerationQueue::start(config.queue_capacity, move || {
             Ok(LlamaEngine::load(&path, threads, context)?.with_prefix_cache(prefix_cache))
         })?;
-        let embed_threads = usize::try_from(config.threads).unwrap_or(1);
         let embedder = Arc::new(match config.embed_engine {
-            EmbedEngine::Fast => {
-                Embedder::load(&config.embed_model_dir, embed_threads, config.embed_weights)?
-            }
+            EmbedEngine::Fast => Embedder::load(
+                &config.embed_model_dir,
+                config.embed_threads,
+                config.embed_weights,
+            )?,
             EmbedEngine::Candle => Embedder::load_candle(&config.embed_model_dir)?,
         });
         Self::from_parts(config, chat, embedder)
