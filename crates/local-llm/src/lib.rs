@@ -1,6 +1,7 @@
 //! The bundled local model server: a real chat model (llama.cpp through
-//! `llama-cpp-2`) and a real embedding model (MiniLM BERT, run by llama.cpp in int8 or by candle) on the CPU, spoken
-//! to over the OpenAI and Vertex wire shapes the gateway already uses.
+//! `llama-cpp-2`) and a real embedding model (MiniLM BERT, run by llama.cpp,
+//! or by candle as fallback) on the CPU, spoken to over the OpenAI and Vertex
+//! wire shapes the gateway already uses.
 
 pub mod admission;
 pub mod api;

@@ -3,9 +3,8 @@
 //! dense layers (nearly all of the work) run on ggml's tuned kernels.
 //!
 //! Two lanes, each a thread owning its own llama.cpp context: bulk batches
-//! (an index) take one with every thread, single questions the other with
-//! one thread, so a question never waits for a bulk batch to finish; it
-//! shares the cores with it for the few milliseconds it takes.
+//! (an index) take one, single questions the other (one thread), so a
+//! question never waits for a bulk batch to finish.
 //!
 //! Inputs arrive as token ids (the `tokenizers` crate's, as on the candle
 //! path) and are packed, longest first, into passes of at most
