@@ -224,7 +224,7 @@ fn llama_embeddings_match_the_candle_vectors() {
     let texts = mixed_inputs();
     let want = candle.embed(&texts).expect("candle embeds");
     for weights in [DenseWeights::F16, DenseWeights::Q8] {
-        let fast = Embedder::load_llama(&dir, 2, weights).expect("llama.cpp embedder loads");
+        let fast = Embedder::load_llama(&dir, 1, weights).expect("llama.cpp embedder loads");
         assert!(fast.is_llama());
         assert_eq!(fast.dimensions(), 384);
         let got = fast.embed(&texts).expect("fast embeds");
@@ -250,7 +250,7 @@ fn llama_embeddings_match_the_candle_vectors() {
 fn a_question_embeds_while_a_bulk_request_is_in_progress() {
     let dir = common::test_config().embed_model_dir;
     let embedder =
-        std::sync::Arc::new(Embedder::load_llama(&dir, 2, DenseWeights::F16).expect("loads"));
+        std::sync::Arc::new(Embedder::load_llama(&dir, 1, DenseWeights::F16).expect("loads"));
     // One input at the sequence limit per pass: 24 passes of bulk work,
     // each far longer than a question takes.
     let bulk: Vec<String> = (0..24)
