@@ -1,14 +1,18 @@
-//! Embedding throughput of the bundled model on this machine, packed (what
-//! the server runs) against the padded reference it replaced:
+//! Embedding throughput of the bundled model on this machine, per engine:
 //! `cargo run --release -p local-llm --example embed_throughput [models_dir]`.
-//! Embeds batches of code-like inputs of mixed lengths (as the indexer sends)
-//! and prints tokens/s, inputs/s and the lowest cosine between the two.
-//! `BATCH`, `ROUNDS` and `ONLY=packed|padded` tune it.
+//!
+//! Embeds code chunks (the code-search bench's Larkspur fixture cut into
+//! ~1,000-byte pieces, as the indexer sends them) in requests of `BATCH`
+//! inputs, and prints per engine the time spent tokenizing and in the model,
+//! tokens/s, inputs/s, and the lowest cosine of the fast (llama.cpp, int8)
+//! vectors against candle's f32 ones. `ROUNDS`, `THREADS` and
+//! `ONLY=fast|candle` tune it.
 
-use std::path::PathBuf;
-use std::time::Instant;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
-use local_llm::embeddings::{Embedder, PaddedReference};
+use local_llm::bert_gguf::DenseWeights;
+use local_llm::embeddings::Embedder;
 
 fn main() -> anyhow::Result<()> {
     let dir = std::env::args()
@@ -20,59 +24,116 @@ fn main() -> anyhow::Result<()> {
             .and_then(|b| b.parse().ok())
             .unwrap_or(default)
     };
-    let batch = env("BATCH", 32);
-    let rounds = env("ROUNDS", 4);
+    let batch = env("BATCH", 64);
+    let rounds = env("ROUNDS", 2);
+    let threads = env("THREADS", 2);
     let only = std::env::var("ONLY").unwrap_or_default();
-    let words = [
-        "fn", "request", "merge", "let", "client", "response", "self", "return", "async", "await",
-        "error", "handler", "config", "timeout", "headers", "json", "parse", "value", "index",
-    ];
-    // Lengths from 10 to ~240 words, like code chunks of varying size.
-    let texts: Vec<String> = (0..batch)
-        .map(|i| {
-            let n = 10 + (i * 37) % 230;
-            (0..n)
-                .map(|j| words[(i + j * 7) % words.len()])
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
-        .collect();
-    let embedder = Embedder::load(&dir)?;
-    let tokens_per_round = embedder.embed(&texts)?.total_tokens();
-    let mut packed_vectors = Vec::new();
-    if only != "padded" {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/fixtures/code-search");
+    let mut texts = Vec::new();
+    collect_chunks(&fixture, &mut texts)?;
+    texts.truncate(env("CHUNKS", 256));
+    println!("{} chunks from {}", texts.len(), fixture.display());
+    let mut fast_vectors = Vec::new();
+    if only != "candle" {
         let start = Instant::now();
-        for _ in 0..rounds {
-            packed_vectors = embedder.embed(&texts)?.vectors;
-        }
-        report("packed", start, rounds, batch, tokens_per_round);
+        let weights = if std::env::var("WEIGHTS").as_deref() == Ok("q8") {
+            DenseWeights::Q8
+        } else {
+            DenseWeights::F16
+        };
+        let embedder = Embedder::load(&dir, threads, weights)?;
+        println!(
+            "fast engine loaded in {:.2}s (llama.cpp: {})",
+            start.elapsed().as_secs_f64(),
+            embedder.is_llama()
+        );
+        fast_vectors = run("fast", &embedder, &texts, batch, rounds)?;
     }
-    if only != "packed" {
-        let reference = PaddedReference::load(&dir)?;
-        reference.embed(&texts[..2])?;
-        let start = Instant::now();
-        let mut padded_vectors = Vec::new();
-        for _ in 0..rounds {
-            padded_vectors = reference.embed(&texts)?;
-        }
-        report("padded", start, rounds, batch, tokens_per_round);
-        if !packed_vectors.is_empty() {
-            let lowest = packed_vectors
+    if only != "fast" {
+        let embedder = Embedder::load_candle(&dir)?;
+        let candle_vectors = run("candle", &embedder, &texts, batch, rounds)?;
+        if !fast_vectors.is_empty() {
+            let lowest = fast_vectors
                 .iter()
-                .zip(&padded_vectors)
+                .zip(&candle_vectors)
                 .map(|(a, b)| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>())
                 .fold(f32::INFINITY, f32::min);
-            println!("lowest cosine packed vs padded: {lowest:.6}");
+            println!("lowest cosine fast vs candle: {lowest:.6}");
         }
     }
     Ok(())
 }
 
-fn report(name: &str, start: Instant, rounds: usize, batch: usize, tokens: usize) {
-    let secs = start.elapsed().as_secs_f64();
+fn collect_chunks(dir: &Path, out: &mut Vec<String>) -> anyhow::Result<()> {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
+    entries.sort_by_key(|e| e.path());
+    for entry in entries {
+        let path = entry.path();
+        if path.is_dir() {
+            collect_chunks(&path, out)?;
+        } else if let Ok(text) = std::fs::read_to_string(&path) {
+            let mut chunk = String::new();
+            for line in text.lines() {
+                chunk.push_str(line);
+                chunk.push('\n');
+                if chunk.len() >= 1000 {
+                    out.push(std::mem::take(&mut chunk));
+                }
+            }
+            if !chunk.trim().is_empty() {
+                out.push(chunk);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn run(
+    name: &str,
+    embedder: &Embedder,
+    texts: &[String],
+    batch: usize,
+    rounds: usize,
+) -> anyhow::Result<Vec<Vec<f32>>> {
+    // Warm-up.
+    embedder.embed(&texts[..texts.len().min(4)])?;
+    let mut tokenizing = Duration::ZERO;
+    let start = Instant::now();
+    let mut vectors = Vec::new();
+    let mut tokens = 0;
+    for _ in 0..rounds {
+        vectors.clear();
+        for request in texts.chunks(batch) {
+            let t = Instant::now();
+            for text in request {
+                embedder.token_ids(text)?;
+            }
+            tokenizing += t.elapsed();
+            let embedded = embedder.embed(request)?;
+            tokens += embedded.total_tokens();
+            vectors.extend(embedded.vectors);
+        }
+    }
+    let total = start.elapsed();
+    let model = total.saturating_sub(tokenizing).as_secs_f64();
     println!(
-        "{name}: {rounds} x {batch} inputs ({tokens} tokens each round) in {secs:.2}s: {:.0} tokens/s, {:.1} inputs/s",
-        (rounds * tokens) as f64 / secs,
-        (rounds * batch) as f64 / secs
+        "{name}: {rounds} x {} inputs, {tokens} tokens: tokenizing {:.3}s, embedding {model:.2}s (tokenizing again included): {:.0} tokens/s, {:.1} inputs/s",
+        texts.len(),
+        tokenizing.as_secs_f64(),
+        tokens as f64 / model,
+        (rounds * texts.len()) as f64 / model
     );
+    // A question alone, as chat asks it.
+    let question = ["Where are the late fees of an invoice computed?".to_owned()];
+    let mut latencies: Vec<f64> = (0..20)
+        .map(|_| {
+            let t = Instant::now();
+            embedder
+                .embed(&question)
+                .map(|_| t.elapsed().as_secs_f64() * 1000.0)
+        })
+        .collect::<Result<_, _>>()?;
+    latencies.sort_by(f64::total_cmp);
+    println!("{name}: a question alone: p50 {:.1} ms", latencies[10]);
+    Ok(vectors)
 }

@@ -4,6 +4,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::bert_gguf::DenseWeights;
+
 pub const DEFAULT_ADDR: &str = "127.0.0.1:5053";
 pub const DEFAULT_CHAT_MODEL_ID: &str = "smollm2-135m-instruct";
 pub const DEFAULT_EMBED_MODEL_ID: &str = "all-minilm-l6-v2";
@@ -16,6 +18,15 @@ pub enum ConfigError {
     Invalid { name: &'static str, reason: String },
 }
 
+/// Which engine computes embeddings (`DUO_LOCAL_LLM_EMBED_ENGINE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EmbedEngine {
+    /// llama.cpp on f16 (or int8) weights, or candle if that cannot load.
+    Fast,
+    /// candle's f32 BERT only (exact vectors, several times slower).
+    Candle,
+}
+
 #[derive(Debug, Clone)]
 pub struct Config {
     pub addr: SocketAddr,
@@ -26,6 +37,15 @@ pub struct Config {
     /// Directory with `config.json`, `tokenizer.json`, `model.safetensors` of a BERT-family model.
     pub embed_model_dir: PathBuf,
     pub embed_model_id: String,
+    pub embed_engine: EmbedEngine,
+    /// The fast engine's dense weights (`DUO_LOCAL_LLM_EMBED_WEIGHTS`).
+    pub embed_weights: DenseWeights,
+    /// Threads of the fast engine's bulk lane (`DUO_LOCAL_LLM_EMBED_THREADS`).
+    /// One by default: llama.cpp's threads wait for each other in OpenMP
+    /// barriers that spin, and on a busy machine (or beside the question
+    /// lane's thread) a spinning thread held the cores: a bulk request took
+    /// 48 s with two threads against 5.7 s with one.
+    pub embed_threads: usize,
     pub threads: i32,
     /// Context window for one generation (prompt plus output), in tokens.
     pub context_tokens: u32,
@@ -59,6 +79,9 @@ impl Config {
             chat_model_id: DEFAULT_CHAT_MODEL_ID.to_owned(),
             embed_model_dir: models_dir.join(EMBED_DIR),
             embed_model_id: DEFAULT_EMBED_MODEL_ID.to_owned(),
+            embed_engine: EmbedEngine::Fast,
+            embed_weights: DenseWeights::F16,
+            embed_threads: 1,
             models_dir,
             threads: 2,
             context_tokens: 2048,
@@ -110,6 +133,33 @@ impl Config {
         }
         if let Some(id) = var("DUO_LOCAL_LLM_EMBED_MODEL_ID") {
             config.embed_model_id = id;
+        }
+        if let Some(engine) = var("DUO_LOCAL_LLM_EMBED_ENGINE") {
+            config.embed_engine = match engine.trim().to_ascii_lowercase().as_str() {
+                "fast" | "llama" => EmbedEngine::Fast,
+                "candle" => EmbedEngine::Candle,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        name: "DUO_LOCAL_LLM_EMBED_ENGINE",
+                        reason: format!("expected fast or candle, got {engine:?}"),
+                    });
+                }
+            };
+        }
+        if let Some(weights) = var("DUO_LOCAL_LLM_EMBED_WEIGHTS") {
+            config.embed_weights = match weights.trim().to_ascii_lowercase().as_str() {
+                "f16" => DenseWeights::F16,
+                "q8" | "int8" => DenseWeights::Q8,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        name: "DUO_LOCAL_LLM_EMBED_WEIGHTS",
+                        reason: format!("expected f16 or q8, got {weights:?}"),
+                    });
+                }
+            };
+        }
+        if let Some(n) = var("DUO_LOCAL_LLM_EMBED_THREADS") {
+            config.embed_threads = parse_positive("DUO_LOCAL_LLM_EMBED_THREADS", &n)?;
         }
         if let Some(threads) = var("DUO_LOCAL_LLM_THREADS") {
             config.threads = parse_positive("DUO_LOCAL_LLM_THREADS", &threads)?;

@@ -1,10 +1,15 @@
 //! Sentence embeddings with a BERT-family model (all-MiniLM-L6-v2 by
 //! default): mean pooling over real tokens, then L2 normalisation.
 //!
-//! Inputs are not padded to a common length: a batch runs packed end to end
-//! through [`PackedBert`], in slices of at most [`TOKENS_PER_FORWARD`] tokens
-//! so memory stays bounded however many inputs a request carries.
-
+//! Two engines behind one [`Embedder`], both fed the `tokenizers` crate's
+//! word pieces:
+//! - llama.cpp ([`LlamaBert`], the default): the weights converted to a
+//!   GGUF (dense layers in f16, or int8 on request), a lane of its own for
+//!   single questions. Vectors within cosine 0.999 of the f32 ones.
+//! - candle ([`PackedBert`], f32): the fallback when the conversion or
+//!   llama.cpp's load fails, and the reference the fast path is held to.
+//!   Inputs are not padded to a common length: a batch runs packed end to
+//!   end, in slices of at most [`TOKENS_PER_FORWARD`] tokens.
 use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
@@ -12,6 +17,8 @@ use candle_nn::VarBuilder;
 use candle_transformers::models::bert::Config as BertConfig;
 use tokenizers::{Tokenizer, TruncationParams};
 
+use crate::bert_gguf::DenseWeights;
+use crate::llama_bert::{Lane, LlamaBert};
 use crate::packed_bert::PackedBert;
 
 /// sentence-transformers truncates all-MiniLM-L6-v2 inputs at 256 word pieces.
@@ -63,17 +70,13 @@ fn load_error(dir: &Path, reason: String) -> EmbedError {
     }
 }
 
-/// The model's configuration, its tokenizer (truncating to
-/// [`MAX_SEQUENCE_TOKENS`], padding as asked) and its weights, from `dir`.
-fn load_parts(
+/// The tokenizer of `dir`, truncating to [`MAX_SEQUENCE_TOKENS`], padding
+/// as asked.
+fn load_tokenizer(
     dir: &Path,
     padding: Option<tokenizers::PaddingParams>,
-) -> Result<(BertConfig, Tokenizer, VarBuilder<'static>), EmbedError> {
+) -> Result<Tokenizer, EmbedError> {
     let load_err = |reason: String| load_error(dir, reason);
-    let config_text = std::fs::read_to_string(dir.join("config.json"))
-        .map_err(|e| load_err(format!("config.json: {e}")))?;
-    let config: BertConfig =
-        serde_json::from_str(&config_text).map_err(|e| load_err(format!("config.json: {e}")))?;
     let mut tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))
         .map_err(|e| load_err(format!("tokenizer.json: {e}")))?;
     tokenizer.with_padding(padding);
@@ -83,6 +86,20 @@ fn load_parts(
             ..TruncationParams::default()
         }))
         .map_err(|e| load_err(format!("tokenizer truncation: {e}")))?;
+    Ok(tokenizer)
+}
+
+/// The model's configuration, its tokenizer and its f32 weights, from `dir`.
+fn load_parts(
+    dir: &Path,
+    padding: Option<tokenizers::PaddingParams>,
+) -> Result<(BertConfig, Tokenizer, VarBuilder<'static>), EmbedError> {
+    let load_err = |reason: String| load_error(dir, reason);
+    let config_text = std::fs::read_to_string(dir.join("config.json"))
+        .map_err(|e| load_err(format!("config.json: {e}")))?;
+    let config: BertConfig =
+        serde_json::from_str(&config_text).map_err(|e| load_err(format!("config.json: {e}")))?;
+    let tokenizer = load_tokenizer(dir, padding)?;
     let weights = std::fs::read(dir.join("model.safetensors"))
         .map_err(|e| load_err(format!("model.safetensors: {e}")))?;
     let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, &Device::Cpu)
@@ -90,23 +107,67 @@ fn load_parts(
     Ok((config, tokenizer, vb))
 }
 
+/// Which engine computes the vectors.
+enum Engine {
+    Llama(LlamaBert),
+    Candle(PackedBert),
+}
+
 pub struct Embedder {
-    model: PackedBert,
+    engine: Engine,
     tokenizer: Tokenizer,
     dimensions: usize,
 }
 
 impl Embedder {
-    /// Loads `config.json`, `tokenizer.json` and `model.safetensors` from `dir`.
-    pub fn load(dir: &Path) -> Result<Self, EmbedError> {
+    /// The fast engine (llama.cpp) on `threads` threads, or candle's
+    /// f32 model when the fast one cannot be loaded (logged).
+    pub fn load(dir: &Path, threads: usize, dense: DenseWeights) -> Result<Self, EmbedError> {
+        match Self::load_llama(dir, threads, dense) {
+            Ok(embedder) => Ok(embedder),
+            Err(e) => {
+                tracing::warn!(error = %e, "embedding with candle (f32): llama.cpp could not load the model");
+                Self::load_candle(dir)
+            }
+        }
+    }
+
+    /// llama.cpp on the GGUF conversion of `dir`'s weights.
+    pub fn load_llama(dir: &Path, threads: usize, dense: DenseWeights) -> Result<Self, EmbedError> {
+        let tokenizer = load_tokenizer(dir, None)?;
+        let model =
+            LlamaBert::load(dir, threads, dense).map_err(|e| load_error(dir, e.to_string()))?;
+        Ok(Self {
+            dimensions: model.dimensions(),
+            engine: Engine::Llama(model),
+            tokenizer,
+        })
+    }
+
+    /// candle's packed f32 BERT: `config.json`, `tokenizer.json` and
+    /// `model.safetensors` from `dir`.
+    pub fn load_candle(dir: &Path) -> Result<Self, EmbedError> {
         // No padding: every input keeps its own length.
         let (config, tokenizer, vb) = load_parts(dir, None)?;
         let model = PackedBert::load(vb, &config).map_err(|e| load_error(dir, e.to_string()))?;
         Ok(Self {
-            model,
+            engine: Engine::Candle(model),
             tokenizer,
             dimensions: config.hidden_size,
         })
+    }
+
+    /// Whether the fast (llama.cpp) engine runs.
+    pub fn is_llama(&self) -> bool {
+        matches!(self.engine, Engine::Llama(_))
+    }
+
+    /// Passes the fast engine's bulk lane has finished (0 on candle).
+    pub fn bulk_passes(&self) -> u64 {
+        match &self.engine {
+            Engine::Llama(model) => model.bulk_passes(),
+            Engine::Candle(_) => 0,
+        }
     }
 
     pub fn dimensions(&self) -> usize {
@@ -124,6 +185,8 @@ impl Embedder {
     }
 
     /// Returns one unit-length vector per input, in order, with token counts.
+    /// A small request (a question: see [`crate::admission::is_small`]) runs
+    /// in the fast engine's express lane, beside any bulk batch.
     pub fn embed(&self, texts: &[String]) -> Result<Embedded, EmbedError> {
         if texts.is_empty() {
             return Ok(Embedded {
@@ -141,28 +204,48 @@ impl Embedder {
             .iter()
             .map(|e| !e.get_overflowing().is_empty())
             .collect();
-        let mut vectors = Vec::with_capacity(encodings.len());
-        let mut start = 0;
-        while start < encodings.len() {
-            // At least one input per pass; then as many as fit the budget.
-            let mut end = start + 1;
-            let mut tokens = token_counts[start];
-            while end < encodings.len() && tokens + token_counts[end] <= TOKENS_PER_FORWARD {
-                tokens += token_counts[end];
-                end += 1;
+        let ids: Vec<&[u32]> = encodings.iter().map(|e| e.get_ids()).collect();
+        let vectors = match &self.engine {
+            Engine::Llama(model) => {
+                let lane = if crate::admission::is_small(texts) {
+                    Lane::Express
+                } else {
+                    Lane::Bulk
+                };
+                model.embed(&ids, lane).map_err(inference)?
             }
-            let ids: Vec<&[u32]> = encodings[start..end].iter().map(|e| e.get_ids()).collect();
-            let pooled = self.model.forward_pooled(&ids).map_err(inference)?;
-            let normalised = l2_normalise(&pooled).map_err(inference)?;
-            vectors.extend(normalised.to_vec2::<f32>().map_err(inference)?);
-            start = end;
-        }
+            Engine::Candle(model) => embed_candle(model, &ids, &token_counts)?,
+        };
         Ok(Embedded {
             vectors,
             token_counts,
             truncated,
         })
     }
+}
+
+/// Packed candle passes of at most [`TOKENS_PER_FORWARD`] tokens.
+fn embed_candle(
+    model: &PackedBert,
+    ids: &[&[u32]],
+    token_counts: &[usize],
+) -> Result<Vec<Vec<f32>>, EmbedError> {
+    let mut vectors = Vec::with_capacity(ids.len());
+    let mut start = 0;
+    while start < ids.len() {
+        // At least one input per pass; then as many as fit the budget.
+        let mut end = start + 1;
+        let mut tokens = token_counts[start];
+        while end < ids.len() && tokens + token_counts[end] <= TOKENS_PER_FORWARD {
+            tokens += token_counts[end];
+            end += 1;
+        }
+        let pooled = model.forward_pooled(&ids[start..end]).map_err(inference)?;
+        let normalised = l2_normalise(&pooled).map_err(inference)?;
+        vectors.extend(normalised.to_vec2::<f32>().map_err(inference)?);
+        start = end;
+    }
+    Ok(vectors)
 }
 
 impl EmbedModel for Embedder {

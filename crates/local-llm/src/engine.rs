@@ -140,7 +140,7 @@ pub trait ChatEngine {
 }
 
 /// llama.cpp may be initialised once per process.
-fn backend() -> Result<&'static LlamaBackend, EngineError> {
+pub(crate) fn backend() -> Result<&'static LlamaBackend, EngineError> {
     static BACKEND: OnceLock<Result<LlamaBackend, String>> = OnceLock::new();
     BACKEND
         .get_or_init(|| {

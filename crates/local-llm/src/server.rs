@@ -18,7 +18,7 @@ use crate::api::{
 };
 use crate::chat;
 use crate::chat_template::{ChatTemplate, TemplateError};
-use crate::config::Config;
+use crate::config::{Config, EmbedEngine};
 use crate::embeddings::{EmbedError, EmbedModel, Embedded, Embedder};
 use crate::engine::{EngineError, LlamaEngine};
 use crate::error::ApiError;
@@ -66,7 +66,14 @@ impl AppState {
         let chat = GenerationQueue::start(config.queue_capacity, move || {
             Ok(LlamaEngine::load(&path, threads, context)?.with_prefix_cache(prefix_cache))
         })?;
-        let embedder = Arc::new(Embedder::load(&config.embed_model_dir)?);
+        let embedder = Arc::new(match config.embed_engine {
+            EmbedEngine::Fast => Embedder::load(
+                &config.embed_model_dir,
+                config.embed_threads,
+                config.embed_weights,
+            )?,
+            EmbedEngine::Candle => Embedder::load_candle(&config.embed_model_dir)?,
+        });
         Self::from_parts(config, chat, embedder)
     }
 

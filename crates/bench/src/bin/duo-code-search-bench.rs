@@ -610,7 +610,7 @@ async fn main() -> anyhow::Result<()> {
     );
     let ours_rate = tokens as f64 / alone.as_secs_f64();
     println!(
-        "\n== embedding alone ({THREADS} threads)\nduo-local-llm: the {} chunk texts in {:.2} s: {:.1} chunks/s, {ours_rate:.0} tokens/s",
+        "\n== embedding alone (reference: {THREADS} threads)\nduo-local-llm (one bulk thread, one question thread: DUO_LOCAL_LLM_EMBED_THREADS): the {} chunk texts in {:.2} s: {:.1} chunks/s, {ours_rate:.0} tokens/s",
         texts.len(),
         alone.as_secs_f64(),
         texts.len() as f64 / alone.as_secs_f64()

@@ -8,6 +8,7 @@
 
 use crate::common;
 
+use local_llm::bert_gguf::DenseWeights;
 use local_llm::chat_template::{ChatMessage, render_chatml};
 use local_llm::embeddings::{Embedder, MAX_SEQUENCE_TOKENS, PaddedReference};
 use local_llm::engine::{ChatEngine, EngineFinish, Flow, LlamaEngine, SamplingParams};
@@ -65,7 +66,8 @@ fn greedy_generation_is_deterministic_and_ends_on_its_own_or_at_the_limit() {
 
 #[test]
 fn embedding_tokenizer_round_trips() {
-    let embedder = Embedder::load(&common::test_config().embed_model_dir).expect("embedder loads");
+    let embedder =
+        Embedder::load_candle(&common::test_config().embed_model_dir).expect("embedder loads");
     let ids = embedder
         .token_ids("Merge requests need approvals.")
         .expect("tokenizes");
@@ -79,7 +81,8 @@ fn embedding_tokenizer_round_trips() {
 
 #[test]
 fn embeddings_match_reference_values() {
-    let embedder = Embedder::load(&common::test_config().embed_model_dir).expect("embedder loads");
+    let embedder =
+        Embedder::load_candle(&common::test_config().embed_model_dir).expect("embedder loads");
     let reference: Value = serde_json::from_str(include_str!("../data/minilm_reference.json"))
         .expect("reference json");
     let sentences = reference["sentences"].as_array().expect("sentences");
@@ -121,7 +124,8 @@ fn embeddings_match_reference_values() {
 
 #[test]
 fn batched_embeddings_equal_single_ones_despite_padding() {
-    let embedder = Embedder::load(&common::test_config().embed_model_dir).expect("embedder loads");
+    let embedder =
+        Embedder::load_candle(&common::test_config().embed_model_dir).expect("embedder loads");
     let short = "Hi.".to_owned();
     let long =
         "A much longer sentence that forces the short one to be padded in the batch.".to_owned();
@@ -137,7 +141,8 @@ fn batched_embeddings_equal_single_ones_despite_padding() {
 
 #[test]
 fn long_inputs_are_cut_at_the_sequence_limit_and_flagged() {
-    let embedder = Embedder::load(&common::test_config().embed_model_dir).expect("embedder loads");
+    let embedder =
+        Embedder::load_candle(&common::test_config().embed_model_dir).expect("embedder loads");
     let long = "merge request review ".repeat(200);
     let embedded = embedder
         .embed(&[long, "short one".to_owned()])
@@ -154,7 +159,7 @@ fn long_inputs_are_cut_at_the_sequence_limit_and_flagged() {
 #[test]
 fn packed_embeddings_match_the_padded_model() {
     let dir = common::test_config().embed_model_dir;
-    let embedder = Embedder::load(&dir).expect("embedder loads");
+    let embedder = Embedder::load_candle(&dir).expect("embedder loads");
     let reference = PaddedReference::load(&dir).expect("reference loads");
     let texts: Vec<String> = vec![
         String::new(),
@@ -184,4 +189,97 @@ fn packed_embeddings_match_the_padded_model() {
             .sum();
         assert!(cosine >= 0.99999, "cosine {cosine} alone for {text:?}");
     }
+}
+
+/// Inputs of every kind the index and chat send: short, long (cut at the
+/// sequence limit), code, unicode.
+fn mixed_inputs() -> Vec<String> {
+    vec![
+        "Hi.".into(),
+        "How do I configure merge request approvals?".into(),
+        "fn main() {\n    let client = reqwest::Client::new();\n    println!(\"{:?}\", client);\n}"
+            .into(),
+        "Ünïcödé, emoji 🚀 and CJK 漢字 in one line.".into(),
+        "def handle(request):\n    return Response(status=204)\n".repeat(12),
+        "merge request review ".repeat(200),
+        "class Client:\n    \"\"\"An HTTP client with connection pooling.\"\"\"\n".repeat(3),
+        "SELECT id, title FROM merge_requests WHERE project_id = $1 ORDER BY id DESC;".into(),
+        "x".into(),
+        "impl Drop for Guard { fn drop(&mut self) { self.0.fetch_sub(1, Ordering::SeqCst); } }"
+            .repeat(8),
+    ]
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// The llama.cpp path gives today's (candle f32) vectors: cosine ≥ 0.999
+/// for every input, alone or in a batch, with the same word pieces, with f16
+/// dense weights (the default) and with int8 ones.
+#[test]
+fn llama_embeddings_match_the_candle_vectors() {
+    let dir = common::test_config().embed_model_dir;
+    let candle = Embedder::load_candle(&dir).expect("candle embedder loads");
+    let texts = mixed_inputs();
+    let want = candle.embed(&texts).expect("candle embeds");
+    for weights in [DenseWeights::F16, DenseWeights::Q8] {
+        let fast = Embedder::load_llama(&dir, 1, weights).expect("llama.cpp embedder loads");
+        assert!(fast.is_llama());
+        assert_eq!(fast.dimensions(), 384);
+        let got = fast.embed(&texts).expect("fast embeds");
+        assert_eq!(got.token_counts, want.token_counts);
+        assert_eq!(got.truncated, want.truncated);
+        assert_eq!(got.vectors.len(), texts.len());
+        for ((text, a), b) in texts.iter().zip(&got.vectors).zip(&want.vectors) {
+            let c = cosine(a, b);
+            assert!(c >= 0.999, "{weights:?}: cosine {c} for {text:?}");
+        }
+        // One at a time (the express lane) gives the batch's vectors.
+        for (text, batched) in texts.iter().zip(&got.vectors) {
+            let single = fast.embed(std::slice::from_ref(text)).expect("single");
+            let c = cosine(&single.vectors[0], batched);
+            assert!(c >= 0.9999, "{weights:?}: cosine {c} alone for {text:?}");
+        }
+    }
+}
+
+/// A question runs in its own lane: it is answered while a large bulk
+/// request is part-way through, not after it.
+#[test]
+fn a_question_embeds_while_a_bulk_request_is_in_progress() {
+    let dir = common::test_config().embed_model_dir;
+    let embedder =
+        std::sync::Arc::new(Embedder::load_llama(&dir, 1, DenseWeights::F16).expect("loads"));
+    // One input at the sequence limit per pass: 24 passes of bulk work,
+    // each far longer than a question takes.
+    let bulk: Vec<String> = (0..24)
+        .map(|i| {
+            format!(
+                "chunk {i}: {}",
+                "fn handle(request) -> Response ".repeat(60)
+            )
+        })
+        .collect();
+    let before = embedder.bulk_passes();
+    let worker = {
+        let embedder = embedder.clone();
+        std::thread::spawn(move || embedder.embed(&bulk).expect("bulk embeds"))
+    };
+    // Wait (synchronise, no sleep) until the bulk request has really started.
+    while embedder.bulk_passes() == before {
+        std::thread::yield_now();
+    }
+    let question = embedder
+        .embed(&["Where are merge request fees computed?".to_owned()])
+        .expect("question embeds");
+    let passes_when_answered = embedder.bulk_passes() - before;
+    assert_eq!(question.vectors.len(), 1);
+    assert!(
+        passes_when_answered < 24,
+        "the question waited for the whole bulk request ({passes_when_answered} passes)"
+    );
+    let embedded = worker.join().expect("bulk thread");
+    assert_eq!(embedded.vectors.len(), 24);
+    assert_eq!(embedder.bulk_passes() - before, 24);
 }
