@@ -15,6 +15,7 @@ pub mod generation;
 pub mod grammar;
 pub mod packed_bert;
 pub mod server;
+pub mod speculation;
 pub mod stop;
 #[doc(hidden)]
 pub mod testing;
