@@ -851,6 +851,7 @@ fn llama_server(gguf: &Path, threads: i32, context_tokens: u32) -> anyhow::Resul
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
+    std::fs::create_dir_all(bench_dir()).context("creating .bench")?;
     let log_path = bench_dir().join("llama-server.log");
     let log = std::fs::File::create(&log_path)
         .with_context(|| format!("creating {}", log_path.display()))?;
