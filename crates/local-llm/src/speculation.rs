@@ -9,8 +9,8 @@
 //!
 //! The drafter adapts to how its guesses fare: the draft grows while whole
 //! drafts are accepted, shrinks to what was accepted otherwise, and pauses
-//! after drafts that were refused outright, so free text (where guesses
-//! rarely hold) pays next to nothing for the attempts.
+//! for longer and longer after drafts that were refused outright, so free
+//! text (where guesses rarely hold) pays next to nothing for the attempts.
 
 /// Longest and shortest context suffix looked up, tried longest first: a
 /// longer match predicts better; a single token recurs everywhere and
@@ -20,9 +20,9 @@ const NGRAM_MIN: usize = 2;
 /// The most tokens drafted at once (the batch checks them and one more).
 pub const DRAFT_MAX: usize = 10;
 /// The first draft of a request.
-const DRAFT_START: usize = 4;
+const DRAFT_START: usize = 2;
 /// The longest pause (in tokens) after drafts that were refused outright.
-const PAUSE_MAX: usize = 16;
+const PAUSE_MAX: usize = 32;
 
 /// Tokens drafted and accepted in one generation.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -92,12 +92,14 @@ impl Drafter {
         }
         if accepted == 0 {
             self.refused_in_a_row += 1;
-            // 1, 2, 4, ... tokens without drafting: a quote that begins
+            // 2, 4, 8, ... tokens without drafting: a quote that begins
             // later is still caught soon, a long free text is left alone.
-            let exponent = self.refused_in_a_row.min(8) - 1;
+            let exponent = self.refused_in_a_row.min(8);
             self.pause = (1usize << exponent).min(PAUSE_MAX);
         } else {
-            self.refused_in_a_row = 0;
+            // One lucky token in free text does not end the backing off at
+            // once; a quote, accepted draft after draft, soon does.
+            self.refused_in_a_row = self.refused_in_a_row.saturating_sub(1);
         }
     }
 }
@@ -164,7 +166,9 @@ mod tests {
         let tail = &context[..40];
         assert_eq!(drafter.draft(tail, 100).len(), DRAFT_START);
         drafter.record(DRAFT_START, DRAFT_START);
-        assert_eq!(drafter.draft(tail, 100).len(), DRAFT_START * 2);
+        assert_eq!(drafter.draft(tail, 100).len(), 4);
+        drafter.record(4, 4);
+        assert_eq!(drafter.draft(tail, 100).len(), 8);
         drafter.record(8, 8);
         assert_eq!(drafter.draft(tail, 100).len(), DRAFT_MAX);
         // Room left in the answer bounds the draft.
@@ -174,9 +178,9 @@ mod tests {
         assert_eq!(
             drafter.stats(),
             DraftStats {
-                drafted: DRAFT_START + 8 + DRAFT_MAX,
-                accepted: DRAFT_START + 8 + 2,
-                rounds: 3
+                drafted: DRAFT_START + 4 + 8 + DRAFT_MAX,
+                accepted: DRAFT_START + 4 + 8 + 2,
+                rounds: 4
             }
         );
     }
@@ -195,10 +199,24 @@ mod tests {
             }
             pauses.push(skipped);
         }
-        assert_eq!(pauses, [1, 2, 4, 8, 16, 16, 16]);
-        // One accepted token ends the pauses.
+        assert_eq!(pauses, [2, 4, 8, 16, 32, 32, 32]);
+        // Accepted drafts wind the pauses down one step each.
         drafter.record(1, 1);
-        assert!(!drafter.draft(&context[..40], 100).is_empty());
+        drafter.record(1, 0);
+        let mut skipped = 0;
+        while drafter.draft(&context[..40], 100).is_empty() {
+            skipped += 1;
+        }
+        assert_eq!(skipped, 32);
+        for _ in 0..8 {
+            drafter.record(1, 1);
+        }
+        drafter.record(1, 0);
+        let mut skipped = 0;
+        while drafter.draft(&context[..40], 100).is_empty() {
+            skipped += 1;
+        }
+        assert_eq!(skipped, 2);
     }
 
     #[test]
