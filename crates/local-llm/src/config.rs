@@ -63,6 +63,9 @@ pub struct Config {
     pub chat_template_path: Option<PathBuf>,
     /// Reuse the previous request's KV cache for a shared prompt prefix.
     pub prompt_cache: bool,
+    /// Decode greedy requests speculatively (prompt-lookup drafts checked in
+    /// batches); the output is the same either way.
+    pub speculation: bool,
     /// After SIGTERM, keep serving this long while `/ready` answers 503.
     pub shutdown_drain: Duration,
     /// Then stop accepting and give requests in flight this long to finish;
@@ -92,6 +95,7 @@ impl Config {
             embed_queue_capacity: 16,
             chat_template_path: None,
             prompt_cache: true,
+            speculation: true,
             shutdown_drain: Duration::ZERO,
             shutdown_grace: Duration::from_secs(30),
         }
@@ -114,16 +118,10 @@ impl Config {
             config.chat_template_path = Some(PathBuf::from(path));
         }
         if let Some(flag) = var("DUO_LOCAL_LLM_PROMPT_CACHE") {
-            config.prompt_cache = match flag.trim().to_ascii_lowercase().as_str() {
-                "1" | "true" | "yes" | "on" => true,
-                "0" | "false" | "no" | "off" => false,
-                _ => {
-                    return Err(ConfigError::Invalid {
-                        name: "DUO_LOCAL_LLM_PROMPT_CACHE",
-                        reason: format!("expected true or false, got {flag:?}"),
-                    });
-                }
-            };
+            config.prompt_cache = parse_flag("DUO_LOCAL_LLM_PROMPT_CACHE", &flag)?;
+        }
+        if let Some(flag) = var("DUO_LOCAL_LLM_SPECULATION") {
+            config.speculation = parse_flag("DUO_LOCAL_LLM_SPECULATION", &flag)?;
         }
         if let Some(id) = var("DUO_LOCAL_LLM_CHAT_MODEL_ID") {
             config.chat_model_id = id;
@@ -215,6 +213,17 @@ fn parse_seconds(name: &'static str, value: &str) -> Result<Duration, ConfigErro
 }
 
 /// `.models/` at the repository root (this crate lives in `crates/local-llm`).
+fn parse_flag(name: &'static str, flag: &str) -> Result<bool, ConfigError> {
+    match flag.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(ConfigError::Invalid {
+            name,
+            reason: format!("expected true or false, got {flag:?}"),
+        }),
+    }
+}
+
 pub fn default_models_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.models")
 }

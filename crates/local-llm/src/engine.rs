@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use llama_cpp_2::context::LlamaContext;
-use llama_cpp_2::context::params::LlamaContextParams;
+use llama_cpp_2::context::params::{KvCacheType, LlamaContextParams};
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::model::LlamaModel;
@@ -17,6 +17,7 @@ use llama_cpp_2::token::data::LlamaTokenData;
 use llama_cpp_2::token::data_array::LlamaTokenDataArray;
 
 use crate::grammar::Grammar;
+use crate::speculation::{DraftStats, Drafter};
 use crate::tools::Constraint;
 
 #[derive(Debug, thiserror::Error)]
@@ -100,6 +101,8 @@ pub struct EngineRun {
     pub finish: EngineFinish,
     /// Prompt tokens whose KV cache was kept from the previous request.
     pub cached_tokens: usize,
+    /// How prompt-lookup drafts fared (all 0 when none were tried).
+    pub drafts: DraftStats,
 }
 
 /// What the model file says about how to talk to it.
@@ -165,6 +168,8 @@ pub struct LlamaEngine {
     /// Tokens whose keys and values sit in the cache, positions 0.., in order.
     cached: Vec<i32>,
     prefix_cache: bool,
+    /// Greedy requests check prompt-lookup drafts in batches.
+    speculation: bool,
     info: ModelInfo,
 }
 
@@ -191,7 +196,16 @@ impl LlamaEngine {
             .with_n_ctx(NonZeroU32::new(context_tokens))
             .with_n_batch(PROMPT_CHUNK as u32)
             .with_n_threads(threads)
-            .with_n_threads_batch(threads);
+            .with_n_threads_batch(threads)
+            // Keys and values stored as q8_0 make every decode, one token or
+            // a batch of drafts, run the same CPU attention kernel: with
+            // f16, llama.cpp splits a single token's attention over 512 or
+            // more cached positions across threads and sums the parts in
+            // another order than a batch does, so a verified draft could
+            // differ in the last bits from one-token decoding. With q8_0 the
+            // rows of a batch are bit for bit what one-token decodes give.
+            .with_type_k(KvCacheType::Q8_0)
+            .with_type_v(KvCacheType::Q8_0);
         let ctx = model
             .new_context(backend, ctx_params)
             .map_err(|e| load_error(format!("creating the context: {e}")))?;
@@ -205,6 +219,7 @@ impl LlamaEngine {
             context_tokens,
             cached: Vec::new(),
             prefix_cache: true,
+            speculation: true,
             info,
         })
     }
@@ -214,6 +229,14 @@ impl LlamaEngine {
     #[must_use]
     pub fn with_prefix_cache(mut self, enabled: bool) -> Self {
         self.prefix_cache = enabled;
+        self
+    }
+
+    /// Turns speculative decoding of greedy requests on or off; either way
+    /// the output is the same (see `generate_inner`).
+    #[must_use]
+    pub fn with_speculation(mut self, enabled: bool) -> Self {
+        self.speculation = enabled;
         self
     }
 
@@ -318,6 +341,36 @@ impl LlamaEngine {
         Ok(reused)
     }
 
+    /// Drops the cached tokens from `keep` on, mid-generation: rejected
+    /// draft tokens must leave the KV cache before the next decode.
+    fn drop_unverified(&mut self, keep: usize) -> Result<(), EngineError> {
+        if keep >= self.cached.len() {
+            return Ok(());
+        }
+        let cut = u32::try_from(keep).map_err(inference)?;
+        let removed = self
+            .ctx
+            .clear_kv_cache_seq(Some(0), Some(cut), None)
+            .map_err(inference)?;
+        if !removed {
+            return Err(EngineError::Inference(
+                "the KV cache could not drop rejected draft tokens".to_owned(),
+            ));
+        }
+        self.cached.truncate(keep);
+        Ok(())
+    }
+
+    /// Greedy requests are decoded speculatively when speculation is on:
+    /// after each token, the tokens that followed the same few tokens
+    /// earlier in the context (the drafter's guess) are decoded with it in
+    /// one batch, which yields the model's logits after each of them. The
+    /// sampler then picks, row by row, exactly the token it would have
+    /// picked decoding one token at a time (same sampler, same grammar, same
+    /// order of calls), and the guess is kept only as long as it agrees; the
+    /// first disagreement is the next token itself, and the rows after it
+    /// are dropped from the KV cache. So the output is the one plain greedy
+    /// decoding gives; only the number of decodes changes.
     fn generate_inner(
         &mut self,
         prompt: &[i32],
@@ -333,48 +386,98 @@ impl LlamaEngine {
             None => None,
         };
         let budget = (params.max_tokens as usize).min(context - prompt.len());
+        let mut drafter = Drafter::new(self.speculation && params.temperature <= 0.0);
         let mut produced = 0;
         let mut piece = Vec::new();
-        let run = |produced, finish| EngineRun {
-            completion_tokens: produced,
-            finish,
-            cached_tokens,
-        };
+        // The batch just decoded: its first row to sample from, and the
+        // draft tokens that follow that row in the batch (and in `cached`).
+        let mut first_row = batch.n_tokens() - 1;
+        let mut draft: Vec<i32> = Vec::new();
         loop {
-            if produced >= budget {
-                return Ok(run(produced, EngineFinish::Length));
+            // `cached` ends with the draft; the tokens before it are verified.
+            let verified = self.cached.len() - draft.len();
+            let mut next = None;
+            let mut finish = None;
+            let mut accepted = 0;
+            for row in 0..=draft.len() {
+                if produced >= budget {
+                    finish = Some(EngineFinish::Length);
+                    break;
+                }
+                let index = first_row + i32::try_from(row).map_err(inference)?;
+                let token = match gate.as_mut() {
+                    Some(gate) => gate.sample(&self.ctx, index, &mut sampler)?,
+                    None => sampler.sample(&self.ctx, index),
+                };
+                produced += 1;
+                let vocab = self.model.vocab();
+                if vocab.is_eog(token) {
+                    finish = Some(EngineFinish::EndOfTurn);
+                    break;
+                }
+                piece.clear();
+                vocab.token_to_piece_into(token, &mut piece, false, None);
+                if let Some(active) = gate.as_mut()
+                    && active.accept(token, &piece)
+                {
+                    gate = None;
+                }
+                let agrees = draft.get(row) == Some(&token.0);
+                if agrees {
+                    accepted += 1;
+                }
+                if on_piece(&piece) == Flow::Halt {
+                    finish = Some(EngineFinish::Halted);
+                    break;
+                }
+                if !agrees {
+                    next = Some(token);
+                    break;
+                }
             }
-            let vocab = self.model.vocab();
-            let last = batch.n_tokens() - 1;
-            let token = match gate.as_mut() {
-                Some(gate) => gate.sample(&self.ctx, last, &mut sampler)?,
-                None => sampler.sample(&self.ctx, last),
+            drafter.record(draft.len(), accepted);
+            // The KV cache keeps the verified tokens and the accepted draft.
+            self.drop_unverified(verified + accepted)?;
+            let run = |finish| EngineRun {
+                completion_tokens: produced,
+                finish,
+                cached_tokens,
+                drafts: drafter.stats(),
             };
-            produced += 1;
-            if vocab.is_eog(token) {
-                return Ok(run(produced, EngineFinish::EndOfTurn));
+            if let Some(finish) = finish {
+                return Ok(run(finish));
             }
-            piece.clear();
-            vocab.token_to_piece_into(token, &mut piece, false, None);
-            if let Some(active) = gate.as_mut()
-                && active.accept(token, &piece)
-            {
-                gate = None;
-            }
-            if on_piece(&piece) == Flow::Halt {
-                return Ok(run(produced, EngineFinish::Halted));
-            }
+            let Some(token) = next else {
+                // Every row agreed with its draft token and the last row's
+                // sample is the token after the draft: the loop above always
+                // ends with `next` or `finish` set.
+                return Err(EngineError::Inference(
+                    "speculative verification ended without a token".to_owned(),
+                ));
+            };
             // The last allowed token needs no decode: nothing samples after it.
             if produced >= budget {
-                return Ok(run(produced, EngineFinish::Length));
+                return Ok(run(EngineFinish::Length));
             }
-            batch.clear();
             let position = self.cached.len();
+            self.cached.push(token.0);
+            // Each draft token yields one more sampled token if accepted;
+            // none may go past the answer's budget.
+            let room = budget - produced - 1;
+            draft.clear();
+            draft.extend_from_slice(drafter.draft(&self.cached, room));
+            batch.clear();
             batch
                 .add(token, to_pos(position)?, &[0], true)
                 .map_err(inference)?;
+            for (i, drafted) in draft.iter().enumerate() {
+                batch
+                    .add(LlamaToken(*drafted), to_pos(position + 1 + i)?, &[0], true)
+                    .map_err(inference)?;
+            }
             self.ctx.decode(&mut batch).map_err(inference)?;
-            self.cached.push(token.0);
+            self.cached.extend_from_slice(&draft);
+            first_row = 0;
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod grammar;
 pub mod llama_bert;
 pub mod packed_bert;
 pub mod server;
+pub mod speculation;
 pub mod stop;
 #[doc(hidden)]
 pub mod testing;

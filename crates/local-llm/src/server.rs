@@ -62,9 +62,11 @@ impl AppState {
     pub fn load(config: Config) -> Result<Self, StartError> {
         let path = config.chat_model_path.clone();
         let (threads, context) = (config.threads, config.context_tokens);
-        let prefix_cache = config.prompt_cache;
+        let (prefix_cache, speculation) = (config.prompt_cache, config.speculation);
         let chat = GenerationQueue::start(config.queue_capacity, move || {
-            Ok(LlamaEngine::load(&path, threads, context)?.with_prefix_cache(prefix_cache))
+            Ok(LlamaEngine::load(&path, threads, context)?
+                .with_prefix_cache(prefix_cache)
+                .with_speculation(speculation))
         })?;
         let embedder = Arc::new(match config.embed_engine {
             EmbedEngine::Fast => Embedder::load(

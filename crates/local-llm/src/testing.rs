@@ -149,6 +149,7 @@ impl ChatEngine for GatedEngine {
             completion_tokens: produced,
             finish,
             cached_tokens: 0,
+            drafts: crate::speculation::DraftStats::default(),
         };
         let _ = self.reports.send(GateReport::Finished { prompt, run });
         Ok(run)

@@ -11,4 +11,5 @@ mod engines;
 mod http_api;
 mod prompt_cache;
 mod queueing;
+mod speculation;
 mod tools;

@@ -1,0 +1,227 @@
+//! Prompt-lookup drafting for speculative greedy decoding.
+//!
+//! A grounded answer copies runs of tokens from its prompt (titles, file
+//! names, error lines). When the last few tokens of the context appeared
+//! earlier in it, the tokens that followed them there are a cheap guess at
+//! what comes next. The engine checks such a guess in one batched decode and
+//! keeps only the part the model itself would have chosen, so the guess
+//! changes the speed, never the text.
+//!
+//! The drafter adapts to how its guesses fare: the draft grows while whole
+//! drafts are accepted, shrinks to what was accepted otherwise, and pauses
+//! for longer and longer after drafts that were refused outright, so free
+//! text (where guesses rarely hold) pays next to nothing for the attempts.
+
+/// Longest and shortest context suffix looked up, tried longest first: a
+/// longer match predicts better; a single token recurs everywhere and
+/// predicts little.
+const NGRAM_MAX: usize = 3;
+const NGRAM_MIN: usize = 2;
+/// The most tokens drafted at once (the batch checks them and one more).
+pub const DRAFT_MAX: usize = 10;
+/// The first draft of a request.
+const DRAFT_START: usize = 2;
+/// The longest pause (in tokens) after drafts that were refused outright.
+const PAUSE_MAX: usize = 32;
+
+/// Tokens drafted and accepted in one generation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DraftStats {
+    /// Draft tokens checked by the model.
+    pub drafted: usize,
+    /// Draft tokens the model agreed with (each saved one decode).
+    pub accepted: usize,
+    /// Batched decodes that checked a draft.
+    pub rounds: usize,
+}
+
+/// One generation's drafting state.
+#[derive(Debug)]
+pub struct Drafter {
+    enabled: bool,
+    /// The longest draft the next lookup may return.
+    cap: usize,
+    /// Drafts in a row of which nothing was accepted.
+    refused_in_a_row: u32,
+    /// Tokens still to decode without drafting.
+    pause: usize,
+    stats: DraftStats,
+}
+
+impl Drafter {
+    pub fn new(enabled: bool) -> Self {
+        Self {
+            enabled,
+            cap: DRAFT_START,
+            refused_in_a_row: 0,
+            pause: 0,
+            stats: DraftStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> DraftStats {
+        self.stats
+    }
+
+    /// The draft to check after `context` (prompt and answer so far, its last
+    /// token included), at most `room` tokens; empty when there is none or
+    /// drafting pauses.
+    pub fn draft<'a>(&mut self, context: &'a [i32], room: usize) -> &'a [i32] {
+        if !self.enabled || room == 0 {
+            return &[];
+        }
+        if self.pause > 0 {
+            self.pause -= 1;
+            return &[];
+        }
+        lookup(context, self.cap.min(room))
+    }
+
+    /// Records how a checked draft fared and adapts the next ones.
+    pub fn record(&mut self, drafted: usize, accepted: usize) {
+        if drafted == 0 {
+            return;
+        }
+        self.stats.drafted += drafted;
+        self.stats.accepted += accepted;
+        self.stats.rounds += 1;
+        if accepted == drafted {
+            self.cap = (self.cap * 2).min(DRAFT_MAX);
+        } else {
+            self.cap = (accepted + 1).clamp(1, DRAFT_MAX);
+        }
+        if accepted == 0 {
+            self.refused_in_a_row += 1;
+            // 2, 4, 8, ... tokens without drafting: a quote that begins
+            // later is still caught soon, a long free text is left alone.
+            let exponent = self.refused_in_a_row.min(8);
+            self.pause = (1usize << exponent).min(PAUSE_MAX);
+        } else {
+            // One lucky token in free text does not end the backing off at
+            // once; a quote, accepted draft after draft, soon does.
+            self.refused_in_a_row = self.refused_in_a_row.saturating_sub(1);
+        }
+    }
+}
+
+/// The tokens that followed the latest earlier occurrence of the context's
+/// last `n` tokens (`n` from `NGRAM_MAX` down to `NGRAM_MIN`), at most `max`.
+fn lookup(context: &[i32], max: usize) -> &[i32] {
+    if max == 0 {
+        return &[];
+    }
+    for n in (NGRAM_MIN..=NGRAM_MAX).rev() {
+        if context.len() <= n {
+            continue;
+        }
+        let suffix = &context[context.len() - n..];
+        // Latest first: the nearest occurrence is the likeliest to go on the
+        // same way (the answer quoting the line it just started).
+        for start in (0..context.len() - n).rev() {
+            if &context[start..start + n] == suffix {
+                let from = start + n;
+                let to = (from + max).min(context.len());
+                if from < to {
+                    return &context[from..to];
+                }
+            }
+        }
+    }
+    &[]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_longest_matching_suffix_drafts_what_followed_it_last() {
+        // "7 8 9" appeared at the start followed by 10 11; "8 9" later by 5.
+        let context = [7, 8, 9, 10, 11, 1, 8, 9, 5, 2, 7, 8, 9];
+        assert_eq!(lookup(&context, 4), &[10, 11, 1, 8]);
+        // Only the two-token suffix "8 9" recurs: its latest occurrence wins.
+        let context = [7, 8, 9, 10, 1, 8, 9, 5, 2, 3, 8, 9];
+        assert_eq!(lookup(&context, 2), &[5, 2]);
+    }
+
+    #[test]
+    fn no_recurring_suffix_no_draft() {
+        assert!(lookup(&[1, 2, 3, 4, 5, 6], 8).is_empty());
+        // One recurring token is not enough to guess from.
+        assert!(lookup(&[1, 2, 3, 4, 5, 3], 8).is_empty());
+        assert!(lookup(&[1, 2], 8).is_empty());
+        assert!(lookup(&[1, 2, 3, 1, 2], 0).is_empty());
+    }
+
+    #[test]
+    fn a_draft_stops_at_the_end_of_the_context() {
+        // "1 2" recurs just before the end: only what follows it is there.
+        assert_eq!(lookup(&[4, 1, 2, 9, 1, 2], 8), &[9, 1, 2]);
+    }
+
+    #[test]
+    fn the_draft_grows_while_accepted_and_shrinks_to_what_was_accepted() {
+        let context: Vec<i32> = (0..30).chain(0..30).collect();
+        let mut drafter = Drafter::new(true);
+        let tail = &context[..40];
+        assert_eq!(drafter.draft(tail, 100).len(), DRAFT_START);
+        drafter.record(DRAFT_START, DRAFT_START);
+        assert_eq!(drafter.draft(tail, 100).len(), 4);
+        drafter.record(4, 4);
+        assert_eq!(drafter.draft(tail, 100).len(), 8);
+        drafter.record(8, 8);
+        assert_eq!(drafter.draft(tail, 100).len(), DRAFT_MAX);
+        // Room left in the answer bounds the draft.
+        assert_eq!(drafter.draft(tail, 3).len(), 3);
+        drafter.record(DRAFT_MAX, 2);
+        assert_eq!(drafter.draft(tail, 100).len(), 3);
+        assert_eq!(
+            drafter.stats(),
+            DraftStats {
+                drafted: DRAFT_START + 4 + 8 + DRAFT_MAX,
+                accepted: DRAFT_START + 4 + 8 + 2,
+                rounds: 4
+            }
+        );
+    }
+
+    #[test]
+    fn refused_drafts_pause_drafting_for_longer_each_time() {
+        let context: Vec<i32> = (0..30).chain(0..30).collect();
+        let mut drafter = Drafter::new(true);
+        let mut pauses = Vec::new();
+        for _ in 0..7 {
+            assert!(!drafter.draft(&context[..40], 100).is_empty());
+            drafter.record(1, 0);
+            let mut skipped = 0;
+            while drafter.draft(&context[..40], 100).is_empty() {
+                skipped += 1;
+            }
+            pauses.push(skipped);
+        }
+        assert_eq!(pauses, [2, 4, 8, 16, 32, 32, 32]);
+        // Accepted drafts wind the pauses down one step each.
+        drafter.record(1, 1);
+        drafter.record(1, 0);
+        let mut skipped = 0;
+        while drafter.draft(&context[..40], 100).is_empty() {
+            skipped += 1;
+        }
+        assert_eq!(skipped, 32);
+        for _ in 0..8 {
+            drafter.record(1, 1);
+        }
+        drafter.record(1, 0);
+        let mut skipped = 0;
+        while drafter.draft(&context[..40], 100).is_empty() {
+            skipped += 1;
+        }
+        assert_eq!(skipped, 2);
+    }
+
+    #[test]
+    fn a_disabled_drafter_never_drafts() {
+        let context: Vec<i32> = (0..10).chain(0..10).collect();
+        assert!(Drafter::new(false).draft(&context, 8).is_empty());
+    }
+}
