@@ -283,8 +283,18 @@ impl LlamaEngine {
     /// Forgets everything after `keep` cached tokens; `false` when the
     /// cache cannot cut there (then it is emptied).
     fn truncate_cache(&mut self, keep: usize) -> Result<(), EngineError> {
+        if !self.cut_cache(keep)? {
+            self.ctx.clear_kv_cache();
+            self.cached.clear();
+        }
+        Ok(())
+    }
+
+    /// Removes the cached tokens from `keep` on; `false` when the KV cache
+    /// could not cut there (nothing was changed then).
+    fn cut_cache(&mut self, keep: usize) -> Result<bool, EngineError> {
         if keep >= self.cached.len() {
-            return Ok(());
+            return Ok(true);
         }
         let cut = u32::try_from(keep).map_err(inference)?;
         let removed = self
@@ -293,11 +303,8 @@ impl LlamaEngine {
             .map_err(inference)?;
         if removed {
             self.cached.truncate(keep);
-        } else {
-            self.ctx.clear_kv_cache();
-            self.cached.clear();
         }
-        Ok(())
+        Ok(removed)
     }
 
     fn reset_cache(&mut self) {
@@ -344,20 +351,11 @@ impl LlamaEngine {
     /// Drops the cached tokens from `keep` on, mid-generation: rejected
     /// draft tokens must leave the KV cache before the next decode.
     fn drop_unverified(&mut self, keep: usize) -> Result<(), EngineError> {
-        if keep >= self.cached.len() {
-            return Ok(());
-        }
-        let cut = u32::try_from(keep).map_err(inference)?;
-        let removed = self
-            .ctx
-            .clear_kv_cache_seq(Some(0), Some(cut), None)
-            .map_err(inference)?;
-        if !removed {
+        if !self.cut_cache(keep)? {
             return Err(EngineError::Inference(
                 "the KV cache could not drop rejected draft tokens".to_owned(),
             ));
         }
-        self.cached.truncate(keep);
         Ok(())
     }
 
