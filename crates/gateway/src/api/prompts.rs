@@ -162,9 +162,7 @@ fn check_fits(
     context_tokens: u32,
 ) -> Result<(), ApiError> {
     let budget = Budget::new(model, context_tokens, call.params.max_tokens);
-    let chars = call.system.as_ref().map_or(0, String::len)
-        + call.messages.iter().map(|m| m.content.len()).sum::<usize>();
-    let needed = budget::estimate_tokens(chars);
+    let needed = budget::estimate_tokens(call.prompt_chars());
     if needed <= budget.prompt_tokens() {
         return Ok(());
     }

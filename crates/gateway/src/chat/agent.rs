@@ -354,19 +354,7 @@ pub fn prompt_chars(prepared: &PreparedAgent) -> usize {
                 + serde_json::to_value(&step.messages).map_or(0, |v| json_chars(&v))
                 + tools
         }
-        None => {
-            prepared
-                .call
-                .system
-                .as_ref()
-                .map_or(0, |s| s.chars().count())
-                + prepared
-                    .call
-                    .messages
-                    .iter()
-                    .map(|m| m.content.chars().count())
-                    .sum::<usize>()
-        }
+        None => prepared.call.prompt_chars(),
     }
 }
 

@@ -143,6 +143,16 @@ pub struct ModelCall {
 }
 
 impl ModelCall {
+    /// Characters of the prompt (system text and messages), for budgets.
+    pub fn prompt_chars(&self) -> usize {
+        self.system.as_ref().map_or(0, |s| s.chars().count())
+            + self
+                .messages
+                .iter()
+                .map(|m| m.content.chars().count())
+                .sum::<usize>()
+    }
+
     /// A streamed call with default parameters, no system prompt, no wait
     /// clock and no feature category.
     pub fn new(target: ModelTarget, messages: Vec<ChatMessage>) -> Self {
