@@ -142,16 +142,28 @@ pub trait ChatEngine {
     ) -> Result<EngineRun, EngineError>;
 }
 
-/// llama.cpp may be initialised once per process.
+/// llama.cpp may be initialised once per process; its CPU code for this
+/// machine's instruction level is loaded first (see `cpu_variant`).
 pub(crate) fn backend() -> Result<&'static LlamaBackend, EngineError> {
     static BACKEND: OnceLock<Result<LlamaBackend, String>> = OnceLock::new();
     BACKEND
         .get_or_init(|| {
             llama_cpp_2::send_logs_to_tracing(llama_cpp_2::LogOptions::default());
+            cpu_variant().map_err(|e| e.to_string())?;
             LlamaBackend::init().map_err(|e| e.to_string())
         })
         .as_ref()
         .map_err(|e| EngineError::Inference(format!("llama.cpp backend: {e}")))
+}
+
+/// The llama.cpp CPU variant this process loaded (at most once, by
+/// `DUO_LOCAL_LLM_CPU_VARIANT` / `DUO_LOCAL_LLM_BACKENDS_DIR` or the best one
+/// the machine runs).
+pub fn cpu_variant()
+-> Result<&'static crate::cpu_variant::Loaded, &'static crate::cpu_variant::CpuVariantError> {
+    use crate::cpu_variant::{CpuVariantError, Loaded, Settings, load};
+    static LOADED: OnceLock<Result<Loaded, CpuVariantError>> = OnceLock::new();
+    LOADED.get_or_init(|| load(&Settings::from_env())).as_ref()
 }
 
 /// One model and one context. The KV cache keeps the tokens of the previous

@@ -9,6 +9,7 @@ pub mod bert_gguf;
 pub mod chat;
 pub mod chat_template;
 pub mod config;
+pub mod cpu_variant;
 pub mod embeddings;
 pub mod engine;
 pub mod error;

@@ -51,6 +51,15 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         eprintln!("{hint}");
         std::process::exit(2);
     }
+    // Before any model loads: a forced CPU variant this machine cannot run,
+    // or no variant installed, stops here with the reason.
+    match local_llm::engine::cpu_variant() {
+        Ok(loaded) => tracing::info!(variant = loaded.name, "llama.cpp CPU code loaded"),
+        Err(e) => {
+            eprintln!("duo-local-llm: {e}");
+            std::process::exit(2);
+        }
+    }
     let addr = config.addr;
     let drain = config.shutdown_drain;
     let state = AppState::load(config)?;

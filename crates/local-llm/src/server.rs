@@ -176,6 +176,8 @@ async fn health(state: web::Data<AppState>) -> HttpResponse {
         "chat_template": state.template.source(),
         "chat_context_tokens": state.chat.model_info().context_tokens,
         "embedding_model": state.config.embed_model_id,
+        // Which build of llama.cpp's CPU code runs here (cpu_variant.rs).
+        "cpu_variant": crate::engine::cpu_variant().ok().map(|v| v.name),
         "chat_queue": state.chat.stats(),
         "embedding_queue": state.embed_admission.stats(),
     }))

@@ -1055,16 +1055,17 @@ impl Component {
     }
 
     /// Source files that read the environment.
-    fn sources(self) -> [&'static str; 2] {
+    fn sources(self) -> &'static [&'static str] {
         match self {
-            Component::Monolith => [
+            Component::Monolith => &[
                 "crates/monolith/src/config.rs",
                 "crates/monolith/src/main.rs",
             ],
-            Component::Gateway => ["crates/gateway/src/config.rs", "crates/gateway/src/main.rs"],
-            Component::LocalLlm => [
+            Component::Gateway => &["crates/gateway/src/config.rs", "crates/gateway/src/main.rs"],
+            Component::LocalLlm => &[
                 "crates/local-llm/src/config.rs",
                 "crates/local-llm/src/main.rs",
+                "crates/local-llm/src/cpu_variant.rs",
             ],
         }
     }
@@ -1441,11 +1442,26 @@ fn the_containerfile_copies_what_exists_builds_real_binaries_and_runs_real_comma
             && l.split_whitespace().any(|w| w == "git")),
         "the runtime stage does not install git"
     );
+    let build_run = instructions
+        .iter()
+        .find(|l| l.starts_with("RUN") && l.contains("cargo build"))
+        .unwrap();
     assert!(
-        runtime.iter().any(|l| l.starts_with("COPY --from=build")
-            && l.contains("/out/duo-workflow-executor")
-            && l.ends_with("/usr/local/bin/")),
+        build_run.contains("target/release/duo-workflow-executor /out/bin/")
+            && runtime
+                .iter()
+                .any(|l| l == "COPY --from=build /out/bin/ /usr/local/bin/"),
         "the executor is not in the runtime image"
+    );
+    // The model server's llama.cpp libraries sit where its run path
+    // ($ORIGIN/../lib) looks, and its CPU variants where cpu_variant.rs does.
+    assert!(
+        build_run.contains("libllama*.so* target/release/libggml*.so* /out/lib/")
+            && build_run.contains("/out/lib/duo-chat/ggml-backends/")
+            && runtime
+                .iter()
+                .any(|l| l == "COPY --from=build /out/lib/ /usr/local/lib/"),
+        "llama.cpp's libraries or CPU variants are not in the runtime image"
     );
     let env_line = instructions.iter().find(|l| l.starts_with("ENV")).unwrap();
     assert!(env_line.contains("DUO_ADD_ONS_FILE=/opt/duo-chat/config/duo_add_ons.yml"));

@@ -281,6 +281,10 @@ async fn run() -> anyhow::Result<ExitCode> {
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         load_average().unwrap_or_else(|| "unknown".to_owned())
     );
+    println!(
+        "  llama.cpp CPU code: ours {} (chosen at start, DUO_LOCAL_LLM_CPU_VARIANT forces one); llama-server built for this CPU (GGML_NATIVE)",
+        local_llm::engine::cpu_variant().map_or("unknown", |v| v.name)
+    );
     let line = |name: &str, f: &ChatFigures| {
         println!(
             "  {name:<34} TTFT {:>7.1} ms  decode {:>6.1} tok/s  ({} tokens after the first)",

@@ -7,6 +7,7 @@
 mod common;
 
 mod chat_templates;
+mod cpu_variants;
 mod engines;
 mod http_api;
 mod prompt_cache;
