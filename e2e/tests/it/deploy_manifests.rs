@@ -1651,23 +1651,33 @@ fn written_paths(traces: &BTreeMap<u32, String>, cwd: &Path) -> BTreeSet<PathBuf
             {
                 continue;
             }
-            let path = if is_open {
+            let quoted = || line.split('"').skip(1).step_by(2).map(PathBuf::from);
+            let written: Vec<PathBuf> = if is_open {
                 // `= 3</absolute/path>`: the descriptor's real path.
                 line.rsplit_once("= ")
                     .and_then(|(_, ret)| decoded_path(ret))
+                    .into_iter()
+                    .collect()
+            } else if matches!(name, "symlink" | "symlinkat" | "link" | "linkat") {
+                // The new name is written; the path it points to is not.
+                quoted().last().into_iter().collect()
+            } else if name.starts_with("rename") {
+                // Both names change.
+                quoted().collect()
             } else {
-                line.split('"').nth(1).map(PathBuf::from)
+                quoted().next().into_iter().collect()
             };
-            let Some(path) = path else { continue };
-            let path = if path.is_absolute() {
-                path
-            } else {
-                call_directory(line)
-                    .unwrap_or_else(|| here.clone())
-                    .join(path)
-            };
-            // Components drop the `.` of `./objects`.
-            paths.insert(path.components().collect());
+            for path in written {
+                let path = if path.is_absolute() {
+                    path
+                } else {
+                    call_directory(line)
+                        .unwrap_or_else(|| here.clone())
+                        .join(path)
+                };
+                // Components drop the `.` of `./objects`.
+                paths.insert(path.components().collect());
+            }
         }
     }
     paths
@@ -2122,6 +2132,7 @@ openat(AT_FDCWD</w>, "/keys/a.pem", O_RDWR) = 4</keys/a.pem>
 mkdir("cache", 0777)                    = 0
 renameat2(AT_FDCWD</w>, "a", AT_FDCWD</w>, "b", RENAME_NOREPLACE) = 0
 unlinkat(AT_FDCWD</w>, "/models/x", 0) = 0
+symlinkat("/build/libggml-cpu-zen4.so", AT_FDCWD</w>, "/tmp/s/libggml-cpu-zen4.so") = 0
 --- SIGCHLD {si_signo=SIGCHLD, si_code=CLD_EXITED} ---
 +++ exited with 0 +++
 "#;
@@ -2153,10 +2164,12 @@ unlink("HEAD.lock") = 0
             "/models/x",
             "/repos/other.git/HEAD.lock",
             "/repos/r.git/objects/ce",
-            "/repos/r.git/objects/ce/tmp_obj",
+            "/repos/r.git/objects/ce/0136",
             "/repos/r.git/refs/x",
             "/repos/r.git/tmp",
+            "/tmp/s/libggml-cpu-zen4.so",
             "/w/a",
+            "/w/b",
             "/w/cache",
             "/w/out.txt",
         ]
