@@ -13,7 +13,9 @@
 //! pinned llama-cpp-python release vendors, for this machine's CPU
 //! (`GGML_NATIVE`): the reference is llama.cpp at its best here.
 //!
-//! Both sides use the same thread count: 2 unless `--threads N` or
+//! Both sides run as their own processes (ours is the `duo-local-llm` built
+//! beside this bench, one configuration at a time) and use the same thread
+//! count: 2 unless `--threads N` or
 //! `DUO_BENCH_THREADS` says otherwise. The exit status is non-zero when the
 //! llama-server reference could not be measured, so a missing reference is
 //! never mistaken for a passing run.
@@ -27,7 +29,6 @@ use futures::StreamExt;
 use local_llm::chat_template::{ChatMessage, render_chatml};
 use local_llm::config::Config;
 use local_llm::fetch::fetch_models;
-use local_llm::server::{AppState, bind};
 use serde_json::{Value, json};
 
 const PROMPT_TARGET_TOKENS: u64 = 300;
@@ -132,15 +133,29 @@ fn options() -> anyhow::Result<Options> {
     Ok(Options { threads, python })
 }
 
-/// Starts one of our servers in this process; returns its base URL.
-fn start_ours(threads: i32, prompt_cache: bool, speculation: bool) -> anyhow::Result<String> {
-    let mut config = Config::from_env()?;
-    config.threads = threads;
-    config.prompt_cache = prompt_cache;
-    config.speculation = speculation;
-    let (server, addr) = bind(AppState::load(config)?, "127.0.0.1:0".parse()?)?;
-    actix_web::rt::spawn(server);
-    Ok(format!("http://{addr}"))
+/// Starts one of our servers as its own process, as llama-server runs: the
+/// `duo-local-llm` built beside this bench, configured by its environment
+/// variables, so neither side shares its CPUs with the bench's client.
+fn start_ours(
+    threads: i32,
+    prompt_cache: bool,
+    speculation: bool,
+) -> anyhow::Result<ServerProcess> {
+    let binary = std::env::current_exe()?.with_file_name("duo-local-llm");
+    let port = free_port()?;
+    let mut command = Command::new(&binary);
+    command
+        .env("DUO_LOCAL_LLM_ADDR", format!("127.0.0.1:{port}"))
+        .env("DUO_LOCAL_LLM_THREADS", threads.to_string())
+        .env("DUO_LOCAL_LLM_PROMPT_CACHE", prompt_cache.to_string())
+        .env("DUO_LOCAL_LLM_SPECULATION", speculation.to_string());
+    spawn_server(command, "duo-local-llm", port)
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 fn messages(system: Option<&str>, user: &str) -> Value {
@@ -195,27 +210,32 @@ async fn run() -> anyhow::Result<ExitCode> {
     let context_tokens = config.context_tokens;
     // The figures compared with llama.cpp are for a fresh prompt each time:
     // without the prefix cache (the same prompt would be served from it).
-    let base = start_ours(threads, false, true)?;
-    let plain_base = start_ours(threads, false, false)?;
-    let cached_base = start_ours(threads, true, true)?;
+    // One server at a time, each its own process.
     let client = reqwest::Client::new();
-
+    let free_messages = messages(None, FREE_TEXT_PROMPT);
+    let quoting_messages = messages(Some(QUOTING_SYSTEM), QUOTING_QUESTION);
+    let plain = json!({});
+    let server = start_ours(threads, false, true)?;
+    let base = server.base.clone();
+    let health: Value = client
+        .get(format!("{base}/health"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let cpu_variant = health["cpu_variant"]
+        .as_str()
+        .unwrap_or("unknown")
+        .to_owned();
     let (user_text, prompt_tokens) = prompt_of_about(&client, &base, &chat_model).await?;
     let prompt = render_chatml(&[ChatMessage {
         role: "user".into(),
         content: user_text.clone(),
     }]);
     let fresh_messages = messages(None, &user_text);
-    let free_messages = messages(None, FREE_TEXT_PROMPT);
-    let quoting_messages = messages(Some(QUOTING_SYSTEM), QUOTING_QUESTION);
-    let plain = json!({});
     let ours = median_chat(&client, &base, &chat_model, &fresh_messages, &plain).await?;
     let free_text = median_chat(&client, &base, &chat_model, &free_messages, &plain).await?;
     let quoting = median_chat(&client, &base, &chat_model, &quoting_messages, &plain).await?;
-    let free_text_plain =
-        median_chat(&client, &plain_base, &chat_model, &free_messages, &plain).await?;
-    let quoting_plain =
-        median_chat(&client, &plain_base, &chat_model, &quoting_messages, &plain).await?;
     // The same answer under a grammar: a JSON object with one free string.
     let constrained = json!({"response_format": {"type": "json_schema", "json_schema": {
     "name": "summary", "strict": true, "schema": {
@@ -226,9 +246,39 @@ async fn run() -> anyhow::Result<ExitCode> {
     }}}});
     let grammar = median_chat(&client, &base, &chat_model, &fresh_messages, &constrained).await?;
     let no_cache = agent_step_ttft(&client, &base, &chat_model, &user_text, &plain).await?;
-    let cache = agent_step_ttft(&client, &cached_base, &chat_model, &user_text, &plain).await?;
     let (embeds_per_sec, embed_tokens) = embeddings_rate(&client, &base, &embed_model).await?;
-    let our_rss_mb = peak_rss_kb().unwrap_or(0) as f64 / 1024.0;
+    let our_rss_mb = server.peak_rss_kb().unwrap_or(0) as f64 / 1024.0;
+    drop(server);
+
+    let plain_server = start_ours(threads, false, false)?;
+    let free_text_plain = median_chat(
+        &client,
+        &plain_server.base,
+        &chat_model,
+        &free_messages,
+        &plain,
+    )
+    .await?;
+    let quoting_plain = median_chat(
+        &client,
+        &plain_server.base,
+        &chat_model,
+        &quoting_messages,
+        &plain,
+    )
+    .await?;
+    drop(plain_server);
+
+    let cached_server = start_ours(threads, true, true)?;
+    let cache = agent_step_ttft(
+        &client,
+        &cached_server.base,
+        &chat_model,
+        &user_text,
+        &plain,
+    )
+    .await?;
+    drop(cached_server);
 
     let reference = match llama_server(&gguf, threads, context_tokens) {
         Ok(server) => {
@@ -283,7 +333,7 @@ async fn run() -> anyhow::Result<ExitCode> {
     );
     println!(
         "  llama.cpp CPU code: ours {} (chosen at start, DUO_LOCAL_LLM_CPU_VARIANT forces one); llama-server built for this CPU (GGML_NATIVE)",
-        local_llm::engine::cpu_variant().map_or("unknown", |v| v.name)
+        cpu_variant
     );
     let line = |name: &str, f: &ChatFigures| {
         println!(
@@ -371,7 +421,7 @@ async fn run() -> anyhow::Result<ExitCode> {
         "  embeddings {embeds_per_sec:>7.1} chunks/s ({embed_tokens} word pieces per chunk, batches of {EMBED_BATCH})"
     );
     println!(
-        "  peak RSS (three of our servers and the bench client in one process) {our_rss_mb:.0} MB"
+        "  peak RSS of our server (chat and embedding models loaded, after the runs above) {our_rss_mb:.0} MB"
     );
     Ok(exit)
 }
@@ -608,8 +658,8 @@ async fn embeddings_rate(
     Ok((rate, tokens))
 }
 
-fn peak_rss_kb() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+fn peak_rss_kb(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
 }
@@ -747,12 +797,19 @@ fn llama_cpp_reference(
 }
 
 /// A running `llama-server`, stopped when dropped.
-struct LlamaServer {
+/// A server process of either side, stopped when dropped.
+struct ServerProcess {
     child: std::process::Child,
     base: String,
 }
 
-impl Drop for LlamaServer {
+impl ServerProcess {
+    fn peak_rss_kb(&self) -> Option<u64> {
+        peak_rss_kb(self.child.id())
+    }
+}
+
+impl Drop for ServerProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -850,26 +907,32 @@ fn llama_server_binary(threads: i32) -> anyhow::Result<PathBuf> {
 
 /// Starts llama-server on the GGUF with our thread count and context, one
 /// slot (requests run one at a time, as ours do), and waits until it loaded.
-fn llama_server(gguf: &Path, threads: i32, context_tokens: u32) -> anyhow::Result<LlamaServer> {
+fn llama_server(gguf: &Path, threads: i32, context_tokens: u32) -> anyhow::Result<ServerProcess> {
     let binary = llama_server_binary(threads)?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    std::fs::create_dir_all(bench_dir()).context("creating .bench")?;
-    let log_path = bench_dir().join("llama-server.log");
-    let log = std::fs::File::create(&log_path)
-        .with_context(|| format!("creating {}", log_path.display()))?;
-    let child = Command::new(&binary)
+    let port = free_port()?;
+    let mut command = Command::new(&binary);
+    command
         .arg("-m")
         .arg(gguf)
         .args(["-t", &threads.to_string(), "-tb", &threads.to_string()])
         .args(["-c", &context_tokens.to_string(), "-b", "512", "-np", "1"])
-        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()]);
+    spawn_server(command, "llama-server", port)
+}
+
+/// Starts a server (its output in `.bench/<name>.log`) and waits until its
+/// `/health` answers 200.
+fn spawn_server(mut command: Command, name: &str, port: u16) -> anyhow::Result<ServerProcess> {
+    std::fs::create_dir_all(bench_dir()).context("creating .bench")?;
+    let log_path = bench_dir().join(format!("{name}.log"));
+    let log = std::fs::File::create(&log_path)
+        .with_context(|| format!("creating {}", log_path.display()))?;
+    let child = command
         .stdout(log.try_clone()?)
         .stderr(log)
         .spawn()
-        .with_context(|| format!("starting {}", binary.display()))?;
-    let server = LlamaServer {
+        .with_context(|| format!("starting {name}"))?;
+    let mut server = ServerProcess {
         child,
         base: format!("http://127.0.0.1:{port}"),
     };
@@ -887,9 +950,12 @@ fn llama_server(gguf: &Path, threads: i32, context_tokens: u32) -> anyhow::Resul
         if ready {
             return Ok(server);
         }
+        if let Ok(Some(status)) = server.child.try_wait() {
+            bail!("{name} exited ({status}); see {}", log_path.display());
+        }
         if Instant::now() > deadline {
             bail!(
-                "llama-server did not become ready in 120 s; see {}",
+                "{name} did not become ready in 120 s; see {}",
                 log_path.display()
             );
         }

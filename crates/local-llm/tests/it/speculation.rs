@@ -202,3 +202,29 @@ fn halting_mid_draft_leaves_a_consistent_cache_for_the_next_request() {
         assert_same(&mut engines, &first, &greedy(max_tokens), None);
     }
 }
+
+/// Past 512 cached positions llama.cpp splits one token's attention across
+/// threads (and sums the parts in another order than a batch does) when
+/// keys and values share an f16 type; the cache's types keep every decode
+/// on one path, so speculative and plain decoding still agree there. Two
+/// threads, since one thread's split is a single part.
+#[test]
+fn past_512_positions_with_two_threads_the_tokens_are_the_same() {
+    let path = common::test_config().chat_model_path;
+    let plain = LlamaEngine::load(&path, 2, 2048)
+        .expect("gguf loads")
+        .with_speculation(false);
+    let speculative = LlamaEngine::load(&path, 2, 2048).expect("gguf loads");
+    let mut engines = (plain, speculative);
+    let context: String = (1..=6)
+        .map(|n| format!("Run {n}:\n{QUOTING_CONTEXT}"))
+        .collect();
+    let prompt = chat(
+        &format!("Answer from this context only.\n{context}"),
+        "List every failed job of run 6 with its file and its exact error line.",
+    );
+    let prompt_tokens = engines.0.tokenize(&prompt).len();
+    assert!(prompt_tokens > 512, "{prompt_tokens} prompt tokens");
+    let run = assert_same(&mut engines, &prompt, &greedy(160), None);
+    assert!(run.drafts.accepted > 0, "{:?}", run.drafts);
+}
