@@ -119,6 +119,7 @@ if [ -z "${DUO_RUN_BIN:-}" ]; then
   scripts/install-build-deps.sh
   say "building (release)"
   # In the background, so that a stop request during the build is handled at once.
+  scripts/prune-llama-links.sh
   cargo build --release --locked --bin duo-gateway --bin duo-monolith --bin duo-local-llm --bin duo-workflow-executor &
   build=$!
   wait "$build"

@@ -38,8 +38,9 @@ pub struct Config {
     pub embed_model_dir: PathBuf,
     pub embed_model_id: String,
     pub embed_engine: EmbedEngine,
-    /// The fast engine's dense weights (`DUO_LOCAL_LLM_EMBED_WEIGHTS`).
-    pub embed_weights: DenseWeights,
+    /// The fast engine's dense weights (`DUO_LOCAL_LLM_EMBED_WEIGHTS`); `None`
+    /// (`auto`): the best for the CPU code loaded ([`DenseWeights::for_this_cpu`]).
+    pub embed_weights: Option<DenseWeights>,
     /// Threads of the fast engine's bulk lane (`DUO_LOCAL_LLM_EMBED_THREADS`).
     /// One by default: llama.cpp's threads wait for each other in OpenMP
     /// barriers that spin, and on a busy machine (or beside the question
@@ -83,7 +84,7 @@ impl Config {
             embed_model_dir: models_dir.join(EMBED_DIR),
             embed_model_id: DEFAULT_EMBED_MODEL_ID.to_owned(),
             embed_engine: EmbedEngine::Fast,
-            embed_weights: DenseWeights::F16,
+            embed_weights: None,
             embed_threads: 1,
             models_dir,
             threads: 2,
@@ -146,12 +147,14 @@ impl Config {
         }
         if let Some(weights) = var("DUO_LOCAL_LLM_EMBED_WEIGHTS") {
             config.embed_weights = match weights.trim().to_ascii_lowercase().as_str() {
-                "f16" => DenseWeights::F16,
-                "q8" | "int8" => DenseWeights::Q8,
+                "auto" => None,
+                "f16" => Some(DenseWeights::F16),
+                "q8" | "int8" => Some(DenseWeights::Q8),
+                "bf16" => Some(DenseWeights::Bf16),
                 _ => {
                     return Err(ConfigError::Invalid {
                         name: "DUO_LOCAL_LLM_EMBED_WEIGHTS",
-                        reason: format!("expected f16 or q8, got {weights:?}"),
+                        reason: format!("expected auto, f16, q8 or bf16, got {weights:?}"),
                     });
                 }
             };

@@ -124,7 +124,10 @@ impl Embedder {
     /// f32 model when the fast one cannot be loaded (logged).
     pub fn load(dir: &Path, threads: usize, dense: DenseWeights) -> Result<Self, EmbedError> {
         match Self::load_llama(dir, threads, dense) {
-            Ok(embedder) => Ok(embedder),
+            Ok(embedder) => {
+                tracing::info!(weights = dense.name(), threads, "embedding with llama.cpp");
+                Ok(embedder)
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "embedding with candle (f32): llama.cpp could not load the model");
                 Self::load_candle(dir)

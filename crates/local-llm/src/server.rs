@@ -16,6 +16,7 @@ use crate::admission::{Admission, AdmitError};
 use crate::api::{
     ChatCompletionRequest, EmbeddingInput, EmbeddingsRequest, VertexPredictRequest, parse_json,
 };
+use crate::bert_gguf::DenseWeights;
 use crate::chat;
 use crate::chat_template::{ChatTemplate, TemplateError};
 use crate::config::{Config, EmbedEngine};
@@ -72,7 +73,9 @@ impl AppState {
             EmbedEngine::Fast => Embedder::load(
                 &config.embed_model_dir,
                 config.embed_threads,
-                config.embed_weights,
+                config
+                    .embed_weights
+                    .unwrap_or_else(DenseWeights::for_this_cpu),
             )?,
             EmbedEngine::Candle => Embedder::load_candle(&config.embed_model_dir)?,
         });

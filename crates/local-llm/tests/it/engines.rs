@@ -216,14 +216,14 @@ fn cosine(a: &[f32], b: &[f32]) -> f32 {
 
 /// The llama.cpp path gives today's (candle f32) vectors: cosine ≥ 0.999
 /// for every input, alone or in a batch, with the same word pieces, with f16
-/// dense weights (the default) and with int8 ones.
+/// dense weights (the default), int8 and bfloat16 ones.
 #[test]
 fn llama_embeddings_match_the_candle_vectors() {
     let dir = common::test_config().embed_model_dir;
     let candle = Embedder::load_candle(&dir).expect("candle embedder loads");
     let texts = mixed_inputs();
     let want = candle.embed(&texts).expect("candle embeds");
-    for weights in [DenseWeights::F16, DenseWeights::Q8] {
+    for weights in [DenseWeights::F16, DenseWeights::Q8, DenseWeights::Bf16] {
         let fast = Embedder::load_llama(&dir, 1, weights).expect("llama.cpp embedder loads");
         assert!(fast.is_llama());
         assert_eq!(fast.dimensions(), 384);
@@ -240,7 +240,7 @@ fn llama_embeddings_match_the_candle_vectors() {
         // activations along another path than a batch's (0.99990 seen).
         let same = match weights {
             DenseWeights::F16 => 0.9999,
-            DenseWeights::Q8 => 0.9995,
+            DenseWeights::Q8 | DenseWeights::Bf16 => 0.9995,
         };
         for (text, batched) in texts.iter().zip(&got.vectors) {
             let single = fast.embed(std::slice::from_ref(text)).expect("single");
