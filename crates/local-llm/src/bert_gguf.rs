@@ -325,28 +325,30 @@ fn f32_tensor(name: &str, tensor: &Tensor) -> Result<TensorData, GgufError> {
 }
 
 fn f16_tensor(name: &str, tensor: &Tensor) -> Result<TensorData, GgufError> {
-    let (values, dims) = values_and_dims(tensor)?;
-    Ok(TensorData {
-        name: name.to_owned(),
-        dims,
-        ggml_type: GGML_F16,
-        bytes: values
-            .iter()
-            .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
-            .collect(),
+    two_byte_tensor(name, tensor, GGML_F16, |v| {
+        half::f16::from_f32(v).to_le_bytes()
     })
 }
 
 fn bf16_tensor(name: &str, tensor: &Tensor) -> Result<TensorData, GgufError> {
+    two_byte_tensor(name, tensor, GGML_BF16, |v| {
+        half::bf16::from_f32(v).to_le_bytes()
+    })
+}
+
+/// A tensor of 16-bit floats, each value encoded by `encode`.
+fn two_byte_tensor(
+    name: &str,
+    tensor: &Tensor,
+    ggml_type: u32,
+    encode: fn(f32) -> [u8; 2],
+) -> Result<TensorData, GgufError> {
     let (values, dims) = values_and_dims(tensor)?;
     Ok(TensorData {
         name: name.to_owned(),
         dims,
-        ggml_type: GGML_BF16,
-        bytes: values
-            .iter()
-            .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
-            .collect(),
+        ggml_type,
+        bytes: values.iter().flat_map(|v| encode(*v)).collect(),
     })
 }
 
