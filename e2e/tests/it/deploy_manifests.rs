@@ -1456,7 +1456,7 @@ fn the_containerfile_copies_what_exists_builds_real_binaries_and_runs_real_comma
     // The model server's llama.cpp libraries sit where its run path
     // ($ORIGIN/../lib) looks, and its CPU variants where cpu_variant.rs does.
     assert!(
-        build_run.contains("libllama*.so* target/release/libggml*.so* /out/lib/")
+        build_run.contains("llama-cpp-sys-2-*/out/lib/lib*.so* /out/lib/")
             && build_run.contains("/out/lib/duo-chat/ggml-backends/")
             && runtime
                 .iter()
