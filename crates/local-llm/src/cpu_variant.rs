@@ -201,8 +201,22 @@ pub enum CpuVariantError {
     NotInstalled { name: &'static str, dir: PathBuf },
     #[error("none of the llama.cpp CPU modules in {dir} runs on this CPU (installed: {installed})")]
     NoneRuns { dir: PathBuf, installed: String },
-    #[error("llama.cpp CPU modules: {0}")]
-    Io(#[from] std::io::Error),
+    #[error(
+        "reading llama.cpp's CPU modules in {dir}: {source}; name their directory in \
+         DUO_LOCAL_LLM_BACKENDS_DIR"
+    )]
+    Unreadable {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "staging the chosen llama.cpp CPU module in the temporary directory ({dir}): {source}; \
+         point TMPDIR at a writable directory"
+    )]
+    Staging {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
     #[error("llama.cpp did not register a CPU device from {0}")]
     NotRegistered(PathBuf),
 }
@@ -276,7 +290,10 @@ pub fn installed(dir: &Path) -> Result<Vec<String>, std::io::Error> {
 
 /// Picks the variant for this machine (or the forced one, if it runs here).
 pub fn pick(dir: &Path, settings: &Settings) -> Result<&'static Variant, CpuVariantError> {
-    let names = installed(dir)?;
+    let names = installed(dir).map_err(|source| CpuVariantError::Unreadable {
+        dir: dir.to_owned(),
+        source,
+    })?;
     if names.is_empty() {
         return Err(CpuVariantError::NoModules {
             dir: dir.to_owned(),
@@ -328,9 +345,13 @@ pub fn load(settings: &Settings) -> Result<Loaded, CpuVariantError> {
     let chosen = pick(&dir, settings)?;
     let file = format!("libggml-cpu-{}.so", chosen.name);
     let path = dir.join(&file);
-    let staged = StagedDir::create()?;
-    std::os::unix::fs::symlink(&path, staged.path.join(&file))?;
-    let staged_path = staged.utf8_path()?;
+    let staging = |source| CpuVariantError::Staging {
+        dir: std::env::temp_dir(),
+        source,
+    };
+    let staged = StagedDir::create().map_err(staging)?;
+    std::os::unix::fs::symlink(&path, staged.path.join(&file)).map_err(staging)?;
+    let staged_path = staged.utf8_path().map_err(staging)?;
     let cpu_devices_before = cpu_devices();
     llama_cpp_2::llama_backend::load_backends_from_path(Path::new(staged_path));
     if cpu_devices() <= cpu_devices_before {

@@ -144,3 +144,16 @@ fn a_directory_without_cpu_code_is_refused_at_start() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_missing_modules_directory_is_named_at_start() {
+    let dir = std::env::temp_dir().join(format!("no-such-ggml-dir-{}", std::process::id()));
+    let stderr = refused(server_command().env("DUO_LOCAL_LLM_BACKENDS_DIR", &dir));
+    assert!(
+        stderr.contains(&format!(
+            "reading llama.cpp's CPU modules in {}",
+            dir.display()
+        )) && stderr.contains("DUO_LOCAL_LLM_BACKENDS_DIR"),
+        "{stderr}"
+    );
+}
