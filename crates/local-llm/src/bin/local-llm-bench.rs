@@ -15,10 +15,9 @@
 //!
 //! Both sides run as their own processes (ours is the `duo-local-llm` built
 //! beside this bench, one configuration at a time) and use the same thread
-//! count: 2 unless `--threads N` or
-//! `DUO_BENCH_THREADS` says otherwise. The exit status is non-zero when the
-//! llama-server reference could not be measured, so a missing reference is
-//! never mistaken for a passing run.
+//! count: 2 unless `--threads N` or `DUO_BENCH_THREADS` says otherwise.
+//! The exit status is non-zero when the llama-server reference could not be
+//! measured, so a missing reference is never mistaken for a passing run.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -796,7 +795,6 @@ fn llama_cpp_reference(
     })
 }
 
-/// A running `llama-server`, stopped when dropped.
 /// A server process of either side, stopped when dropped.
 struct ServerProcess {
     child: std::process::Child,
