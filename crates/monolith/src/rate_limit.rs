@@ -9,45 +9,22 @@ use std::time::Duration;
 /// when `limit` requests were already made within `window`. Events older
 /// than the window are dropped on the way.
 pub async fn take(
-    client: &mut deadpool_postgres::Client,
+    client: &impl crate::queries::Queries,
     user_id: i64,
     action: &str,
     limit: u32,
     window: Duration,
 ) -> Result<bool, tokio_postgres::Error> {
-    let tx = client.transaction().await?;
-    // One user's requests of one action are counted one at a time across
-    // replicas.
-    tx.execute(
-        "SELECT pg_advisory_xact_lock(hashtextextended($2 || ':' || $1::bigint::text, 0))",
-        &[&user_id, &action],
-    )
-    .await?;
-    let secs = window.as_secs_f64();
-    let used: i64 = tx
+    // One statement (migration V70): the lock, the count, the event and the
+    // clean-up in one round trip, atomic per user and action.
+    let limit = i32::try_from(limit).unwrap_or(i32::MAX);
+    let row = client
         .query_one(
-            "SELECT count(*) FROM rate_limit_events
-             WHERE user_id = $1 AND action = $2 AND occurred_at > now() - make_interval(secs => $3)",
-            &[&user_id, &action, &secs],
+            "SELECT duo_rate_limit_take($1, $2, $3, $4)",
+            &[&user_id, &action, &limit, &window.as_secs_f64()],
         )
-        .await?
-        .get(0);
-    if used >= i64::from(limit) {
-        return Ok(false);
-    }
-    tx.execute(
-        "INSERT INTO rate_limit_events (user_id, action) VALUES ($1, $2)",
-        &[&user_id, &action],
-    )
-    .await?;
-    tx.execute(
-        "DELETE FROM rate_limit_events WHERE user_id = $1 AND action = $2
-           AND occurred_at <= now() - make_interval(secs => $3)",
-        &[&user_id, &action, &secs],
-    )
-    .await?;
-    tx.commit().await?;
-    Ok(true)
+        .await?;
+    Ok(row.get(0))
 }
 
 /// A budget per key per minute counted in this process only: for limits that

@@ -18,7 +18,9 @@
 //!    concurrent users: p50/p99, answers/s, and where the time went (the
 //!    gateway's own request time from its metrics, PostgreSQL's statement time
 //!    from `pg_stat_database`, the rest in the monolith; plus CPU seconds per
-//!    process);
+//!    process). Then the same 50 users at a human pace (think time between an answer
+//!    and the next question, 2 s down to 0.25 s on average): p50/p99 as one
+//!    user sees it, against the goal p99 < 40 ms;
 //! 3. `aiAction` mutations: requests/s and p99 with 50 concurrent clients;
 //! 4. peak RSS of every process;
 //!
@@ -62,6 +64,19 @@ const TOOL_ANSWER: &str = "Thought: The issue explains it.\nFinal Answer: The lo
 const SCALE_STEPS: [(usize, usize); 2] = [(1, 1), (2, 2)];
 /// Questions per user in one scale-out step.
 const SCALE_QUESTIONS_PER_USER: usize = 20;
+
+/// Mean think times of the paced part: each of the [`USERS`] users asks,
+/// waits for the whole answer, then thinks for an exponentially distributed
+/// time with this mean before the next question (a human reads an answer for
+/// seconds; one second is already far faster). The closed loop with no think
+/// time above measures throughput: there every user always waits behind the
+/// 49 others, so its latency is users ÷ answers/s (Little's law), not what one
+/// user sees.
+const THINK_TIMES_MS: [u64; 4] = [2000, 1000, 500, 250];
+/// How long each think time is measured.
+const PACED_PHASE: Duration = Duration::from_secs(8);
+/// The issue's latency goal for 50 users, checked at every think time.
+const PACED_GOAL_P99: Duration = Duration::from_millis(40);
 
 /// One benchmark user: a token, a seat, reporter access to the demo group, and
 /// an open subscription whose messages arrive in `inbox`.
@@ -341,6 +356,19 @@ async fn run(
     println!(
         "  (gateway, postgres, monolith: share of the summed answer latency; monolith = the rest, queueing included)"
     );
+
+    // 2b. Users at a human pace: latency as one user sees it.
+    println!(
+        "\n{USERS} users with think time (each asks, waits for the answer, thinks, asks again; direct answers, {:.0} s each):",
+        PACED_PHASE.as_secs_f64()
+    );
+    for think_ms in THINK_TIMES_MS {
+        let line;
+        (users, line) =
+            paced_answers(system, users, &integrity, Duration::from_millis(think_ms)).await?;
+        println!("  {line}");
+        summary.push(line);
+    }
 
     // 3. Mutations alone.
     summary.push(mutations(system, &users).await?);
@@ -877,6 +905,93 @@ async fn answers(
             load_average: load_average(),
         },
     ))
+}
+
+/// [`USERS`] users asking direct questions for [`PACED_PHASE`], each
+/// thinking between its answer and its next question for an exponentially
+/// distributed time of mean `think` (a fixed seed per user, so runs compare).
+async fn paced_answers(
+    system: &Arc<System>,
+    users: Vec<BenchUser>,
+    integrity: &Arc<Integrity>,
+    think: Duration,
+) -> anyhow::Result<(Vec<BenchUser>, String)> {
+    Kind::Direct.script(system);
+    let wall = Instant::now();
+    let ends = tokio::time::Instant::now() + PACED_PHASE;
+    let tasks = users.into_iter().enumerate().map(|(n, mut user)| {
+        let system = system.clone();
+        let integrity = integrity.clone();
+        tokio::spawn(async move {
+            let mut pause = ThinkTime::new(n as u64, think);
+            // Users start spread over one think time, not all at once.
+            tokio::time::sleep(pause.next()).await;
+            let mut results = Vec::new();
+            while tokio::time::Instant::now() < ends {
+                results.push(ask(&system, &mut user, &integrity, Kind::Direct).await?);
+                tokio::time::sleep(pause.next()).await;
+            }
+            ask_raw(&system, &mut user, &integrity, "/help", None).await?;
+            Ok::<_, anyhow::Error>((user, results))
+        })
+    });
+    let mut users = Vec::new();
+    let mut latency = Latencies::default();
+    let mut failed = 0;
+    for joined in join_all(tasks).await {
+        let (user, answered) = joined??;
+        users.push(user);
+        for answer in answered {
+            failed += usize::from(!answer.ok);
+            latency.push(answer.latency);
+        }
+    }
+    let elapsed = wall.elapsed().as_secs_f64();
+    let p99 = latency.quantile(0.99);
+    let verdict = if p99 < PACED_GOAL_P99 {
+        "met"
+    } else {
+        "NOT MET"
+    };
+    let line = format!(
+        "{USERS} users thinking {:.2} s on average: {} answers ({failed} with a coded error) = {:.1} answers/s; mutation -> final answer p50 {} ms, p90 {} ms, p99 {} ms, max {} ms (goal p99 < {} ms: {verdict})",
+        think.as_secs_f64(),
+        latency.len(),
+        latency.len() as f64 / elapsed,
+        ms(latency.quantile(0.5)),
+        ms(latency.quantile(0.9)),
+        ms(p99),
+        ms(latency.quantile(1.0)),
+        PACED_GOAL_P99.as_millis(),
+    );
+    Ok((users, line))
+}
+
+/// Exponentially distributed pauses from a small deterministic generator
+/// (splitmix64): no dependency, and the same sequence every run.
+struct ThinkTime {
+    state: u64,
+    mean: Duration,
+}
+
+impl ThinkTime {
+    fn new(seed: u64, mean: Duration) -> Self {
+        Self {
+            state: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03,
+            mean,
+        }
+    }
+
+    fn next(&mut self) -> Duration {
+        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        // A uniform in (0, 1], then the inverse of the exponential's CDF.
+        let uniform = ((z >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
+        self.mean.mul_f64(-uniform.ln())
+    }
 }
 
 /// Asks one question of `kind` and checks the answer's text.

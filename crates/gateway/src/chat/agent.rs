@@ -21,7 +21,10 @@ use super::tools_registry::{
 use crate::auth::GatewayUser;
 use crate::config::Config;
 use crate::error::{ApiError, ValidationIssue};
-use crate::prompts::{PromptError, PromptRegistry, TemplateRole, ToolCalling, choose_families};
+use crate::prompts::{
+    PromptDefinition, PromptError, PromptRegistry, RenderedMessage, TemplateRole, ToolCalling,
+    choose_families,
+};
 use crate::providers::conversation::Message;
 use crate::providers::tool_calling::ToolCallingModel;
 use crate::providers::{ChatMessage, ChatModel, ChatRole, ModelCall, ProviderError, ProviderKind};
@@ -227,10 +230,15 @@ pub fn prepare(
     // Models that use tools well keep them.
     let from_context = bundled && has_attached_context(question);
     let tools = if from_context { Vec::new() } else { tools };
-    // The system prompt and the scratchpad prefill once; the question's user
-    // turn with them (one render of the whole input).
-    let inputs = prompt_inputs(&tools, request, question);
-    let rendered = definition.render(registry, &inputs)?;
+    let unavailable = request.unavailable_resources();
+    let rendered = render_step(
+        registry,
+        &definition,
+        &tools,
+        &unavailable,
+        request,
+        question,
+    )?;
 
     // Each history user turn alone, with only its own input.
     let mut messages = Vec::with_capacity(request.messages.len() + 1);
@@ -281,16 +289,15 @@ pub fn prepare(
             let free_text = if bundled {
                 // The same system prompt with no tools: no instructions
                 // about functions for an answer that calls none.
-                let mut plain = inputs.clone();
-                plain["tools"] = json!([]);
-                plain["tool_names"] = json!([]);
-                plain["resources"] = json!([]);
-                let system = definition
-                    .render_roles(registry, &plain, |role| role == TemplateRole::System)?
-                    .into_iter()
-                    .map(|m| m.content)
-                    .collect::<Vec<_>>()
-                    .join("\n\n");
+                let system = render_system(registry, &definition, &[], &unavailable, || {
+                    let mut plain = prompt_inputs(&[], request, question);
+                    plain["resources"] = json!([]);
+                    plain
+                })?
+                .iter()
+                .map(|m| m.content.as_str())
+                .collect::<Vec<_>>()
+                .join("\n\n");
                 let has_context = from_context || question.current_file.is_some();
                 Some(native::FreeTextAnswer::new(
                     system,
@@ -374,13 +381,84 @@ pub fn prepare_to_fit(
     Ok((prepare(registry, config, user, client, &fitted)?, trimmed))
 }
 
-/// The `chat/react` inputs (see `prompts/chat/react/base/1.0.0.yml`).
-pub fn prompt_inputs(
+/// The step's rendered templates: the system prompt (the same for every
+/// request offered the same tools, so rendered once per tool set), then the
+/// question's user turn and the scratchpad prefill, rendered for this request.
+fn render_step(
+    registry: &PromptRegistry,
+    definition: &PromptDefinition,
     tools: &[&ToolDefinition],
+    unavailable: &[String],
     request: &AgentRequest,
     question: &AgentMessage,
-) -> Value {
-    let scratchpad: Vec<Value> = request
+) -> Result<Vec<RenderedMessage>, PromptError> {
+    let all_inputs = || prompt_inputs(tools, request, question);
+    let system = render_system(registry, definition, tools, unavailable, all_inputs)?;
+    let turn_inputs = json!({
+        "message": message_input(question),
+        "scratchpad": scratchpad_input(request),
+    });
+    let not_system = |role| role != TemplateRole::System;
+    let turn = match definition.render_roles(registry, &turn_inputs, not_system) {
+        // A user or assistant template that reads the tools as well.
+        Err(PromptError::MissingInput(_)) => {
+            definition.render_roles(registry, &all_inputs(), not_system)?
+        }
+        rendered => rendered?,
+    };
+    let mut messages = system.to_vec();
+    messages.extend(turn);
+    Ok(messages)
+}
+
+/// Keys longer than this (a caller listing many unavailable resources) are
+/// rendered without the cache, so its entries stay small.
+const MAX_SYSTEM_KEY_BYTES: usize = 1024;
+
+/// The system templates rendered with the tools and the unavailable
+/// resources alone, from the registry's render cache. A system template that
+/// reads more than those (the native prompts read the question's context
+/// when no tool is offered) is rendered from `all_inputs` instead, uncached.
+fn render_system(
+    registry: &PromptRegistry,
+    definition: &PromptDefinition,
+    tools: &[&ToolDefinition],
+    unavailable: &[String],
+    all_inputs: impl Fn() -> Value,
+) -> Result<Arc<[RenderedMessage]>, PromptError> {
+    let system_only = |role| role == TemplateRole::System;
+    // Tool names identify their definitions (static in this process); the
+    // resources list is JSON so that no two lists share a key.
+    let names: Vec<&str> = tools.iter().map(|t| t.name).collect();
+    let key = format!(
+        "{}\u{0}{}",
+        names.join(","),
+        serde_json::to_string(unavailable).unwrap_or_default()
+    );
+    if key.len() > MAX_SYSTEM_KEY_BYTES {
+        return Ok(definition
+            .render_roles(registry, &all_inputs(), system_only)?
+            .into());
+    }
+    let cached = definition.render_roles_cached(registry, &[TemplateRole::System], &key, || {
+        json!({
+            "tools": tools,
+            "tool_names": names,
+            "resources": tools.iter().map(|t| t.resource).collect::<Vec<_>>(),
+            "unavailable_resources": unavailable,
+        })
+    });
+    match cached? {
+        Some(rendered) => Ok(rendered),
+        None => Ok(definition
+            .render_roles(registry, &all_inputs(), system_only)?
+            .into()),
+    }
+}
+
+/// The scratchpad's steps as the templates read them.
+fn scratchpad_input(request: &AgentRequest) -> Vec<Value> {
+    request
         .steps()
         .iter()
         .map(|step| {
@@ -391,14 +469,22 @@ pub fn prompt_inputs(
                 "observation": step.observation,
             })
         })
-        .collect();
+        .collect()
+}
+
+/// The `chat/react` inputs (see `prompts/chat/react/base/1.0.0.yml`).
+pub fn prompt_inputs(
+    tools: &[&ToolDefinition],
+    request: &AgentRequest,
+    question: &AgentMessage,
+) -> Value {
     json!({
         "tools": tools,
         "tool_names": tools.iter().map(|t| t.name).collect::<Vec<_>>(),
         "resources": tools.iter().map(|t| t.resource).collect::<Vec<_>>(),
         "unavailable_resources": request.unavailable_resources(),
         "message": message_input(question),
-        "scratchpad": scratchpad,
+        "scratchpad": scratchpad_input(request),
     })
 }
 

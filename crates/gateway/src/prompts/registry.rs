@@ -23,6 +23,34 @@ pub struct PromptRegistry {
     /// id → family → versions in ascending order.
     prompts: BTreeMap<String, BTreeMap<String, Vec<Arc<PromptDefinition>>>>,
     env: Environment<'static>,
+    /// Renders whose inputs repeat across requests (see
+    /// [`PromptDefinition::render_roles_cached`]).
+    render_cache: RenderCache,
+}
+
+/// Rendered messages kept by definition, roles and the caller's key of their
+/// inputs; `None` remembers that the templates read more than those inputs.
+/// Bounded: when full it starts over (the keys in use come back at once; a
+/// caller that varies its key per request cannot grow it).
+#[derive(Default)]
+struct RenderCache(std::sync::Mutex<HashMap<String, Option<Arc<[RenderedMessage]>>>>);
+
+/// Entries [`RenderCache`] holds before it starts over.
+const RENDER_CACHE_ENTRIES: usize = 256;
+
+impl RenderCache {
+    fn get(&self, key: &str) -> Option<Option<Arc<[RenderedMessage]>>> {
+        self.0.lock().ok()?.get(key).cloned()
+    }
+
+    fn put(&self, key: String, rendered: Option<Arc<[RenderedMessage]>>) {
+        if let Ok(mut map) = self.0.lock() {
+            if map.len() >= RENDER_CACHE_ENTRIES {
+                map.clear();
+            }
+            map.insert(key, rendered);
+        }
+    }
 }
 
 impl std::fmt::Debug for PromptRegistry {
@@ -119,7 +147,11 @@ impl PromptRegistry {
                 versions.sort_by(|a, b| a.version.cmp(&b.version));
             }
         }
-        Ok(Self { prompts, env })
+        Ok(Self {
+            prompts,
+            env,
+            render_cache: RenderCache::default(),
+        })
     }
 
     /// The definition of `prompt_id` for `family` whose version is the highest
@@ -334,6 +366,36 @@ impl PromptDefinition {
         inputs: &serde_json::Value,
     ) -> Result<Vec<RenderedMessage>, PromptError> {
         self.render_roles(registry, inputs, |_| true)
+    }
+
+    /// [`Self::render_roles`] for the templates of `roles`, rendered once per
+    /// `key` and kept: for templates whose inputs repeat across requests (the
+    /// chat agent's system prompt depends only on the tools offered). `key`
+    /// must identify everything `inputs` returns; `inputs` is called only
+    /// when the key is new. The templates see those inputs alone: when they
+    /// read anything else they cannot be kept, and the answer is `None` (for
+    /// this key from then on), so the caller renders them with all its inputs.
+    pub fn render_roles_cached(
+        &self,
+        registry: &PromptRegistry,
+        roles: &[TemplateRole],
+        key: &str,
+        inputs: impl FnOnce() -> serde_json::Value,
+    ) -> Result<Option<Arc<[RenderedMessage]>>, PromptError> {
+        let full_key = format!(
+            "{}\u{0}{}\u{0}{}\u{0}{roles:?}\u{0}{key}",
+            self.id, self.family, self.version
+        );
+        if let Some(known) = registry.render_cache.get(&full_key) {
+            return Ok(known);
+        }
+        let rendered = match self.render_roles(registry, &inputs(), |role| roles.contains(&role)) {
+            Ok(messages) => Some(Arc::<[RenderedMessage]>::from(messages)),
+            Err(PromptError::MissingInput(_)) => None,
+            Err(e) => return Err(e),
+        };
+        registry.render_cache.put(full_key, rendered.clone());
+        Ok(rendered)
     }
 
     /// Renders only the templates whose role `wanted` accepts: the agent renders

@@ -52,20 +52,49 @@ pub(crate) fn error_for_status(status: u16, body: &str) -> ProviderError {
     ProviderError::Status { status, message }
 }
 
-/// One chunk's JSON, `None` at `[DONE]`; an error chunk is an error.
-fn chunk(event: &SseEvent) -> Result<Option<Value>, ProviderError> {
+/// One streamed chunk, read only as far as the decoders need: the first
+/// choice's `delta` is kept as its JSON text (no tree is built and printed
+/// again), and an `error` of any shape ends the stream.
+#[derive(serde::Deserialize)]
+struct ChunkWire<'a> {
+    #[serde(default, borrow)]
+    choices: Vec<ChoiceWire<'a>>,
+    #[serde(default)]
+    error: Option<Value>,
+}
+
+#[derive(serde::Deserialize)]
+struct ChoiceWire<'a> {
+    #[serde(default, borrow)]
+    delta: Option<&'a serde_json::value::RawValue>,
+}
+
+/// The text part of a `delta`.
+#[derive(serde::Deserialize)]
+struct DeltaText<'a> {
+    #[serde(default, borrow)]
+    content: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// One chunk, `None` at `[DONE]`; an error chunk is an error.
+fn chunk(event: &SseEvent) -> Result<Option<ChunkWire<'_>>, ProviderError> {
     if event.data.trim() == "[DONE]" {
         return Ok(None);
     }
-    let json: Value = serde_json::from_str(&event.data)
+    let chunk: ChunkWire<'_> = serde_json::from_str(&event.data)
         .map_err(|e| ProviderError::Malformed(format!("bad chunk: {e}")))?;
-    if let Some(error) = json.get("error") {
+    if let Some(error) = &chunk.error {
         let message = error["message"].as_str().unwrap_or("unknown error");
         return Err(ProviderError::Malformed(format!(
             "the provider reported an error: {message}"
         )));
     }
-    Ok(Some(json))
+    Ok(Some(chunk))
+}
+
+/// The first choice's `delta`, as JSON text.
+fn first_delta<'a>(chunk: &ChunkWire<'a>) -> Option<&'a str> {
+    chunk.choices.first()?.delta.map(|raw| raw.get())
 }
 
 /// The text of each chunk.
@@ -73,15 +102,16 @@ struct Decoder;
 
 impl EventDecoder for Decoder {
     fn decode(&mut self, event: SseEvent) -> Result<Step, ProviderError> {
-        let Some(json) = chunk(&event)? else {
+        let Some(chunk) = chunk(&event)? else {
             return Ok(Step::Done);
         };
-        Ok(Step::Text(
-            json["choices"][0]["delta"]["content"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned(),
-        ))
+        // A delta whose `content` is not text (null, or a shape this client
+        // does not know) contributes nothing, as before.
+        let text = first_delta(&chunk)
+            .and_then(|delta| serde_json::from_str::<DeltaText<'_>>(delta).ok())
+            .and_then(|delta| delta.content)
+            .unwrap_or_default();
+        Ok(Step::Text(text.into_owned()))
     }
 }
 
@@ -90,14 +120,25 @@ struct DeltaDecoder;
 
 impl EventDecoder for DeltaDecoder {
     fn decode(&mut self, event: SseEvent) -> Result<Step, ProviderError> {
-        let Some(json) = chunk(&event)? else {
+        let Some(chunk) = chunk(&event)? else {
             return Ok(Step::Done);
         };
-        Ok(match &json["choices"][0]["delta"] {
-            delta @ Value::Object(fields) if !fields.is_empty() => Step::Text(delta.to_string()),
+        Ok(match first_delta(&chunk) {
+            // An object with at least one field (`{}` and non-objects are skipped).
+            Some(delta) if delta.trim_start().starts_with('{') && !is_empty_object(delta) => {
+                Step::Text(delta.to_owned())
+            }
             _ => Step::Skip,
         })
     }
+}
+
+/// `{}` with any whitespace inside.
+fn is_empty_object(json: &str) -> bool {
+    json.trim()
+        .strip_prefix('{')
+        .and_then(|rest| rest.strip_suffix('}'))
+        .is_some_and(|inside| inside.trim().is_empty())
 }
 
 /// Streams a prepared chat-completions `body` (with `"stream": true`) and
@@ -182,5 +223,96 @@ pub(crate) async fn probe(
         Err(ProviderError::NotConfigured(format!(
             "the model server does not serve {expected:?} (it serves {served:?})"
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(data: &str) -> SseEvent {
+        SseEvent {
+            event: None,
+            data: data.to_owned(),
+        }
+    }
+
+    fn text(step: Step) -> Option<String> {
+        match step {
+            Step::Text(text) => Some(text),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn the_text_decoder_reads_the_first_choices_content() {
+        let mut decoder = Decoder;
+        let step = decoder
+            .decode(event(
+                r#"{"choices":[{"index":0,"delta":{"content":"a\"b"}},{"delta":{"content":"x"}}]}"#,
+            ))
+            .unwrap();
+        assert_eq!(text(step).as_deref(), Some("a\"b"));
+        // No content, null content, no choices: an empty piece.
+        for data in [
+            r#"{"choices":[{"delta":{"role":"assistant"}}]}"#,
+            r#"{"choices":[{"delta":{"content":null}}]}"#,
+            r#"{"choices":[]}"#,
+            r#"{"choices":[{"delta":{"content":["not","text"]}}]}"#,
+        ] {
+            assert_eq!(
+                text(decoder.decode(event(data)).unwrap()).as_deref(),
+                Some(""),
+                "{data}"
+            );
+        }
+        assert!(matches!(
+            decoder.decode(event(" [DONE] ")).unwrap(),
+            Step::Done
+        ));
+    }
+
+    #[test]
+    fn the_delta_decoder_passes_the_delta_through_and_skips_empty_ones() {
+        let mut decoder = DeltaDecoder;
+        let delta = r#"{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]}"#;
+        let step = decoder
+            .decode(event(&format!(r#"{{"choices":[{{"delta":{delta}}}]}}"#)))
+            .unwrap();
+        assert_eq!(text(step).as_deref(), Some(delta));
+        for data in [
+            r#"{"choices":[{"delta":{}}]}"#,
+            r#"{"choices":[{"delta":{ }}]}"#,
+            r#"{"choices":[{"delta":null}]}"#,
+            r#"{"choices":[{"finish_reason":"stop"}]}"#,
+            r#"{"choices":[{"delta":"text"}]}"#,
+            r#"{"usage":{"total_tokens":3}}"#,
+        ] {
+            assert!(
+                matches!(decoder.decode(event(data)).unwrap(), Step::Skip),
+                "{data}"
+            );
+        }
+    }
+
+    #[test]
+    fn error_chunks_and_bad_json_end_the_stream_with_an_error() {
+        for (data, wanted) in [
+            (
+                r#"{"error":{"message":"model overloaded"}}"#,
+                "model overloaded",
+            ),
+            (r#"{"error":"boom"}"#, "unknown error"),
+            ("{not json", "bad chunk"),
+        ] {
+            let err = DeltaDecoder
+                .decode(event(data))
+                .err()
+                .map(|e| e.to_string());
+            assert!(
+                err.as_deref().is_some_and(|e| e.contains(wanted)),
+                "{data}: {err:?}"
+            );
+        }
     }
 }

@@ -22,24 +22,35 @@ const MAX_LINE_BYTES: usize = 8 * 1024 * 1024;
 
 impl SseParser {
     /// Feeds bytes, returning the events they complete.
-    pub fn push(&mut self, bytes: &[u8]) -> Vec<SseEvent> {
+    pub fn push(&mut self, mut bytes: &[u8]) -> Vec<SseEvent> {
         let mut events = Vec::new();
-        for &byte in bytes {
-            if byte != b'\n' {
-                if self.partial.len() < MAX_LINE_BYTES {
-                    self.partial.push(byte);
-                }
-                continue;
+        while let Some(end) = bytes.iter().position(|&b| b == b'\n') {
+            let (head, rest) = bytes.split_at(end);
+            bytes = &rest[1..];
+            let joined;
+            let mut line = if self.partial.is_empty() {
+                head
+            } else {
+                self.keep_partial(head);
+                joined = std::mem::take(&mut self.partial);
+                &joined[..]
+            };
+            if let Some(stripped) = line.strip_suffix(b"\r") {
+                line = stripped;
             }
-            let mut line = std::mem::take(&mut self.partial);
-            if line.last() == Some(&b'\r') {
-                line.pop();
-            }
-            if let Some(event) = self.line(&String::from_utf8_lossy(&line)) {
+            if let Some(event) = self.line(&String::from_utf8_lossy(line)) {
                 events.push(event);
             }
         }
+        self.keep_partial(bytes);
         events
+    }
+
+    /// Holds the start of a line until its end arrives, up to the limit.
+    fn keep_partial(&mut self, bytes: &[u8]) {
+        let room = MAX_LINE_BYTES.saturating_sub(self.partial.len());
+        self.partial
+            .extend_from_slice(&bytes[..bytes.len().min(room)]);
     }
 
     fn line(&mut self, line: &str) -> Option<SseEvent> {

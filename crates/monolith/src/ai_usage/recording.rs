@@ -197,14 +197,32 @@ impl Recording {
             None => None,
         };
         let facts = self.facts(result, container);
+        let created = match self.record(&mut db, &facts).await {
+            // Another run of this job created the record meanwhile: this
+            // one updates it.
+            Err(UsageError::Db(crate::db::DbError::Query(e))) if store::is_race(&e) => {
+                self.record(&mut db, &facts).await?
+            }
+            created => created?,
+        };
+        tracing::debug!(request_id = %self.request_id, created, "usage recorded");
+        Ok(())
+    }
+
+    /// The record, and the categorisation queued in the same transaction
+    /// when the record is new. `true` when it is.
+    async fn record(
+        &self,
+        db: &mut deadpool_postgres::Client,
+        facts: &store::QuestionFacts,
+    ) -> Result<bool, UsageError> {
         let tx = db.transaction().await?;
-        let created = store::record_question(&tx, &facts).await?;
+        let created = store::record_question(&tx, facts).await?;
         if created && categorize::wanted_for(&tx, self.user_id).await {
             categorize::enqueue(&tx, self.request_id).await?;
         }
         tx.commit().await?;
-        tracing::debug!(request_id = %self.request_id, created, "usage recorded");
-        Ok(())
+        Ok(created)
     }
 }
 

@@ -27,25 +27,58 @@ pub struct QuestionFacts {
     pub total_ms: i32,
 }
 
+/// The error of a [`record_question`] that lost a race to another run.
+pub fn is_race(error: &tokio_postgres::Error) -> bool {
+    error.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION)
+}
+
 /// Records the question's event and facts. A second record for the same
 /// request (a retried job) replaces the facts and keeps the event. `true`
 /// when this call created the record.
-pub async fn record_question(db: &impl Queries, facts: &QuestionFacts) -> Result<bool, UsageError> {
-    // One writer per request at a time, so two runs racing each other
-    // (an expired lease) never create two events for one question.
-    db.execute(
-        "SELECT pg_advisory_xact_lock(hashtextextended($1::text, 71))",
-        &[&facts.request_id.to_string()],
-    )
-    .await?;
-    let updated = db
+///
+/// One statement: the facts are updated if the request has a record, else
+/// the event and the facts are inserted. Two runs racing each other (an
+/// expired lease) may both find no record; the unique `request_id` then
+/// fails the second one's statement whole, its event included
+/// ([`is_race`]), and that run tries again and finds the record to update.
+/// So a question never gets two events, without a lock.
+pub async fn record_question(
+    db: &impl Queries,
+    facts: &QuestionFacts,
+) -> Result<bool, tokio_postgres::Error> {
+    let (project_id, group_id) = match facts.container {
+        Some(Subject::Project(id)) => (Some(id), None),
+        Some(Subject::Group(id)) => (None, Some(id)),
+        _ => (None, None),
+    };
+    let inserted = db
         .execute(
-            "UPDATE ai_chat_question_usage
-             SET slash_command = $2, tools = $3, error_code = $4, input_tokens = $5,
-                 output_tokens = $6, tokens_estimated = $7, first_token_ms = $8, total_ms = $9
-             WHERE request_id = $1",
+            "WITH updated AS (
+                 UPDATE ai_chat_question_usage
+                 SET slash_command = $8, tools = $9, error_code = $10, input_tokens = $11,
+                     output_tokens = $12, tokens_estimated = $13, first_token_ms = $14,
+                     total_ms = $15
+                 WHERE request_id = $6
+                 RETURNING 1
+             ), e AS (
+                 INSERT INTO ai_usage_events (event, user_id, project_id, namespace_id, \"timestamp\")
+                 SELECT $1, $2, $3,
+                        coalesce($4, (SELECT group_id FROM projects WHERE id = $3)), $5
+                 WHERE NOT EXISTS (SELECT 1 FROM updated)
+                 RETURNING id
+             )
+             INSERT INTO ai_chat_question_usage
+                 (event_id, request_id, thread_id, slash_command, tools, error_code, input_tokens,
+                  output_tokens, tokens_estimated, first_token_ms, total_ms)
+             SELECT id, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15 FROM e",
             &[
+                &DUO_CHAT_EVENT,
+                &facts.user_id,
+                &project_id,
+                &group_id,
+                &facts.at,
                 &facts.request_id,
+                &facts.thread_id,
                 &facts.slash_command,
                 &facts.tools,
                 &facts.error_code,
@@ -57,45 +90,7 @@ pub async fn record_question(db: &impl Queries, facts: &QuestionFacts) -> Result
             ],
         )
         .await?;
-    if updated > 0 {
-        return Ok(false);
-    }
-    let (project_id, group_id) = match facts.container {
-        Some(Subject::Project(id)) => (Some(id), None),
-        Some(Subject::Group(id)) => (None, Some(id)),
-        _ => (None, None),
-    };
-    db.execute(
-        "WITH e AS (
-             INSERT INTO ai_usage_events (event, user_id, project_id, namespace_id, \"timestamp\")
-             VALUES ($1, $2, $3,
-                     coalesce($4, (SELECT group_id FROM projects WHERE id = $3)), $5)
-             RETURNING id
-         )
-         INSERT INTO ai_chat_question_usage
-             (event_id, request_id, thread_id, slash_command, tools, error_code, input_tokens,
-              output_tokens, tokens_estimated, first_token_ms, total_ms)
-         SELECT id, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15 FROM e",
-        &[
-            &DUO_CHAT_EVENT,
-            &facts.user_id,
-            &project_id,
-            &group_id,
-            &facts.at,
-            &facts.request_id,
-            &facts.thread_id,
-            &facts.slash_command,
-            &facts.tools,
-            &facts.error_code,
-            &facts.input_tokens,
-            &facts.output_tokens,
-            &facts.tokens_estimated,
-            &facts.first_token_ms,
-            &facts.total_ms,
-        ],
-    )
-    .await?;
-    Ok(true)
+    Ok(inserted > 0)
 }
 
 /// What the categorisation job needs to know about a recorded question.

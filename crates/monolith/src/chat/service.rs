@@ -134,9 +134,9 @@ impl ChatService {
     }
 
     async fn check_rate_limit(&self, user_id: i64) -> Result<(), ChatError> {
-        let mut client = self.pool.get().await?;
+        let client = self.pool.get().await?;
         let allowed = crate::rate_limit::take(
-            &mut client,
+            &client,
             user_id,
             RATE_LIMIT_ACTION,
             self.rate_limit,

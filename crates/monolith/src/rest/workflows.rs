@@ -352,9 +352,9 @@ pub(super) async fn direct_access(
     .await?;
     authorize_platform(&state, &who, container).await?;
     {
-        let mut client = state.pool.get().await?;
+        let client = state.pool.get().await?;
         if !crate::rate_limit::take(
-            &mut client,
+            &client,
             who.actor.id,
             "duo_workflow_direct_access",
             state.config.duo_workflow.direct_access_rate_limit,

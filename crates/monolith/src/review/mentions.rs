@@ -47,7 +47,7 @@ async fn asked(
 /// asker should know about are replies.
 pub async fn run(services: &ReviewServices, job: &MentionAsked) -> Result<(), ReviewError> {
     let agent = services.agent.services();
-    let mut db = agent.pool.get().await?;
+    let db = agent.pool.get().await?;
     let kind = match job.noteable_type.as_str() {
         "Issue" => Kind::Issue,
         "MergeRequest" => Kind::MergeRequest,
@@ -134,7 +134,7 @@ pub async fn run(services: &ReviewServices, job: &MentionAsked) -> Result<(), Re
         ),
         None => {
             let allowed = crate::rate_limit::take(
-                &mut db,
+                &db,
                 actor.id,
                 crate::chat::RATE_LIMIT_ACTION,
                 services.rate_limit,

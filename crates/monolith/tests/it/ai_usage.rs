@@ -751,3 +751,76 @@ async fn the_admin_page_draws_the_charts() {
     let user = signed_in(&server, "alice", "correct horse battery").await;
     assert_eq!(user.page("/admin/ai_usage").await.0, 404);
 }
+
+/// Two runs of one answer job recording its usage at once (an expired
+/// lease): the one that loses the race on the unique request id is told so,
+/// its statement leaves nothing behind, and its second try updates the
+/// record. One event in the end, with the last facts.
+#[tokio::test]
+async fn two_records_of_one_question_at_once_leave_one_event() {
+    let fx = Fx::new().await;
+    let user = fx.user("dev").await;
+    let first = facts(user, None, None);
+    let second = QuestionFacts {
+        total_ms: 1234,
+        ..first.clone()
+    };
+
+    let mut db1 = fx.pool.get().await.unwrap();
+    let tx = db1.transaction().await.unwrap();
+    assert!(store::record_question(&tx, &first).await.unwrap());
+    // The second run's insert waits on the first one's uncommitted row.
+    let pool = fx.pool.clone();
+    let racing = second.clone();
+    let loser = tokio::spawn(async move {
+        let db2 = pool.get().await.unwrap();
+        store::record_question(&**db2, &racing).await
+    });
+    let watcher = fx.pool.get().await.unwrap();
+    loop {
+        let waiting: i64 = watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'
+                   AND query LIKE 'WITH updated AS%'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting > 0 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    tx.commit().await.unwrap();
+    let err = loser.await.unwrap().unwrap_err();
+    assert!(store::is_race(&err), "{err}");
+
+    // The retry finds the record and updates it.
+    let db2 = fx.pool.get().await.unwrap();
+    assert!(!store::record_question(&**db2, &second).await.unwrap());
+    let row = db2
+        .query_one(
+            "SELECT count(*), max(q.total_ms)
+             FROM ai_usage_events e JOIN ai_chat_question_usage q ON q.event_id = e.id
+             WHERE q.request_id = $1",
+            &[&first.request_id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i64>(0), 1);
+    assert_eq!(row.get::<_, Option<i32>>(1), Some(1234));
+    let events: i64 = db2
+        .query_one(
+            "SELECT count(*) FROM ai_usage_events WHERE user_id = $1",
+            &[&user.id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        events, 1,
+        "the losing statement's event was rolled back with it"
+    );
+}
