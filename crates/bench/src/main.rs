@@ -7,7 +7,8 @@
 //! straight to the provider and, interleaved with them at the same rate,
 //! through the gateway, and reports the difference. Rates step up until a request
 //! fails; the best rate is the highest whose added p99 stayed under 1 ms with
-//! no errors. The whole run stays well under 3 minutes.
+//! no errors. The whole run stays well under 3 minutes (with the default
+//! 3 s steps; `--step-secs N` for longer ones).
 
 use anyhow::{Context, bail};
 use bench::{load_average, mb, ms, percentile, read_status_kib};
@@ -20,7 +21,25 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 const RATES: &[u32] = &[250, 500, 1000, 2000];
-const STEP: Duration = Duration::from_secs(3);
+/// Seconds per rate step; `--step-secs N` measures longer (the p99 of a
+/// 3 s step rests on ~30 samples at 1000 req/s, so it moves between runs).
+const DEFAULT_STEP_SECS: u64 = 3;
+
+fn step_duration() -> anyhow::Result<Duration> {
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        if arg == "--step-secs" {
+            let value = args.next().context("--step-secs needs a number")?;
+            let secs: u64 = value
+                .parse()
+                .ok()
+                .filter(|s| (1..=120).contains(s))
+                .with_context(|| format!("--step-secs: 1 to 120, not {value:?}"))?;
+            return Ok(Duration::from_secs(secs));
+        }
+    }
+    Ok(Duration::from_secs(DEFAULT_STEP_SECS))
+}
 const TTFB_RATE: u32 = 100;
 const ADDED_P99_BUDGET: Duration = Duration::from_millis(1);
 
@@ -112,7 +131,14 @@ struct Timing {
 
 /// One request; times are measured from when it was scheduled, so a stalled
 /// sender cannot hide queueing (no coordinated omission).
-async fn one(client: reqwest::Client, call: Call, scheduled: Instant) -> Option<Timing> {
+/// One request, timed from the moment it is sent. (Not from its slot in the
+/// schedule: tokio's timer wakes on whole milliseconds, so a request slotted
+/// at +0.5 ms leaves at +1 ms, and timing from the slot added up to a
+/// millisecond that depended on the slot's phase, not on the path: the
+/// gateway's and the provider's requests alternate slots, so that lag
+/// favoured one of them by about 0.5 ms.)
+async fn one(client: reqwest::Client, call: Call) -> Option<Timing> {
+    let scheduled = Instant::now();
     let resp = client
         .post(&call.url)
         .header("content-type", "application/json")
@@ -162,7 +188,7 @@ async fn run_pair(
         let scheduled = start + period * i as u32;
         tokio::time::sleep_until(scheduled.into()).await;
         let call = if i % 2 == 0 { direct } else { via };
-        tasks.push(tokio::spawn(one(client.clone(), call.clone(), scheduled)));
+        tasks.push(tokio::spawn(one(client.clone(), call.clone())));
     }
     let (mut d, mut g) = (Sample::default(), Sample::default());
     for (i, task) in tasks.into_iter().enumerate() {
@@ -322,6 +348,7 @@ fn added(gateway: Duration, direct: Duration) -> Duration {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let started = Instant::now();
+    let step = step_duration()?;
     let provider = start_provider()?;
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(1024)
@@ -336,7 +363,7 @@ async fn main() -> anyhow::Result<()> {
     );
     println!(
         "auth: development bypass (AIGW_AUTH__BYPASS_EXTERNAL); step {} s per rate; {} CPUs, load average {} (other processes add noise)\n",
-        STEP.as_secs(),
+        step.as_secs(),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         load_average()
     );
@@ -401,7 +428,7 @@ async fn main() -> anyhow::Result<()> {
         let mut best: Option<u32> = None;
         let mut at_1000 = None;
         for &rate in RATES {
-            let (d, g) = run_pair(&client, &direct, &via, rate, STEP).await;
+            let (d, g) = run_pair(&client, &direct, &via, rate, step).await;
             let step_rss = rss.take_peak();
             if rate <= 1000 {
                 rss_upto_1000 = rss_upto_1000.max(step_rss);
@@ -465,7 +492,7 @@ async fn main() -> anyhow::Result<()> {
         url: format!("{}{STREAM_GATEWAY}", gateway.url),
         ..direct.clone()
     };
-    let (d, g) = run_pair(&client, &direct, &via, TTFB_RATE, STEP).await;
+    let (d, g) = run_pair(&client, &direct, &via, TTFB_RATE, step).await;
     rss_upto_1000 = rss_upto_1000.max(rss.take_peak());
     summary.push(format!(
         "time to first streamed byte (vertex-ai serverStreamingPredict, {TTFB_RATE} req/s): direct p50 {} / p99 {} ms, gateway p50 {} / p99 {} ms, added p50 {} / p99 {} ms, errors {}",

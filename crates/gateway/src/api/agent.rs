@@ -97,8 +97,10 @@ async fn chat_agent(
         None => ToolCallingModel::new(&shared_config.providers)
             .map_err(|e| ApiError::Internal(format!("tool-calling client: {e}")))?,
     };
-    let events = agent::run(model.into_inner(), tool_model, prepared)
-        .map(|event| Ok::<_, Infallible>(Bytes::from(event.to_ndjson_line())));
+    let events = super::stream_body::coalesce_ready(
+        agent::run(model.into_inner(), tool_model, prepared)
+            .map(|event| Ok::<_, Infallible>(Bytes::from(event.to_ndjson_line()))),
+    );
     Ok(HttpResponse::Ok().content_type(NDJSON).streaming(events))
 }
 

@@ -9,6 +9,7 @@ pub mod health;
 pub mod metrics;
 pub mod prompts;
 pub mod proxy;
+pub mod stream_body;
 
 use actix_web::web;
 

@@ -237,9 +237,10 @@ impl AgentResponder {
             .await
             .map_err(Refusal::transient)?
             .ok_or_else(|| Refusal::Code(DuoErrorCode::M3004, "unknown or inactive user".into()))?;
-        services
+        // The seats' unit primitives are the gateway token's scopes too.
+        let scopes = services
             .policy
-            .authorize_chat_user(&*db, Some(actor))
+            .authorize_chat_user_scopes(&*db, Some(actor))
             .await
             .map_err(Refusal::from_auth)?;
 
@@ -269,11 +270,6 @@ impl AgentResponder {
             None => None,
         };
         let history = history::load(&*db, question.thread_id, question.request_id)
-            .await
-            .map_err(Refusal::transient)?;
-        let scopes = services
-            .policy
-            .seat_unit_primitives(&*db, actor.id)
             .await
             .map_err(Refusal::transient)?;
         let (realm, gateway_url) = crate::gateway_client::instance_route(&*db)

@@ -185,27 +185,38 @@ impl Policy {
         db: &impl Queries,
         user: Option<Actor>,
     ) -> Result<Option<NoDuoChat>, PolicyError> {
+        Ok(self.duo_chat_access(db, user).await?.err())
+    }
+
+    /// [`Self::why_no_duo_chat`], and when the user may chat, the unit
+    /// primitives their seats grant (read once for both).
+    pub async fn duo_chat_access(
+        &self,
+        db: &impl Queries,
+        user: Option<Actor>,
+    ) -> Result<Result<BTreeSet<UnitPrimitive>, NoDuoChat>, PolicyError> {
         let Some(user) = user else {
-            return Ok(Some(NoDuoChat::SignedOut));
+            return Ok(Err(NoDuoChat::SignedOut));
         };
         let instance = self.instance(db).await?;
         match instance.realm {
-            Realm::SelfManaged if !paid(&instance.tier) => return Ok(Some(NoDuoChat::NotIncluded)),
+            Realm::SelfManaged if !paid(&instance.tier) => return Ok(Err(NoDuoChat::NotIncluded)),
             Realm::SelfManaged if !instance.duo_features_enabled => {
-                return Ok(Some(NoDuoChat::TurnedOff));
+                return Ok(Err(NoDuoChat::TurnedOff));
             }
             Realm::SelfManaged => {}
             Realm::Saas => {
                 if !self.saas_memberships(db, user.id).await?.0 {
-                    return Ok(Some(NoDuoChat::NotIncluded));
+                    return Ok(Err(NoDuoChat::NotIncluded));
                 }
             }
         }
-        let seated = self
-            .seat_unit_primitives(db, user.id)
-            .await?
-            .contains(&UnitPrimitive::DuoChat);
-        Ok((!seated).then_some(NoDuoChat::NoSeat))
+        let scopes = self.seat_unit_primitives(db, user.id).await?;
+        if scopes.contains(&UnitPrimitive::DuoChat) {
+            Ok(Ok(scopes))
+        } else {
+            Ok(Err(NoDuoChat::NoSeat))
+        }
     }
 
     pub(super) async fn duo_chat_group(
@@ -300,6 +311,27 @@ impl Policy {
     // ---- chat authorizer -----------------------------------------------------
 
     /// The user may use chat at all; otherwise M3004.
+    /// [`Self::authorize_chat_user`] that also answers the unit primitives
+    /// the user's seats grant (the gateway token's scopes), read once.
+    pub async fn authorize_chat_user_scopes(
+        &self,
+        db: &impl Queries,
+        user: Option<Actor>,
+    ) -> Result<BTreeSet<UnitPrimitive>, ChatAuthError> {
+        match user {
+            // A composite identity needs both of its identities' rights
+            // (`can`): checked as `authorize_chat_user` does.
+            Some(actor) if Actor::composite(user).is_some() => {
+                self.authorize_chat_user(db, user).await?;
+                Ok(self.seat_unit_primitives(db, actor.id).await?)
+            }
+            _ => self
+                .duo_chat_access(db, user)
+                .await?
+                .map_err(|_| ChatAuthError::Denied(DuoErrorCode::M3004)),
+        }
+    }
+
     pub async fn authorize_chat_user(
         &self,
         db: &impl Queries,
