@@ -81,11 +81,19 @@ async fn not_found() -> Result<actix_web::HttpResponse, ApiError> {
 pub fn build_server(state: AppState, listener: TcpListener) -> Result<Server, AppError> {
     let grace = state_grace(&state);
     let server = HttpServer::new(move || {
+        // Runs once per worker thread: its own connection pools (see
+        // `AppState::with_own_clients`). The clients were built once already
+        // from the same configuration, so this does not fail in practice; if
+        // it did, the worker shares the first ones.
+        let worker_state = state.with_own_clients().unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "a server worker shares the model clients");
+            state.clone()
+        });
         App::new()
             .wrap(from_fn(authenticate_request))
             .wrap(from_fn(request_telemetry))
             .wrap(from_fn(duo_telemetry::trace_requests))
-            .configure(|cfg| configure_app(cfg, &state))
+            .configure(|cfg| configure_app(cfg, &worker_state))
     })
     // Streamed answers are many small writes; with Nagle's algorithm each one
     // after the first waits for the client's delayed ACK (~40 ms on Linux).

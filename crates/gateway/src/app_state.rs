@@ -59,11 +59,7 @@ pub enum AppStateError {
 
 impl AppState {
     pub fn build(config: Config) -> Result<Self, AppStateError> {
-        let http = reqwest::Client::builder()
-            .connect_timeout(config.providers.proxy_timeout)
-            .read_timeout(config.providers.proxy_timeout)
-            .pool_max_idle_per_host(256)
-            .build()?;
+        let http = proxy_client(&config)?;
         let prompts = Arc::new(PromptRegistry::load(&config.prompts.dir)?);
         let authenticator = Arc::new(Authenticator::from_config(&config.auth)?);
         let provider_clients = ProviderClients::new(&config.providers)?;
@@ -86,4 +82,32 @@ impl AppState {
             context_windows: Arc::new(crate::chat::context_window::ContextWindows::new()),
         })
     }
+
+    /// The same state with HTTP clients (connection pools) of its own, for
+    /// one server worker thread. A pooled connection's task runs on the
+    /// thread that opened it: shared between workers, a connection opened on
+    /// one hands every read of a streamed answer to the other thread (a
+    /// wake-up per read, and the answer's pieces wait for that thread).
+    pub fn with_own_clients(&self) -> Result<Self, AppStateError> {
+        let provider_clients = ProviderClients::new(&self.config.providers)?;
+        Ok(Self {
+            http: proxy_client(&self.config)?,
+            model: Arc::new(ModelRouter::with_clients(
+                &self.config.providers,
+                provider_clients.clone(),
+            )),
+            tool_model: ToolCallingModel::with_clients(provider_clients.clone()),
+            provider_clients,
+            ..self.clone()
+        })
+    }
+}
+
+/// The proxies' and readiness probes' client.
+fn proxy_client(config: &Config) -> Result<reqwest::Client, reqwest::Error> {
+    reqwest::Client::builder()
+        .connect_timeout(config.providers.proxy_timeout)
+        .read_timeout(config.providers.proxy_timeout)
+        .pool_max_idle_per_host(256)
+        .build()
 }
