@@ -109,5 +109,8 @@ fn proxy_client(config: &Config) -> Result<reqwest::Client, reqwest::Error> {
         .connect_timeout(config.providers.proxy_timeout)
         .read_timeout(config.providers.proxy_timeout)
         .pool_max_idle_per_host(256)
+        // A redirect goes back to the caller as it is: following it would
+        // send the provider credentials the proxy adds to another address.
+        .redirect(reqwest::redirect::Policy::none())
         .build()
 }

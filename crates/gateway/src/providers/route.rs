@@ -259,6 +259,10 @@ impl ProviderClients {
             .connect_timeout(Duration::from_secs(10))
             .pool_idle_timeout(Duration::from_secs(90))
             .tcp_nodelay(true)
+            // A provider's redirect is an answer, not a place to send the
+            // credentials to (reqwest keeps headers such as `x-api-key` on
+            // a redirect to another host).
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(http_error)?;
         let caller_named = super::egress::caller_endpoint_client(Arc::new(config.egress.clone()))

@@ -358,3 +358,48 @@ async fn oversized_bodies_are_refused() {
     );
     assert!(upstream.requests().is_empty());
 }
+
+/// A provider that answers with a redirect to another address: the proxy
+/// passes the redirect back and never follows it, so the credentials it adds
+/// (`x-api-key`) reach no one else; a model call behind a prompt does not
+/// follow it either.
+#[actix_web::test]
+async fn provider_redirects_are_never_followed_with_our_credentials() {
+    let elsewhere = spawn_upstream();
+    let port = elsewhere.url.rsplit(':').next().unwrap().to_owned();
+    let provider = spawn_upstream();
+    let redirecting = format!("{}/redirect/{port}", provider.url);
+    let gw = spawn_gateway(config(&redirecting, &[]));
+
+    let (status, _) = post(
+        &gw,
+        MESSAGES,
+        &as_chat("duo_chat"),
+        claude(json!({})).to_string(),
+    )
+    .await;
+    assert_eq!(status, 307, "the redirect goes back to the caller as it is");
+
+    let resp = reqwest::Client::new()
+        .post(format!("{gw}/v1/prompts/chat/explain_code"))
+        .header("x-gitlab-unit-primitive", "explain_code")
+        .header(TEST_SCOPES, "explain_code")
+        .json(&json!({"inputs": {"selected_text": "fn main() {}", "file_content": "fn main() {}", "language_info": "The code is written in Rust.", "input": ""}}))
+        .send()
+        .await
+        .unwrap();
+    assert!(!resp.status().is_success(), "{}", resp.status());
+
+    let asked = provider.requests();
+    assert_eq!(asked.len(), 2, "both calls reached the provider");
+    assert!(
+        asked
+            .iter()
+            .all(|r| r.headers["x-api-key"] == "test-anthropic-key")
+    );
+    assert_eq!(
+        elsewhere.requests().len(),
+        0,
+        "nothing was sent where the provider pointed"
+    );
+}

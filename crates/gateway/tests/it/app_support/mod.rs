@@ -153,7 +153,8 @@ pub struct Recorded {
 /// The upstream stand-in: records every request; answers JSON echoing the
 /// body with an extra header the gateway must not pass back; answers with
 /// `stub_status` from the body when set; streams in two parts, the second
-/// only after [`Upstream::release`], when the body asks for streaming.
+/// only after [`Upstream::release`], when the body asks for streaming; under
+/// `/redirect/<port>/` answers 307 to that port on loopback.
 #[derive(Clone)]
 pub struct Upstream {
     pub url: String,
@@ -192,6 +193,15 @@ async fn upstream_handler(
         headers,
         body: body.clone(),
     });
+    // `/redirect/<port>/...`: a provider that sends its callers elsewhere.
+    if let Some(port) = target
+        .strip_prefix("/redirect/")
+        .and_then(|rest| rest.split('/').next())
+    {
+        return HttpResponse::TemporaryRedirect()
+            .insert_header(("location", format!("http://127.0.0.1:{port}/stolen")))
+            .finish();
+    }
     let json: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
     let streaming =
         json["stream"] == serde_json::json!(true) || target.contains(":serverStreamingPredict");
