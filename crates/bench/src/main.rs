@@ -50,10 +50,14 @@ struct Target {
     direct_body: serde_json::Value,
     gateway_body: serde_json::Value,
     unit_primitive: &'static str,
+    /// The gateway has an Anthropic key (its proxy needs one; without it the
+    /// other targets keep their default model route).
+    anthropic_key: bool,
 }
 
 fn targets() -> Vec<Target> {
     let chat = serde_json::json!({"model": "smollm2-135m-instruct", "stream": true, "messages": [{"role": "user", "content": "explain"}]});
+    let claude = serde_json::json!({"model": "claude-3-5-sonnet-20241022", "max_tokens": 64, "stream": true, "messages": [{"role": "user", "content": "explain"}]});
     vec![
         Target {
             name: "vertex-ai proxy (predict)",
@@ -62,6 +66,16 @@ fn targets() -> Vec<Target> {
             direct_body: serde_json::json!({"instances": [{"content": "fn main() {}"}]}),
             gateway_body: serde_json::json!({"instances": [{"content": "fn main() {}"}]}),
             unit_primitive: "generate_embeddings_codebase",
+            anthropic_key: false,
+        },
+        Target {
+            name: "anthropic proxy (messages, stream)",
+            gateway_path: "/v1/proxy/anthropic/v1/messages",
+            direct_path: "/v1/messages",
+            direct_body: claude.clone(),
+            gateway_body: claude,
+            unit_primitive: "duo_chat",
+            anthropic_key: true,
         },
         Target {
             name: "/v1/prompts/chat/explain_code",
@@ -70,6 +84,7 @@ fn targets() -> Vec<Target> {
             direct_body: chat.clone(),
             gateway_body: serde_json::json!({"inputs": {"selected_text": "fn main() {}", "file_content": "fn main() {}", "language_info": "The code is written in Rust.", "input": ""}, "stream": true}),
             unit_primitive: "explain_code",
+            anthropic_key: false,
         },
         Target {
             name: "/v2/chat/agent",
@@ -78,6 +93,7 @@ fn targets() -> Vec<Target> {
             direct_body: chat,
             gateway_body: serde_json::json!({"messages": [{"role": "user", "content": "What does this do?"}]}),
             unit_primitive: "duo_chat",
+            anthropic_key: false,
         },
     ]
 }
@@ -251,7 +267,7 @@ struct Gateway {
 }
 
 impl Gateway {
-    fn start(provider: &str) -> anyhow::Result<Self> {
+    fn start(provider: &str, anthropic_key: bool) -> anyhow::Result<Self> {
         // `DUO_BENCH_GATEWAY` names the binary; by default the one built
         // next to this bench.
         let binary = match std::env::var_os("DUO_BENCH_GATEWAY") {
@@ -262,8 +278,14 @@ impl Gateway {
                 .join("duo-gateway"),
         };
         let port = free_port()?;
-        let child = Command::new(&binary)
-            .env_clear()
+        let mut command = Command::new(&binary);
+        command.env_clear();
+        if anthropic_key {
+            command
+                .env("ANTHROPIC_API_KEY", "bench-anthropic-key")
+                .env("ANTHROPIC_BASE_URL", provider);
+        }
+        let child = command
             .env("AIGW_FASTAPI__API_PORT", port.to_string())
             // Not measured here; off so a running development stack keeps its port.
             .env("AIGW_WORKFLOW_SERVICE__LISTEN", "")
@@ -354,7 +376,7 @@ async fn main() -> anyhow::Result<()> {
         .pool_max_idle_per_host(1024)
         .timeout(Duration::from_secs(10))
         .build()?;
-    let mut gateway = Gateway::start(&provider)?;
+    let mut gateway = Gateway::start(&provider, false)?;
     gateway.wait_healthy(&client).await?;
     println!(
         "provider {provider}, gateway {} (pid {})",
@@ -388,7 +410,7 @@ async fn main() -> anyhow::Result<()> {
 
     let mut summary = Vec::new();
     for target in targets() {
-        let mut target_gateway = Gateway::start(&provider)?;
+        let mut target_gateway = Gateway::start(&provider, target.anthropic_key)?;
         target_gateway.wait_healthy(&client).await?;
         let rss = RssSampler::start(target_gateway.child.id());
         let direct = Call {
