@@ -221,3 +221,48 @@ fn the_bundled_model_answers_from_an_attached_resource_and_others_keep_their_rea
             .contains("from that resource only")
     );
 }
+
+/// The system prompt is rendered once per tool set and kept in the
+/// registry: steps with other tools, or other unavailable resources, in
+/// between get their own, and every step's prompt is what a fresh registry
+/// renders for it.
+#[test]
+fn kept_system_prompts_follow_the_tools_and_the_unavailable_resources() {
+    let shared = registry();
+    let config = config(&[]);
+    let client = ClientInfo {
+        gitlab_version: Some("17.6.0"),
+        feature_flags: Some("ai_commit_reader_for_chat"),
+    };
+    let readers = GatewayUser::with_scopes(["duo_chat", "ask_issue", "ask_epic"]);
+    let plain = GatewayUser::with_scopes(["duo_chat"]);
+    let question = r#"{"messages":[{"role":"user","content":"What is #1 about?"}]}"#;
+    let narrowed = r#"{"messages":[{"role":"user","content":"And #2?"}],"unavailable_resources":["Pipelines"]}"#;
+    for (user, body) in [
+        (&readers, question),
+        (&plain, question),
+        (&readers, narrowed),
+        (&readers, question),
+        (&plain, narrowed),
+    ] {
+        let request: AgentRequest = serde_json::from_str(body).unwrap();
+        let kept = prepare(&shared, &config, user, client, &request)
+            .unwrap()
+            .call;
+        let fresh = prepare(&registry(), &config, user, client, &request)
+            .unwrap()
+            .call;
+        assert_eq!(render(&kept), render(&fresh), "{body}");
+    }
+    let system = |user: &GatewayUser, body: &str| {
+        let request: AgentRequest = serde_json::from_str(body).unwrap();
+        prepare(&shared, &config, user, client, &request)
+            .unwrap()
+            .call
+            .system
+            .unwrap_or_default()
+    };
+    assert_ne!(system(&readers, question), system(&plain, question));
+    assert_ne!(system(&readers, question), system(&readers, narrowed));
+    assert!(system(&readers, narrowed).contains("Pipelines"));
+}
