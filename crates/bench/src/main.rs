@@ -145,8 +145,6 @@ struct Timing {
     overhead: Option<Duration>,
 }
 
-/// One request; times are measured from when it was scheduled, so a stalled
-/// sender cannot hide queueing (no coordinated omission).
 /// One request, timed from the moment it is sent. (Not from its slot in the
 /// schedule: tokio's timer wakes on whole milliseconds, so a request slotted
 /// at +0.5 ms leaves at +1 ms, and timing from the slot added up to a
@@ -154,7 +152,7 @@ struct Timing {
 /// gateway's and the provider's requests alternate slots, so that lag
 /// favoured one of them by about 0.5 ms.)
 async fn one(client: reqwest::Client, call: Call) -> Option<Timing> {
-    let scheduled = Instant::now();
+    let sent = Instant::now();
     let resp = client
         .post(&call.url)
         .header("content-type", "application/json")
@@ -175,9 +173,9 @@ async fn one(client: reqwest::Client, call: Call) -> Option<Timing> {
     let mut first = None;
     while let Some(chunk) = body.next().await {
         chunk.ok()?;
-        first.get_or_insert_with(|| scheduled.elapsed());
+        first.get_or_insert_with(|| sent.elapsed());
     }
-    let total = scheduled.elapsed();
+    let total = sent.elapsed();
     Some(Timing {
         first_byte: first.unwrap_or(total),
         total,

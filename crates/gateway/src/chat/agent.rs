@@ -290,9 +290,7 @@ pub fn prepare(
                 // The same system prompt with no tools: no instructions
                 // about functions for an answer that calls none.
                 let system = render_system(registry, &definition, &[], &unavailable, || {
-                    let mut plain = prompt_inputs(&[], request, question);
-                    plain["resources"] = json!([]);
-                    plain
+                    prompt_inputs(&[], request, question)
                 })?
                 .iter()
                 .map(|m| m.content.as_str())
@@ -441,12 +439,7 @@ fn render_system(
             .into());
     }
     let cached = definition.render_roles_cached(registry, &[TemplateRole::System], &key, || {
-        json!({
-            "tools": tools,
-            "tool_names": names,
-            "resources": tools.iter().map(|t| t.resource).collect::<Vec<_>>(),
-            "unavailable_resources": unavailable,
-        })
+        system_inputs(tools, unavailable)
     });
     match cached? {
         Some(rendered) => Ok(rendered),
@@ -472,20 +465,26 @@ fn scratchpad_input(request: &AgentRequest) -> Vec<Value> {
         .collect()
 }
 
+/// The inputs the system templates read: the tools and the resources.
+fn system_inputs(tools: &[&ToolDefinition], unavailable: &[String]) -> Value {
+    json!({
+        "tools": tools,
+        "tool_names": tools.iter().map(|t| t.name).collect::<Vec<_>>(),
+        "resources": tools.iter().map(|t| t.resource).collect::<Vec<_>>(),
+        "unavailable_resources": unavailable,
+    })
+}
+
 /// The `chat/react` inputs (see `prompts/chat/react/base/1.0.0.yml`).
 pub fn prompt_inputs(
     tools: &[&ToolDefinition],
     request: &AgentRequest,
     question: &AgentMessage,
 ) -> Value {
-    json!({
-        "tools": tools,
-        "tool_names": tools.iter().map(|t| t.name).collect::<Vec<_>>(),
-        "resources": tools.iter().map(|t| t.resource).collect::<Vec<_>>(),
-        "unavailable_resources": request.unavailable_resources(),
-        "message": message_input(question),
-        "scratchpad": scratchpad_input(request),
-    })
+    let mut inputs = system_inputs(tools, &request.unavailable_resources());
+    inputs["message"] = message_input(question);
+    inputs["scratchpad"] = Value::Array(scratchpad_input(request));
+    inputs
 }
 
 /// Every key is present (null or empty when absent): templates render with

@@ -57,8 +57,9 @@ pub(crate) fn error_for_status(status: u16, body: &str) -> ProviderError {
 /// again), and an `error` of any shape ends the stream.
 #[derive(serde::Deserialize)]
 struct ChunkWire<'a> {
+    /// `null` (some compatible servers) reads as none.
     #[serde(default, borrow)]
-    choices: Vec<ChoiceWire<'a>>,
+    choices: Option<Vec<ChoiceWire<'a>>>,
     #[serde(default)]
     error: Option<Value>,
 }
@@ -94,7 +95,7 @@ fn chunk(event: &SseEvent) -> Result<Option<ChunkWire<'_>>, ProviderError> {
 
 /// The first choice's `delta`, as JSON text.
 fn first_delta<'a>(chunk: &ChunkWire<'a>) -> Option<&'a str> {
-    chunk.choices.first()?.delta.map(|raw| raw.get())
+    chunk.choices.as_ref()?.first()?.delta.map(|raw| raw.get())
 }
 
 /// The text of each chunk.
@@ -258,6 +259,7 @@ mod tests {
             r#"{"choices":[{"delta":{"role":"assistant"}}]}"#,
             r#"{"choices":[{"delta":{"content":null}}]}"#,
             r#"{"choices":[]}"#,
+            r#"{"choices":null}"#,
             r#"{"choices":[{"delta":{"content":["not","text"]}}]}"#,
         ] {
             assert_eq!(

@@ -29,7 +29,7 @@ impl SseParser {
             bytes = &rest[1..];
             let joined;
             let mut line = if self.partial.is_empty() {
-                head
+                &head[..head.len().min(MAX_LINE_BYTES)]
             } else {
                 self.keep_partial(head);
                 joined = std::mem::take(&mut self.partial);

@@ -310,7 +310,6 @@ impl Policy {
 
     // ---- chat authorizer -----------------------------------------------------
 
-    /// The user may use chat at all; otherwise M3004.
     /// [`Self::authorize_chat_user`] that also answers the unit primitives
     /// the user's seats grant (the gateway token's scopes), read once.
     pub async fn authorize_chat_user_scopes(
@@ -332,6 +331,7 @@ impl Policy {
         }
     }
 
+    /// The user may use chat at all; otherwise M3004.
     pub async fn authorize_chat_user(
         &self,
         db: &impl Queries,

@@ -777,7 +777,12 @@ async fn two_records_of_one_question_at_once_leave_one_event() {
         store::record_question(&**db2, &racing).await
     });
     let watcher = fx.pool.get().await.unwrap();
+    let deadline = std::time::Instant::now() + DEADLINE;
     loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second record never waited on the first"
+        );
         let waiting: i64 = watcher
             .query_one(
                 "SELECT count(*) FROM pg_stat_activity
