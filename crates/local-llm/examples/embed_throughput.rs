@@ -5,8 +5,8 @@
 //! ~1,000-byte pieces, as the indexer sends them) in requests of `BATCH`
 //! inputs, and prints per engine the time spent tokenizing and in the model,
 //! tokens/s, inputs/s, and the lowest cosine of the fast (llama.cpp, int8)
-//! vectors against candle's f32 ones. `ROUNDS`, `THREADS` and
-//! `ONLY=fast|candle` tune it.
+//! vectors against candle's f32 ones. `ROUNDS`, `THREADS`,
+//! `WEIGHTS=auto|bf16|f16|q8` and `ONLY=fast|candle` tune it.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -36,11 +36,13 @@ fn main() -> anyhow::Result<()> {
     let mut fast_vectors = Vec::new();
     if only != "candle" {
         let start = Instant::now();
-        let weights = if std::env::var("WEIGHTS").as_deref() == Ok("q8") {
-            DenseWeights::Q8
-        } else {
-            DenseWeights::F16
+        let weights = match std::env::var("WEIGHTS").as_deref() {
+            Ok("q8") => DenseWeights::Q8,
+            Ok("f16") => DenseWeights::F16,
+            Ok("bf16") => DenseWeights::Bf16,
+            _ => DenseWeights::for_this_cpu(),
         };
+        println!("dense weights: {}", weights.name());
         let embedder = Embedder::load(&dir, threads, weights)?;
         println!(
             "fast engine loaded in {:.2}s (llama.cpp: {})",
