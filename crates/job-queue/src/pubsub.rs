@@ -4,6 +4,9 @@
 //! Messages travel on the NOTIFY channel [`PUBSUB_CHANNEL`] as
 //! `{"topic": .., "payload": ..}`; when that exceeds [`MAX_INLINE_BYTES`] the payload
 //! is stored in `pubsub_messages` and the notification carries `{"topic", "id"}`.
+//! One message for several topics ([`publish_to`]) is one notification that
+//! names the others in `"also"`: every NOTIFY is signalled to and read by every
+//! listening process, so one instead of two halves that work.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -24,11 +27,13 @@ pub const MAX_INLINE_BYTES: usize = 7500;
 /// Stored large payloads are deleted after this long.
 pub const STORED_MESSAGE_TTL: Duration = Duration::from_secs(600);
 
-#[derive(Serialize, Deserialize)]
-struct Envelope {
-    topic: String,
+#[derive(Serialize)]
+struct Envelope<'a> {
+    topic: &'a str,
+    #[serde(default, skip_serializing_if = "<[_]>::is_empty")]
+    also: &'a [&'a str],
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    payload: Option<Value>,
+    payload: Option<&'a Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     id: Option<i64>,
 }
@@ -38,12 +43,21 @@ struct Envelope {
 /// Callers with their own prepared statements send it with
 /// `SELECT pg_notify(PUBSUB_CHANNEL, text)`.
 pub fn inline_notification(topic: &str, payload: &Value) -> Result<Option<String>, QueueError> {
-    #[derive(Serialize)]
-    struct Inline<'a> {
-        topic: &'a str,
-        payload: &'a Value,
-    }
-    let text = serde_json::to_string(&Inline { topic, payload })?;
+    inline_notification_to(topic, &[], payload)
+}
+
+/// [`inline_notification`] for `topic` and the topics in `also` at once.
+pub fn inline_notification_to(
+    topic: &str,
+    also: &[&str],
+    payload: &Value,
+) -> Result<Option<String>, QueueError> {
+    let text = serde_json::to_string(&Envelope {
+        topic,
+        also,
+        payload: Some(payload),
+        id: None,
+    })?;
     Ok((text.len() <= MAX_INLINE_BYTES).then_some(text))
 }
 
@@ -53,7 +67,18 @@ pub async fn publish<C: GenericClient>(
     topic: &str,
     payload: &Value,
 ) -> Result<(), QueueError> {
-    let text = if let Some(inline) = inline_notification(topic, payload)? {
+    publish_to(client, topic, &[], payload).await
+}
+
+/// Publishes `payload` on `topic` and on every topic in `also`, in one
+/// notification (and one stored row when it is large).
+pub async fn publish_to<C: GenericClient>(
+    client: &C,
+    topic: &str,
+    also: &[&str],
+    payload: &Value,
+) -> Result<(), QueueError> {
+    let text = if let Some(inline) = inline_notification_to(topic, also, payload)? {
         inline
     } else {
         let row = client
@@ -73,7 +98,8 @@ pub async fn publish<C: GenericClient>(
                 .await?;
         }
         serde_json::to_string(&Envelope {
-            topic: topic.to_owned(),
+            topic,
+            also,
             payload: None,
             id: Some(id),
         })?
@@ -197,6 +223,9 @@ async fn run(
 struct Incoming<'a> {
     #[serde(borrow)]
     topic: std::borrow::Cow<'a, str>,
+    /// More topics the same payload is for (absent: none).
+    #[serde(default, borrow)]
+    also: Vec<std::borrow::Cow<'a, str>>,
     #[serde(default, borrow)]
     payload: Option<&'a serde_json::value::RawValue>,
     #[serde(default)]
@@ -211,12 +240,24 @@ async fn deliver(client: &tokio_postgres::Client, topics: &Topics, text: &str) {
             return;
         }
     };
-    let sender = {
+    let senders: Vec<broadcast::Sender<Value>> = {
         let topics = topics.lock().unwrap_or_else(|p| p.into_inner());
-        topics.get(envelope.topic.as_ref()).cloned()
+        let mut named: Vec<&str> = Vec::with_capacity(1 + envelope.also.len());
+        for topic in std::iter::once(&envelope.topic).chain(&envelope.also) {
+            // A topic named twice still gets the message once.
+            if !named.contains(&topic.as_ref()) {
+                named.push(topic.as_ref());
+            }
+        }
+        named
+            .into_iter()
+            .filter_map(|topic| topics.get(topic).cloned())
+            .collect()
     };
-    let Some(sender) = sender else { return };
-    let payload = match (envelope.payload, envelope.id) {
+    if senders.is_empty() {
+        return;
+    }
+    let payload: Value = match (envelope.payload, envelope.id) {
         (Some(raw), _) => match serde_json::from_str(raw.get()) {
             Ok(payload) => payload,
             Err(e) => {
@@ -243,5 +284,10 @@ async fn deliver(client: &tokio_postgres::Client, topics: &Topics, text: &str) {
         (None, None) => return,
     };
     // No receivers is fine: nobody on this replica listens to that topic.
-    let _ = sender.send(payload);
+    if let Some((last, others)) = senders.split_last() {
+        for sender in others {
+            let _ = sender.send(payload.clone());
+        }
+        let _ = last.send(payload);
+    }
 }

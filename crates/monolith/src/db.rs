@@ -34,7 +34,17 @@ pub async fn publish(
     topic: &str,
     payload: &serde_json::Value,
 ) -> Result<(), job_queue::QueueError> {
-    match job_queue::pubsub::inline_notification(topic, payload)? {
+    publish_to(db, topic, &[], payload).await
+}
+
+/// [`publish`] for `topic` and every topic in `also`, as one notification.
+pub async fn publish_to(
+    db: &impl Queries,
+    topic: &str,
+    also: &[&str],
+    payload: &serde_json::Value,
+) -> Result<(), job_queue::QueueError> {
+    match job_queue::pubsub::inline_notification_to(topic, also, payload)? {
         Some(text) => {
             db.execute(
                 "SELECT pg_notify($1, $2)",
@@ -43,7 +53,7 @@ pub async fn publish(
             .await?;
             Ok(())
         }
-        None => job_queue::pubsub::publish(db.plain(), topic, payload).await,
+        None => job_queue::pubsub::publish_to(db.plain(), topic, also, payload).await,
     }
 }
 

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use devdb::TestDb;
-use job_queue::pubsub::{MAX_INLINE_BYTES, Subscriber, publish};
+use job_queue::pubsub::{MAX_INLINE_BYTES, Subscriber, publish, publish_to};
 use serde_json::json;
 use tokio::time::timeout;
 
@@ -110,4 +110,73 @@ async fn abandoned_topics_are_forgotten() {
         .unwrap()
         .unwrap();
     assert_eq!(got, json!({"still": "here"}));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_notification_for_several_topics_reaches_each_once() {
+    let db = TestDb::with_sql(job_queue::MIGRATION_SQL).await.unwrap();
+    let replica_a = Subscriber::connect(db.url(), 16).await.unwrap();
+    let replica_b = Subscriber::connect(db.url(), 16).await.unwrap();
+    let mut user_a = replica_a.subscribe("user:1");
+    let mut client_a = replica_a.subscribe("client:1:tab");
+    let mut client_b = replica_b.subscribe("client:1:tab");
+    let mut other = replica_b.subscribe("user:2");
+    let publisher = db.client().await.unwrap();
+
+    let small = json!({"answer": "short"});
+    let large = json!({"answer": "y".repeat(MAX_INLINE_BYTES * 2)});
+    // The client topic named twice is still sent to once.
+    for message in [&small, &large] {
+        publish_to(
+            &publisher,
+            "user:1",
+            &["client:1:tab", "client:1:tab"],
+            message,
+        )
+        .await
+        .unwrap();
+    }
+    // A marker after both: everything before it has been delivered when it arrives.
+    publish(&publisher, "client:1:tab", &json!({"end": true}))
+        .await
+        .unwrap();
+
+    for rx in [&mut user_a, &mut client_a, &mut client_b] {
+        for expected in [&small, &large] {
+            let got = timeout(Duration::from_secs(5), rx.recv())
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(&got, expected);
+        }
+    }
+    for rx in [&mut client_a, &mut client_b] {
+        let got = timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            got,
+            json!({"end": true}),
+            "a duplicate arrived before the marker"
+        );
+    }
+    assert!(
+        user_a.try_recv().is_err(),
+        "the user topic got a copy twice"
+    );
+    assert!(
+        other.try_recv().is_err(),
+        "a message leaked to another topic"
+    );
+
+    let stored: i64 = publisher
+        .query_one("SELECT count(*) FROM pubsub_messages", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        stored, 1,
+        "the large payload is stored once for both topics"
+    );
 }

@@ -238,14 +238,13 @@ pub async fn store_and_broadcast(
         return Ok(());
     };
     let live = LiveMessage::stored(stored);
-    // Both notifications go out in one round trip (pipelined on the connection).
-    let to_client = async {
-        match job.client_subscription_id.as_deref() {
-            Some(client_id) => live::publish_to_client(&tx, job.user_id, client_id, &live).await,
-            None => Ok(()),
-        }
-    };
-    futures::try_join!(live::publish_to_user(&tx, job.user_id, &live), to_client)?;
+    live::publish_answer(
+        &tx,
+        job.user_id,
+        job.client_subscription_id.as_deref(),
+        &live,
+    )
+    .await?;
     tx.commit().await?;
     Ok(())
 }

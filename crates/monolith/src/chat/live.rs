@@ -118,6 +118,21 @@ pub async fn publish_to_client(
     crate::db::publish(db, &client_topic(user_id, client_subscription_id), &payload).await
 }
 
+/// Publishes a stored answer to the user's `aiAction` subscribers and, when
+/// the request named one, to its `clientSubscriptionId`'s: one notification
+/// for both topics. Inside a transaction the message goes out at commit.
+pub async fn publish_answer(
+    db: &impl Queries,
+    user_id: i64,
+    client_subscription_id: Option<&str>,
+    message: &LiveMessage,
+) -> Result<(), job_queue::QueueError> {
+    let payload = serde_json::to_value(message)?;
+    let client = client_subscription_id.map(|id| client_topic(user_id, id));
+    let also: Vec<&str> = client.iter().map(String::as_str).collect();
+    crate::db::publish_to(db, &user_topic(user_id), &also, &payload).await
+}
+
 /// This process's one LISTEN connection for live messages, opened on the first
 /// subscription (so the web role starts even while the database is still coming up).
 pub struct LiveHub {
