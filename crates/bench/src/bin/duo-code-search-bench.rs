@@ -293,6 +293,8 @@ struct Reference {
     /// The runtime's dynamic int8 quantization: tokens/s and the lowest
     /// cosine of its vectors against its own f32 ones.
     int8: Option<(f64, f64)>,
+    /// Why the int8 run failed, when it did.
+    int8_error: Option<String>,
 }
 
 /// Runs `scripts/embed-reference.sh` on `texts` with [`THREADS`] threads.
@@ -340,6 +342,7 @@ async fn run_reference(
         int8: body["int8"]["tokens_per_second"]
             .as_f64()
             .zip(body["int8"]["lowest_cosine_vs_f32"].as_f64()),
+        int8_error: body["int8_error"].as_str().map(str::to_owned),
     })
 }
 
@@ -650,6 +653,9 @@ async fn main() -> anyhow::Result<()> {
                     cosines.len(),
                     verdict(lowest >= 0.999)
                 );
+                if let Some(error) = &reference.int8_error {
+                    println!("reference int8: not measured: {error}");
+                }
                 if let Some((int8_rate, int8_cosine)) = reference.int8 {
                     // The fastest thing the reference runtime offers on the
                     // CPU, shown with the exactness it gives up for it.
