@@ -14,8 +14,11 @@
 //! (`GGML_NATIVE`): the reference is llama.cpp at its best here.
 //!
 //! Both sides run as their own processes (ours is the `duo-local-llm` built
-//! beside this bench, one configuration at a time) and use the same thread
-//! count: 2 unless `--threads N` or `DUO_BENCH_THREADS` says otherwise.
+//! beside this bench) and use the same thread count: 2 unless `--threads N`
+//! or `DUO_BENCH_THREADS` says otherwise. The figures set against each other
+//! (ours, ours without speculation, llama-server) come from servers running
+//! side by side and asked in turn, round after round, so a machine whose
+//! speed drifts during the run slows every side alike.
 //! The exit status is non-zero when the llama-server reference could not be
 //! measured, so a missing reference is never mistaken for a passing run.
 
@@ -183,6 +186,37 @@ async fn median_chat(
     median_run(runs).context("no measured runs")
 }
 
+/// Pause between two sides' requests, so the threads of the side that just
+/// answered (OpenMP spins a while after each parallel region) have gone to
+/// sleep before the next side starts.
+const SIDE_PAUSE: Duration = Duration::from_millis(100);
+
+/// The same request on every side in turn, one warm-up and then [`RUNS`]
+/// rounds, each round asking every side once: a machine whose speed drifts
+/// (other work, clocks) slows every side alike instead of the one measured
+/// at the time. The median per side, in the order given.
+async fn paired_medians(
+    client: &reqwest::Client,
+    sides: &[(&str, &Value)],
+    model: &str,
+    messages: &Value,
+) -> anyhow::Result<Vec<ChatFigures>> {
+    for (base, extra) in sides {
+        chat_run(client, base, model, messages, 8, extra).await?;
+        tokio::time::sleep(SIDE_PAUSE).await;
+    }
+    let mut runs: Vec<Vec<ChatFigures>> = vec![Vec::with_capacity(RUNS); sides.len()];
+    for _ in 0..RUNS {
+        for ((base, extra), side) in sides.iter().zip(&mut runs) {
+            side.push(chat_run(client, base, model, messages, DECODE_TOKENS, extra).await?);
+            tokio::time::sleep(SIDE_PAUSE).await;
+        }
+    }
+    runs.into_iter()
+        .map(|side| median_run(side).context("no measured runs"))
+        .collect()
+}
+
 fn verdict(met: bool) -> &'static str {
     if met { "MET" } else { "NOT MET" }
 }
@@ -209,7 +243,7 @@ async fn run() -> anyhow::Result<ExitCode> {
     let context_tokens = config.context_tokens;
     // The figures compared with llama.cpp are for a fresh prompt each time:
     // without the prefix cache (the same prompt would be served from it).
-    // One server at a time, each its own process.
+    // Each server is its own process.
     let client = reqwest::Client::new();
     let free_messages = messages(None, FREE_TEXT_PROMPT);
     let quoting_messages = messages(Some(QUOTING_SYSTEM), QUOTING_QUESTION);
@@ -232,9 +266,50 @@ async fn run() -> anyhow::Result<ExitCode> {
         content: user_text.clone(),
     }]);
     let fresh_messages = messages(None, &user_text);
-    let ours = median_chat(&client, &base, &chat_model, &fresh_messages, &plain).await?;
-    let free_text = median_chat(&client, &base, &chat_model, &free_messages, &plain).await?;
-    let quoting = median_chat(&client, &base, &chat_model, &quoting_messages, &plain).await?;
+    // The figures set against each other (ours, ours without speculation,
+    // llama-server) come from servers running side by side, asked in turn.
+    let plain_server = start_ours(threads, false, false)?;
+    let llama = llama_server(&gguf, threads, context_tokens);
+    // llama-server keeps a prompt cache of its own: off for the fresh prompt
+    // and the decode runs, as ours is; on for the second step.
+    let fresh_only = json!({"cache_prompt": false});
+    let with_reference = |ours: Vec<(&'static str, String, Value)>| {
+        let mut sides = ours;
+        if let Ok(server) = &llama {
+            sides.push(("llama-server", server.base.clone(), fresh_only.clone()));
+        }
+        sides
+    };
+    let fresh_sides = with_reference(vec![("ours", base.clone(), plain.clone())]);
+    let decode_sides = with_reference(vec![
+        ("ours", base.clone(), plain.clone()),
+        (
+            "ours without speculation",
+            plain_server.base.clone(),
+            plain.clone(),
+        ),
+    ]);
+    let measure = |sides: &[(&'static str, String, Value)], msgs: &Value| {
+        let sides: Vec<(String, Value)> = sides
+            .iter()
+            .map(|(_, base, extra)| (base.clone(), extra.clone()))
+            .collect();
+        let client = client.clone();
+        let model = chat_model.clone();
+        let msgs = msgs.clone();
+        async move {
+            let borrowed: Vec<(&str, &Value)> =
+                sides.iter().map(|(b, e)| (b.as_str(), e)).collect();
+            paired_medians(&client, &borrowed, &model, &msgs).await
+        }
+    };
+    let fresh = measure(&fresh_sides, &fresh_messages).await?;
+    let free = measure(&decode_sides, &free_messages).await?;
+    let quote = measure(&decode_sides, &quoting_messages).await?;
+    let ours = fresh[0];
+    let (free_text, free_text_plain) = (free[0], free[1]);
+    let (quoting, quoting_plain) = (quote[0], quote[1]);
+    drop(plain_server);
     // The same answer under a grammar: a JSON object with one free string.
     let constrained = json!({"response_format": {"type": "json_schema", "json_schema": {
     "name": "summary", "strict": true, "schema": {
@@ -249,25 +324,6 @@ async fn run() -> anyhow::Result<ExitCode> {
     let our_rss_mb = server.peak_rss_kb().unwrap_or(0) as f64 / 1024.0;
     drop(server);
 
-    let plain_server = start_ours(threads, false, false)?;
-    let free_text_plain = median_chat(
-        &client,
-        &plain_server.base,
-        &chat_model,
-        &free_messages,
-        &plain,
-    )
-    .await?;
-    let quoting_plain = median_chat(
-        &client,
-        &plain_server.base,
-        &chat_model,
-        &quoting_messages,
-        &plain,
-    )
-    .await?;
-    drop(plain_server);
-
     let cached_server = start_ours(threads, true, true)?;
     let cache = agent_step_ttft(
         &client,
@@ -279,51 +335,29 @@ async fn run() -> anyhow::Result<ExitCode> {
     .await?;
     drop(cached_server);
 
-    let reference = match llama_server(&gguf, threads, context_tokens) {
+    let reference = match llama {
         Ok(server) => {
-            let base = server.base.clone();
-            // llama-server keeps a prompt cache of its own: off for the fresh
-            // prompt and the decode runs, as ours is; on for the second step.
-            let fresh_only = json!({"cache_prompt": false});
-            let measured = async {
-                Ok::<_, anyhow::Error>(ServerReference {
-                    fresh: median_chat(&client, &base, &chat_model, &fresh_messages, &fresh_only)
-                        .await?,
-                    free_text: median_chat(
-                        &client,
-                        &base,
-                        &chat_model,
-                        &free_messages,
-                        &fresh_only,
-                    )
-                    .await?,
-                    quoting: median_chat(
-                        &client,
-                        &base,
-                        &chat_model,
-                        &quoting_messages,
-                        &fresh_only,
-                    )
-                    .await?,
-                    second_step: agent_step_ttft(
-                        &client,
-                        &base,
-                        &chat_model,
-                        &user_text,
-                        &json!({"cache_prompt": true}),
-                    )
-                    .await?,
-                })
-            }
+            let second_step = agent_step_ttft(
+                &client,
+                &server.base,
+                &chat_model,
+                &user_text,
+                &json!({"cache_prompt": true}),
+            )
             .await;
             drop(server);
-            measured
+            second_step.map(|second_step| ServerReference {
+                fresh: fresh[1],
+                free_text: free[2],
+                quoting: quote[2],
+                second_step,
+            })
         }
         Err(err) => Err(err),
     };
 
     println!(
-        "duo-local-llm bench: {threads} threads on each side, same GGUF, same HTTP client; greedy, up to {DECODE_TOKENS} decoded tokens, median of {RUNS} runs"
+        "duo-local-llm bench: {threads} threads on each side, same GGUF, same HTTP client; greedy, up to {DECODE_TOKENS} decoded tokens, median of {RUNS} runs, the compared servers asked in turn"
     );
     println!(
         "  machine: {} CPUs, load average {} (other work on the machine skews the figures)",
@@ -375,6 +409,14 @@ async fn run() -> anyhow::Result<ExitCode> {
                 free_text.tokens_per_second() / server.free_text.tokens_per_second().max(1e-9);
             let quoting_ratio =
                 quoting.tokens_per_second() / server.quoting.tokens_per_second().max(1e-9);
+            // The same kernels on both sides: what is left of a gap here is
+            // not the drafting's.
+            println!(
+                "  ours without speculation vs llama-server: decode free text {:.2}x, quoting answer {:.2}x",
+                free_text_plain.tokens_per_second()
+                    / server.free_text.tokens_per_second().max(1e-9),
+                quoting_plain.tokens_per_second() / server.quoting.tokens_per_second().max(1e-9)
+            );
             let ttft_ratio = server.fresh.ttft.as_secs_f64() / ours.ttft.as_secs_f64().max(1e-9);
             let step_ratio = server.second_step.as_secs_f64() / cache.as_secs_f64().max(1e-9);
             println!(
