@@ -30,11 +30,11 @@ pub const STORED_MESSAGE_TTL: Duration = Duration::from_secs(600);
 #[derive(Serialize)]
 struct Envelope<'a> {
     topic: &'a str,
-    #[serde(default, skip_serializing_if = "<[_]>::is_empty")]
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
     also: &'a [&'a str],
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     payload: Option<&'a Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     id: Option<i64>,
 }
 
