@@ -13,6 +13,23 @@ use job_queue::pubsub::{MAX_INLINE_BYTES, Subscriber, publish, publish_to};
 use serde_json::json;
 use tokio::time::timeout;
 
+/// The next message on `rx`, within 5 s.
+async fn next(rx: &mut tokio::sync::broadcast::Receiver<serde_json::Value>) -> serde_json::Value {
+    timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+/// Payloads stored in the table (too large for a notification).
+async fn stored_messages(client: &tokio_postgres::Client) -> i64 {
+    client
+        .query_one("SELECT count(*) FROM pubsub_messages", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn small_and_large_messages_reach_both_replicas_in_order() {
     let db = TestDb::with_sql(job_queue::MIGRATION_SQL).await.unwrap();
@@ -37,10 +54,7 @@ async fn small_and_large_messages_reach_both_replicas_in_order() {
 
     for rx in [&mut rx_a, &mut rx_b] {
         for expected in &sent {
-            let got = timeout(Duration::from_secs(5), rx.recv())
-                .await
-                .unwrap()
-                .unwrap();
+            let got = next(rx).await;
             assert_eq!(&got, expected);
         }
     }
@@ -49,11 +63,7 @@ async fn small_and_large_messages_reach_both_replicas_in_order() {
         "a message leaked to another topic"
     );
 
-    let stored: i64 = publisher
-        .query_one("SELECT count(*) FROM pubsub_messages", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let stored = stored_messages(&publisher).await;
     assert_eq!(stored, 2, "only the large payloads go through the table");
 }
 
@@ -105,10 +115,7 @@ async fn abandoned_topics_are_forgotten() {
         .await
         .unwrap();
     let mut kept = kept;
-    let got = timeout(Duration::from_secs(5), kept.recv())
-        .await
-        .unwrap()
-        .unwrap();
+    let got = next(&mut kept).await;
     assert_eq!(got, json!({"still": "here"}));
 }
 
@@ -143,18 +150,12 @@ async fn one_notification_for_several_topics_reaches_each_once() {
 
     for rx in [&mut user_a, &mut client_a, &mut client_b] {
         for expected in [&small, &large] {
-            let got = timeout(Duration::from_secs(5), rx.recv())
-                .await
-                .unwrap()
-                .unwrap();
+            let got = next(rx).await;
             assert_eq!(&got, expected);
         }
     }
     for rx in [&mut client_a, &mut client_b] {
-        let got = timeout(Duration::from_secs(5), rx.recv())
-            .await
-            .unwrap()
-            .unwrap();
+        let got = next(rx).await;
         assert_eq!(
             got,
             json!({"end": true}),
@@ -170,11 +171,7 @@ async fn one_notification_for_several_topics_reaches_each_once() {
         "a message leaked to another topic"
     );
 
-    let stored: i64 = publisher
-        .query_one("SELECT count(*) FROM pubsub_messages", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let stored = stored_messages(&publisher).await;
     assert_eq!(
         stored, 1,
         "the large payload is stored once for both topics"

@@ -197,7 +197,7 @@ const SIDE_PAUSE: Duration = Duration::from_millis(100);
 /// at the time. The median per side, in the order given.
 async fn paired_medians(
     client: &reqwest::Client,
-    sides: &[(&str, &Value)],
+    sides: &[(String, Value)],
     model: &str,
     messages: &Value,
 ) -> anyhow::Result<Vec<ChatFigures>> {
@@ -273,39 +273,21 @@ async fn run() -> anyhow::Result<ExitCode> {
     // llama-server keeps a prompt cache of its own: off for the fresh prompt
     // and the decode runs, as ours is; on for the second step.
     let fresh_only = json!({"cache_prompt": false});
-    let with_reference = |ours: Vec<(&'static str, String, Value)>| {
-        let mut sides = ours;
-        if let Ok(server) = &llama {
-            sides.push(("llama-server", server.base.clone(), fresh_only.clone()));
+    // Ours first, ours without speculation next (decode only), llama-server
+    // last when it runs.
+    let mut fresh_sides = vec![(base.clone(), plain.clone())];
+    let mut decode_sides = vec![
+        (base.clone(), plain.clone()),
+        (plain_server.base.clone(), plain.clone()),
+    ];
+    if let Ok(server) = &llama {
+        for sides in [&mut fresh_sides, &mut decode_sides] {
+            sides.push((server.base.clone(), fresh_only.clone()));
         }
-        sides
-    };
-    let fresh_sides = with_reference(vec![("ours", base.clone(), plain.clone())]);
-    let decode_sides = with_reference(vec![
-        ("ours", base.clone(), plain.clone()),
-        (
-            "ours without speculation",
-            plain_server.base.clone(),
-            plain.clone(),
-        ),
-    ]);
-    let measure = |sides: &[(&'static str, String, Value)], msgs: &Value| {
-        let sides: Vec<(String, Value)> = sides
-            .iter()
-            .map(|(_, base, extra)| (base.clone(), extra.clone()))
-            .collect();
-        let client = client.clone();
-        let model = chat_model.clone();
-        let msgs = msgs.clone();
-        async move {
-            let borrowed: Vec<(&str, &Value)> =
-                sides.iter().map(|(b, e)| (b.as_str(), e)).collect();
-            paired_medians(&client, &borrowed, &model, &msgs).await
-        }
-    };
-    let fresh = measure(&fresh_sides, &fresh_messages).await?;
-    let free = measure(&decode_sides, &free_messages).await?;
-    let quote = measure(&decode_sides, &quoting_messages).await?;
+    }
+    let fresh = paired_medians(&client, &fresh_sides, &chat_model, &fresh_messages).await?;
+    let free = paired_medians(&client, &decode_sides, &chat_model, &free_messages).await?;
+    let quote = paired_medians(&client, &decode_sides, &chat_model, &quoting_messages).await?;
     let ours = fresh[0];
     let (free_text, free_text_plain) = (free[0], free[1]);
     let (quoting, quoting_plain) = (quote[0], quote[1]);

@@ -129,8 +129,8 @@ pub async fn publish_answer(
 ) -> Result<(), job_queue::QueueError> {
     let payload = serde_json::to_value(message)?;
     let client = client_subscription_id.map(|id| client_topic(user_id, id));
-    let also: Vec<&str> = client.iter().map(String::as_str).collect();
-    crate::db::publish_to(db, &user_topic(user_id), &also, &payload).await
+    let also = client.as_deref();
+    crate::db::publish_to(db, &user_topic(user_id), also.as_slice(), &payload).await
 }
 
 /// This process's one LISTEN connection for live messages, opened on the first
