@@ -11,6 +11,8 @@ pub const DEFAULT_CHAT_MODEL_ID: &str = "smollm2-135m-instruct";
 pub const DEFAULT_EMBED_MODEL_ID: &str = "all-minilm-l6-v2";
 pub const CHAT_GGUF_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 pub const EMBED_DIR: &str = "all-MiniLM-L6-v2";
+/// See [`Config::pieces_every`].
+pub const DEFAULT_PIECES_MS: u64 = 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -67,6 +69,9 @@ pub struct Config {
     /// Decode greedy requests speculatively (prompt-lookup drafts checked in
     /// batches); the output is the same either way.
     pub speculation: bool,
+    /// Decoded text is streamed in pieces at most this often after the first
+    /// (`DUO_LOCAL_LLM_STREAM_PIECES_MS`; 0 sends every token's piece).
+    pub pieces_every: Duration,
     /// After SIGTERM, keep serving this long while `/ready` answers 503.
     pub shutdown_drain: Duration,
     /// Then stop accepting and give requests in flight this long to finish;
@@ -97,6 +102,7 @@ impl Config {
             chat_template_path: None,
             prompt_cache: true,
             speculation: true,
+            pieces_every: Duration::from_millis(DEFAULT_PIECES_MS),
             shutdown_drain: Duration::ZERO,
             shutdown_grace: Duration::from_secs(30),
         }
@@ -123,6 +129,9 @@ impl Config {
         }
         if let Some(flag) = var("DUO_LOCAL_LLM_SPECULATION") {
             config.speculation = parse_flag("DUO_LOCAL_LLM_SPECULATION", &flag)?;
+        }
+        if let Some(ms) = var("DUO_LOCAL_LLM_STREAM_PIECES_MS") {
+            config.pieces_every = parse_millis("DUO_LOCAL_LLM_STREAM_PIECES_MS", &ms)?;
         }
         if let Some(id) = var("DUO_LOCAL_LLM_CHAT_MODEL_ID") {
             config.chat_model_id = id;
@@ -188,6 +197,17 @@ impl Config {
             config.shutdown_grace = parse_seconds("DUO_SHUTDOWN_GRACE_SECS", &n)?;
         }
         Ok(config)
+    }
+}
+
+/// Milliseconds from 0 to 1,000: a longer wait would read as a stalled stream.
+fn parse_millis(name: &'static str, value: &str) -> Result<Duration, ConfigError> {
+    match value.trim().parse::<u64>() {
+        Ok(ms) if ms <= 1_000 => Ok(Duration::from_millis(ms)),
+        _ => Err(ConfigError::Invalid {
+            name,
+            reason: format!("expected milliseconds from 0 to 1000, got {value:?}"),
+        }),
     }
 }
 

@@ -5,6 +5,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
@@ -187,7 +188,13 @@ impl GenerationQueue {
     /// Starts the generator thread. `make_engine` runs on that thread, so an
     /// engine that is slow to load (or tied to its thread) stays there.
     /// `capacity` counts waiting jobs, not the running one.
-    pub fn start<E, F>(capacity: usize, make_engine: F) -> Result<Self, EngineError>
+    /// Text decoded within `pieces_every` of the last piece sent waits and
+    /// leaves with the next one (see [`PieceBatcher`]); zero sends every piece.
+    pub fn start<E, F>(
+        capacity: usize,
+        pieces_every: Duration,
+        make_engine: F,
+    ) -> Result<Self, EngineError>
     where
         E: ChatEngine + 'static,
         F: FnOnce() -> Result<E, EngineError> + Send + 'static,
@@ -214,7 +221,7 @@ impl GenerationQueue {
                     }
                 };
                 while let Some(job) = worker.next_job() {
-                    let (events, last, tokens) = run_job(&mut engine, job);
+                    let (events, last, tokens) = run_job(&mut engine, job, pieces_every);
                     // Counted before the client hears the end, so `/health`
                     // never lags behind what a client has seen.
                     worker.job_done(tokens);
@@ -304,6 +311,7 @@ impl GenerationQueue {
 fn run_job<E: ChatEngine>(
     engine: &mut E,
     job: Job,
+    pieces_every: Duration,
 ) -> (
     mpsc::UnboundedSender<GenerationEvent>,
     GenerationEvent,
@@ -315,6 +323,7 @@ fn run_job<E: ChatEngine>(
     // The end-of-turn marker may also come out spelled in ordinary tokens.
     stops.extend(engine.model_info().end_of_turn_texts);
     let mut scanner = StopScanner::new(stops);
+    let mut batcher = PieceBatcher::new(pieces_every);
     let mut started = false;
     let mut hit_stop = false;
     let prompt_len = prompt.len();
@@ -334,7 +343,9 @@ fn run_job<E: ChatEngine>(
             }
         }
         let step = scanner.push(piece);
-        if !step.emit.is_empty() && events.send(GenerationEvent::Delta(step.emit)).is_err() {
+        if let Some(text) = batcher.push(step.emit, Instant::now())
+            && events.send(GenerationEvent::Delta(text)).is_err()
+        {
             return Flow::Halt;
         }
         if step.stopped {
@@ -347,6 +358,8 @@ fn run_job<E: ChatEngine>(
         prompt: 0,
         completion: 0,
     };
+    // What the batcher still holds goes out before the end, even a failure.
+    let mut held = batcher.take();
     let event = match result {
         Ok(run) => {
             tokens = TokenTotals {
@@ -358,9 +371,9 @@ fn run_job<E: ChatEngine>(
                     prompt_tokens: prompt_len,
                 });
             }
-            let rest = scanner.finish();
-            if !rest.is_empty() {
-                let _ = events.send(GenerationEvent::Delta(rest));
+            held.push_str(&scanner.finish());
+            if !held.is_empty() {
+                let _ = events.send(GenerationEvent::Delta(held));
             }
             let reason = match run.finish {
                 EngineFinish::Length if !hit_stop => FinishReason::Length,
@@ -372,9 +385,65 @@ fn run_job<E: ChatEngine>(
                 cached_tokens: run.cached_tokens,
             }
         }
-        Err(err) => GenerationEvent::Failed(err),
+        Err(err) => {
+            if !held.is_empty() {
+                let _ = events.send(GenerationEvent::Delta(held));
+            }
+            GenerationEvent::Failed(err)
+        }
     };
     (events, event, tokens)
+}
+
+/// Gathers the decoded text of a fast model into fewer pieces.
+///
+/// Every piece sent wakes the HTTP side, which then competes for the cores
+/// with the engine's compute threads; when both cores decode, the thread it
+/// pre-empts holds the other one up at the next barrier (measured: streaming
+/// cost our decode 7% where llama-server lost 3%). The first piece leaves at
+/// once (time to first token is unchanged); later text leaves when
+/// `every` has passed since the last piece sent, so a model slower than that
+/// still streams token by token and nothing waits longer than `every` plus
+/// one token's decode.
+struct PieceBatcher {
+    every: Duration,
+    held: String,
+    last_sent: Option<Instant>,
+}
+
+impl PieceBatcher {
+    fn new(every: Duration) -> Self {
+        Self {
+            every,
+            held: String::new(),
+            last_sent: None,
+        }
+    }
+
+    /// Takes the text a step released; returns what to send now, if anything.
+    fn push(&mut self, text: String, now: Instant) -> Option<String> {
+        if text.is_empty() {
+            return None;
+        }
+        if self.held.is_empty() {
+            self.held = text;
+        } else {
+            self.held.push_str(&text);
+        }
+        let due = self
+            .last_sent
+            .is_none_or(|at| now.saturating_duration_since(at) >= self.every);
+        if !due {
+            return None;
+        }
+        self.last_sent = Some(now);
+        Some(std::mem::take(&mut self.held))
+    }
+
+    /// The text still held back.
+    fn take(&mut self) -> String {
+        std::mem::take(&mut self.held)
+    }
 }
 
 #[cfg(test)]
@@ -394,9 +463,88 @@ mod tests {
     }
 
     fn start(pieces: &[&str], capacity: usize) -> (GenerationQueue, EngineGate) {
+        start_batching(pieces, capacity, Duration::ZERO)
+    }
+
+    fn start_batching(
+        pieces: &[&str],
+        capacity: usize,
+        every: Duration,
+    ) -> (GenerationQueue, EngineGate) {
         let (engine, gate) = gated_engine(pieces);
-        let queue = GenerationQueue::start(capacity, move || Ok(engine)).expect("queue starts");
+        let queue =
+            GenerationQueue::start(capacity, every, move || Ok(engine)).expect("queue starts");
         (queue, gate)
+    }
+
+    /// Every event up to the end, in order.
+    async fn events_of(mut events: mpsc::UnboundedReceiver<GenerationEvent>) -> Vec<String> {
+        let mut seen = Vec::new();
+        while let Some(event) = events.recv().await {
+            seen.push(match event {
+                GenerationEvent::Started { .. } => "started".to_owned(),
+                GenerationEvent::Delta(text) => format!("delta {text}"),
+                GenerationEvent::Finished { .. } => "finished".to_owned(),
+                GenerationEvent::Failed(_) => "failed".to_owned(),
+            });
+        }
+        seen
+    }
+
+    #[test]
+    fn the_first_piece_leaves_at_once_and_later_ones_once_the_interval_has_passed() {
+        let every = Duration::from_millis(20);
+        let mut batcher = PieceBatcher::new(every);
+        let t0 = Instant::now();
+        assert_eq!(batcher.push("Once".into(), t0), Some("Once".into()));
+        assert_eq!(batcher.push(" upon".into(), t0 + every / 2), None);
+        // Empty text neither sends nor restarts the interval.
+        assert_eq!(batcher.push(String::new(), t0 + every), None);
+        assert_eq!(
+            batcher.push(" a".into(), t0 + every - Duration::from_millis(1)),
+            None
+        );
+        assert_eq!(
+            batcher.push(" time".into(), t0 + every),
+            Some(" upon a time".into())
+        );
+        // The interval counts from the last piece sent.
+        assert_eq!(batcher.push(",".into(), t0 + every + every / 2), None);
+        assert_eq!(batcher.take(), ",");
+        assert_eq!(batcher.take(), "");
+    }
+
+    #[test]
+    fn without_an_interval_every_piece_leaves_alone() {
+        let mut batcher = PieceBatcher::new(Duration::ZERO);
+        let t0 = Instant::now();
+        for piece in ["a", "b", "c"] {
+            assert_eq!(batcher.push(piece.into(), t0), Some(piece.into()));
+        }
+        assert_eq!(batcher.take(), "");
+    }
+
+    #[tokio::test]
+    async fn held_text_leaves_before_the_end_and_nothing_is_lost() {
+        // An interval no run reaches: the first piece alone, the rest with the end.
+        let (queue, gate) = start_batching(&["a", "b", "c", "d"], 1, Duration::from_secs(3600));
+        gate.allow(4);
+        let events = events_of(queue.submit(request("hi", &[])).expect("accepted")).await;
+        assert_eq!(events, ["started", "delta a", "delta bcd", "finished"]);
+        // A stop string found in held text: what precedes it still arrives.
+        let (queue, gate) = start_batching(
+            &["x", "y", "Obs", "ervation:", "z"],
+            1,
+            Duration::from_secs(3600),
+        );
+        gate.allow(5);
+        let events = events_of(
+            queue
+                .submit(request("hi", &["Observation:"]))
+                .expect("accepted"),
+        )
+        .await;
+        assert_eq!(events, ["started", "delta x", "delta y", "finished"]);
     }
 
     async fn collect(

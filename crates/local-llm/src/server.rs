@@ -64,7 +64,7 @@ impl AppState {
         let path = config.chat_model_path.clone();
         let (threads, context) = (config.threads, config.context_tokens);
         let (prefix_cache, speculation) = (config.prompt_cache, config.speculation);
-        let chat = GenerationQueue::start(config.queue_capacity, move || {
+        let chat = GenerationQueue::start(config.queue_capacity, config.pieces_every, move || {
             Ok(LlamaEngine::load(&path, threads, context)?
                 .with_prefix_cache(prefix_cache)
                 .with_speculation(speculation))

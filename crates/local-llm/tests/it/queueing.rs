@@ -42,7 +42,10 @@ async fn gated_server(pieces: &[&str], tweak: impl FnOnce(&mut Config)) -> Gated
     config.addr = "127.0.0.1:0".parse().expect("addr");
     tweak(&mut config);
     let (engine, engine_gate) = gated_engine(pieces);
-    let chat = GenerationQueue::start(config.queue_capacity, move || Ok(engine)).expect("queue");
+    let chat = GenerationQueue::start(config.queue_capacity, config.pieces_every, move || {
+        Ok(engine)
+    })
+    .expect("queue");
     let (embedder, embed_gate) = gated_embedder();
     let state = AppState::from_parts(config, chat, Arc::new(embedder)).expect("app state");
     let base = common::start_app(state.clone()).await;
