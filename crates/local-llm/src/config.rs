@@ -250,3 +250,26 @@ fn parse_flag(name: &'static str, flag: &str) -> Result<bool, ConfigError> {
 pub fn default_models_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.models")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_intervals_are_whole_milliseconds_up_to_a_second() {
+        let name = "DUO_LOCAL_LLM_STREAM_PIECES_MS";
+        assert_eq!(parse_millis(name, "0").ok(), Some(Duration::ZERO));
+        assert_eq!(
+            parse_millis(name, " 20 ").ok(),
+            Some(Duration::from_millis(20))
+        );
+        assert_eq!(
+            parse_millis(name, "1000").ok(),
+            Some(Duration::from_secs(1))
+        );
+        for bad in ["1001", "-1", "2.5", "soon", ""] {
+            let err = parse_millis(name, bad).expect_err(bad).to_string();
+            assert!(err.contains(name) && err.contains("0 to 1000"), "{err}");
+        }
+    }
+}
