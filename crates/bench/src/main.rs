@@ -224,8 +224,9 @@ async fn run_pair(
 const MODEL_ANSWER: &str = "Thought: I know this.\nFinal Answer: It prints hello.";
 
 /// Starts the fake provider on its own thread and actix system, so that its
-/// work never shares a scheduler with the load generator. Returns its URL.
-fn start_provider() -> anyhow::Result<String> {
+/// work never shares a scheduler with the load generator. Returns its URL
+/// and a handle to switch its request recording.
+fn start_provider() -> anyhow::Result<(String, Arc<FakeProvider>)> {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("fake-provider".into())
@@ -238,7 +239,8 @@ fn start_provider() -> anyhow::Result<String> {
                         provider.set_recording(false);
                         provider.set_default_text(MODEL_ANSWER);
                         provider.set_chunk_size(24);
-                        let _ = ready_tx.send(Ok(provider.url()));
+                        let provider = Arc::new(provider);
+                        let _ = ready_tx.send(Ok((provider.url(), provider.clone())));
                         // Serve until the process exits.
                         std::future::pending::<()>().await;
                         drop(provider);
@@ -249,10 +251,10 @@ fn start_provider() -> anyhow::Result<String> {
                 }
             });
         })?;
-    let url = ready_rx
+    let started = ready_rx
         .recv_timeout(Duration::from_secs(10))
         .context("the fake provider did not start")??;
-    Ok(url)
+    Ok(started)
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -369,7 +371,7 @@ fn added(gateway: Duration, direct: Duration) -> Duration {
 async fn main() -> anyhow::Result<()> {
     let started = Instant::now();
     let step = step_duration()?;
-    let provider = start_provider()?;
+    let (provider, recorder) = start_provider()?;
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(1024)
         .timeout(Duration::from_secs(10))
@@ -411,7 +413,7 @@ async fn main() -> anyhow::Result<()> {
         let mut target_gateway = Gateway::start(&provider, target.anthropic_key)?;
         target_gateway.wait_healthy(&client).await?;
         let rss = RssSampler::start(target_gateway.child.id());
-        let direct = Call {
+        let mut direct = Call {
             url: format!("{provider}{}", target.direct_path),
             body: target.direct_body.to_string().into(),
             unit_primitive: target.unit_primitive,
@@ -421,7 +423,12 @@ async fn main() -> anyhow::Result<()> {
             body: target.gateway_body.to_string().into(),
             unit_primitive: target.unit_primitive,
         };
-        // Probe once: endpoints not built into this gateway are reported, not timed.
+        // Probe once: endpoints not built into this gateway are reported, not
+        // timed. The probe's own call upstream is recorded: the direct path
+        // then sends the provider that very request (a rendered prompt is
+        // larger than a bare question, and costs the provider more to read).
+        recorder.reset();
+        recorder.set_recording(true);
         let probe = client
             .post(&via.url)
             .header("content-type", "application/json")
@@ -442,6 +449,22 @@ async fn main() -> anyhow::Result<()> {
             ));
             continue;
         }
+        // Read to the end, so the upstream call is complete and recorded.
+        let _ = probe.bytes().await;
+        recorder.set_recording(false);
+        // The model call is the last POST (the gateway may first ask the
+        // provider for its models' context sizes).
+        let recorded = recorder.requests();
+        if let Some(upstream) = recorded.iter().rev().find(|r| r.method == "POST") {
+            direct.url = format!("{provider}{}", upstream.path);
+            direct.body = upstream.body.to_string().into();
+        } else {
+            println!(
+                "{:<32} the gateway's upstream call was not recorded: direct path as configured",
+                target.name
+            );
+        }
+        recorder.reset();
         // Warm connection pools on both paths.
         run_pair(&client, &direct, &via, 200, Duration::from_millis(500)).await;
         rss_upto_1000 = rss_upto_1000.max(rss.take_peak());

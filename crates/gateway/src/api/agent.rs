@@ -90,6 +90,9 @@ async fn chat_agent(
         prepared,
     )
     .await?;
+    if let Some(step) = prepared.native.as_mut() {
+        step.wait_clock = Some(clock.clone());
+    }
     prepared.call.wait_clock = Some(clock);
     let tool_model = match req.app_data::<web::Data<ToolCallingModel>>() {
         Some(tool_model) => tool_model.get_ref().clone(),
@@ -97,10 +100,11 @@ async fn chat_agent(
         None => ToolCallingModel::new(&shared_config.providers)
             .map_err(|e| ApiError::Internal(format!("tool-calling client: {e}")))?,
     };
-    let events = super::stream_body::coalesce_ready(
+    let events = super::stream_body::first_chunk_ready(
         agent::run(model.into_inner(), tool_model, prepared)
             .map(|event| Ok::<_, Infallible>(Bytes::from(event.to_ndjson_line()))),
-    );
+    )
+    .await;
     Ok(HttpResponse::Ok().content_type(NDJSON).streaming(events))
 }
 

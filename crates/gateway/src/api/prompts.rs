@@ -150,7 +150,7 @@ pub async fn invoke_prompt(
     };
     Ok(HttpResponse::Ok()
         .content_type("text/event-stream; charset=utf-8")
-        .streaming(super::stream_body::coalesce_ready(body)))
+        .streaming(super::stream_body::first_chunk_ready(body).await))
 }
 
 /// Refuses a prompt its model cannot hold (the caller's inputs are the

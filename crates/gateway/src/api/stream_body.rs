@@ -1,47 +1,106 @@
 //! Streamed response bodies written with as few socket writes as their
 //! timing allows.
 
+use std::task::Poll;
+
 use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt};
 
 /// At most this many ready pieces go out in one write.
 const MAX_PIECES_PER_WRITE: usize = 64;
+/// At most this many bytes go out in one write.
+const MAX_BYTES_PER_WRITE: usize = 64 * 1024;
+/// Turns of the scheduler given to the tasks feeding the body before what
+/// was gathered leaves: a piece can need several hand-offs (the provider's
+/// connection task, its body, our decoder), and the end of a body one more.
+const IDLE_TURNS: u32 = 4;
 
 /// Joins the pieces that are ready together into one body chunk: a piece is
 /// never held back waiting for another (a model's tokens still go out as
 /// they come), but pieces that arrived together (a provider's read holding
 /// several events) leave in one write instead of one each. An error ends the
 /// body after the pieces before it.
+///
+/// "Ready" includes what the task feeding us can hand over in one turn of
+/// the scheduler: an upstream body from hyper arrives one frame per wake-up
+/// of its connection task even when one socket read held them all, so after
+/// each piece this yields a few times ([`IDLE_TURNS`], each a microsecond or
+/// so) before deciding nothing more is there
+/// (measured: a streamed Anthropic answer read in one `recvfrom` left the
+/// gateway in 21 `sendto`s, one per event).
 pub fn coalesce_ready<S, E>(pieces: S) -> impl Stream<Item = Result<Bytes, E>>
 where
     S: Stream<Item = Result<Bytes, E>>,
 {
-    pieces
-        .ready_chunks(MAX_PIECES_PER_WRITE)
-        .flat_map(|batch| futures::stream::iter(join(batch)))
-}
-
-/// One chunk of the batch's leading pieces, then the first error if any.
-fn join<E>(batch: Vec<Result<Bytes, E>>) -> Vec<Result<Bytes, E>> {
-    if batch.len() == 1 {
-        return batch;
-    }
-    let mut joined = BytesMut::new();
-    let mut out = Vec::with_capacity(2);
-    for piece in batch {
-        match piece {
-            Ok(bytes) => joined.extend_from_slice(&bytes),
-            Err(e) => {
-                if !joined.is_empty() {
-                    out.push(Ok(joined.split().freeze()));
+    async_stream::stream! {
+        let mut pieces = std::pin::pin!(pieces);
+        while let Some(first) = pieces.next().await {
+            let first = match first {
+                Ok(bytes) => bytes,
+                Err(err) => {
+                    yield Err(err);
+                    return;
                 }
-                out.push(Err(e));
-                return out;
+            };
+            let mut joined: Option<BytesMut> = None;
+            let mut len = first.len();
+            let mut count = 1;
+            let mut idle_turns = 0;
+            let mut end = None;
+            while count < MAX_PIECES_PER_WRITE && len < MAX_BYTES_PER_WRITE {
+                // Polled with this task's own waker: a piece that comes
+                // later wakes the body as usual.
+                let next = futures::future::poll_fn(|cx| {
+                    Poll::Ready(pieces.as_mut().poll_next(cx))
+                })
+                .await;
+                match next {
+                    Poll::Ready(Some(Ok(bytes))) => {
+                        let buffer = joined.get_or_insert_with(|| BytesMut::from(&first[..]));
+                        buffer.extend_from_slice(&bytes);
+                        len += bytes.len();
+                        count += 1;
+                        idle_turns = 0;
+                    }
+                    Poll::Ready(Some(Err(err))) => {
+                        end = Some(Some(err));
+                        break;
+                    }
+                    Poll::Ready(None) => {
+                        end = Some(None);
+                        break;
+                    }
+                    Poll::Pending if idle_turns < IDLE_TURNS => {
+                        tokio::task::yield_now().await;
+                        idle_turns += 1;
+                    }
+                    Poll::Pending => break,
+                }
+            }
+            yield Ok(joined.map_or(first, BytesMut::freeze));
+            match end {
+                Some(Some(err)) => {
+                    yield Err(err);
+                    return;
+                }
+                Some(None) => return,
+                None => {}
             }
         }
     }
-    out.push(Ok(joined.freeze()));
-    out
+}
+
+/// [`coalesce_ready`]'s body with its first chunk already awaited, for a
+/// handler to return: the response head then leaves in the same write as
+/// that chunk instead of alone before it (a head alone is one more packet
+/// for the client to wake up for, and tells a streaming client nothing).
+pub async fn first_chunk_ready<S, E>(pieces: S) -> impl Stream<Item = Result<Bytes, E>>
+where
+    S: Stream<Item = Result<Bytes, E>>,
+{
+    let mut body = Box::pin(coalesce_ready(pieces));
+    let first = body.next().await;
+    futures::stream::iter(first).chain(body)
 }
 
 #[cfg(test)]
@@ -76,6 +135,37 @@ mod tests {
             Bytes::from_static(b"e")
         );
         assert_eq!(body.next().await.unwrap().unwrap_err(), "boom");
+        assert!(body.next().await.is_none());
+    }
+
+    /// The shape of a hyper body: one frame handed over per turn of the
+    /// task that feeds it, however many its last read held.
+    #[tokio::test]
+    async fn pieces_handed_over_one_per_turn_still_leave_together() {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, String>>(1);
+        let (go_on, resume) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            for piece in ["event: a\n\n", "event: b\n\n", "event: c\n\n"] {
+                let _ = tx.send(Ok(Bytes::from_static(piece.as_bytes()))).await;
+                tokio::task::yield_now().await;
+            }
+            // Later text (the model still writing) is not waited for.
+            let _ = resume.await;
+            let _ = tx.send(Ok(Bytes::from_static(b"event: d\n\n"))).await;
+        });
+        let mut body = Box::pin(coalesce_ready(tokio_stream::wrappers::ReceiverStream::new(
+            rx,
+        )));
+        assert_eq!(
+            body.next().await.unwrap().unwrap(),
+            Bytes::from_static(b"event: a\n\nevent: b\n\nevent: c\n\n")
+        );
+        assert!(futures::poll!(body.next()).is_pending());
+        go_on.send(()).unwrap();
+        assert_eq!(
+            body.next().await.unwrap().unwrap(),
+            Bytes::from_static(b"event: d\n\n")
+        );
         assert!(body.next().await.is_none());
     }
 }

@@ -322,6 +322,7 @@ pub fn prepare(
                 params: call.params.clone(),
                 question: question.content.clone(),
                 free_text,
+                wait_clock: None,
             })
         }
     };

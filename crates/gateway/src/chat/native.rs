@@ -10,6 +10,7 @@
 
 use super::FEATURE_CATEGORY;
 use super::tools_registry::{TOOL_NOT_AVAILABLE, ToolDefinition};
+use crate::observability::ModelWaitClock;
 use crate::providers::conversation::{Message, ToolCall};
 use crate::providers::tool_calling::{
     ModelTurn, ToolCallingModel, ToolSchema, TurnAssembler, TurnDelta, TurnOptions,
@@ -44,6 +45,8 @@ pub struct NativeStep {
     /// Set for models that answer better in plain text than inside a
     /// function call's JSON (the bundled model).
     pub free_text: Option<FreeTextAnswer>,
+    /// The request's clock of time spent waiting on the model.
+    pub wait_clock: Option<ModelWaitClock>,
 }
 
 /// How a small model answers in plain text: the agent's system prompt
@@ -510,6 +513,7 @@ fn free_text_answer(
     let system = free.system.clone();
     let messages = free.messages.clone();
     let lead = free.lead.clone();
+    let wait_clock = step.wait_clock.clone();
     let mut params = step.params.clone();
     params.max_tokens = params.max_tokens.min(BUNDLED_ANSWER_TOKENS);
     params.dry_multiplier = Some(BUNDLED_DRY_MULTIPLIER);
@@ -517,8 +521,9 @@ fn free_text_answer(
         let options = TurnOptions {
             require_call: false,
             feature_category: FEATURE_CATEGORY,
+            wait_clock,
         };
-        let pieces = match model.stream_turn(&route, &system, &messages, &[], &params, options).await {
+        let pieces = match model.stream_turn(&route, &system, &messages, &[], &params, options.clone()).await {
             Ok(Some(pieces)) => pieces,
             Ok(None) => match model.complete(&route, &system, &messages, &[], &params, options).await {
                 Ok(turn) => futures::stream::iter([Ok(TurnDelta::Text(turn.text))]).boxed(),
@@ -705,6 +710,7 @@ pub fn run(
         let options = TurnOptions {
             require_call: true,
             feature_category: FEATURE_CATEGORY,
+            wait_clock: step.wait_clock.clone(),
         };
         if let Some(free) = step.free_text.as_ref().filter(|f| f.skip_choice) {
             let mut answer = free_text_answer(&model, &step, free);
@@ -714,7 +720,7 @@ pub fn run(
             return;
         }
         let streamed = model
-            .stream_turn(&step.route, &step.system, &step.messages, &step.tools, &step.params, options)
+            .stream_turn(&step.route, &step.system, &step.messages, &step.tools, &step.params, options.clone())
             .await;
         let turn = match streamed {
             Err(err) => {

@@ -8,7 +8,7 @@ use super::conversation::{Message, ToolCall};
 use super::openai::stream_deltas as stream_openai_deltas;
 use super::{ModelParams, ModelRoute, ProviderClients, ProviderError};
 use crate::config::ProvidersConfig;
-use crate::observability::{InferenceLabels, InferenceRecorder};
+use crate::observability::{InferenceLabels, InferenceRecorder, ModelWaitClock};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use serde::Serialize;
@@ -16,13 +16,15 @@ use serde_json::{Value, json};
 use tracing::Instrument;
 
 /// How one model turn is asked for.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct TurnOptions {
     /// The model must call one of the tools (OpenAI `tool_choice: required`,
     /// Anthropic `tool_choice: any`).
     pub require_call: bool,
     /// The `feature_category` label of the call's metrics.
     pub feature_category: &'static str,
+    /// The request's clock of time spent waiting on models, when it keeps one.
+    pub wait_clock: Option<ModelWaitClock>,
 }
 
 impl TurnOptions {
@@ -237,9 +239,12 @@ impl ToolCallingModel {
         let require_call = turn.require_call && !tools.is_empty();
         let mut recorder = turn.recorder(route, false);
         recorder.prompt(|| prompt_text(system, messages));
-        let outcome = self
-            .turn(route, system, messages, tools, params, require_call)
-            .instrument(recorder.span())
+        let clock = turn.wait_clock.unwrap_or_default();
+        let outcome = clock
+            .time(
+                self.turn(route, system, messages, tools, params, require_call)
+                    .instrument(recorder.span()),
+            )
             .await;
         match &outcome {
             Ok(answer) => {
@@ -280,15 +285,19 @@ impl ToolCallingModel {
         }
         let mut recorder = turn.recorder(route, true);
         recorder.prompt(|| prompt_text(system, messages));
-        let mut chunks = match stream_openai_deltas(
-            self.clients.get(*egress),
-            base_url,
-            api_key.as_deref(),
-            &body,
-            params,
-        )
-        .instrument(recorder.span())
-        .await
+        let clock = turn.wait_clock.unwrap_or_default();
+        let mut chunks = match clock
+            .time(
+                stream_openai_deltas(
+                    self.clients.get(*egress),
+                    base_url,
+                    api_key.as_deref(),
+                    &body,
+                    params,
+                )
+                .instrument(recorder.span()),
+            )
+            .await
         {
             Ok(chunks) => chunks,
             Err(err) => {
@@ -298,7 +307,8 @@ impl ToolCallingModel {
         };
         Ok(Some(
             async_stream::stream! {
-                while let Some(chunk) = chunks.next().await {
+                // Waiting for the next chunk is model time; the rest is ours.
+                while let Some(chunk) = clock.time(chunks.next()).await {
                     match chunk {
                         Ok(delta) => {
                             for piece in turn_deltas(&delta) {

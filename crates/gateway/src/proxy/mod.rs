@@ -256,7 +256,10 @@ pub async fn forward(
             }
             drop(recorder);
         };
-        Ok(response.streaming(body))
+        // A provider's read often holds several events: relayed one by one,
+        // each cost a write and a wake-up of the client (21 writes for one
+        // streamed Anthropic answer read in one go).
+        Ok(response.streaming(crate::api::stream_body::first_chunk_ready(body).await))
     } else {
         let body = clock.time(upstream.bytes()).await.map_err(|err| {
             recorder.fail();

@@ -948,6 +948,7 @@ impl Run {
                     TurnOptions {
                         require_call: false,
                         feature_category: WORKFLOW_FEATURE_CATEGORY,
+                        wait_clock: None,
                     },
                 )
                 .await;
