@@ -15,6 +15,13 @@ const MAX_BYTES_PER_WRITE: usize = 64 * 1024;
 /// connection task, its body, our decoder), and the end of a body one more.
 const IDLE_TURNS: u32 = 4;
 
+/// What follows a gathered chunk.
+enum After<E> {
+    More,
+    End,
+    Failed(E),
+}
+
 /// Joins the pieces that are ready together into one body chunk: a piece is
 /// never held back waiting for another (a model's tokens still go out as
 /// they come), but pieces that arrived together (a provider's read holding
@@ -46,7 +53,7 @@ where
             let mut len = first.len();
             let mut count = 1;
             let mut idle_turns = 0;
-            let mut end = None;
+            let mut after = After::More;
             while count < MAX_PIECES_PER_WRITE && len < MAX_BYTES_PER_WRITE {
                 // Polled with this task's own waker: a piece that comes
                 // later wakes the body as usual.
@@ -63,11 +70,11 @@ where
                         idle_turns = 0;
                     }
                     Poll::Ready(Some(Err(err))) => {
-                        end = Some(Some(err));
+                        after = After::Failed(err);
                         break;
                     }
                     Poll::Ready(None) => {
-                        end = Some(None);
+                        after = After::End;
                         break;
                     }
                     Poll::Pending if idle_turns < IDLE_TURNS => {
@@ -78,13 +85,13 @@ where
                 }
             }
             yield Ok(joined.map_or(first, BytesMut::freeze));
-            match end {
-                Some(Some(err)) => {
+            match after {
+                After::More => {}
+                After::End => return,
+                After::Failed(err) => {
                     yield Err(err);
                     return;
                 }
-                Some(None) => return,
-                None => {}
             }
         }
     }

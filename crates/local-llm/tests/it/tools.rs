@@ -2,6 +2,7 @@
 //! sampler draws, the grammar keeps the answer well formed.
 
 use crate::common;
+use local_llm::config::Config;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -300,7 +301,13 @@ fn chunks(body: &str) -> Vec<Value> {
 
 #[actix_web::test]
 async fn a_streamed_tool_call_comes_in_openai_chunk_shapes() {
-    let base = common::start_server(common::test_config()).await;
+    // Every token's piece on its own: the shape of each chunk is what is
+    // checked, and a fast machine would otherwise join tokens into fewer.
+    let config = Config {
+        pieces_every: std::time::Duration::ZERO,
+        ..common::test_config()
+    };
+    let base = common::start_server(config).await;
     let mut body = request("Summarize issue 1 of acme/website.");
     body["tools"] = tools();
     body["tool_choice"] = json!({"type": "function", "function": {"name": "issue_reader"}});

@@ -30,12 +30,16 @@ fn code(answered: &agent_support::Answered) -> Option<DuoErrorCode> {
 async fn a_direct_answer_is_streamed_in_chunks() {
     let bench = Bench::start().await;
     let world = bench.world().await;
-    bench.fake.set_chunk_size(6);
-    bench.fake.push_text(final_answer(
-        "Rust has no garbage collector; ownership frees memory.",
-    ));
+    // The model's second half comes only once the first reached the chat
+    // stream: what is ready together may leave the gateway in one chunk.
+    bench.fake.push(fake_provider::Scripted::Held {
+        before: vec![final_answer("Rust has no garbage collector;")],
+        after: vec![" ownership frees memory.".into()],
+    });
 
-    let answered = bench.ask(world.user, "Does Rust have a GC?", None).await;
+    let answered = bench
+        .ask_streamed(world.user, "Does Rust have a GC?", None)
+        .await;
 
     assert_eq!(answered.answer.error, None);
     assert_eq!(

@@ -49,15 +49,18 @@ async fn code_commands_send_the_selection_to_their_prompt_and_stream() {
         ("/refactor", "refactor_marker_fn"),
         ("/fix", "fix_marker_fn"),
     ] {
-        bench.fake.push_text(format!("Answer for {command}."));
+        // The model's second half comes only once the first reached the
+        // chat stream: what is ready together may leave in one chunk.
+        bench.fake.push(fake_provider::Scripted::Held {
+            before: vec!["Answer ".into(), "for ".into()],
+            after: vec![format!("{command}.")],
+        });
         let before = bench.provider_bodies().len();
         let answered = bench
-            .ask_with(
+            .ask_streamed(
                 world.user,
                 &format!("{command} focus on errors"),
-                None,
                 selection(&format!("fn {marker}() {{}}")),
-                &bench.responder,
             )
             .await;
         assert_eq!(

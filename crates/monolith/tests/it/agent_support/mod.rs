@@ -272,13 +272,7 @@ impl Bench {
         current_file: Option<monolith::chat::CurrentFile>,
         responder: &AgentResponder,
     ) -> Answered {
-        let thread_id = self
-            .fx
-            .id(
-                "INSERT INTO ai_conversation_threads (user_id, conversation_type) VALUES ($1, 1) RETURNING id",
-                &[&user.id],
-            )
-            .await;
+        let thread_id = self.new_thread(user).await;
         self.ask_in_thread(
             user,
             thread_id,
@@ -299,6 +293,46 @@ impl Bench {
         current_file: Option<monolith::chat::CurrentFile>,
         responder: &AgentResponder,
     ) -> Answered {
+        let job = self
+            .store_question(user, thread_id, content, resource_id, current_file)
+            .await;
+        self.answer(&job, responder, false).await
+    }
+
+    /// Asks with the model's answer scripted as [`fake_provider::Scripted::Held`]:
+    /// the held part is released once the first piece of text has reached
+    /// the chat stream, so the answer arrives in at least two chunks however
+    /// the gateway joins what is ready together.
+    pub async fn ask_streamed(
+        &self,
+        user: Actor,
+        content: &str,
+        current_file: Option<monolith::chat::CurrentFile>,
+    ) -> Answered {
+        let thread_id = self.new_thread(user).await;
+        let job = self
+            .store_question(user, thread_id, content, None, current_file)
+            .await;
+        self.answer(&job, &self.responder, true).await
+    }
+
+    async fn new_thread(&self, user: Actor) -> i64 {
+        self.fx
+            .id(
+                "INSERT INTO ai_conversation_threads (user_id, conversation_type) VALUES ($1, 1) RETURNING id",
+                &[&user.id],
+            )
+            .await
+    }
+
+    async fn store_question(
+        &self,
+        user: Actor,
+        thread_id: i64,
+        content: &str,
+        resource_id: Option<String>,
+        current_file: Option<monolith::chat::CurrentFile>,
+    ) -> CompletionJob {
         let request_id = Uuid::new_v4();
         self.fx
             .exec(
@@ -307,29 +341,46 @@ impl Bench {
                 &[&thread_id, &content, &Uuid::new_v4(), &request_id],
             )
             .await;
+        CompletionJob {
+            request_id,
+            user_id: user.id,
+            thread_id,
+            content: content.to_owned(),
+            resource_id,
+            current_file,
+            additional_context: Vec::new(),
+            ..Default::default()
+        }
+    }
+
+    /// Answers the job, collecting the stream's events as they arrive.
+    async fn answer(
+        &self,
+        job: &CompletionJob,
+        responder: &AgentResponder,
+        release_on_first_text: bool,
+    ) -> Answered {
         let (tx, mut rx) = monolith::chat::completion::ChunkSender::channel();
-        let answer = responder
-            .answer(
-                &CompletionJob {
-                    request_id,
-                    user_id: user.id,
-                    thread_id,
-                    content: content.to_owned(),
-                    resource_id,
-                    current_file,
-                    additional_context: Vec::new(),
-                    ..Default::default()
-                },
-                tx,
-            )
-            .await
-            .expect("no transient failure");
+        let answering = responder.answer(job, tx);
+        tokio::pin!(answering);
         let (mut chunks, mut tools) = (Vec::new(), Vec::new());
-        while let Ok(event) = rx.try_recv() {
-            match event {
-                monolith::chat::completion::StreamEvent::Text(text) => chunks.push(text),
-                monolith::chat::completion::StreamEvent::Tool(tool) => tools.push(tool),
+        let mut collect = |event, chunks: &mut Vec<String>| match event {
+            monolith::chat::completion::StreamEvent::Text(text) => {
+                if release_on_first_text && chunks.is_empty() {
+                    self.fake.release();
+                }
+                chunks.push(text);
             }
+            monolith::chat::completion::StreamEvent::Tool(tool) => tools.push(tool),
+        };
+        let answer = loop {
+            tokio::select! {
+                answer = &mut answering => break answer.expect("no transient failure"),
+                Some(event) = rx.recv() => collect(event, &mut chunks),
+            }
+        };
+        while let Ok(event) = rx.try_recv() {
+            collect(event, &mut chunks);
         }
         Answered {
             answer,
