@@ -34,7 +34,9 @@ enum After<E> {
 /// each piece this yields a few times ([`IDLE_TURNS`], each a microsecond or
 /// so) before deciding nothing more is there
 /// (measured: a streamed Anthropic answer read in one `recvfrom` left the
-/// gateway in 21 `sendto`s, one per event).
+/// gateway in 21 `sendto`s, one per event). On a busy worker a turn lasts
+/// as long as the other ready tasks take, so a chunk may wait up to four
+/// of those turns, and carries more when it leaves.
 pub fn coalesce_ready<S, E>(pieces: S) -> impl Stream<Item = Result<Bytes, E>>
 where
     S: Stream<Item = Result<Bytes, E>>,
