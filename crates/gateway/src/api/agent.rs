@@ -90,9 +90,6 @@ async fn chat_agent(
         prepared,
     )
     .await?;
-    if let Some(step) = prepared.native.as_mut() {
-        step.wait_clock = Some(clock.clone());
-    }
     prepared.call.wait_clock = Some(clock);
     let tool_model = match req.app_data::<web::Data<ToolCallingModel>>() {
         Some(tool_model) => tool_model.get_ref().clone(),

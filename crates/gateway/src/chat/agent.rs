@@ -322,7 +322,6 @@ pub fn prepare(
                 params: call.params.clone(),
                 question: question.content.clone(),
                 free_text,
-                wait_clock: None,
             })
         }
     };
@@ -539,7 +538,7 @@ pub fn run(
     prepared: PreparedAgent,
 ) -> BoxStream<'static, AgentEvent> {
     if let Some(step) = prepared.native {
-        return native::run(tool_model, step, prepared.tools);
+        return native::run(tool_model, step, prepared.tools, prepared.call.wait_clock);
     }
     async_stream::stream! {
         let PreparedAgent { call, tools, .. } = prepared;

@@ -45,8 +45,6 @@ pub struct NativeStep {
     /// Set for models that answer better in plain text than inside a
     /// function call's JSON (the bundled model).
     pub free_text: Option<FreeTextAnswer>,
-    /// The request's clock of time spent waiting on the model.
-    pub wait_clock: Option<ModelWaitClock>,
 }
 
 /// How a small model answers in plain text: the agent's system prompt
@@ -507,13 +505,13 @@ fn free_text_answer(
     model: &ToolCallingModel,
     step: &NativeStep,
     free: &FreeTextAnswer,
+    wait_clock: Option<ModelWaitClock>,
 ) -> BoxStream<'static, AgentEvent> {
     let model = model.clone();
     let route = step.route.clone();
     let system = free.system.clone();
     let messages = free.messages.clone();
     let lead = free.lead.clone();
-    let wait_clock = step.wait_clock.clone();
     let mut params = step.params.clone();
     params.max_tokens = params.max_tokens.min(BUNDLED_ANSWER_TOKENS);
     params.dry_multiplier = Some(BUNDLED_DRY_MULTIPLIER);
@@ -697,10 +695,12 @@ fn unescape(text: &str) -> Option<(String, usize)> {
 
 /// Calls the model and streams the step's events. On the OpenAI wire the
 /// turn streams, and a direct answer's text comes out as it is generated.
+/// Time spent waiting on the model is added to `wait_clock`.
 pub fn run(
     model: ToolCallingModel,
     step: NativeStep,
     tools: Vec<&'static ToolDefinition>,
+    wait_clock: Option<ModelWaitClock>,
 ) -> BoxStream<'static, AgentEvent> {
     async_stream::stream! {
         if step.route == ModelRoute::Mock {
@@ -710,10 +710,10 @@ pub fn run(
         let options = TurnOptions {
             require_call: true,
             feature_category: FEATURE_CATEGORY,
-            wait_clock: step.wait_clock.clone(),
+            wait_clock,
         };
         if let Some(free) = step.free_text.as_ref().filter(|f| f.skip_choice) {
-            let mut answer = free_text_answer(&model, &step, free);
+            let mut answer = free_text_answer(&model, &step, free, options.wait_clock.clone());
             while let Some(event) = answer.next().await {
                 yield event;
             }
@@ -759,7 +759,7 @@ pub fn run(
                         // The choice is made: the JSON answer is not waited
                         // for (dropping the stream ends its generation).
                         drop(pieces);
-                        let mut answer = free_text_answer(&model, &step, free);
+                        let mut answer = free_text_answer(&model, &step, free, options.wait_clock.clone());
                         while let Some(event) = answer.next().await {
                             yield event;
                         }

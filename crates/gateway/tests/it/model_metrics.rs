@@ -180,24 +180,35 @@ async fn a_streamed_prompt_answer_does_not_count_the_first_token_wait_as_overhea
 
 #[actix_web::test]
 async fn a_streamed_agent_answer_is_measured_to_its_end() {
-    let fake = FakeProvider::start().await.unwrap();
-    fake.set_slow_first_token_delay(FIRST_TOKEN_DELAY);
-    fake.set_default_text("Final Answer: slow but sure");
-    let gw = Wire::Anthropic.gateway(&fake, &[]);
-    let mut body = question("q");
-    body["model_metadata"] = Wire::Anthropic.metadata(&fake, "fake-slow-first-token");
-    let before = scrape(&gw).await;
-    let lines = agent(&gw, "duo_chat", &body).await.rest().await;
-    assert!(!lines.is_empty());
+    // The ReAct step calls the model through the router, the native step
+    // through the tool-calling client: both count their waits as the model's.
+    for (wire, family) in [(Wire::Anthropic, "base"), (Wire::OpenAi, "native")] {
+        let fake = FakeProvider::start().await.unwrap();
+        fake.set_slow_first_token_delay(FIRST_TOKEN_DELAY);
+        fake.set_default_text("Final Answer: slow but sure");
+        let gw = wire.gateway(&fake, &[]);
+        let mut body = question("q");
+        body["model_metadata"] = wire.metadata(&fake, "fake-slow-first-token");
+        body["model_metadata"]["name"] = family.into();
+        let before = scrape(&gw).await;
+        let lines = agent(&gw, "duo_chat", &body).await.rest().await;
+        assert!(!lines.is_empty(), "{wire:?}");
 
-    let after = scrape(&gw).await;
-    let handler = [("handler", "/v2/chat/agent")];
-    let grew = |name| metric(&after, name, &handler) - metric(&before, name, &handler);
-    // The head goes out before the model is called; the metrics still cover
-    // the whole stream, model wait included in the duration only.
-    let total = grew("http_request_duration_seconds_sum");
-    let own = grew("gateway_overhead_seconds_sum");
-    assert_eq!(grew("gateway_overhead_seconds_count"), 1.0);
-    assert!(total >= FIRST_TOKEN_DELAY.as_secs_f64(), "{total}");
-    assert!(own < FIRST_TOKEN_DELAY.as_secs_f64() / 2.0, "{own}");
+        let after = scrape(&gw).await;
+        let handler = [("handler", "/v2/chat/agent")];
+        let grew = |name| metric(&after, name, &handler) - metric(&before, name, &handler);
+        // The head waits for the first event; the metrics cover the whole
+        // stream, model wait included in the duration only.
+        let total = grew("http_request_duration_seconds_sum");
+        let own = grew("gateway_overhead_seconds_sum");
+        assert_eq!(grew("gateway_overhead_seconds_count"), 1.0, "{wire:?}");
+        assert!(
+            total >= FIRST_TOKEN_DELAY.as_secs_f64(),
+            "{wire:?}: {total}"
+        );
+        assert!(
+            own < FIRST_TOKEN_DELAY.as_secs_f64() / 2.0,
+            "{wire:?}: {own}"
+        );
+    }
 }
