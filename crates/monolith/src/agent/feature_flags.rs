@@ -34,7 +34,13 @@ pub async fn for_question(
         Some(Subject::Group(group)) => actors.push(FlagActor::Group(group)),
         _ => {}
     }
-    Ok(crate::features::enabled_flags(db, &actors).await?)
+    // One read of the flags serves the announced list and the usage
+    // record's categorisation switch (asked about the user alone).
+    let flags = crate::features::store::Snapshot::read(db).await?;
+    crate::ai_usage::recording::note_categorization(crate::ai_usage::categorize::wanted_in(
+        &flags, actor.id,
+    ));
+    Ok(flags.enabled_flags(&actors))
 }
 
 impl Services {

@@ -84,13 +84,19 @@ pub const FLAG: &str = "duo_chat_categorize_question";
 /// Whether questions of this user are categorised; a flag that cannot be
 /// read counts as on (its default).
 pub async fn wanted_for(db: &impl crate::queries::Queries, user_id: i64) -> bool {
+    match crate::features::store::Snapshot::read(db).await {
+        Ok(flags) => wanted_in(&flags, user_id),
+        Err(_) => true,
+    }
+}
+
+/// [`wanted_for`] from flags already read.
+pub fn wanted_in(flags: &crate::features::store::Snapshot, user_id: i64) -> bool {
     let actor = crate::features::FlagActor::User {
         id: user_id,
         admin: false,
     };
-    crate::features::store::enabled(db, FLAG, &[actor])
-        .await
-        .unwrap_or(true)
+    flags.enabled(FLAG, &[actor])
 }
 
 pub fn register(

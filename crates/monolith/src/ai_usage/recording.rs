@@ -41,6 +41,9 @@ struct NoteState {
     slash_command: Option<String>,
     resource: Option<Subject>,
     first_chunk: Option<Instant>,
+    /// Whether the question is to be categorised, when the agent read the
+    /// flags already (else the record reads the switch itself).
+    categorize: Option<bool>,
 }
 
 impl Notes {
@@ -72,6 +75,12 @@ pub fn note_slash_command(word: &str) {
 /// question counts.
 pub fn note_resource(resource: Option<Subject>) {
     let _ = CURRENT.try_with(|notes| notes.with(|s| s.resource = resource));
+}
+
+/// Notes whether the current answer's question is to be categorised
+/// (`categorize::wanted_in`, from the flags the agent read anyway).
+pub fn note_categorization(wanted: bool) {
+    let _ = CURRENT.try_with(|notes| notes.with(|s| s.categorize = Some(wanted)));
 }
 
 /// One answer being recorded.
@@ -210,15 +219,23 @@ impl Recording {
     }
 
     /// The record, and the categorisation queued in the same transaction
-    /// when the record is new. `true` when it is.
+    /// when the record is new. `true` when it is. Without categorisation the
+    /// record is its one statement, no transaction around it.
     async fn record(
         &self,
         db: &mut deadpool_postgres::Client,
         facts: &store::QuestionFacts,
     ) -> Result<bool, UsageError> {
+        let wanted = match self.notes.with(|s| s.categorize) {
+            Some(wanted) => wanted,
+            None => categorize::wanted_for(&**db, self.user_id).await,
+        };
+        if !wanted {
+            return Ok(store::record_question(&**db, facts).await?);
+        }
         let tx = db.transaction().await?;
         let created = store::record_question(&tx, facts).await?;
-        if created && categorize::wanted_for(&tx, self.user_id).await {
+        if created {
             categorize::enqueue(&tx, self.request_id).await?;
         }
         tx.commit().await?;

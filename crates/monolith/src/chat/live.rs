@@ -133,6 +133,68 @@ pub async fn publish_answer(
     crate::db::publish_to(db, &user_topic(user_id), also.as_slice(), &payload).await
 }
 
+/// The notification that announces a stored answer (as [`publish_answer`]
+/// sends it), with two stand-ins the database replaces by what only it knows:
+/// the message's `id` and `created_at`. So the statement that stores an
+/// answer also announces it, and a NOTIFY goes out at commit: an answer is
+/// announced if and only if it was stored, without a transaction around two
+/// statements.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnswerAnnouncement {
+    /// The notification's text with both stand-ins in it.
+    pub text: String,
+    /// The text standing for the id (a number), found once in `text`.
+    pub id_stand_in: String,
+    /// The text standing for the timestamp (a JSON string), found once in `text`.
+    pub created_at_stand_in: String,
+}
+
+/// What the database may put in place of the stand-ins at most: an `i64`
+/// and a quoted timestamp with microseconds and an offset.
+const FILLED_IN_BYTES: usize = 20 + 40;
+
+impl AnswerAnnouncement {
+    /// The announcement of `message` (its id and time are ignored), or `None`
+    /// when it must go the long way: too large to travel inline, or a stand-in
+    /// that happens to occur in the message's own text.
+    pub fn new(
+        user_id: i64,
+        client_subscription_id: Option<&str>,
+        message: &StoredMessage,
+    ) -> Result<Option<Self>, job_queue::QueueError> {
+        // Random stand-ins, checked to occur exactly once: nothing the message
+        // carries (its text, its extras) can be mistaken for one.
+        let seed = Uuid::new_v4().as_u64_pair().0;
+        let id = -1 - i64::try_from(seed >> 2).unwrap_or(0);
+        let nanos = u32::try_from(seed % 1_000_000_000).unwrap_or(0);
+        let created_at = chrono::DateTime::from_timestamp(0, nanos).unwrap_or_default();
+        let mut draft = LiveMessage::stored(message.clone());
+        draft.message.id = id;
+        draft.message.created_at = created_at;
+        let payload = serde_json::to_value(&draft)?;
+        let client = client_subscription_id.map(|c| client_topic(user_id, c));
+        let Some(text) = job_queue::pubsub::inline_notification_to(
+            &user_topic(user_id),
+            client.as_deref().as_slice(),
+            &payload,
+        )?
+        else {
+            return Ok(None);
+        };
+        let id_stand_in = id.to_string();
+        let created_at_stand_in = serde_json::to_string(&created_at)?;
+        let once = |needle: &str| text.matches(needle).count() == 1;
+        let fits = text.len() + FILLED_IN_BYTES <= job_queue::pubsub::MAX_INLINE_BYTES;
+        Ok(
+            (fits && once(&id_stand_in) && once(&created_at_stand_in)).then_some(Self {
+                text,
+                id_stand_in,
+                created_at_stand_in,
+            }),
+        )
+    }
+}
+
 /// This process's one LISTEN connection for live messages, opened on the first
 /// subscription (so the web role starts even while the database is still coming up).
 pub struct LiveHub {
@@ -182,6 +244,66 @@ mod tests {
         assert_eq!(json["message"]["role"], "assistant");
         let back: LiveMessage = serde_json::from_value(json).unwrap();
         assert_eq!(back, chunk);
+    }
+
+    fn answer(content: &str) -> StoredMessage {
+        let mut message = LiveMessage::chunk(7, Uuid::new_v4(), 0, content.into()).message;
+        message.extras = serde_json::json!({ "sources": [{ "id": 0, "created_at": "x" }] });
+        message
+    }
+
+    #[test]
+    fn an_announcement_filled_in_is_the_stored_answers_notification() {
+        let message = answer("Pipelines run jobs.");
+        let announcement = AnswerAnnouncement::new(3, Some("tab-1"), &message)
+            .unwrap()
+            .unwrap();
+        // What the storing statement does with the row's id and time.
+        let stored_at = "2026-11-28T01:02:03.456789+00:00";
+        let filled = announcement
+            .text
+            .replace(&announcement.id_stand_in, "4242")
+            .replace(
+                &announcement.created_at_stand_in,
+                &format!("\"{stored_at}\""),
+            );
+        let mut stored = message.clone();
+        stored.id = 4242;
+        stored.created_at = chrono::DateTime::parse_from_rfc3339(stored_at)
+            .unwrap()
+            .with_timezone(&Utc);
+        let payload = serde_json::to_value(LiveMessage::stored(stored)).unwrap();
+        let expected = job_queue::pubsub::inline_notification_to(
+            &user_topic(3),
+            &[client_topic(3, "tab-1").as_str()],
+            &payload,
+        )
+        .unwrap()
+        .unwrap();
+        // Equal as their readers see them (the database writes the time
+        // with `+00:00` where chrono writes `Z`).
+        let read = |text: &str| {
+            let mut envelope: serde_json::Value = serde_json::from_str(text).unwrap();
+            let message: LiveMessage = serde_json::from_value(envelope["payload"].take()).unwrap();
+            (envelope, message)
+        };
+        assert_eq!(read(&filled), read(&expected));
+    }
+
+    #[test]
+    fn answers_too_large_to_announce_inline_take_the_long_way() {
+        let fits = "x".repeat(job_queue::pubsub::MAX_INLINE_BYTES - 1000);
+        assert!(
+            AnswerAnnouncement::new(3, None, &answer(&fits))
+                .unwrap()
+                .is_some()
+        );
+        let too_large = "x".repeat(job_queue::pubsub::MAX_INLINE_BYTES);
+        assert!(
+            AnswerAnnouncement::new(3, None, &answer(&too_large))
+                .unwrap()
+                .is_none()
+        );
     }
 
     #[test]

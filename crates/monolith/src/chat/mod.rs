@@ -11,10 +11,11 @@ mod storage;
 
 pub use markdown::render_markdown;
 pub use service::{ChatService, RATE_LIMIT_ACTION};
+pub(crate) use storage::errors_of;
 pub use storage::{
     CompletionStart, HistoryRow, MAX_FEEDBACK_REASON_CHARS, apply_retention, completion_start,
     delete_idle_threads, delete_thread, messages_since_reset, question_extras, record_feedback,
-    store_answer_once, store_message,
+    store_and_announce_answer_once, store_answer_once, store_message,
 };
 
 use async_trait::async_trait;

@@ -60,6 +60,51 @@ pub async fn store_answer_once(
     Ok(row.as_ref().map(message_from_row))
 }
 
+/// [`store_answer_once`] that also sends `announcement` (filled in with the
+/// stored row's id and time) in the same statement: delivered at commit, so
+/// only when the answer was stored. The stored message, `None` when an answer
+/// was there already (and nothing is sent).
+pub async fn store_and_announce_answer_once(
+    db: &impl Queries,
+    message: &StoredMessage,
+    error_details: Option<Value>,
+    announcement: &super::live::AnswerAnnouncement,
+) -> Result<Option<StoredMessage>, ChatError> {
+    let row = db
+        .query_opt(
+            "WITH m AS (
+                 INSERT INTO ai_conversation_messages (thread_id, role, content, message_xid, request_xid, error_details, extras)
+                 VALUES ($1, 2, $2, $3, $4, $5, $6)
+                 ON CONFLICT (request_xid) WHERE role = 2 AND request_xid IS NOT NULL DO NOTHING
+                 RETURNING id, created_at
+             ), t AS (
+                 UPDATE ai_conversation_threads SET last_updated_at = now()
+                 WHERE id = $1 AND EXISTS (SELECT 1 FROM m)
+             )
+             SELECT id, created_at,
+                    pg_notify($7, replace(replace($8, $9, id::text), $10, to_json(created_at)::text))
+             FROM m",
+            &[
+                &message.thread_id,
+                &message.content,
+                &message.message_xid,
+                &message.request_xid,
+                &error_details,
+                &message.extras,
+                &job_queue::pubsub::PUBSUB_CHANNEL,
+                &announcement.text,
+                &announcement.id_stand_in,
+                &announcement.created_at_stand_in,
+            ],
+        )
+        .await?;
+    Ok(row.map(|row| StoredMessage {
+        id: row.get(0),
+        created_at: row.get(1),
+        ..message.clone()
+    }))
+}
+
 /// What a completion job finds when it starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CompletionStart {
@@ -156,10 +201,9 @@ pub async fn question_extras(
         .unwrap_or(Value::Null))
 }
 
-pub(crate) fn message_from_row(row: &tokio_postgres::Row) -> StoredMessage {
-    let details: Option<Value> = row.get(6);
+/// The `errors` and the error code a message's `error_details` hold.
+pub(crate) fn errors_of(details: Option<&Value>) -> (Vec<String>, Option<String>) {
     let errors = details
-        .as_ref()
         .and_then(|d| d.get("errors"))
         .and_then(Value::as_array)
         .map(|a| {
@@ -169,10 +213,15 @@ pub(crate) fn message_from_row(row: &tokio_postgres::Row) -> StoredMessage {
         })
         .unwrap_or_default();
     let error_code = details
-        .as_ref()
         .and_then(|d| d.get("code"))
         .and_then(Value::as_str)
         .map(str::to_owned);
+    (errors, error_code)
+}
+
+pub(crate) fn message_from_row(row: &tokio_postgres::Row) -> StoredMessage {
+    let details: Option<Value> = row.get(6);
+    let (errors, error_code) = errors_of(details.as_ref());
     StoredMessage {
         id: row.get(0),
         thread_id: row.get(1),

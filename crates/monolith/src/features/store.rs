@@ -73,7 +73,7 @@ pub async fn enabled(
     flag: &str,
     actors: &[FlagActor],
 ) -> Result<bool, tokio_postgres::Error> {
-    Ok(evaluate(flag, find(db, flag).await?.as_ref(), actors))
+    Ok(Snapshot::read(db).await?.enabled(flag, actors))
 }
 
 /// The names of every flag, known or stored, that is on for `actors`,
@@ -82,13 +82,43 @@ pub async fn enabled_flags(
     db: &impl Queries,
     actors: &[FlagActor],
 ) -> Result<Vec<String>, tokio_postgres::Error> {
-    Ok(all(db)
-        .await?
-        .into_iter()
-        .filter(|flag| flag.definition().is_none_or(|d| d.announced))
-        .filter(|flag| evaluate(&flag.name, flag.gates.as_ref(), actors))
-        .map(|flag| flag.name)
-        .collect())
+    Ok(Snapshot::read(db).await?.enabled_flags(actors))
+}
+
+/// Every stored flag read once, so one request can ask about several flags
+/// and actors (a chat answer's announced flags and its categorisation
+/// switch) in a single statement.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    stored: BTreeMap<String, Gates>,
+}
+
+impl Snapshot {
+    pub async fn read(db: &impl Queries) -> Result<Self, tokio_postgres::Error> {
+        Ok(Self {
+            stored: stored(db).await?,
+        })
+    }
+
+    /// Whether `flag` is on for `actors`.
+    pub fn enabled(&self, flag: &str, actors: &[FlagActor]) -> bool {
+        evaluate(flag, self.stored.get(flag), actors)
+    }
+
+    /// The names of every flag, known or stored, that is on for `actors`
+    /// and announced to the gateway, sorted.
+    pub fn enabled_flags(&self, actors: &[FlagActor]) -> Vec<String> {
+        let mut names: Vec<&str> = self.stored.keys().map(String::as_str).collect();
+        names.extend(registry::DEFINITIONS.iter().map(|d| d.name));
+        names.sort_unstable();
+        names.dedup();
+        names
+            .into_iter()
+            .filter(|name| registry::definition(name).is_none_or(|d| d.announced))
+            .filter(|name| self.enabled(name, actors))
+            .map(str::to_owned)
+            .collect()
+    }
 }
 
 /// Applies `changes` to the flag `name` (creating it) in one transaction and

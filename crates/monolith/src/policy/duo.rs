@@ -3,7 +3,7 @@
 
 use crate::queries::Queries;
 
-use super::facts::{GroupFacts, ProjectFacts, paid};
+use super::facts::{GroupFacts, InstanceFacts, ProjectFacts, paid};
 use super::*;
 
 /// Where a Duo switch was turned: the instance, a group (and so everything
@@ -23,6 +23,15 @@ pub enum AiResourceAccess {
     NotFound,
     /// Readable, but Duo features are off for its group or project.
     DuoOff,
+}
+
+/// The add-ons whose seats are assigned to the user `$1` and valid today.
+macro_rules! seats_sql {
+    () => {
+        "SELECT DISTINCT p.add_on FROM add_on_seat_assignments a
+         JOIN add_on_purchases p ON p.id = a.purchase_id
+         WHERE a.user_id = $1 AND p.started_on <= current_date AND p.expires_on >= current_date"
+    };
 }
 
 impl Policy {
@@ -119,18 +128,39 @@ impl Policy {
         db: &impl Queries,
         user_id: i64,
     ) -> Result<BTreeSet<AddOn>, PolicyError> {
-        let rows = db
-            .query(
-                "SELECT DISTINCT p.add_on FROM add_on_seat_assignments a
-                 JOIN add_on_purchases p ON p.id = a.purchase_id
-                 WHERE a.user_id = $1 AND p.started_on <= current_date AND p.expires_on >= current_date",
-                &[&user_id],
-            )
-            .await?;
+        let rows = db.query(seats_sql!(), &[&user_id]).await?;
         Ok(rows
             .iter()
             .filter_map(|r| AddOn::parse(r.get::<_, &str>(0)))
             .collect())
+    }
+
+    /// The instance's facts and the user's valid seats in one statement: what
+    /// every chat answer is decided on, on the web role and again in the worker.
+    async fn instance_and_seats(
+        &self,
+        db: &impl Queries,
+        user_id: i64,
+    ) -> Result<(InstanceFacts, BTreeSet<UnitPrimitive>), PolicyError> {
+        let row = db
+            .query_one(
+                concat!(
+                    "SELECT realm, instance_tier, duo_features_enabled, ARRAY(",
+                    seats_sql!(),
+                    ") FROM instance_settings"
+                ),
+                &[&user_id],
+            )
+            .await?;
+        let add_ons: BTreeSet<AddOn> = row
+            .get::<_, Vec<&str>>(3)
+            .into_iter()
+            .filter_map(AddOn::parse)
+            .collect();
+        Ok((
+            InstanceFacts::from_row(&row),
+            self.catalogue.union(&add_ons),
+        ))
     }
 
     /// Unit primitives the user's seats grant (the `scopes` of the gateway JWT).
@@ -198,7 +228,7 @@ impl Policy {
         let Some(user) = user else {
             return Ok(Err(NoDuoChat::SignedOut));
         };
-        let instance = self.instance(db).await?;
+        let (instance, scopes) = self.instance_and_seats(db, user.id).await?;
         match instance.realm {
             Realm::SelfManaged if !paid(&instance.tier) => return Ok(Err(NoDuoChat::NotIncluded)),
             Realm::SelfManaged if !instance.duo_features_enabled => {
@@ -211,7 +241,6 @@ impl Policy {
                 }
             }
         }
-        let scopes = self.seat_unit_primitives(db, user.id).await?;
         if scopes.contains(&UnitPrimitive::DuoChat) {
             Ok(Ok(scopes))
         } else {

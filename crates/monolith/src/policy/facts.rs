@@ -32,6 +32,18 @@ pub(super) struct ProjectFacts {
     pub(super) access: i32,
 }
 
+impl InstanceFacts {
+    /// From a row whose first columns are `realm, instance_tier,
+    /// duo_features_enabled`.
+    pub(super) fn from_row(row: &tokio_postgres::Row) -> Self {
+        Self {
+            realm: Realm::parse(row.get::<_, &str>(0)),
+            tier: row.get(1),
+            duo_features_enabled: row.get(2),
+        }
+    }
+}
+
 pub(super) fn paid(plan: &str) -> bool {
     plan == "premium" || plan == "ultimate"
 }
@@ -44,11 +56,7 @@ impl Policy {
                 &[],
             )
             .await?;
-        Ok(InstanceFacts {
-            realm: Realm::parse(row.get::<_, &str>(0)),
-            tier: row.get(1),
-            duo_features_enabled: row.get(2),
-        })
+        Ok(InstanceFacts::from_row(&row))
     }
 
     pub(super) async fn group_facts(

@@ -491,3 +491,91 @@ async fn two_roles_migrating_a_fresh_database_at_once_both_succeed() {
     let (a, b) = (a.unwrap(), b.unwrap());
     assert!(a.min(b) == 0 && a.max(b) > 0, "applied {a} and {b}");
 }
+
+/// The next message on `topic`'s receiver, within the deadline.
+async fn next_live(
+    receiver: &mut tokio::sync::broadcast::Receiver<serde_json::Value>,
+) -> monolith::chat::live::LiveMessage {
+    let value = tokio::time::timeout(DEADLINE, receiver.recv())
+        .await
+        .expect("a message in time")
+        .unwrap();
+    serde_json::from_value(value).unwrap()
+}
+
+#[tokio::test]
+async fn a_stored_answer_is_announced_once_with_the_id_and_time_it_was_stored_with() {
+    use monolith::chat::live::{self, LiveMessage};
+    let (fx, user, chat) = world(3).await;
+    let subscriber = job_queue::pubsub::Subscriber::connect(fx.db.url(), 64)
+        .await
+        .unwrap();
+    let mut on_user = subscriber.subscribe(&live::user_topic(user.id));
+    let mut on_client = subscriber.subscribe(&live::client_topic(user.id, "tab-1"));
+    // A short answer is stored and announced by one statement; one too large
+    // for a notification goes through a transaction and a stored payload.
+    let long = "a long answer ".repeat(700);
+    for (i, content) in ["A short answer.", long.as_str()].into_iter().enumerate() {
+        let accepted = chat
+            .submit(
+                Some(user),
+                ChatRequest {
+                    content: format!("question {i}"),
+                    client_subscription_id: Some("tab-1".into()),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        let echo = next_live(&mut on_user).await;
+        assert_eq!(echo.message.content, format!("question {i}"));
+        let job = CompletionJob {
+            request_id: accepted.request_id,
+            user_id: user.id,
+            thread_id: accepted.thread_id,
+            content: format!("question {i}"),
+            client_subscription_id: Some("tab-1".into()),
+            ..Default::default()
+        };
+        // A second run of the same job stores and announces nothing.
+        for _ in 0..2 {
+            jobs::store_and_broadcast(
+                &fx.pool,
+                &job,
+                ChatAnswer::text(content),
+                "https://docs.example.com",
+            )
+            .await
+            .unwrap();
+        }
+        let db = fx.pool.get().await.unwrap();
+        let rows = db
+            .query(
+                "SELECT id, created_at, message_xid FROM ai_conversation_messages
+                 WHERE request_xid = $1 AND role = 2",
+                &[&accepted.request_id],
+            )
+            .await
+            .unwrap();
+        assert_eq!(rows.len(), 1, "answer {i}");
+        let (id, created_at, xid): (i64, chrono::DateTime<chrono::Utc>, uuid::Uuid) =
+            (rows[0].get(0), rows[0].get(1), rows[0].get(2));
+        for receiver in [&mut on_user, &mut on_client] {
+            let answer = next_live(receiver).await;
+            assert_eq!(answer.chunk_id, None);
+            assert_eq!(answer.message.id, id, "answer {i}");
+            assert_eq!(answer.message.created_at, created_at, "answer {i}");
+            assert_eq!(answer.message.message_xid, xid, "answer {i}");
+            assert_eq!(answer.message.content, content, "answer {i}");
+            assert_eq!(answer.message.request_xid, Some(accepted.request_id));
+            assert_eq!(answer.message.thread_id, accepted.thread_id);
+        }
+        // Nothing else was announced: the next message is this marker.
+        let marker =
+            LiveMessage::chunk(accepted.thread_id, accepted.request_id, 9, "marker".into());
+        live::publish_to_user(&**db, user.id, &marker)
+            .await
+            .unwrap();
+        assert_eq!(next_live(&mut on_user).await.message.content, "marker");
+    }
+}
