@@ -9,10 +9,12 @@ use crate::queries::Queries;
 
 use super::Services;
 
-/// The names of the flags on for this question, sorted.
+/// The names of the flags on for this question, sorted, from `flags` (read
+/// with the question's other facts).
 pub async fn for_question(
     services: &Services,
     db: &impl Queries,
+    flags: &crate::features::store::Snapshot,
     actor: Actor,
     resource: Option<Subject>,
 ) -> Result<Vec<String>, PolicyError> {
@@ -36,9 +38,8 @@ pub async fn for_question(
     }
     // One read of the flags serves the announced list and the usage
     // record's categorisation switch (asked about the user alone).
-    let flags = crate::features::store::Snapshot::read(db).await?;
     crate::ai_usage::recording::note_categorization(crate::ai_usage::categorize::wanted_in(
-        &flags, actor.id,
+        flags, actor.id,
     ));
     Ok(flags.enabled_flags(&actors))
 }

@@ -233,8 +233,27 @@ impl AgentResponder {
     async fn prepare(&self, question: &CompletionJob) -> Result<RequestContext, Refusal> {
         let services = &self.services;
         let db = services.pool.get().await.map_err(Refusal::transient)?;
-        let actor = load_actor(&*db, question.user_id)
-            .await
+        // The model of the feature this question uses; a switched-off chat is
+        // refused like chat without access, a switched-off command says so.
+        let feature = slash_commands::SlashCommand::parse(&question.content)
+            .and_then(|c| c.name.feature())
+            .unwrap_or(crate::ai_models::Feature::DuoChat);
+        // The reads that depend on nothing else go out together: the
+        // connection pipelines them (one round trip instead of five). Nothing
+        // read here reaches the model unless the checks below pass.
+        let (actor, model, history, route, flags) = tokio::join!(
+            load_actor(&*db, question.user_id),
+            services.models.choice(&*db, feature),
+            history::load(&*db, question.thread_id, question.request_id),
+            crate::gateway_client::instance_route(&*db),
+            async {
+                match self.pinned_flags {
+                    Some(_) => Ok(None),
+                    None => crate::features::store::Snapshot::read(&*db).await.map(Some),
+                }
+            },
+        );
+        let actor = actor
             .map_err(Refusal::transient)?
             .ok_or_else(|| Refusal::Code(DuoErrorCode::M3004, "unknown or inactive user".into()))?;
         // The seats' unit primitives are the gateway token's scopes too.
@@ -243,17 +262,7 @@ impl AgentResponder {
             .authorize_chat_user_scopes(&*db, Some(actor))
             .await
             .map_err(Refusal::from_auth)?;
-
-        // The model of the feature this question uses; a switched-off chat is
-        // refused like chat without access, a switched-off command says so.
-        let feature = slash_commands::SlashCommand::parse(&question.content)
-            .and_then(|c| c.name.feature())
-            .unwrap_or(crate::ai_models::Feature::DuoChat);
-        let model = services
-            .models
-            .choice(&*db, feature)
-            .await
-            .map_err(Refusal::transient)?;
+        let model = model.map_err(Refusal::transient)?;
         if feature == crate::ai_models::Feature::DuoChat
             && model == crate::ai_models::Choice::Disabled
         {
@@ -269,17 +278,16 @@ impl AgentResponder {
                 .map_err(Refusal::transient)?,
             None => None,
         };
-        let history = history::load(&*db, question.thread_id, question.request_id)
-            .await
-            .map_err(Refusal::transient)?;
-        let (realm, gateway_url) = crate::gateway_client::instance_route(&*db)
-            .await
-            .map_err(Refusal::transient)?;
-        let feature_flags = match &self.pinned_flags {
-            Some(flags) => flags.to_vec(),
-            None => feature_flags::for_question(services, &*db, actor, resource)
-                .await
-                .map_err(Refusal::transient)?,
+        let history = history.map_err(Refusal::transient)?;
+        let (realm, gateway_url) = route.map_err(Refusal::transient)?;
+        let feature_flags = match (&self.pinned_flags, flags.map_err(Refusal::transient)?) {
+            (Some(flags), _) => flags.to_vec(),
+            (None, Some(flags)) => {
+                feature_flags::for_question(services, &*db, &flags, actor, resource)
+                    .await
+                    .map_err(Refusal::transient)?
+            }
+            (None, None) => Vec::new(),
         };
         let (current_file, file_content) = match &question.current_file {
             Some(f) => (

@@ -222,49 +222,36 @@ pub async fn store_and_broadcast(
     } else {
         answer.content
     };
-    let mut client = pool.get().await?;
-    let client_id = job.client_subscription_id.as_deref();
-    let (errors, error_code) = chat::errors_of(details.as_ref());
-    let message = chat::StoredMessage {
-        id: 0,
-        thread_id: job.thread_id,
-        role: chat::Role::Assistant,
+    let message = chat::StoredMessage::draft(
+        job.thread_id,
+        chat::Role::Assistant,
         content,
-        message_xid: uuid::Uuid::new_v4(),
-        request_xid: Some(job.request_id),
-        errors,
-        error_code,
-        extras: answer.extras,
-        has_feedback: false,
-        created_at: chrono::Utc::now(),
-    };
+        Some(job.request_id),
+        details.as_ref(),
+        answer.extras,
+    );
+    let client_id = job.client_subscription_id.as_deref();
+    let mut client = pool.get().await?;
     // Usually one statement stores and announces the answer; a large answer
     // goes through a transaction (its notification names a stored payload).
-    if let Some(announcement) = live::AnswerAnnouncement::new(job.user_id, client_id, &message)? {
-        let stored =
-            chat::store_and_announce_answer_once(&**client, &message, details, &announcement)
-                .await?;
-        if stored.is_none() {
-            tracing::info!(request_id = %job.request_id, "answer already stored by another run");
+    let stored = match live::Announcement::answer(job.user_id, client_id, &message)? {
+        Some(announcement) => {
+            chat::store_answer_once(&**client, &message, details, Some(&announcement)).await?
         }
-        return Ok(());
-    }
-    let tx = client.transaction().await?;
-    let Some(stored) = chat::store_answer_once(
-        &tx,
-        job.thread_id,
-        job.request_id,
-        &message.content,
-        details,
-        message.extras,
-    )
-    .await?
-    else {
-        tracing::info!(request_id = %job.request_id, "answer already stored by another run");
-        return Ok(());
+        None => {
+            let tx = client.transaction().await?;
+            let stored = chat::store_answer_once(&tx, &message, details, None).await?;
+            if let Some(stored) = &stored {
+                let live = LiveMessage::stored(stored.clone());
+                live::publish_answer(&tx, job.user_id, client_id, &live).await?;
+            }
+            tx.commit().await?;
+            stored
+        }
     };
-    live::publish_answer(&tx, job.user_id, client_id, &LiveMessage::stored(stored)).await?;
-    tx.commit().await?;
+    if stored.is_none() {
+        tracing::info!(request_id = %job.request_id, "answer already stored by another run");
+    }
     Ok(())
 }
 

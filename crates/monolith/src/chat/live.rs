@@ -133,14 +133,14 @@ pub async fn publish_answer(
     crate::db::publish_to(db, &user_topic(user_id), also.as_slice(), &payload).await
 }
 
-/// The notification that announces a stored answer (as [`publish_answer`]
-/// sends it), with two stand-ins the database replaces by what only it knows:
-/// the message's `id` and `created_at`. So the statement that stores an
-/// answer also announces it, and a NOTIFY goes out at commit: an answer is
-/// announced if and only if it was stored, without a transaction around two
-/// statements.
+/// The notification that announces a message being stored (as
+/// [`publish_to_user`] or [`publish_answer`] would send it), with two
+/// stand-ins the database replaces by what only it knows: the message's `id`
+/// and `created_at`. So the statement that stores a message also announces
+/// it, and as a NOTIFY goes out at commit, a message is announced if and only
+/// if it was stored, without a statement of its own.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AnswerAnnouncement {
+pub struct Announcement {
     /// The notification's text with both stand-ins in it.
     pub text: String,
     /// The text standing for the id (a number), found once in `text`.
@@ -153,13 +153,32 @@ pub struct AnswerAnnouncement {
 /// and a quoted timestamp with microseconds and an offset.
 const FILLED_IN_BYTES: usize = 20 + 40;
 
-impl AnswerAnnouncement {
-    /// The announcement of `message` (its id and time are ignored), or `None`
-    /// when it must go the long way: too large to travel inline, or a stand-in
-    /// that happens to occur in the message's own text.
-    pub fn new(
+impl Announcement {
+    /// The echo of a user's question to their `aiAction` subscribers.
+    pub fn to_user(
+        user_id: i64,
+        message: &StoredMessage,
+    ) -> Result<Option<Self>, job_queue::QueueError> {
+        Self::new(&user_topic(user_id), &[], message)
+    }
+
+    /// A stored answer, to the user's subscribers and the request's
+    /// `clientSubscriptionId`'s.
+    pub fn answer(
         user_id: i64,
         client_subscription_id: Option<&str>,
+        message: &StoredMessage,
+    ) -> Result<Option<Self>, job_queue::QueueError> {
+        let client = client_subscription_id.map(|c| client_topic(user_id, c));
+        Self::new(&user_topic(user_id), client.as_deref().as_slice(), message)
+    }
+
+    /// The announcement of `message` (its id and time are ignored) on `topic`
+    /// and `also`, or `None` when it must go the long way: too large to travel
+    /// inline, or a stand-in that happens to occur in the message's own text.
+    fn new(
+        topic: &str,
+        also: &[&str],
         message: &StoredMessage,
     ) -> Result<Option<Self>, job_queue::QueueError> {
         // Random stand-ins, checked to occur exactly once: nothing the message
@@ -172,13 +191,7 @@ impl AnswerAnnouncement {
         draft.message.id = id;
         draft.message.created_at = created_at;
         let payload = serde_json::to_value(&draft)?;
-        let client = client_subscription_id.map(|c| client_topic(user_id, c));
-        let Some(text) = job_queue::pubsub::inline_notification_to(
-            &user_topic(user_id),
-            client.as_deref().as_slice(),
-            &payload,
-        )?
-        else {
+        let Some(text) = job_queue::pubsub::inline_notification_to(topic, also, &payload)? else {
             return Ok(None);
         };
         let id_stand_in = id.to_string();
@@ -255,7 +268,7 @@ mod tests {
     #[test]
     fn an_announcement_filled_in_is_the_stored_answers_notification() {
         let message = answer("Pipelines run jobs.");
-        let announcement = AnswerAnnouncement::new(3, Some("tab-1"), &message)
+        let announcement = Announcement::answer(3, Some("tab-1"), &message)
             .unwrap()
             .unwrap();
         // What the storing statement does with the row's id and time.
@@ -294,13 +307,13 @@ mod tests {
     fn answers_too_large_to_announce_inline_take_the_long_way() {
         let fits = "x".repeat(job_queue::pubsub::MAX_INLINE_BYTES - 1000);
         assert!(
-            AnswerAnnouncement::new(3, None, &answer(&fits))
+            Announcement::answer(3, None, &answer(&fits))
                 .unwrap()
                 .is_some()
         );
         let too_large = "x".repeat(job_queue::pubsub::MAX_INLINE_BYTES);
         assert!(
-            AnswerAnnouncement::new(3, None, &answer(&too_large))
+            Announcement::answer(3, None, &answer(&too_large))
                 .unwrap()
                 .is_none()
         );

@@ -11,11 +11,10 @@ mod storage;
 
 pub use markdown::render_markdown;
 pub use service::{ChatService, RATE_LIMIT_ACTION};
-pub(crate) use storage::errors_of;
 pub use storage::{
     CompletionStart, HistoryRow, MAX_FEEDBACK_REASON_CHARS, apply_retention, completion_start,
     delete_idle_threads, delete_thread, messages_since_reset, question_extras, record_feedback,
-    store_and_announce_answer_once, store_answer_once, store_message,
+    store_answer_once, store_message,
 };
 
 use async_trait::async_trait;
@@ -247,6 +246,34 @@ pub struct StoredMessage {
     pub extras: Value,
     pub has_feedback: bool,
     pub created_at: DateTime<Utc>,
+}
+
+impl StoredMessage {
+    /// A message about to be stored: its id and time are the database's
+    /// (stored and announced by one statement, see `live::Announcement`).
+    pub fn draft(
+        thread_id: i64,
+        role: Role,
+        content: String,
+        request_xid: Option<Uuid>,
+        error_details: Option<&Value>,
+        extras: Value,
+    ) -> Self {
+        let (errors, error_code) = storage::errors_of(error_details);
+        Self {
+            id: 0,
+            thread_id,
+            role,
+            content,
+            message_xid: Uuid::new_v4(),
+            request_xid,
+            errors,
+            error_code,
+            extras,
+            has_feedback: false,
+            created_at: Utc::now(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -8,6 +8,7 @@ use deadpool_postgres::Pool;
 use serde_json::json;
 use uuid::Uuid;
 
+use super::live;
 use super::resource::ChatResourceAccess;
 use super::storage::{
     create_thread, find_thread, latest_thread, message_from_row, resolve_thread_for_write,
@@ -76,16 +77,22 @@ impl ChatService {
             });
         }
         let extras = json!({ "additional_context": request.additional_context });
-        let question = store_message(
-            &tx,
+        let question = StoredMessage::draft(
             thread.id,
             Role::User,
-            &request.content,
+            request.content.clone(),
             Some(request_id),
             None,
             extras,
-        )
-        .await?;
+        );
+        // GitLab echoes the question to the user's open chats, sent by the
+        // statement that stores it when it fits a notification; a NOTIFY inside
+        // the transaction is delivered at commit, so nobody sees an unsaved question.
+        let echo = live::Announcement::to_user(user.id, &question)?;
+        let stored = store_message(&tx, &question, None, echo.as_ref()).await?;
+        if echo.is_none() {
+            live::publish_to_user(&tx, user.id, &live::LiveMessage::stored(stored)).await?;
+        }
         if command != "/reset" {
             let job = CompletionJob {
                 request_id,
@@ -101,14 +108,6 @@ impl ChatService {
             };
             self.queue.enqueue(&tx, &job).await?;
         }
-        // GitLab echoes the question to the user's open chats; NOTIFY inside the
-        // transaction is delivered at commit, so nobody sees an unsaved question.
-        crate::chat::live::publish_to_user(
-            &tx,
-            user.id,
-            &crate::chat::live::LiveMessage::stored(question),
-        )
-        .await?;
         tx.commit().await?;
 
         Ok(ChatAccepted {

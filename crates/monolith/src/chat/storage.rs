@@ -8,96 +8,99 @@ use uuid::Uuid;
 
 use super::{ChatError, ConversationType, Role, StoredMessage, Thread};
 
-pub async fn store_message(
-    db: &impl Queries,
-    thread_id: i64,
-    role: Role,
-    content: &str,
-    request_xid: Option<Uuid>,
-    error_details: Option<Value>,
-    extras: Value,
-) -> Result<StoredMessage, ChatError> {
-    let row = db
-        .query_one(
+/// The statement that stores a message (`$1`–`$7`) and touches its thread:
+/// `$conflict` says what a second answer to the same request does, `$announce`
+/// what else the statement returns or sends.
+macro_rules! insert_message_sql {
+    ($conflict:literal, $announce:expr) => {
+        concat!(
             "WITH m AS (
                  INSERT INTO ai_conversation_messages (thread_id, role, content, message_xid, request_xid, error_details, extras)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING *
-             ), t AS (
-                 UPDATE ai_conversation_threads SET last_updated_at = now() WHERE id = $1
-             )
-             SELECT id, thread_id, role, content, message_xid, request_xid, error_details, extras, has_feedback, created_at FROM m",
-            &[&thread_id, &(role as i16), &content, &Uuid::new_v4(), &request_xid, &error_details, &extras],
-        )
-        .await?;
-    Ok(message_from_row(&row))
-}
-
-/// Stores the assistant's answer to `request_xid` unless one is stored already
-/// (a unique index allows one per request); `None` when it was already there.
-pub async fn store_answer_once(
-    db: &impl Queries,
-    thread_id: i64,
-    request_xid: Uuid,
-    content: &str,
-    error_details: Option<Value>,
-    extras: Value,
-) -> Result<Option<StoredMessage>, ChatError> {
-    let row = db
-        .query_opt(
-            "WITH m AS (
-                 INSERT INTO ai_conversation_messages (thread_id, role, content, message_xid, request_xid, error_details, extras)
-                 VALUES ($1, 2, $2, $3, $4, $5, $6)
-                 ON CONFLICT (request_xid) WHERE role = 2 AND request_xid IS NOT NULL DO NOTHING
-                 RETURNING *
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) ",
+            $conflict,
+            " RETURNING id, created_at
              ), t AS (
                  UPDATE ai_conversation_threads SET last_updated_at = now()
                  WHERE id = $1 AND EXISTS (SELECT 1 FROM m)
              )
-             SELECT id, thread_id, role, content, message_xid, request_xid, error_details, extras, has_feedback, created_at FROM m",
-            &[&thread_id, &content, &Uuid::new_v4(), &request_xid, &error_details, &extras],
+             SELECT id, created_at",
+            $announce,
+            " FROM m"
         )
-        .await?;
-    Ok(row.as_ref().map(message_from_row))
+    };
 }
 
-/// [`store_answer_once`] that also sends `announcement` (filled in with the
-/// stored row's id and time) in the same statement: delivered at commit, so
-/// only when the answer was stored. The stored message, `None` when an answer
-/// was there already (and nothing is sent).
-pub async fn store_and_announce_answer_once(
+/// The announcement's NOTIFY, with the row's id and time put in for its stand-ins.
+macro_rules! announce_sql {
+    () => {
+        ", pg_notify($8, replace(replace($9, $10, id::text), $11, to_json(created_at)::text))"
+    };
+}
+
+/// Stores `message` (its id and time are the database's) and, with an
+/// `announcement` of it, sends that in the same statement: inside a
+/// transaction the notification goes out at commit. The stored message.
+pub async fn store_message(
     db: &impl Queries,
     message: &StoredMessage,
     error_details: Option<Value>,
-    announcement: &super::live::AnswerAnnouncement,
+    announcement: Option<&super::live::Announcement>,
+) -> Result<StoredMessage, ChatError> {
+    insert_message(db, message, error_details, false, announcement)
+        .await?
+        .ok_or_else(|| ChatError::Internal("a stored message returned no row".into()))
+}
+
+/// Stores the assistant's answer unless one to its request is stored already
+/// (a unique index allows one per request), announced as [`store_message`]
+/// does; `None` when it was already there (and nothing is sent).
+pub async fn store_answer_once(
+    db: &impl Queries,
+    message: &StoredMessage,
+    error_details: Option<Value>,
+    announcement: Option<&super::live::Announcement>,
 ) -> Result<Option<StoredMessage>, ChatError> {
-    let row = db
-        .query_opt(
-            "WITH m AS (
-                 INSERT INTO ai_conversation_messages (thread_id, role, content, message_xid, request_xid, error_details, extras)
-                 VALUES ($1, 2, $2, $3, $4, $5, $6)
-                 ON CONFLICT (request_xid) WHERE role = 2 AND request_xid IS NOT NULL DO NOTHING
-                 RETURNING id, created_at
-             ), t AS (
-                 UPDATE ai_conversation_threads SET last_updated_at = now()
-                 WHERE id = $1 AND EXISTS (SELECT 1 FROM m)
-             )
-             SELECT id, created_at,
-                    pg_notify($7, replace(replace($8, $9, id::text), $10, to_json(created_at)::text))
-             FROM m",
-            &[
-                &message.thread_id,
-                &message.content,
-                &message.message_xid,
-                &message.request_xid,
-                &error_details,
-                &message.extras,
-                &job_queue::pubsub::PUBSUB_CHANNEL,
-                &announcement.text,
-                &announcement.id_stand_in,
-                &announcement.created_at_stand_in,
-            ],
-        )
-        .await?;
+    insert_message(db, message, error_details, true, announcement).await
+}
+
+async fn insert_message(
+    db: &impl Queries,
+    message: &StoredMessage,
+    error_details: Option<Value>,
+    once_per_request: bool,
+    announcement: Option<&super::live::Announcement>,
+) -> Result<Option<StoredMessage>, ChatError> {
+    let role = message.role as i16;
+    let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![
+        &message.thread_id,
+        &role,
+        &message.content,
+        &message.message_xid,
+        &message.request_xid,
+        &error_details,
+        &message.extras,
+    ];
+    let sql = match (once_per_request, announcement) {
+        (false, None) => insert_message_sql!("", ""),
+        (true, None) => insert_message_sql!(
+            "ON CONFLICT (request_xid) WHERE role = 2 AND request_xid IS NOT NULL DO NOTHING",
+            ""
+        ),
+        (false, Some(_)) => insert_message_sql!("", announce_sql!()),
+        (true, Some(_)) => insert_message_sql!(
+            "ON CONFLICT (request_xid) WHERE role = 2 AND request_xid IS NOT NULL DO NOTHING",
+            announce_sql!()
+        ),
+    };
+    if let Some(a) = announcement {
+        params.extend([
+            &job_queue::pubsub::PUBSUB_CHANNEL as &(dyn tokio_postgres::types::ToSql + Sync),
+            &a.text,
+            &a.id_stand_in,
+            &a.created_at_stand_in,
+        ]);
+    }
+    let row = db.query_opt(sql, &params).await?;
     Ok(row.map(|row| StoredMessage {
         id: row.get(0),
         created_at: row.get(1),

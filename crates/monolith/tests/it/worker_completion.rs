@@ -504,7 +504,7 @@ async fn next_live(
 }
 
 #[tokio::test]
-async fn a_stored_answer_is_announced_once_with_the_id_and_time_it_was_stored_with() {
+async fn questions_and_answers_are_announced_once_with_the_id_and_time_they_were_stored_with() {
     use monolith::chat::live::{self, LiveMessage};
     let (fx, user, chat) = world(3).await;
     let subscriber = job_queue::pubsub::Subscriber::connect(fx.db.url(), 64)
@@ -512,15 +512,16 @@ async fn a_stored_answer_is_announced_once_with_the_id_and_time_it_was_stored_wi
         .unwrap();
     let mut on_user = subscriber.subscribe(&live::user_topic(user.id));
     let mut on_client = subscriber.subscribe(&live::client_topic(user.id, "tab-1"));
-    // A short answer is stored and announced by one statement; one too large
-    // for a notification goes through a transaction and a stored payload.
+    // A short message is stored and announced by one statement; one too
+    // large for a notification goes through a stored payload.
     let long = "a long answer ".repeat(700);
     for (i, content) in ["A short answer.", long.as_str()].into_iter().enumerate() {
+        let question = format!("question {i}: {}", &content[..content.len() / 2]);
         let accepted = chat
             .submit(
                 Some(user),
                 ChatRequest {
-                    content: format!("question {i}"),
+                    content: question.clone(),
                     client_subscription_id: Some("tab-1".into()),
                     ..Default::default()
                 },
@@ -528,12 +529,26 @@ async fn a_stored_answer_is_announced_once_with_the_id_and_time_it_was_stored_wi
             .await
             .unwrap();
         let echo = next_live(&mut on_user).await;
-        assert_eq!(echo.message.content, format!("question {i}"));
+        let db = fx.pool.get().await.unwrap();
+        let asked = db
+            .query_one(
+                "SELECT id, created_at FROM ai_conversation_messages WHERE request_xid = $1 AND role = 1",
+                &[&accepted.request_id],
+            )
+            .await
+            .unwrap();
+        assert_eq!(echo.message.content, question);
+        assert_eq!(echo.message.id, asked.get::<_, i64>(0), "question {i}");
+        assert_eq!(
+            echo.message.created_at,
+            asked.get::<_, chrono::DateTime<chrono::Utc>>(1),
+            "question {i}"
+        );
         let job = CompletionJob {
             request_id: accepted.request_id,
             user_id: user.id,
             thread_id: accepted.thread_id,
-            content: format!("question {i}"),
+            content: question.clone(),
             client_subscription_id: Some("tab-1".into()),
             ..Default::default()
         };
@@ -548,7 +563,6 @@ async fn a_stored_answer_is_announced_once_with_the_id_and_time_it_was_stored_wi
             .await
             .unwrap();
         }
-        let db = fx.pool.get().await.unwrap();
         let rows = db
             .query(
                 "SELECT id, created_at, message_xid FROM ai_conversation_messages
