@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use serde::Serialize;
-use tokio_postgres::GenericClient;
 use tokio_postgres::types::Type;
+use tokio_postgres::{GenericClient, Statement};
 
 use crate::QueueError;
 use crate::job::Job;
@@ -62,6 +62,37 @@ pub async fn enqueue<C: GenericClient, J: Job>(
     enqueue_raw(client, J::KIND, &serde_json::to_value(job)?, options).await
 }
 
+/// [`enqueue`] with [`ENQUEUE_SQL`] prepared by the caller (a connection that
+/// keeps its statements prepared: no parsing and planning per job).
+pub async fn enqueue_prepared<C: GenericClient, J: Job>(
+    client: &C,
+    statement: &Statement,
+    job: &J,
+    options: EnqueueOptions,
+) -> Result<Enqueued, QueueError> {
+    insert_job(
+        client,
+        Some(statement),
+        J::KIND,
+        &serde_json::to_value(job)?,
+        options,
+    )
+    .await
+}
+
+/// The statement that inserts a job: `$1` queue, `$2` kind, `$3` payload
+/// (jsonb), `$4` priority (int2), `$5` delay in milliseconds (float8), `$6`
+/// attempts (int4), `$7` dedupe key, `$8` trace context; the new job's id, or
+/// no row when a live job holds the dedupe key.
+pub const ENQUEUE_SQL: &str = "INSERT INTO background_jobs
+         (queue, kind, payload, priority, run_at, max_attempts, dedupe_key,
+          trace_context)
+     VALUES ($1, $2, $3, $4, now() + $5 * interval '1 millisecond', $6, $7, $8)
+     ON CONFLICT (dedupe_key)
+         WHERE dedupe_key IS NOT NULL AND state IN ('pending', 'running')
+         DO NOTHING
+     RETURNING id";
+
 /// Enqueues a job of `kind` with a JSON payload.
 pub async fn enqueue_raw<C: GenericClient, P: Serialize + Sync>(
     client: &C,
@@ -69,35 +100,58 @@ pub async fn enqueue_raw<C: GenericClient, P: Serialize + Sync>(
     payload: &P,
     options: EnqueueOptions,
 ) -> Result<Enqueued, QueueError> {
-    let payload = serde_json::to_value(payload)?;
+    insert_job(client, None, kind, &serde_json::to_value(payload)?, options).await
+}
+
+async fn insert_job<C: GenericClient>(
+    client: &C,
+    statement: Option<&Statement>,
+    kind: &str,
+    payload: &serde_json::Value,
+    options: EnqueueOptions,
+) -> Result<Enqueued, QueueError> {
     let delay_ms = options.delay.as_millis() as f64;
     // Who enqueued the job, so its run joins their trace (None with traces off).
     let trace_context = duo_telemetry::current_traceparent();
     // A duplicate may finish between the insert and the lookup: then insert again.
     for _ in 0..3 {
-        // Typed parameters: one round trip (no separate prepare), whatever the client.
-        let inserted = client
-            .query_typed_opt(
-                "INSERT INTO background_jobs
-                     (queue, kind, payload, priority, run_at, max_attempts, dedupe_key,
-                      trace_context)
-                 VALUES ($1, $2, $3, $4, now() + $5 * interval '1 millisecond', $6, $7, $8)
-                 ON CONFLICT (dedupe_key)
-                     WHERE dedupe_key IS NOT NULL AND state IN ('pending', 'running')
-                     DO NOTHING
-                 RETURNING id",
-                &[
-                    (&options.queue, Type::TEXT),
-                    (&kind, Type::TEXT),
-                    (&payload, Type::JSONB),
-                    (&options.priority, Type::INT2),
-                    (&delay_ms, Type::FLOAT8),
-                    (&options.max_attempts, Type::INT4),
-                    (&options.dedupe_key, Type::TEXT),
-                    (&trace_context, Type::TEXT),
-                ],
-            )
-            .await?;
+        let inserted = match statement {
+            Some(statement) => {
+                client
+                    .query_opt(
+                        statement,
+                        &[
+                            &options.queue,
+                            &kind,
+                            payload,
+                            &options.priority,
+                            &delay_ms,
+                            &options.max_attempts,
+                            &options.dedupe_key,
+                            &trace_context,
+                        ],
+                    )
+                    .await?
+            }
+            // Typed parameters: one round trip (no separate prepare), whatever the client.
+            None => {
+                client
+                    .query_typed_opt(
+                        ENQUEUE_SQL,
+                        &[
+                            (&options.queue, Type::TEXT),
+                            (&kind, Type::TEXT),
+                            (payload, Type::JSONB),
+                            (&options.priority, Type::INT2),
+                            (&delay_ms, Type::FLOAT8),
+                            (&options.max_attempts, Type::INT4),
+                            (&options.dedupe_key, Type::TEXT),
+                            (&trace_context, Type::TEXT),
+                        ],
+                    )
+                    .await?
+            }
+        };
         if let Some(row) = inserted {
             return Ok(Enqueued {
                 id: row.get(0),

@@ -57,6 +57,17 @@ pub async fn publish_to(
     }
 }
 
+/// Enqueues `job` with the queue's insert kept prepared on a pooled
+/// connection (parsed and planned once per connection, not per job).
+pub async fn enqueue<J: job_queue::Job>(
+    db: &impl Queries,
+    job: &J,
+    options: job_queue::EnqueueOptions,
+) -> Result<job_queue::Enqueued, job_queue::QueueError> {
+    let statement = db.statement(job_queue::ENQUEUE_SQL).await?;
+    job_queue::enqueue_prepared(db.plain(), &statement, job, options).await
+}
+
 pub fn pool(config: &Config) -> Result<Pool, DbError> {
     pool_for_url(
         config.database_url.expose_secret(),

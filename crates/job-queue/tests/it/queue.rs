@@ -136,25 +136,41 @@ async fn concurrent_workers_in_two_processes_never_run_a_job_twice() {
 async fn enqueueing_a_duplicate_returns_the_live_job() {
     let (_db, pool) = database().await;
     let c = pool.get().await.unwrap();
-    let opts = || EnqueueOptions::default().dedupe("completion:req-1");
-    let first = enqueue(&**c, &Count { n: 1 }, opts()).await.unwrap();
-    let second = enqueue(&**c, &Count { n: 2 }, opts()).await.unwrap();
-    assert!(first.created);
-    assert_eq!(second.id, first.id);
-    assert!(!second.created);
-    let n: i64 = c
-        .query_one("SELECT count(*) FROM background_jobs", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(n, 1);
-    // Once finished, the key is free again.
-    c.execute("UPDATE background_jobs SET state = 'done'", &[])
-        .await
-        .unwrap();
-    let third = enqueue(&**c, &Count { n: 3 }, opts()).await.unwrap();
-    assert!(third.created);
-    assert_ne!(third.id, first.id);
+    // The same whether the insert is sent with its text or kept prepared.
+    let prepared = c.prepare(job_queue::ENQUEUE_SQL).await.unwrap();
+    for keep_prepared in [false, true] {
+        let add = |n: i64| {
+            let opts = EnqueueOptions::default().dedupe("completion:req-1");
+            let (c, prepared) = (&c, &prepared);
+            async move {
+                if keep_prepared {
+                    job_queue::enqueue_prepared(&***c, prepared, &Count { n }, opts).await
+                } else {
+                    enqueue(&***c, &Count { n }, opts).await
+                }
+                .unwrap()
+            }
+        };
+        c.execute("DELETE FROM background_jobs", &[]).await.unwrap();
+        let first = add(1).await;
+        let second = add(2).await;
+        assert!(first.created);
+        assert_eq!(second.id, first.id);
+        assert!(!second.created);
+        let n: i64 = c
+            .query_one("SELECT count(*) FROM background_jobs", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(n, 1);
+        // Once finished, the key is free again.
+        c.execute("UPDATE background_jobs SET state = 'done'", &[])
+            .await
+            .unwrap();
+        let third = add(3).await;
+        assert!(third.created);
+        assert_ne!(third.id, first.id);
+    }
 }
 
 #[derive(Serialize, Deserialize)]

@@ -59,8 +59,8 @@ impl job_queue::Job for CategorizeQuestion {
 
 /// Queues the categorisation of `request_id`'s question (once per request).
 pub async fn enqueue(db: &impl Queries, request_id: Uuid) -> Result<(), UsageError> {
-    job_queue::enqueue(
-        db.plain(),
+    crate::db::enqueue(
+        db,
         &CategorizeQuestion { request_id },
         EnqueueOptions {
             // Answers first: a waiting chat answer is always claimed before this.

@@ -201,7 +201,7 @@ impl From<job_queue::QueueError> for ChatError {
 pub trait CompletionQueue: Send + Sync {
     async fn enqueue(
         &self,
-        tx: &tokio_postgres::Transaction<'_>,
+        tx: &deadpool_postgres::Transaction<'_>,
         job: &CompletionJob,
     ) -> Result<(), ChatError>;
 }
@@ -216,7 +216,7 @@ pub struct PgCompletionQueue {
 impl CompletionQueue for PgCompletionQueue {
     async fn enqueue(
         &self,
-        tx: &tokio_postgres::Transaction<'_>,
+        tx: &deadpool_postgres::Transaction<'_>,
         job: &CompletionJob,
     ) -> Result<(), ChatError> {
         let options = job_queue::EnqueueOptions {
@@ -225,7 +225,7 @@ impl CompletionQueue for PgCompletionQueue {
         }
         .queue(COMPLETION_QUEUE)
         .dedupe(format!("chat_completion:{}", job.request_id));
-        job_queue::enqueue(tx, job, options).await?;
+        crate::db::enqueue(tx, job, options).await?;
         Ok(())
     }
 }

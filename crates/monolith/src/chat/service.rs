@@ -39,14 +39,17 @@ impl ChatService {
         request: ChatRequest,
     ) -> Result<ChatAccepted, ChatError> {
         let user = user.ok_or(ChatError::Unauthenticated)?;
-        // GitLab counts every attempt, valid or not, before looking at it.
-        self.check_rate_limit(user.id).await?;
-        validate(&request)?;
-
         let mut client = self.pool.get().await?;
-        self.policy
-            .authorize_chat_user(&*client, Some(user))
-            .await?;
+        // GitLab counts every attempt, valid or not, before looking at it.
+        // The access check goes out with it (pipelined on the connection);
+        // its answer is looked at only after the rate limit and the input.
+        let (allowed, access) = tokio::join!(
+            self.take_rate_limit(&client, user.id),
+            self.policy.authorize_chat_user(&*client, Some(user)),
+        );
+        allowed?;
+        validate(&request)?;
+        access?;
         if let Some(resource) = &request.resource_id {
             self.authorize_resource(&*client, user, resource).await?;
         }
@@ -89,24 +92,31 @@ impl ChatService {
         // statement that stores it when it fits a notification; a NOTIFY inside
         // the transaction is delivered at commit, so nobody sees an unsaved question.
         let echo = live::Announcement::to_user(user.id, &question)?;
-        let stored = store_message(&tx, &question, None, echo.as_ref()).await?;
+        let job = (command != "/reset").then(|| CompletionJob {
+            request_id,
+            user_id: user.id,
+            thread_id: thread.id,
+            content: request.content,
+            resource_id: request.resource_id,
+            client_subscription_id: request.client_subscription_id,
+            current_file: request.current_file,
+            additional_context: request.additional_context,
+            platform_origin: request.platform_origin,
+            context_in_job: true,
+        });
+        // The question and its job go out together (pipelined); both or
+        // neither are stored, as the transaction commits or rolls back.
+        let (stored, enqueued) =
+            tokio::join!(store_message(&tx, &question, None, echo.as_ref()), async {
+                match &job {
+                    Some(job) => self.queue.enqueue(&tx, job).await,
+                    None => Ok(()),
+                }
+            });
+        let stored = stored?;
+        enqueued?;
         if echo.is_none() {
             live::publish_to_user(&tx, user.id, &live::LiveMessage::stored(stored)).await?;
-        }
-        if command != "/reset" {
-            let job = CompletionJob {
-                request_id,
-                user_id: user.id,
-                thread_id: thread.id,
-                content: request.content,
-                resource_id: request.resource_id,
-                client_subscription_id: request.client_subscription_id,
-                current_file: request.current_file,
-                additional_context: request.additional_context,
-                platform_origin: request.platform_origin,
-                context_in_job: true,
-            };
-            self.queue.enqueue(&tx, &job).await?;
         }
         tx.commit().await?;
 
@@ -132,10 +142,13 @@ impl ChatService {
         }
     }
 
-    async fn check_rate_limit(&self, user_id: i64) -> Result<(), ChatError> {
-        let client = self.pool.get().await?;
+    async fn take_rate_limit(
+        &self,
+        client: &deadpool_postgres::Client,
+        user_id: i64,
+    ) -> Result<(), ChatError> {
         let allowed = crate::rate_limit::take(
-            &client,
+            client,
             user_id,
             RATE_LIMIT_ACTION,
             self.rate_limit,

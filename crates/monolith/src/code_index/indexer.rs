@@ -63,7 +63,7 @@ pub async fn enqueue_index(
     .queue(QUEUE)
     .dedupe(format!("code_index:{project_id}"));
     Ok(
-        job_queue::enqueue(db.plain(), &CodeIndexJob { project_id }, options)
+        crate::db::enqueue(db, &CodeIndexJob { project_id }, options)
             .await?
             .created,
     )
@@ -98,7 +98,7 @@ pub async fn enqueue_branch_index(
         project_id,
         branch: branch.to_owned(),
     };
-    Ok(job_queue::enqueue(db.plain(), &job, options).await?.created)
+    Ok(crate::db::enqueue(db, &job, options).await?.created)
 }
 
 /// Queues a full re-index (the whole tree walked again) of one project by

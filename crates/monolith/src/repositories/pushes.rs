@@ -80,8 +80,8 @@ pub async fn record(
         )
         .await?;
     }
-    job_queue::enqueue(
-        db.plain(),
+    crate::db::enqueue(
+        db,
         &RepositoryPushed { project_id },
         EnqueueOptions::default()
             .queue("repositories")

@@ -95,8 +95,8 @@ pub async fn job_failed(
     if !enabled(db, project_id, TriggerEvent::PipelineFailed).await? {
         return Ok(false);
     }
-    job_queue::enqueue(
-        db.plain(),
+    crate::db::enqueue(
+        db,
         &PipelineFailed {
             project_id,
             pipeline_id,
@@ -200,8 +200,8 @@ async fn enqueue_review(db: &impl Queries, job: ReviewRequested) -> Result<(), T
         "duo_code_review:{}:{}",
         job.project_id, job.merge_request_iid
     );
-    job_queue::enqueue(
-        db.plain(),
+    crate::db::enqueue(
+        db,
         &job,
         EnqueueOptions {
             max_attempts: 3,
@@ -383,8 +383,8 @@ pub async fn note_created(
             .await?;
         }
         _ => {
-            job_queue::enqueue(
-                db.plain(),
+            crate::db::enqueue(
+                db,
                 &MentionAsked {
                     project_id,
                     noteable_type: noteable_type.to_owned(),

@@ -217,8 +217,8 @@ pub async fn dispatch(
             &[&id],
         )
         .await?;
-        job_queue::enqueue(
-            &*tx,
+        crate::db::enqueue(
+            &tx,
             &DuoWorkflowLeg { workload_id: id },
             EnqueueOptions::default()
                 .queue(QUEUE)
