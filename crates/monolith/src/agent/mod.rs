@@ -280,14 +280,12 @@ impl AgentResponder {
         };
         let history = history.map_err(Refusal::transient)?;
         let (realm, gateway_url) = route.map_err(Refusal::transient)?;
-        let feature_flags = match (&self.pinned_flags, flags.map_err(Refusal::transient)?) {
-            (Some(flags), _) => flags.to_vec(),
-            (None, Some(flags)) => {
-                feature_flags::for_question(services, &*db, &flags, actor, resource)
-                    .await
-                    .map_err(Refusal::transient)?
-            }
-            (None, None) => Vec::new(),
+        let flags = flags.map_err(Refusal::transient)?.unwrap_or_default();
+        let feature_flags = match &self.pinned_flags {
+            Some(pinned) => pinned.to_vec(),
+            None => feature_flags::for_question(services, &*db, &flags, actor, resource)
+                .await
+                .map_err(Refusal::transient)?,
         };
         let (current_file, file_content) = match &question.current_file {
             Some(f) => (
