@@ -829,3 +829,78 @@ async fn two_records_of_one_question_at_once_leave_one_event() {
         "the losing statement's event was rolled back with it"
     );
 }
+
+#[tokio::test]
+async fn the_categorisation_switch_is_asked_about_each_questions_user() {
+    use monolith::features::{FlagActor, GateChange};
+    let bench = Bench::start().await;
+    let world = bench.world().await;
+    let fx = &bench.fx;
+    let other = fx.user("other").await;
+    fx.seat(other, "duo_enterprise", false).await;
+    // Off for everyone but `other`: read once with the agent's other flags.
+    let mut db = fx.pool.get().await.unwrap();
+    monolith::features::store::set(
+        &mut db,
+        monolith::ai_usage::categorize::FLAG,
+        &[
+            GateChange::Boolean(false),
+            GateChange::Actors(
+                vec![FlagActor::User {
+                    id: other.id,
+                    admin: false,
+                }],
+                true,
+            ),
+        ],
+    )
+    .await
+    .unwrap();
+    drop(db);
+    bench
+        .fake
+        .reply_when("Which way is north?", final_answer("Up the map."));
+    categorised(&bench, "Which way is north?", "General programming");
+
+    let handle = worker(fx, Arc::new(bench.responder.clone()));
+    let off = ask(fx, world.user, "Which way is north?", None).await;
+    let on = ask(fx, other, "Which way is north?", None).await;
+    wait_for(
+        fx,
+        "the other user's question categorised",
+        "SELECT count(*) = 1 FROM ai_chat_question_usage WHERE request_id = $1 AND categorized_at IS NOT NULL",
+        &[&on],
+    )
+    .await;
+    wait_for(
+        fx,
+        "the first user's question recorded",
+        "SELECT count(*) = 1 FROM ai_chat_question_usage WHERE request_id = $1",
+        &[&off],
+    )
+    .await;
+    handle.shutdown().await;
+    // The record and its categorisation job are written together: a
+    // recorded question without a job never gets one.
+    let db = fx.pool.get().await.unwrap();
+    let jobs: Vec<String> = db
+        .query(
+            "SELECT dedupe_key FROM background_jobs WHERE kind = 'ai_categorize_question' ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(jobs, vec![format!("ai_categorize:{on}")]);
+    let uncategorised: bool = db
+        .query_one(
+            "SELECT categorized_at IS NULL FROM ai_chat_question_usage WHERE request_id = $1",
+            &[&off],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(uncategorised);
+}
