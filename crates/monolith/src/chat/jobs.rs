@@ -90,16 +90,22 @@ impl JobHandler for CompletionHandler {
         let (chunks, received) = super::completion::ChunkSender::channel();
         let mut streaming = tokio::spawn(stream_chunks(ctx.pool.clone(), job.clone(), received));
         let result = self.responder.respond(&job, chunks).await;
-        if tokio::time::timeout(CHUNK_DRAIN_LIMIT, &mut streaming)
-            .await
-            .is_err()
-        {
-            streaming.abort();
-        }
+        let last_chunks = match tokio::time::timeout(CHUNK_DRAIN_LIMIT, &mut streaming).await {
+            Ok(last_chunks) => last_chunks.unwrap_or_default(),
+            Err(_) => {
+                streaming.abort();
+                Vec::new()
+            }
+        };
 
         let answer = match result {
             Ok(answer) => answer,
             Err(e) if ctx.attempt < ctx.max_attempts => {
+                if !last_chunks.is_empty()
+                    && let Ok(db) = ctx.pool.get().await
+                {
+                    publish_chunks(&**db, &job, &last_chunks).await;
+                }
                 return Err(JobError::retryable(e));
             }
             Err(e) => {
@@ -107,7 +113,7 @@ impl JobHandler for CompletionHandler {
                 ChatAnswer::failed(DuoErrorCode::A9999, e.to_string())
             }
         };
-        store_and_broadcast(&ctx.pool, &job, answer, &self.docs_base_url)
+        store_and_broadcast(&ctx.pool, &job, answer, &self.docs_base_url, last_chunks)
             .await
             .map_err(JobError::retryable)
     }
@@ -119,16 +125,20 @@ impl JobHandler for CompletionHandler {
 /// piece would cost PostgreSQL and every web replica a wake-up per few
 /// characters). Chunks are numbered from 1; their texts concatenate to what
 /// the responder sent. A tool status stays a message of its own, in order.
+///
+/// What arrived after the last chunk went out, once the responder is done,
+/// is not published here but returned: it goes out with the stored answer
+/// (in the answer's own statement when it can), right before it.
 async fn stream_chunks(
     pool: Pool,
     job: CompletionJob,
     mut received: mpsc::UnboundedReceiver<StreamEvent>,
-) {
-    let Some(client_id) = job.client_subscription_id.as_deref() else {
+) -> Vec<LiveMessage> {
+    if job.client_subscription_id.is_none() {
         // Nobody can subscribe to this request's chunks: just drain them.
         while received.recv().await.is_some() {}
-        return;
-    };
+        return Vec::new();
+    }
     let mut chunk_id = 0;
     let mut db = None;
     let mut last_publish: Option<tokio::time::Instant> = None;
@@ -151,28 +161,45 @@ async fn stream_chunks(
                 }
             }
         }
+        let messages: Vec<LiveMessage> = coalesce(batch)
+            .into_iter()
+            .map(|event| match event {
+                StreamEvent::Text(text) => {
+                    chunk_id += 1;
+                    LiveMessage::chunk(job.thread_id, job.request_id, chunk_id, text)
+                }
+                StreamEvent::Tool(tool) => LiveMessage::tool(job.thread_id, job.request_id, &tool),
+            })
+            .collect();
+        if !open {
+            return messages;
+        }
         if db.is_none() {
             db = pool.get().await.ok();
         }
         let Some(client) = db.as_ref() else {
             continue;
         };
-        for event in coalesce(batch) {
-            let message = match event {
-                StreamEvent::Text(text) => {
-                    chunk_id += 1;
-                    LiveMessage::chunk(job.thread_id, job.request_id, chunk_id, text)
-                }
-                StreamEvent::Tool(tool) => LiveMessage::tool(job.thread_id, job.request_id, &tool),
-            };
-            if let Err(e) =
-                live::publish_to_client(&***client, job.user_id, client_id, &message).await
-            {
-                // Chunks are a courtesy; the stored answer is what counts.
-                tracing::debug!(error = %e, "publishing a chunk failed");
-            }
-        }
+        publish_chunks(&***client, &job, &messages).await;
         last_publish = Some(tokio::time::Instant::now());
+    }
+    Vec::new()
+}
+
+/// Publishes streamed chunks to the request's `clientSubscriptionId`.
+async fn publish_chunks(
+    db: &impl crate::queries::Queries,
+    job: &CompletionJob,
+    chunks: &[LiveMessage],
+) {
+    let Some(client_id) = job.client_subscription_id.as_deref() else {
+        return;
+    };
+    for chunk in chunks {
+        if let Err(e) = live::publish_to_client(db, job.user_id, client_id, chunk).await {
+            // Chunks are a courtesy; the stored answer is what counts.
+            tracing::debug!(error = %e, "publishing a chunk failed");
+        }
     }
 }
 
@@ -205,12 +232,15 @@ pub fn error_details(answer: &ChatAnswer, docs_base_url: &str) -> Option<serde_j
 }
 
 /// Stores the answer (once) and sends it to the user's chats and to the request's
-/// `clientSubscriptionId`, both at commit.
+/// `clientSubscriptionId`, both at commit, right after `last_chunks` (what
+/// was streamed since the last chunk went out; in the answer's own statement
+/// when it is one chunk small enough to travel inline).
 pub async fn store_and_broadcast(
     pool: &Pool,
     job: &CompletionJob,
     answer: ChatAnswer,
     docs_base_url: &str,
+    last_chunks: Vec<LiveMessage>,
 ) -> Result<(), ChatError> {
     if let Some(error) = &answer.error {
         tracing::info!(request_id = %job.request_id, code = %error.code, "answering with an error");
@@ -235,11 +265,25 @@ pub async fn store_and_broadcast(
     // Usually one statement stores and announces the answer; a large answer
     // goes through a transaction (its notification names a stored payload).
     let stored = match live::Announcement::answer(job.user_id, client_id, &message)? {
-        Some(announcement) => {
+        Some(mut announcement) => {
+            let joined = match (client_id, last_chunks.as_slice()) {
+                (Some(client_id), [chunk]) => {
+                    announcement.after_chunk(job.user_id, client_id, chunk)?
+                }
+                _ => false,
+            };
+            if !joined {
+                publish_chunks(&**client, job, &last_chunks).await;
+            }
             chat::store_answer_once(&**client, &message, details, Some(&announcement)).await?
         }
         None => {
             let tx = client.transaction().await?;
+            if let Some(client_id) = client_id {
+                for chunk in &last_chunks {
+                    live::publish_to_client(&tx, job.user_id, client_id, chunk).await?;
+                }
+            }
             let stored = chat::store_answer_once(&tx, &message, details, None).await?;
             if let Some(stored) = &stored {
                 let live = LiveMessage::stored(stored.clone());

@@ -147,6 +147,9 @@ pub struct Announcement {
     pub id_stand_in: String,
     /// The text standing for the timestamp (a JSON string), found once in `text`.
     pub created_at_stand_in: String,
+    /// An answer's last streamed chunk, sent just before it by the same
+    /// statement (answers only: see [`Announcement::after_chunk`]).
+    pub chunk_before: Option<String>,
 }
 
 /// What the database may put in place of the stand-ins at most: an `i64`
@@ -171,6 +174,23 @@ impl Announcement {
     ) -> Result<Option<Self>, job_queue::QueueError> {
         let client = client_subscription_id.map(|c| client_topic(user_id, c));
         Self::new(&user_topic(user_id), client.as_deref().as_slice(), message)
+    }
+
+    /// Sends `chunk`, the answer's last streamed chunk, to the request's
+    /// `clientSubscriptionId` just before this announcement and in the same
+    /// statement (one NOTIFY statement fewer for an answer that ended while
+    /// its last chunk was being gathered). `false`, and nothing changes, when
+    /// the chunk is too large to travel inline: it must then be published first.
+    pub fn after_chunk(
+        &mut self,
+        user_id: i64,
+        client_subscription_id: &str,
+        chunk: &LiveMessage,
+    ) -> Result<bool, job_queue::QueueError> {
+        let payload = serde_json::to_value(chunk)?;
+        let topic = client_topic(user_id, client_subscription_id);
+        self.chunk_before = job_queue::pubsub::inline_notification(&topic, &payload)?;
+        Ok(self.chunk_before.is_some())
     }
 
     /// The announcement of `message` (its id and time are ignored) on `topic`
@@ -203,6 +223,7 @@ impl Announcement {
                 text,
                 id_stand_in,
                 created_at_stand_in,
+                chunk_before: None,
             }),
         )
     }

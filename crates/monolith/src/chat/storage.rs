@@ -18,6 +18,11 @@ macro_rules! insert_message_sql {
                  INSERT INTO ai_conversation_messages (thread_id, role, content, message_xid, request_xid, error_details, extras)
                  VALUES ($1, $2, $3, $4, $5, $6, $7) ",
             $conflict,
+            insert_message_sql!(@rest $announce)
+        )
+    };
+    (@rest $announce:expr) => {
+        concat!(
             " RETURNING id, created_at
              ), t AS (
                  UPDATE ai_conversation_threads SET last_updated_at = now()
@@ -26,6 +31,21 @@ macro_rules! insert_message_sql {
              SELECT id, created_at",
             $announce,
             " FROM m"
+        )
+    };
+}
+
+/// An answer stored once and announced, with the notification `$12` (its last
+/// streamed chunk) sent first: the insert reads its values from the CTE that
+/// sends it, so the chunk's NOTIFY is queued before the answer's.
+macro_rules! insert_answer_after_chunk_sql {
+    () => {
+        concat!(
+            "WITH c AS (SELECT pg_notify($8, $12)), m AS (
+                 INSERT INTO ai_conversation_messages (thread_id, role, content, message_xid, request_xid, error_details, extras)
+                 SELECT $1::bigint, $2::smallint, $3::text, $4::uuid, $5::uuid, $6::jsonb, $7::jsonb FROM c
+                 ON CONFLICT (request_xid) WHERE role = 2 AND request_xid IS NOT NULL DO NOTHING",
+            insert_message_sql!(@rest announce_sql!())
         )
     };
 }
@@ -87,6 +107,7 @@ async fn insert_message(
             ""
         ),
         (false, Some(_)) => insert_message_sql!("", announce_sql!()),
+        (true, Some(a)) if a.chunk_before.is_some() => insert_answer_after_chunk_sql!(),
         (true, Some(_)) => insert_message_sql!(
             "ON CONFLICT (request_xid) WHERE role = 2 AND request_xid IS NOT NULL DO NOTHING",
             announce_sql!()
@@ -99,6 +120,11 @@ async fn insert_message(
             &a.id_stand_in,
             &a.created_at_stand_in,
         ]);
+        if let Some(chunk) = &a.chunk_before
+            && once_per_request
+        {
+            params.push(chunk);
+        }
     }
     let row = db.query_opt(sql, &params).await?;
     Ok(row.map(|row| StoredMessage {

@@ -559,6 +559,7 @@ async fn questions_and_answers_are_announced_once_with_the_id_and_time_they_were
                 &job,
                 ChatAnswer::text(content),
                 "https://docs.example.com",
+                Vec::new(),
             )
             .await
             .unwrap();
@@ -591,5 +592,79 @@ async fn questions_and_answers_are_announced_once_with_the_id_and_time_they_were
             .await
             .unwrap();
         assert_eq!(next_live(&mut on_user).await.message.content, "marker");
+    }
+}
+
+#[tokio::test]
+async fn the_last_streamed_chunks_reach_the_client_before_the_answer() {
+    use monolith::chat::live::{self, LiveMessage};
+    let (fx, user, chat) = world(3).await;
+    let subscriber = job_queue::pubsub::Subscriber::connect(fx.db.url(), 64)
+        .await
+        .unwrap();
+    let mut on_user = subscriber.subscribe(&live::user_topic(user.id));
+    let mut on_client = subscriber.subscribe(&live::client_topic(user.id, "tab-1"));
+    let long = "a long answer ".repeat(700);
+    // One last chunk goes out in the answer's own statement, two or a large
+    // answer's go out first: in every case, in order and before the answer.
+    for (i, (content, pieces)) in [
+        ("A short answer.", 1),
+        ("A short answer.", 2),
+        (long.as_str(), 1),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let accepted = chat
+            .submit(
+                Some(user),
+                ChatRequest {
+                    content: format!("question {i}"),
+                    client_subscription_id: Some("tab-1".into()),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        next_live(&mut on_user).await;
+        let job = CompletionJob {
+            request_id: accepted.request_id,
+            user_id: user.id,
+            thread_id: accepted.thread_id,
+            content: format!("question {i}"),
+            client_subscription_id: Some("tab-1".into()),
+            ..Default::default()
+        };
+        let chunks: Vec<LiveMessage> = (1..=pieces)
+            .map(|n| {
+                LiveMessage::chunk(
+                    accepted.thread_id,
+                    accepted.request_id,
+                    n,
+                    format!("piece {n}"),
+                )
+            })
+            .collect();
+        jobs::store_and_broadcast(
+            &fx.pool,
+            &job,
+            ChatAnswer::text(content),
+            "https://docs.example.com",
+            chunks,
+        )
+        .await
+        .unwrap();
+        for n in 1..=pieces {
+            let chunk = next_live(&mut on_client).await;
+            assert_eq!(chunk.chunk_id, Some(n), "answer {i}");
+            assert_eq!(chunk.message.content, format!("piece {n}"));
+        }
+        let answer = next_live(&mut on_client).await;
+        assert_eq!(answer.chunk_id, None, "answer {i}");
+        assert_eq!(answer.message.content, content);
+        // The user's chats get the answer, never a chunk.
+        let answer = next_live(&mut on_user).await;
+        assert_eq!(answer.chunk_id, None, "answer {i}");
+        assert_eq!(answer.message.content, content);
     }
 }
