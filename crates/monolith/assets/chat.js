@@ -235,10 +235,15 @@ async function ask(content) {
   }
   if (command !== '/new' && command !== '/clear' && command !== '/reset') {
     showMessage({ requestId: payload.requestId, role: 'USER', content });
-    streaming.set(payload.requestId, { text: '', chunks: new Map(), stopped: false });
-    const item = messageElement({ requestId: payload.requestId, role: 'ASSISTANT' });
-    renderStreaming(item.querySelector('.body'), '…');
-    stopButton.hidden = false;
+    // The answer may have started streaming, or even finished, before this
+    // response arrived (the worker can be faster than the way back): keep
+    // what it already shows instead of starting over.
+    if (!streaming.has(payload.requestId) && !finished.has(payload.requestId)) {
+      streaming.set(payload.requestId, { text: '', chunks: new Map(), stopped: false });
+      const item = messageElement({ requestId: payload.requestId, role: 'ASSISTANT' });
+      renderStreaming(item.querySelector('.body'), '…');
+      stopButton.hidden = false;
+    }
   }
   loadThreads();
 }

@@ -401,3 +401,62 @@ async fn the_running_tool_shows_as_a_status_until_the_answer_is_final() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn an_answer_that_starts_before_the_question_is_acknowledged_keeps_its_text() {
+    let system = System::start().await.unwrap();
+    system.fake.push(Scripted::Held {
+        before: vec!["Thought: easy.\nFinal Answer: First part.".into()],
+        after: vec![" Then the end.".into()],
+    });
+    let browser = signed_in(&system, "alice").await;
+    open_chat(&browser, &system).await;
+    // The page learns that its question was accepted only after the answer
+    // has started streaming: as on a busy web replica, or a slow way back.
+    browser
+        .js(
+            "window.__acknowledged = false; \
+             const send = window.fetch; \
+             window.fetch = async (...args) => { \
+               const response = await send(...args); \
+               if (String(args[1]?.body ?? '').includes('aiAction')) { \
+                 const text = await response.text(); \
+                 await new Promise((done) => { \
+                   const check = () => document.querySelector('.message.assistant .body')?.textContent.includes('First part.') ? done() : setTimeout(check, 10); \
+                   check(); \
+                 }); \
+                 setTimeout(() => { window.__acknowledged = true; }, 0); \
+                 return new Response(text, { status: response.status, headers: response.headers }); \
+               } \
+               return response; \
+             };",
+            vec![],
+        )
+        .await
+        .unwrap();
+    ask(&browser, "Which part comes first?").await;
+    browser
+        .until("the acknowledgement", "return window.__acknowledged")
+        .await
+        .unwrap();
+    // The streamed text stays; the end still arrives after it.
+    let shown = browser
+        .js(
+            "return document.querySelector('.message.assistant .body').textContent",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert!(
+        shown.as_str().unwrap_or("").contains("First part."),
+        "{shown}"
+    );
+    system.fake.release();
+    browser
+        .until(
+            "the whole answer",
+            "return document.querySelector('.message.assistant .body:not(.streaming)')?.textContent.includes('First part. Then the end.')",
+        )
+        .await
+        .unwrap();
+}
