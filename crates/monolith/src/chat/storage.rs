@@ -12,7 +12,7 @@ use super::{ChatError, ConversationType, Role, StoredMessage, Thread};
 /// `$conflict` says what a second answer to the same request does, `$announce`
 /// what else the statement returns or sends.
 macro_rules! insert_message_sql {
-    ($conflict:literal, $announce:expr) => {
+    ($conflict:expr, $announce:expr) => {
         concat!(
             "WITH m AS (
                  INSERT INTO ai_conversation_messages (thread_id, role, content, message_xid, request_xid, error_details, extras)
@@ -43,10 +43,17 @@ macro_rules! insert_answer_after_chunk_sql {
         concat!(
             "WITH c AS (SELECT pg_notify($8, $12)), m AS (
                  INSERT INTO ai_conversation_messages (thread_id, role, content, message_xid, request_xid, error_details, extras)
-                 SELECT $1::bigint, $2::smallint, $3::text, $4::uuid, $5::uuid, $6::jsonb, $7::jsonb FROM c
-                 ON CONFLICT (request_xid) WHERE role = 2 AND request_xid IS NOT NULL DO NOTHING",
+                 SELECT $1::bigint, $2::smallint, $3::text, $4::uuid, $5::uuid, $6::jsonb, $7::jsonb FROM c ",
+            once_per_request_sql!(),
             insert_message_sql!(@rest announce_sql!())
         )
+    };
+}
+
+/// A second answer to the same request stores nothing (a unique index).
+macro_rules! once_per_request_sql {
+    () => {
+        "ON CONFLICT (request_xid) WHERE role = 2 AND request_xid IS NOT NULL DO NOTHING"
     };
 }
 
@@ -100,18 +107,16 @@ async fn insert_message(
         &error_details,
         &message.extras,
     ];
-    let sql = match (once_per_request, announcement) {
-        (false, None) => insert_message_sql!("", ""),
-        (true, None) => insert_message_sql!(
-            "ON CONFLICT (request_xid) WHERE role = 2 AND request_xid IS NOT NULL DO NOTHING",
-            ""
-        ),
-        (false, Some(_)) => insert_message_sql!("", announce_sql!()),
-        (true, Some(a)) if a.chunk_before.is_some() => insert_answer_after_chunk_sql!(),
-        (true, Some(_)) => insert_message_sql!(
-            "ON CONFLICT (request_xid) WHERE role = 2 AND request_xid IS NOT NULL DO NOTHING",
-            announce_sql!()
-        ),
+    // A chunk sent before the message: only answers have one.
+    let chunk_before = announcement
+        .and_then(|a| a.chunk_before.as_ref())
+        .filter(|_| once_per_request);
+    let sql = match (once_per_request, announcement, chunk_before) {
+        (_, Some(_), Some(_)) => insert_answer_after_chunk_sql!(),
+        (false, None, _) => insert_message_sql!("", ""),
+        (true, None, _) => insert_message_sql!(once_per_request_sql!(), ""),
+        (false, Some(_), _) => insert_message_sql!("", announce_sql!()),
+        (true, Some(_), None) => insert_message_sql!(once_per_request_sql!(), announce_sql!()),
     };
     if let Some(a) = announcement {
         params.extend([
@@ -120,11 +125,9 @@ async fn insert_message(
             &a.id_stand_in,
             &a.created_at_stand_in,
         ]);
-        if let Some(chunk) = &a.chunk_before
-            && once_per_request
-        {
-            params.push(chunk);
-        }
+    }
+    if let Some(chunk) = chunk_before {
+        params.push(chunk);
     }
     let row = db.query_opt(sql, &params).await?;
     Ok(row.map(|row| StoredMessage {

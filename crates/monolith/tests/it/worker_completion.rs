@@ -503,31 +503,71 @@ async fn next_live(
     serde_json::from_value(value).unwrap()
 }
 
+/// A pub/sub subscriber following `user`'s chats and the `tab-1` client's
+/// topic, as a web process does.
+struct Listening {
+    _subscriber: job_queue::pubsub::Subscriber,
+    on_user: tokio::sync::broadcast::Receiver<serde_json::Value>,
+    on_client: tokio::sync::broadcast::Receiver<serde_json::Value>,
+}
+
+async fn listen(fx: &support::Fx, user: Actor) -> Listening {
+    use monolith::chat::live;
+    let subscriber = job_queue::pubsub::Subscriber::connect(fx.db.url(), 64)
+        .await
+        .unwrap();
+    Listening {
+        on_user: subscriber.subscribe(&live::user_topic(user.id)),
+        on_client: subscriber.subscribe(&live::client_topic(user.id, "tab-1")),
+        _subscriber: subscriber,
+    }
+}
+
+/// Submits `question` from the `tab-1` client; its acceptance and the job
+/// the worker would run for it.
+async fn submitted(
+    chat: &ChatService,
+    user: Actor,
+    question: &str,
+) -> (monolith::chat::ChatAccepted, CompletionJob) {
+    let accepted = chat
+        .submit(
+            Some(user),
+            ChatRequest {
+                content: question.into(),
+                client_subscription_id: Some("tab-1".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let job = CompletionJob {
+        request_id: accepted.request_id,
+        user_id: user.id,
+        thread_id: accepted.thread_id,
+        content: question.into(),
+        client_subscription_id: Some("tab-1".into()),
+        ..Default::default()
+    };
+    (accepted, job)
+}
+
 #[tokio::test]
 async fn questions_and_answers_are_announced_once_with_the_id_and_time_they_were_stored_with() {
     use monolith::chat::live::{self, LiveMessage};
     let (fx, user, chat) = world(3).await;
-    let subscriber = job_queue::pubsub::Subscriber::connect(fx.db.url(), 64)
-        .await
-        .unwrap();
-    let mut on_user = subscriber.subscribe(&live::user_topic(user.id));
-    let mut on_client = subscriber.subscribe(&live::client_topic(user.id, "tab-1"));
+    // The subscriber is bound (not `..`): dropping it would end its topics.
+    let Listening {
+        _subscriber,
+        mut on_user,
+        mut on_client,
+    } = listen(&fx, user).await;
     // A short message is stored and announced by one statement; one too
     // large for a notification goes through a stored payload.
     let long = "a long answer ".repeat(700);
     for (i, content) in ["A short answer.", long.as_str()].into_iter().enumerate() {
         let question = format!("question {i}: {}", &content[..content.len() / 2]);
-        let accepted = chat
-            .submit(
-                Some(user),
-                ChatRequest {
-                    content: question.clone(),
-                    client_subscription_id: Some("tab-1".into()),
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap();
+        let (accepted, job) = submitted(&chat, user, &question).await;
         let echo = next_live(&mut on_user).await;
         let db = fx.pool.get().await.unwrap();
         let asked = db
@@ -544,14 +584,6 @@ async fn questions_and_answers_are_announced_once_with_the_id_and_time_they_were
             asked.get::<_, chrono::DateTime<chrono::Utc>>(1),
             "question {i}"
         );
-        let job = CompletionJob {
-            request_id: accepted.request_id,
-            user_id: user.id,
-            thread_id: accepted.thread_id,
-            content: question.clone(),
-            client_subscription_id: Some("tab-1".into()),
-            ..Default::default()
-        };
         // A second run of the same job stores and announces nothing.
         for _ in 0..2 {
             jobs::store_and_broadcast(
@@ -597,13 +629,14 @@ async fn questions_and_answers_are_announced_once_with_the_id_and_time_they_were
 
 #[tokio::test]
 async fn the_last_streamed_chunks_reach_the_client_before_the_answer() {
-    use monolith::chat::live::{self, LiveMessage};
+    use monolith::chat::live::LiveMessage;
     let (fx, user, chat) = world(3).await;
-    let subscriber = job_queue::pubsub::Subscriber::connect(fx.db.url(), 64)
-        .await
-        .unwrap();
-    let mut on_user = subscriber.subscribe(&live::user_topic(user.id));
-    let mut on_client = subscriber.subscribe(&live::client_topic(user.id, "tab-1"));
+    // The subscriber is bound (not `..`): dropping it would end its topics.
+    let Listening {
+        _subscriber,
+        mut on_user,
+        mut on_client,
+    } = listen(&fx, user).await;
     let long = "a long answer ".repeat(700);
     // One last chunk goes out in the answer's own statement, two or a large
     // answer's go out first: in every case, in order and before the answer.
@@ -615,26 +648,8 @@ async fn the_last_streamed_chunks_reach_the_client_before_the_answer() {
     .into_iter()
     .enumerate()
     {
-        let accepted = chat
-            .submit(
-                Some(user),
-                ChatRequest {
-                    content: format!("question {i}"),
-                    client_subscription_id: Some("tab-1".into()),
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap();
+        let (accepted, job) = submitted(&chat, user, &format!("question {i}")).await;
         next_live(&mut on_user).await;
-        let job = CompletionJob {
-            request_id: accepted.request_id,
-            user_id: user.id,
-            thread_id: accepted.thread_id,
-            content: format!("question {i}"),
-            client_subscription_id: Some("tab-1".into()),
-            ..Default::default()
-        };
         let chunks: Vec<LiveMessage> = (1..=pieces)
             .map(|n| {
                 LiveMessage::chunk(
