@@ -48,8 +48,8 @@ mod worker;
 
 pub use job::Job;
 pub use store::{
-    ENQUEUE_SQL, EnqueueOptions, Enqueued, JobRow, JobState, QueueStats, enqueue, enqueue_prepared,
-    enqueue_raw, job_by_id, purge_finished, queue_stats,
+    ENQUEUE_SQL, EnqueueOptions, Enqueued, JobRow, JobState, JobValues, QueueStats, enqueue,
+    enqueue_prepared, enqueue_raw, job_by_id, purge_finished, queue_stats,
 };
 pub use worker::{JobContext, JobHandler, Periodic, Registry, Worker, WorkerConfig, WorkerHandle};
 

@@ -74,7 +74,7 @@ pub async fn enqueue_prepared<C: GenericClient, J: Job>(
         client,
         Some(statement),
         J::KIND,
-        &serde_json::to_value(job)?,
+        serde_json::to_value(job)?,
         options,
     )
     .await
@@ -100,56 +100,105 @@ pub async fn enqueue_raw<C: GenericClient, P: Serialize + Sync>(
     payload: &P,
     options: EnqueueOptions,
 ) -> Result<Enqueued, QueueError> {
-    insert_job(client, None, kind, &serde_json::to_value(payload)?, options).await
+    insert_job(client, None, kind, serde_json::to_value(payload)?, options).await
+}
+
+/// One job's values in [`ENQUEUE_SQL`]'s parameter order, for a statement
+/// that stores the job together with rows of its own (see [`insert_job_sql!`]).
+#[derive(Debug, Clone)]
+pub struct JobValues {
+    queue: String,
+    kind: String,
+    payload: serde_json::Value,
+    priority: i16,
+    delay_ms: f64,
+    max_attempts: i32,
+    dedupe_key: Option<String>,
+    trace_context: Option<String>,
+}
+
+impl JobValues {
+    pub fn new<J: Job>(job: &J, options: EnqueueOptions) -> Result<Self, QueueError> {
+        Ok(Self::of_kind(J::KIND, serde_json::to_value(job)?, options))
+    }
+
+    fn of_kind(kind: &str, payload: serde_json::Value, options: EnqueueOptions) -> Self {
+        Self {
+            queue: options.queue,
+            kind: kind.to_owned(),
+            payload,
+            priority: options.priority,
+            delay_ms: options.delay.as_millis() as f64,
+            max_attempts: options.max_attempts,
+            dedupe_key: options.dedupe_key,
+            // Who enqueued the job, so its run joins their trace (None with traces off).
+            trace_context: duo_telemetry::current_traceparent(),
+        }
+    }
+
+    /// The eight parameters, in [`ENQUEUE_SQL`]'s (and [`insert_job_sql!`]'s) order.
+    pub fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 8] {
+        [
+            &self.queue,
+            &self.kind,
+            &self.payload,
+            &self.priority,
+            &self.delay_ms,
+            &self.max_attempts,
+            &self.dedupe_key,
+            &self.trace_context,
+        ]
+    }
+}
+
+/// The queue's insert as the body of a data-modifying CTE, one job per row of
+/// `$source`, its values taken from the eight parameters named (in
+/// [`JobValues::params`]'s order): for a statement that stores a job with the
+/// row it is for, so both or neither are stored. Unlike [`ENQUEUE_SQL`] a
+/// live job holding the same dedupe key is not skipped: the statement fails
+/// with a unique violation, and stores nothing.
+#[macro_export]
+macro_rules! insert_job_sql {
+    ($source:literal, $queue:literal, $kind:literal, $payload:literal, $priority:literal,
+     $delay_ms:literal, $max_attempts:literal, $dedupe_key:literal, $trace_context:literal) => {
+        concat!(
+            "INSERT INTO background_jobs
+                 (queue, kind, payload, priority, run_at, max_attempts, dedupe_key, trace_context)
+             SELECT ", $queue, "::text, ", $kind, "::text, ", $payload, "::jsonb, ",
+            $priority, "::int2, now() + ", $delay_ms, "::float8 * interval '1 millisecond', ",
+            $max_attempts, "::int4, ", $dedupe_key, "::text, ", $trace_context, "::text FROM ",
+            $source, " RETURNING id"
+        )
+    };
 }
 
 async fn insert_job<C: GenericClient>(
     client: &C,
     statement: Option<&Statement>,
     kind: &str,
-    payload: &serde_json::Value,
+    payload: serde_json::Value,
     options: EnqueueOptions,
 ) -> Result<Enqueued, QueueError> {
-    let delay_ms = options.delay.as_millis() as f64;
-    // Who enqueued the job, so its run joins their trace (None with traces off).
-    let trace_context = duo_telemetry::current_traceparent();
+    let values = JobValues::of_kind(kind, payload, options);
     // A duplicate may finish between the insert and the lookup: then insert again.
     for _ in 0..3 {
         let inserted = match statement {
-            Some(statement) => {
-                client
-                    .query_opt(
-                        statement,
-                        &[
-                            &options.queue,
-                            &kind,
-                            payload,
-                            &options.priority,
-                            &delay_ms,
-                            &options.max_attempts,
-                            &options.dedupe_key,
-                            &trace_context,
-                        ],
-                    )
-                    .await?
-            }
+            Some(statement) => client.query_opt(statement, &values.params()).await?,
             // Typed parameters: one round trip (no separate prepare), whatever the client.
             None => {
-                client
-                    .query_typed_opt(
-                        ENQUEUE_SQL,
-                        &[
-                            (&options.queue, Type::TEXT),
-                            (&kind, Type::TEXT),
-                            (payload, Type::JSONB),
-                            (&options.priority, Type::INT2),
-                            (&delay_ms, Type::FLOAT8),
-                            (&options.max_attempts, Type::INT4),
-                            (&options.dedupe_key, Type::TEXT),
-                            (&trace_context, Type::TEXT),
-                        ],
-                    )
-                    .await?
+                let types = [
+                    Type::TEXT,
+                    Type::TEXT,
+                    Type::JSONB,
+                    Type::INT2,
+                    Type::FLOAT8,
+                    Type::INT4,
+                    Type::TEXT,
+                    Type::TEXT,
+                ];
+                let params = values.params();
+                let typed: Vec<_> = params.iter().copied().zip(types).collect();
+                client.query_typed_opt(ENQUEUE_SQL, &typed).await?
             }
         };
         if let Some(row) = inserted {
@@ -162,7 +211,7 @@ async fn insert_job<C: GenericClient>(
             .query_typed_opt(
                 "SELECT id FROM background_jobs
                  WHERE dedupe_key = $1 AND state IN ('pending', 'running')",
-                &[(&options.dedupe_key, Type::TEXT)],
+                &[(&values.dedupe_key, Type::TEXT)],
             )
             .await?;
         if let Some(row) = existing {

@@ -241,8 +241,9 @@ impl AgentResponder {
         // The reads that depend on nothing else go out together: the
         // connection pipelines them (one round trip instead of five). Nothing
         // read here reaches the model unless the checks below pass.
-        let (actor, model, history, route, flags) = tokio::join!(
+        let (actor, access, model, history, route, flags) = tokio::join!(
             load_actor(&*db, question.user_id),
+            services.policy.chat_access_facts(&*db, question.user_id),
             services.models.choice(&*db, feature),
             history::load(&*db, question.thread_id, question.request_id),
             crate::gateway_client::instance_route(&*db),
@@ -257,9 +258,10 @@ impl AgentResponder {
             .map_err(Refusal::transient)?
             .ok_or_else(|| Refusal::Code(DuoErrorCode::M3004, "unknown or inactive user".into()))?;
         // The seats' unit primitives are the gateway token's scopes too.
+        let access = access.map_err(Refusal::transient)?;
         let scopes = services
             .policy
-            .authorize_chat_user_scopes(&*db, Some(actor))
+            .authorize_chat_user_scopes_with(&*db, Some(actor), access)
             .await
             .map_err(Refusal::from_auth)?;
         let model = model.map_err(Refusal::transient)?;

@@ -14,10 +14,9 @@ pub use service::{ChatService, RATE_LIMIT_ACTION};
 pub use storage::{
     CompletionStart, HistoryRow, MAX_FEEDBACK_REASON_CHARS, apply_retention, completion_start,
     delete_idle_threads, delete_thread, messages_since_reset, question_extras, record_feedback,
-    store_answer_once, store_message,
+    store_answer_once, store_message, store_question_with_job,
 };
 
-use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use contracts::DuoErrorCode;
 use serde::{Deserialize, Serialize};
@@ -194,16 +193,17 @@ impl From<job_queue::QueueError> for ChatError {
     }
 }
 
-/// Where completion jobs go. The job is written in the transaction that stores
-/// the user's message, so a question is never stored without its job (or the
-/// other way round).
-#[async_trait]
+/// Where completion jobs go. The job is written by the statement (or in the
+/// transaction) that stores the user's message, so a question is never stored
+/// without its job (or the other way round).
 pub trait CompletionQueue: Send + Sync {
-    async fn enqueue(
-        &self,
-        tx: &deadpool_postgres::Transaction<'_>,
-        job: &CompletionJob,
-    ) -> Result<(), ChatError>;
+    /// How a question's completion job is queued.
+    fn options(&self, job: &CompletionJob) -> job_queue::EnqueueOptions;
+
+    /// The job's row, for the statement that stores its question.
+    fn job_values(&self, job: &CompletionJob) -> Result<job_queue::JobValues, ChatError> {
+        Ok(job_queue::JobValues::new(job, self.options(job))?)
+    }
 }
 
 /// The production queue: a `chat_completion` job in `background_jobs`, deduplicated
@@ -212,21 +212,14 @@ pub struct PgCompletionQueue {
     pub max_attempts: i32,
 }
 
-#[async_trait]
 impl CompletionQueue for PgCompletionQueue {
-    async fn enqueue(
-        &self,
-        tx: &deadpool_postgres::Transaction<'_>,
-        job: &CompletionJob,
-    ) -> Result<(), ChatError> {
-        let options = job_queue::EnqueueOptions {
+    fn options(&self, job: &CompletionJob) -> job_queue::EnqueueOptions {
+        job_queue::EnqueueOptions {
             max_attempts: self.max_attempts.max(1),
             ..Default::default()
         }
         .queue(COMPLETION_QUEUE)
-        .dedupe(format!("chat_completion:{}", job.request_id));
-        crate::db::enqueue(tx, job, options).await?;
-        Ok(())
+        .dedupe(format!("chat_completion:{}", job.request_id))
     }
 }
 

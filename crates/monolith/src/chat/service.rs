@@ -12,7 +12,7 @@ use super::live;
 use super::resource::ChatResourceAccess;
 use super::storage::{
     create_thread, find_thread, latest_thread, message_from_row, resolve_thread_for_write,
-    thread_from_row,
+    store_question_with_job, thread_from_row,
 };
 use super::*;
 use crate::policy::{Actor, Policy};
@@ -41,11 +41,19 @@ impl ChatService {
         let user = user.ok_or(ChatError::Unauthenticated)?;
         let mut client = self.pool.get().await?;
         // GitLab counts every attempt, valid or not, before looking at it.
-        // The access check goes out with it (pipelined on the connection);
-        // its answer is looked at only after the rate limit and the input.
-        let (allowed, access) = tokio::join!(
+        // The access check and the named thread's look-up go out with it
+        // (pipelined on the connection); their answers are looked at only
+        // after the rate limit and the input.
+        let named_thread = async {
+            match request.thread_id {
+                Some(id) => Some(find_thread(&*client, user.id, id).await),
+                None => None,
+            }
+        };
+        let (allowed, access, named_thread) = tokio::join!(
             self.take_rate_limit(&client, user.id),
             self.policy.authorize_chat_user(&*client, Some(user)),
+            named_thread,
         );
         allowed?;
         validate(&request)?;
@@ -53,32 +61,19 @@ impl ChatService {
         if let Some(resource) = &request.resource_id {
             self.authorize_resource(&*client, user, resource).await?;
         }
-
-        let tx = client.transaction().await?;
-        let thread =
-            resolve_thread_for_write(&tx, user.id, request.thread_id, request.conversation_type)
-                .await?;
         let command = request.content.trim();
         let request_id = Uuid::new_v4();
-        if command == "/new" {
-            // What GitLab's clients do for `/new` (they drop the thread id):
-            // a fresh multi-thread conversation; the old one stays listed.
-            let fresh = create_thread(&tx, user.id, ConversationType::DuoChat).await?;
-            tx.commit().await?;
-            return Ok(ChatAccepted {
-                request_id,
-                thread_id: fresh.id,
-            });
+        if command == "/new" || command == "/clear" {
+            return self
+                .start_thread(&mut client, user, &request, named_thread, request_id)
+                .await;
         }
-        if command == "/clear" {
-            // Nothing is stored: the conversation continues in a fresh thread.
-            let fresh = create_thread(&tx, user.id, thread.conversation_type).await?;
-            tx.commit().await?;
-            return Ok(ChatAccepted {
-                request_id,
-                thread_id: fresh.id,
-            });
-        }
+        let thread = match named_thread {
+            Some(found) => found?.ok_or(ChatError::ThreadNotFound)?,
+            None => {
+                resolve_thread_for_write(&*client, user.id, None, request.conversation_type).await?
+            }
+        };
         let extras = json!({ "additional_context": request.additional_context });
         let question = StoredMessage::draft(
             thread.id,
@@ -89,8 +84,8 @@ impl ChatService {
             extras,
         );
         // GitLab echoes the question to the user's open chats, sent by the
-        // statement that stores it when it fits a notification; a NOTIFY inside
-        // the transaction is delivered at commit, so nobody sees an unsaved question.
+        // statement that stores it when it fits a notification (delivered
+        // when that statement commits, so nobody sees an unsaved question).
         let echo = live::Announcement::to_user(user.id, &question)?;
         let job = (command != "/reset").then(|| CompletionJob {
             request_id,
@@ -104,25 +99,64 @@ impl ChatService {
             platform_origin: request.platform_origin,
             context_in_job: true,
         });
-        // The question and its job go out together (pipelined); both or
-        // neither are stored, as the transaction commits or rolls back.
-        let (stored, enqueued) =
-            tokio::join!(store_message(&tx, &question, None, echo.as_ref()), async {
-                match &job {
-                    Some(job) => self.queue.enqueue(&tx, job).await,
-                    None => Ok(()),
+        match (&echo, &job) {
+            // The usual question: stored, echoed and queued by one statement.
+            (Some(echo), Some(job)) => {
+                let values = self.queue.job_values(job)?;
+                store_question_with_job(&*client, &question, echo, &values).await?;
+            }
+            (Some(echo), None) => {
+                store_message(&*client, &question, None, Some(echo)).await?;
+            }
+            // Too large to echo inline: the echo goes out as a stored payload,
+            // in the question's transaction.
+            (None, _) => {
+                let tx = client.transaction().await?;
+                let stored = store_message(&tx, &question, None, None).await?;
+                if let Some(job) = &job {
+                    crate::db::enqueue(&tx, job, self.queue.options(job)).await?;
                 }
-            });
-        let stored = stored?;
-        enqueued?;
-        if echo.is_none() {
-            live::publish_to_user(&tx, user.id, &live::LiveMessage::stored(stored)).await?;
+                live::publish_to_user(&tx, user.id, &live::LiveMessage::stored(stored)).await?;
+                tx.commit().await?;
+            }
         }
-        tx.commit().await?;
-
         Ok(ChatAccepted {
             request_id,
             thread_id: thread.id,
+        })
+    }
+
+    /// `/new` and `/clear`: a fresh thread, nothing stored in the old one.
+    async fn start_thread(
+        &self,
+        client: &mut deadpool_postgres::Client,
+        user: Actor,
+        request: &ChatRequest,
+        named_thread: Option<Result<Option<Thread>, ChatError>>,
+        request_id: Uuid,
+    ) -> Result<ChatAccepted, ChatError> {
+        let tx = client.transaction().await?;
+        let kind = match named_thread {
+            Some(found) => found?.ok_or(ChatError::ThreadNotFound)?.conversation_type,
+            None => {
+                resolve_thread_for_write(&tx, user.id, None, request.conversation_type)
+                    .await?
+                    .conversation_type
+            }
+        };
+        // `/new` is what GitLab's clients send for a new chat (they drop the
+        // thread id): a fresh multi-thread conversation, the old one listed.
+        // `/clear` continues the conversation in a fresh thread of its type.
+        let kind = if request.content.trim() == "/new" {
+            ConversationType::DuoChat
+        } else {
+            kind
+        };
+        let fresh = create_thread(&tx, user.id, kind).await?;
+        tx.commit().await?;
+        Ok(ChatAccepted {
+            request_id,
+            thread_id: fresh.id,
         })
     }
 

@@ -21,16 +21,41 @@ macro_rules! insert_message_sql {
             insert_message_sql!(@rest $announce)
         )
     };
-    (@rest $announce:expr) => {
+    (@rest $more_ctes:expr, $announce:expr) => {
         concat!(
             " RETURNING id, created_at
              ), t AS (
                  UPDATE ai_conversation_threads SET last_updated_at = now()
                  WHERE id = $1 AND EXISTS (SELECT 1 FROM m)
-             )
-             SELECT id, created_at",
+             )",
+            $more_ctes,
+            " SELECT id, created_at",
             $announce,
             " FROM m"
+        )
+    };
+    (@rest $announce:expr) => {
+        insert_message_sql!(@rest "", $announce)
+    };
+}
+
+/// A question stored, announced, and its completion job queued (`$12` to
+/// `$19`, see `job_queue::JobValues::params`), all by one statement.
+macro_rules! insert_question_and_job_sql {
+    () => {
+        concat!(
+            "WITH m AS (
+                 INSERT INTO ai_conversation_messages (thread_id, role, content, message_xid, request_xid, error_details, extras)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) ",
+            insert_message_sql!(
+                @rest
+                concat!(
+                    ", j AS (",
+                    job_queue::insert_job_sql!("m", "$12", "$13", "$14", "$15", "$16", "$17", "$18", "$19"),
+                    ")"
+                ),
+                announce_sql!()
+            )
         )
     };
 }
@@ -135,6 +160,41 @@ async fn insert_message(
         created_at: row.get(1),
         ..message.clone()
     }))
+}
+
+/// Stores a question with its announcement and its completion job in one
+/// statement: all three happen, or none (a live job for the same request
+/// fails the statement). The stored question.
+pub async fn store_question_with_job(
+    db: &impl Queries,
+    question: &StoredMessage,
+    announcement: &super::live::Announcement,
+    job: &job_queue::JobValues,
+) -> Result<StoredMessage, ChatError> {
+    let role = question.role as i16;
+    let no_error_details: Option<Value> = None;
+    let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![
+        &question.thread_id,
+        &role,
+        &question.content,
+        &question.message_xid,
+        &question.request_xid,
+        &no_error_details,
+        &question.extras,
+        &job_queue::pubsub::PUBSUB_CHANNEL,
+        &announcement.text,
+        &announcement.id_stand_in,
+        &announcement.created_at_stand_in,
+    ];
+    params.extend(job.params());
+    let row = db
+        .query_one(insert_question_and_job_sql!(), &params)
+        .await?;
+    Ok(StoredMessage {
+        id: row.get(0),
+        created_at: row.get(1),
+        ..question.clone()
+    })
 }
 
 /// What a completion job finds when it starts.

@@ -229,6 +229,50 @@ impl Policy {
             return Ok(Err(NoDuoChat::SignedOut));
         };
         let (instance, scopes) = self.instance_and_seats(db, user.id).await?;
+        self.decide_duo_chat(db, user, instance, scopes).await
+    }
+
+    /// The facts a user's chat access is decided on, read before the actor
+    /// is known (the worker reads them with a question's other facts, in one
+    /// round trip); see [`Policy::authorize_chat_user_scopes_with`].
+    pub async fn chat_access_facts(
+        &self,
+        db: &impl Queries,
+        user_id: i64,
+    ) -> Result<ChatAccessFacts, PolicyError> {
+        let (instance, scopes) = self.instance_and_seats(db, user_id).await?;
+        Ok(ChatAccessFacts {
+            user_id,
+            instance,
+            scopes,
+        })
+    }
+
+    /// [`Policy::authorize_chat_user_scopes`] decided on `facts` read
+    /// beforehand; facts of another user, or a composite identity (two users
+    /// to check), are read again.
+    pub async fn authorize_chat_user_scopes_with(
+        &self,
+        db: &impl Queries,
+        user: Option<Actor>,
+        facts: ChatAccessFacts,
+    ) -> Result<BTreeSet<UnitPrimitive>, ChatAuthError> {
+        match user {
+            Some(actor) if actor.id == facts.user_id && Actor::composite(user).is_none() => self
+                .decide_duo_chat(db, actor, facts.instance, facts.scopes)
+                .await?
+                .map_err(|_| ChatAuthError::Denied(DuoErrorCode::M3004)),
+            _ => self.authorize_chat_user_scopes(db, user).await,
+        }
+    }
+
+    async fn decide_duo_chat(
+        &self,
+        db: &impl Queries,
+        user: Actor,
+        instance: InstanceFacts,
+        scopes: BTreeSet<UnitPrimitive>,
+    ) -> Result<Result<BTreeSet<UnitPrimitive>, NoDuoChat>, PolicyError> {
         match instance.realm {
             Realm::SelfManaged if !paid(&instance.tier) => return Ok(Err(NoDuoChat::NotIncluded)),
             Realm::SelfManaged if !instance.duo_features_enabled => {

@@ -12,6 +12,15 @@ pub(super) struct InstanceFacts {
     pub(super) duo_features_enabled: bool,
 }
 
+/// What a user's chat access is decided on, read ahead
+/// ([`Policy::chat_access_facts`]); opaque outside the policy.
+#[derive(Debug, Clone)]
+pub struct ChatAccessFacts {
+    pub(super) user_id: i64,
+    pub(super) instance: InstanceFacts,
+    pub(super) scopes: BTreeSet<UnitPrimitive>,
+}
+
 #[derive(Debug, Clone)]
 pub(super) struct GroupFacts {
     pub(super) visibility: String,

@@ -24,6 +24,7 @@ mod write;
 
 pub use duo::{AiResourceAccess, DuoSwitchScope};
 pub use duo_context::{AiReader, CodeForAi, ContextExclusions};
+pub use facts::ChatAccessFacts;
 pub use merge_request_review::NoCodeReview;
 pub use workflow::{WorkflowFacts, WorkflowMcp};
 

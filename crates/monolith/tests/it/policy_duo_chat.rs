@@ -747,6 +747,53 @@ async fn chat_authorizer_codes() {
         ),
         Some(DuoErrorCode::M3004)
     );
+
+    // Facts read ahead (the worker's pipelined reads) decide for their own
+    // user only: handed another user's, or a composite identity, the policy
+    // reads again instead of answering with the wrong user's seats.
+    let scopes = |r: Result<_, monolith::policy::ChatAuthError>| r.map_err(|e| e.code());
+    let seated_facts = policy.chat_access_facts(db, seated.id).await.unwrap();
+    let no_seat_facts = policy.chat_access_facts(db, no_seat.id).await.unwrap();
+    assert!(
+        scopes(
+            policy
+                .authorize_chat_user_scopes_with(db, Some(seated), seated_facts.clone())
+                .await
+        )
+        .unwrap()
+        .contains(&contracts::UnitPrimitive::DuoChat)
+    );
+    assert_eq!(
+        scopes(
+            policy
+                .authorize_chat_user_scopes_with(db, Some(no_seat), no_seat_facts)
+                .await
+        ),
+        Err(Some(DuoErrorCode::M3004))
+    );
+    assert_eq!(
+        scopes(
+            policy
+                .authorize_chat_user_scopes_with(db, Some(no_seat), seated_facts.clone())
+                .await
+        ),
+        Err(Some(DuoErrorCode::M3004))
+    );
+    let on_behalf_of_no_seat = monolith::policy::Actor {
+        service_account: Some(monolith::policy::ServiceAccountActor {
+            id: no_seat.id,
+            admin: false,
+        }),
+        ..seated
+    };
+    assert_eq!(
+        scopes(
+            policy
+                .authorize_chat_user_scopes_with(db, Some(on_behalf_of_no_seat), seated_facts)
+                .await
+        ),
+        Err(Some(DuoErrorCode::M3004))
+    );
 }
 
 #[tokio::test]

@@ -683,3 +683,76 @@ async fn the_last_streamed_chunks_reach_the_client_before_the_answer() {
         assert_eq!(answer.message.content, content);
     }
 }
+
+#[tokio::test]
+async fn a_question_whose_job_cannot_be_queued_is_neither_stored_nor_announced() {
+    use monolith::chat::live;
+    use monolith::chat::{CompletionQueue, Role, StoredMessage};
+    let (fx, user, chat) = world(3).await;
+    let Listening {
+        _subscriber,
+        mut on_user,
+        ..
+    } = listen(&fx, user).await;
+    let (first, _) = submitted(&chat, user, "first question").await;
+    let echo = next_live(&mut on_user).await;
+    assert_eq!(echo.message.request_xid, Some(first.request_id));
+
+    // A live job already holds the dedupe key the question's job would take.
+    let request = uuid::Uuid::new_v4();
+    let job = CompletionJob {
+        request_id: request,
+        user_id: user.id,
+        thread_id: first.thread_id,
+        content: "second question".into(),
+        ..Default::default()
+    };
+    let queue = PgCompletionQueue { max_attempts: 3 };
+    let db = fx.pool.get().await.unwrap();
+    monolith::db::enqueue(&*db, &job, queue.options(&job))
+        .await
+        .unwrap();
+    let question = StoredMessage::draft(
+        first.thread_id,
+        Role::User,
+        "second question".into(),
+        Some(request),
+        None,
+        serde_json::json!({}),
+    );
+    let echo = live::Announcement::to_user(user.id, &question)
+        .unwrap()
+        .unwrap();
+    let stored = monolith::chat::store_question_with_job(
+        &*db,
+        &question,
+        &echo,
+        &queue.job_values(&job).unwrap(),
+    )
+    .await;
+    assert!(stored.is_err(), "the duplicate job fails the statement");
+
+    let kept: i64 = db
+        .query_one(
+            "SELECT count(*) FROM ai_conversation_messages WHERE request_xid = $1",
+            &[&request],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(kept, 0, "no question stored without its job");
+    let jobs: i64 = db
+        .query_one(
+            "SELECT count(*) FROM background_jobs WHERE dedupe_key = $1",
+            &[&format!("chat_completion:{request}")],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(jobs, 1, "only the job that was there");
+    // Notifications arrive in commit order: the next one is the third
+    // question's, so the failed statement announced nothing.
+    let (third, _) = submitted(&chat, user, "third question").await;
+    let next = next_live(&mut on_user).await;
+    assert_eq!(next.message.request_xid, Some(third.request_id));
+}
