@@ -104,7 +104,7 @@ impl JobHandler for CompletionHandler {
                 if !last_chunks.is_empty()
                     && let Ok(db) = ctx.pool.get().await
                 {
-                    publish_chunks(&**db, &job, &last_chunks).await;
+                    publish_chunks(&*db, &job, &last_chunks).await;
                 }
                 return Err(JobError::retryable(e));
             }
@@ -180,7 +180,7 @@ async fn stream_chunks(
         let Some(client) = db.as_ref() else {
             continue;
         };
-        publish_chunks(&***client, &job, &messages).await;
+        publish_chunks(&**client, &job, &messages).await;
         last_publish = Some(tokio::time::Instant::now());
     }
     Vec::new()
@@ -273,9 +273,9 @@ pub async fn store_and_broadcast(
                 _ => false,
             };
             if !joined {
-                publish_chunks(&**client, job, &last_chunks).await;
+                publish_chunks(&*client, job, &last_chunks).await;
             }
-            chat::store_answer_once(&**client, &message, details, Some(&announcement)).await?
+            chat::store_answer_once(&*client, &message, details, Some(&announcement)).await?
         }
         None => {
             let tx = client.transaction().await?;

@@ -756,3 +756,52 @@ async fn a_question_whose_job_cannot_be_queued_is_neither_stored_nor_announced()
     let next = next_live(&mut on_user).await;
     assert_eq!(next.message.request_xid, Some(third.request_id));
 }
+
+#[tokio::test]
+async fn the_answers_statements_stay_prepared_on_the_workers_connection() {
+    use monolith::chat::live::LiveMessage;
+    let (fx, user, chat) = world(3).await;
+    // One connection, so what the answer left prepared is on the one we ask.
+    let pool = monolith::db::pool_for_url(fx.db.url(), 1).unwrap();
+    let prepared = || async {
+        let db = pool.get().await.unwrap();
+        db.query("SELECT statement FROM pg_prepared_statements", &[])
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|row| row.get::<_, String>(0))
+            .collect::<Vec<_>>()
+    };
+    // One last chunk travels in the answer's statement; two go out first,
+    // each its own notification.
+    for last_chunks in [1, 2] {
+        let (_, job) = submitted(&chat, user, "a question").await;
+        let chunks = (1..=last_chunks)
+            .map(|i| LiveMessage::chunk(job.thread_id, job.request_id, i, "piece".into()))
+            .collect();
+        jobs::store_and_broadcast(
+            &pool,
+            &job,
+            ChatAnswer::text("piece piece"),
+            "https://docs.example.com",
+            chunks,
+        )
+        .await
+        .unwrap();
+    }
+    // A statement prepared per use is closed after it; a cached one stays:
+    // an answer's statements are parsed and planned once per connection.
+    let statements = prepared().await;
+    assert!(
+        statements
+            .iter()
+            .any(|s| s.contains("pg_notify") && s.contains("INSERT INTO ai_conversation_messages")),
+        "the answer's statement is kept prepared: {statements:?}"
+    );
+    assert!(
+        statements
+            .iter()
+            .any(|s| s.trim() == "SELECT pg_notify($1, $2)"),
+        "the chunks' statement is kept prepared: {statements:?}"
+    );
+}
