@@ -17,7 +17,7 @@
 //! | `CLOUD_CONNECTOR_SERVICE_NAME` | `gitlab-ai-gateway` | JWT audience |
 //! | `DUO_ADD_ONS_FILE` | `config/duo_add_ons.yml` | unit primitives per add-on (built-in copy if missing) |
 //! | `DUO_AI_ACTION_RATE_LIMIT` | 160 | `aiAction` requests per user per window |
-//! | `DUO_AI_ACTION_RATE_WINDOW_SECS` | 28800 | length of that window (8 hours) |
+//! | `DUO_AI_ACTION_RATE_WINDOW_SECS` | 28800 | length of that window (8 hours; it opens with the first request counted in it) |
 //! | `DUO_DOCS_BASE_URL` | `https://docs.gitlab.com` | base of the links in error answers |
 //! | `DUO_WORKER_CONCURRENCY` | 4 | completion jobs one `worker` process runs at once |
 //! | `DUO_COMPLETION_MAX_ATTEMPTS` | 3 | runs of a completion job before the user gets an A9999 answer |

@@ -1,13 +1,14 @@
-//! Per-user request budgets shared by every replica (the `rate_limit_events`
-//! table): `aiAction` (chat) and Duo Workflow's `direct_access` both count
-//! their requests here, each under its own action name and with its own
-//! limit and window from the configuration.
+//! Per-user request budgets shared by every replica (the
+//! `rate_limit_counters` table): `aiAction` (chat), mentions of the review bot
+//! and Duo Workflow's `direct_access` each count their requests under their
+//! own action name, with their own limit and window from the configuration.
+//! As GitLab's `ApplicationRateLimiter` does, a window opens with the first
+//! request counted in it and lasts its length; then the count starts again.
 
 use std::time::Duration;
 
 /// Counts one request of `action` for the user; `false` (and nothing counted)
-/// when `limit` requests were already made within `window`. Events older
-/// than the window are dropped on the way.
+/// when `limit` requests were already counted in the user's current window.
 pub async fn take(
     client: &impl crate::queries::Queries,
     user_id: i64,
@@ -15,16 +16,24 @@ pub async fn take(
     limit: u32,
     window: Duration,
 ) -> Result<bool, tokio_postgres::Error> {
-    // One statement (migration V70): the lock, the count, the event and the
-    // clean-up in one round trip, atomic per user and action.
+    // One statement on one row (migration V71): the row lock of the upsert
+    // serializes one user's checks for one action, so two replicas never both
+    // take the last request of a budget. No row back: the budget is spent.
     let limit = i32::try_from(limit).unwrap_or(i32::MAX);
     let row = client
-        .query_one(
-            "SELECT duo_rate_limit_take($1, $2, $3, $4)",
+        .query_opt(
+            "INSERT INTO rate_limit_counters AS c (user_id, action, window_ends_at, used)
+             SELECT $1, $2, now() + make_interval(secs => $4), 1 WHERE $3 > 0
+             ON CONFLICT (user_id, action) DO UPDATE SET
+                 used = CASE WHEN c.window_ends_at <= now() THEN 1 ELSE c.used + 1 END,
+                 window_ends_at = CASE WHEN c.window_ends_at <= now()
+                                       THEN excluded.window_ends_at ELSE c.window_ends_at END
+             WHERE c.window_ends_at <= now() OR c.used < $3
+             RETURNING used",
             &[&user_id, &action, &limit, &window.as_secs_f64()],
         )
         .await?;
-    Ok(row.get(0))
+    Ok(row.is_some())
 }
 
 /// A budget per key per minute counted in this process only: for limits that

@@ -357,7 +357,8 @@ async fn rate_limit_is_shared_through_the_database() {
     let db = fx.pool.get().await.unwrap();
     // 160 requests already made within the window (e.g. through another replica).
     db.execute(
-        "INSERT INTO rate_limit_events (user_id, action) SELECT $1, 'ai_action' FROM generate_series(1, 159)",
+        "INSERT INTO rate_limit_counters (user_id, action, window_ends_at, used)
+         VALUES ($1, 'ai_action', now() + interval '1 hour', 159)",
         &[&user.id],
     )
     .await

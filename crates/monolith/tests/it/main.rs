@@ -42,6 +42,7 @@ mod policy_duo_chat;
 mod policy_read;
 mod policy_write;
 mod probes;
+mod rate_limit;
 mod repositories_git;
 mod repositories_rest;
 mod rest_code_search;
