@@ -12,13 +12,11 @@ CREATE TABLE rate_limit_counters (
     PRIMARY KEY (user_id, action)
 );
 
--- What the log counted carries over: each user's requests of the last eight
--- hours (the chat budget's default window) open a window at the earliest.
-INSERT INTO rate_limit_counters (user_id, action, window_ends_at, used)
-SELECT user_id, action, min(occurred_at) + interval '8 hours', count(*)
-FROM rate_limit_events
-WHERE occurred_at > now() - interval '8 hours'
-GROUP BY user_id, action;
+-- Budgets start afresh: each action's window is configured (60 s for Duo
+-- Workflow's direct access, 8 hours for chat by default) and unknown here,
+-- so the log's rows cannot become counters without risking a window far
+-- longer than the action's own. The cost is at most one window's requests
+-- more per user around the upgrade.
 
 -- `rate_limit_events` and `duo_rate_limit_take` stay for processes of the
 -- previous release during a rolling upgrade; nothing of this release uses them.
