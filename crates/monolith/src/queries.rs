@@ -145,6 +145,10 @@ impl<'a> Queries for deadpool_postgres::Transaction<'a> {
     }
 }
 
+// A pooled connection dereferenced down to this bare client (`&**client` on
+// a `deadpool_postgres::Client`) loses its statement cache without a word:
+// every query is then prepared, run and closed (two round trips and a parse).
+// Hand query code the pooled connection (`&client` or `&*client`).
 impl Queries for tokio_postgres::Client {
     type Plain = tokio_postgres::Client;
 
