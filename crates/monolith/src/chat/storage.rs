@@ -9,18 +9,10 @@ use uuid::Uuid;
 use super::{ChatError, ConversationType, Role, StoredMessage, Thread};
 
 /// The statement that stores a message (`$1`–`$7`) and touches its thread:
-/// `$conflict` says what a second answer to the same request does, `$announce`
-/// what else the statement returns or sends.
+/// `$conflict` says what a second answer to the same request does,
+/// `$more_ctes` what else it writes (a question's job), `$announce` what else
+/// it returns or sends.
 macro_rules! insert_message_sql {
-    ($conflict:expr, $announce:expr) => {
-        concat!(
-            "WITH m AS (
-                 INSERT INTO ai_conversation_messages (thread_id, role, content, message_xid, request_xid, error_details, extras)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7) ",
-            $conflict,
-            insert_message_sql!(@rest $announce)
-        )
-    };
     (@rest $more_ctes:expr, $announce:expr) => {
         concat!(
             " RETURNING id, created_at
@@ -37,25 +29,28 @@ macro_rules! insert_message_sql {
     (@rest $announce:expr) => {
         insert_message_sql!(@rest "", $announce)
     };
-}
-
-/// A question stored, announced, and its completion job queued (`$12` to
-/// `$19`, see `job_queue::JobValues::params`), all by one statement.
-macro_rules! insert_question_and_job_sql {
-    () => {
+    ($conflict:expr, $more_ctes:expr, $announce:expr) => {
         concat!(
             "WITH m AS (
                  INSERT INTO ai_conversation_messages (thread_id, role, content, message_xid, request_xid, error_details, extras)
                  VALUES ($1, $2, $3, $4, $5, $6, $7) ",
-            insert_message_sql!(
-                @rest
-                concat!(
-                    ", j AS (",
-                    job_queue::insert_job_sql!("m", "$12", "$13", "$14", "$15", "$16", "$17", "$18", "$19"),
-                    ")"
-                ),
-                announce_sql!()
-            )
+            $conflict,
+            insert_message_sql!(@rest $more_ctes, $announce)
+        )
+    };
+    ($conflict:expr, $announce:expr) => {
+        insert_message_sql!($conflict, "", $announce)
+    };
+}
+
+/// The CTE that queues a stored question's completion job (`$12` to `$19`,
+/// see `job_queue::JobValues::params`), in the statement that stores it.
+macro_rules! question_job_sql {
+    () => {
+        concat!(
+            ", j AS (",
+            job_queue::insert_job_sql!("m", "$12", "$13", "$14", "$15", "$16", "$17", "$18", "$19"),
+            ")"
         )
     };
 }
@@ -98,7 +93,7 @@ pub async fn store_message(
     error_details: Option<Value>,
     announcement: Option<&super::live::Announcement>,
 ) -> Result<StoredMessage, ChatError> {
-    insert_message(db, message, error_details, false, announcement)
+    insert_message(db, message, error_details, false, announcement, None)
         .await?
         .ok_or_else(|| ChatError::Internal("a stored message returned no row".into()))
 }
@@ -112,7 +107,7 @@ pub async fn store_answer_once(
     error_details: Option<Value>,
     announcement: Option<&super::live::Announcement>,
 ) -> Result<Option<StoredMessage>, ChatError> {
-    insert_message(db, message, error_details, true, announcement).await
+    insert_message(db, message, error_details, true, announcement, None).await
 }
 
 async fn insert_message(
@@ -121,6 +116,7 @@ async fn insert_message(
     error_details: Option<Value>,
     once_per_request: bool,
     announcement: Option<&super::live::Announcement>,
+    job: Option<&job_queue::JobValues>,
 ) -> Result<Option<StoredMessage>, ChatError> {
     let role = message.role as i16;
     let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![
@@ -136,12 +132,17 @@ async fn insert_message(
     let chunk_before = announcement
         .and_then(|a| a.chunk_before.as_ref())
         .filter(|_| once_per_request);
-    let sql = match (once_per_request, announcement, chunk_before) {
-        (_, Some(_), Some(_)) => insert_answer_after_chunk_sql!(),
-        (false, None, _) => insert_message_sql!("", ""),
-        (true, None, _) => insert_message_sql!(once_per_request_sql!(), ""),
-        (false, Some(_), _) => insert_message_sql!("", announce_sql!()),
-        (true, Some(_), None) => insert_message_sql!(once_per_request_sql!(), announce_sql!()),
+    // A job queued with the message: announced questions only (otherwise
+    // its parameters make the statement fail rather than go unqueued).
+    let sql = match (once_per_request, announcement, chunk_before, job) {
+        (_, Some(_), Some(_), _) => insert_answer_after_chunk_sql!(),
+        (false, Some(_), None, Some(_)) => {
+            insert_message_sql!("", question_job_sql!(), announce_sql!())
+        }
+        (false, None, _, _) => insert_message_sql!("", ""),
+        (true, None, _, _) => insert_message_sql!(once_per_request_sql!(), ""),
+        (false, Some(_), _, None) => insert_message_sql!("", announce_sql!()),
+        (true, Some(_), None, _) => insert_message_sql!(once_per_request_sql!(), announce_sql!()),
     };
     if let Some(a) = announcement {
         params.extend([
@@ -153,6 +154,9 @@ async fn insert_message(
     }
     if let Some(chunk) = chunk_before {
         params.push(chunk);
+    }
+    if let Some(job) = job {
+        params.extend(job.params());
     }
     let row = db.query_opt(sql, &params).await?;
     Ok(row.map(|row| StoredMessage {
@@ -171,30 +175,9 @@ pub async fn store_question_with_job(
     announcement: &super::live::Announcement,
     job: &job_queue::JobValues,
 ) -> Result<StoredMessage, ChatError> {
-    let role = question.role as i16;
-    let no_error_details: Option<Value> = None;
-    let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![
-        &question.thread_id,
-        &role,
-        &question.content,
-        &question.message_xid,
-        &question.request_xid,
-        &no_error_details,
-        &question.extras,
-        &job_queue::pubsub::PUBSUB_CHANNEL,
-        &announcement.text,
-        &announcement.id_stand_in,
-        &announcement.created_at_stand_in,
-    ];
-    params.extend(job.params());
-    let row = db
-        .query_one(insert_question_and_job_sql!(), &params)
-        .await?;
-    Ok(StoredMessage {
-        id: row.get(0),
-        created_at: row.get(1),
-        ..question.clone()
-    })
+    insert_message(db, question, None, false, Some(announcement), Some(job))
+        .await?
+        .ok_or_else(|| ChatError::Internal("a stored question returned no row".into()))
 }
 
 /// What a completion job finds when it starts.

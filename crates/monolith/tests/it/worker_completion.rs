@@ -763,15 +763,6 @@ async fn the_answers_statements_stay_prepared_on_the_workers_connection() {
     let (fx, user, chat) = world(3).await;
     // One connection, so what the answer left prepared is on the one we ask.
     let pool = monolith::db::pool_for_url(fx.db.url(), 1).unwrap();
-    let prepared = || async {
-        let db = pool.get().await.unwrap();
-        db.query("SELECT statement FROM pg_prepared_statements", &[])
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|row| row.get::<_, String>(0))
-            .collect::<Vec<_>>()
-    };
     // One last chunk travels in the answer's statement; two go out first,
     // each its own notification.
     for last_chunks in [1, 2] {
@@ -791,7 +782,16 @@ async fn the_answers_statements_stay_prepared_on_the_workers_connection() {
     }
     // A statement prepared per use is closed after it; a cached one stays:
     // an answer's statements are parsed and planned once per connection.
-    let statements = prepared().await;
+    let statements: Vec<String> = pool
+        .get()
+        .await
+        .unwrap()
+        .query("SELECT statement FROM pg_prepared_statements", &[])
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|row| row.get(0))
+        .collect();
     assert!(
         statements
             .iter()
