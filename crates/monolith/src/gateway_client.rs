@@ -136,11 +136,16 @@ pub async fn instance_route(
     let settings = db
         .query_one("SELECT realm, ai_gateway_url FROM instance_settings", &[])
         .await?;
-    let gateway_url = settings
-        .get::<_, Option<String>>(1)
-        .filter(|u| !u.trim().is_empty())
-        .and_then(|u| url::Url::parse(u.trim()).ok());
-    Ok((settings.get(0), gateway_url))
+    Ok(route_from_settings(settings.get(0), settings.get(1)))
+}
+
+/// [`instance_route`] from the two settings read elsewhere.
+pub fn route_from_settings(realm: &str, gateway_url: Option<&str>) -> (String, Option<url::Url>) {
+    let gateway_url = gateway_url
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .and_then(|u| url::Url::parse(u).ok());
+    (realm.to_owned(), gateway_url)
 }
 
 /// The prompt a model check runs: small, needs only the `explain_code` unit

@@ -239,14 +239,14 @@ impl AgentResponder {
             .and_then(|c| c.name.feature())
             .unwrap_or(crate::ai_models::Feature::DuoChat);
         // The reads that depend on nothing else go out together: the
-        // connection pipelines them (one round trip instead of five). Nothing
-        // read here reaches the model unless the checks below pass.
-        let (actor, access, model, history, route, flags) = tokio::join!(
-            load_actor(&*db, question.user_id),
+        // connection pipelines them (one round trip instead of four). The
+        // access facts' statement also reads the user's account and the
+        // instance's gateway setting. Nothing read here reaches the model
+        // unless the checks below pass.
+        let (access, model, history, flags) = tokio::join!(
             services.policy.chat_access_facts(&*db, question.user_id),
             services.models.choice(&*db, feature),
             history::load(&*db, question.thread_id, question.request_id),
-            crate::gateway_client::instance_route(&*db),
             async {
                 match self.pinned_flags {
                     Some(_) => Ok(None),
@@ -254,11 +254,15 @@ impl AgentResponder {
                 }
             },
         );
-        let actor = actor
-            .map_err(Refusal::transient)?
-            .ok_or_else(|| Refusal::Code(DuoErrorCode::M3004, "unknown or inactive user".into()))?;
-        // The seats' unit primitives are the gateway token's scopes too.
         let access = access.map_err(Refusal::transient)?;
+        let actor = access
+            .actor()
+            .ok_or_else(|| Refusal::Code(DuoErrorCode::M3004, "unknown or inactive user".into()))?;
+        let (realm, gateway_url) = {
+            let (realm, url) = access.gateway_settings();
+            crate::gateway_client::route_from_settings(realm, url)
+        };
+        // The seats' unit primitives are the gateway token's scopes too.
         let scopes = services
             .policy
             .authorize_chat_user_scopes_with(&*db, Some(actor), access)
@@ -281,7 +285,6 @@ impl AgentResponder {
             None => None,
         };
         let history = history.map_err(Refusal::transient)?;
-        let (realm, gateway_url) = route.map_err(Refusal::transient)?;
         let flags = flags.map_err(Refusal::transient)?.unwrap_or_default();
         let feature_flags = match &self.pinned_flags {
             Some(pinned) => pinned.to_vec(),
@@ -502,15 +505,6 @@ impl Refusal {
             ChatAuthError::Policy(p) => Self::transient(p),
         }
     }
-}
-
-async fn load_actor(
-    db: &impl Queries,
-    user_id: i64,
-) -> Result<Option<Actor>, tokio_postgres::Error> {
-    Ok(crate::identity::users::active(db, user_id)
-        .await?
-        .map(|u| Actor::user(u.id, u.admin)))
 }
 
 /// The page resource named by `resourceId`, or `None` when it is the user,

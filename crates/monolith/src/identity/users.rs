@@ -286,16 +286,23 @@ pub struct ActiveUser {
     pub admin: bool,
 }
 
+/// `id, admin` of user `$1` when the account is active (no row otherwise):
+/// [`active`]'s statement, and a subquery where the user is read with other
+/// facts in one statement.
+#[macro_export]
+macro_rules! active_user_sql {
+    () => {
+        "SELECT id, admin FROM users WHERE id = $1 AND state = 'active'"
+    };
+}
+
 /// User `id` when the account is active; `None` when it is not or is gone.
 pub async fn active(
     db: &impl Queries,
     id: i64,
 ) -> Result<Option<ActiveUser>, tokio_postgres::Error> {
     Ok(db
-        .query_opt(
-            "SELECT id, admin FROM users WHERE id = $1 AND state = 'active'",
-            &[&id],
-        )
+        .query_opt(active_user_sql!(), &[&id])
         .await?
         .map(|r| ActiveUser {
             id: r.get(0),

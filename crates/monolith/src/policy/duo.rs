@@ -152,15 +152,16 @@ impl Policy {
                 &[&user_id],
             )
             .await?;
-        let add_ons: BTreeSet<AddOn> = row
-            .get::<_, Vec<&str>>(3)
-            .into_iter()
-            .filter_map(AddOn::parse)
-            .collect();
         Ok((
             InstanceFacts::from_row(&row),
-            self.catalogue.union(&add_ons),
+            self.seat_scopes(row.get::<_, Vec<&str>>(3)),
         ))
+    }
+
+    /// The unit primitives granted by the add-ons named in `add_ons`.
+    fn seat_scopes(&self, add_ons: Vec<&str>) -> BTreeSet<UnitPrimitive> {
+        let add_ons: BTreeSet<AddOn> = add_ons.into_iter().filter_map(AddOn::parse).collect();
+        self.catalogue.union(&add_ons)
     }
 
     /// Unit primitives the user's seats grant (the `scopes` of the gateway JWT).
@@ -235,16 +236,33 @@ impl Policy {
     /// The facts a user's chat access is decided on, read before the actor
     /// is known (the worker reads them with a question's other facts, in one
     /// round trip); see [`Policy::authorize_chat_user_scopes_with`].
+    ///
+    /// The same statement reads the user's account (active or not) and the
+    /// instance's gateway setting, which the worker needs with them.
     pub async fn chat_access_facts(
         &self,
         db: &impl Queries,
         user_id: i64,
     ) -> Result<ChatAccessFacts, PolicyError> {
-        let (instance, scopes) = self.instance_and_seats(db, user_id).await?;
+        let row = db
+            .query_one(
+                concat!(
+                    "SELECT realm, instance_tier, duo_features_enabled, ARRAY(",
+                    seats_sql!(),
+                    "), ai_gateway_url, (SELECT u.admin FROM (",
+                    crate::active_user_sql!(),
+                    ") u) FROM instance_settings"
+                ),
+                &[&user_id],
+            )
+            .await?;
         Ok(ChatAccessFacts {
             user_id,
-            instance,
-            scopes,
+            instance: InstanceFacts::from_row(&row),
+            scopes: self.seat_scopes(row.get::<_, Vec<&str>>(3)),
+            active_admin: row.get(5),
+            realm_setting: row.get(0),
+            gateway_url_setting: row.get(4),
         })
     }
 

@@ -13,12 +13,34 @@ pub(super) struct InstanceFacts {
 }
 
 /// What a user's chat access is decided on, read ahead
-/// ([`Policy::chat_access_facts`]); opaque outside the policy.
+/// ([`Policy::chat_access_facts`]); opaque outside the policy but for what
+/// the worker reads with it to save statements: the user as an active
+/// account and the instance's gateway setting.
 #[derive(Debug, Clone)]
 pub struct ChatAccessFacts {
     pub(super) user_id: i64,
     pub(super) instance: InstanceFacts,
     pub(super) scopes: BTreeSet<UnitPrimitive>,
+    /// `Some(admin)` when the user's account is active.
+    pub(super) active_admin: Option<bool>,
+    /// `instance_settings.realm` as stored.
+    pub(super) realm_setting: String,
+    /// `instance_settings.ai_gateway_url` as stored.
+    pub(super) gateway_url_setting: Option<String>,
+}
+
+impl ChatAccessFacts {
+    /// The user, when the account is active (as `identity::users::active`).
+    pub fn actor(&self) -> Option<Actor> {
+        self.active_admin
+            .map(|admin| Actor::user(self.user_id, admin))
+    }
+
+    /// The instance's `realm` and `ai_gateway_url` settings as stored: what
+    /// `gateway_client::instance_route` would read.
+    pub fn gateway_settings(&self) -> (&str, Option<&str>) {
+        (&self.realm_setting, self.gateway_url_setting.as_deref())
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -305,6 +305,56 @@ async fn a_user_without_chat_access_is_m3004_before_any_gateway_call() {
 }
 
 #[tokio::test]
+async fn a_user_blocked_after_asking_is_m3004_before_any_gateway_call() {
+    let bench = Bench::start().await;
+    let world = bench.world().await;
+    // Seated and answered while active ...
+    let answered = bench.ask(world.user, "Hi", None).await;
+    assert_eq!(code(&answered), None);
+    let calls = bench.provider_bodies().len();
+    // ... and refused by the worker once the account is blocked.
+    let c = bench.fx.pool.get().await.unwrap();
+    c.execute(
+        "UPDATE users SET state = 'blocked' WHERE id = $1",
+        &[&world.user.id],
+    )
+    .await
+    .unwrap();
+
+    let answered = bench.ask(world.user, "Hi again", None).await;
+
+    assert_eq!(code(&answered), Some(DuoErrorCode::M3004));
+    assert_eq!(bench.provider_bodies().len(), calls);
+}
+
+#[tokio::test]
+async fn the_instance_gateway_setting_routes_the_answer() {
+    let bench = Bench::start().await;
+    let world = bench.world().await;
+    // The configured gateway answers; the setting, which wins over it, names
+    // one that does not.
+    let c = bench.fx.pool.get().await.unwrap();
+    c.execute(
+        "UPDATE instance_settings SET ai_gateway_url = $1",
+        &[&agent_support::closed_url()],
+    )
+    .await
+    .unwrap();
+
+    let answered = bench.ask(world.user, "Anyone there?", None).await;
+
+    assert_eq!(code(&answered), Some(DuoErrorCode::A1001));
+    // Blank is unset: the configured gateway answers again.
+    c.execute("UPDATE instance_settings SET ai_gateway_url = '  '", &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        code(&bench.ask(world.user, "Anyone there?", None).await),
+        None
+    );
+}
+
+#[tokio::test]
 async fn a_tool_the_monolith_lacks_is_a9999_version_skew() {
     let bench = Bench::start().await;
     let world = bench.world().await;

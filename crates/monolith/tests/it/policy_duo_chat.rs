@@ -754,6 +754,17 @@ async fn chat_authorizer_codes() {
     let scopes = |r: Result<_, monolith::policy::ChatAuthError>| r.map_err(|e| e.code());
     let seated_facts = policy.chat_access_facts(db, seated.id).await.unwrap();
     let no_seat_facts = policy.chat_access_facts(db, no_seat.id).await.unwrap();
+    // The same statement reads the account and the instance's gateway setting.
+    assert_eq!(seated_facts.actor(), Some(seated));
+    assert_eq!(
+        policy
+            .chat_access_facts(db, i64::MAX)
+            .await
+            .unwrap()
+            .actor(),
+        None
+    );
+    assert_eq!(seated_facts.gateway_settings().1, None);
     assert!(
         scopes(
             policy
