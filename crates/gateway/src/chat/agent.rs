@@ -289,13 +289,14 @@ pub fn prepare(
             let free_text = if bundled {
                 // The same system prompt with no tools: no instructions
                 // about functions for an answer that calls none.
-                let system = render_system(registry, &definition, &[], &unavailable, || {
-                    prompt_inputs(&[], request, question)
-                })?
-                .iter()
-                .map(|m| m.content.as_str())
-                .collect::<Vec<_>>()
-                .join("\n\n");
+                let system =
+                    render_system(registry, &definition, &[], &unavailable, question, || {
+                        prompt_inputs(&[], request, question)
+                    })?
+                    .iter()
+                    .map(|m| m.content.as_str())
+                    .collect::<Vec<_>>()
+                    .join("\n\n");
                 let has_context = from_context || question.current_file.is_some();
                 Some(native::FreeTextAnswer::new(
                     system,
@@ -391,7 +392,14 @@ fn render_step(
     question: &AgentMessage,
 ) -> Result<Vec<RenderedMessage>, PromptError> {
     let all_inputs = || prompt_inputs(tools, request, question);
-    let system = render_system(registry, definition, tools, unavailable, all_inputs)?;
+    let system = render_system(
+        registry,
+        definition,
+        tools,
+        unavailable,
+        question,
+        all_inputs,
+    )?;
     let turn_inputs = json!({
         "message": message_input(question),
         "scratchpad": scratchpad_input(request),
@@ -414,24 +422,34 @@ fn render_step(
 const MAX_SYSTEM_KEY_BYTES: usize = 1024;
 
 /// The system templates rendered with the tools and the unavailable
-/// resources alone, from the registry's render cache. A system template that
-/// reads more than those (the native prompts read the question's context
-/// when no tool is offered) is rendered from `all_inputs` instead, uncached.
+/// resources alone, from the registry's render cache. A question with no
+/// attached context also lends its (empty) context fields: the native
+/// prompts read them when no tool is offered, and with nothing attached the
+/// render is the same for every such question. A system template that reads
+/// more than those (an attached context, the question's text) is rendered
+/// from `all_inputs` instead, uncached.
 fn render_system(
     registry: &PromptRegistry,
     definition: &PromptDefinition,
     tools: &[&ToolDefinition],
     unavailable: &[String],
+    question: &AgentMessage,
     all_inputs: impl Fn() -> Value,
 ) -> Result<Arc<[RenderedMessage]>, PromptError> {
     let system_only = |role| role == TemplateRole::System;
+    let no_context = question.context.is_none()
+        && question
+            .additional_context
+            .as_ref()
+            .is_none_or(|items| items.is_empty());
     // Tool names identify their definitions (static in this process); the
     // resources list is JSON so that no two lists share a key.
     let names: Vec<&str> = tools.iter().map(|t| t.name).collect();
     let key = format!(
-        "{}\u{0}{}",
+        "{}\u{0}{}\u{0}{}",
         names.join(","),
-        serde_json::to_string(unavailable).unwrap_or_default()
+        serde_json::to_string(unavailable).unwrap_or_default(),
+        if no_context { "no-context" } else { "" }
     );
     if key.len() > MAX_SYSTEM_KEY_BYTES {
         return Ok(definition
@@ -439,7 +457,14 @@ fn render_system(
             .into());
     }
     let cached = definition.render_roles_cached(registry, &[TemplateRole::System], &key, || {
-        system_inputs(tools, unavailable)
+        let mut inputs = system_inputs(tools, unavailable);
+        if no_context {
+            // The values `message_input` gives a question with nothing
+            // attached; any other message field stays missing, so a template
+            // reading one is rendered whole instead.
+            inputs["message"] = json!({ "context": null, "additional_context": [] });
+        }
+        inputs
     });
     match cached? {
         Some(rendered) => Ok(rendered),

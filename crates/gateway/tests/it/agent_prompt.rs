@@ -266,3 +266,66 @@ fn kept_system_prompts_follow_the_tools_and_the_unavailable_resources() {
     assert_ne!(system(&readers, question), system(&readers, narrowed));
     assert!(system(&readers, narrowed).contains("Pipelines"));
 }
+
+#[test]
+fn a_warm_render_cache_gives_what_a_fresh_render_gives() {
+    // The system prompts of questions with and without an attached resource,
+    // offered tools or not, asked in turn on one registry (its render cache
+    // warm after the first of each kind), against a new registry each time.
+    let bodies = [
+        r#"{"messages":[{"role":"user","content":"What is a rebase?"}]}"#,
+        r#"{"messages":[{"role":"user","content":"What is it about?",
+            "context":{"type":"issue","content":"<issue><title>Add dark mode</title></issue>"}}]}"#,
+        r#"{"messages":[{"role":"user","content":"What is issue #3 about?"}],
+            "unavailable_resources":["Pipelines"]}"#,
+        r#"{"messages":[{"role":"user","content":"Explain","additional_context":[
+            {"category":"snippet","id":"s1","content":"fn main() {}"}]}]}"#,
+        r#"{"messages":[{"role":"user","content":"And a merge?"}]}"#,
+    ];
+    let systems =
+        |registry: &gateway::prompts::PromptRegistry, cfg: &gateway::Config, body: &str| {
+            let request: AgentRequest = serde_json::from_str(body).unwrap();
+            let prepared = prepare(
+                registry,
+                cfg,
+                &GatewayUser::debug(),
+                ClientInfo::default(),
+                &request,
+            )
+            .unwrap();
+            let native = prepared.native.as_ref();
+            (
+                prepared.call.system.clone(),
+                native.map(|n| n.system.clone()),
+                native.and_then(|n| n.free_text.as_ref().map(|f| f.system.clone())),
+            )
+        };
+    let bundled = gateway::Config::for_tests(&[]).unwrap();
+    let react =
+        gateway::Config::for_tests(&[("AIGW_DEFAULT_PROMPTS", r#"{"chat/react": "openai"}"#)])
+            .unwrap();
+    for cfg in [&bundled, &react, &config(&[])] {
+        let warm = registry();
+        for _ in 0..2 {
+            for body in bodies {
+                assert_eq!(
+                    systems(&warm, cfg, body),
+                    systems(&registry(), cfg, body),
+                    "{body}"
+                );
+            }
+        }
+    }
+    // The attached resource's instruction reaches only its own question.
+    let warm = registry();
+    let plain = systems(&warm, &bundled, bodies[0]).2.unwrap();
+    let attached = systems(&warm, &bundled, bodies[1]).2.unwrap();
+    assert!(!plain.contains("from that resource only"), "{plain}");
+    assert!(attached.contains("from that resource only"), "{attached}");
+    assert!(
+        !systems(&warm, &bundled, bodies[4])
+            .2
+            .unwrap()
+            .contains("from that resource only")
+    );
+}
