@@ -190,6 +190,15 @@ pub const BUNDLED_DRY_MULTIPLIER: f32 = 0.8;
 /// where it echoes tags or invents around them. Lines that are only a tag
 /// are dropped, unless text follows (a `<description>` block: `Description:`).
 pub fn plain_markup(text: &str) -> String {
+    // No tag, entity or carriage return: the lines come out as they went in
+    // (most questions), without the regular expressions' passes.
+    if !text.contains(['<', '&', '\r']) {
+        return text.trim_end().to_owned();
+    }
+    tags_to_lines(text)
+}
+
+fn tags_to_lines(text: &str) -> String {
     static SINGLE: std::sync::LazyLock<Option<regex::Regex>> =
         std::sync::LazyLock::new(|| regex::Regex::new(r"^<([a-z_]+)>(.*)</([a-z_]+)>$").ok());
     static OPEN: std::sync::LazyLock<Option<regex::Regex>> =
@@ -821,6 +830,24 @@ mod tests {
             ),
             "Reference: acme&1\nTitle: a <b> &lt;"
         );
+    }
+
+    #[test]
+    fn text_without_tags_takes_the_short_way_to_the_same_result() {
+        for text in [
+            "What does this do?",
+            "two\nlines\n\n",
+            "  indented\n\ttabbed  \n",
+            "",
+            "\n\n",
+            "trailing spaces   ",
+            "unicode: héllo — ✓\nnext",
+        ] {
+            assert_eq!(plain_markup(text), tags_to_lines(text), "{text:?}");
+        }
+        // Anything the long way changes still takes it.
+        assert_eq!(plain_markup("a\r\nb"), "a\nb");
+        assert_eq!(plain_markup("x &amp; y"), "x & y");
     }
 
     #[test]

@@ -38,7 +38,13 @@ impl SseParser {
             if let Some(stripped) = line.strip_suffix(b"\r") {
                 line = stripped;
             }
-            if let Some(event) = self.line(&String::from_utf8_lossy(line)) {
+            // Valid UTF-8 (every well-behaved provider) is checked by the
+            // fast validator; only a broken line pays for the lossy one.
+            let text = match std::str::from_utf8(line) {
+                Ok(text) => std::borrow::Cow::Borrowed(text),
+                Err(_) => String::from_utf8_lossy(line),
+            };
+            if let Some(event) = self.line(&text) {
                 events.push(event);
             }
         }
@@ -105,6 +111,18 @@ mod tests {
     #[test]
     fn parses_whole_input() {
         assert_eq!(SseParser::default().push(INPUT.as_bytes()), expected());
+    }
+
+    #[test]
+    fn a_line_that_is_not_utf8_is_read_with_replacement_characters() {
+        let events = SseParser::default().push(b"data: caf\xc3\xa9 \xff!\n\n");
+        assert_eq!(
+            events,
+            vec![SseEvent {
+                event: None,
+                data: "café \u{fffd}!".into(),
+            }]
+        );
     }
 
     #[test]
