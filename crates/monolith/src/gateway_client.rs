@@ -18,7 +18,7 @@ use futures::{Stream, StreamExt};
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
-use crate::identity::jwt::{GatewayClaims, KeyRing, SharedKeyRing, TokenSubject};
+use crate::identity::jwt::{KeyRing, SharedKeyRing, TokenSubject};
 
 /// The GitLab version this monolith speaks to the gateway as. The gateway
 /// offers the build and merge request readers only from 17.5 on.
@@ -287,20 +287,19 @@ impl GatewayClient {
         auth: &GatewayAuth,
         model: Option<&contracts::ModelMetadata>,
     ) -> Result<Vec<(&'static str, String)>, GatewayError> {
-        let claims: GatewayClaims = crate::identity::jwt::claims_for(TokenSubject {
-            user_id: auth.user_id,
-            scopes: auth.scopes.clone(),
-            model_endpoints: model.map(|m| m.endpoint.clone()).into_iter().collect(),
-            realm: &auth.realm,
-            instance_id: &self.settings.instance_id,
-            issuer: &self.settings.issuer,
-            audience: &self.settings.audience,
-        });
         let global_user_id =
             crate::identity::jwt::global_user_id(&self.settings.instance_id, auth.user_id);
         let token = self
             .keys
-            .sign(&claims)
+            .token_for(TokenSubject {
+                user_id: auth.user_id,
+                scopes: auth.scopes.clone(),
+                model_endpoints: model.map(|m| m.endpoint.clone()).into_iter().collect(),
+                realm: &auth.realm,
+                instance_id: &self.settings.instance_id,
+                issuer: &self.settings.issuer,
+                audience: &self.settings.audience,
+            })
             .map_err(|e| GatewayError::Token(e.to_string()))?;
         let host = self
             .settings

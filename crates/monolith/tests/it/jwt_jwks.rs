@@ -309,3 +309,68 @@ async fn tokens_verify_with_the_bare_rsa_primitive() {
     parts[1] = String::from_utf8(payload).unwrap();
     assert!(verify_independently(&jwks, &parts.join(".")).is_err());
 }
+
+#[test]
+fn a_gateway_token_is_reused_for_the_same_subject_and_key_only() {
+    use monolith::identity::jwt::SharedKeyRing;
+    let dir = std::env::temp_dir().join(format!("duo-jwt-reuse-{}", uuid::Uuid::new_v4()));
+    let ring = SharedKeyRing::new(KeyRing::load_or_create(&dir).unwrap());
+    let subject = |user_id: i64, scopes: &[&str], endpoints: &[&str]| TokenSubject {
+        user_id,
+        scopes: scopes.iter().map(|s| s.to_string()).collect(),
+        model_endpoints: endpoints.iter().map(|s| s.to_string()).collect(),
+        realm: "self-managed",
+        instance_id: "instance-1",
+        issuer: "https://gitlab.example",
+        audience: "gitlab-ai-gateway",
+    };
+    let claims_of = |token: &str| -> Value {
+        let payload = token.split('.').nth(1).unwrap();
+        serde_json::from_slice(
+            &base64::Engine::decode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, payload)
+                .unwrap(),
+        )
+        .unwrap()
+    };
+
+    let first = ring.token_for(subject(1, &["duo_chat"], &[])).unwrap();
+    // The same subject gets the same token (no second signature) ...
+    assert_eq!(
+        ring.token_for(subject(1, &["duo_chat"], &[])).unwrap(),
+        first
+    );
+    // ... and any other subject its own, saying what it is.
+    for (other, scopes, endpoints) in [
+        (2, &["duo_chat"][..], &[][..]),
+        (1, &["duo_chat", "ask_issue"][..], &[][..]),
+        (1, &[][..], &[][..]),
+        (1, &["duo_chat"][..], &["http://model.example/v1"][..]),
+    ] {
+        let token = ring.token_for(subject(other, scopes, endpoints)).unwrap();
+        assert_ne!(token, first);
+        let claims = claims_of(&token);
+        assert_eq!(claims["scopes"], serde_json::json!(scopes));
+        let expected_user = monolith::identity::jwt::global_user_id("instance-1", other);
+        assert_eq!(claims["gitlab_global_user_id"], expected_user.as_str());
+        if endpoints.is_empty() {
+            assert!(claims.get("model_endpoints").is_none());
+        } else {
+            assert_eq!(claims["model_endpoints"], serde_json::json!(endpoints));
+        }
+    }
+    // A key rotated in by another process signs the next token at once.
+    let rotated = KeyRing::load_or_create(&dir).unwrap().rotate().unwrap();
+    let after = ring.token_for(subject(1, &["duo_chat"], &[])).unwrap();
+    assert_ne!(after, first);
+    assert_eq!(decode_header(&after).unwrap().kid.unwrap(), rotated);
+
+    // Without a reuse window every call signs anew.
+    let fresh = SharedKeyRing::with_reuse(
+        KeyRing::load_or_create(&dir).unwrap(),
+        std::time::Duration::ZERO,
+    );
+    let one = fresh.token_for(subject(1, &["duo_chat"], &[])).unwrap();
+    let two = fresh.token_for(subject(1, &["duo_chat"], &[])).unwrap();
+    assert_ne!(claims_of(&one)["jti"], claims_of(&two)["jti"]);
+    let _ = std::fs::remove_dir_all(dir);
+}
