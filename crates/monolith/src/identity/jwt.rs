@@ -84,8 +84,9 @@ pub struct SharedKeyRing {
 /// signature costs ~0.2 ms of CPU (more than the rest of a chat answer's
 /// worker time), and the token stays valid for [`TOKEN_LIFETIME`].
 pub const TOKEN_REUSE: Duration = Duration::from_secs(300);
-/// Subjects whose tokens are kept at once; past that, the old ones go.
-const REUSED_TOKENS_MAX: usize = 10_000;
+/// Subjects whose tokens are kept at once (a few kilobytes each); past
+/// that, the expired ones go, then all.
+const REUSED_TOKENS_MAX: usize = 2_048;
 
 /// What a reused token must match: everything its claims say but the times
 /// and the token id, and the key that signed it.

@@ -289,12 +289,12 @@ pub struct ActiveUser {
 /// `id, admin` of user `$1` when the account is active (no row otherwise):
 /// [`active`]'s statement, and a subquery where the user is read with other
 /// facts in one statement.
-#[macro_export]
 macro_rules! active_user_sql {
     () => {
         "SELECT id, admin FROM users WHERE id = $1 AND state = 'active'"
     };
 }
+pub(crate) use active_user_sql;
 
 /// User `id` when the account is active; `None` when it is not or is gone.
 pub async fn active(

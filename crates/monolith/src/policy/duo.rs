@@ -250,7 +250,7 @@ impl Policy {
                     "SELECT realm, instance_tier, duo_features_enabled, ARRAY(",
                     seats_sql!(),
                     "), ai_gateway_url, (SELECT u.admin FROM (",
-                    crate::active_user_sql!(),
+                    crate::identity::users::active_user_sql!(),
                     ") u) FROM instance_settings"
                 ),
                 &[&user_id],
