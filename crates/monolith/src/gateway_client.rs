@@ -136,16 +136,15 @@ pub async fn instance_route(
     let settings = db
         .query_one("SELECT realm, ai_gateway_url FROM instance_settings", &[])
         .await?;
-    Ok(route_from_settings(settings.get(0), settings.get(1)))
+    Ok((settings.get(0), gateway_url_setting(settings.get(1))))
 }
 
-/// [`instance_route`] from the two settings read elsewhere.
-pub fn route_from_settings(realm: &str, gateway_url: Option<&str>) -> (String, Option<url::Url>) {
-    let gateway_url = gateway_url
+/// The `ai_gateway_url` setting as a URL; unset, blank or unparsable: `None`.
+pub fn gateway_url_setting(setting: Option<&str>) -> Option<url::Url> {
+    setting
         .map(str::trim)
         .filter(|u| !u.is_empty())
-        .and_then(|u| url::Url::parse(u).ok());
-    (realm.to_owned(), gateway_url)
+        .and_then(|u| url::Url::parse(u).ok())
 }
 
 /// The prompt a model check runs: small, needs only the `explain_code` unit

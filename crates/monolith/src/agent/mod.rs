@@ -258,10 +258,11 @@ impl AgentResponder {
         let actor = access
             .actor()
             .ok_or_else(|| Refusal::Code(DuoErrorCode::M3004, "unknown or inactive user".into()))?;
-        let (realm, gateway_url) = {
-            let (realm, url) = access.gateway_settings();
-            crate::gateway_client::route_from_settings(realm, url)
-        };
+        let (realm, gateway_url) = access.gateway_settings();
+        let (realm, gateway_url) = (
+            realm.to_owned(),
+            crate::gateway_client::gateway_url_setting(gateway_url),
+        );
         // The seats' unit primitives are the gateway token's scopes too.
         let scopes = services
             .policy

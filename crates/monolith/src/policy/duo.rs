@@ -135,29 +135,6 @@ impl Policy {
             .collect())
     }
 
-    /// The instance's facts and the user's valid seats in one statement: what
-    /// every chat answer is decided on, on the web role and again in the worker.
-    async fn instance_and_seats(
-        &self,
-        db: &impl Queries,
-        user_id: i64,
-    ) -> Result<(InstanceFacts, BTreeSet<UnitPrimitive>), PolicyError> {
-        let row = db
-            .query_one(
-                concat!(
-                    "SELECT realm, instance_tier, duo_features_enabled, ARRAY(",
-                    seats_sql!(),
-                    ") FROM instance_settings"
-                ),
-                &[&user_id],
-            )
-            .await?;
-        Ok((
-            InstanceFacts::from_row(&row),
-            self.seat_scopes(row.get::<_, Vec<&str>>(3)),
-        ))
-    }
-
     /// The unit primitives granted by the add-ons named in `add_ons`.
     fn seat_scopes(&self, add_ons: Vec<&str>) -> BTreeSet<UnitPrimitive> {
         let add_ons: BTreeSet<AddOn> = add_ons.into_iter().filter_map(AddOn::parse).collect();
@@ -229,13 +206,16 @@ impl Policy {
         let Some(user) = user else {
             return Ok(Err(NoDuoChat::SignedOut));
         };
-        let (instance, scopes) = self.instance_and_seats(db, user.id).await?;
-        self.decide_duo_chat(db, user, instance, scopes).await
+        let facts = self.chat_access_facts(db, user.id).await?;
+        self.decide_duo_chat(db, user, facts.instance, facts.scopes)
+            .await
     }
 
-    /// The facts a user's chat access is decided on, read before the actor
-    /// is known (the worker reads them with a question's other facts, in one
-    /// round trip); see [`Policy::authorize_chat_user_scopes_with`].
+    /// The facts a user's chat access is decided on: the instance's and the
+    /// user's valid seats, in one statement, on the web role and again in the
+    /// worker (which reads them before the actor is known, with a question's
+    /// other facts in one round trip; see
+    /// [`Policy::authorize_chat_user_scopes_with`]).
     ///
     /// The same statement reads the user's account (active or not) and the
     /// instance's gateway setting, which the worker needs with them.
@@ -261,7 +241,6 @@ impl Policy {
             instance: InstanceFacts::from_row(&row),
             scopes: self.seat_scopes(row.get::<_, Vec<&str>>(3)),
             active_admin: row.get(5),
-            realm_setting: row.get(0),
             gateway_url_setting: row.get(4),
         })
     }

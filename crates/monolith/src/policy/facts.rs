@@ -23,8 +23,6 @@ pub struct ChatAccessFacts {
     pub(super) scopes: BTreeSet<UnitPrimitive>,
     /// `Some(admin)` when the user's account is active.
     pub(super) active_admin: Option<bool>,
-    /// `instance_settings.realm` as stored.
-    pub(super) realm_setting: String,
     /// `instance_settings.ai_gateway_url` as stored.
     pub(super) gateway_url_setting: Option<String>,
 }
@@ -36,10 +34,13 @@ impl ChatAccessFacts {
             .map(|admin| Actor::user(self.user_id, admin))
     }
 
-    /// The instance's `realm` and `ai_gateway_url` settings as stored: what
-    /// `gateway_client::instance_route` would read.
-    pub fn gateway_settings(&self) -> (&str, Option<&str>) {
-        (&self.realm_setting, self.gateway_url_setting.as_deref())
+    /// The instance's `realm` and its `ai_gateway_url` setting as stored:
+    /// what `gateway_client::instance_route` would read.
+    pub fn gateway_settings(&self) -> (&'static str, Option<&str>) {
+        (
+            self.instance.realm.as_str(),
+            self.gateway_url_setting.as_deref(),
+        )
     }
 }
 
