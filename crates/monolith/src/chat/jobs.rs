@@ -38,6 +38,13 @@ const CHUNK_DRAIN_LIMIT: Duration = Duration::from_secs(5);
 /// a reader does not see the difference, PostgreSQL and the web replicas do).
 const CHUNK_SLICE: Duration = Duration::from_millis(25);
 
+/// How long the first piece of an answer waits for the rest before it goes
+/// out alone. An answer made within this time (a slash command, an error, a
+/// fast model) travels whole in the answer's own statement: no chunk
+/// statement, no extra NOTIFY waking every listener. A streaming model's first
+/// chunk is this much later, well under what a reader notices.
+const FIRST_CHUNK_HOLD: Duration = Duration::from_millis(10);
+
 /// Answers every question with a coded "not yet available" error, so a client
 /// gets a clear answer while no agent is wired in.
 pub struct NotYetAvailableResponder;
@@ -120,10 +127,10 @@ impl JobHandler for CompletionHandler {
 }
 
 /// Publishes the streamed answer to the request's `clientSubscriptionId`:
-/// the first piece at once (the user sees the answer start), then what
-/// arrived since, coalesced into one chunk per [`CHUNK_SLICE`] (a NOTIFY per
-/// piece would cost PostgreSQL and every web replica a wake-up per few
-/// characters). Chunks are numbered from 1; their texts concatenate to what
+/// the first piece with what follows it within [`FIRST_CHUNK_HOLD`] (the user
+/// sees the answer start), then what arrived since, coalesced into one chunk
+/// per [`CHUNK_SLICE`] (a NOTIFY per piece would cost PostgreSQL and every
+/// web replica a wake-up per few characters). Chunks are numbered from 1; their texts concatenate to what
 /// the responder sent. A tool status stays a message of its own, in order.
 ///
 /// What arrived after the last chunk went out, once the responder is done,
@@ -148,17 +155,18 @@ async fn stream_chunks(
             break;
         };
         let mut batch = vec![first];
-        if let Some(at) = last_publish {
-            let slice_ends = at + CHUNK_SLICE;
-            loop {
-                match tokio::time::timeout_at(slice_ends, received.recv()).await {
-                    Ok(Some(event)) => batch.push(event),
-                    Ok(None) => {
-                        open = false;
-                        break;
-                    }
-                    Err(_) => break,
+        let slice_ends = match last_publish {
+            Some(at) => at + CHUNK_SLICE,
+            None => tokio::time::Instant::now() + FIRST_CHUNK_HOLD,
+        };
+        loop {
+            match tokio::time::timeout_at(slice_ends, received.recv()).await {
+                Ok(Some(event)) => batch.push(event),
+                Ok(None) => {
+                    open = false;
+                    break;
                 }
+                Err(_) => break,
             }
         }
         let messages: Vec<LiveMessage> = coalesce(batch)

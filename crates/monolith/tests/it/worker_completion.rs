@@ -805,3 +805,80 @@ async fn the_answers_statements_stay_prepared_on_the_workers_connection() {
         "the chunks' statement is kept prepared: {statements:?}"
     );
 }
+
+/// Streams the pieces its question names (`fast`: three at once; `slow`:
+/// one, then another after a pause), then answers with their text.
+struct Streaming;
+
+#[async_trait]
+impl ChatResponder for Streaming {
+    async fn respond(
+        &self,
+        job: &CompletionJob,
+        chunks: ChunkSender,
+    ) -> Result<ChatAnswer, ResponderError> {
+        let script: &[(u64, &str)] = if job.content == "fast" {
+            &[(0, "a"), (0, "b"), (0, "c")]
+        } else {
+            &[(0, "first "), (400, "second")]
+        };
+        let mut text = String::new();
+        for (pause_ms, piece) in script {
+            tokio::time::sleep(Duration::from_millis(*pause_ms)).await;
+            let _ = chunks.send((*piece).to_owned());
+            text.push_str(piece);
+        }
+        Ok(ChatAnswer::text(text))
+    }
+}
+
+#[tokio::test]
+async fn a_fast_answer_goes_out_whole_and_a_slow_ones_first_chunk_goes_out_early() {
+    let (fx, user, chat) = world(3).await;
+    let Listening {
+        _subscriber,
+        mut on_user,
+        mut on_client,
+    } = listen(&fx, user).await;
+    let worker = start(&fx, Arc::new(Streaming), fast());
+
+    // Made within the first chunk's hold: one chunk with all of it, then
+    // the answer (before, the first piece went out alone at once).
+    let fast = ask(&chat, user, "fast").await;
+    let chunk = next_live(&mut on_client).await;
+    assert_eq!(chunk.message.request_xid, Some(fast));
+    assert_eq!(chunk.chunk_id, Some(1));
+    assert_eq!(chunk.message.content, "abc");
+    let answer = next_live(&mut on_client).await;
+    assert_eq!(answer.chunk_id, None);
+    assert_eq!(answer.message.content, "abc");
+
+    // A model that pauses after its first piece: that piece is not held
+    // until the answer is done.
+    let slow = ask(&chat, user, "slow").await;
+    let first = next_live(&mut on_client).await;
+    let first_at = tokio::time::Instant::now();
+    assert_eq!(first.message.request_xid, Some(slow));
+    assert_eq!(
+        (first.chunk_id, first.message.content.as_str()),
+        (Some(1), "first ")
+    );
+    let second = next_live(&mut on_client).await;
+    assert_eq!(
+        (second.chunk_id, second.message.content.as_str()),
+        (Some(2), "second")
+    );
+    let answer = next_live(&mut on_client).await;
+    assert_eq!(answer.chunk_id, None);
+    assert_eq!(answer.message.content, "first second");
+    assert!(
+        first_at.elapsed() >= Duration::from_millis(200),
+        "the first chunk came {:?} before the answer",
+        first_at.elapsed()
+    );
+    // The user's chats saw the two questions and answers only.
+    for _ in 0..4 {
+        assert_eq!(next_live(&mut on_user).await.chunk_id, None);
+    }
+    worker.shutdown().await;
+}
