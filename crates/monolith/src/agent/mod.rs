@@ -13,6 +13,7 @@ pub mod named_code;
 pub mod named_resources;
 pub mod react_executor;
 pub mod repository_file;
+pub mod settings_cache;
 pub mod slash_commands;
 pub mod tools;
 
@@ -119,6 +120,8 @@ pub struct AgentResponder {
     tools: Arc<tools::ToolBox>,
     /// Flags announced instead of the evaluated ones (tests of version skew).
     pinned_flags: Option<Arc<Vec<String>>>,
+    /// The flags and model choices of the current settings generation.
+    settings: Arc<settings_cache::SettingsCache>,
 }
 
 impl AgentResponder {
@@ -160,6 +163,7 @@ impl AgentResponder {
             services: Arc::new(services),
             tools: Arc::new(tools::ToolBox::standard()),
             pinned_flags: None,
+            settings: Arc::default(),
         }
     }
 
@@ -185,6 +189,7 @@ impl AgentResponder {
             services: Arc::new(services),
             tools: self.tools,
             pinned_flags: self.pinned_flags,
+            settings: self.settings,
         })
     }
 
@@ -230,6 +235,57 @@ impl AgentResponder {
         )
     }
 
+    /// The model choice of `feature` and the feature flags (none read when
+    /// flags are pinned) as of settings `generation`: kept from an earlier
+    /// answer of the same generation, else read (together) and kept.
+    async fn settings_of(
+        &self,
+        db: &impl crate::queries::Queries,
+        generation: i64,
+        feature: crate::ai_models::Feature,
+    ) -> Result<
+        (
+            crate::ai_models::Choice,
+            Arc<crate::features::store::Snapshot>,
+        ),
+        Refusal,
+    > {
+        let kept_model = self.settings.choice(generation, feature);
+        let kept_flags = match self.pinned_flags {
+            Some(_) => Some(Arc::default()),
+            None => self.settings.flags(generation),
+        };
+        let (model, flags) = tokio::join!(
+            async {
+                match kept_model {
+                    Some(choice) => Ok(choice),
+                    None => {
+                        let choice = self.services.models.choice(db, feature).await?;
+                        self.settings
+                            .keep_choice(generation, feature, choice.clone());
+                        Ok(choice)
+                    }
+                }
+            },
+            async {
+                match kept_flags {
+                    Some(flags) => Ok(flags),
+                    None => {
+                        let flags = Arc::new(crate::features::store::Snapshot::read(db).await?);
+                        self.settings.keep_flags(generation, flags.clone());
+                        Ok(flags)
+                    }
+                }
+            },
+        );
+        let model: Result<_, crate::ai_models::ModelsError> = model;
+        let flags: Result<_, tokio_postgres::Error> = flags;
+        Ok((
+            model.map_err(Refusal::transient)?,
+            flags.map_err(Refusal::transient)?,
+        ))
+    }
+
     async fn prepare(&self, question: &CompletionJob) -> Result<RequestContext, Refusal> {
         let services = &self.services;
         let db = services.pool.get().await.map_err(Refusal::transient)?;
@@ -239,22 +295,17 @@ impl AgentResponder {
             .and_then(|c| c.name.feature())
             .unwrap_or(crate::ai_models::Feature::DuoChat);
         // The reads that depend on nothing else go out together: the
-        // connection pipelines them (one round trip instead of four). The
-        // access facts' statement also reads the user's account and the
-        // instance's gateway setting. Nothing read here reaches the model
-        // unless the checks below pass.
-        let (access, model, history, flags) = tokio::join!(
+        // connection pipelines them (one round trip). The access facts'
+        // statement also reads the user's account, the instance's gateway
+        // setting and the settings generation under which the flags and the
+        // model choice kept from earlier answers still hold. Nothing read
+        // here reaches the model unless the checks below pass.
+        let (access, history) = tokio::join!(
             services.policy.chat_access_facts(&*db, question.user_id),
-            services.models.choice(&*db, feature),
             history::load(&*db, question.thread_id, question.request_id),
-            async {
-                match self.pinned_flags {
-                    Some(_) => Ok(None),
-                    None => crate::features::store::Snapshot::read(&*db).await.map(Some),
-                }
-            },
         );
         let access = access.map_err(Refusal::transient)?;
+        let generation = access.settings_generation();
         let actor = access
             .actor()
             .ok_or_else(|| Refusal::Code(DuoErrorCode::M3004, "unknown or inactive user".into()))?;
@@ -269,7 +320,7 @@ impl AgentResponder {
             .authorize_chat_user_scopes_with(&*db, Some(actor), access)
             .await
             .map_err(Refusal::from_auth)?;
-        let model = model.map_err(Refusal::transient)?;
+        let (model, flags) = self.settings_of(&*db, generation, feature).await?;
         if feature == crate::ai_models::Feature::DuoChat
             && model == crate::ai_models::Choice::Disabled
         {
@@ -286,7 +337,6 @@ impl AgentResponder {
             None => None,
         };
         let history = history.map_err(Refusal::transient)?;
-        let flags = flags.map_err(Refusal::transient)?.unwrap_or_default();
         let feature_flags = match &self.pinned_flags {
             Some(pinned) => pinned.to_vec(),
             None => feature_flags::for_question(services, &*db, &flags, actor, resource)

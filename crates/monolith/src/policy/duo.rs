@@ -217,8 +217,9 @@ impl Policy {
     /// other facts in one round trip; see
     /// [`Policy::authorize_chat_user_scopes_with`]).
     ///
-    /// The same statement reads the user's account (active or not) and the
-    /// instance's gateway setting, which the worker needs with them.
+    /// The same statement reads the user's account (active or not), the
+    /// instance's gateway setting and its settings generation, which the
+    /// worker needs with them.
     pub async fn chat_access_facts(
         &self,
         db: &impl Queries,
@@ -231,7 +232,7 @@ impl Policy {
                     seats_sql!(),
                     "), ai_gateway_url, (SELECT u.admin FROM (",
                     crate::identity::users::active_user_sql!(),
-                    ") u) FROM instance_settings"
+                    ") u), settings_generation FROM instance_settings"
                 ),
                 &[&user_id],
             )
@@ -242,6 +243,7 @@ impl Policy {
             scopes: self.seat_scopes(row.get::<_, Vec<&str>>(3)),
             active_admin: row.get(5),
             gateway_url_setting: row.get(4),
+            settings_generation: row.get(6),
         })
     }
 

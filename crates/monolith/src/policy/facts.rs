@@ -25,6 +25,9 @@ pub struct ChatAccessFacts {
     pub(super) active_admin: Option<bool>,
     /// `instance_settings.ai_gateway_url` as stored.
     pub(super) gateway_url_setting: Option<String>,
+    /// `instance_settings.settings_generation`: moves on with every change
+    /// of the feature flags or the AI model settings.
+    pub(super) settings_generation: i64,
 }
 
 impl ChatAccessFacts {
@@ -41,6 +44,12 @@ impl ChatAccessFacts {
             self.instance.realm.as_str(),
             self.gateway_url_setting.as_deref(),
         )
+    }
+
+    /// The generation of the flags and model settings when these facts were
+    /// read (`agent::settings_cache`).
+    pub fn settings_generation(&self) -> i64 {
+        self.settings_generation
     }
 }
 

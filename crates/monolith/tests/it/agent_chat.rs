@@ -355,6 +355,60 @@ async fn the_instance_gateway_setting_routes_the_answer() {
 }
 
 #[tokio::test]
+async fn a_change_of_flags_or_model_settings_reaches_the_next_answer() {
+    let bench = Bench::start().await;
+    let world = bench.world().await;
+    // The same responder answers every question here: what it kept from one
+    // answer must not outlive a change of the settings it was read from.
+    let offers_commit_reader = |bench: &Bench| {
+        bench
+            .provider_bodies()
+            .last()
+            .is_some_and(|body| body.contains("commit_reader"))
+    };
+    assert_eq!(code(&bench.ask(world.user, "Hi", None).await), None);
+    assert!(offers_commit_reader(&bench));
+
+    // The flag stored without gates is off: the gateway no longer offers
+    // the tool it gates.
+    let c = bench.fx.pool.get().await.unwrap();
+    c.execute(
+        "INSERT INTO features (key) VALUES ('ai_commit_reader_for_chat')",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(code(&bench.ask(world.user, "Hi again", None).await), None);
+    assert!(!offers_commit_reader(&bench));
+    c.execute(
+        "INSERT INTO feature_gates (feature_key, key, value)
+         VALUES ('ai_commit_reader_for_chat', 'boolean', 'true')",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(code(&bench.ask(world.user, "And again", None).await), None);
+    assert!(offers_commit_reader(&bench));
+
+    // Chat switched off in the AI model settings: refused before any model
+    // call; switched back on: answered.
+    c.execute(
+        "INSERT INTO ai_feature_settings (feature, provider) VALUES ('duo_chat', 'disabled')",
+        &[],
+    )
+    .await
+    .unwrap();
+    let calls = bench.provider_bodies().len();
+    let answered = bench.ask(world.user, "Still there?", None).await;
+    assert_eq!(code(&answered), Some(DuoErrorCode::M3004));
+    assert_eq!(bench.provider_bodies().len(), calls);
+    c.execute("DELETE FROM ai_feature_settings", &[])
+        .await
+        .unwrap();
+    assert_eq!(code(&bench.ask(world.user, "Back?", None).await), None);
+}
+
+#[tokio::test]
 async fn a_tool_the_monolith_lacks_is_a9999_version_skew() {
     let bench = Bench::start().await;
     let world = bench.world().await;
