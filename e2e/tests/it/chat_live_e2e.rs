@@ -49,17 +49,14 @@ async fn a_direct_answer_streams_chunks_in_order_then_is_stored_once() {
         .subscribe_everywhere(&alice, "tab-1", &[&system.web_url])
         .await
         .unwrap();
-    system.fake.push(Scripted::Chunks(
-        [
-            "Thought: I know this.\nFinal Answer: ",
-            "Pipelines ",
-            "run ",
-            "jobs ",
-            "in stages.",
-        ]
-        .map(String::from)
-        .to_vec(),
-    ));
+    // The model streams the answer's start, then holds the stream open:
+    // the start reaches the tab while the model is still answering.
+    system.fake.push(Scripted::Held {
+        before: ["Thought: I know this.\nFinal Answer: ", "Pipelines "]
+            .map(String::from)
+            .to_vec(),
+        after: ["run ", "jobs ", "in stages."].map(String::from).to_vec(),
+    });
     let accepted = system
         .ask_with_subscription(
             &alice,
@@ -69,10 +66,21 @@ async fn a_direct_answer_streams_chunks_in_order_then_is_stored_once() {
         .await
         .unwrap();
     let id = request_id(&accepted);
-    let (chunks, answer) = subscriptions[0]
+    let first = subscriptions[0].next_message(ANSWER_TIMEOUT).await.unwrap();
+    assert_eq!(first["requestId"], id.as_str(), "{first}");
+    assert_eq!(first["chunkId"], 1, "{first}");
+    assert!(
+        first["content"]
+            .as_str()
+            .is_some_and(|text| text.starts_with("Pipelines")),
+        "{first}"
+    );
+    system.fake.release();
+    let (rest, answer) = subscriptions[0]
         .collect_answer(&id, ANSWER_TIMEOUT)
         .await
         .unwrap();
+    let chunks: Vec<Value> = std::iter::once(first).chain(rest).collect();
     assert!(chunks.len() >= 2, "the answer was not streamed: {chunks:?}");
     assert_chunk_ids_count_up(&chunks);
     assert_eq!(chunks_text(&chunks), "Pipelines run jobs in stages.");

@@ -109,8 +109,9 @@ pub struct Cost {
     pub introspection_list_depth: usize,
 }
 
-/// Measures a document. A document that does not parse costs nothing here: the
-/// executor answers it with its own parse error, bounded by the parser limits.
+/// Measures a document (once per text and operation name: the result is
+/// kept). A document that does not parse costs nothing here: the executor
+/// answers it with its own parse error, bounded by the parser limits.
 pub fn measure(query: &str, operation_name: Option<&str>) -> Result<Cost, LimitError> {
     if query.len() > MAX_QUERY_BYTES {
         return Err(LimitError::new(
@@ -118,6 +119,16 @@ pub fn measure(query: &str, operation_name: Option<&str>) -> Result<Cost, LimitE
             format!("Query is too large (maximum is {MAX_QUERY_BYTES} bytes)"),
         ));
     }
+    COSTS.get_or_learn(query, operation_name, || {
+        measure_parsed(query, operation_name)
+    })
+}
+
+/// What documents cost, by text and operation name.
+static COSTS: std::sync::LazyLock<super::document_cache::DocumentCache<Result<Cost, LimitError>>> =
+    std::sync::LazyLock::new(Default::default);
+
+fn measure_parsed(query: &str, operation_name: Option<&str>) -> Result<Cost, LimitError> {
     let document = match juniper::parser::parse_document_source::<DefaultScalarValue>(
         query,
         &MEASURING.schema,

@@ -10,6 +10,7 @@
 pub mod ai_models;
 pub mod ai_usage;
 pub mod chat_types;
+pub mod document_cache;
 pub mod limits;
 pub mod mutation;
 pub mod query;

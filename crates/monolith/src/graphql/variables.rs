@@ -9,7 +9,10 @@ use juniper::meta::MetaType;
 use juniper::{DefaultScalarValue, Definition};
 use serde_json::Value;
 
+use std::sync::Arc;
+
 use super::Schema;
+use super::document_cache::DocumentCache;
 use super::scalars::JSON_MARKER;
 
 /// How deep input objects may nest before the walk stops (juniper refuses
@@ -29,11 +32,43 @@ pub fn normalize_json_variables(
     if vars.is_empty() {
         return;
     }
+    let declared = DECLARED.get_or_learn(query, operation_name, || {
+        declared_variables(schema, query, operation_name)
+    });
+    for variable in declared.iter() {
+        if let Some(value) = vars.get_mut(&variable.name) {
+            walk(schema, value, &variable.type_name, variable.lists, 0);
+        }
+    }
+}
+
+/// A variable an operation declares: the innermost name of its type and how
+/// many list levels wrap it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Declared {
+    name: String,
+    type_name: String,
+    lists: usize,
+}
+
+/// The variables of documents, by text and operation name.
+static DECLARED: std::sync::LazyLock<DocumentCache<Arc<[Declared]>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// The variables `query` declares for `operation_name` (every operation's
+/// when none is named, or the document's only one is unnamed); none when it
+/// does not parse (juniper answers it with the parse error).
+fn declared_variables(
+    schema: &Schema,
+    query: &str,
+    operation_name: Option<&str>,
+) -> Arc<[Declared]> {
     let Ok(document) =
         juniper::parser::parse_document_source::<DefaultScalarValue>(query, &schema.schema)
     else {
-        return;
+        return Arc::default();
     };
+    let mut declared = Vec::new();
     for definition in &document {
         let Definition::Operation(op) = definition else {
             continue;
@@ -46,18 +81,15 @@ pub fn normalize_json_variables(
             continue;
         };
         for (var_name, def) in defs.item.iter() {
-            if let Some(value) = vars.get_mut(var_name.item) {
-                let ty = &def.var_type.item;
-                walk(
-                    schema,
-                    value,
-                    ty.innermost_name(),
-                    lists(&ty.to_string()),
-                    0,
-                );
-            }
+            let ty = &def.var_type.item;
+            declared.push(Declared {
+                name: var_name.item.to_owned(),
+                type_name: ty.innermost_name().to_owned(),
+                lists: lists(&ty.to_string()),
+            });
         }
     }
+    declared.into()
 }
 
 /// How many list levels a type has, from its GraphQL spelling (`[[X!]]` has two).

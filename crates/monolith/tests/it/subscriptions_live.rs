@@ -174,7 +174,11 @@ impl ChatResponder for ThreeChunks {
         _job: &CompletionJob,
         chunks: ChunkSender,
     ) -> Result<ChatAnswer, ResponderError> {
-        for piece in ["Pipelines ", "run ", "jobs."] {
+        // A model that pauses after its first piece (longer than the worker
+        // holds a first piece for what follows), then streams the rest.
+        let _ = chunks.send("Pipelines ".to_owned());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for piece in ["run ", "jobs."] {
             let _ = chunks.send(piece.to_owned());
         }
         Ok(ChatAnswer::text("Pipelines run jobs."))
@@ -267,8 +271,9 @@ async fn a_question_streams_chunks_then_the_full_answer_to_the_socket() {
         .unwrap()
         .to_owned();
 
-    // The first piece goes out alone; the worker coalesces the pieces that
-    // follow into fewer chunks, numbered on from 2, whose texts add up.
+    // The first piece goes out alone (the model paused after it); the
+    // worker coalesces the pieces that follow into fewer chunks, numbered on
+    // from 2, whose texts add up.
     let mut texts = Vec::new();
     let full = loop {
         let msg = next(&mut stream_socket).await.unwrap();
