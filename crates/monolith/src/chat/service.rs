@@ -21,6 +21,16 @@ use crate::policy::{Actor, Policy};
 /// The budget chat questions count in (and mentions of the review bot).
 pub const RATE_LIMIT_ACTION: &str = "ai_action";
 
+/// The thread a question goes to, as looked up before the checks.
+enum ThreadLookup {
+    /// The thread the request names (`None`: not the user's, or none).
+    Named(Result<Option<Thread>, ChatError>),
+    /// No thread and no type: the user's latest legacy thread, if any.
+    Legacy(Result<Option<Thread>, ChatError>),
+    /// A type without a thread: a new thread of that type.
+    New,
+}
+
 pub struct ChatService {
     pub pool: Pool,
     pub policy: Policy,
@@ -41,19 +51,23 @@ impl ChatService {
         let user = user.ok_or(ChatError::Unauthenticated)?;
         let mut client = self.pool.get().await?;
         // GitLab counts every attempt, valid or not, before looking at it.
-        // The access check and the named thread's look-up go out with it
+        // The access check and the thread's look-up (the named one, or the
+        // legacy thread a question without either continues) go out with it
         // (pipelined on the connection); their answers are looked at only
         // after the rate limit and the input.
-        let named_thread = async {
-            match request.thread_id {
-                Some(id) => Some(find_thread(&*client, user.id, id).await),
-                None => None,
+        let thread_lookup = async {
+            match (request.thread_id, request.conversation_type) {
+                (Some(id), _) => ThreadLookup::Named(find_thread(&*client, user.id, id).await),
+                (None, None) => ThreadLookup::Legacy(
+                    latest_thread(&*client, user.id, ConversationType::DuoChatLegacy).await,
+                ),
+                (None, Some(_)) => ThreadLookup::New,
             }
         };
-        let (allowed, access, named_thread) = tokio::join!(
+        let (allowed, access, thread_lookup) = tokio::join!(
             self.take_rate_limit(&client, user.id),
             self.policy.authorize_chat_user(&*client, Some(user)),
-            named_thread,
+            thread_lookup,
         );
         allowed?;
         validate(&request)?;
@@ -64,13 +78,23 @@ impl ChatService {
         let command = request.content.trim();
         let request_id = Uuid::new_v4();
         if command == "/new" || command == "/clear" {
+            let named_thread = match thread_lookup {
+                ThreadLookup::Named(found) => Some(found),
+                ThreadLookup::Legacy(_) | ThreadLookup::New => None,
+            };
             return self
                 .start_thread(&mut client, user, &request, named_thread, request_id)
                 .await;
         }
-        let thread = match named_thread {
-            Some(found) => found?.ok_or(ChatError::ThreadNotFound)?,
-            None => {
+        // GitLab's write-mode rules (`resolve_thread_for_write`), on what
+        // was looked up above.
+        let thread = match thread_lookup {
+            ThreadLookup::Named(found) => found?.ok_or(ChatError::ThreadNotFound)?,
+            ThreadLookup::Legacy(found) => match found? {
+                Some(thread) => thread,
+                None => create_thread(&*client, user.id, ConversationType::DuoChatLegacy).await?,
+            },
+            ThreadLookup::New => {
                 resolve_thread_for_write(&*client, user.id, None, request.conversation_type).await?
             }
         };
