@@ -28,12 +28,12 @@ pub const MAX_INLINE_BYTES: usize = 7500;
 pub const STORED_MESSAGE_TTL: Duration = Duration::from_secs(600);
 
 #[derive(Serialize)]
-struct Envelope<'a> {
+struct Envelope<'a, P: Serialize + ?Sized = Value> {
     topic: &'a str,
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     also: &'a [&'a str],
     #[serde(skip_serializing_if = "Option::is_none")]
-    payload: Option<&'a Value>,
+    payload: Option<&'a P>,
     #[serde(skip_serializing_if = "Option::is_none")]
     id: Option<i64>,
 }
@@ -51,6 +51,17 @@ pub fn inline_notification_to(
     topic: &str,
     also: &[&str],
     payload: &Value,
+) -> Result<Option<String>, QueueError> {
+    inline_notification_of(topic, also, payload)
+}
+
+/// [`inline_notification_to`] for a payload of any serialisable type,
+/// written straight into the notification's text (no JSON value built first:
+/// a subscriber receives the same message).
+pub fn inline_notification_of<P: Serialize + ?Sized>(
+    topic: &str,
+    also: &[&str],
+    payload: &P,
 ) -> Result<Option<String>, QueueError> {
     let text = serde_json::to_string(&Envelope {
         topic,
@@ -97,7 +108,7 @@ pub async fn publish_to<C: GenericClient>(
                 )
                 .await?;
         }
-        serde_json::to_string(&Envelope {
+        serde_json::to_string(&Envelope::<Value> {
             topic,
             also,
             payload: None,

@@ -187,9 +187,8 @@ impl Announcement {
         client_subscription_id: &str,
         chunk: &LiveMessage,
     ) -> Result<bool, job_queue::QueueError> {
-        let payload = serde_json::to_value(chunk)?;
         let topic = client_topic(user_id, client_subscription_id);
-        self.chunk_before = job_queue::pubsub::inline_notification(&topic, &payload)?;
+        self.chunk_before = job_queue::pubsub::inline_notification_of(&topic, &[], chunk)?;
         Ok(self.chunk_before.is_some())
     }
 
@@ -210,8 +209,7 @@ impl Announcement {
         let mut draft = LiveMessage::stored(message.clone());
         draft.message.id = id;
         draft.message.created_at = created_at;
-        let payload = serde_json::to_value(&draft)?;
-        let Some(text) = job_queue::pubsub::inline_notification_to(topic, also, &payload)? else {
+        let Some(text) = job_queue::pubsub::inline_notification_of(topic, also, &draft)? else {
             return Ok(None);
         };
         let id_stand_in = id.to_string();
