@@ -7,9 +7,10 @@
 //! variables hold `JSON` values) depends on the text and the operation name
 //! alone, so it is kept instead of parsing the text again for each.
 //!
-//! The cache is bounded by entries, each document by [`super::limits::MAX_QUERY_BYTES`]:
-//! when full it starts afresh. A caller sending ever new documents costs one
-//! parse per document, as without the cache.
+//! The cache is bounded by entries and by the bytes of the texts it keeps
+//! (each document is at most [`super::limits::MAX_QUERY_BYTES`]): when full it
+//! starts afresh. A caller sending ever new documents costs one parse per
+//! document, as without the cache, and at most [`MAX_BYTES`] of memory.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, Hasher};
@@ -17,10 +18,19 @@ use std::sync::{Mutex, PoisonError};
 
 /// Most documents kept per cache.
 pub const MAX_DOCUMENTS: usize = 512;
+/// Most bytes of document text kept per cache (GitLab's clients' documents
+/// are one or two kilobytes).
+pub const MAX_BYTES: usize = 1024 * 1024;
 
 pub struct DocumentCache<V> {
     hasher: std::collections::hash_map::RandomState,
-    kept: Mutex<HashMap<u64, Entry<V>>>,
+    kept: Mutex<Kept<V>>,
+}
+
+struct Kept<V> {
+    entries: HashMap<u64, Entry<V>>,
+    /// The bytes of the texts in `entries`.
+    bytes: usize,
 }
 
 struct Entry<V> {
@@ -33,7 +43,10 @@ impl<V: Clone> Default for DocumentCache<V> {
     fn default() -> Self {
         Self {
             hasher: std::collections::hash_map::RandomState::new(),
-            kept: Mutex::new(HashMap::new()),
+            kept: Mutex::new(Kept {
+                entries: HashMap::new(),
+                bytes: 0,
+            }),
         }
     }
 }
@@ -54,19 +67,21 @@ impl<V: Clone> DocumentCache<V> {
             operation_name.hash(&mut hasher);
             hasher.finish()
         };
-        if let Some(entry) = self.lock().get(&key)
+        if let Some(entry) = self.lock().entries.get(&key)
             && &*entry.query == query
             && entry.operation_name.as_deref() == operation_name
         {
             return entry.value.clone();
         }
         let value = learn();
+        let size = query.len() + operation_name.map_or(0, str::len);
         let mut kept = self.lock();
-        if kept.len() >= MAX_DOCUMENTS {
-            kept.clear();
+        if kept.entries.len() >= MAX_DOCUMENTS || kept.bytes + size > MAX_BYTES {
+            kept.entries.clear();
+            kept.bytes = 0;
         }
         // A hash shared with another document: the newer one takes the place.
-        kept.insert(
+        let replaced = kept.entries.insert(
             key,
             Entry {
                 query: query.into(),
@@ -74,16 +89,21 @@ impl<V: Clone> DocumentCache<V> {
                 value: value.clone(),
             },
         );
+        let freed = replaced.map_or(0, |old| {
+            old.query.len() + old.operation_name.as_deref().map_or(0, str::len)
+        });
+        kept.bytes = (kept.bytes + size).saturating_sub(freed);
         value
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Entry<V>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Kept<V>> {
         self.kept.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     #[cfg(test)]
-    fn len(&self) -> usize {
-        self.lock().len()
+    fn len(&self) -> (usize, usize) {
+        let kept = self.lock();
+        (kept.entries.len(), kept.bytes)
     }
 }
 
@@ -115,7 +135,7 @@ mod tests {
         let cache = DocumentCache::<usize>::default();
         for n in 0..(MAX_DOCUMENTS * 3) {
             cache.get_or_learn(&format!("query {{ f{n} }}"), None, || n);
-            assert!(cache.len() <= MAX_DOCUMENTS);
+            assert!(cache.len().0 <= MAX_DOCUMENTS);
         }
         // What was kept last is still served.
         let last = MAX_DOCUMENTS * 3 - 1;
@@ -123,5 +143,14 @@ mod tests {
             cache.get_or_learn(&format!("query {{ f{last} }}"), None, || 0),
             last
         );
+        // Large documents: bounded by their bytes long before their count.
+        let large = DocumentCache::<usize>::default();
+        for n in 0..200 {
+            let text = format!("query {{ f{n} }}{}", " ".repeat(19_000));
+            large.get_or_learn(&text, Some("Op"), || n);
+            let (entries, bytes) = large.len();
+            assert!(bytes <= MAX_BYTES, "{bytes}");
+            assert!(entries <= MAX_BYTES / 19_000, "{entries}");
+        }
     }
 }
