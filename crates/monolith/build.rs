@@ -10,6 +10,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let proto_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
     let proto = proto_dir.join("duo_workflow.proto");
     println!("cargo:rerun-if-changed={}", proto.display());
+    // The migrations are embedded at compile time (`refinery::embed_migrations!`);
+    // rustc does not notice a new file in their directory, cargo does.
+    println!("cargo:rerun-if-changed=migrations");
     let out = PathBuf::from(std::env::var("OUT_DIR")?).join("duo_workflow_descriptor.bin");
     let status = Command::new(protoc_bin_vendored::protoc_bin_path()?)
         .arg("--include_imports")

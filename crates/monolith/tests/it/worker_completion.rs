@@ -882,3 +882,38 @@ async fn a_fast_answer_goes_out_whole_and_a_slow_ones_first_chunk_goes_out_early
     }
     worker.shutdown().await;
 }
+
+#[tokio::test]
+async fn touching_a_thread_leaves_its_indexes_alone() {
+    // Every question and answer sets its thread's `last_updated_at`: with
+    // that column in no index, PostgreSQL can make the touch a heap-only
+    // update (no new index entries, twice per answer).
+    let (fx, user, chat) = world(3).await;
+    let db = fx.pool.get().await.unwrap();
+    let indexed: i64 = db
+        .query_one(
+            "SELECT count(*) FROM pg_index i
+             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+             WHERE i.indrelid = 'ai_conversation_threads'::regclass
+               AND a.attname = 'last_updated_at'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(indexed, 0);
+    // The user's newest thread is still the one a question continues.
+    let first = ask(&chat, user, "first").await;
+    let second = ask(&chat, user, "second").await;
+    let threads: Vec<i64> = db
+        .query(
+            "SELECT DISTINCT thread_id FROM ai_conversation_messages WHERE request_xid = ANY($1)",
+            &[&vec![first, second]],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(threads.len(), 1, "{threads:?}");
+}
