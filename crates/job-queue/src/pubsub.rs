@@ -42,23 +42,17 @@ struct Envelope<'a, P: Serialize + ?Sized = Value> {
 /// when it is too large and must go through [`publish`] (stored by id).
 /// Callers with their own prepared statements send it with
 /// `SELECT pg_notify(PUBSUB_CHANNEL, text)`.
-pub fn inline_notification(topic: &str, payload: &Value) -> Result<Option<String>, QueueError> {
+pub fn inline_notification<P: Serialize + ?Sized>(
+    topic: &str,
+    payload: &P,
+) -> Result<Option<String>, QueueError> {
     inline_notification_to(topic, &[], payload)
 }
 
-/// [`inline_notification`] for `topic` and the topics in `also` at once.
-pub fn inline_notification_to(
-    topic: &str,
-    also: &[&str],
-    payload: &Value,
-) -> Result<Option<String>, QueueError> {
-    inline_notification_of(topic, also, payload)
-}
-
-/// [`inline_notification_to`] for a payload of any serialisable type,
-/// written straight into the notification's text (no JSON value built first:
-/// a subscriber receives the same message).
-pub fn inline_notification_of<P: Serialize + ?Sized>(
+/// [`inline_notification`] for `topic` and the topics in `also` at once. The
+/// payload is written straight into the text (a typed message needs no JSON
+/// value built first).
+pub fn inline_notification_to<P: Serialize + ?Sized>(
     topic: &str,
     also: &[&str],
     payload: &P,

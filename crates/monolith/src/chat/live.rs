@@ -188,7 +188,7 @@ impl Announcement {
         chunk: &LiveMessage,
     ) -> Result<bool, job_queue::QueueError> {
         let topic = client_topic(user_id, client_subscription_id);
-        self.chunk_before = job_queue::pubsub::inline_notification_of(&topic, &[], chunk)?;
+        self.chunk_before = job_queue::pubsub::inline_notification(&topic, chunk)?;
         Ok(self.chunk_before.is_some())
     }
 
@@ -209,7 +209,7 @@ impl Announcement {
         let mut draft = LiveMessage::stored(message.clone());
         draft.message.id = id;
         draft.message.created_at = created_at;
-        let Some(text) = job_queue::pubsub::inline_notification_of(topic, also, &draft)? else {
+        let Some(text) = job_queue::pubsub::inline_notification_to(topic, also, &draft)? else {
             return Ok(None);
         };
         let id_stand_in = id.to_string();

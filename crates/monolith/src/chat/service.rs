@@ -11,8 +11,8 @@ use uuid::Uuid;
 use super::live;
 use super::resource::ChatResourceAccess;
 use super::storage::{
-    create_thread, find_thread, latest_thread, message_from_row, resolve_thread_for_write,
-    store_question_with_job, thread_from_row,
+    ThreadLookup, create_thread, find_thread, latest_thread, look_up_thread_for_write,
+    message_from_row, store_question_with_job, thread_for_write, thread_from_row,
 };
 use super::*;
 use crate::policy::{Actor, Policy};
@@ -20,16 +20,6 @@ use crate::policy::{Actor, Policy};
 /// What `aiAction` requests are counted as in the shared rate limiter.
 /// The budget chat questions count in (and mentions of the review bot).
 pub const RATE_LIMIT_ACTION: &str = "ai_action";
-
-/// The thread a question goes to, as looked up before the checks.
-enum ThreadLookup {
-    /// The thread the request names (`None`: not the user's, or none).
-    Named(Result<Option<Thread>, ChatError>),
-    /// No thread and no type: the user's latest legacy thread, if any.
-    Legacy(Result<Option<Thread>, ChatError>),
-    /// A type without a thread: a new thread of that type.
-    New,
-}
 
 pub struct ChatService {
     pub pool: Pool,
@@ -55,19 +45,15 @@ impl ChatService {
         // legacy thread a question without either continues) go out with it
         // (pipelined on the connection); their answers are looked at only
         // after the rate limit and the input.
-        let thread_lookup = async {
-            match (request.thread_id, request.conversation_type) {
-                (Some(id), _) => ThreadLookup::Named(find_thread(&*client, user.id, id).await),
-                (None, None) => ThreadLookup::Legacy(
-                    latest_thread(&*client, user.id, ConversationType::DuoChatLegacy).await,
-                ),
-                (None, Some(_)) => ThreadLookup::New,
-            }
-        };
         let (allowed, access, thread_lookup) = tokio::join!(
             self.take_rate_limit(&client, user.id),
             self.policy.authorize_chat_user(&*client, Some(user)),
-            thread_lookup,
+            look_up_thread_for_write(
+                &*client,
+                user.id,
+                request.thread_id,
+                request.conversation_type
+            ),
         );
         allowed?;
         validate(&request)?;
@@ -78,26 +64,11 @@ impl ChatService {
         let command = request.content.trim();
         let request_id = Uuid::new_v4();
         if command == "/new" || command == "/clear" {
-            let named_thread = match thread_lookup {
-                ThreadLookup::Named(found) => Some(found),
-                ThreadLookup::Legacy(_) | ThreadLookup::New => None,
-            };
             return self
-                .start_thread(&mut client, user, &request, named_thread, request_id)
+                .start_thread(&mut client, user, &request, thread_lookup?, request_id)
                 .await;
         }
-        // GitLab's write-mode rules (`resolve_thread_for_write`), on what
-        // was looked up above.
-        let thread = match thread_lookup {
-            ThreadLookup::Named(found) => found?.ok_or(ChatError::ThreadNotFound)?,
-            ThreadLookup::Legacy(found) => match found? {
-                Some(thread) => thread,
-                None => create_thread(&*client, user.id, ConversationType::DuoChatLegacy).await?,
-            },
-            ThreadLookup::New => {
-                resolve_thread_for_write(&*client, user.id, None, request.conversation_type).await?
-            }
-        };
+        let thread = thread_for_write(&*client, user.id, thread_lookup?).await?;
         let extras = json!({ "additional_context": request.additional_context });
         let question = StoredMessage::draft(
             thread.id,
@@ -156,18 +127,13 @@ impl ChatService {
         client: &mut deadpool_postgres::Client,
         user: Actor,
         request: &ChatRequest,
-        named_thread: Option<Result<Option<Thread>, ChatError>>,
+        thread_lookup: ThreadLookup,
         request_id: Uuid,
     ) -> Result<ChatAccepted, ChatError> {
         let tx = client.transaction().await?;
-        let kind = match named_thread {
-            Some(found) => found?.ok_or(ChatError::ThreadNotFound)?.conversation_type,
-            None => {
-                resolve_thread_for_write(&tx, user.id, None, request.conversation_type)
-                    .await?
-                    .conversation_type
-            }
-        };
+        let kind = thread_for_write(&tx, user.id, thread_lookup)
+            .await?
+            .conversation_type;
         // `/new` is what GitLab's clients send for a new chat (they drop the
         // thread id): a fresh multi-thread conversation, the old one listed.
         // `/clear` continues the conversation in a fresh thread of its type.

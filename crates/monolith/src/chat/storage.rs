@@ -394,23 +394,49 @@ pub(crate) async fn create_thread(
     Ok(thread_from_row(&row))
 }
 
-/// GitLab's write-mode thread rules: an explicit thread must be the user's; no
-/// thread and no type continues the legacy thread; a type alone starts a new one.
-pub(crate) async fn resolve_thread_for_write(
+/// What GitLab's write-mode thread rules need read before a thread is chosen
+/// (see [`look_up_thread_for_write`]).
+pub(crate) enum ThreadLookup {
+    /// The thread the request names (`None`: not the user's, or none).
+    Named(Option<Thread>),
+    /// No thread and no type: the user's latest legacy thread, if any.
+    Legacy(Option<Thread>),
+    /// A type without a thread: a new thread of that type.
+    New(ConversationType),
+}
+
+/// The reads of GitLab's write-mode thread rules, writing nothing (so they
+/// may go out before the checks): an explicit thread must be the user's; no
+/// thread and no type continues the legacy thread; a type alone starts a new
+/// one. [`thread_for_write`] applies them.
+pub(crate) async fn look_up_thread_for_write(
     db: &impl Queries,
     user_id: i64,
     thread_id: Option<i64>,
     conversation_type: Option<ConversationType>,
+) -> Result<ThreadLookup, ChatError> {
+    Ok(match (thread_id, conversation_type) {
+        (Some(id), _) => ThreadLookup::Named(find_thread(db, user_id, id).await?),
+        (None, Some(kind)) => ThreadLookup::New(kind),
+        (None, None) => {
+            ThreadLookup::Legacy(latest_thread(db, user_id, ConversationType::DuoChatLegacy).await?)
+        }
+    })
+}
+
+/// The thread a look-up leads to, created when the rules call for one.
+pub(crate) async fn thread_for_write(
+    db: &impl Queries,
+    user_id: i64,
+    lookup: ThreadLookup,
 ) -> Result<Thread, ChatError> {
-    match (thread_id, conversation_type) {
-        (Some(id), _) => find_thread(db, user_id, id)
-            .await?
-            .ok_or(ChatError::ThreadNotFound),
-        (None, Some(kind)) => create_thread(db, user_id, kind).await,
-        (None, None) => match latest_thread(db, user_id, ConversationType::DuoChatLegacy).await? {
-            Some(t) => Ok(t),
-            None => create_thread(db, user_id, ConversationType::DuoChatLegacy).await,
-        },
+    match lookup {
+        ThreadLookup::Named(found) => found.ok_or(ChatError::ThreadNotFound),
+        ThreadLookup::Legacy(Some(thread)) => Ok(thread),
+        ThreadLookup::Legacy(None) => {
+            create_thread(db, user_id, ConversationType::DuoChatLegacy).await
+        }
+        ThreadLookup::New(kind) => create_thread(db, user_id, kind).await,
     }
 }
 
