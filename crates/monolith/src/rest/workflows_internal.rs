@@ -176,7 +176,11 @@ pub(super) async fn update_status(
     let workflow = find_workflow(&state, &who, &path).await?;
     let mut client = state.pool.get().await?;
     crate::workflows::lease::check_writer(&*client, workflow.id, run_id).await?;
-    let change = store::apply_status_event(&mut client, workflow.id, &event, who.caller()).await?;
+    // A run's own token may restart its workflow only while its leg runs.
+    let run_token = who.user.run.map(|_| who.user.token_id);
+    let change =
+        store::apply_status_event(&mut client, workflow.id, &event, who.caller(), run_token)
+            .await?;
     Ok(HttpResponse::Ok().json(json!({
         "workflow": workflow_entity(&state, &*client, &change.workflow).await?,
         "message": change.message,

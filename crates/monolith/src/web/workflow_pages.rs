@@ -993,7 +993,7 @@ async fn stop(
             .await
             .map(|_| ())
     } else {
-        store::apply_status_event(&mut db, workflow.id, "stop", caller)
+        store::apply_status_event(&mut db, workflow.id, "stop", caller, None)
             .await
             .map(|_| ())
     };

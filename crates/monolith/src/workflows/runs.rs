@@ -610,12 +610,14 @@ async fn finish_leg(
             // it ends where the user asked.
             if let Some(halt @ ("stop" | "pause")) = halt_requested(&*db, facts.workload.id).await?
             {
-                let _ = super::store::apply_status_event(&mut db, workflow_id, halt, caller).await;
+                let _ = super::store::apply_status_event(&mut db, workflow_id, halt, caller, None)
+                    .await;
             }
         }
         LegEnd::Failed(_) | LegEnd::TimedOut => {
             // A run that cannot go on ends FAILED with its reason.
-            let _ = super::store::apply_status_event(&mut db, workflow_id, "drop", caller).await;
+            let _ =
+                super::store::apply_status_event(&mut db, workflow_id, "drop", caller, None).await;
             super::audit(
                 &*db,
                 Some(workflow_id),
@@ -973,7 +975,7 @@ async fn act_on_event(
     );
     Ok(match event.event_type {
         kind @ ("stop" | "pause") => {
-            super::store::apply_status_event(&mut db, workflow_id, kind, caller).await?;
+            super::store::apply_status_event(&mut db, workflow_id, kind, caller, None).await?;
             cancel_queued(&*db, workflow_id).await?;
             EventReaction::Moved
         }
@@ -984,7 +986,7 @@ async fn act_on_event(
             )
         }
         "resume" if status == Some(Status::Paused) => {
-            super::store::apply_status_event(&mut db, workflow_id, "resume", caller).await?;
+            super::store::apply_status_event(&mut db, workflow_id, "resume", caller, None).await?;
             drop(db);
             EventReaction::Continued(start(pool, config, workflow_id, None).await?)
         }

@@ -280,11 +280,19 @@ pub struct StatusChange {
 /// updates see each other's result: only one moves the workflow, the other is
 /// answered from the new status. On a move the owner's live subscribers get
 /// the change at commit, and the audit trail records the caller.
+///
+/// `run_token` is the token of a product run's leg when the event comes from
+/// that run's executor (through the workflow service): such an event may move
+/// the workflow back to running only while its leg still runs. An executor's
+/// request that passed authentication just before its leg was cancelled must
+/// not undo the stop that ended the leg; the check is made under the row lock
+/// the leg's own ending takes too.
 pub async fn apply_status_event(
     client: &mut deadpool_postgres::Client,
     workflow_id: i64,
     event_name: &str,
     caller: Caller,
+    run_token: Option<i64>,
 ) -> Result<StatusChange, WorkflowError> {
     let tx = client.transaction().await?;
     let row = tx
@@ -295,7 +303,30 @@ pub async fn apply_status_event(
         .await?
         .ok_or(WorkflowError::NotFound)?;
     let current = from_row(&row);
-    match status::decide(current.status, event_name) {
+    let decision = status::decide(current.status, event_name);
+    if let (
+        Decision::Fire {
+            to: Status::Running,
+            ..
+        },
+        Some(token_id),
+    ) = (&decision, run_token)
+    {
+        let leg_runs: bool = tx
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM duo_workflow_workloads
+                                WHERE workflow_id = $1 AND token_id = $2 AND state = 'running')",
+                &[&workflow_id, &token_id],
+            )
+            .await?
+            .get(0);
+        if !leg_runs {
+            return Err(WorkflowError::Refused(format!(
+                "Can not {event_name} workflow: the run this token was issued for has ended"
+            )));
+        }
+    }
+    match decision {
         Decision::Refused { message } => Err(WorkflowError::Refused(message)),
         Decision::Already { message } => Ok(StatusChange {
             workflow: current,

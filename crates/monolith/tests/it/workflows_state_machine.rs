@@ -100,3 +100,78 @@ async fn racing_updates_cannot_both_win() {
         assert_eq!(changes, 1);
     }
 }
+
+/// A product run's executor restarts a stopped workflow when it starts up
+/// (`retry`); a request of its that passed authentication just before the
+/// user's stop cancelled the leg must not undo that stop afterwards.
+#[tokio::test]
+async fn a_run_token_restarts_its_workflow_only_while_its_leg_runs() {
+    let w = world().await;
+    let id = w.workflow(&w.dev_token, json!({})).await;
+    let run_token = {
+        let c = w.fx.pool.get().await.unwrap();
+        monolith::identity::oauth::mint_for_run(
+            &**c,
+            None,
+            w.dev.id,
+            monolith::identity::credentials::RunBinding {
+                workflow_id: id,
+                project_id: w.project,
+            },
+            chrono::Duration::minutes(10),
+        )
+        .await
+        .unwrap()
+    };
+    w.fx.exec(
+        "INSERT INTO duo_workflow_workloads (workflow_id, leg, runner, state, token_id)
+         VALUES ($1, 1, 'local', 'running', $2)",
+        &[&id, &run_token.id],
+    )
+    .await;
+    let path = format!("/ai/duo_workflows/workflows/{id}");
+    let retry = |token: String| {
+        let (server, path) = (&w.server, path.clone());
+        async move {
+            send(
+                server,
+                reqwest::Method::PATCH,
+                &path,
+                Some(&token),
+                Some(json!({ "status_event": "retry" })),
+            )
+            .await
+        }
+    };
+    let stopped = Status::Stopped.code();
+    // While its leg runs, the executor starting up moves the stopped
+    // workflow on, as GitLab's service does.
+    w.set_status(id, stopped).await;
+    let reply = retry(run_token.token.clone()).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(w.status_of(id).await, Status::Running.code());
+    // The user stopped it and the leg was cancelled: the run's late request
+    // is refused and the workflow stays stopped.
+    w.set_status(id, stopped).await;
+    w.fx.exec(
+        "UPDATE duo_workflow_workloads SET state = 'cancelled' WHERE workflow_id = $1",
+        &[&id],
+    )
+    .await;
+    let reply = retry(run_token.token.clone()).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    assert!(
+        reply.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("has ended"),
+        "{}",
+        reply.body
+    );
+    assert_eq!(w.status_of(id).await, stopped);
+    // A user's own token retries a stopped workflow as before.
+    let user_token = w.workflow_token(w.dev).await;
+    let reply = retry(user_token).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(w.status_of(id).await, Status::Running.code());
+}
