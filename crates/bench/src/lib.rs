@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 pub mod eval;
+pub mod gateway_token;
 pub mod grounding;
 
 /// The `p` quantile (0..=1) of an ascending slice, by the nearest-rank method.

@@ -53,6 +53,10 @@ struct Target {
     /// The gateway has an Anthropic key (its proxy needs one; without it the
     /// other targets keep their default model route).
     anthropic_key: bool,
+    /// Requests carry an RS256 token the gateway checks, as in production,
+    /// instead of the development bypass. One token for the whole run, as the
+    /// monolith reuses a user's token for minutes.
+    signed: bool,
 }
 
 fn targets() -> Vec<Target> {
@@ -67,6 +71,7 @@ fn targets() -> Vec<Target> {
             gateway_body: serde_json::json!({"instances": [{"content": "fn main() {}"}]}),
             unit_primitive: "generate_embeddings_codebase",
             anthropic_key: false,
+            signed: false,
         },
         Target {
             name: "anthropic proxy (messages, stream)",
@@ -76,6 +81,7 @@ fn targets() -> Vec<Target> {
             gateway_body: claude,
             unit_primitive: "duo_chat",
             anthropic_key: true,
+            signed: false,
         },
         Target {
             name: "/v1/prompts/chat/explain_code",
@@ -85,15 +91,27 @@ fn targets() -> Vec<Target> {
             gateway_body: serde_json::json!({"inputs": {"selected_text": "fn main() {}", "file_content": "fn main() {}", "language_info": "The code is written in Rust.", "input": ""}, "stream": true}),
             unit_primitive: "explain_code",
             anthropic_key: false,
+            signed: false,
         },
         Target {
             name: "/v2/chat/agent",
+            gateway_path: "/v2/chat/agent",
+            direct_path: "/v1/chat/completions",
+            direct_body: chat.clone(),
+            gateway_body: serde_json::json!({"messages": [{"role": "user", "content": "What does this do?"}]}),
+            unit_primitive: "duo_chat",
+            anthropic_key: false,
+            signed: false,
+        },
+        Target {
+            name: "/v2/chat/agent, signed token",
             gateway_path: "/v2/chat/agent",
             direct_path: "/v1/chat/completions",
             direct_body: chat,
             gateway_body: serde_json::json!({"messages": [{"role": "user", "content": "What does this do?"}]}),
             unit_primitive: "duo_chat",
             anthropic_key: false,
+            signed: true,
         },
     ]
 }
@@ -107,6 +125,8 @@ struct Call {
     url: String,
     body: bytes::Bytes,
     unit_primitive: &'static str,
+    /// Headers besides the body's type and the unit primitive (a token).
+    headers: Arc<reqwest::header::HeaderMap>,
 }
 
 #[derive(Default)]
@@ -157,6 +177,7 @@ async fn one(client: reqwest::Client, call: Call) -> Option<Timing> {
         .post(&call.url)
         .header("content-type", "application/json")
         .header("x-gitlab-unit-primitive", call.unit_primitive)
+        .headers((*call.headers).clone())
         .body(call.body)
         .send()
         .await
@@ -267,7 +288,14 @@ struct Gateway {
 }
 
 impl Gateway {
-    fn start(provider: &str, anthropic_key: bool) -> anyhow::Result<Self> {
+    /// A gateway on `provider`; with `validation_key` (a private key's PEM)
+    /// it checks tokens signed with that key instead of letting every
+    /// request through.
+    fn start(
+        provider: &str,
+        anthropic_key: bool,
+        validation_key: Option<&str>,
+    ) -> anyhow::Result<Self> {
         // `DUO_BENCH_GATEWAY` names the binary; by default the one built
         // next to this bench.
         let binary = match std::env::var_os("DUO_BENCH_GATEWAY") {
@@ -285,11 +313,14 @@ impl Gateway {
                 .env("ANTHROPIC_API_KEY", "bench-anthropic-key")
                 .env("ANTHROPIC_BASE_URL", provider);
         }
+        match validation_key {
+            Some(pem) => command.env("AIGW_SELF_SIGNED_JWT__VALIDATION_KEY", pem),
+            None => command.env("AIGW_AUTH__BYPASS_EXTERNAL", "true"),
+        };
         let child = command
             .env("AIGW_FASTAPI__API_PORT", port.to_string())
             // Not measured here; off so a running development stack keeps its port.
             .env("AIGW_WORKFLOW_SERVICE__LISTEN", "")
-            .env("AIGW_AUTH__BYPASS_EXTERNAL", "true")
             .env("AIGW_LOCAL_LLM__URL", format!("{provider}/v1"))
             .env("AIGW_VERTEX_TEXT_MODEL__ENDPOINT", provider)
             .env("AIGW_LOGGING__LEVEL", "error")
@@ -376,7 +407,9 @@ async fn main() -> anyhow::Result<()> {
         .pool_max_idle_per_host(1024)
         .timeout(Duration::from_secs(10))
         .build()?;
-    let mut gateway = Gateway::start(&provider, false)?;
+    let mut gateway = Gateway::start(&provider, false, None)?;
+    let signing = bench::gateway_token::SigningKey::generate()?;
+    let signed_headers = Arc::new(signing.request_headers()?);
     gateway.wait_healthy(&client).await?;
     println!(
         "provider {provider}, gateway {} (pid {})",
@@ -384,7 +417,7 @@ async fn main() -> anyhow::Result<()> {
         gateway.child.id()
     );
     println!(
-        "auth: development bypass (AIGW_AUTH__BYPASS_EXTERNAL); step {} s per rate; {} CPUs, load average {} (other processes add noise)\n",
+        "auth: development bypass (AIGW_AUTH__BYPASS_EXTERNAL) except targets marked 'signed token' (an RS256 token checked against the gateway's validation key); step {} s per rate; {} CPUs, load average {} (other processes add noise)\n",
         step.as_secs(),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         load_average()
@@ -410,18 +443,29 @@ async fn main() -> anyhow::Result<()> {
 
     let mut summary = Vec::new();
     for target in targets() {
-        let mut target_gateway = Gateway::start(&provider, target.anthropic_key)?;
+        let mut target_gateway = Gateway::start(
+            &provider,
+            target.anthropic_key,
+            target.signed.then_some(signing.private_pem.as_str()),
+        )?;
+        let headers = if target.signed {
+            signed_headers.clone()
+        } else {
+            Arc::default()
+        };
         target_gateway.wait_healthy(&client).await?;
         let rss = RssSampler::start(target_gateway.child.id());
         let mut direct = Call {
             url: format!("{provider}{}", target.direct_path),
             body: target.direct_body.to_string().into(),
             unit_primitive: target.unit_primitive,
+            headers: Arc::default(),
         };
         let via = Call {
             url: format!("{}{}", target_gateway.url, target.gateway_path),
             body: target.gateway_body.to_string().into(),
             unit_primitive: target.unit_primitive,
+            headers,
         };
         // Probe once: endpoints not built into this gateway are reported, not
         // timed. The probe's own call upstream is recorded: the direct path
@@ -433,6 +477,7 @@ async fn main() -> anyhow::Result<()> {
             .post(&via.url)
             .header("content-type", "application/json")
             .header("x-gitlab-unit-primitive", via.unit_primitive)
+            .headers((*via.headers).clone())
             .body(via.body.clone())
             .send()
             .await?;
@@ -530,6 +575,7 @@ async fn main() -> anyhow::Result<()> {
         url: format!("{provider}{STREAM_DIRECT}"),
         body: bytes::Bytes::from_static(b"{\"instances\":[{\"prefix\":\"fn \"}]}"),
         unit_primitive: "complete_code",
+        headers: Arc::default(),
     };
     let via = Call {
         url: format!("{}{STREAM_GATEWAY}", gateway.url),

@@ -3,9 +3,11 @@
 
 use super::jwks::{KeyStore, KeyStoreError};
 use super::jwt::{self, JwtError, TokenClaims, TokenRules};
+use super::verified_tokens::{Verified, VerifiedTokens};
 use super::{GatewayUser, UserClaims};
 use crate::config::AuthConfig;
 use crate::error::ApiError;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub const HEADER_BYPASS_AUTH: &str = "bypass-auth";
@@ -52,6 +54,7 @@ pub struct Authenticator {
     service_name: String,
     rules: TokenRules,
     keys: KeyStore,
+    verified: VerifiedTokens,
 }
 
 impl Authenticator {
@@ -86,6 +89,7 @@ impl Authenticator {
                 verify_signature: !config.bypass_jwt_signature,
             },
             keys,
+            verified: VerifiedTokens::default(),
         }
     }
 
@@ -97,6 +101,11 @@ impl Authenticator {
 
     pub fn key_store(&self) -> &KeyStore {
         &self.keys
+    }
+
+    /// How many checked tokens are kept for reuse.
+    pub fn kept_tokens(&self) -> usize {
+        self.verified.len()
     }
 
     pub async fn authenticate<H: RequestHeaders + ?Sized>(
@@ -129,8 +138,30 @@ impl Authenticator {
             return Err(AuthError::InvalidTokenType);
         }
 
-        let claims = match jwt::validate(token.trim(), &self.keys, &self.rules).await {
-            Ok(claims) => claims,
+        let verified = self.verified(token.trim()).await?;
+        self.check_headers_match(&verified.claims, headers)?;
+        log_bad_seat_count(headers);
+        Ok(verified.user.clone())
+    }
+
+    /// The checked claims of `token` and the caller they make: kept from an
+    /// earlier request while the token lasts and its key is unchanged
+    /// ([`VerifiedTokens`]), else checked now.
+    async fn verified(&self, token: &str) -> Result<Arc<Verified>, AuthError> {
+        let now = jsonwebtoken::get_current_timestamp();
+        if self.rules.verify_signature
+            && let Some(hit) = self.verified.get(token, now)
+        {
+            // The key its id names now must be the one that verified it: a
+            // key replaced in the issuer's set has the token checked again.
+            let current = self.keys.key(&hit.kid).await;
+            if current.is_some_and(|key| super::jwks::same_key(&key, &hit.key)) {
+                return Ok(hit.verified);
+            }
+            self.verified.remove(token);
+        }
+        let (claims, key) = match jwt::validate_keyed(token, &self.keys, &self.rules).await {
+            Ok(checked) => checked,
             Err(JwtError::NoKeys) => return Err(AuthError::NoKeys),
             Err(err) => {
                 // Details help operators; callers only learn it was refused.
@@ -138,21 +169,22 @@ impl Authenticator {
                 return Err(AuthError::Forbidden(err));
             }
         };
-        self.check_headers_match(&claims, headers)?;
-        log_bad_seat_count(headers);
-
-        Ok(GatewayUser {
-            is_debug: false,
-            model_endpoints: super::vouched_endpoints(claims.model_endpoints),
-            scopes: claims.scopes.unwrap_or_default().into_iter().collect(),
-            claims: UserClaims {
-                subject: claims.sub,
-                issuer: claims.iss,
-                gitlab_realm: claims.gitlab_realm,
-                gitlab_instance_id: claims.gitlab_instance_id,
-                duo_seat_count: claims.duo_seat_count,
-            },
-        })
+        let verified = Arc::new(Verified {
+            user: user_of(&claims),
+            claims,
+        });
+        if let (Some(key), Some(exp)) = (key, verified.claims.exp) {
+            let usable_until = exp.saturating_add(self.rules.leeway.as_secs());
+            self.verified.insert(
+                token,
+                key.kid,
+                key.key,
+                usable_until,
+                Arc::clone(&verified),
+                now,
+            );
+        }
+        Ok(verified)
     }
 
     /// Claims that are present must agree with the matching request headers.
@@ -185,6 +217,22 @@ impl Authenticator {
             return Err(AuthError::HeaderMismatch("X-Gitlab-Global-User-Id"));
         }
         Ok(())
+    }
+}
+
+/// The caller a checked token makes.
+fn user_of(claims: &TokenClaims) -> GatewayUser {
+    GatewayUser {
+        is_debug: false,
+        model_endpoints: super::vouched_endpoints(claims.model_endpoints.clone()),
+        scopes: claims.scopes.iter().flatten().cloned().collect(),
+        claims: UserClaims {
+            subject: claims.sub.clone(),
+            issuer: claims.iss.clone(),
+            gitlab_realm: claims.gitlab_realm.clone(),
+            gitlab_instance_id: claims.gitlab_instance_id.clone(),
+            duo_seat_count: claims.duo_seat_count.clone(),
+        },
     }
 }
 

@@ -296,6 +296,21 @@ impl KeyStore {
     }
 }
 
+/// Do both keys check the same signatures? (A refetched key set holds new
+/// copies of unchanged keys.)
+pub fn same_key(a: &DecodingKey, b: &DecodingKey) -> bool {
+    use jsonwebtoken::DecodingKeyKind as Kind;
+    std::ptr::eq(a, b)
+        || a.family() == b.family()
+            && match (a.kind(), b.kind()) {
+                (Kind::SecretOrDer(a), Kind::SecretOrDer(b)) => a == b,
+                (Kind::RsaModulusExponent { n, e }, Kind::RsaModulusExponent { n: n2, e: e2 }) => {
+                    n == n2 && e == e2
+                }
+                _ => false,
+            }
+}
+
 /// An RSA signature key with a kid whose declared algorithm (if any) is RS256.
 fn usable_rs256_key(jwk: &Jwk) -> Option<(String, DecodingKey)> {
     let kid = jwk.common.key_id.clone()?;

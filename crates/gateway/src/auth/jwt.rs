@@ -4,6 +4,7 @@ use super::jwks::KeyStore;
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// What a token must satisfy besides its signature.
@@ -24,6 +25,10 @@ pub struct TokenClaims {
     pub sub: Option<String>,
     #[serde(default)]
     pub iss: Option<String>,
+    /// Required and checked by [`validate`]; kept to know how long a checked
+    /// token may be reused ([`super::verified_tokens`]).
+    #[serde(default)]
+    pub exp: Option<u64>,
     #[serde(default)]
     pub gitlab_realm: Option<String>,
     #[serde(default)]
@@ -74,12 +79,31 @@ impl From<jsonwebtoken::errors::Error> for JwtError {
     }
 }
 
+/// The key a token named by id and was verified with.
+#[derive(Debug)]
+pub struct VerifyingKey {
+    pub kid: String,
+    pub key: Arc<DecodingKey>,
+}
+
 /// Checks `token` and returns its claims.
 pub async fn validate(
     token: &str,
     keys: &KeyStore,
     rules: &TokenRules,
 ) -> Result<TokenClaims, JwtError> {
+    validate_keyed(token, keys, rules)
+        .await
+        .map(|(claims, _)| claims)
+}
+
+/// As [`validate`], also saying which key verified the token when the token
+/// named it by id (`None` without a key id or without signature checks).
+pub async fn validate_keyed(
+    token: &str,
+    keys: &KeyStore,
+    rules: &TokenRules,
+) -> Result<(TokenClaims, Option<VerifyingKey>), JwtError> {
     // `alg: none` and unknown algorithm names fail right here: the header
     // does not parse into a known algorithm.
     let header = jsonwebtoken::decode_header(token)?;
@@ -87,7 +111,7 @@ pub async fn validate(
         return Err(JwtError::Algorithm(header.alg));
     }
     if !rules.verify_signature {
-        return validate_unsigned(token, rules);
+        return validate_unsigned(token, rules).map(|claims| (claims, None));
     }
 
     let validation = validation_for(rules);
@@ -98,7 +122,8 @@ pub async fn validate(
                 None if keys.keys().await.is_empty() => return Err(JwtError::NoKeys),
                 None => return Err(JwtError::UnknownKey(kid)),
             };
-            decode_with(token, &key, &validation)
+            let claims = decode_with(token, &key, &validation)?;
+            Ok((claims, Some(VerifyingKey { kid, key })))
         }
         None => {
             // Without a kid, any known key may have signed it.
@@ -109,7 +134,7 @@ pub async fn validate(
             let mut last = JwtError::Rejected("no key verified the signature".into());
             for key in all.values() {
                 match decode_with(token, key, &validation) {
-                    Ok(claims) => return Ok(claims),
+                    Ok(claims) => return Ok((claims, None)),
                     Err(err) => last = err,
                 }
             }

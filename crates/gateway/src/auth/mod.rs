@@ -5,6 +5,7 @@ mod authenticator;
 pub mod jwks;
 pub mod jwt;
 pub mod middleware;
+pub mod verified_tokens;
 
 pub use authenticator::{AuthError, Authenticator, RequestHeaders};
 

@@ -755,3 +755,42 @@ async fn only_rs256_signature_keys_with_a_kid_are_trusted() {
         );
     }
 }
+
+#[actix_web::test]
+async fn a_checked_token_is_reused_only_while_its_key_stays_and_headers_still_match() {
+    let issuer = Issuer::start(jwks(&[(&KEY_A, "a")]));
+    let auth = for_issuer(&issuer).with_min_refresh_interval(Duration::ZERO);
+    let token = KEY_A.sign(Some("a"), &claims(json!({})));
+    let first = auth.authenticate(&headers(&token)).await.unwrap();
+    assert_eq!(auth.kept_tokens(), 1);
+    let again = auth.authenticate(&headers(&token)).await.unwrap();
+    assert_eq!(again.scopes, first.scopes);
+    assert_eq!(again.claims.subject.as_deref(), Some(INSTANCE));
+    assert_eq!(auth.kept_tokens(), 1, "the same token is kept once");
+    // A kept token is still checked against this request's headers.
+    let mut other_realm = headers(&token);
+    other_realm.insert("x-gitlab-realm", "saas".parse().unwrap());
+    assert_eq!(
+        message(&auth, &other_realm).await,
+        "Header mismatch 'X-Gitlab-Realm'"
+    );
+    // A token without a key id is checked every time, not kept.
+    let no_kid = KEY_A.sign(None, &claims(json!({"sub": INSTANCE, "jti": "x"})));
+    auth.authenticate(&headers(&no_kid)).await.unwrap();
+    assert_eq!(auth.kept_tokens(), 1);
+    // The issuer now names another key "a" (the old one leaked); an unknown
+    // key id makes the gateway fetch the set again. The kept token was
+    // verified with the replaced key, so it is checked again and refused.
+    issuer.set_keys(jwks(&[(&KEY_B, "a")]));
+    let unknown = KEY_B.sign(Some("made-up"), &claims(json!({})));
+    assert_eq!(
+        message(&auth, &headers(&unknown)).await,
+        "Forbidden by auth provider"
+    );
+    assert_eq!(
+        message(&auth, &headers(&token)).await,
+        "Forbidden by auth provider"
+    );
+    let new = KEY_B.sign(Some("a"), &claims(json!({})));
+    auth.authenticate(&headers(&new)).await.unwrap();
+}
