@@ -794,3 +794,29 @@ async fn a_checked_token_is_reused_only_while_its_key_stays_and_headers_still_ma
     let new = KEY_B.sign(Some("a"), &claims(json!({})));
     auth.authenticate(&headers(&new)).await.unwrap();
 }
+
+#[actix_web::test]
+async fn a_kept_token_whose_key_was_replaced_is_refused_through_the_middleware() {
+    let issuer = Issuer::start(jwks(&[(&KEY_A, "a")]));
+    let app = app!(for_issuer(&issuer).with_min_refresh_interval(Duration::ZERO));
+    let token = KEY_A.sign(Some("a"), &claims(json!({"scopes": ["duo_chat"]})));
+    for _ in 0..2 {
+        let resp =
+            atest::call_service(&app, request("/v1/whoami", &headers(&token)).to_request()).await;
+        assert_eq!(resp.status(), 200);
+        let body: Value = atest::read_body_json(resp).await;
+        assert_eq!(body, json!({"debug": false, "scopes": ["duo_chat"]}));
+    }
+    // The issuer names another key "a"; a token with an unknown kid makes
+    // the gateway fetch the set again.
+    issuer.set_keys(jwks(&[(&KEY_B, "a")]));
+    let unknown = KEY_B.sign(Some("made-up"), &claims(json!({})));
+    let resp =
+        atest::call_service(&app, request("/v1/whoami", &headers(&unknown)).to_request()).await;
+    assert_eq!(resp.status(), 401);
+    let resp =
+        atest::call_service(&app, request("/v1/whoami", &headers(&token)).to_request()).await;
+    assert_eq!(resp.status(), 401);
+    let body: Value = atest::read_body_json(resp).await;
+    assert_eq!(body, json!({"error": "Forbidden by auth provider"}));
+}
