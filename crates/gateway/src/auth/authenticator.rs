@@ -3,7 +3,7 @@
 
 use super::jwks::{KeyStore, KeyStoreError};
 use super::jwt::{self, JwtError, TokenClaims, TokenRules};
-use super::verified_tokens::{Verified, VerifiedTokens};
+use super::verified_tokens::{Kept, Verified, VerifiedTokens};
 use super::{GatewayUser, UserClaims};
 use crate::config::AuthConfig;
 use crate::error::ApiError;
@@ -150,17 +150,17 @@ impl Authenticator {
     async fn verified(&self, token: &str) -> Result<Arc<Verified>, AuthError> {
         let now = jsonwebtoken::get_current_timestamp();
         if self.rules.verify_signature
-            && let Some(hit) = self.verified.get(token, now)
+            && let Some(kept) = self.verified.get(token, now)
         {
             // The key its id names now must be the one that verified it: a
             // key replaced in the issuer's set has the token checked again.
-            let current = self.keys.key(&hit.kid).await;
-            if current.is_some_and(|key| super::jwks::same_key(&key, &hit.key)) {
-                return Ok(hit.verified);
+            let current = self.keys.key(&kept.key.kid).await;
+            if current.is_some_and(|key| super::jwks::same_key(&key, &kept.key.key)) {
+                return Ok(Arc::clone(&kept.verified));
             }
             self.verified.remove(token);
         }
-        let (claims, key) = match jwt::validate_keyed(token, &self.keys, &self.rules).await {
+        let (claims, key) = match jwt::validate(token, &self.keys, &self.rules).await {
             Ok(checked) => checked,
             Err(JwtError::NoKeys) => return Err(AuthError::NoKeys),
             Err(err) => {
@@ -174,15 +174,12 @@ impl Authenticator {
             claims,
         });
         if let (Some(key), Some(exp)) = (key, verified.claims.exp) {
-            let usable_until = exp.saturating_add(self.rules.leeway.as_secs());
-            self.verified.insert(
-                token,
-                key.kid,
-                key.key,
-                usable_until,
-                Arc::clone(&verified),
-                now,
-            );
+            let kept = Kept {
+                verified: Arc::clone(&verified),
+                key,
+                usable_until: exp.saturating_add(self.rules.leeway.as_secs()),
+            };
+            self.verified.insert(token, kept, now);
         }
         Ok(verified)
     }

@@ -86,20 +86,10 @@ pub struct VerifyingKey {
     pub key: Arc<DecodingKey>,
 }
 
-/// Checks `token` and returns its claims.
+/// Checks `token` and returns its claims, with the key that verified it when
+/// the token named it by id (`None` without a key id or without signature
+/// checks).
 pub async fn validate(
-    token: &str,
-    keys: &KeyStore,
-    rules: &TokenRules,
-) -> Result<TokenClaims, JwtError> {
-    validate_keyed(token, keys, rules)
-        .await
-        .map(|(claims, _)| claims)
-}
-
-/// As [`validate`], also saying which key verified the token when the token
-/// named it by id (`None` without a key id or without signature checks).
-pub async fn validate_keyed(
     token: &str,
     keys: &KeyStore,
     rules: &TokenRules,

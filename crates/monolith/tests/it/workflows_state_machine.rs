@@ -6,29 +6,34 @@
 use monolith::workflows::{Status, StatusEvent};
 use serde_json::json;
 
-use crate::rest_support::send;
+use crate::rest_support::{Reply, send};
+use crate::support::Server;
 use crate::workflows_support::world;
+
+/// `PATCH /ai/duo_workflows/workflows/:id` with one status event.
+async fn status_event(server: &Server, id: i64, token: &str, event: &str) -> Reply {
+    send(
+        server,
+        reqwest::Method::PATCH,
+        &format!("/ai/duo_workflows/workflows/{id}"),
+        Some(token),
+        Some(json!({ "status_event": event })),
+    )
+    .await
+}
 
 #[tokio::test]
 async fn every_event_from_every_status() {
     let w = world().await;
     let token = w.workflow_token(w.dev).await;
     let id = w.workflow(&w.dev_token, json!({})).await;
-    let path = format!("/ai/duo_workflows/workflows/{id}");
     let mut events: Vec<&str> = StatusEvent::ALL.iter().map(|e| e.name()).collect();
     events.push("jump");
     let mut table = String::new();
     for from in Status::ALL {
         for event in &events {
             w.set_status(id, from.code()).await;
-            let reply = send(
-                &w.server,
-                reqwest::Method::PATCH,
-                &path,
-                Some(&token),
-                Some(json!({ "status_event": event })),
-            )
-            .await;
+            let reply = status_event(&w.server, id, &token, event).await;
             let after = Status::from_code(w.status_of(id).await).unwrap();
             let message = match reply.status {
                 200 => reply.body["message"].as_str().unwrap().to_owned(),
@@ -59,23 +64,10 @@ async fn racing_updates_cannot_both_win() {
     for round in 0..5 {
         let id = w.workflow(&w.dev_token, json!({})).await;
         w.set_status(id, Status::Running.code()).await;
-        let path = format!("/ai/duo_workflows/workflows/{id}");
-        let patch = |event: &'static str| {
-            let path = path.clone();
-            let token = token.clone();
-            let server = &w.server;
-            async move {
-                send(
-                    server,
-                    reqwest::Method::PATCH,
-                    &path,
-                    Some(&token),
-                    Some(json!({ "status_event": event })),
-                )
-                .await
-            }
-        };
-        let (a, b) = tokio::join!(patch("finish"), patch("drop"));
+        let (a, b) = tokio::join!(
+            status_event(&w.server, id, &token, "finish"),
+            status_event(&w.server, id, &token, "drop")
+        );
         let winners: Vec<&str> = [(&a, "finish"), (&b, "drop")]
             .iter()
             .filter(|(r, _)| r.status == 200 && r.body["message"] == "Workflow status updated")
@@ -129,25 +121,11 @@ async fn a_run_token_restarts_its_workflow_only_while_its_leg_runs() {
         &[&id, &run_token.id],
     )
     .await;
-    let path = format!("/ai/duo_workflows/workflows/{id}");
-    let retry = |token: String| {
-        let (server, path) = (&w.server, path.clone());
-        async move {
-            send(
-                server,
-                reqwest::Method::PATCH,
-                &path,
-                Some(&token),
-                Some(json!({ "status_event": "retry" })),
-            )
-            .await
-        }
-    };
     let stopped = Status::Stopped.code();
     // While its leg runs, the executor starting up moves the stopped
     // workflow on, as GitLab's service does.
     w.set_status(id, stopped).await;
-    let reply = retry(run_token.token.clone()).await;
+    let reply = status_event(&w.server, id, &run_token.token, "retry").await;
     assert_eq!(reply.status, 200, "{}", reply.body);
     assert_eq!(w.status_of(id).await, Status::Running.code());
     // The user stopped it and the leg was cancelled: the run's late request
@@ -158,7 +136,7 @@ async fn a_run_token_restarts_its_workflow_only_while_its_leg_runs() {
         &[&id],
     )
     .await;
-    let reply = retry(run_token.token.clone()).await;
+    let reply = status_event(&w.server, id, &run_token.token, "retry").await;
     assert_eq!(reply.status, 400, "{}", reply.body);
     assert!(
         reply.body["message"]
@@ -171,7 +149,7 @@ async fn a_run_token_restarts_its_workflow_only_while_its_leg_runs() {
     assert_eq!(w.status_of(id).await, stopped);
     // A user's own token retries a stopped workflow as before.
     let user_token = w.workflow_token(w.dev).await;
-    let reply = retry(user_token).await;
+    let reply = status_event(&w.server, id, &user_token, "retry").await;
     assert_eq!(reply.status, 200, "{}", reply.body);
     assert_eq!(w.status_of(id).await, Status::Running.code());
 }
