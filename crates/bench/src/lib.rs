@@ -6,6 +6,7 @@ use std::time::Duration;
 pub mod eval;
 pub mod gateway_token;
 pub mod grounding;
+pub mod tcp_relay;
 
 /// The `p` quantile (0..=1) of an ascending slice, by the nearest-rank method.
 pub fn percentile(sorted: &[Duration], p: f64) -> Duration {

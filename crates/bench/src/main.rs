@@ -394,12 +394,158 @@ impl Drop for Gateway {
     }
 }
 
+/// The relay's rows in the table.
+const RELAY_ROW: &str = "floor: TCP relay (anthropic)";
+
+/// One target's figures at 1000 req/s.
+struct AtRate {
+    /// CPU time of the process in the middle (user + system) per request.
+    cpu_per_request: Option<Duration>,
+    added_p50: Duration,
+    added_p99: Duration,
+    p99_ratio: f64,
+    overhead_p50: Duration,
+    overhead_p99: Duration,
+}
+
+struct Steps {
+    /// The highest rate whose added p99 stayed under the budget, no errors.
+    best: Option<u32>,
+    at_1000: Option<AtRate>,
+}
+
+impl Steps {
+    fn best_rate(&self) -> String {
+        self.best
+            .map_or("below the lowest step".to_owned(), |r| format!("{r} req/s"))
+    }
+}
+
+/// Steps through [`RATES`] on both paths, printing a row per rate, until a
+/// request fails; `after_step` runs after each rate's step.
+async fn step_rates(
+    client: &reqwest::Client,
+    name: &str,
+    direct: &Call,
+    via: &Call,
+    step: Duration,
+    pid: u32,
+    mut after_step: impl FnMut(u32),
+) -> Steps {
+    let mut steps = Steps {
+        best: None,
+        at_1000: None,
+    };
+    for &rate in RATES {
+        let cpu_before = bench::cpu_time(pid);
+        let (d, g) = run_pair(client, direct, via, rate, step).await;
+        let cpu = bench::cpu_time(pid)
+            .zip(cpu_before)
+            .map(|(after, before)| after.saturating_sub(before));
+        after_step(rate);
+        let (a50, a99) = (added(g.p(0.5), d.p(0.5)), added(g.p(0.99), d.p(0.99)));
+        let cpu_per_request = cpu.map(|cpu| cpu / g.total.len().max(1) as u32);
+        println!(
+            "{:<32} {:>6} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>8} {:>6}",
+            name,
+            rate,
+            ms(d.p(0.5)),
+            ms(d.p(0.99)),
+            ms(g.p(0.5)),
+            ms(g.p(0.99)),
+            ms(a50),
+            ms(a99),
+            cpu_per_request.map_or("-".to_owned(), ms),
+            d.errors + g.errors
+        );
+        if rate == 1000 {
+            steps.at_1000 = Some(AtRate {
+                cpu_per_request,
+                added_p50: a50,
+                added_p99: a99,
+                p99_ratio: g.p(0.99).as_secs_f64() / d.p(0.99).as_secs_f64().max(1e-9),
+                overhead_p50: g.overhead(0.5),
+                overhead_p99: g.overhead(0.99),
+            });
+        }
+        let failed = d.errors + g.errors > 0;
+        if a99 < ADDED_P99_BUDGET && !failed {
+            steps.best = Some(rate);
+        }
+        if failed {
+            // Past saturation; higher rates only fail more.
+            break;
+        }
+    }
+    steps
+}
+
 fn added(gateway: Duration, direct: Duration) -> Duration {
     gateway.saturating_sub(direct)
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some(bench::tcp_relay::RELAY_ARG) {
+        let (Some(port), Some(upstream)) = (args.get(1), args.get(2)) else {
+            bail!("usage: duo-bench --tcp-relay <port> <upstream host:port>");
+        };
+        bench::tcp_relay::serve(port.parse()?, upstream.parse()?)?;
+        return Ok(());
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(bench_gateway())
+}
+
+/// The relay of [`bench::tcp_relay`] as a child process in front of `provider`.
+struct Relay {
+    child: Child,
+    url: String,
+}
+
+impl Relay {
+    fn start(provider: &str) -> anyhow::Result<Self> {
+        let upstream = provider
+            .strip_prefix("http://")
+            .context("the provider's URL is not plain http")?;
+        let port = free_port()?;
+        let child = Command::new(std::env::current_exe()?)
+            .args([bench::tcp_relay::RELAY_ARG, &port.to_string(), upstream])
+            .stdout(Stdio::null())
+            .spawn()
+            .context("starting the TCP relay")?;
+        Ok(Self {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        })
+    }
+
+    async fn wait_ready(&mut self) -> anyhow::Result<()> {
+        let address = self.url.trim_start_matches("http://").to_owned();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait()? {
+                bail!("the TCP relay exited early: {status}");
+            }
+            if tokio::net::TcpStream::connect(&address).await.is_ok() {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        bail!("the TCP relay did not listen within 10 s")
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn bench_gateway() -> anyhow::Result<()> {
     let started = Instant::now();
     let step = step_duration()?;
     let (provider, recorder) = start_provider()?;
@@ -429,7 +575,7 @@ async fn main() -> anyhow::Result<()> {
     let mut rss_upto_1000 = 0;
     let mut rss_whole_run = 0;
     println!(
-        "{:<32} {:>6} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>6}",
+        "{:<32} {:>6} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>8} {:>6}",
         "target",
         "req/s",
         "direct p50",
@@ -438,10 +584,13 @@ async fn main() -> anyhow::Result<()> {
         "gw p99",
         "added p50",
         "added p99",
+        "cpu/req",
         "errors"
     );
 
     let mut summary = Vec::new();
+    // Each target's added p50 at 1000 req/s, to set against the relay's.
+    let mut added_at_1000 = Vec::new();
     for target in targets() {
         let mut target_gateway = Gateway::start(
             &provider,
@@ -513,63 +662,92 @@ async fn main() -> anyhow::Result<()> {
         // Warm connection pools on both paths.
         run_pair(&client, &direct, &via, 200, Duration::from_millis(500)).await;
         rss_upto_1000 = rss_upto_1000.max(rss.take_peak());
-        let mut best: Option<u32> = None;
-        let mut at_1000 = None;
-        for &rate in RATES {
-            let (d, g) = run_pair(&client, &direct, &via, rate, step).await;
-            let step_rss = rss.take_peak();
-            if rate <= 1000 {
-                rss_upto_1000 = rss_upto_1000.max(step_rss);
-            }
-            let (a50, a99) = (added(g.p(0.5), d.p(0.5)), added(g.p(0.99), d.p(0.99)));
-            println!(
-                "{:<32} {:>6} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>6}",
-                target.name,
-                rate,
-                ms(d.p(0.5)),
-                ms(d.p(0.99)),
-                ms(g.p(0.5)),
-                ms(g.p(0.99)),
-                ms(a50),
-                ms(a99),
-                d.errors + g.errors
-            );
-            if rate == 1000 {
-                at_1000 = Some((
-                    a50,
-                    a99,
-                    g.p(0.99).as_secs_f64() / d.p(0.99).as_secs_f64().max(1e-9),
-                    (g.overhead(0.5), g.overhead(0.99)),
-                ));
-            }
-            let failed = d.errors + g.errors > 0;
-            if a99 < ADDED_P99_BUDGET && !failed {
-                best = Some(rate);
-            }
-            if failed {
-                // Past saturation; higher rates only fail more.
-                break;
-            }
-        }
-        let best = best.map_or("below the lowest step".to_owned(), |r| format!("{r} req/s"));
-        let at_1000 = at_1000.map_or(
-            "not reached".to_owned(),
-            |(a50, a99, ratio, (o50, o99))| {
-                format!(
-                    "added p50 {} ms, p99 {} ms, gateway/direct p99 ratio {ratio:.2}; gateway's own overhead (x-gateway-overhead-time) p50 {} ms, p99 {} ms",
-                    ms(a50),
-                    ms(a99),
-                    ms(o50),
-                    ms(o99)
-                )
+        let gateway_pid = target_gateway.child.id();
+        let steps = step_rates(
+            &client,
+            target.name,
+            &direct,
+            &via,
+            step,
+            gateway_pid,
+            |rate| {
+                let step_rss = rss.take_peak();
+                if rate <= 1000 {
+                    rss_upto_1000 = rss_upto_1000.max(step_rss);
+                }
             },
-        );
+        )
+        .await;
+        if let Some(at) = &steps.at_1000 {
+            added_at_1000.push((target.name, at.added_p50));
+        }
+        let best = steps.best_rate();
+        let at_1000 = steps.at_1000.map_or("not reached".to_owned(), |at| {
+            format!(
+                "added p50 {} ms, p99 {} ms, gateway/direct p99 ratio {:.2}; gateway's own overhead (x-gateway-overhead-time) p50 {} ms, p99 {} ms; gateway CPU per request {} ms",
+                ms(at.added_p50),
+                ms(at.added_p99),
+                at.p99_ratio,
+                ms(at.overhead_p50),
+                ms(at.overhead_p99),
+                at.cpu_per_request.map_or("-".to_owned(), ms)
+            )
+        });
         summary.push(format!(
             "{}: max rate with added p99 < 1 ms and no errors: {best}; at 1000 req/s: {at_1000}",
             target.name
         ));
         rss_whole_run = rss_whole_run.max(target_gateway.peak_rss_kib().unwrap_or(0));
     }
+
+    // The floor: a process that only copies bytes, on the Anthropic target's
+    // exact call. What a target adds beyond it is the gateway's own work.
+    let mut relay = Relay::start(&provider)?;
+    relay.wait_ready().await?;
+    let claude = targets()
+        .into_iter()
+        .find(|t| t.anthropic_key)
+        .context("no Anthropic target")?;
+    let direct = Call {
+        url: format!("{provider}{}", claude.direct_path),
+        body: claude.direct_body.to_string().into(),
+        unit_primitive: claude.unit_primitive,
+        headers: Arc::default(),
+    };
+    let via = Call {
+        url: format!("{}{}", relay.url, claude.direct_path),
+        ..direct.clone()
+    };
+    run_pair(&client, &direct, &via, 200, Duration::from_millis(500)).await;
+    let floor = step_rates(
+        &client,
+        RELAY_ROW,
+        &direct,
+        &via,
+        step,
+        relay.child.id(),
+        |_| {},
+    )
+    .await;
+    drop(relay);
+    summary.push(match floor.at_1000 {
+        Some(at) => {
+            let beyond: Vec<String> = added_at_1000
+                .iter()
+                .map(|(name, a50)| {
+                    format!("{name} {}", ms(added(*a50, at.added_p50)))
+                })
+                .collect();
+            format!(
+                "floor (a process that only copies bytes, on the anthropic call): at 1000 req/s added p50 {} ms, p99 {} ms, its CPU per request {} ms; each target's added p50 beyond it: {} ms",
+                ms(at.added_p50),
+                ms(at.added_p99),
+                at.cpu_per_request.map_or("-".to_owned(), ms),
+                beyond.join(", ")
+            )
+        }
+        None => "floor (TCP relay): not reached 1000 req/s".to_owned(),
+    });
 
     let direct = Call {
         url: format!("{provider}{STREAM_DIRECT}"),

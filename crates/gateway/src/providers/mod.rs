@@ -6,6 +6,7 @@
 mod anthropic;
 pub mod conversation;
 pub mod egress;
+pub(crate) mod escaped_text;
 mod mock;
 mod openai;
 pub mod route;
@@ -13,6 +14,7 @@ mod router;
 mod sse;
 mod streaming;
 pub mod tool_calling;
+pub(crate) mod upstream_url;
 mod vertex;
 
 pub use crate::observability::ModelWaitClock;
@@ -59,6 +61,25 @@ pub enum ChatRole {
 pub struct ChatMessage {
     pub role: ChatRole,
     pub content: String,
+}
+
+/// A message as the providers' JSON bodies carry it (`role`, `content`).
+#[derive(serde::Serialize)]
+pub(crate) struct WireMessage<'a> {
+    pub role: &'static str,
+    pub content: escaped_text::JsonText<'a>,
+}
+
+impl<'a> From<&'a ChatMessage> for WireMessage<'a> {
+    fn from(message: &'a ChatMessage) -> Self {
+        Self {
+            role: match message.role {
+                ChatRole::User => "user",
+                ChatRole::Assistant => "assistant",
+            },
+            content: escaped_text::JsonText(&message.content),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

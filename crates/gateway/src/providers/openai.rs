@@ -4,42 +4,48 @@
 //! A trailing assistant message (prefill) is sent as the last message; some
 //! servers continue it, others answer anew, so callers must accept both.
 
+use super::escaped_text::JsonText;
 use super::sse::SseEvent;
 use super::streaming::{self, EventDecoder, Step};
-use super::{ChatRole, ModelCall, ProviderError, TextStream};
-use serde_json::{Value, json};
+use super::upstream_url;
+use super::{ModelCall, ProviderError, TextStream, WireMessage};
+use serde_json::Value;
 
-pub(crate) fn request_body(call: &ModelCall, model: &str) -> Value {
-    let mut messages = Vec::with_capacity(call.messages.len() + 1);
-    if let Some(system) = &call.system {
-        messages.push(json!({"role": "system", "content": system}));
-    }
-    messages.extend(call.messages.iter().map(|m| {
-        let role = match m.role {
-            ChatRole::User => "user",
-            ChatRole::Assistant => "assistant",
-        };
-        json!({"role": role, "content": m.content})
-    }));
-    let mut body = json!({
-        "model": model,
-        "messages": messages,
-        "max_tokens": call.params.max_tokens,
-        "stream": true,
+/// The chat completions request, written straight from the call (no JSON
+/// tree built first).
+#[derive(serde::Serialize)]
+pub(crate) struct CompletionsRequest<'a> {
+    model: &'a str,
+    messages: Vec<WireMessage<'a>>,
+    max_tokens: u32,
+    stream: bool,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    stop: &'a [String],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_p: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dry_multiplier: Option<f64>,
+}
+
+pub(crate) fn request_body<'a>(call: &'a ModelCall, model: &'a str) -> CompletionsRequest<'a> {
+    let system = call.system.as_deref().map(|system| WireMessage {
+        role: "system",
+        content: JsonText(system),
     });
-    if !call.params.stop.is_empty() {
-        body["stop"] = json!(call.params.stop);
+    let turns = call.messages.iter().map(WireMessage::from);
+    CompletionsRequest {
+        model,
+        messages: system.into_iter().chain(turns).collect(),
+        max_tokens: call.params.max_tokens,
+        stream: true,
+        stop: &call.params.stop,
+        // As a JSON number the f32 always was (widened, not rounded).
+        temperature: call.params.temperature.map(f64::from),
+        top_p: call.params.top_p.map(f64::from),
+        dry_multiplier: call.params.dry_multiplier.map(f64::from),
     }
-    if let Some(t) = call.params.temperature {
-        body["temperature"] = json!(t);
-    }
-    if let Some(p) = call.params.top_p {
-        body["top_p"] = json!(p);
-    }
-    if let Some(m) = call.params.dry_multiplier {
-        body["dry_multiplier"] = json!(m);
-    }
-    body
 }
 
 pub(crate) fn error_for_status(status: u16, body: &str) -> ProviderError {
@@ -152,8 +158,7 @@ pub(crate) async fn stream_deltas(
     body: &(impl serde::Serialize + ?Sized),
     params: &super::ModelParams,
 ) -> Result<TextStream, ProviderError> {
-    let mut request = http
-        .post(endpoint(base_url, "chat/completions"))
+    let mut request = upstream_url::post(http, endpoint(base_url, "chat/completions"))
         .headers(duo_telemetry::outgoing_headers())
         .header("accept", "text/event-stream")
         .json(body);
@@ -174,8 +179,7 @@ pub(crate) async fn stream(
     model: &str,
     call: &ModelCall,
 ) -> Result<TextStream, ProviderError> {
-    let mut request = http
-        .post(endpoint(base_url, "chat/completions"))
+    let mut request = upstream_url::post(http, endpoint(base_url, "chat/completions"))
         .headers(duo_telemetry::outgoing_headers())
         .header("accept", "text/event-stream")
         .json(&request_body(call, model));

@@ -24,7 +24,7 @@ impl SseParser {
     /// Feeds bytes, returning the events they complete.
     pub fn push(&mut self, mut bytes: &[u8]) -> Vec<SseEvent> {
         let mut events = Vec::new();
-        while let Some(end) = bytes.iter().position(|&b| b == b'\n') {
+        while let Some(end) = memchr::memchr(b'\n', bytes) {
             let (head, rest) = bytes.split_at(end);
             bytes = &rest[1..];
             let joined;
@@ -64,9 +64,15 @@ impl SseParser {
             if self.data.is_empty() && self.event.is_none() {
                 return None;
             }
+            let mut lines = std::mem::take(&mut self.data);
+            // Nearly every event has one data line: it is the data as it is.
+            let data = match lines.len() {
+                1 => lines.pop().unwrap_or_default(),
+                _ => lines.join("\n"),
+            };
             return Some(SseEvent {
                 event: self.event.take(),
-                data: std::mem::take(&mut self.data).join("\n"),
+                data,
             });
         }
         if line.starts_with(':') {

@@ -10,6 +10,7 @@ use std::collections::VecDeque;
 use tokio::time::{Instant, timeout_at};
 
 /// What one SSE event means to a protocol.
+#[derive(Debug)]
 pub(crate) enum Step {
     Text(String),
     Skip,

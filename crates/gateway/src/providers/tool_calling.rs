@@ -6,6 +6,7 @@
 
 use super::conversation::{Message, ToolCall};
 use super::openai::stream_deltas as stream_openai_deltas;
+use super::upstream_url;
 use super::{ModelParams, ModelRoute, ProviderClients, ProviderError};
 use crate::config::ProvidersConfig;
 use crate::observability::{InferenceLabels, InferenceRecorder, ModelWaitClock};
@@ -365,10 +366,8 @@ impl ToolCallingModel {
                     )
                 })?;
                 let root = base_url.trim_end_matches('/').trim_end_matches("/v1");
-                let request = self
-                    .clients
-                    .get(*egress)
-                    .post(format!("{root}/v1/messages"))
+                let client = self.clients.get(*egress);
+                let request = upstream_url::post(client, format!("{root}/v1/messages"))
                     .headers(duo_telemetry::outgoing_headers())
                     .header("x-api-key", key)
                     .header("anthropic-version", "2023-06-01")
@@ -387,13 +386,9 @@ impl ToolCallingModel {
                 model,
                 egress,
             } => {
-                let mut request = self
-                    .clients
-                    .get(*egress)
-                    .post(format!(
-                        "{}/chat/completions",
-                        base_url.trim_end_matches('/')
-                    ))
+                let client = self.clients.get(*egress);
+                let url = format!("{}/chat/completions", base_url.trim_end_matches('/'));
+                let mut request = upstream_url::post(client, url)
                     .headers(duo_telemetry::outgoing_headers())
                     .json(&{
                         let mut body = openai_body(model, system, messages, tools, params);

@@ -11,6 +11,7 @@
 
 use super::sse::SseEvent;
 use super::streaming::{self, EventDecoder, Step};
+use super::upstream_url;
 use super::{ChatRole, ModelCall, ModelParams, ProviderError, TextStream};
 use futures::StreamExt;
 use serde_json::{Map, Value, json};
@@ -183,8 +184,8 @@ pub(crate) async fn stream(
     call: &ModelCall,
 ) -> Result<TextStream, ProviderError> {
     if call.streaming {
-        let request = http
-            .post(format!("{}?alt=sse", target.url("serverStreamingPredict")))
+        let url = format!("{}?alt=sse", target.url("serverStreamingPredict"));
+        let request = upstream_url::post(http, url)
             .headers(duo_telemetry::outgoing_headers())
             .header("accept", "text/event-stream")
             .json(&streaming_body(call));
@@ -192,7 +193,7 @@ pub(crate) async fn stream(
         return streaming::start(request, &call.params, Decoder, error_for_status).await;
     }
     let request = authorised(
-        http.post(target.url("predict"))
+        upstream_url::post(http, target.url("predict"))
             .headers(duo_telemetry::outgoing_headers())
             .json(&predict_body(call)),
         target.access_token,

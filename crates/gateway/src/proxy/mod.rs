@@ -219,8 +219,7 @@ pub async fn forward(
     );
     recorder.prompt(|| String::from_utf8_lossy(&call.body).into_owned());
     let trace_headers = recorder.span().in_scope(duo_telemetry::outgoing_headers);
-    let sent = client
-        .post(&call.url)
+    let sent = crate::providers::upstream_url::post(client, call.url)
         .headers(call.headers)
         .headers(trace_headers)
         .body(call.body)
