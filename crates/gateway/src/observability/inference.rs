@@ -4,13 +4,17 @@ use super::{
     INFERENCE_REQUEST_DURATION, MODEL_INFERENCES_IN_FLIGHT, MODEL_INFERENCES_MAX_CONCURRENT,
     MODEL_INFERENCES_TOTAL,
 };
+use std::cell::RefCell;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
+
+use metrics::{Counter, Gauge, Histogram};
 
 /// The `feature_category` of calls made outside any known feature.
 pub const UNKNOWN_FEATURE_CATEGORY: &str = "unknown";
 
 /// What one model call is labelled with.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InferenceLabels {
     /// `model_engine`: `anthropic`, `openai_compatible`, `vertex_ai`, `mock`.
     pub engine: &'static str,
@@ -29,6 +33,7 @@ pub struct InferenceLabels {
 #[derive(Debug)]
 pub struct InferenceRecorder {
     labels: InferenceLabels,
+    metrics: Arc<CallMetrics>,
     started: Instant,
     failed: bool,
     span: tracing::Span,
@@ -57,11 +62,10 @@ impl InferenceRecorder {
     /// and model (`AIGW_MODEL_ENGINE_CONCURRENCY_LIMITS`); it is exported,
     /// not enforced, as GitLab's gateway does.
     pub fn start(labels: InferenceLabels, max_concurrent: Option<u32>) -> Self {
-        let engine = labels.engine;
-        let model = labels.model.clone();
-        metrics::gauge!(MODEL_INFERENCES_IN_FLIGHT, "model_engine" => engine, "model_name" => model.clone())
-            .increment(1.0);
+        let metrics = CallMetrics::of(&labels);
+        metrics.in_flight.increment(1.0);
         if let Some(limit) = max_concurrent {
+            let (engine, model) = (labels.engine, labels.model.clone());
             metrics::gauge!(MODEL_INFERENCES_MAX_CONCURRENT, "model_engine" => engine, "model_name" => model)
                 .set(f64::from(limit));
         }
@@ -89,6 +93,7 @@ impl InferenceRecorder {
         };
         Self {
             labels,
+            metrics,
             started: Instant::now(),
             failed: false,
             span,
@@ -200,34 +205,162 @@ impl Drop for InferenceRecorder {
                 }),
             );
         }
-        let InferenceLabels {
-            engine,
-            model,
-            feature_category,
-            streaming,
-        } = self.labels.clone();
-        let yes_no = |b: bool| if b { "yes" } else { "no" };
-        let error = yes_no(self.failed);
-        let streaming = yes_no(streaming);
-        metrics::gauge!(MODEL_INFERENCES_IN_FLIGHT, "model_engine" => engine, "model_name" => model.clone())
-            .decrement(1.0);
-        metrics::counter!(
-            MODEL_INFERENCES_TOTAL,
-            "model_engine" => engine,
-            "model_name" => model.clone(),
-            "error" => error,
-            "streaming" => streaming,
-            "feature_category" => feature_category
-        )
-        .increment(1);
-        metrics::histogram!(
-            INFERENCE_REQUEST_DURATION,
-            "model_engine" => engine,
-            "model_name" => model,
-            "error" => error,
-            "streaming" => streaming,
-            "feature_category" => feature_category
-        )
-        .record(elapsed.as_secs_f64());
+        self.metrics.in_flight.decrement(1.0);
+        let (finished, duration) = self.metrics.outcome(&self.labels, self.failed);
+        finished.increment(1);
+        duration.record(elapsed.as_secs_f64());
+    }
+}
+
+/// The metric handles of one label set. Looking a handle up by its labels
+/// (hashing and sorting them, for three metrics) cost more instructions
+/// than anything else in recording a call, so each worker thread keeps the
+/// handles of the label sets it has seen.
+#[derive(Debug)]
+struct CallMetrics {
+    in_flight: Gauge,
+    /// The calls finished and their durations, by outcome (`[succeeded,
+    /// failed]`), each registered when a call first ends that way, so no
+    /// series of zeros appears for an outcome never seen.
+    outcomes: [OnceLock<(Counter, Histogram)>; 2],
+}
+
+/// Label sets each worker thread keeps handles for; calls beyond them (a
+/// caller naming ever new self-hosted models) look their handles up.
+const KEPT_LABEL_SETS: usize = 64;
+
+thread_local! {
+    static KEPT_METRICS: RefCell<Vec<(InferenceLabels, Arc<CallMetrics>)>> =
+        const { RefCell::new(Vec::new()) };
+}
+
+impl CallMetrics {
+    fn of(labels: &InferenceLabels) -> Arc<Self> {
+        let kept = KEPT_METRICS.with_borrow(|kept| {
+            kept.iter()
+                .find(|(kept_labels, _)| kept_labels == labels)
+                .map(|(_, metrics)| metrics.clone())
+        });
+        if let Some(metrics) = kept {
+            return metrics;
+        }
+        // Handles taken before the recorder is installed would count
+        // nothing, forever: install it first.
+        super::Metrics::global();
+        let metrics = Arc::new(Self::registered(labels));
+        KEPT_METRICS.with_borrow_mut(|kept| {
+            if kept.len() < KEPT_LABEL_SETS {
+                kept.push((labels.clone(), metrics.clone()));
+            }
+        });
+        metrics
+    }
+
+    fn registered(labels: &InferenceLabels) -> Self {
+        let (engine, model) = (labels.engine, labels.model.clone());
+        Self {
+            in_flight: metrics::gauge!(MODEL_INFERENCES_IN_FLIGHT, "model_engine" => engine, "model_name" => model),
+            outcomes: [OnceLock::new(), OnceLock::new()],
+        }
+    }
+
+    fn outcome(&self, labels: &InferenceLabels, failed: bool) -> &(Counter, Histogram) {
+        self.outcomes[usize::from(failed)].get_or_init(|| {
+            let InferenceLabels {
+                engine,
+                model,
+                feature_category,
+                streaming,
+            } = labels.clone();
+            let error = if failed { "yes" } else { "no" };
+            let streaming = if streaming { "yes" } else { "no" };
+            let finished = metrics::counter!(
+                MODEL_INFERENCES_TOTAL,
+                "model_engine" => engine,
+                "model_name" => model.clone(),
+                "error" => error,
+                "streaming" => streaming,
+                "feature_category" => feature_category
+            );
+            let duration = metrics::histogram!(
+                INFERENCE_REQUEST_DURATION,
+                "model_engine" => engine,
+                "model_name" => model,
+                "error" => error,
+                "streaming" => streaming,
+                "feature_category" => feature_category
+            );
+            (finished, duration)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The value of the sample of `metric` whose labels hold every one of `parts`.
+    fn sample(text: &str, metric: &str, parts: &[&str]) -> Option<f64> {
+        text.lines()
+            .filter(|line| line.starts_with(&format!("{metric}{{")))
+            .find(|line| parts.iter().all(|part| line.contains(part)))
+            .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+    }
+
+    #[test]
+    fn kept_handles_count_every_call_and_show_only_outcomes_seen() {
+        let metrics = super::super::Metrics::global();
+        let labels = InferenceLabels {
+            engine: "mock",
+            model: "kept-handles-model".into(),
+            feature_category: "duo_chat",
+            streaming: true,
+        };
+        let model = "model_name=\"kept-handles-model\"";
+        for _ in 0..3 {
+            drop(InferenceRecorder::start(labels.clone(), None));
+        }
+        let text = metrics.render();
+        let total = MODEL_INFERENCES_TOTAL;
+        assert_eq!(sample(&text, total, &[model, "error=\"no\""]), Some(3.0));
+        assert_eq!(sample(&text, total, &[model, "error=\"yes\""]), None);
+        let in_flight = InferenceRecorder::start(labels.clone(), None);
+        let text = metrics.render();
+        assert_eq!(
+            sample(&text, MODEL_INFERENCES_IN_FLIGHT, &[model]),
+            Some(1.0)
+        );
+        drop(in_flight);
+        let mut failed = InferenceRecorder::start(labels.clone(), None);
+        failed.fail();
+        drop(failed);
+        // Other labels are other series.
+        let other = InferenceLabels {
+            streaming: false,
+            ..labels
+        };
+        drop(InferenceRecorder::start(other, None));
+        let text = metrics.render();
+        assert_eq!(
+            sample(&text, total, &[model, "error=\"yes\"", "streaming=\"yes\""]),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(&text, total, &[model, "error=\"no\"", "streaming=\"yes\""]),
+            Some(4.0)
+        );
+        assert_eq!(
+            sample(&text, total, &[model, "error=\"no\"", "streaming=\"no\""]),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(&text, MODEL_INFERENCES_IN_FLIGHT, &[model]),
+            Some(0.0)
+        );
+        let count = format!("{INFERENCE_REQUEST_DURATION}_count");
+        assert_eq!(
+            sample(&text, &count, &[model, "error=\"no\"", "streaming=\"yes\""]),
+            Some(4.0)
+        );
     }
 }
