@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+pub mod callgrind;
 pub mod eval;
 pub mod gateway_token;
 pub mod grounding;

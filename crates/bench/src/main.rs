@@ -8,7 +8,12 @@
 //! through the gateway, and reports the difference. Rates step up until a request
 //! fails; the best rate is the highest whose added p99 stayed under 1 ms with
 //! no errors. The whole run stays well under 3 minutes (with the default
-//! 3 s steps; `--step-secs N` for longer ones).
+//! 3 s steps; `--step-secs N` for longer ones). A byte-copying relay
+//! ([`bench::tcp_relay`]) measured the same way is the floor under any
+//! proxy on the machine.
+//!
+//! `--instructions` counts instead of timing: the instructions the gateway
+//! runs per request of each target under valgrind's callgrind.
 
 use anyhow::{Context, bail};
 use bench::{load_average, mb, ms, percentile, read_status_kib};
@@ -282,6 +287,69 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// Waits until the gateway at `url` answers its health check.
+async fn wait_until_healthy(
+    child: &mut Child,
+    url: &str,
+    client: &reqwest::Client,
+    limit: Duration,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait()? {
+            bail!("duo-gateway exited early: {status}");
+        }
+        let probe = client.get(format!("{url}/monitoring/healthz")).send().await;
+        if probe.is_ok_and(|r| r.status().is_success()) {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bail!(
+        "duo-gateway did not become healthy within {} s",
+        limit.as_secs()
+    )
+}
+
+/// The gateway's command line on `provider` and `port`; with
+/// `validation_key` (a private key's PEM) it checks tokens signed with that
+/// key instead of letting every request through.
+fn gateway_command(
+    provider: &str,
+    anthropic_key: bool,
+    validation_key: Option<&str>,
+    port: u16,
+) -> anyhow::Result<Command> {
+    // `DUO_BENCH_GATEWAY` names the binary; by default the one built next
+    // to this bench.
+    let binary = match std::env::var_os("DUO_BENCH_GATEWAY") {
+        Some(path) => std::path::PathBuf::from(path),
+        None => std::env::current_exe()?
+            .parent()
+            .context("no directory for duo-bench")?
+            .join("duo-gateway"),
+    };
+    let mut command = Command::new(&binary);
+    command.env_clear();
+    if anthropic_key {
+        command
+            .env("ANTHROPIC_API_KEY", "bench-anthropic-key")
+            .env("ANTHROPIC_BASE_URL", provider);
+    }
+    match validation_key {
+        Some(pem) => command.env("AIGW_SELF_SIGNED_JWT__VALIDATION_KEY", pem),
+        None => command.env("AIGW_AUTH__BYPASS_EXTERNAL", "true"),
+    };
+    command
+        .env("AIGW_FASTAPI__API_PORT", port.to_string())
+        // Not measured here; off so a running development stack keeps its port.
+        .env("AIGW_WORKFLOW_SERVICE__LISTEN", "")
+        .env("AIGW_LOCAL_LLM__URL", format!("{provider}/v1"))
+        .env("AIGW_VERTEX_TEXT_MODEL__ENDPOINT", provider)
+        .env("AIGW_LOGGING__LEVEL", "error");
+    Ok(command)
+}
+
 struct Gateway {
     child: Child,
     url: String,
@@ -296,37 +364,12 @@ impl Gateway {
         anthropic_key: bool,
         validation_key: Option<&str>,
     ) -> anyhow::Result<Self> {
-        // `DUO_BENCH_GATEWAY` names the binary; by default the one built
-        // next to this bench.
-        let binary = match std::env::var_os("DUO_BENCH_GATEWAY") {
-            Some(path) => std::path::PathBuf::from(path),
-            None => std::env::current_exe()?
-                .parent()
-                .context("no directory for duo-bench")?
-                .join("duo-gateway"),
-        };
         let port = free_port()?;
-        let mut command = Command::new(&binary);
-        command.env_clear();
-        if anthropic_key {
-            command
-                .env("ANTHROPIC_API_KEY", "bench-anthropic-key")
-                .env("ANTHROPIC_BASE_URL", provider);
-        }
-        match validation_key {
-            Some(pem) => command.env("AIGW_SELF_SIGNED_JWT__VALIDATION_KEY", pem),
-            None => command.env("AIGW_AUTH__BYPASS_EXTERNAL", "true"),
-        };
+        let mut command = gateway_command(provider, anthropic_key, validation_key, port)?;
         let child = command
-            .env("AIGW_FASTAPI__API_PORT", port.to_string())
-            // Not measured here; off so a running development stack keeps its port.
-            .env("AIGW_WORKFLOW_SERVICE__LISTEN", "")
-            .env("AIGW_LOCAL_LLM__URL", format!("{provider}/v1"))
-            .env("AIGW_VERTEX_TEXT_MODEL__ENDPOINT", provider)
-            .env("AIGW_LOGGING__LEVEL", "error")
             .stdout(Stdio::null())
             .spawn()
-            .with_context(|| format!("starting {} (build it first)", binary.display()))?;
+            .with_context(|| format!("starting {:?} (build it first)", command.get_program()))?;
         Ok(Self {
             child,
             url: format!("http://127.0.0.1:{port}"),
@@ -334,21 +377,7 @@ impl Gateway {
     }
 
     async fn wait_healthy(&mut self, client: &reqwest::Client) -> anyhow::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < deadline {
-            if let Some(status) = self.child.try_wait()? {
-                bail!("duo-gateway exited early: {status}");
-            }
-            let probe = client
-                .get(format!("{}/monitoring/healthz", self.url))
-                .send()
-                .await;
-            if probe.is_ok_and(|r| r.status().is_success()) {
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        bail!("duo-gateway did not become healthy within 15 s")
+        wait_until_healthy(&mut self.child, &self.url, client, Duration::from_secs(15)).await
     }
 
     /// Peak resident set size (VmHWM) in KiB.
@@ -493,10 +522,138 @@ fn main() -> anyhow::Result<()> {
         bench::tcp_relay::serve(port.parse()?, upstream.parse()?)?;
         return Ok(());
     }
-    tokio::runtime::Builder::new_multi_thread()
+    let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .build()?
-        .block_on(bench_gateway())
+        .build()?;
+    if args.iter().any(|a| a == INSTRUCTIONS_ARG) {
+        return runtime.block_on(count_instructions());
+    }
+    runtime.block_on(bench_gateway())
+}
+
+/// `--instructions`: instead of timing, count the instructions the gateway
+/// runs per request of each target (and the relay per relayed call), under
+/// valgrind's callgrind: a figure the machine's load does not move, to
+/// compare two builds (`DUO_BENCH_GATEWAY`) on a noisy host.
+const INSTRUCTIONS_ARG: &str = "--instructions";
+/// Requests counted per target, one at a time, after as many warm-up ones.
+const COUNTED_REQUESTS: usize = 400;
+const WARM_UP_REQUESTS: usize = 50;
+
+async fn count_instructions() -> anyhow::Result<()> {
+    if !bench::callgrind::available() {
+        bail!(
+            "--instructions needs valgrind (callgrind_control, callgrind_annotate): apt-get install valgrind"
+        );
+    }
+    let started = Instant::now();
+    let (provider, _recorder) = start_provider()?;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()?;
+    let signing = bench::gateway_token::SigningKey::generate()?;
+    let signed_headers = Arc::new(signing.request_headers()?);
+    let scratch = std::env::temp_dir().join(format!("duo-bench-callgrind-{}", std::process::id()));
+    println!(
+        "instructions per request under valgrind's callgrind ({COUNTED_REQUESTS} requests one at a time after {WARM_UP_REQUESTS} warm-up ones; the same for any load on the machine)\n"
+    );
+    println!(
+        "{:<36} {:>14} {:>22}",
+        "target", "instructions", "without libc memset"
+    );
+    let mut rows = Vec::new();
+    for (i, target) in targets().into_iter().enumerate() {
+        let port = free_port()?;
+        let command = gateway_command(
+            &provider,
+            target.anthropic_key,
+            target.signed.then_some(signing.private_pem.as_str()),
+            port,
+        )?;
+        let url = format!("http://127.0.0.1:{port}");
+        let mut counted = bench::callgrind::Counted::start(&command, &scratch.join(i.to_string()))?;
+        wait_until_healthy(&mut counted.child, &url, &client, Duration::from_secs(120)).await?;
+        let call = Call {
+            url: format!("{url}{}", target.gateway_path),
+            body: target.gateway_body.to_string().into(),
+            unit_primitive: target.unit_primitive,
+            headers: if target.signed {
+                signed_headers.clone()
+            } else {
+                Arc::default()
+            },
+        };
+        rows.push((
+            target.name,
+            count_calls(&client, &call, &mut counted).await?,
+        ));
+    }
+    // The relay, on the Anthropic call: what copying the bytes alone costs.
+    let claude = targets()
+        .into_iter()
+        .find(|t| t.anthropic_key)
+        .context("no Anthropic target")?;
+    let port = free_port()?;
+    let upstream = provider
+        .strip_prefix("http://")
+        .context("the provider's URL is not plain http")?;
+    let mut relay_command = Command::new(std::env::current_exe()?);
+    relay_command.args([bench::tcp_relay::RELAY_ARG, &port.to_string(), upstream]);
+    let mut relay = bench::callgrind::Counted::start(&relay_command, &scratch.join("relay"))?;
+    let relay_address = format!("127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while tokio::net::TcpStream::connect(&relay_address)
+        .await
+        .is_err()
+    {
+        if Instant::now() > deadline {
+            bail!("the TCP relay did not listen under valgrind within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let call = Call {
+        url: format!("http://{relay_address}{}", claude.direct_path),
+        body: claude.direct_body.to_string().into(),
+        unit_primitive: claude.unit_primitive,
+        headers: Arc::default(),
+    };
+    rows.push((RELAY_ROW, count_calls(&client, &call, &mut relay).await?));
+    drop(relay);
+    let _ = std::fs::remove_dir_all(&scratch);
+    for (name, counts) in &rows {
+        let per = |n: u64| n / COUNTED_REQUESTS as u64;
+        println!(
+            "{:<36} {:>14} {:>22}",
+            name,
+            per(counts.total),
+            per(counts.total.saturating_sub(counts.memset))
+        );
+    }
+    println!(
+        "\nwhole run: {:.0} s; libc memset is shown apart because valgrind counts its `rep stosb` per byte",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Warms `call` up, then counts [`COUNTED_REQUESTS`] of it one at a time.
+async fn count_calls(
+    client: &reqwest::Client,
+    call: &Call,
+    counted: &mut bench::callgrind::Counted,
+) -> anyhow::Result<bench::callgrind::Counts> {
+    for _ in 0..WARM_UP_REQUESTS {
+        one(client.clone(), call.clone())
+            .await
+            .with_context(|| format!("a warm-up call to {} failed", call.url))?;
+    }
+    counted.zero()?;
+    for _ in 0..COUNTED_REQUESTS {
+        one(client.clone(), call.clone())
+            .await
+            .with_context(|| format!("a counted call to {} failed", call.url))?;
+    }
+    counted.dump()
 }
 
 /// The relay of [`bench::tcp_relay`] as a child process in front of `provider`.
