@@ -20,6 +20,8 @@ use contracts::{AgentEvent, AgentStep};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use serde_json::{Value, json};
+use std::cell::RefCell;
+use std::sync::Arc;
 
 /// The argument a model may give a chat tool: what the ReAct format calls
 /// the Action Input. The tools ask for none (every reader wants the user's
@@ -38,7 +40,7 @@ pub struct NativeStep {
     pub route: ModelRoute,
     pub system: String,
     pub messages: Vec<Message>,
-    pub tools: Vec<ToolSchema>,
+    pub tools: Arc<[ToolSchema]>,
     pub params: ModelParams,
     /// The user's question: the tool input when the model gives none.
     pub question: String,
@@ -391,6 +393,51 @@ pub const BUNDLED_ANSWER_CHARS: u64 = 600;
 /// question's resource is attached and the direct answer is the only
 /// function, so it asks for that resource's facts.
 pub fn tool_schemas(
+    tools: &[&ToolDefinition],
+    answer_chars: Option<u64>,
+    from_context: bool,
+) -> Arc<[ToolSchema]> {
+    let key = SchemaKey {
+        tools: tools
+            .iter()
+            .map(|tool| (tool.name, tool.description))
+            .collect(),
+        answer_chars,
+        from_context,
+    };
+    KEPT_SCHEMAS.with_borrow_mut(|kept| {
+        if let Some((_, schemas)) = kept.iter().find(|(kept_key, _)| *kept_key == key) {
+            return schemas.clone();
+        }
+        let schemas: Arc<[ToolSchema]> =
+            build_tool_schemas(tools, answer_chars, from_context).into();
+        if kept.len() == KEPT_SCHEMA_SETS {
+            kept.remove(0);
+        }
+        kept.push((key, schemas.clone()));
+        schemas
+    })
+}
+
+/// What a set of function definitions is built from: the tools' names and
+/// descriptions are static, so equal keys build equal schemas.
+#[derive(PartialEq, Eq)]
+struct SchemaKey {
+    tools: Vec<(&'static str, &'static str)>,
+    answer_chars: Option<u64>,
+    from_context: bool,
+}
+
+/// Schema sets each worker thread keeps (a few tool sets are offered in
+/// turn; building one is JSON values for every tool, each request).
+const KEPT_SCHEMA_SETS: usize = 16;
+
+thread_local! {
+    static KEPT_SCHEMAS: RefCell<Vec<(SchemaKey, Arc<[ToolSchema]>)>> =
+        const { RefCell::new(Vec::new()) };
+}
+
+fn build_tool_schemas(
     tools: &[&ToolDefinition],
     answer_chars: Option<u64>,
     from_context: bool,
@@ -1022,6 +1069,44 @@ mod tests {
             turn_events(ModelTurn::default(), &catalogue(), "q")[..],
             [AgentEvent::Unknown { .. }]
         ));
+    }
+
+    #[test]
+    fn kept_schemas_are_what_building_them_gives_for_their_own_inputs() {
+        let tools = catalogue();
+        let variants = [
+            (None, false),
+            (Some(BUNDLED_ANSWER_CHARS), false),
+            (None, true),
+        ];
+        for (answer_chars, from_context) in variants {
+            let kept = tool_schemas(&tools, answer_chars, from_context);
+            let again = tool_schemas(&tools, answer_chars, from_context);
+            assert!(
+                Arc::ptr_eq(&kept, &again),
+                "the second call reuses the first"
+            );
+            let built = build_tool_schemas(&tools, answer_chars, from_context);
+            assert_eq!(kept.len(), built.len());
+            for (kept, built) in kept.iter().zip(&built) {
+                assert_eq!(
+                    (&kept.name, &kept.description, &kept.parameters),
+                    (&built.name, &built.description, &built.parameters)
+                );
+            }
+        }
+        // Fewer tools, another set.
+        assert_eq!(tool_schemas(&tools[..1], None, false).len(), 2);
+        assert_eq!(
+            tool_schemas(&tools, Some(BUNDLED_ANSWER_CHARS), false)[0].parameters["properties"]["answer"]
+                ["maxLength"],
+            json!(BUNDLED_ANSWER_CHARS)
+        );
+        assert!(
+            tool_schemas(&tools, None, false)[0].parameters["properties"]["answer"]
+                .get("maxLength")
+                .is_none()
+        );
     }
 
     #[test]
