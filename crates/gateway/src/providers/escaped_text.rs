@@ -15,8 +15,9 @@ use serde_json::value::RawValue;
 
 /// Shorter texts are escaped every time: keeping them would save little.
 const MIN_KEPT_BYTES: usize = 1024;
-/// Longer texts (a huge attached file) are escaped every time too.
-const MAX_KEPT_BYTES: usize = 256 * 1024;
+/// Longer texts (a large attached file) are escaped every time too: with
+/// [`KEPT`], a thread keeps at most ~1 MiB (each text and its JSON form).
+const MAX_KEPT_BYTES: usize = 64 * 1024;
 /// Texts each worker thread keeps (the oldest goes first).
 const KEPT: usize = 8;
 
