@@ -538,6 +538,8 @@ fn main() -> anyhow::Result<()> {
 const INSTRUCTIONS_ARG: &str = "--instructions";
 /// Requests counted per target, one at a time, after as many warm-up ones.
 const COUNTED_REQUESTS: usize = 400;
+/// With `--instructions`: keep the callgrind profiles for `callgrind_annotate`.
+const KEEP_PROFILES_ARG: &str = "--keep-profiles";
 const WARM_UP_REQUESTS: usize = 50;
 
 async fn count_instructions() -> anyhow::Result<()> {
@@ -619,7 +621,10 @@ async fn count_instructions() -> anyhow::Result<()> {
     };
     rows.push((RELAY_ROW, count_calls(&client, &call, &mut relay).await?));
     drop(relay);
-    let _ = std::fs::remove_dir_all(&scratch);
+    let keep = std::env::args().any(|a| a == KEEP_PROFILES_ARG);
+    if !keep {
+        let _ = std::fs::remove_dir_all(&scratch);
+    }
     for (name, counts) in &rows {
         let per = |n: u64| n / COUNTED_REQUESTS as u64;
         println!(
@@ -633,6 +638,12 @@ async fn count_instructions() -> anyhow::Result<()> {
         "\nwhole run: {:.0} s; libc memset is shown apart because valgrind counts its `rep stosb` per byte",
         started.elapsed().as_secs_f64()
     );
+    if keep {
+        println!(
+            "profiles kept in {} (one directory per target, in the order above; `callgrind_annotate <file>`)",
+            scratch.display()
+        );
+    }
     Ok(())
 }
 
