@@ -76,7 +76,7 @@ struct Decoder;
 /// rest (`message_start`'s whole message, usage, ...) is skipped without
 /// building a tree. Any shape of `delta` or `error` reads as before: what is
 /// not the expected shape counts as absent.
-#[derive(serde::Deserialize)]
+#[derive(serde::Deserialize, Default)]
 struct EventWire<'a> {
     #[serde(rename = "type", default, borrow)]
     kind: Option<&'a RawValue>,
@@ -95,9 +95,9 @@ struct TextWire<'a> {
 #[derive(serde::Deserialize)]
 struct ErrorWire<'a> {
     #[serde(rename = "type", default, borrow)]
-    kind: Option<Cow<'a, str>>,
+    kind: Option<&'a RawValue>,
     #[serde(default, borrow)]
-    message: Option<Cow<'a, str>>,
+    message: Option<&'a RawValue>,
 }
 
 /// A field's value if it is the shape `T` reads, else none.
@@ -107,8 +107,15 @@ fn read<'a, T: serde::Deserialize<'a>>(raw: Option<&'a RawValue>) -> Option<T> {
 
 impl EventDecoder for Decoder {
     fn decode(&mut self, event: SseEvent) -> Result<Step, ProviderError> {
-        let wire: EventWire<'_> = serde_json::from_str(&event.data)
-            .map_err(|e| ProviderError::Malformed(format!("bad event data: {e}")))?;
+        let wire: EventWire<'_> = match serde_json::from_str(&event.data) {
+            Ok(wire) => wire,
+            // JSON that is not an object has none of the fields: the
+            // event's name alone decides, as for any other event.
+            Err(_) if serde_json::from_str::<serde::de::IgnoredAny>(&event.data).is_ok() => {
+                EventWire::default()
+            }
+            Err(e) => return Err(ProviderError::Malformed(format!("bad event data: {e}"))),
+        };
         let kind: Option<Cow<'_, str>> = read(wire.kind);
         match kind.as_deref().or(event.event.as_deref()) {
             Some("content_block_delta") => Ok(Step::Text(
@@ -120,7 +127,8 @@ impl EventDecoder for Decoder {
             Some("message_stop") => Ok(Step::Done),
             Some("error") => {
                 let error: Option<ErrorWire<'_>> = read(wire.error);
-                let (kind, message) = error.map_or((None, None), |e| (e.kind, e.message));
+                let (kind, message): (Option<Cow<'_, str>>, Option<Cow<'_, str>>) =
+                    error.map_or((None, None), |e| (read(e.kind), read(e.message)));
                 let kind = kind.as_deref().unwrap_or("error");
                 let message = message.as_deref().unwrap_or_default();
                 if kind == "overloaded_error" {
@@ -233,6 +241,13 @@ mod tests {
             "y"
         );
         assert!(matches!(decode(Some("message_stop"), "{}"), Ok(Step::Done)));
+        // Data that is JSON but not an object: the event's name decides.
+        assert!(matches!(
+            decode(Some("message_stop"), "[1]"),
+            Ok(Step::Done)
+        ));
+        assert!(matches!(decode(Some("ping"), "\"x\""), Ok(Step::Skip)));
+        assert_eq!(text(decode(Some("content_block_delta"), "null")), "");
     }
 
     #[test]
@@ -268,6 +283,16 @@ mod tests {
         match decode(None, other) {
             Err(ProviderError::Malformed(message)) => {
                 assert_eq!(message, "the provider reported api_error: boom")
+            }
+            other => panic!("{other:?}"),
+        }
+        // A part of another shape counts as absent, the rest still reads.
+        match decode(
+            None,
+            r#"{"type":"error","error":{"type":"api_error","message":7}}"#,
+        ) {
+            Err(ProviderError::Malformed(message)) => {
+                assert_eq!(message, "the provider reported api_error: ")
             }
             other => panic!("{other:?}"),
         }
