@@ -59,16 +59,15 @@ impl Counted {
             .args(command.get_args())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        if command.get_envs().len() > 0 {
-            under.env_clear();
-            if let Some(path) = std::env::var_os("PATH") {
-                under.env("PATH", path);
-            }
-            for (key, value) in command.get_envs() {
-                match value {
-                    Some(value) => under.env(key, value),
-                    None => under.env_remove(key),
-                };
+        // The measured process sees only what `command` sets (the bench
+        // clears the gateway's environment), valgrind its PATH as well.
+        under.env_clear();
+        if let Some(path) = std::env::var_os("PATH") {
+            under.env("PATH", path);
+        }
+        for (key, value) in command.get_envs() {
+            if let Some(value) = value {
+                under.env(key, value);
             }
         }
         let child = under

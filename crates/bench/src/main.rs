@@ -121,6 +121,41 @@ fn targets() -> Vec<Target> {
     ]
 }
 
+impl Target {
+    /// The target's call straight to the provider at `base`.
+    fn direct_call(&self, base: &str) -> Call {
+        Call {
+            url: format!("{base}{}", self.direct_path),
+            body: self.direct_body.to_string().into(),
+            unit_primitive: self.unit_primitive,
+            headers: Arc::default(),
+        }
+    }
+
+    /// The target's call through the gateway at `base`, with the signed
+    /// token's headers when the target is signed.
+    fn gateway_call(&self, base: &str, signed_headers: &Arc<reqwest::header::HeaderMap>) -> Call {
+        Call {
+            url: format!("{base}{}", self.gateway_path),
+            body: self.gateway_body.to_string().into(),
+            unit_primitive: self.unit_primitive,
+            headers: if self.signed {
+                signed_headers.clone()
+            } else {
+                Arc::default()
+            },
+        }
+    }
+}
+
+/// The Anthropic target: the relay's floor is measured on its call.
+fn anthropic_target() -> anyhow::Result<Target> {
+    targets()
+        .into_iter()
+        .find(|t| t.anthropic_key)
+        .context("no Anthropic target")
+}
+
 /// The streaming vertex call, for time to first byte.
 const STREAM_GATEWAY: &str = "/v1/proxy/vertex-ai/v1/projects/p/locations/l/publishers/google/models/code-gecko@002:serverStreamingPredict";
 const STREAM_DIRECT: &str = "/v1/projects/local/locations/us-central1/publishers/google/models/code-gecko@002:serverStreamingPredict";
@@ -575,50 +610,19 @@ async fn count_instructions() -> anyhow::Result<()> {
         let url = format!("http://127.0.0.1:{port}");
         let mut counted = bench::callgrind::Counted::start(&command, &scratch.join(i.to_string()))?;
         wait_until_healthy(&mut counted.child, &url, &client, Duration::from_secs(120)).await?;
-        let call = Call {
-            url: format!("{url}{}", target.gateway_path),
-            body: target.gateway_body.to_string().into(),
-            unit_primitive: target.unit_primitive,
-            headers: if target.signed {
-                signed_headers.clone()
-            } else {
-                Arc::default()
-            },
-        };
+        let call = target.gateway_call(&url, &signed_headers);
         rows.push((
             target.name,
             count_calls(&client, &call, &mut counted).await?,
         ));
     }
     // The relay, on the Anthropic call: what copying the bytes alone costs.
-    let claude = targets()
-        .into_iter()
-        .find(|t| t.anthropic_key)
-        .context("no Anthropic target")?;
     let port = free_port()?;
-    let upstream = provider
-        .strip_prefix("http://")
-        .context("the provider's URL is not plain http")?;
-    let mut relay_command = Command::new(std::env::current_exe()?);
-    relay_command.args([bench::tcp_relay::RELAY_ARG, &port.to_string(), upstream]);
+    let relay_command = relay_command(&provider, port)?;
     let mut relay = bench::callgrind::Counted::start(&relay_command, &scratch.join("relay"))?;
     let relay_address = format!("127.0.0.1:{port}");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while tokio::net::TcpStream::connect(&relay_address)
-        .await
-        .is_err()
-    {
-        if Instant::now() > deadline {
-            bail!("the TCP relay did not listen under valgrind within 60 s");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let call = Call {
-        url: format!("http://{relay_address}{}", claude.direct_path),
-        body: claude.direct_body.to_string().into(),
-        unit_primitive: claude.unit_primitive,
-        headers: Arc::default(),
-    };
+    wait_listening(&mut relay.child, &relay_address, Duration::from_secs(60)).await?;
+    let call = anthropic_target()?.direct_call(&format!("http://{relay_address}"));
     rows.push((RELAY_ROW, count_calls(&client, &call, &mut relay).await?));
     drop(relay);
     let keep = std::env::args().any(|a| a == KEEP_PROFILES_ARG);
@@ -675,12 +679,8 @@ struct Relay {
 
 impl Relay {
     fn start(provider: &str) -> anyhow::Result<Self> {
-        let upstream = provider
-            .strip_prefix("http://")
-            .context("the provider's URL is not plain http")?;
         let port = free_port()?;
-        let child = Command::new(std::env::current_exe()?)
-            .args([bench::tcp_relay::RELAY_ARG, &port.to_string(), upstream])
+        let child = relay_command(provider, port)?
             .stdout(Stdio::null())
             .spawn()
             .context("starting the TCP relay")?;
@@ -692,18 +692,33 @@ impl Relay {
 
     async fn wait_ready(&mut self) -> anyhow::Result<()> {
         let address = self.url.trim_start_matches("http://").to_owned();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Some(status) = self.child.try_wait()? {
-                bail!("the TCP relay exited early: {status}");
-            }
-            if tokio::net::TcpStream::connect(&address).await.is_ok() {
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        bail!("the TCP relay did not listen within 10 s")
+        wait_listening(&mut self.child, &address, Duration::from_secs(10)).await
     }
+}
+
+/// The bench binary as a relay on `port` in front of `provider`.
+fn relay_command(provider: &str, port: u16) -> anyhow::Result<Command> {
+    let upstream = provider
+        .strip_prefix("http://")
+        .context("the provider's URL is not plain http")?;
+    let mut command = Command::new(std::env::current_exe()?);
+    command.args([bench::tcp_relay::RELAY_ARG, &port.to_string(), upstream]);
+    Ok(command)
+}
+
+/// Waits until the relay `child` accepts connections at `address`.
+async fn wait_listening(child: &mut Child, address: &str, limit: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait()? {
+            bail!("the TCP relay exited early: {status}");
+        }
+        if tokio::net::TcpStream::connect(address).await.is_ok() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    bail!("the TCP relay did not listen within {} s", limit.as_secs())
 }
 
 impl Drop for Relay {
@@ -765,25 +780,10 @@ async fn bench_gateway() -> anyhow::Result<()> {
             target.anthropic_key,
             target.signed.then_some(signing.private_pem.as_str()),
         )?;
-        let headers = if target.signed {
-            signed_headers.clone()
-        } else {
-            Arc::default()
-        };
         target_gateway.wait_healthy(&client).await?;
         let rss = RssSampler::start(target_gateway.child.id());
-        let mut direct = Call {
-            url: format!("{provider}{}", target.direct_path),
-            body: target.direct_body.to_string().into(),
-            unit_primitive: target.unit_primitive,
-            headers: Arc::default(),
-        };
-        let via = Call {
-            url: format!("{}{}", target_gateway.url, target.gateway_path),
-            body: target.gateway_body.to_string().into(),
-            unit_primitive: target.unit_primitive,
-            headers,
-        };
+        let mut direct = target.direct_call(&provider);
+        let via = target.gateway_call(&target_gateway.url, &signed_headers);
         // Probe once: endpoints not built into this gateway are reported, not
         // timed. The probe's own call upstream is recorded: the direct path
         // then sends the provider that very request (a rendered prompt is
@@ -872,20 +872,9 @@ async fn bench_gateway() -> anyhow::Result<()> {
     // exact call. What a target adds beyond it is the gateway's own work.
     let mut relay = Relay::start(&provider)?;
     relay.wait_ready().await?;
-    let claude = targets()
-        .into_iter()
-        .find(|t| t.anthropic_key)
-        .context("no Anthropic target")?;
-    let direct = Call {
-        url: format!("{provider}{}", claude.direct_path),
-        body: claude.direct_body.to_string().into(),
-        unit_primitive: claude.unit_primitive,
-        headers: Arc::default(),
-    };
-    let via = Call {
-        url: format!("{}{}", relay.url, claude.direct_path),
-        ..direct.clone()
-    };
+    let claude = anthropic_target()?;
+    let direct = claude.direct_call(&provider);
+    let via = claude.direct_call(&relay.url);
     run_pair(&client, &direct, &via, 200, Duration::from_millis(500)).await;
     let floor = step_rates(
         &client,

@@ -26,6 +26,7 @@ pub mod observability;
 pub mod prompts;
 pub mod providers;
 pub mod proxy;
+pub(crate) mod recent_values;
 pub mod workflow_service;
 
 pub use config::Config;

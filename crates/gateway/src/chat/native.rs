@@ -16,6 +16,7 @@ use crate::providers::tool_calling::{
     ModelTurn, ToolCallingModel, ToolSchema, TurnAssembler, TurnDelta, TurnOptions,
 };
 use crate::providers::{ModelParams, ModelRoute, ProviderError};
+use crate::recent_values::RecentValues;
 use contracts::{AgentEvent, AgentStep};
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -406,22 +407,16 @@ pub fn tool_schemas(
         from_context,
     };
     KEPT_SCHEMAS.with_borrow_mut(|kept| {
-        if let Some((_, schemas)) = kept.iter().find(|(kept_key, _)| *kept_key == key) {
-            return schemas.clone();
-        }
-        let schemas: Arc<[ToolSchema]> =
-            build_tool_schemas(tools, answer_chars, from_context).into();
-        if kept.len() == KEPT_SCHEMA_SETS {
-            kept.remove(0);
-        }
-        kept.push((key, schemas.clone()));
-        schemas
+        kept.get_or_insert_with(&key, || {
+            let schemas = build_tool_schemas(tools, answer_chars, from_context);
+            (key.clone(), schemas.into())
+        })
     })
 }
 
 /// What a set of function definitions is built from: the tools' names and
 /// descriptions are static, so equal keys build equal schemas.
-#[derive(PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 struct SchemaKey {
     tools: Vec<(&'static str, &'static str)>,
     answer_chars: Option<u64>,
@@ -433,8 +428,8 @@ struct SchemaKey {
 const KEPT_SCHEMA_SETS: usize = 16;
 
 thread_local! {
-    static KEPT_SCHEMAS: RefCell<Vec<(SchemaKey, Arc<[ToolSchema]>)>> =
-        const { RefCell::new(Vec::new()) };
+    static KEPT_SCHEMAS: RefCell<RecentValues<SchemaKey, Arc<[ToolSchema]>>> =
+        const { RefCell::new(RecentValues::new(KEPT_SCHEMA_SETS)) };
 }
 
 fn build_tool_schemas(

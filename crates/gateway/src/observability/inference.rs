@@ -10,6 +10,8 @@ use std::time::Instant;
 
 use metrics::{Counter, Gauge, Histogram};
 
+use crate::recent_values::RecentValues;
+
 /// The `feature_category` of calls made outside any known feature.
 pub const UNKNOWN_FEATURE_CATEGORY: &str = "unknown";
 
@@ -225,35 +227,26 @@ struct CallMetrics {
     outcomes: [OnceLock<(Counter, Histogram)>; 2],
 }
 
-/// Label sets each worker thread keeps handles for; calls beyond them (a
-/// caller naming ever new self-hosted models) look their handles up.
+/// Label sets each worker thread keeps handles for (the oldest goes first:
+/// a caller naming ever new self-hosted models only has its handles looked
+/// up again, each the same series).
 const KEPT_LABEL_SETS: usize = 64;
 
 thread_local! {
-    static KEPT_METRICS: RefCell<Vec<(InferenceLabels, Arc<CallMetrics>)>> =
-        const { RefCell::new(Vec::new()) };
+    static KEPT_METRICS: RefCell<RecentValues<InferenceLabels, Arc<CallMetrics>>> =
+        const { RefCell::new(RecentValues::new(KEPT_LABEL_SETS)) };
 }
 
 impl CallMetrics {
     fn of(labels: &InferenceLabels) -> Arc<Self> {
-        let kept = KEPT_METRICS.with_borrow(|kept| {
-            kept.iter()
-                .find(|(kept_labels, _)| kept_labels == labels)
-                .map(|(_, metrics)| metrics.clone())
-        });
-        if let Some(metrics) = kept {
-            return metrics;
-        }
-        // Handles taken before the recorder is installed would count
-        // nothing, forever: install it first.
-        super::Metrics::global();
-        let metrics = Arc::new(Self::registered(labels));
         KEPT_METRICS.with_borrow_mut(|kept| {
-            if kept.len() < KEPT_LABEL_SETS {
-                kept.push((labels.clone(), metrics.clone()));
-            }
-        });
-        metrics
+            kept.get_or_insert_with(labels, || {
+                // Handles taken before the recorder is installed would count
+                // nothing, forever: install it first.
+                super::Metrics::global();
+                (labels.clone(), Arc::new(Self::registered(labels)))
+            })
+        })
     }
 
     fn registered(labels: &InferenceLabels) -> Self {

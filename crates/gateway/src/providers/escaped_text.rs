@@ -13,6 +13,8 @@ use std::sync::Arc;
 use serde::{Serialize, Serializer};
 use serde_json::value::RawValue;
 
+use crate::recent_values::RecentValues;
+
 /// Shorter texts are escaped every time: keeping them would save little.
 const MIN_KEPT_BYTES: usize = 1024;
 /// Longer texts (a large attached file) are escaped every time too: with
@@ -22,7 +24,8 @@ const MAX_KEPT_BYTES: usize = 64 * 1024;
 const KEPT: usize = 8;
 
 thread_local! {
-    static KEPT_TEXTS: RefCell<Vec<(Arc<str>, Arc<RawValue>)>> = const { RefCell::new(Vec::new()) };
+    static KEPT_TEXTS: RefCell<RecentValues<Arc<str>, Arc<RawValue>>> =
+        const { RefCell::new(RecentValues::new(KEPT)) };
 }
 
 /// A text that serializes as the JSON string it is, long ones from the
@@ -46,16 +49,10 @@ fn escaped(text: &str) -> Option<Arc<RawValue>> {
         return None;
     }
     KEPT_TEXTS.with_borrow_mut(|kept| {
-        if let Some((_, raw)) = kept.iter().find(|(kept_text, _)| &**kept_text == text) {
-            return Some(raw.clone());
-        }
-        let json = serde_json::to_string(text).ok()?;
-        let raw: Arc<RawValue> = RawValue::from_string(json).ok()?.into();
-        if kept.len() == KEPT {
-            kept.remove(0);
-        }
-        kept.push((text.into(), raw.clone()));
-        Some(raw)
+        kept.get_or_make(text, || {
+            let json = serde_json::to_string(text).ok()?;
+            Some((text.into(), RawValue::from_string(json).ok()?.into()))
+        })
     })
 }
 
@@ -76,7 +73,7 @@ mod tests {
             // Again, from the kept escapes for the long one.
             assert_eq!(written(text), expected);
         }
-        KEPT_TEXTS.with_borrow(|kept| assert!(kept.iter().any(|(t, _)| **t == *long)));
+        KEPT_TEXTS.with_borrow(|kept| assert!(kept.keys().any(|t| **t == *long)));
     }
 
     #[test]
@@ -86,7 +83,7 @@ mod tests {
             let text = format!("{base}{i}");
             assert_eq!(written(&text), format!("\"{text}\""));
         }
-        KEPT_TEXTS.with_borrow(|kept| assert_eq!(kept.len(), KEPT));
+        KEPT_TEXTS.with_borrow(|kept| assert_eq!(kept.keys().count(), KEPT));
         // Same length, one byte different: never the other text's escape.
         let a = format!("{base}a");
         let b = format!("{base}b");
@@ -94,6 +91,6 @@ mod tests {
         assert_eq!(written(&b), format!("\"{b}\""));
         let huge = "y".repeat(MAX_KEPT_BYTES + 1);
         assert_eq!(written(&huge).len(), huge.len() + 2);
-        KEPT_TEXTS.with_borrow(|kept| assert!(kept.iter().all(|(t, _)| t.len() <= MAX_KEPT_BYTES)));
+        KEPT_TEXTS.with_borrow(|kept| assert!(kept.keys().all(|t| t.len() <= MAX_KEPT_BYTES)));
     }
 }

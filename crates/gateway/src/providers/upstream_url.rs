@@ -11,13 +11,15 @@ use std::cell::RefCell;
 
 use reqwest::{Client, RequestBuilder, Url};
 
+use crate::recent_values::RecentValues;
+
 /// URLs each worker thread keeps parsed (the oldest goes first).
 const KEPT: usize = 16;
 /// Longer texts are parsed every time, so the kept ones stay small.
 const MAX_KEPT_BYTES: usize = 512;
 
 thread_local! {
-    static PARSED: RefCell<Vec<(String, Url)>> = const { RefCell::new(Vec::new()) };
+    static PARSED: RefCell<RecentValues<String, Url>> = const { RefCell::new(RecentValues::new(KEPT)) };
 }
 
 /// `text` parsed as `Url::parse` does, from the thread's kept ones when it
@@ -28,15 +30,7 @@ pub(crate) fn parsed(text: &str) -> Option<Url> {
         return Url::parse(text).ok();
     }
     PARSED.with_borrow_mut(|kept| {
-        if let Some((_, url)) = kept.iter().find(|(kept_text, _)| kept_text == text) {
-            return Some(url.clone());
-        }
-        let url = Url::parse(text).ok()?;
-        if kept.len() == KEPT {
-            kept.remove(0);
-        }
-        kept.push((text.to_owned(), url.clone()));
-        Some(url)
+        kept.get_or_make(text, || Some((text.to_owned(), Url::parse(text).ok()?)))
     })
 }
 
@@ -74,9 +68,9 @@ mod tests {
             let text = format!("http://127.0.0.1:{}/v1/messages", 1000 + i);
             assert_eq!(parsed(&text), Url::parse(&text).ok());
         }
-        PARSED.with_borrow(|kept| assert_eq!(kept.len(), KEPT));
+        PARSED.with_borrow(|kept| assert_eq!(kept.keys().count(), KEPT));
         let long = format!("http://127.0.0.1/{}", "a".repeat(MAX_KEPT_BYTES));
         assert_eq!(parsed(&long), Url::parse(&long).ok());
-        PARSED.with_borrow(|kept| assert!(kept.iter().all(|(text, _)| *text != long)));
+        PARSED.with_borrow(|kept| assert!(kept.keys().all(|text| *text != long)));
     }
 }
