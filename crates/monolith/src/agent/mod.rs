@@ -521,9 +521,8 @@ impl ChatResponder for AgentResponder {
             .around(self.answer(&question, usage.timed(chunks)))
             .await;
         usage
-            .finish(&self.services.pool, &self.services.policy, &answer)
-            .await;
-        answer
+            .finish(&self.services.pool, &self.services.policy, answer)
+            .await
     }
 
     fn categorizer(&self) -> Option<Arc<dyn crate::chat::completion::QuestionCategorizer>> {

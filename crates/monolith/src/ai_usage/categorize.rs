@@ -57,22 +57,21 @@ impl job_queue::Job for CategorizeQuestion {
     const KIND: &'static str = "ai_categorize_question";
 }
 
-/// Queues the categorisation of `request_id`'s question (once per request).
-pub async fn enqueue(db: &impl Queries, request_id: Uuid) -> Result<(), UsageError> {
-    crate::db::enqueue(
-        db,
-        &CategorizeQuestion { request_id },
-        EnqueueOptions {
-            // Answers first: a waiting chat answer is always claimed before this.
-            priority: -10,
-            max_attempts: 3,
-            ..EnqueueOptions::default()
-                .queue(QUEUE)
-                .dedupe(format!("ai_categorize:{request_id}"))
-        },
-    )
-    .await?;
-    Ok(())
+/// The categorisation job's values (once per request), for the statement
+/// that queues it with the record it is for (see [`super::store::record_ctes`]).
+pub fn job_values(request_id: Uuid) -> Result<job_queue::JobValues, job_queue::QueueError> {
+    job_queue::JobValues::new(&CategorizeQuestion { request_id }, options(request_id))
+}
+
+fn options(request_id: Uuid) -> EnqueueOptions {
+    EnqueueOptions {
+        // Answers first: a waiting chat answer is always claimed before this.
+        priority: -10,
+        max_attempts: 3,
+        ..EnqueueOptions::default()
+            .queue(QUEUE)
+            .dedupe(format!("ai_categorize:{request_id}"))
+    }
 }
 
 /// Registers the job's handler and makes the worker claim from [`QUEUE`].

@@ -24,6 +24,7 @@ pub mod store;
 pub use categorize::{CATEGORIES, Categorizer, QUEUE};
 pub use recording::{Recording, note_resource, note_slash_command, note_tool};
 pub use reports::{DateRange, MAX_RANGE_DAYS, UsageScope};
+pub use store::UsageRecord;
 
 /// GitLab's event name for a Duo Chat answer.
 pub const DUO_CHAT_EVENT: &str = "request_duo_chat_response";

@@ -3,8 +3,10 @@
 //! The agent wraps its answer in a [`Recording`]: the recording times the
 //! first chunk of streamed text, collects what the agent notes on the way
 //! (each tool it runs, the slash command, the page resource it used) and, once
-//! the answer is ready, writes the usage record and queues the question's
-//! categorisation in one transaction. Notes go through a task-local value, so
+//! the answer is ready, attaches the usage to it: the chat worker writes the
+//! record (and queues the question's categorisation) in the statement that
+//! stores the answer. A failed attempt's record is written by the recording
+//! itself. Notes go through a task-local value, so
 //! the agent loop needs no extra parameter: [`note_tool`] and friends do
 //! nothing outside a recording.
 //!
@@ -14,14 +16,15 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use contracts::DuoErrorCode;
 use deadpool_postgres::Pool;
 
-use super::store::{self, QuestionFacts};
+use super::store::{self, QuestionFacts, UsageRecord};
 use super::{UsageError, categorize};
 use crate::chat::completion::{
-    ChatAnswer, ChunkSender, CompletionJob, ResponderError, StreamEvent,
+    AnswerRecord, ChatAnswer, ChunkSender, CompletionJob, ResponderError, StreamEvent,
 };
 use crate::policy::{Policy, Subject};
 
@@ -177,69 +180,96 @@ impl Recording {
         }
     }
 
-    /// Writes the usage record and queues the categorisation. Never fails:
-    /// a problem is logged and the answer goes on.
+    /// The answer with its usage record attached, for the chat worker to
+    /// write in the answer's own statement (one statement and one commit
+    /// fewer per answer); a failed attempt's record is written here and now
+    /// (a later attempt that answers overwrites it). Never fails or changes
+    /// the answer: a problem is logged and the answer goes on unrecorded.
     pub async fn finish(
         self,
         pool: &Pool,
         policy: &Policy,
-        result: &Result<ChatAnswer, ResponderError>,
-    ) {
-        if let Err(e) = self.write(pool, policy, result).await {
-            tracing::warn!(request_id = %self.request_id, error = %e, "usage not recorded");
+        result: Result<ChatAnswer, ResponderError>,
+    ) -> Result<ChatAnswer, ResponderError> {
+        let record = match self.record(pool, policy, &result).await {
+            Ok(record) => record,
+            Err(e) => {
+                tracing::warn!(request_id = %self.request_id, error = %e, "usage not recorded");
+                return result;
+            }
+        };
+        match result {
+            Ok(mut answer) => {
+                answer.record = Some(Arc::new(record));
+                Ok(answer)
+            }
+            Err(e) => {
+                record.write_alone(pool).await;
+                Err(e)
+            }
         }
     }
 
-    async fn write(
+    /// The record of `result`: a database read only for a page resource's
+    /// container, or when the agent did not note the categorisation switch.
+    async fn record(
         &self,
         pool: &Pool,
         policy: &Policy,
         result: &Result<ChatAnswer, ResponderError>,
-    ) -> Result<(), UsageError> {
-        let mut db = pool.get().await?;
-        let resource = self.notes.with(|s| s.resource);
+    ) -> Result<UsageRecord, UsageError> {
+        let (resource, categorize) = self.notes.with(|s| (s.resource, s.categorize));
         let container = match resource {
-            Some(subject) => policy
-                .container_of(&*db, subject)
-                .await
-                .map_err(|e| UsageError::Invalid(e.to_string()))?,
+            Some(subject) => {
+                let db = pool.get().await?;
+                policy
+                    .container_of(&*db, subject)
+                    .await
+                    .map_err(|e| UsageError::Invalid(e.to_string()))?
+            }
             None => None,
         };
-        let facts = self.facts(result, container);
-        let created = match self.record(&mut db, &facts).await {
-            // Another run of this job created the record meanwhile: this
-            // one updates it.
-            Err(UsageError::Db(crate::db::DbError::Query(e))) if store::is_race(&e) => {
-                self.record(&mut db, &facts).await?
-            }
-            created => created?,
+        let categorize = match categorize {
+            Some(wanted) => wanted,
+            None => categorize::wanted_for(&*pool.get().await?, self.user_id).await,
         };
-        tracing::debug!(request_id = %self.request_id, created, "usage recorded");
-        Ok(())
+        let categorize = match categorize {
+            true => Some(categorize::job_values(self.request_id)?),
+            false => None,
+        };
+        Ok(UsageRecord::new(self.facts(result, container), categorize))
+    }
+}
+
+#[async_trait]
+impl AnswerRecord for UsageRecord {
+    fn ctes(&self, first: usize, answer: &str) -> String {
+        store::record_ctes(first, Some(answer), self.categorizes())
     }
 
-    /// The record, and the categorisation queued in the same transaction
-    /// when the record is new. `true` when it is. Without categorisation the
-    /// record is its one statement, no transaction around it.
-    async fn record(
-        &self,
-        db: &mut deadpool_postgres::Client,
-        facts: &store::QuestionFacts,
-    ) -> Result<bool, UsageError> {
-        let wanted = match self.notes.with(|s| s.categorize) {
-            Some(wanted) => wanted,
-            None => categorize::wanted_for(&**db, self.user_id).await,
-        };
-        if !wanted {
-            return Ok(store::record_question(&**db, facts).await?);
+    fn params(&self) -> Vec<&(dyn tokio_postgres::types::ToSql + Sync)> {
+        UsageRecord::params(self)
+    }
+
+    async fn write_alone(&self, pool: &Pool) {
+        let request_id = self.facts.request_id;
+        match write(pool, self).await {
+            Ok(created) => tracing::debug!(%request_id, created, "usage recorded"),
+            Err(e) => tracing::warn!(%request_id, error = %e, "usage not recorded"),
         }
-        let tx = db.transaction().await?;
-        let created = store::record_question(&tx, facts).await?;
-        if created {
-            categorize::enqueue(&tx, self.request_id).await?;
-        }
-        tx.commit().await?;
-        Ok(created)
+    }
+}
+
+/// Writes a question's usage record on its own statement (with the
+/// categorisation of a new record queued in it). `true` when it created
+/// the record.
+async fn write(pool: &Pool, record: &UsageRecord) -> Result<bool, UsageError> {
+    let db = pool.get().await?;
+    match store::write_record(&*db, record).await {
+        // Another run of this job created the record meanwhile: this one
+        // updates it.
+        Err(e) if store::is_race(&e) => Ok(store::write_record(&*db, record).await?),
+        written => Ok(written?),
     }
 }
 

@@ -1,5 +1,7 @@
 //! The SQL of one question's usage: its event and facts, and its category.
 
+use std::sync::OnceLock;
+
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
@@ -32,65 +34,194 @@ pub fn is_race(error: &tokio_postgres::Error) -> bool {
     error.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION)
 }
 
+/// How many parameters [`record_ctes`] binds without a categorisation job
+/// (the job adds [`JOB_PARAMS`]).
+pub const RECORD_PARAMS: usize = 15;
+const JOB_PARAMS: usize = 8;
+
+/// The common table expressions that record a question's usage, numbering
+/// their parameters from `$first` in [`UsageRecord::params`]' order: the
+/// facts are updated if the request has a record, else the event and the
+/// facts are inserted, and with `categorize` the new record's categorisation
+/// job is queued in the same statement (never for an updated one).
+///
+/// `answer` names a CTE of the same statement (an answer's insert): the
+/// usage is then written only when that CTE stored a row, so a run whose
+/// answer lost to another run's leaves the record to that run.
+///
+/// Two runs racing each other (an expired lease) may both find no record;
+/// the unique `request_id` then fails the second one's statement whole, its
+/// event included ([`is_race`]). So a question never gets two events,
+/// without a lock. CTE names start with `usage_`.
+pub fn record_ctes(first: usize, answer: Option<&str>, categorize: bool) -> String {
+    let p = |i: usize| format!("${}", first + i);
+    let stored = answer
+        .map(|cte| format!(" AND EXISTS (SELECT 1 FROM {cte})"))
+        .unwrap_or_default();
+    let mut sql = format!(
+        "usage_updated AS (
+             UPDATE ai_chat_question_usage
+             SET slash_command = {slash}, tools = {tools}, error_code = {code}, input_tokens = {input},
+                 output_tokens = {output}, tokens_estimated = {estimated}, first_token_ms = {first_token},
+                 total_ms = {total}
+             WHERE request_id = {request}{stored}
+             RETURNING 1
+         ), usage_event AS (
+             INSERT INTO ai_usage_events (event, user_id, project_id, namespace_id, \"timestamp\")
+             SELECT {event}, {user}, {project},
+                    coalesce({group}, (SELECT group_id FROM projects WHERE id = {project})), {at}
+             WHERE NOT EXISTS (SELECT 1 FROM usage_updated){stored}
+             RETURNING id
+         ), usage_question AS (
+             INSERT INTO ai_chat_question_usage
+                 (event_id, request_id, thread_id, slash_command, tools, error_code, input_tokens,
+                  output_tokens, tokens_estimated, first_token_ms, total_ms)
+             SELECT id, {request}, {thread}, {slash}, {tools}, {code}, {input}, {output}, {estimated},
+                    {first_token}, {total}
+             FROM usage_event
+             RETURNING 1
+         )",
+        event = p(0),
+        user = p(1),
+        project = p(2),
+        group = p(3),
+        at = p(4),
+        request = p(5),
+        thread = p(6),
+        slash = p(7),
+        tools = p(8),
+        code = p(9),
+        input = p(10),
+        output = p(11),
+        estimated = p(12),
+        first_token = p(13),
+        total = p(14),
+    );
+    if categorize {
+        let j = |i: usize| p(RECORD_PARAMS + i);
+        sql.push_str(&format!(
+            concat!(
+                ", usage_categorize AS (",
+                job_queue::insert_job_sql!(
+                    "usage_event",
+                    "{queue}",
+                    "{kind}",
+                    "{payload}",
+                    "{priority}",
+                    "{delay}",
+                    "{attempts}",
+                    "{dedupe}",
+                    "{trace}"
+                ),
+                ")"
+            ),
+            queue = j(0),
+            kind = j(1),
+            payload = j(2),
+            priority = j(3),
+            delay = j(4),
+            attempts = j(5),
+            dedupe = j(6),
+            trace = j(7),
+        ));
+    }
+    sql
+}
+
+/// One question's usage record, ready to be written: its facts, and the
+/// categorisation job a new record queues (none when categorisation is off).
+#[derive(Debug, Clone)]
+pub struct UsageRecord {
+    pub facts: QuestionFacts,
+    project_id: Option<i64>,
+    group_id: Option<i64>,
+    categorize: Option<job_queue::JobValues>,
+}
+
+impl UsageRecord {
+    /// The record of `facts`, queueing `categorize` when it is new (see
+    /// `categorize::job_values`).
+    pub fn new(facts: QuestionFacts, categorize: Option<job_queue::JobValues>) -> Self {
+        Self {
+            categorize,
+            ..Self::without_categorisation(facts)
+        }
+    }
+
+    fn without_categorisation(facts: QuestionFacts) -> Self {
+        let (project_id, group_id) = match facts.container {
+            Some(Subject::Project(id)) => (Some(id), None),
+            Some(Subject::Group(id)) => (None, Some(id)),
+            _ => (None, None),
+        };
+        Self {
+            facts,
+            project_id,
+            group_id,
+            categorize: None,
+        }
+    }
+
+    /// Whether a new record queues the categorisation.
+    pub fn categorizes(&self) -> bool {
+        self.categorize.is_some()
+    }
+
+    /// The parameters, in [`record_ctes`]' order.
+    pub fn params(&self) -> Vec<&(dyn tokio_postgres::types::ToSql + Sync)> {
+        let facts = &self.facts;
+        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+            Vec::with_capacity(RECORD_PARAMS + JOB_PARAMS);
+        params.extend([
+            &DUO_CHAT_EVENT as &(dyn tokio_postgres::types::ToSql + Sync),
+            &facts.user_id,
+            &self.project_id,
+            &self.group_id,
+            &facts.at,
+            &facts.request_id,
+            &facts.thread_id,
+            &facts.slash_command,
+            &facts.tools,
+            &facts.error_code,
+            &facts.input_tokens,
+            &facts.output_tokens,
+            &facts.tokens_estimated,
+            &facts.first_token_ms,
+            &facts.total_ms,
+        ]);
+        if let Some(job) = &self.categorize {
+            params.extend(job.params());
+        }
+        params
+    }
+}
+
 /// Records the question's event and facts. A second record for the same
 /// request (a retried job) replaces the facts and keeps the event. `true`
-/// when this call created the record.
-///
-/// One statement: the facts are updated if the request has a record, else
-/// the event and the facts are inserted. Two runs racing each other (an
-/// expired lease) may both find no record; the unique `request_id` then
-/// fails the second one's statement whole, its event included
-/// ([`is_race`]), and that run tries again and finds the record to update.
-/// So a question never gets two events, without a lock.
+/// when this call created the record. See [`record_ctes`].
 pub async fn record_question(
     db: &impl Queries,
     facts: &QuestionFacts,
 ) -> Result<bool, tokio_postgres::Error> {
-    let (project_id, group_id) = match facts.container {
-        Some(Subject::Project(id)) => (Some(id), None),
-        Some(Subject::Group(id)) => (None, Some(id)),
-        _ => (None, None),
-    };
-    let inserted = db
-        .execute(
-            "WITH updated AS (
-                 UPDATE ai_chat_question_usage
-                 SET slash_command = $8, tools = $9, error_code = $10, input_tokens = $11,
-                     output_tokens = $12, tokens_estimated = $13, first_token_ms = $14,
-                     total_ms = $15
-                 WHERE request_id = $6
-                 RETURNING 1
-             ), e AS (
-                 INSERT INTO ai_usage_events (event, user_id, project_id, namespace_id, \"timestamp\")
-                 SELECT $1, $2, $3,
-                        coalesce($4, (SELECT group_id FROM projects WHERE id = $3)), $5
-                 WHERE NOT EXISTS (SELECT 1 FROM updated)
-                 RETURNING id
-             )
-             INSERT INTO ai_chat_question_usage
-                 (event_id, request_id, thread_id, slash_command, tools, error_code, input_tokens,
-                  output_tokens, tokens_estimated, first_token_ms, total_ms)
-             SELECT id, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15 FROM e",
-            &[
-                &DUO_CHAT_EVENT,
-                &facts.user_id,
-                &project_id,
-                &group_id,
-                &facts.at,
-                &facts.request_id,
-                &facts.thread_id,
-                &facts.slash_command,
-                &facts.tools,
-                &facts.error_code,
-                &facts.input_tokens,
-                &facts.output_tokens,
-                &facts.tokens_estimated,
-                &facts.first_token_ms,
-                &facts.total_ms,
-            ],
+    write_record(db, &UsageRecord::without_categorisation(facts.clone())).await
+}
+
+/// [`record_question`] with the categorisation queued when the record asks
+/// for it, in the same statement.
+pub async fn write_record(
+    db: &impl Queries,
+    record: &UsageRecord,
+) -> Result<bool, tokio_postgres::Error> {
+    static SQL: [OnceLock<String>; 2] = [OnceLock::new(), OnceLock::new()];
+    let categorize = record.categorizes();
+    let sql = SQL[usize::from(categorize)].get_or_init(|| {
+        format!(
+            "WITH {} SELECT count(*) > 0 FROM usage_question",
+            record_ctes(1, None, categorize)
         )
-        .await?;
-    Ok(inserted > 0)
+    });
+    let row = db.query_one(sql, &record.params()).await?;
+    Ok(row.get(0))
 }
 
 /// What the categorisation job needs to know about a recorded question.

@@ -82,7 +82,7 @@ impl From<mpsc::UnboundedSender<String>> for ChunkSender {
 }
 
 /// What a responder produced for one request.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct ChatAnswer {
     /// The full answer in Markdown (the concatenation of the chunks, or the
     /// whole text when nothing was streamed). When `error` is set, this is the
@@ -94,6 +94,44 @@ pub struct ChatAnswer {
     /// A coded failure: the worker stores the user-facing text with its
     /// documentation link in the message's `errors`.
     pub error: Option<AnswerError>,
+    /// A record written with the answer, by the run whose answer is stored
+    /// (the question's usage); none for answers nobody records.
+    pub record: Option<Arc<dyn AnswerRecord>>,
+}
+
+/// Answers compare by what the user gets; the records they carry, by identity.
+impl PartialEq for ChatAnswer {
+    fn eq(&self, other: &Self) -> bool {
+        let same_record = match (&self.record, &other.record) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        self.content == other.content
+            && self.extras == other.extras
+            && self.error == other.error
+            && same_record
+    }
+}
+
+/// Something the worker writes in the statement that stores an answer, and
+/// only when that answer is the one stored (a question's usage record): one
+/// statement and one commit per answer instead of two, and a run whose
+/// answer lost to another run's writes nothing.
+#[async_trait]
+pub trait AnswerRecord: Send + Sync + std::fmt::Debug {
+    /// The record's common table expressions (no leading comma), their
+    /// parameters numbered from `$first` in [`AnswerRecord::params`]' order,
+    /// writing only when the CTE named `answer` stored a row. CTE names must
+    /// not clash with the answer statement's own (`c`, `m`, `t`).
+    fn ctes(&self, first: usize, answer: &str) -> String;
+
+    fn params(&self) -> Vec<&(dyn tokio_postgres::types::ToSql + Sync)>;
+
+    /// Writes the record on its own: its answer went through a transaction,
+    /// or the statement carrying it was refused by the record's part. Never
+    /// fails: a problem is logged.
+    async fn write_alone(&self, pool: &deadpool_postgres::Pool);
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -109,6 +147,7 @@ impl ChatAnswer {
             content: content.into(),
             extras: serde_json::json!({ "sources": [] }),
             error: None,
+            record: None,
         }
     }
 
@@ -120,6 +159,7 @@ impl ChatAnswer {
                 code,
                 detail: detail.into(),
             }),
+            record: None,
         }
     }
 }

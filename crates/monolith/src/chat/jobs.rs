@@ -242,11 +242,13 @@ pub fn error_details(answer: &ChatAnswer, docs_base_url: &str) -> Option<serde_j
 /// Stores the answer (once) and sends it to the user's chats and to the request's
 /// `clientSubscriptionId`, both at commit, right after `last_chunks` (what
 /// was streamed since the last chunk went out; in the answer's own statement
-/// when it is one chunk small enough to travel inline).
+/// when it is one chunk small enough to travel inline). The record the
+/// answer carries, if any, is written with it by the run whose answer is
+/// stored.
 pub async fn store_and_broadcast(
     pool: &Pool,
     job: &CompletionJob,
-    answer: ChatAnswer,
+    mut answer: ChatAnswer,
     docs_base_url: &str,
     last_chunks: Vec<LiveMessage>,
 ) -> Result<(), ChatError> {
@@ -254,6 +256,7 @@ pub async fn store_and_broadcast(
         tracing::info!(request_id = %job.request_id, code = %error.code, "answering with an error");
         tracing::debug!(detail = %error.detail, "error detail");
     }
+    let record = answer.record.take();
     let details = error_details(&answer, docs_base_url);
     let content = if details.is_some() {
         String::new()
@@ -270,8 +273,10 @@ pub async fn store_and_broadcast(
     );
     let client_id = job.client_subscription_id.as_deref();
     let mut client = pool.get().await?;
-    // Usually one statement stores and announces the answer; a large answer
-    // goes through a transaction (its notification names a stored payload).
+    // Usually one statement stores and announces the answer and writes its
+    // record; a large answer goes through a transaction (its notification
+    // names a stored payload), its record written after it.
+    let mut recorded = false;
     let stored = match live::Announcement::answer(job.user_id, client_id, &message)? {
         Some(mut announcement) => {
             let joined = match (client_id, last_chunks.as_slice()) {
@@ -283,7 +288,29 @@ pub async fn store_and_broadcast(
             if !joined {
                 publish_chunks(&*client, job, &last_chunks).await;
             }
-            chat::store_answer_once(&*client, &message, details, Some(&announcement)).await?
+            match &record {
+                Some(record) => {
+                    let (stored, written) = chat::store_answer_recording(
+                        &*client,
+                        &message,
+                        details.as_ref(),
+                        &announcement,
+                        record.as_ref(),
+                    )
+                    .await?;
+                    recorded = written;
+                    stored
+                }
+                None => {
+                    chat::store_answer_once(
+                        &*client,
+                        &message,
+                        details.as_ref(),
+                        Some(&announcement),
+                    )
+                    .await?
+                }
+            }
         }
         None => {
             let tx = client.transaction().await?;
@@ -292,7 +319,7 @@ pub async fn store_and_broadcast(
                     live::publish_to_client(&tx, job.user_id, client_id, chunk).await?;
                 }
             }
-            let stored = chat::store_answer_once(&tx, &message, details, None).await?;
+            let stored = chat::store_answer_once(&tx, &message, details.as_ref(), None).await?;
             if let Some(stored) = &stored {
                 let live = LiveMessage::stored(stored.clone());
                 live::publish_answer(&tx, job.user_id, client_id, &live).await?;
@@ -301,8 +328,12 @@ pub async fn store_and_broadcast(
             stored
         }
     };
-    if stored.is_none() {
-        tracing::info!(request_id = %job.request_id, "answer already stored by another run");
+    match (&stored, &record) {
+        (None, _) => {
+            tracing::info!(request_id = %job.request_id, "answer already stored by another run");
+        }
+        (Some(_), Some(record)) if !recorded => record.write_alone(pool).await,
+        (Some(_), _) => {}
     }
     Ok(())
 }

@@ -14,7 +14,7 @@ pub use service::{ChatService, RATE_LIMIT_ACTION};
 pub use storage::{
     CompletionStart, HistoryRow, MAX_FEEDBACK_REASON_CHARS, apply_retention, completion_start,
     delete_idle_threads, delete_thread, messages_since_reset, question_extras, record_feedback,
-    store_answer_once, store_message, store_question_with_job,
+    store_answer_once, store_answer_recording, store_message, store_question_with_job,
 };
 
 use chrono::{DateTime, Utc};

@@ -59,14 +59,17 @@ macro_rules! question_job_sql {
 /// streamed chunk) sent first: the insert reads its values from the CTE that
 /// sends it, so the chunk's NOTIFY is queued before the answer's.
 macro_rules! insert_answer_after_chunk_sql {
-    () => {
+    ($more_ctes:expr) => {
         concat!(
             "WITH c AS (SELECT pg_notify($8, $12)), m AS (
                  INSERT INTO ai_conversation_messages (thread_id, role, content, message_xid, request_xid, error_details, extras)
                  SELECT $1::bigint, $2::smallint, $3::text, $4::uuid, $5::uuid, $6::jsonb, $7::jsonb FROM c ",
             once_per_request_sql!(),
-            insert_message_sql!(@rest announce_sql!())
+            insert_message_sql!(@rest $more_ctes, announce_sql!())
         )
+    };
+    () => {
+        insert_answer_after_chunk_sql!("")
     };
 }
 
@@ -93,9 +96,16 @@ pub async fn store_message(
     error_details: Option<Value>,
     announcement: Option<&super::live::Announcement>,
 ) -> Result<StoredMessage, ChatError> {
-    insert_message(db, message, error_details, false, announcement, None)
-        .await?
-        .ok_or_else(|| ChatError::Internal("a stored message returned no row".into()))
+    insert_message(
+        db,
+        message,
+        error_details.as_ref(),
+        false,
+        announcement,
+        None,
+    )
+    .await?
+    .ok_or_else(|| ChatError::Internal("a stored message returned no row".into()))
 }
 
 /// Stores the assistant's answer unless one to its request is stored already
@@ -104,20 +114,76 @@ pub async fn store_message(
 pub async fn store_answer_once(
     db: &impl Queries,
     message: &StoredMessage,
-    error_details: Option<Value>,
+    error_details: Option<&Value>,
     announcement: Option<&super::live::Announcement>,
 ) -> Result<Option<StoredMessage>, ChatError> {
-    insert_message(db, message, error_details, true, announcement, None).await
+    Ok(insert_message(db, message, error_details, true, announcement, None).await?)
+}
+
+/// [`store_answer_once`] with an announcement, writing `record` in the same
+/// statement when this answer is the one stored (see
+/// [`super::completion::AnswerRecord`]). When the record's part is refused
+/// (a constraint: another run of the job writing its own record at that
+/// moment, say), the answer is stored alone and `false` says the record is
+/// still to be written: a record never costs an answer.
+pub async fn store_answer_recording(
+    db: &impl Queries,
+    message: &StoredMessage,
+    error_details: Option<&Value>,
+    announcement: &super::live::Announcement,
+    record: &dyn super::completion::AnswerRecord,
+) -> Result<(Option<StoredMessage>, bool), ChatError> {
+    let with_record = Also::Record(record);
+    match insert_message(
+        db,
+        message,
+        error_details,
+        true,
+        Some(announcement),
+        Some(with_record),
+    )
+    .await
+    {
+        Ok(stored) => Ok((stored, true)),
+        Err(e) if e.code().is_some_and(|code| code.code().starts_with("23")) => {
+            tracing::debug!(error = %e, "the record written with the answer was refused; storing the answer alone");
+            Ok((
+                store_answer_once(db, message, error_details, Some(announcement)).await?,
+                false,
+            ))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// An answer's statement with a record's CTEs, numbered after the answer's
+/// own parameters. Built per answer (a few microseconds); the connection
+/// keeps it prepared by its text.
+fn answer_with_record_sql(
+    chunk_before: bool,
+    record: &dyn super::completion::AnswerRecord,
+) -> String {
+    if chunk_before {
+        format!(
+            insert_answer_after_chunk_sql!("{more}"),
+            more = format!(", {}", record.ctes(13, "m"))
+        )
+    } else {
+        format!(
+            insert_message_sql!(once_per_request_sql!(), "{more}", announce_sql!()),
+            more = format!(", {}", record.ctes(12, "m"))
+        )
+    }
 }
 
 async fn insert_message(
     db: &impl Queries,
     message: &StoredMessage,
-    error_details: Option<Value>,
+    error_details: Option<&Value>,
     once_per_request: bool,
     announcement: Option<&super::live::Announcement>,
-    job: Option<&job_queue::JobValues>,
-) -> Result<Option<StoredMessage>, ChatError> {
+    also: Option<Also<'_>>,
+) -> Result<Option<StoredMessage>, tokio_postgres::Error> {
     let role = message.role as i16;
     let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![
         &message.thread_id,
@@ -132,16 +198,22 @@ async fn insert_message(
     let chunk_before = announcement
         .and_then(|a| a.chunk_before.as_ref())
         .filter(|_| once_per_request);
-    // A job queued with the message: announced questions only (otherwise
-    // its parameters make the statement fail rather than go unqueued).
-    let sql = match (once_per_request, announcement, chunk_before, job) {
+    // What else the statement writes: a question's job (announced questions
+    // only), an answer's record (announced answers only); otherwise
+    // their parameters would make the statement fail rather than go unwritten.
+    let built;
+    let sql = match (once_per_request, announcement, chunk_before, &also) {
+        (true, Some(_), _, Some(Also::Record(record))) => {
+            built = answer_with_record_sql(chunk_before.is_some(), *record);
+            built.as_str()
+        }
         (_, Some(_), Some(_), _) => insert_answer_after_chunk_sql!(),
-        (false, Some(_), None, Some(_)) => {
+        (false, Some(_), None, Some(Also::Job(_))) => {
             insert_message_sql!("", question_job_sql!(), announce_sql!())
         }
         (false, None, _, _) => insert_message_sql!("", ""),
         (true, None, _, _) => insert_message_sql!(once_per_request_sql!(), ""),
-        (false, Some(_), _, None) => insert_message_sql!("", announce_sql!()),
+        (false, Some(_), _, _) => insert_message_sql!("", announce_sql!()),
         (true, Some(_), None, _) => insert_message_sql!(once_per_request_sql!(), announce_sql!()),
     };
     if let Some(a) = announcement {
@@ -155,8 +227,16 @@ async fn insert_message(
     if let Some(chunk) = chunk_before {
         params.push(chunk);
     }
-    if let Some(job) = job {
-        params.extend(job.params());
+    let record_params;
+    match &also {
+        Some(Also::Job(job)) if announcement.is_some() && !once_per_request => {
+            params.extend(job.params())
+        }
+        Some(Also::Record(record)) if announcement.is_some() && once_per_request => {
+            record_params = record.params();
+            params.extend(record_params.iter().copied());
+        }
+        _ => {}
     }
     let row = db.query_opt(sql, &params).await?;
     Ok(row.map(|row| StoredMessage {
@@ -164,6 +244,14 @@ async fn insert_message(
         created_at: row.get(1),
         ..message.clone()
     }))
+}
+
+/// What a message's statement writes besides the message.
+enum Also<'a> {
+    /// A question's completion job.
+    Job(&'a job_queue::JobValues),
+    /// An answer's record.
+    Record(&'a dyn super::completion::AnswerRecord),
 }
 
 /// Stores a question with its announcement and its completion job in one
@@ -175,9 +263,16 @@ pub async fn store_question_with_job(
     announcement: &super::live::Announcement,
     job: &job_queue::JobValues,
 ) -> Result<StoredMessage, ChatError> {
-    insert_message(db, question, None, false, Some(announcement), Some(job))
-        .await?
-        .ok_or_else(|| ChatError::Internal("a stored question returned no row".into()))
+    insert_message(
+        db,
+        question,
+        None,
+        false,
+        Some(announcement),
+        Some(Also::Job(job)),
+    )
+    .await?
+    .ok_or_else(|| ChatError::Internal("a stored question returned no row".into()))
 }
 
 /// What a completion job finds when it starts.

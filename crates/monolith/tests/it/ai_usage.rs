@@ -787,7 +787,7 @@ async fn two_records_of_one_question_at_once_leave_one_event() {
             .query_one(
                 "SELECT count(*) FROM pg_stat_activity
                  WHERE datname = current_database() AND wait_event_type = 'Lock'
-                   AND query LIKE 'WITH updated AS%'",
+                   AND query LIKE '%INSERT INTO ai_chat_question_usage%'",
                 &[],
             )
             .await

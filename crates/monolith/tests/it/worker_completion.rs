@@ -917,3 +917,180 @@ async fn touching_a_thread_leaves_its_indexes_alone() {
         .collect();
     assert_eq!(threads.len(), 1, "{threads:?}");
 }
+
+/// The usage record a recording attaches to an answer, for `job` (no page
+/// resource).
+fn usage_of(
+    job: &CompletionJob,
+    total_ms: i32,
+    error_code: Option<&str>,
+    slash_command: Option<&str>,
+    categorize: bool,
+) -> Arc<monolith::ai_usage::UsageRecord> {
+    let facts = monolith::ai_usage::store::QuestionFacts {
+        request_id: job.request_id,
+        thread_id: job.thread_id,
+        user_id: job.user_id,
+        container: None,
+        at: chrono::Utc::now(),
+        slash_command: slash_command.map(str::to_owned),
+        tools: vec!["issue_reader".into()],
+        error_code: error_code.map(str::to_owned),
+        input_tokens: 3,
+        output_tokens: 4,
+        tokens_estimated: true,
+        first_token_ms: Some(1),
+        total_ms,
+    };
+    let categorize =
+        categorize.then(|| monolith::ai_usage::categorize::job_values(job.request_id).unwrap());
+    Arc::new(monolith::ai_usage::UsageRecord::new(facts, categorize))
+}
+
+/// An answer's usage record is written by the run whose answer is stored, in the
+/// answer's own statement when the answer travels in one (the same
+/// transaction id on both rows), after it otherwise; a run whose answer
+/// lost leaves the record alone; a failed attempt's record is updated, not
+/// doubled, and queues no second categorisation; a record the table refuses
+/// never costs the answer.
+#[tokio::test]
+async fn an_answers_usage_is_recorded_by_the_run_that_stores_it() {
+    use monolith::chat::live::LiveMessage;
+    let (fx, user, chat) = world(3).await;
+    let Listening {
+        _subscriber,
+        mut on_client,
+        ..
+    } = listen(&fx, user).await;
+    let db = fx.pool.get().await.unwrap();
+    let long = "a long answer ".repeat(700);
+    // (answer, an inline last chunk, categorised, a failed attempt's record first)
+    let cases = [
+        ("A short answer.", false, true, false),
+        ("A short answer.", true, false, false),
+        (long.as_str(), false, true, false),
+        ("A short answer.", false, true, true),
+        ("A short answer.", true, true, true),
+    ];
+    for (i, (content, with_chunk, categorize, failed_first)) in cases.into_iter().enumerate() {
+        let (accepted, job) = submitted(&chat, user, &format!("question {i}")).await;
+        if failed_first {
+            use monolith::chat::completion::AnswerRecord;
+            usage_of(&job, 5, Some("A9999"), None, categorize)
+                .write_alone(&fx.pool)
+                .await;
+        }
+        for run in 0..2 {
+            let mut answer = ChatAnswer::text(content);
+            answer.record = Some(usage_of(&job, 100 + run, None, None, categorize));
+            let chunks = if with_chunk {
+                vec![LiveMessage::chunk(
+                    accepted.thread_id,
+                    accepted.request_id,
+                    1,
+                    "piece".into(),
+                )]
+            } else {
+                Vec::new()
+            };
+            jobs::store_and_broadcast(&fx.pool, &job, answer, "https://docs.example.com", chunks)
+                .await
+                .unwrap();
+            // A losing run's chunk still goes out; its answer does not.
+            if with_chunk {
+                assert_eq!(
+                    next_live(&mut on_client).await.chunk_id,
+                    Some(1),
+                    "case {i}"
+                );
+            }
+            if run == 0 {
+                let stored = next_live(&mut on_client).await;
+                assert_eq!(stored.chunk_id, None, "case {i}");
+                assert_eq!(stored.message.content, content, "case {i}");
+            }
+        }
+        let row = db
+            .query_one(
+                "SELECT (SELECT count(*) FROM ai_conversation_messages WHERE request_xid = $1 AND role = 2),
+                        (SELECT count(*) FROM ai_chat_question_usage WHERE request_id = $1),
+                        (SELECT count(*) FROM ai_usage_events e JOIN ai_chat_question_usage q ON q.event_id = e.id
+                          WHERE q.request_id = $1),
+                        (SELECT total_ms FROM ai_chat_question_usage WHERE request_id = $1),
+                        (SELECT error_code FROM ai_chat_question_usage WHERE request_id = $1),
+                        (SELECT xmin::text FROM ai_conversation_messages WHERE request_xid = $1 AND role = 2)
+                          = (SELECT xmin::text FROM ai_chat_question_usage WHERE request_id = $1),
+                        (SELECT count(*) FROM background_jobs
+                          WHERE kind = 'ai_categorize_question' AND dedupe_key = 'ai_categorize:' || $1::text)",
+                &[&accepted.request_id],
+            )
+            .await
+            .unwrap();
+        let (answers, records, events, total_ms, error_code, same_transaction, categorisations): (
+            i64,
+            i64,
+            i64,
+            i32,
+            Option<String>,
+            bool,
+            i64,
+        ) = (
+            row.get(0),
+            row.get(1),
+            row.get(2),
+            row.get(3),
+            row.get(4),
+            row.get(5),
+            row.get(6),
+        );
+        assert_eq!((answers, records, events), (1, 1, 1), "case {i}");
+        assert_eq!(total_ms, 100, "case {i}: the stored answer's run wrote it");
+        assert_eq!(
+            error_code, None,
+            "case {i}: the answer's facts replaced the failure's"
+        );
+        assert_eq!(
+            same_transaction,
+            content.len() < 1000,
+            "case {i}: a small answer and its record are one statement"
+        );
+        assert_eq!(categorisations, i64::from(categorize), "case {i}");
+    }
+
+    // A record the table refuses (a slash command of a shape it does not
+    // take): the answer is stored and announced all the same, unrecorded.
+    let (accepted, job) = submitted(&chat, user, "refused record").await;
+    let mut answer = ChatAnswer::text("Still answered.");
+    answer.record = Some(usage_of(&job, 7, None, Some("/Not A Command"), true));
+    jobs::store_and_broadcast(
+        &fx.pool,
+        &job,
+        answer,
+        "https://docs.example.com",
+        Vec::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        next_live(&mut on_client).await.message.content,
+        "Still answered."
+    );
+    let row = db
+        .query_one(
+            "SELECT (SELECT count(*) FROM ai_conversation_messages WHERE request_xid = $1 AND role = 2),
+                    (SELECT count(*) FROM ai_chat_question_usage WHERE request_id = $1),
+                    (SELECT count(*) FROM background_jobs WHERE kind = 'ai_categorize_question'
+                      AND dedupe_key = 'ai_categorize:' || $1::text)",
+            &[&accepted.request_id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            row.get::<_, i64>(0),
+            row.get::<_, i64>(1),
+            row.get::<_, i64>(2)
+        ),
+        (1, 0, 0)
+    );
+}

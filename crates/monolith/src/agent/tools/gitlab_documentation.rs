@@ -106,6 +106,7 @@ impl Tool for GitlabDocumentation {
             content: answer.trim_end().to_owned(),
             extras: json!({ "sources": sources }),
             error: None,
+            record: None,
         })
     }
 }
