@@ -217,6 +217,8 @@ pub struct GatewayClient {
     http: reqwest::Client,
     keys: SharedKeyRing,
     settings: GatewaySettings,
+    /// The issuer's host (`X-Gitlab-Host-Name`), read from it once.
+    host_name: String,
 }
 
 impl std::fmt::Debug for GatewayClient {
@@ -249,10 +251,17 @@ impl GatewayClient {
             .read_timeout(settings.timeout)
             .pool_max_idle_per_host(32)
             .build()?;
+        let host_name = settings
+            .issuer
+            .parse::<url::Url>()
+            .ok()
+            .and_then(|u| u.host_str().map(str::to_owned))
+            .unwrap_or_default();
         Ok(Self {
             http,
             keys,
             settings,
+            host_name,
         })
     }
 
@@ -300,13 +309,6 @@ impl GatewayClient {
                 audience: &self.settings.audience,
             })
             .map_err(|e| GatewayError::Token(e.to_string()))?;
-        let host = self
-            .settings
-            .issuer
-            .parse::<url::Url>()
-            .ok()
-            .and_then(|u| u.host_str().map(str::to_owned))
-            .unwrap_or_default();
         Ok(vec![
             (headers::AUTHORIZATION, format!("Bearer {token}")),
             (
@@ -316,7 +318,7 @@ impl GatewayClient {
             (headers::REALM, auth.realm.clone()),
             (headers::INSTANCE_ID, self.settings.instance_id.clone()),
             (headers::GLOBAL_USER_ID, global_user_id),
-            (headers::HOST_NAME, host),
+            (headers::HOST_NAME, self.host_name.clone()),
             (headers::VERSION, GITLAB_VERSION.to_owned()),
             (headers::REQUEST_ID, auth.request_id.to_string()),
             (

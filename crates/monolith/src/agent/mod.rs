@@ -517,8 +517,10 @@ impl ChatResponder for AgentResponder {
     ) -> Result<ChatAnswer, ResponderError> {
         let question = self.with_stored_context(job).await?;
         let usage = crate::ai_usage::Recording::start(job);
+        // Boxed: the answer's future is large, and `around` would otherwise
+        // copy it whole at each hand-over.
         let answer = usage
-            .around(self.answer(&question, usage.timed(chunks)))
+            .around(Box::pin(self.answer(&question, usage.timed(chunks))))
             .await;
         usage
             .finish(&self.services.pool, &self.services.policy, answer)

@@ -247,6 +247,10 @@ impl AnswerRecord for UsageRecord {
         store::record_ctes(first, Some(answer), self.categorizes())
     }
 
+    fn variant(&self) -> (&'static str, usize) {
+        ("usage", usize::from(self.categorizes()))
+    }
+
     fn params(&self) -> Vec<&(dyn tokio_postgres::types::ToSql + Sync)> {
         UsageRecord::params(self)
     }

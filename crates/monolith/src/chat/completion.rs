@@ -126,6 +126,11 @@ pub trait AnswerRecord: Send + Sync + std::fmt::Debug {
     /// not clash with the answer statement's own (`c`, `m`, `t`).
     fn ctes(&self, first: usize, answer: &str) -> String;
 
+    /// Which [`AnswerRecord::ctes`] text this record writes: records of one
+    /// kind and variant give the same text for the same arguments, so the
+    /// worker builds each statement once (a handful of them per kind).
+    fn variant(&self) -> (&'static str, usize);
+
     fn params(&self) -> Vec<&(dyn tokio_postgres::types::ToSql + Sync)>;
 
     /// Writes the record on its own: its answer went through a transaction,

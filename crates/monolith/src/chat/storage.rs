@@ -1,6 +1,8 @@
 //! Threads and messages in PostgreSQL (`ai_conversation_threads`,
 //! `ai_conversation_messages`), with GitLab's thread rules and retention.
 
+use std::sync::{Arc, Mutex, PoisonError};
+
 use crate::queries::Queries;
 use deadpool_postgres::Pool;
 use serde_json::Value;
@@ -157,13 +159,20 @@ pub async fn store_answer_recording(
 }
 
 /// An answer's statement with a record's CTEs, numbered after the answer's
-/// own parameters. Built per answer (a few microseconds); the connection
-/// keeps it prepared by its text.
+/// own parameters: built once per kind of statement and kept (a few
+/// kilobytes each; a handful of kinds).
 fn answer_with_record_sql(
     chunk_before: bool,
     record: &dyn super::completion::AnswerRecord,
-) -> String {
-    if chunk_before {
+) -> Arc<str> {
+    type Kept = Vec<((bool, &'static str, usize), Arc<str>)>;
+    static KEPT: Mutex<Kept> = Mutex::new(Vec::new());
+    let key = (chunk_before, record.variant().0, record.variant().1);
+    let mut kept = KEPT.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((_, sql)) = kept.iter().find(|(k, _)| *k == key) {
+        return sql.clone();
+    }
+    let sql: Arc<str> = if chunk_before {
         format!(
             insert_answer_after_chunk_sql!("{more}"),
             more = format!(", {}", record.ctes(13, "m"))
@@ -174,6 +183,9 @@ fn answer_with_record_sql(
             more = format!(", {}", record.ctes(12, "m"))
         )
     }
+    .into();
+    kept.push((key, sql.clone()));
+    sql
 }
 
 async fn insert_message(
@@ -205,7 +217,7 @@ async fn insert_message(
     let sql = match (once_per_request, announcement, chunk_before, &also) {
         (true, Some(_), _, Some(Also::Record(record))) => {
             built = answer_with_record_sql(chunk_before.is_some(), *record);
-            built.as_str()
+            &*built
         }
         (_, Some(_), Some(_), _) => insert_answer_after_chunk_sql!(),
         (false, Some(_), None, Some(Also::Job(_))) => {

@@ -71,12 +71,36 @@ fn key_names(dir: &Path) -> Result<Vec<String>, JwtError> {
 /// A key ring shared by a process's request handlers that follows the key
 /// directory: `duo-monolith rotate-keys` (or another replica) adds a key, and
 /// the next JWKS request publishes it and the next token is signed with it,
-/// without a restart. A directory listing per use is cheap next to an RSA
-/// signature.
+/// without a restart. The directory is listed again only when its
+/// modification time says it may have changed (see [`ListedDir`]).
 #[derive(Clone)]
 pub struct SharedKeyRing {
     ring: std::sync::Arc<std::sync::RwLock<KeyRing>>,
     reused: std::sync::Arc<TokenReuse>,
+    listed: std::sync::Arc<std::sync::Mutex<Option<ListedDir>>>,
+}
+
+/// When the key directory was last listed, and its modification time then.
+/// An unchanged modification time proves nothing was added or removed only
+/// once the listing is [`SETTLED`] later than that time (a file system may
+/// keep times in whole seconds: a key added in the same second as the
+/// listing leaves the time as it was); until then every use lists again.
+#[derive(Debug, Clone, Copy)]
+struct ListedDir {
+    modified: std::time::SystemTime,
+    listed_at: std::time::SystemTime,
+}
+
+const SETTLED: Duration = Duration::from_secs(2);
+
+impl ListedDir {
+    fn still_current(&self, modified: std::time::SystemTime) -> bool {
+        modified == self.modified
+            && self
+                .listed_at
+                .duration_since(self.modified)
+                .is_ok_and(|after| after >= SETTLED)
+    }
 }
 
 /// How long a gateway token signed for a subject is handed out again to
@@ -145,23 +169,38 @@ impl SharedKeyRing {
                 window,
                 tokens: std::sync::Mutex::new(std::collections::HashMap::new()),
             }),
+            listed: std::sync::Arc::new(std::sync::Mutex::new(None)),
         }
     }
 
     fn refresh(&self) -> Result<(), JwtError> {
+        let mut listed = self.listed.lock().map_err(|_| JwtError::Lock)?;
         let (dir, current) = {
             let ring = self.ring.read().map_err(|_| JwtError::Lock)?;
+            let modified = std::fs::metadata(&ring.dir)?.modified()?;
+            if listed.is_some_and(|seen| seen.still_current(modified)) {
+                return Ok(());
+            }
+            *listed = Some(ListedDir {
+                modified,
+                listed_at: std::time::SystemTime::now(),
+            });
             (
                 ring.dir.clone(),
                 ring.kids().map(str::to_owned).collect::<Vec<_>>(),
             )
         };
-        let names = key_names(&dir)?;
+        let names = key_names(&dir);
+        if names.is_err() {
+            *listed = None;
+        }
+        let names = names?;
         if names != current {
             self.ring
                 .write()
                 .map_err(|_| JwtError::Lock)?
-                .reload(&names)?;
+                .reload(&names)
+                .inspect_err(|_| *listed = None)?;
         }
         Ok(())
     }
@@ -446,4 +485,34 @@ pub fn openid_configuration(issuer: &str) -> Value {
         "response_types_supported": ["id_token"],
         "subject_types_supported": ["public"],
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listing_is_trusted_only_once_settled_after_the_directorys_time() {
+        let modified = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let settled = ListedDir {
+            modified,
+            listed_at: modified + SETTLED,
+        };
+        assert!(settled.still_current(modified));
+        // The directory changed since: list again.
+        assert!(!settled.still_current(modified + Duration::from_nanos(1)));
+        // Listed in the same second as the change: a key added later in
+        // that second may have left the time as it was.
+        let fresh = ListedDir {
+            modified,
+            listed_at: modified + Duration::from_millis(500),
+        };
+        assert!(!fresh.still_current(modified));
+        // A clock that went back: never trusted.
+        let earlier = ListedDir {
+            modified,
+            listed_at: modified - Duration::from_secs(5),
+        };
+        assert!(!earlier.still_current(modified));
+    }
 }

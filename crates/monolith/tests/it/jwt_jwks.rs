@@ -358,6 +358,16 @@ fn a_gateway_token_is_reused_for_the_same_subject_and_key_only() {
             assert_eq!(claims["model_endpoints"], serde_json::json!(endpoints));
         }
     }
+    // A directory listed well after its last change is not listed again
+    // while its time stays: backdate it, so the next use settles.
+    std::fs::File::open(&dir)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(60))
+        .unwrap();
+    assert_eq!(
+        ring.token_for(subject(1, &["duo_chat"], &[])).unwrap(),
+        first
+    );
     // A key rotated in by another process signs the next token at once.
     let rotated = KeyRing::load_or_create(&dir).unwrap().rotate().unwrap();
     let after = ring.token_for(subject(1, &["duo_chat"], &[])).unwrap();
