@@ -13,7 +13,7 @@ use fake_provider::FakeProvider;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -155,7 +155,37 @@ pub async fn grpc_health(base: &str) -> Result<u8> {
     }
 }
 
+/// A port free right now for a server of the system under test. Taken
+/// below the kernel's ephemeral range when it can be: a port the kernel
+/// handed out for `bind(0)` and that was released goes back into the pool
+/// outgoing connections draw from (the web role's PostgreSQL connections,
+/// say), so the server meant to listen on it could find it taken.
 pub fn free_port() -> Result<u16> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    const LOWEST: u16 = 10_000;
+    if ephemeral_low > LOWEST + 1_000 {
+        let span = u64::from(ephemeral_low - LOWEST);
+        // Spread by process and call, so parallel harnesses rarely try the same.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| u64::from(d.subsec_nanos()))
+            .unwrap_or(0);
+        let seed = u64::from(std::process::id()).wrapping_mul(7_919) ^ nanos;
+        for _ in 0..64 {
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let offset = seed.wrapping_add(n.wrapping_mul(104_729)) % span;
+            let Ok(port) = u16::try_from(u64::from(LOWEST) + offset) else {
+                continue;
+            };
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return Ok(port);
+            }
+        }
+    }
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?.port())
 }
