@@ -229,15 +229,16 @@ impl Recording {
             }
             None => None,
         };
-        let categorize = match categorize {
+        let wanted = match categorize {
             Some(wanted) => wanted,
             None => categorize::wanted_for(&*pool.get().await?, self.user_id).await,
         };
-        let categorize = match categorize {
-            true => Some(categorize::job_values(self.request_id)?),
-            false => None,
+        let job = if wanted {
+            Some(categorize::job_values(self.request_id)?)
+        } else {
+            None
         };
-        Ok(UsageRecord::new(self.facts(result, container), categorize))
+        Ok(UsageRecord::new(self.facts(result, container), job))
     }
 }
 

@@ -276,8 +276,8 @@ pub async fn store_and_broadcast(
     // Usually one statement stores and announces the answer and writes its
     // record; a large answer goes through a transaction (its notification
     // names a stored payload), its record written after it.
-    let mut recorded = false;
-    let stored = match live::Announcement::answer(job.user_id, client_id, &message)? {
+    // The record still to write on its own, once the answer is stored.
+    let (stored, unwritten) = match live::Announcement::answer(job.user_id, client_id, &message)? {
         Some(mut announcement) => {
             let joined = match (client_id, last_chunks.as_slice()) {
                 (Some(client_id), [chunk]) => {
@@ -298,17 +298,17 @@ pub async fn store_and_broadcast(
                         record.as_ref(),
                     )
                     .await?;
-                    recorded = written;
-                    stored
+                    (stored, (!written).then_some(record))
                 }
                 None => {
-                    chat::store_answer_once(
+                    let stored = chat::store_answer_once(
                         &*client,
                         &message,
                         details.as_ref(),
                         Some(&announcement),
                     )
-                    .await?
+                    .await?;
+                    (stored, None)
                 }
             }
         }
@@ -325,15 +325,15 @@ pub async fn store_and_broadcast(
                 live::publish_answer(&tx, job.user_id, client_id, &live).await?;
             }
             tx.commit().await?;
-            stored
+            (stored, record.as_ref())
         }
     };
-    match (&stored, &record) {
+    match (&stored, unwritten) {
         (None, _) => {
             tracing::info!(request_id = %job.request_id, "answer already stored by another run");
         }
-        (Some(_), Some(record)) if !recorded => record.write_alone(pool).await,
-        (Some(_), _) => {}
+        (Some(_), Some(record)) => record.write_alone(pool).await,
+        (Some(_), None) => {}
     }
     Ok(())
 }

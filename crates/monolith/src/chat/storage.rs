@@ -167,7 +167,8 @@ fn answer_with_record_sql(
 ) -> Arc<str> {
     type Kept = Vec<((bool, &'static str, usize), Arc<str>)>;
     static KEPT: Mutex<Kept> = Mutex::new(Vec::new());
-    let key = (chunk_before, record.variant().0, record.variant().1);
+    let (kind, variant) = record.variant();
+    let key = (chunk_before, kind, variant);
     let mut kept = KEPT.lock().unwrap_or_else(PoisonError::into_inner);
     if let Some((_, sql)) = kept.iter().find(|(k, _)| *k == key) {
         return sql.clone();
@@ -211,8 +212,8 @@ async fn insert_message(
         .and_then(|a| a.chunk_before.as_ref())
         .filter(|_| once_per_request);
     // What else the statement writes: a question's job (announced questions
-    // only), an answer's record (announced answers only); otherwise
-    // their parameters would make the statement fail rather than go unwritten.
+    // only), an answer's record (announced answers only); otherwise their
+    // parameters make the statement fail rather than go unwritten.
     let built;
     let sql = match (once_per_request, announcement, chunk_before, &also) {
         (true, Some(_), _, Some(Also::Record(record))) => {
@@ -239,17 +240,9 @@ async fn insert_message(
     if let Some(chunk) = chunk_before {
         params.push(chunk);
     }
-    let record_params;
-    match &also {
-        Some(Also::Job(job)) if announcement.is_some() && !once_per_request => {
-            params.extend(job.params())
-        }
-        Some(Also::Record(record)) if announcement.is_some() && once_per_request => {
-            record_params = record.params();
-            params.extend(record_params.iter().copied());
-        }
-        _ => {}
-    }
+    // Always bound: a statement chosen without its part then fails loudly.
+    let also_params = also.as_ref().map(Also::params).unwrap_or_default();
+    params.extend(also_params.iter().copied());
     let row = db.query_opt(sql, &params).await?;
     Ok(row.map(|row| StoredMessage {
         id: row.get(0),
@@ -264,6 +257,16 @@ enum Also<'a> {
     Job(&'a job_queue::JobValues),
     /// An answer's record.
     Record(&'a dyn super::completion::AnswerRecord),
+}
+
+impl<'a> Also<'a> {
+    /// Its parameters, bound after the message's and its announcement's.
+    fn params(&self) -> Vec<&'a (dyn tokio_postgres::types::ToSql + Sync)> {
+        match self {
+            Also::Job(job) => job.params().to_vec(),
+            Also::Record(record) => record.params(),
+        }
+    }
 }
 
 /// Stores a question with its announcement and its completion job in one

@@ -174,34 +174,33 @@ impl SharedKeyRing {
     }
 
     fn refresh(&self) -> Result<(), JwtError> {
+        // Held throughout: what it says is true of the ring once this returns.
         let mut listed = self.listed.lock().map_err(|_| JwtError::Lock)?;
-        let (dir, current) = {
+        let (dir, current, seen) = {
             let ring = self.ring.read().map_err(|_| JwtError::Lock)?;
             let modified = std::fs::metadata(&ring.dir)?.modified()?;
             if listed.is_some_and(|seen| seen.still_current(modified)) {
                 return Ok(());
             }
-            *listed = Some(ListedDir {
+            let seen = ListedDir {
                 modified,
+                // Before the listing: a key added after it changes the time.
                 listed_at: std::time::SystemTime::now(),
-            });
+            };
             (
                 ring.dir.clone(),
                 ring.kids().map(str::to_owned).collect::<Vec<_>>(),
+                seen,
             )
         };
-        let names = key_names(&dir);
-        if names.is_err() {
-            *listed = None;
-        }
-        let names = names?;
+        let names = key_names(&dir)?;
         if names != current {
             self.ring
                 .write()
                 .map_err(|_| JwtError::Lock)?
-                .reload(&names)
-                .inspect_err(|_| *listed = None)?;
+                .reload(&names)?;
         }
+        *listed = Some(seen);
         Ok(())
     }
 
