@@ -88,6 +88,50 @@ pub fn cpu_time(pid: u32) -> Option<Duration> {
     Some(Duration::from_secs_f64((utime + stime) / USER_HZ))
 }
 
+/// What the whole machine's CPUs did so far, from `/proc/stat`: to tell a
+/// bench's figures from other work running beside it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MachineCpu {
+    /// Time any CPU spent running something (processes and the kernel's
+    /// interrupt work), idle and I/O wait excluded.
+    pub busy: Duration,
+    /// Time the hypervisor gave this machine's virtual CPUs to others.
+    pub stolen: Duration,
+}
+
+impl MachineCpu {
+    pub fn now() -> Option<Self> {
+        Self::parse(&std::fs::read_to_string("/proc/stat").ok()?)
+    }
+
+    /// The summary `cpu` line: user, nice, system, idle, iowait, irq,
+    /// softirq, steal, guest, guest_nice, in USER_HZ ticks. Guest time is
+    /// counted in user already.
+    fn parse(stat: &str) -> Option<Self> {
+        let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+        let ticks: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .map(|field| field.parse().ok())
+            .collect::<Option<_>>()?;
+        let field = |i: usize| ticks.get(i).copied().unwrap_or(0);
+        let busy = field(0) + field(1) + field(2) + field(5) + field(6);
+        let time = |t: u64| Duration::from_secs_f64(t as f64 / USER_HZ);
+        (ticks.len() >= 4).then(|| Self {
+            busy: time(busy),
+            stolen: time(field(7)),
+        })
+    }
+
+    /// What happened between `before` and `self`.
+    pub fn since(&self, before: &Self) -> Self {
+        Self {
+            busy: self.busy.saturating_sub(before.busy),
+            stolen: self.stolen.saturating_sub(before.stolen),
+        }
+    }
+}
+
 /// The ids of every process whose command name is `comm` (e.g. `postgres`,
 /// whose server forks one process per connection).
 pub fn pids_named(comm: &str) -> Vec<u32> {
@@ -117,6 +161,25 @@ pub fn load_average() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn machine_cpu_counts_busy_and_stolen_ticks() {
+        let stat = "cpu  100 5 40 9000 7 3 2 11 50 0\ncpu0 50 2 20 4500 3 1 1 5 25 0\nintr 1 2 3\n";
+        let cpu = MachineCpu::parse(stat).unwrap();
+        // user + nice + system + irq + softirq; guest is inside user.
+        assert_eq!(cpu.busy, Duration::from_millis(1500));
+        assert_eq!(cpu.stolen, Duration::from_millis(110));
+        let later = MachineCpu::parse("cpu  200 5 60 9100 7 3 2 31 50 0\n").unwrap();
+        assert_eq!(
+            later.since(&cpu),
+            MachineCpu {
+                busy: Duration::from_millis(1200),
+                stolen: Duration::from_millis(200),
+            }
+        );
+        assert_eq!(MachineCpu::parse("intr 1 2\n"), None);
+        assert_eq!(MachineCpu::parse("cpu  1 x 3 4\n"), None);
+    }
 
     #[test]
     fn nearest_rank_percentiles() {

@@ -28,7 +28,7 @@
 //! missing from the database or the subscription, a second copy of one).
 
 use anyhow::{Context, bail};
-use bench::{Latencies, cpu_time, load_average, mb, ms, peak_rss_kib, pids_named};
+use bench::{Latencies, MachineCpu, cpu_time, load_average, mb, ms, peak_rss_kib, pids_named};
 use e2e_tests::live::Subscription;
 use e2e_tests::{Options, System};
 use futures::future::join_all;
@@ -654,6 +654,8 @@ struct Accounts {
     /// CPU time of each PostgreSQL backend connected to this system's
     /// database (the machine's other databases excluded).
     postgres_backends: HashMap<u32, Duration>,
+    /// The whole machine, read beside the processes' times.
+    machine: Option<MachineCpu>,
 }
 
 impl Accounts {
@@ -715,6 +717,7 @@ async fn accounts(system: &System) -> anyhow::Result<Accounts> {
         postgres_backends,
         gateway_request_secs: gateway_request_seconds(&metrics),
         postgres_active_ms,
+        machine: MachineCpu::now(),
         cpu: vec![
             ("monolith web", sum(&web)),
             ("monolith worker", sum(&workers)),
@@ -859,6 +862,17 @@ async fn answers(
         .zip(&before.cpu)
         .map(|((name, a), (_, b))| (*name, per(a.saturating_sub(*b))))
         .collect();
+    // Every process above is in the machine's busy time; what is left over
+    // ran beside the bench and slowed it (a build, a stray server).
+    if let (Some(after_machine), Some(before_machine)) = (after.machine, before.machine) {
+        let machine = after_machine.since(&before_machine);
+        let accounted: f64 = per_answer.iter().map(|(_, ms)| ms).sum();
+        per_answer.push((
+            "other work on the machine",
+            (per(machine.busy) - accounted).max(0.0),
+        ));
+        per_answer.push(("stolen by the hypervisor", per(machine.stolen)));
+    }
     per_answer.insert(
         2,
         (
