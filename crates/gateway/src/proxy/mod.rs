@@ -4,6 +4,7 @@
 //! [`check_purpose`] and [`plan`] are plain functions holding every rule;
 //! [`forward`] does the one upstream call and streams the answer back.
 
+mod body_facts;
 pub mod rules;
 
 use crate::auth::GatewayUser;
@@ -95,8 +96,8 @@ pub fn plan(
     config: &ProvidersConfig,
     call: IncomingCall<'_>,
 ) -> Result<UpstreamCall, ApiError> {
-    let json: serde_json::Value = serde_json::from_slice(&call.body)
-        .map_err(|_| ApiError::BadRequest("Invalid JSON".into()))?;
+    let facts =
+        body_facts::read(&call.body).ok_or_else(|| ApiError::BadRequest("Invalid JSON".into()))?;
     if rules::is_traversal(call.raw_path) {
         return Err(ApiError::NotFound("Not found".into()));
     }
@@ -106,11 +107,12 @@ pub fn plan(
             if !rules::ANTHROPIC_PATHS.contains(&call.path) {
                 return Err(ApiError::NotFound("Not found".into()));
             }
-            let model = json
-                .get("model")
-                .and_then(|m| m.as_str())
-                .ok_or_else(|| ApiError::BadRequest("Failed to extract model name".into()))?;
-            if !rules::ANTHROPIC_MODELS.contains(&model) {
+            let model = facts
+                .model
+                .ok_or_else(|| ApiError::BadRequest("Failed to extract model name".into()))?
+                .into_owned();
+            let streaming = facts.stream;
+            if !rules::ANTHROPIC_MODELS.contains(&model.as_str()) {
                 return Err(ApiError::BadRequest("Unsupported model".into()));
             }
             let key = config
@@ -129,9 +131,9 @@ pub fn plan(
                 ),
                 headers: upstream_headers,
                 body: call.body,
-                streaming: json.get("stream").and_then(|s| s.as_bool()) == Some(true),
+                streaming,
                 engine: ProviderKind::Anthropic.engine(),
-                model: model.to_owned(),
+                model,
             })
         }
         ProxyKind::VertexAi => {
