@@ -88,6 +88,40 @@ pub fn cpu_time(pid: u32) -> Option<Duration> {
     Some(Duration::from_secs_f64((utime + stime) / USER_HZ))
 }
 
+/// Runs a bench until it ends or the process is asked to stop (SIGINT or
+/// SIGTERM, e.g. `kill` from a profiling script). On a stop the bench's
+/// future is dropped, so the servers it started (their processes are killed
+/// on drop) and its scratch directories go with it instead of outliving it;
+/// `Err` names the signal. If the signals cannot be watched, the bench just
+/// runs.
+pub async fn until_stopped<T>(
+    bench: impl std::future::Future<Output = T>,
+) -> Result<T, &'static str> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut interrupt), Ok(mut terminate)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return Ok(bench.await);
+    };
+    tokio::select! {
+        done = bench => Ok(done),
+        _ = interrupt.recv() => Err("SIGINT"),
+        _ = terminate.recv() => Err("SIGTERM"),
+    }
+}
+
+/// [`until_stopped`] for a bench's `main`: a stop fails the bench.
+pub async fn run_until_stopped(
+    bench: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    until_stopped(bench).await.unwrap_or_else(|signal| {
+        Err(anyhow::anyhow!(
+            "stopped by {signal}; the servers it started are stopped too"
+        ))
+    })
+}
+
 /// What the whole machine's CPUs did so far, from `/proc/stat`: to tell a
 /// bench's figures from other work running beside it.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -161,6 +195,40 @@ pub fn load_average() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stop drops the running bench (and so what it owns) and says why.
+    #[tokio::test]
+    async fn a_stop_signal_drops_the_running_bench() {
+        struct Owned(std::sync::Arc<std::sync::atomic::AtomicBool>);
+        impl Drop for Owned {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let dropped = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (running, is_running) = tokio::sync::oneshot::channel();
+        let owned = Owned(dropped.clone());
+        let bench = async move {
+            let _owned = owned;
+            let _ = running.send(());
+            std::future::pending::<()>().await
+        };
+        let stopper = tokio::spawn(async move {
+            // The bench runs once `until_stopped` watches the signals.
+            let _ = is_running.await;
+            let status = tokio::process::Command::new("kill")
+                .args(["-TERM", &std::process::id().to_string()])
+                .status()
+                .await
+                .unwrap();
+            assert!(status.success());
+        });
+        assert_eq!(until_stopped(bench).await, Err("SIGTERM"));
+        assert!(dropped.load(std::sync::atomic::Ordering::SeqCst));
+        stopper.await.unwrap();
+        // A bench that ends on its own gives its result.
+        assert_eq!(until_stopped(async { 7 }).await, Ok(7));
+    }
 
     #[test]
     fn machine_cpu_counts_busy_and_stolen_ticks() {

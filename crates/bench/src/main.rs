@@ -561,9 +561,9 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     if args.iter().any(|a| a == INSTRUCTIONS_ARG) {
-        return runtime.block_on(count_instructions());
+        return runtime.block_on(bench::run_until_stopped(count_instructions()));
     }
-    runtime.block_on(bench_gateway())
+    runtime.block_on(bench::run_until_stopped(bench_gateway()))
 }
 
 /// `--instructions`: instead of timing, count the instructions the gateway

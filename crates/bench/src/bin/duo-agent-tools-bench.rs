@@ -365,6 +365,10 @@ enum Measure {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    bench::run_until_stopped(run_bench()).await
+}
+
+async fn run_bench() -> anyhow::Result<()> {
     let mut limit: Option<usize> = None;
     let mut only: Option<String> = None;
     let mut measure = Measure::FirstStep;

@@ -109,6 +109,10 @@ struct Integrity {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    bench::run_until_stopped(run_bench()).await
+}
+
+async fn run_bench() -> anyhow::Result<()> {
     let started = Instant::now();
     let scale_only = std::env::args().any(|a| a == "--scale-only");
     println!(

@@ -432,6 +432,10 @@ fn verdict(ok: bool) -> &'static str {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    bench::run_until_stopped(run_bench()).await
+}
+
+async fn run_bench() -> anyhow::Result<()> {
     println!("load average: {}", load_average());
     let questions = load_questions(&fixture_dir().join("questions.yaml"))?;
     println!("{} labelled questions", questions.len());

@@ -231,6 +231,10 @@ async fn medians_in_turns(
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    bench::run_until_stopped(run_bench()).await
+}
+
+async fn run_bench() -> anyhow::Result<()> {
     println!("load average: {}", load_average());
     println!("starting PostgreSQL and the system (release builds)");
     let system = System::start().await.context("starting the system")?;

@@ -96,6 +96,10 @@ async fn graphql_round(
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    bench::run_until_stopped(run_bench()).await
+}
+
+async fn run_bench() -> anyhow::Result<()> {
     println!(
         "starting PostgreSQL, duo-gateway, duo-monolith web and worker (release builds) and the fake provider"
     );

@@ -86,6 +86,10 @@ fn rss_kib(pid: u32) -> anyhow::Result<u64> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    bench::run_until_stopped(run_bench()).await
+}
+
+async fn run_bench() -> anyhow::Result<()> {
     let rounds = std::env::var("MCP_BENCH_ROUNDS")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -534,6 +534,10 @@ async fn start(model: Model) -> anyhow::Result<(System, Option<Service>)> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    bench::run_until_stopped(run_bench()).await
+}
+
+async fn run_bench() -> anyhow::Result<()> {
     let args = parse_args()?;
     let mut cases = load_cases(&eval_dir().join("cases"))?;
     if let Some(only) = &args.only {

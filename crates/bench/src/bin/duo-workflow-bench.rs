@@ -121,6 +121,10 @@ impl Reporter for StepClock {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    bench::run_until_stopped(run_bench()).await
+}
+
+async fn run_bench() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let steps = args
         .iter()
