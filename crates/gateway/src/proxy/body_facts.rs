@@ -8,7 +8,7 @@ use std::borrow::Cow;
 use std::fmt;
 
 use serde::Deserializer as _;
-use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 
 /// What [`read`] found at the top level of a body.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -45,9 +45,7 @@ impl<'de> Visitor<'de> for TopLevel {
             match key {
                 Key::Model => facts.model = map.next_value_seed(ScalarSeed)?.into_str(),
                 Key::Stream => facts.stream = map.next_value_seed(ScalarSeed)? == Scalar::True,
-                Key::Other => {
-                    map.next_value::<IgnoredAny>()?;
-                }
+                Key::Other => map.next_value_seed(Skip)?,
             }
         }
         Ok(facts)
@@ -83,8 +81,68 @@ impl<'de> Visitor<'de> for TopLevel {
 }
 
 fn skip_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
-    while seq.next_element::<IgnoredAny>()?.is_some() {}
+    while seq.next_element_seed(Skip)?.is_some() {}
     Ok(())
+}
+
+fn skip_map<'de, A: MapAccess<'de>>(mut map: A) -> Result<(), A::Error> {
+    while map.next_key_seed(KeySeed)?.is_some() {
+        map.next_value_seed(Skip)?;
+    }
+    Ok(())
+}
+
+/// A value passed over. It goes through `deserialize_any`, as a whole
+/// document does, so the parser's nesting limit applies alike (serde's
+/// `IgnoredAny` takes a path without that limit).
+struct Skip;
+
+impl<'de> DeserializeSeed<'de> for Skip {
+    type Value = ();
+
+    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Skip {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<(), A::Error> {
+        skip_seq(seq)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<(), A::Error> {
+        skip_map(map)
+    }
 }
 
 /// The keys the proxy looks for; compared after unescaping, as
@@ -191,9 +249,8 @@ impl<'de> Visitor<'de> for ScalarSeed {
         skip_seq(seq).map(|()| Scalar::Other)
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        Ok(Scalar::Other)
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        skip_map(map).map(|()| Scalar::Other)
     }
 }
 
@@ -248,6 +305,26 @@ mod tests {
             r#"[1,2"#,
             r#"nul"#,
         ];
+        // Nesting deeper than the parser's limit is refused either way.
+        let deep = |depth: usize| {
+            format!(
+                r#"{{"model":"claude","x":{}{}}}"#,
+                "[".repeat(depth),
+                "]".repeat(depth)
+            )
+        };
+        let nested = [
+            deep(100),
+            deep(126),
+            deep(127),
+            deep(128),
+            deep(200),
+            deep(5000),
+        ];
+        let bodies = bodies
+            .iter()
+            .copied()
+            .chain(nested.iter().map(String::as_str));
         for body in bodies {
             let expected = from_document(body.as_bytes());
             let found =
