@@ -19,7 +19,6 @@ use anyhow::{Context, bail};
 use bench::{load_average, mb, ms, percentile, read_status_kib};
 use fake_provider::{FakeProvider, FakeProviderOptions};
 use futures::StreamExt;
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -318,10 +317,6 @@ fn start_provider() -> anyhow::Result<(String, Arc<FakeProvider>)> {
     Ok(started)
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
 /// Waits until the gateway at `url` answers its health check.
 async fn wait_until_healthy(
     child: &mut Child,
@@ -399,7 +394,7 @@ impl Gateway {
         anthropic_key: bool,
         validation_key: Option<&str>,
     ) -> anyhow::Result<Self> {
-        let port = free_port()?;
+        let port = e2e_tests::free_port()?;
         let mut command = gateway_command(provider, anthropic_key, validation_key, port)?;
         let child = command
             .stdout(Stdio::null())
@@ -600,7 +595,7 @@ async fn count_instructions() -> anyhow::Result<()> {
     );
     let mut rows = Vec::new();
     for (i, target) in targets().into_iter().enumerate() {
-        let port = free_port()?;
+        let port = e2e_tests::free_port()?;
         let command = gateway_command(
             &provider,
             target.anthropic_key,
@@ -617,7 +612,7 @@ async fn count_instructions() -> anyhow::Result<()> {
         ));
     }
     // The relay, on the Anthropic call: what copying the bytes alone costs.
-    let port = free_port()?;
+    let port = e2e_tests::free_port()?;
     let relay_command = relay_command(&provider, port)?;
     let mut relay = bench::callgrind::Counted::start(&relay_command, &scratch.join("relay"))?;
     let relay_address = format!("127.0.0.1:{port}");
@@ -679,7 +674,7 @@ struct Relay {
 
 impl Relay {
     fn start(provider: &str) -> anyhow::Result<Self> {
-        let port = free_port()?;
+        let port = e2e_tests::free_port()?;
         let child = relay_command(provider, port)?
             .stdout(Stdio::null())
             .spawn()

@@ -21,7 +21,6 @@
 use anyhow::{Context, bail};
 use bench::{Latencies, load_average, ms};
 use serde_json::{Value, json};
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -188,10 +187,6 @@ enum Step {
     Malformed(String),
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
 fn sibling(name: &str) -> anyhow::Result<std::path::PathBuf> {
     Ok(std::env::current_exe()?
         .parent()
@@ -225,7 +220,7 @@ async fn wait_ok(client: &reqwest::Client, url: &str, what: &str) -> anyhow::Res
 }
 
 fn start_model_server() -> anyhow::Result<(Process, String)> {
-    let port = free_port()?;
+    let port = e2e_tests::free_port()?;
     let mut command = Command::new(sibling("duo-local-llm")?);
     command
         .env("DUO_LOCAL_LLM_ADDR", format!("127.0.0.1:{port}"))
@@ -236,7 +231,7 @@ fn start_model_server() -> anyhow::Result<(Process, String)> {
 }
 
 fn start_gateway(model_server: &str, react: bool) -> anyhow::Result<(Process, String)> {
-    let port = free_port()?;
+    let port = e2e_tests::free_port()?;
     let mut command = Command::new(sibling("duo-gateway")?);
     command
         .env_clear()
