@@ -8,6 +8,7 @@ use crate::docs_search::{DocsIndex, DocsIndexError};
 use crate::observability::Metrics;
 use crate::observability::readiness::Readiness;
 use crate::prompts::{PromptLoadError, PromptRegistry};
+use crate::providers::direct_http::{DirectHttp, DirectHttpSettings};
 use crate::providers::tool_calling::ToolCallingModel;
 use crate::providers::{ChatModel, ModelRouter, ProviderClients, ProviderError};
 use std::sync::Arc;
@@ -24,6 +25,8 @@ pub struct AppState {
     pub metrics: Metrics,
     /// One connection pool for proxies and readiness probes.
     pub http: reqwest::Client,
+    /// The proxies' client for plain-`http` upstreams (see [`DirectHttp`]).
+    pub direct_http: DirectHttp,
     pub readiness: Arc<Readiness>,
     /// The documentation search index, built once at start-up.
     pub docs: Arc<DocsIndex>,
@@ -60,6 +63,7 @@ pub enum AppStateError {
 impl AppState {
     pub fn build(config: Config) -> Result<Self, AppStateError> {
         let http = proxy_client(&config)?;
+        let direct_http = proxy_direct_client(&config);
         let prompts = Arc::new(PromptRegistry::load(&config.prompts.dir)?);
         let authenticator = Arc::new(Authenticator::from_config(&config.auth)?);
         let provider_clients = ProviderClients::new(&config.providers)?;
@@ -76,6 +80,7 @@ impl AppState {
             config: Arc::new(config),
             metrics: Metrics::global(),
             http,
+            direct_http,
             docs,
             tool_model: ToolCallingModel::with_clients(provider_clients.clone()),
             provider_clients,
@@ -92,6 +97,7 @@ impl AppState {
         let provider_clients = ProviderClients::new(&self.config.providers)?;
         Ok(Self {
             http: proxy_client(&self.config)?,
+            direct_http: proxy_direct_client(&self.config),
             model: Arc::new(ModelRouter::with_clients(
                 &self.config.providers,
                 provider_clients.clone(),
@@ -101,6 +107,16 @@ impl AppState {
             ..self.clone()
         })
     }
+}
+
+/// The proxies' client for plain-`http` upstreams, with the same limits.
+fn proxy_direct_client(config: &Config) -> DirectHttp {
+    DirectHttp::new(DirectHttpSettings {
+        connect_timeout: config.providers.proxy_timeout,
+        read_timeout: Some(config.providers.proxy_timeout),
+        max_idle_per_origin: 256,
+        ..DirectHttpSettings::default()
+    })
 }
 
 /// The proxies' and readiness probes' client.

@@ -91,6 +91,7 @@ async fn chat_agent(
     )
     .await?;
     prepared.call.wait_clock = Some(clock);
+    let pacing = model.pacing(&prepared.call.target);
     let tool_model = match req.app_data::<web::Data<ToolCallingModel>>() {
         Some(tool_model) => tool_model.get_ref().clone(),
         // Apps that do not register one (tests of the ReAct path) still work.
@@ -100,6 +101,7 @@ async fn chat_agent(
     let events = super::stream_body::first_chunk_ready(
         agent::run(model.into_inner(), tool_model, prepared)
             .map(|event| Ok::<_, Infallible>(Bytes::from(event.to_ndjson_line()))),
+        pacing,
     )
     .await;
     Ok(HttpResponse::Ok().content_type(NDJSON).streaming(events))

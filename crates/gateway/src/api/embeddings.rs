@@ -146,7 +146,7 @@ async fn handle(
         _ => EmbeddingTarget::configured(&config.code_embeddings, &config.providers),
     };
     let vectors = embeddings::embed(
-        state.provider_clients.get(target.egress),
+        state.provider_clients.get(target.egress).pooled(),
         &target,
         &request.contents,
         config.code_embeddings.batch_size,

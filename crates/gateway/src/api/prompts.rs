@@ -109,6 +109,7 @@ pub async fn invoke_prompt(
         check_fits(&prompt_id, &prepared.call, model_id, context_tokens)?;
     }
 
+    let pacing = model.pacing(&prepared.call.target);
     let mut stream = model
         .stream(prepared.call)
         .await
@@ -150,7 +151,7 @@ pub async fn invoke_prompt(
     };
     Ok(HttpResponse::Ok()
         .content_type("text/event-stream; charset=utf-8")
-        .streaming(super::stream_body::first_chunk_ready(body).await))
+        .streaming(super::stream_body::first_chunk_ready(body, pacing).await))
 }
 
 /// Refuses a prompt its model cannot hold (the caller's inputs are the

@@ -54,7 +54,14 @@ async fn handle(
     )?;
     // Proxied calls have no feature of their own: the unit primitive they
     // are made for stands in as their feature category.
-    proxy::forward(&state.http, call, &clock, purpose.as_str()).await
+    proxy::forward(
+        &state.http,
+        &state.direct_http,
+        call,
+        &clock,
+        purpose.as_str(),
+    )
+    .await
 }
 
 /// Reads the whole body, refusing more than `limit` bytes with 413.

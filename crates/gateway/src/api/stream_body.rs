@@ -6,6 +6,8 @@ use std::task::Poll;
 use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt};
 
+pub use crate::providers::upstream::Pacing;
+
 /// At most this many ready pieces go out in one write.
 const MAX_PIECES_PER_WRITE: usize = 64;
 /// At most this many bytes go out in one write.
@@ -14,6 +16,16 @@ const MAX_BYTES_PER_WRITE: usize = 64 * 1024;
 /// was gathered leaves: a piece can need several hand-offs (the provider's
 /// connection task, its body, our decoder), and the end of a body one more.
 const IDLE_TURNS: u32 = 4;
+
+/// Turns of the scheduler to give a body's feeders after a piece.
+fn idle_turns_of(pacing: Pacing) -> u32 {
+    {
+        match pacing {
+            Pacing::OtherTasks => IDLE_TURNS,
+            Pacing::SameTask => 0,
+        }
+    }
+}
 
 /// What follows a gathered chunk.
 enum After<E> {
@@ -37,7 +49,7 @@ enum After<E> {
 /// gateway in 21 `sendto`s, one per event). On a busy worker a turn lasts
 /// as long as the other ready tasks take, so a chunk may wait up to four
 /// of those turns, and carries more when it leaves.
-pub fn coalesce_ready<S, E>(pieces: S) -> impl Stream<Item = Result<Bytes, E>>
+pub fn coalesce_ready<S, E>(pieces: S, pacing: Pacing) -> impl Stream<Item = Result<Bytes, E>>
 where
     S: Stream<Item = Result<Bytes, E>>,
 {
@@ -79,7 +91,7 @@ where
                         after = After::End;
                         break;
                     }
-                    Poll::Pending if idle_turns < IDLE_TURNS => {
+                    Poll::Pending if idle_turns < idle_turns_of(pacing) => {
                         tokio::task::yield_now().await;
                         idle_turns += 1;
                     }
@@ -103,11 +115,14 @@ where
 /// handler to return: the response head then leaves in the same write as
 /// that chunk instead of alone before it (a head alone is one more packet
 /// for the client to wake up for, and tells a streaming client nothing).
-pub async fn first_chunk_ready<S, E>(pieces: S) -> impl Stream<Item = Result<Bytes, E>>
+pub async fn first_chunk_ready<S, E>(
+    pieces: S,
+    pacing: Pacing,
+) -> impl Stream<Item = Result<Bytes, E>>
 where
     S: Stream<Item = Result<Bytes, E>>,
 {
-    let mut body = Box::pin(coalesce_ready(pieces));
+    let mut body = Box::pin(coalesce_ready(pieces, pacing));
     let first = body.next().await;
     futures::stream::iter(first).chain(body)
 }
@@ -120,7 +135,7 @@ mod tests {
     #[tokio::test]
     async fn ready_pieces_leave_together_and_later_ones_are_not_waited_for() {
         let (tx, rx) = mpsc::unbounded::<Result<Bytes, String>>();
-        let mut body = Box::pin(coalesce_ready(rx));
+        let mut body = Box::pin(coalesce_ready(rx, Pacing::OtherTasks));
         tx.unbounded_send(Ok(Bytes::from_static(b"a"))).unwrap();
         tx.unbounded_send(Ok(Bytes::from_static(b"b"))).unwrap();
         tx.unbounded_send(Ok(Bytes::from_static(b"c"))).unwrap();
@@ -162,9 +177,10 @@ mod tests {
             let _ = resume.await;
             let _ = tx.send(Ok(Bytes::from_static(b"event: d\n\n"))).await;
         });
-        let mut body = Box::pin(coalesce_ready(tokio_stream::wrappers::ReceiverStream::new(
-            rx,
-        )));
+        let mut body = Box::pin(coalesce_ready(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+            Pacing::OtherTasks,
+        ));
         assert_eq!(
             body.next().await.unwrap().unwrap(),
             Bytes::from_static(b"event: a\n\nevent: b\n\nevent: c\n\n")

@@ -5,7 +5,7 @@
 use super::escaped_text::JsonText;
 use super::sse::SseEvent;
 use super::streaming::{self, EventDecoder, Step};
-use super::upstream_url;
+use super::upstream::ProviderHttp;
 use super::{ModelCall, ProviderError, TextStream, WireMessage};
 use serde_json::value::RawValue;
 use std::borrow::Cow;
@@ -147,7 +147,7 @@ impl EventDecoder for Decoder {
 }
 
 pub(crate) async fn stream(
-    http: &reqwest::Client,
+    http: ProviderHttp<'_>,
     base_url: &str,
     api_key: Option<&str>,
     call: &ModelCall,
@@ -155,7 +155,8 @@ pub(crate) async fn stream(
     let api_key = api_key.ok_or_else(|| {
         ProviderError::NotConfigured("no Anthropic API key (ANTHROPIC_API_KEY)".to_owned())
     })?;
-    let request = upstream_url::post(http, format!("{}/v1/messages", api_root(base_url)))
+    let request = http
+        .post(format!("{}/v1/messages", api_root(base_url)))
         .headers(duo_telemetry::outgoing_headers())
         .header("x-api-key", api_key)
         .header("anthropic-version", API_VERSION)
@@ -178,7 +179,7 @@ pub(crate) async fn probe(
         .timeout(timeout)
         .send()
         .await
-        .map_err(|e| streaming::transport_error(&e))?;
+        .map_err(|e| streaming::pooled_transport_error(&e))?;
     let status = response.status().as_u16();
     if response.status().is_success() {
         return Ok(());

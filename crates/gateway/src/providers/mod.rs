@@ -5,6 +5,7 @@
 
 mod anthropic;
 pub mod conversation;
+pub mod direct_http;
 pub mod egress;
 pub(crate) mod escaped_text;
 mod mock;
@@ -14,6 +15,7 @@ mod router;
 mod sse;
 mod streaming;
 pub mod tool_calling;
+pub mod upstream;
 pub(crate) mod upstream_url;
 mod vertex;
 
@@ -250,4 +252,10 @@ pub trait ChatModel: Send + Sync {
     /// Errors before the first token (connection, status, first-token timeout)
     /// are returned here; errors after it arrive in the stream.
     async fn stream(&self, call: ModelCall) -> Result<TextStream, ProviderError>;
+
+    /// How the pieces of an answer for `target` reach the task reading the
+    /// stream (see [`upstream::Pacing`]); when unsure, through other tasks.
+    fn pacing(&self, _target: &ModelTarget) -> upstream::Pacing {
+        upstream::Pacing::OtherTasks
+    }
 }

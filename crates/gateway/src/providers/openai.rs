@@ -7,7 +7,7 @@
 use super::escaped_text::JsonText;
 use super::sse::SseEvent;
 use super::streaming::{self, EventDecoder, Step};
-use super::upstream_url;
+use super::upstream::ProviderHttp;
 use super::{ModelCall, ProviderError, TextStream, WireMessage};
 use serde_json::Value;
 
@@ -152,13 +152,14 @@ fn is_empty_object(json: &str) -> bool {
 /// yields each chunk's `delta` as JSON text, for callers that read tool calls
 /// as they are generated. Deadlines and errors as [`stream`]'s.
 pub(crate) async fn stream_deltas(
-    http: &reqwest::Client,
+    http: ProviderHttp<'_>,
     base_url: &str,
     api_key: Option<&str>,
     body: &(impl serde::Serialize + ?Sized),
     params: &super::ModelParams,
 ) -> Result<TextStream, ProviderError> {
-    let mut request = upstream_url::post(http, endpoint(base_url, "chat/completions"))
+    let mut request = http
+        .post(endpoint(base_url, "chat/completions"))
         .headers(duo_telemetry::outgoing_headers())
         .header("accept", "text/event-stream")
         .json(body);
@@ -173,13 +174,14 @@ fn endpoint(base_url: &str, path: &str) -> String {
 }
 
 pub(crate) async fn stream(
-    http: &reqwest::Client,
+    http: ProviderHttp<'_>,
     base_url: &str,
     api_key: Option<&str>,
     model: &str,
     call: &ModelCall,
 ) -> Result<TextStream, ProviderError> {
-    let mut request = upstream_url::post(http, endpoint(base_url, "chat/completions"))
+    let mut request = http
+        .post(endpoint(base_url, "chat/completions"))
         .headers(duo_telemetry::outgoing_headers())
         .header("accept", "text/event-stream")
         .json(&request_body(call, model));
@@ -205,7 +207,7 @@ pub(crate) async fn probe(
     let response = request
         .send()
         .await
-        .map_err(|e| streaming::transport_error(&e))?;
+        .map_err(|e| streaming::pooled_transport_error(&e))?;
     let status = response.status().as_u16();
     if !response.status().is_success() {
         let body = response.text().await.unwrap_or_default();

@@ -3,7 +3,9 @@
 //! configured providers with their keys, the bundled local model when nothing
 //! is configured, or an endpoint a request named with only the request's key.
 
+use super::direct_http::{DirectHttp, DirectHttpSettings};
 use super::egress::{CallerEndpoint, EgressError, EndpointGuard};
+use super::upstream::{Pacing, ProviderHttp};
 use super::{ModelTarget, ProviderError, ProviderKind};
 use crate::config::ProvidersConfig;
 use crate::proxy::vertex_base_url;
@@ -71,6 +73,25 @@ impl ModelRoute {
             Self::Anthropic { egress, .. }
             | Self::OpenAi { egress, .. }
             | Self::Vertex { egress, .. } => *egress,
+        }
+    }
+
+    /// How the answer's pieces reach the handler relaying them: from
+    /// [`DirectHttp`] (configured plain-`http` endpoints) and mock answers
+    /// in its own task, from reqwest through its connections' tasks.
+    pub fn pacing(&self) -> Pacing {
+        let base_url = match self {
+            Self::Mock => return Pacing::SameTask,
+            Self::Anthropic { base_url, .. }
+            | Self::OpenAi { base_url, .. }
+            | Self::Vertex { base_url, .. } => base_url,
+        };
+        let direct = self.egress() == Egress::Configured
+            && super::upstream_url::parsed(base_url).is_some_and(|url| DirectHttp::serves(&url));
+        if direct {
+            Pacing::SameTask
+        } else {
+            Pacing::OtherTasks
         }
     }
 
@@ -248,6 +269,8 @@ impl CustomModel<'_> {
 #[derive(Debug, Clone)]
 pub struct ProviderClients {
     configured: reqwest::Client,
+    /// Configured plain-`http` endpoints (see [`DirectHttp`]).
+    configured_direct: DirectHttp,
     caller_named: reqwest::Client,
 }
 
@@ -269,14 +292,22 @@ impl ProviderClients {
             .map_err(http_error)?;
         Ok(Self {
             configured,
+            // The model calls keep their own deadlines (first token, whole
+            // call), as with reqwest.
+            configured_direct: DirectHttp::new(DirectHttpSettings::default()),
             caller_named,
         })
     }
 
-    pub fn get(&self, egress: Egress) -> &reqwest::Client {
+    /// The clients for one egress. Endpoints a request named never go
+    /// through [`DirectHttp`]: their names must pass the egress policy's
+    /// resolver, which only the caller-named pool has.
+    pub fn get(&self, egress: Egress) -> ProviderHttp<'_> {
         match egress {
-            Egress::Configured => &self.configured,
-            Egress::CallerNamed => &self.caller_named,
+            Egress::Configured => {
+                ProviderHttp::new(&self.configured, Some(&self.configured_direct))
+            }
+            Egress::CallerNamed => ProviderHttp::new(&self.caller_named, None),
         }
     }
 

@@ -152,6 +152,11 @@ fn prompt_text(call: &ModelCall) -> String {
 
 #[async_trait::async_trait]
 impl ChatModel for ModelRouter {
+    fn pacing(&self, target: &super::ModelTarget) -> super::upstream::Pacing {
+        route_for_target(&self.config, target)
+            .map_or(super::upstream::Pacing::OtherTasks, |route| route.pacing())
+    }
+
     async fn stream(&self, mut call: ModelCall) -> Result<TextStream, ProviderError> {
         let route = route_for_target(&self.config, &call.target)?;
         let engine = route.kind().engine();

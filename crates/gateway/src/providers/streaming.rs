@@ -2,6 +2,7 @@
 //! first-token and whole-call deadlines and error mapping shared by clients.
 
 use super::sse::{SseEvent, SseParser};
+use super::upstream::{UpstreamError, UpstreamRequest};
 use super::{ModelParams, ProviderError, TextStream};
 use bytes::Bytes;
 use futures::StreamExt;
@@ -30,7 +31,18 @@ pub(crate) trait EventDecoder: Send + 'static {
 
 /// Maps a transport error; the message never contains request headers, so
 /// no API key can leak through it.
-pub(crate) fn transport_error(err: &reqwest::Error) -> ProviderError {
+pub(crate) fn transport_error(err: &UpstreamError) -> ProviderError {
+    match err {
+        UpstreamError::Pooled(err) => pooled_transport_error(err),
+        UpstreamError::Direct(err) if err.is_timeout() => ProviderError::Timeout("request"),
+        // Its messages name no URL or header.
+        UpstreamError::Direct(err) => ProviderError::Connection(err.to_string()),
+        UpstreamError::Invalid(_) => ProviderError::Connection(err.to_string()),
+    }
+}
+
+/// [`transport_error`] for reqwest's own calls (probes).
+pub(crate) fn pooled_transport_error(err: &reqwest::Error) -> ProviderError {
     if err.is_timeout() {
         ProviderError::Timeout("request")
     } else {
@@ -61,7 +73,7 @@ impl WithoutUrl for reqwest::Error {
 }
 
 struct EventReader<D> {
-    body: BoxStream<'static, reqwest::Result<Bytes>>,
+    body: BoxStream<'static, Result<Bytes, UpstreamError>>,
     parser: SseParser,
     pending: VecDeque<SseEvent>,
     decoder: D,
@@ -117,7 +129,7 @@ impl<D: EventDecoder> EventReader<D> {
 /// Sends the request and waits for the first text, so errors before it are
 /// returned rather than streamed. `error_for_status` maps a non-2xx answer.
 pub(crate) async fn start<D: EventDecoder>(
-    request: reqwest::RequestBuilder,
+    request: UpstreamRequest<'_>,
     params: &ModelParams,
     decoder: D,
     error_for_status: fn(u16, &str) -> ProviderError,
@@ -137,9 +149,9 @@ pub(crate) async fn start<D: EventDecoder>(
         .await
         .map_err(|_| first_timeout())?
         .map_err(|e| transport_error(&e))?;
-    let status = response.status().as_u16();
-    if !response.status().is_success() {
-        let body = timeout_at(first_deadline, response.text())
+    let status = response.status.as_u16();
+    if !response.status.is_success() {
+        let body = timeout_at(first_deadline, response.body.text())
             .await
             .map_err(|_| first_timeout())?
             .unwrap_or_default();
@@ -147,7 +159,7 @@ pub(crate) async fn start<D: EventDecoder>(
     }
 
     let mut reader = EventReader {
-        body: response.bytes_stream().boxed(),
+        body: response.body.into_stream().boxed(),
         parser: SseParser::default(),
         pending: VecDeque::new(),
         decoder,

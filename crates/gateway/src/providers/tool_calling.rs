@@ -5,8 +5,9 @@
 //! ([`Message`]); callers name their `feature_category` in [`TurnOptions`].
 
 use super::conversation::{Message, ToolCall};
+use super::direct_http::DirectHttpError;
 use super::openai::stream_deltas as stream_openai_deltas;
-use super::upstream_url;
+use super::upstream::UpstreamError;
 use super::{ModelParams, ModelRoute, ProviderClients, ProviderError};
 use crate::config::ProvidersConfig;
 use crate::observability::{InferenceLabels, InferenceRecorder, ModelWaitClock};
@@ -367,7 +368,8 @@ impl ToolCallingModel {
                 })?;
                 let root = base_url.trim_end_matches('/').trim_end_matches("/v1");
                 let client = self.clients.get(*egress);
-                let request = upstream_url::post(client, format!("{root}/v1/messages"))
+                let request = client
+                    .post(format!("{root}/v1/messages"))
                     .headers(duo_telemetry::outgoing_headers())
                     .header("x-api-key", key)
                     .header("anthropic-version", "2023-06-01")
@@ -388,7 +390,8 @@ impl ToolCallingModel {
             } => {
                 let client = self.clients.get(*egress);
                 let url = format!("{}/chat/completions", base_url.trim_end_matches('/'));
-                let mut request = upstream_url::post(client, url)
+                let mut request = client
+                    .post(url)
                     .headers(duo_telemetry::outgoing_headers())
                     .json(&{
                         let mut body = openai_body(model, system, messages, tools, params);
@@ -405,12 +408,11 @@ impl ToolCallingModel {
         };
         let mut retries = params.max_retries;
         loop {
-            let response = request
-                .try_clone()
-                .ok_or_else(|| ProviderError::Connection("request cannot be retried".into()))?
-                .timeout(params.timeout)
-                .send()
-                .await;
+            // The whole call (head and body) within the call's timeout.
+            let deadline = tokio::time::Instant::now() + params.timeout;
+            let response = tokio::time::timeout_at(deadline, request.clone().send())
+                .await
+                .unwrap_or(Err(UpstreamError::Direct(DirectHttpError::Timeout)));
             let response = match response {
                 Ok(response) => response,
                 Err(err) if retries > 0 && (err.is_connect() || err.is_timeout()) => {
@@ -420,11 +422,11 @@ impl ToolCallingModel {
                 Err(err) if err.is_timeout() => return Err(ProviderError::Timeout("model call")),
                 Err(err) => return Err(ProviderError::Connection(err.to_string())),
             };
-            let status = response.status().as_u16();
-            let body = response
-                .text()
-                .await
-                .map_err(|e| ProviderError::Connection(e.to_string()))?;
+            let status = response.status.as_u16();
+            let body = match tokio::time::timeout_at(deadline, response.body.text()).await {
+                Err(_) => return Err(ProviderError::Timeout("model call")),
+                Ok(body) => body.map_err(|e| ProviderError::Connection(e.to_string()))?,
+            };
             if matches!(status, 429 | 503 | 529) && retries > 0 {
                 retries -= 1;
                 continue;

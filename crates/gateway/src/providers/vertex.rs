@@ -11,7 +11,7 @@
 
 use super::sse::SseEvent;
 use super::streaming::{self, EventDecoder, Step};
-use super::upstream_url;
+use super::upstream::{ProviderHttp, UpstreamRequest};
 use super::{ChatRole, ModelCall, ModelParams, ProviderError, TextStream};
 use futures::StreamExt;
 use serde_json::{Map, Value, json};
@@ -168,10 +168,7 @@ impl EventDecoder for Decoder {
     }
 }
 
-fn authorised(
-    request: reqwest::RequestBuilder,
-    access_token: Option<&str>,
-) -> reqwest::RequestBuilder {
+fn authorised<'a>(request: UpstreamRequest<'a>, access_token: Option<&str>) -> UpstreamRequest<'a> {
     match access_token {
         Some(token) => request.bearer_auth(token),
         None => request,
@@ -179,13 +176,14 @@ fn authorised(
 }
 
 pub(crate) async fn stream(
-    http: &reqwest::Client,
+    http: ProviderHttp<'_>,
     target: &VertexModel<'_>,
     call: &ModelCall,
 ) -> Result<TextStream, ProviderError> {
     if call.streaming {
         let url = format!("{}?alt=sse", target.url("serverStreamingPredict"));
-        let request = upstream_url::post(http, url)
+        let request = http
+            .post(url)
             .headers(duo_telemetry::outgoing_headers())
             .header("accept", "text/event-stream")
             .json(&streaming_body(call));
@@ -193,7 +191,7 @@ pub(crate) async fn stream(
         return streaming::start(request, &call.params, Decoder, error_for_status).await;
     }
     let request = authorised(
-        upstream_url::post(http, target.url("predict"))
+        http.post(target.url("predict"))
             .headers(duo_telemetry::outgoing_headers())
             .json(&predict_body(call)),
         target.access_token,
@@ -206,8 +204,8 @@ pub(crate) async fn stream(
         .await
         .map_err(|_| timed_out())?
         .map_err(|e| streaming::transport_error(&e))?;
-    let status = response.status().as_u16();
-    let body = timeout_at(deadline, response.text())
+    let status = response.status.as_u16();
+    let body = timeout_at(deadline, response.body.text())
         .await
         .map_err(|_| timed_out())?
         .map_err(|e| streaming::transport_error(&e))?;

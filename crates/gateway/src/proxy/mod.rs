@@ -12,6 +12,8 @@ use crate::config::ProvidersConfig;
 use crate::error::ApiError;
 use crate::observability::{InferenceLabels, InferenceRecorder, ModelWaitClock};
 use crate::providers::ProviderKind;
+use crate::providers::direct_http::DirectHttp;
+use crate::providers::upstream::ProviderHttp;
 use actix_web::HttpResponse;
 use actix_web::http::StatusCode;
 use actix_web::http::header::HeaderMap;
@@ -203,9 +205,11 @@ fn copy_headers(from: &HeaderMap, allowed: &[&str]) -> UpstreamHeaders {
 /// Makes the upstream call and relays status, allowed headers and body.
 /// Time spent waiting on the upstream (for its head, then for each chunk of
 /// the body) counts as waiting on the model; the call is counted in the
-/// model metrics under `feature_category`.
+/// model metrics under `feature_category`. Plain-`http` upstreams go through
+/// `direct` (see [`DirectHttp`]), the others through `client`.
 pub async fn forward(
     client: &reqwest::Client,
+    direct: &DirectHttp,
     call: UpstreamCall,
     clock: &ModelWaitClock,
     feature_category: &'static str,
@@ -221,24 +225,29 @@ pub async fn forward(
     );
     recorder.prompt(|| String::from_utf8_lossy(&call.body).into_owned());
     let trace_headers = recorder.span().in_scope(duo_telemetry::outgoing_headers);
-    let sent = crate::providers::upstream_url::post(client, call.url)
-        .headers(call.headers)
-        .headers(trace_headers)
-        .body(call.body)
-        .send();
-    let upstream = clock.time(sent).await.map_err(|err| {
-        recorder.fail();
-        tracing::warn!(error = %err, "proxy upstream unreachable");
-        ApiError::BadGateway
-    })?;
+    let upstream = clock
+        .time(
+            ProviderHttp::new(client, Some(direct))
+                .post(call.url)
+                .headers(call.headers)
+                .headers(trace_headers)
+                .body(call.body)
+                .send(),
+        )
+        .await
+        .map_err(|err| {
+            recorder.fail();
+            tracing::warn!(error = %err, "proxy upstream unreachable");
+            ApiError::BadGateway
+        })?;
     let status =
-        StatusCode::from_u16(upstream.status().as_u16()).map_err(|_| ApiError::BadGateway)?;
+        StatusCode::from_u16(upstream.status.as_u16()).map_err(|_| ApiError::BadGateway)?;
     if !status.is_success() {
         recorder.fail();
     }
     let mut response = HttpResponse::build(status);
     for name in rules::RESPONSE_HEADERS {
-        if let Some(value) = upstream.headers().get(*name)
+        if let Some(value) = upstream.headers.get(*name)
             && let Ok(value) = actix_web::http::header::HeaderValue::from_bytes(value.as_bytes())
         {
             response.insert_header((*name, value));
@@ -246,8 +255,9 @@ pub async fn forward(
     }
     if call.streaming {
         let clock = clock.clone();
+        let pacing = upstream.body.pacing();
         let body = async_stream::stream! {
-            let mut chunks = upstream.bytes_stream();
+            let mut chunks = upstream.body.into_stream();
             while let Some(chunk) = clock.time(chunks.next()).await {
                 if let Err(err) = &chunk {
                     recorder.fail();
@@ -260,9 +270,9 @@ pub async fn forward(
         // A provider's read often holds several events: relayed one by one,
         // each cost a write and a wake-up of the client (21 writes for one
         // streamed Anthropic answer read in one go).
-        Ok(response.streaming(crate::api::stream_body::first_chunk_ready(body).await))
+        Ok(response.streaming(crate::api::stream_body::first_chunk_ready(body, pacing).await))
     } else {
-        let body = clock.time(upstream.bytes()).await.map_err(|err| {
+        let body = clock.time(upstream.body.bytes()).await.map_err(|err| {
             recorder.fail();
             tracing::warn!(error = %err, "proxy upstream body failed");
             ApiError::BadGateway

@@ -1,0 +1,497 @@
+//! HTTP/1.1 to plain-`http` provider endpoints, with each connection driven
+//! by the task that reads its answer.
+//!
+//! Why not reqwest for these: its connections run as tasks of their own, and
+//! hyper hands a response body over one frame per run of that task. A
+//! streamed answer whose events all arrived in one socket read still needed
+//! one scheduler turn (an `epoll_wait`) per event before the gateway could
+//! relay them together — about 40 µs of the ~60 µs the gateway spent on a
+//! streamed Anthropic answer (see `docs/performance.md`). Here the body's
+//! reader polls the connection itself, so every event already read is
+//! decoded in the same turn, and a body that says "pending" means the
+//! socket has nothing more.
+//!
+//! Only for configured endpoints over plain `http` (the bundled local model,
+//! self-hosted servers, the fake provider): `https` endpoints keep reqwest
+//! (its TLS, HTTP/2), and endpoints a request names keep reqwest with the
+//! egress policy's resolver. Redirects are never followed: a redirect is an
+//! answer relayed as it is, never a second place our credentials go.
+
+use std::collections::HashMap;
+use std::future::{Future, poll_fn};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::Stream;
+use http::header::{ACCEPT, HOST, HeaderValue};
+use http::{HeaderMap, Request, StatusCode};
+use http_body_util::Full;
+use hyper::body::{Body, Incoming};
+use hyper::client::conn::http1::{self, Connection, SendRequest};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
+use url::Url;
+
+type Io = TokioIo<TcpStream>;
+type Driver = Connection<Io, Full<Bytes>>;
+
+/// Why a call through [`DirectHttp`] failed. Messages never carry request
+/// headers (API keys travel in them).
+#[derive(Debug, thiserror::Error)]
+pub enum DirectHttpError {
+    #[error("not a plain http URL with a host")]
+    Unsupported,
+    #[error("connection failed: {0}")]
+    Connect(std::io::Error),
+    #[error("timed out")]
+    Timeout,
+    #[error("request failed: {0}")]
+    Request(hyper::Error),
+    #[error("reading the response failed: {0}")]
+    Body(hyper::Error),
+    #[error("the connection closed before the answer was complete")]
+    Closed,
+}
+
+impl DirectHttpError {
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Self::Timeout)
+    }
+
+    pub fn is_connect(&self) -> bool {
+        matches!(self, Self::Connect(_))
+    }
+}
+
+/// Timeouts and pool limits.
+#[derive(Debug, Clone, Copy)]
+pub struct DirectHttpSettings {
+    pub connect_timeout: Duration,
+    /// From sending the request to the answer's head, and then between two
+    /// reads of its body; `None`: no limit (the caller has its own deadlines).
+    pub read_timeout: Option<Duration>,
+    /// Idle connections kept per endpoint.
+    pub max_idle_per_origin: usize,
+    /// An idle connection older than this is closed instead of reused.
+    pub idle_timeout: Duration,
+}
+
+impl Default for DirectHttpSettings {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(10),
+            read_timeout: None,
+            max_idle_per_origin: 256,
+            idle_timeout: Duration::from_secs(90),
+        }
+    }
+}
+
+/// The client: a pool of idle HTTP/1.1 connections per host and port. Cheap
+/// to clone (clones share the pool). Like reqwest's pools, one per server
+/// worker thread: a connection's socket belongs to the runtime that opened it.
+#[derive(Clone)]
+pub struct DirectHttp {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for DirectHttp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirectHttp")
+            .field("settings", &self.shared.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Shared {
+    settings: DirectHttpSettings,
+    idle: Mutex<HashMap<Origin, Vec<Pooled>>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Origin {
+    host: String,
+    port: u16,
+}
+
+/// An open connection: the request side and the connection's state machine,
+/// which only moves when whoever holds it polls it.
+struct Pooled {
+    sender: SendRequest<Full<Bytes>>,
+    driver: Driver,
+    idle_since: Instant,
+}
+
+/// An answer's status, headers and body.
+pub struct DirectResponse {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: DirectBody,
+}
+
+impl DirectHttp {
+    pub fn new(settings: DirectHttpSettings) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                settings,
+                idle: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// Whether this client takes calls to `url`: plain `http` with a host.
+    pub fn serves(url: &Url) -> bool {
+        url.scheme() == "http" && url.host_str().is_some_and(|host| !host.is_empty())
+    }
+
+    /// POSTs `body` with `headers` to `url` and waits for the answer's head.
+    /// A request that a reused connection closed under before sending it is
+    /// sent once more on a new connection; one that may have reached the
+    /// server never is (a model call is not idempotent: it costs).
+    pub async fn post(
+        &self,
+        url: &Url,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Result<DirectResponse, DirectHttpError> {
+        let origin = Origin::of(url)?;
+        let request = || build_request(url, &origin, &headers, body.clone());
+        if let Some(connection) = self.checkout(&origin) {
+            match self.exchange(origin.clone(), connection, request()?).await {
+                Err(Failure::NotSent) => {}
+                Err(Failure::Failed(err)) => return Err(err),
+                Ok(response) => return Ok(response),
+            }
+        }
+        let connection = self.connect(&origin).await?;
+        let request = request()?;
+        match self.exchange(origin, connection, request).await {
+            Ok(response) => Ok(response),
+            Err(Failure::NotSent) => Err(DirectHttpError::Closed),
+            Err(Failure::Failed(err)) => Err(err),
+        }
+    }
+
+    /// The most recently used idle connection that is still open.
+    fn checkout(&self, origin: &Origin) -> Option<Pooled> {
+        loop {
+            let mut pooled = {
+                let mut idle = self.shared.idle.lock().ok()?;
+                idle.get_mut(origin)?.pop()?
+            };
+            if pooled.idle_since.elapsed() > self.shared.settings.idle_timeout {
+                continue;
+            }
+            // One poll reads what the server sent while the connection was
+            // idle: a close ends the connection here instead of failing the
+            // request later.
+            let mut cx = Context::from_waker(Waker::noop());
+            if Pin::new(&mut pooled.driver).poll(&mut cx).is_ready() || pooled.sender.is_closed() {
+                continue;
+            }
+            return Some(pooled);
+        }
+    }
+
+    fn checkin(&self, origin: Origin, sender: SendRequest<Full<Bytes>>, driver: Driver) {
+        if sender.is_closed() {
+            return;
+        }
+        let Ok(mut idle) = self.shared.idle.lock() else {
+            return;
+        };
+        let kept = idle.entry(origin).or_default();
+        if kept.len() < self.shared.settings.max_idle_per_origin {
+            kept.push(Pooled {
+                sender,
+                driver,
+                idle_since: Instant::now(),
+            });
+        }
+    }
+
+    async fn connect(&self, origin: &Origin) -> Result<Pooled, DirectHttpError> {
+        let connecting = async {
+            let stream = TcpStream::connect((origin.host.as_str(), origin.port))
+                .await
+                .map_err(DirectHttpError::Connect)?;
+            stream.set_nodelay(true).map_err(DirectHttpError::Connect)?;
+            let (sender, driver) = http1::Builder::new()
+                .handshake(TokioIo::new(stream))
+                .await
+                .map_err(DirectHttpError::Request)?;
+            Ok(Pooled {
+                sender,
+                driver,
+                idle_since: Instant::now(),
+            })
+        };
+        tokio::time::timeout(self.shared.settings.connect_timeout, connecting)
+            .await
+            .map_err(|_| DirectHttpError::Timeout)?
+    }
+
+    /// Sends one request on `connection`, driving the connection while
+    /// waiting for the answer's head.
+    async fn exchange(
+        &self,
+        origin: Origin,
+        connection: Pooled,
+        request: Request<Full<Bytes>>,
+    ) -> Result<DirectResponse, Failure> {
+        let Pooled {
+            mut sender, driver, ..
+        } = connection;
+        let mut driver = Some(driver);
+        let waiting = async {
+            poll_fn(|cx| {
+                if let Poll::Ready(ready) = sender.poll_ready(cx) {
+                    return Poll::Ready(ready.map_err(|_| Failure::NotSent));
+                }
+                if drive(&mut driver, cx).is_ready() {
+                    return Poll::Ready(Err(Failure::NotSent));
+                }
+                Poll::Pending
+            })
+            .await?;
+            let mut answer = std::pin::pin!(sender.send_request(request));
+            poll_fn(|cx| {
+                loop {
+                    if let Poll::Ready(answer) = answer.as_mut().poll(cx) {
+                        return Poll::Ready(answer.map_err(|err| {
+                            if err.is_canceled() {
+                                Failure::NotSent
+                            } else {
+                                Failure::Failed(DirectHttpError::Request(err))
+                            }
+                        }));
+                    }
+                    // A connection that ended has failed the request: the
+                    // answer's future says how on its next poll.
+                    if driver.is_none() || drive(&mut driver, cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                }
+            })
+            .await
+        };
+        let response = match self.shared.settings.read_timeout {
+            Some(limit) => tokio::time::timeout(limit, waiting)
+                .await
+                .map_err(|_| Failure::Failed(DirectHttpError::Timeout))??,
+            None => waiting.await?,
+        };
+        let (parts, body) = response.into_parts();
+        Ok(DirectResponse {
+            status: parts.status,
+            headers: parts.headers,
+            body: DirectBody {
+                body,
+                driver,
+                sender: Some(sender),
+                origin: Some(origin),
+                client: self.clone(),
+                read_timeout: self.shared.settings.read_timeout,
+                timer: None,
+                last_read: Instant::now(),
+                finished: false,
+            },
+        })
+    }
+}
+
+/// Why one exchange failed: before the request could leave (safe to send
+/// again elsewhere) or after.
+enum Failure {
+    NotSent,
+    Failed(DirectHttpError),
+}
+
+/// Polls the connection once; `Ready` (and the driver gone) when it ended.
+fn drive(driver: &mut Option<Driver>, cx: &mut Context<'_>) -> Poll<()> {
+    let Some(running) = driver.as_mut() else {
+        return Poll::Ready(());
+    };
+    match Pin::new(running).poll(cx) {
+        Poll::Pending => Poll::Pending,
+        Poll::Ready(_) => {
+            *driver = None;
+            Poll::Ready(())
+        }
+    }
+}
+
+impl Origin {
+    fn of(url: &Url) -> Result<Self, DirectHttpError> {
+        if !DirectHttp::serves(url) {
+            return Err(DirectHttpError::Unsupported);
+        }
+        let host = match url.host() {
+            // Brackets are URL syntax, not part of the address.
+            Some(url::Host::Ipv6(address)) => address.to_string(),
+            Some(host) => host.to_string(),
+            None => return Err(DirectHttpError::Unsupported),
+        };
+        Ok(Self {
+            host,
+            port: url.port_or_known_default().unwrap_or(80),
+        })
+    }
+}
+
+fn build_request(
+    url: &Url,
+    origin: &Origin,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Request<Full<Bytes>>, DirectHttpError> {
+    let target = match url.query() {
+        Some(query) => format!("{}?{query}", url.path()),
+        None => url.path().to_owned(),
+    };
+    let mut request = Request::post(target)
+        .body(Full::new(body))
+        .map_err(|_| DirectHttpError::Unsupported)?;
+    let sent = request.headers_mut();
+    sent.reserve(headers.len() + 2);
+    for (name, value) in headers {
+        sent.append(name, value.clone());
+    }
+    // As reqwest sends them: the authority as the URL wrote it (port only
+    // when not the default) and an accept-anything default.
+    let authority = match url.port() {
+        Some(port) => format!("{}:{port}", url.host_str().unwrap_or(&origin.host)),
+        None => url.host_str().unwrap_or(&origin.host).to_owned(),
+    };
+    sent.insert(
+        HOST,
+        HeaderValue::from_str(&authority).map_err(|_| DirectHttpError::Unsupported)?,
+    );
+    sent.entry(ACCEPT)
+        .or_insert(HeaderValue::from_static("*/*"));
+    Ok(request)
+}
+
+/// An answer's body as a stream of chunks. Reading it drives its
+/// connection; read to the end, the connection goes back to the pool, and
+/// dropped before that, it is closed (unread bytes would be left on it).
+pub struct DirectBody {
+    body: Incoming,
+    driver: Option<Driver>,
+    sender: Option<SendRequest<Full<Bytes>>>,
+    origin: Option<Origin>,
+    client: DirectHttp,
+    read_timeout: Option<Duration>,
+    timer: Option<Pin<Box<Sleep>>>,
+    last_read: Instant,
+    finished: bool,
+}
+
+impl DirectBody {
+    /// The whole body.
+    pub async fn bytes(mut self) -> Result<Bytes, DirectHttpError> {
+        use futures::StreamExt;
+        let mut whole = bytes::BytesMut::new();
+        let mut only: Option<Bytes> = None;
+        while let Some(chunk) = self.next().await {
+            let chunk = chunk?;
+            match only.take() {
+                None if whole.is_empty() => only = Some(chunk),
+                None => whole.extend_from_slice(&chunk),
+                Some(first) => {
+                    whole.extend_from_slice(&first);
+                    whole.extend_from_slice(&chunk);
+                }
+            }
+        }
+        Ok(only.unwrap_or_else(|| whole.freeze()))
+    }
+
+    fn fail(&mut self) {
+        self.finished = true;
+        self.driver = None;
+        self.sender = None;
+    }
+
+    fn finish(&mut self) {
+        self.finished = true;
+        if let (Some(origin), Some(sender), Some(driver)) =
+            (self.origin.take(), self.sender.take(), self.driver.take())
+        {
+            self.client.checkin(origin, sender, driver);
+        }
+    }
+
+    /// `Ready` when the time between reads ran out.
+    fn poll_timer(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(limit) = self.read_timeout else {
+            return Poll::Pending;
+        };
+        let due = self.last_read + limit;
+        let timer = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
+        if timer.deadline() != due {
+            timer.as_mut().reset(due);
+        }
+        timer.as_mut().poll(cx)
+    }
+}
+
+impl Stream for DirectBody {
+    type Item = Result<Bytes, DirectHttpError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.finished {
+            return Poll::Ready(None);
+        }
+        let mut driven = false;
+        loop {
+            match Pin::new(&mut this.body).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    // Trailers carry nothing a caller reads.
+                    if let Ok(data) = frame.into_data()
+                        && !data.is_empty()
+                    {
+                        if this.read_timeout.is_some() {
+                            this.last_read = Instant::now();
+                        }
+                        return Poll::Ready(Some(Ok(data)));
+                    }
+                    continue;
+                }
+                Poll::Ready(Some(Err(err))) => {
+                    this.fail();
+                    return Poll::Ready(Some(Err(DirectHttpError::Body(err))));
+                }
+                Poll::Ready(None) => {
+                    this.finish();
+                    return Poll::Ready(None);
+                }
+                Poll::Pending => {}
+            }
+            if this.driver.is_none() {
+                // The connection ended and its body neither ended nor failed.
+                this.fail();
+                return Poll::Ready(Some(Err(DirectHttpError::Closed)));
+            }
+            if !driven {
+                // Nothing decoded yet: the connection reads and decodes (it
+                // hands the body one frame, then waits to be asked again),
+                // and the body is looked at once more.
+                driven = drive(&mut this.driver, cx).is_pending();
+                continue;
+            }
+            if this.poll_timer(cx).is_ready() {
+                this.fail();
+                return Poll::Ready(Some(Err(DirectHttpError::Timeout)));
+            }
+            return Poll::Pending;
+        }
+    }
+}
