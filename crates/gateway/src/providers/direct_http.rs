@@ -442,6 +442,37 @@ impl DirectBody {
     }
 }
 
+/// A body dropped before its end keeps its connection only when the rest of
+/// it is already read: a protocol's closing event usually arrives in the
+/// same read as the body's end, and the reader stops at the event.
+const DRAIN_MAX_FRAMES: usize = 16;
+
+impl Drop for DirectBody {
+    fn drop(&mut self) {
+        if self.finished || self.driver.is_none() {
+            return;
+        }
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut driven = false;
+        let mut frames = 0;
+        while frames < DRAIN_MAX_FRAMES {
+            match Pin::new(&mut self.body).poll_frame(&mut cx) {
+                Poll::Ready(Some(Ok(_))) => {
+                    frames += 1;
+                    driven = false;
+                }
+                Poll::Ready(None) => {
+                    self.finish();
+                    return;
+                }
+                Poll::Ready(Some(Err(_))) => return,
+                Poll::Pending if driven || self.driver.is_none() => return,
+                Poll::Pending => driven = drive(&mut self.driver, &mut cx).is_pending(),
+            }
+        }
+    }
+}
+
 impl Stream for DirectBody {
     type Item = Result<Bytes, DirectHttpError>;
 
