@@ -526,3 +526,399 @@ impl Stream for DirectBody {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+    use tokio::sync::mpsc;
+
+    /// What the scripted server does after a request's answer.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Then {
+        KeepOpen,
+        Close,
+        /// Sends nothing more, holding the connection until the client
+        /// goes away.
+        Stall,
+    }
+
+    /// One request as the server saw it: which connection, and its head.
+    #[derive(Debug)]
+    struct Seen {
+        connection: usize,
+        head: String,
+        body: Vec<u8>,
+    }
+
+    struct Server {
+        url: Url,
+        seen: mpsc::UnboundedReceiver<Seen>,
+        connections: Arc<AtomicUsize>,
+    }
+
+    /// A plain HTTP/1.1 server answering the n-th request with `script(n)`.
+    async fn scripted_server(script: fn(usize) -> (Vec<u8>, Then)) -> Server {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (tx, seen) = mpsc::unbounded_channel();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let requests = Arc::new(AtomicUsize::new(0));
+        let counted = connections.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut socket, _)) = listener.accept().await else {
+                    return;
+                };
+                let connection = counted.fetch_add(1, Ordering::SeqCst);
+                let tx = tx.clone();
+                let requests = requests.clone();
+                tokio::spawn(async move {
+                    let mut buffer = Vec::new();
+                    loop {
+                        let Some((head, body)) = read_request(&mut socket, &mut buffer).await
+                        else {
+                            return;
+                        };
+                        let _ = tx.send(Seen {
+                            connection,
+                            head,
+                            body,
+                        });
+                        let (answer, then) = script(requests.fetch_add(1, Ordering::SeqCst));
+                        if socket.write_all(&answer).await.is_err() {
+                            return;
+                        }
+                        match then {
+                            Then::KeepOpen => {}
+                            Then::Close => return,
+                            Then::Stall => {
+                                let mut rest = [0u8; 64];
+                                let _ = socket.read(&mut rest).await;
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        Server {
+            url: Url::parse(&format!("http://127.0.0.1:{port}/v1/messages?beta=true")).unwrap(),
+            seen,
+            connections,
+        }
+    }
+
+    async fn read_request(
+        socket: &mut TcpStream,
+        buffer: &mut Vec<u8>,
+    ) -> Option<(String, Vec<u8>)> {
+        loop {
+            if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buffer[..end]).into_owned();
+                let length: usize = head
+                    .lines()
+                    .find_map(|line| {
+                        let (name, value) = line.split_once(':')?;
+                        name.eq_ignore_ascii_case("content-length")
+                            .then(|| value.trim().parse().ok())?
+                    })
+                    .unwrap_or(0);
+                while buffer.len() < end + 4 + length {
+                    let mut more = [0u8; 4096];
+                    let n = socket.read(&mut more).await.ok()?;
+                    if n == 0 {
+                        return None;
+                    }
+                    buffer.extend_from_slice(&more[..n]);
+                }
+                let body = buffer[end + 4..end + 4 + length].to_vec();
+                buffer.drain(..end + 4 + length);
+                return Some((head, body));
+            }
+            let mut more = [0u8; 4096];
+            let n = socket.read(&mut more).await.ok()?;
+            if n == 0 {
+                return None;
+            }
+            buffer.extend_from_slice(&more[..n]);
+        }
+    }
+
+    /// A chunked answer of `events`, all in one write.
+    fn chunked(events: &[&str]) -> Vec<u8> {
+        let mut out = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+        for event in events {
+            out.extend_from_slice(format!("{:x}\r\n{event}\r\n", event.len()).as_bytes());
+        }
+        out.extend_from_slice(b"0\r\n\r\n");
+        out
+    }
+
+    /// `chunked(events)` without the body's end.
+    fn unfinished(events: &[&str]) -> Vec<u8> {
+        let mut partial = chunked(events);
+        partial.truncate(partial.len() - 5);
+        partial
+    }
+
+    fn ten_events(_: usize) -> (Vec<u8>, Then) {
+        let events: Vec<String> = (0..10).map(|i| format!("event: e{i}\n\n")).collect();
+        let events: Vec<&str> = events.iter().map(String::as_str).collect();
+        (chunked(&events), Then::KeepOpen)
+    }
+
+    fn client() -> DirectHttp {
+        DirectHttp::new(DirectHttpSettings::default())
+    }
+
+    fn headers() -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert("x-api-key", HeaderValue::from_static("secret"));
+        headers
+    }
+
+    #[tokio::test]
+    async fn events_read_together_are_handed_over_without_a_turn_each() {
+        let server = scripted_server(ten_events).await;
+        let answer = client()
+            .post(&server.url, headers(), Bytes::from_static(b"{}"))
+            .await
+            .unwrap();
+        assert_eq!(answer.status, StatusCode::OK);
+        let mut body = answer.body;
+        assert_eq!(body.next().await.unwrap().unwrap(), "event: e0\n\n");
+        // The other nine came in the same read: each is ready at once,
+        // without this task giving the scheduler a turn in between.
+        for i in 1..10 {
+            match futures::poll!(body.next()) {
+                Poll::Ready(Some(Ok(event))) => assert_eq!(event, format!("event: e{i}\n\n")),
+                Poll::Ready(other) => panic!("event {i}: {other:?}"),
+                Poll::Pending => panic!("event {i} was not ready"),
+            }
+        }
+        assert!(matches!(futures::poll!(body.next()), Poll::Ready(None)));
+    }
+
+    #[tokio::test]
+    async fn connections_are_reused_and_the_request_is_sent_as_reqwest_sent_it() {
+        let mut server = scripted_server(ten_events).await;
+        let client = client();
+        for _ in 0..3 {
+            let answer = client
+                .post(&server.url, headers(), Bytes::from_static(b"{\"a\":1}"))
+                .await
+                .unwrap();
+            assert_eq!(answer.body.bytes().await.unwrap().len(), 10 * 11);
+        }
+        assert_eq!(server.connections.load(Ordering::SeqCst), 1);
+        let first = server.seen.recv().await.unwrap();
+        for _ in 1..3 {
+            assert_eq!(
+                server.seen.recv().await.unwrap().connection,
+                first.connection
+            );
+        }
+        let lines: Vec<String> = first.head.lines().map(str::to_ascii_lowercase).collect();
+        assert_eq!(lines[0], "post /v1/messages?beta=true http/1.1");
+        let port = server.url.port().unwrap();
+        for expected in [
+            format!("host: 127.0.0.1:{port}"),
+            "accept: */*".to_owned(),
+            "x-api-key: secret".to_owned(),
+            "content-length: 7".to_owned(),
+        ] {
+            assert!(lines.contains(&expected), "{expected} missing in {lines:?}");
+        }
+        assert_eq!(first.body, b"{\"a\":1}");
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_server_closed_while_idle_is_replaced() {
+        fn then_close(_: usize) -> (Vec<u8>, Then) {
+            (chunked(&["data: x\n\n"]), Then::Close)
+        }
+        let server = scripted_server(then_close).await;
+        let client = client();
+        for _ in 0..3 {
+            let answer = client
+                .post(&server.url, headers(), Bytes::new())
+                .await
+                .unwrap();
+            assert_eq!(answer.body.bytes().await.unwrap(), "data: x\n\n");
+            // Until the server's close has reached the pooled connection,
+            // so the next request finds it closed.
+            tokio::time::timeout(Duration::from_secs(5), pooled_all_closed(&client))
+                .await
+                .unwrap();
+        }
+        assert_eq!(server.connections.load(Ordering::SeqCst), 3);
+    }
+
+    async fn pooled_all_closed(client: &DirectHttp) {
+        loop {
+            let closed = {
+                let mut idle = client.shared.idle.lock().unwrap();
+                idle.values_mut()
+                    .flat_map(|kept| kept.iter_mut())
+                    .all(|pooled| {
+                        let mut cx = Context::from_waker(Waker::noop());
+                        Pin::new(&mut pooled.driver).poll(&mut cx).is_ready()
+                    })
+            };
+            if closed {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_dropped_early_keeps_its_connection_only_when_it_was_all_read() {
+        fn script(n: usize) -> (Vec<u8>, Then) {
+            if n == 1 {
+                (unfinished(&["event: a\n\n"]), Then::Stall)
+            } else {
+                ten_events(n)
+            }
+        }
+        let server = scripted_server(script).await;
+        let client = client();
+        // Request 0: dropped after its first event, the rest already read.
+        let mut body = client
+            .post(&server.url, headers(), Bytes::new())
+            .await
+            .unwrap()
+            .body;
+        assert!(body.next().await.is_some());
+        drop(body);
+        // Request 1 goes on the same connection; dropped before its end,
+        // which has not come: that connection cannot carry another answer.
+        let mut body = client
+            .post(&server.url, headers(), Bytes::new())
+            .await
+            .unwrap()
+            .body;
+        assert_eq!(body.next().await.unwrap().unwrap(), "event: a\n\n");
+        drop(body);
+        assert_eq!(server.connections.load(Ordering::SeqCst), 1);
+        // Request 2 needs a new connection.
+        let answer = client
+            .post(&server.url, headers(), Bytes::new())
+            .await
+            .unwrap();
+        assert_eq!(answer.body.bytes().await.unwrap().len(), 10 * 11);
+        assert_eq!(server.connections.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_stalled_answer_times_out_between_reads_and_before_its_head() {
+        fn head_then_stall(_: usize) -> (Vec<u8>, Then) {
+            (unfinished(&["event: a\n\n"]), Then::Stall)
+        }
+        fn nothing(_: usize) -> (Vec<u8>, Then) {
+            (Vec::new(), Then::Stall)
+        }
+        let settings = DirectHttpSettings {
+            read_timeout: Some(Duration::from_millis(150)),
+            ..DirectHttpSettings::default()
+        };
+        let server = scripted_server(head_then_stall).await;
+        let mut body = DirectHttp::new(settings)
+            .post(&server.url, headers(), Bytes::new())
+            .await
+            .unwrap()
+            .body;
+        assert_eq!(body.next().await.unwrap().unwrap(), "event: a\n\n");
+        let started = std::time::Instant::now();
+        assert!(matches!(
+            body.next().await,
+            Some(Err(DirectHttpError::Timeout))
+        ));
+        assert!(started.elapsed() >= Duration::from_millis(150));
+        assert!(body.next().await.is_none());
+
+        let silent = scripted_server(nothing).await;
+        let refused = DirectHttp::new(settings)
+            .post(&silent.url, headers(), Bytes::new())
+            .await;
+        assert!(matches!(refused, Err(DirectHttpError::Timeout)));
+    }
+
+    #[tokio::test]
+    async fn a_redirect_is_an_answer_not_a_second_request() {
+        fn redirect(_: usize) -> (Vec<u8>, Then) {
+            (
+                b"HTTP/1.1 307 Temporary Redirect\r\nlocation: http://127.0.0.1:9/steal\r\ncontent-length: 0\r\n\r\n".to_vec(),
+                Then::KeepOpen,
+            )
+        }
+        let mut server = scripted_server(redirect).await;
+        let answer = client()
+            .post(&server.url, headers(), Bytes::new())
+            .await
+            .unwrap();
+        assert_eq!(answer.status, StatusCode::TEMPORARY_REDIRECT);
+        assert_eq!(answer.headers["location"], "http://127.0.0.1:9/steal");
+        assert!(answer.body.bytes().await.unwrap().is_empty());
+        assert!(server.seen.recv().await.is_some());
+        assert!(server.seen.try_recv().is_err());
+        assert_eq!(server.connections.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn only_plain_http_urls_with_a_host_are_taken() {
+        for (url, taken) in [
+            ("http://127.0.0.1:5052/v1", true),
+            ("http://[::1]:8000/v1", true),
+            ("http://llm.internal/v1", true),
+            ("https://api.anthropic.com/v1/messages", false),
+            ("unix:/run/model.sock", false),
+        ] {
+            assert_eq!(
+                DirectHttp::serves(&Url::parse(url).unwrap()),
+                taken,
+                "{url}"
+            );
+        }
+        let refused = client()
+            .post(
+                &Url::parse("https://api.anthropic.com/v1/messages").unwrap(),
+                headers(),
+                Bytes::new(),
+            )
+            .await;
+        assert!(matches!(refused, Err(DirectHttpError::Unsupported)));
+        assert_eq!(
+            Origin::of(&Url::parse("http://[::1]/x").unwrap()).unwrap(),
+            Origin {
+                host: "::1".to_owned(),
+                port: 80
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_endpoint_is_a_connection_error() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        drop(listener);
+        let refused = client()
+            .post(
+                &Url::parse(&format!("http://127.0.0.1:{port}/v1")).unwrap(),
+                headers(),
+                Bytes::new(),
+            )
+            .await;
+        match refused {
+            Err(err) => {
+                assert!(err.is_connect(), "{err}");
+                assert!(!err.to_string().contains("secret"));
+            }
+            Ok(_) => panic!("a closed port answered"),
+        }
+    }
+}
