@@ -158,6 +158,18 @@ impl DirectHttp {
         headers: HeaderMap,
         body: Bytes,
     ) -> Result<DirectResponse, DirectHttpError> {
+        // On the heap: the exchange holds a connection's buffers (~4 KB),
+        // and the futures awaiting a model call are moved whole at each
+        // hand-over (a `memcpy` of all they hold inline).
+        Box::pin(self.post_inline(url, headers, body)).await
+    }
+
+    async fn post_inline(
+        &self,
+        url: &Url,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Result<DirectResponse, DirectHttpError> {
         let origin = Origin::of(url)?;
         let request = || build_request(url, &origin, &headers, body.clone());
         if let Some(connection) = self.checkout(&origin) {
@@ -289,7 +301,7 @@ impl DirectHttp {
         Ok(DirectResponse {
             status: parts.status,
             headers: parts.headers,
-            body: DirectBody {
+            body: DirectBody(Box::new(BodyState {
                 body,
                 driver,
                 sender: Some(sender),
@@ -299,7 +311,7 @@ impl DirectHttp {
                 timer: None,
                 last_read: Instant::now(),
                 finished: false,
-            },
+            })),
         })
     }
 }
@@ -379,7 +391,10 @@ fn build_request(
 /// An answer's body as a stream of chunks. Reading it drives its
 /// connection; read to the end, the connection goes back to the pool, and
 /// dropped before that, it is closed (unread bytes would be left on it).
-pub struct DirectBody {
+/// Its state lives on the heap, so the streams holding it stay small.
+pub struct DirectBody(Box<BodyState>);
+
+struct BodyState {
     body: Incoming,
     driver: Option<Driver>,
     sender: Option<SendRequest<Full<Bytes>>>,
@@ -410,7 +425,17 @@ impl DirectBody {
         }
         Ok(only.unwrap_or_else(|| whole.freeze()))
     }
+}
 
+impl Stream for DirectBody {
+    type Item = Result<Bytes, DirectHttpError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        Pin::new(&mut *self.0).poll_next(cx)
+    }
+}
+
+impl BodyState {
     fn fail(&mut self) {
         self.finished = true;
         self.driver = None;
@@ -447,7 +472,7 @@ impl DirectBody {
 /// same read as the body's end, and the reader stops at the event.
 const DRAIN_MAX_FRAMES: usize = 16;
 
-impl Drop for DirectBody {
+impl Drop for BodyState {
     fn drop(&mut self) {
         if self.finished || self.driver.is_none() {
             return;
@@ -473,7 +498,7 @@ impl Drop for DirectBody {
     }
 }
 
-impl Stream for DirectBody {
+impl Stream for BodyState {
     type Item = Result<Bytes, DirectHttpError>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
