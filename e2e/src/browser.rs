@@ -48,7 +48,8 @@ impl Browser {
             )));
         }
         let port = free_port()?;
-        let mut driver = Service::spawn(
+        // Its own process group: Chromium and its helpers go with it.
+        let mut driver = Service::spawn_group(
             "chromedriver",
             &driver_bin,
             &[&format!("--port={port}")],
@@ -88,6 +89,12 @@ impl Browser {
             _driver: driver,
             profile,
         })
+    }
+
+    /// The chromedriver process's id, which is also its process group's:
+    /// Chromium and its helpers run in that group.
+    pub fn driver_pid(&self) -> Option<u32> {
+        self._driver.pid()
     }
 
     pub async fn goto(&self, url: &str) -> Result<()> {

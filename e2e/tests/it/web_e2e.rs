@@ -460,3 +460,51 @@ async fn an_answer_that_starts_before_the_question_is_acknowledged_keeps_its_tex
         .await
         .unwrap();
 }
+
+/// The processes in process group `group` (from `/proc/<pid>/stat`).
+fn processes_in_group(group: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // After the command's closing parenthesis: state, ppid, pgrp.
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.get(2).and_then(|pgrp| pgrp.parse::<u32>().ok()) == Some(group) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn a_dropped_browser_leaves_no_process_behind() {
+    let browser = e2e_tests::browser::Browser::start().await.unwrap();
+    browser.goto("about:blank").await.unwrap();
+    let group = browser.driver_pid().unwrap();
+    // chromedriver, Chromium and its helpers.
+    assert!(
+        processes_in_group(group).len() > 2,
+        "{:?}",
+        processes_in_group(group)
+    );
+    drop(browser);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let left = processes_in_group(group);
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still running after the browser was dropped: {left:?}"
+        );
+        tokio::task::yield_now().await;
+    }
+}
