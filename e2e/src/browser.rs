@@ -91,10 +91,9 @@ impl Browser {
         })
     }
 
-    /// The chromedriver process's id, which is also its process group's:
-    /// Chromium and its helpers run in that group.
-    pub fn driver_pid(&self) -> Option<u32> {
-        self._driver.pid()
+    /// This browser's own profile directory (Chromium's `--user-data-dir`).
+    pub fn profile_dir(&self) -> &std::path::Path {
+        &self.profile
     }
 
     pub async fn goto(&self, url: &str) -> Result<()> {

@@ -461,22 +461,20 @@ async fn an_answer_that_starts_before_the_question_is_acknowledged_keeps_its_tex
         .unwrap();
 }
 
-/// The processes in process group `group` (from `/proc/<pid>/stat`).
-fn processes_in_group(group: u32) -> Vec<u32> {
+/// The Chromium processes started with `profile` as their profile (the
+/// browser's main process names it on its command line).
+fn chromium_processes(profile: &std::path::Path) -> Vec<u32> {
+    let needle = format!("--user-data-dir={}", profile.display());
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
             continue;
         };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+        let Ok(command_line) = std::fs::read(entry.path().join("cmdline")) else {
             continue;
         };
-        // After the command's closing parenthesis: state, ppid, pgrp.
-        let Some((_, rest)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        if fields.get(2).and_then(|pgrp| pgrp.parse::<u32>().ok()) == Some(group) {
+        // A process that has exited but is not yet reaped has none.
+        if String::from_utf8_lossy(&command_line).contains(&needle) {
             found.push(pid);
         }
     }
@@ -487,17 +485,12 @@ fn processes_in_group(group: u32) -> Vec<u32> {
 async fn a_dropped_browser_leaves_no_process_behind() {
     let browser = e2e_tests::browser::Browser::start().await.unwrap();
     browser.goto("about:blank").await.unwrap();
-    let group = browser.driver_pid().unwrap();
-    // chromedriver, Chromium and its helpers.
-    assert!(
-        processes_in_group(group).len() > 2,
-        "{:?}",
-        processes_in_group(group)
-    );
+    let profile = browser.profile_dir().to_owned();
+    assert!(!chromium_processes(&profile).is_empty());
     drop(browser);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        let left = processes_in_group(group);
+        let left = chromium_processes(&profile);
         if left.is_empty() {
             break;
         }
