@@ -143,9 +143,14 @@ impl DirectHttp {
         }
     }
 
-    /// Whether this client takes calls to `url`: plain `http` with a host.
+    /// Whether this client takes calls to `url`: plain `http` with a host,
+    /// and no user name or password in it (reqwest turns those into an
+    /// `Authorization` header; such URLs stay with it).
     pub fn serves(url: &Url) -> bool {
-        url.scheme() == "http" && url.host_str().is_some_and(|host| !host.is_empty())
+        url.scheme() == "http"
+            && url.host_str().is_some_and(|host| !host.is_empty())
+            && url.username().is_empty()
+            && url.password().is_none()
     }
 
     /// POSTs `body` with `headers` to `url` and waits for the answer's head.
@@ -900,6 +905,8 @@ mod tests {
             ("http://127.0.0.1:5052/v1", true),
             ("http://[::1]:8000/v1", true),
             ("http://llm.internal/v1", true),
+            ("http://user:secret@llm.internal/v1", false),
+            ("http://user@llm.internal/v1", false),
             ("https://api.anthropic.com/v1/messages", false),
             ("unix:/run/model.sock", false),
         ] {

@@ -316,3 +316,38 @@ impl ProviderClients {
         &self.configured
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn anthropic(base_url: &str, egress: Egress) -> ModelRoute {
+        ModelRoute::Anthropic {
+            base_url: base_url.to_owned(),
+            api_key: Some("key".to_owned()),
+            model: "claude".to_owned(),
+            egress,
+        }
+    }
+
+    #[test]
+    fn only_configured_plain_http_endpoints_and_mock_answers_are_read_in_the_same_task() {
+        assert_eq!(ModelRoute::Mock.pacing(), Pacing::SameTask);
+        assert_eq!(
+            anthropic("http://127.0.0.1:5052", Egress::Configured).pacing(),
+            Pacing::SameTask
+        );
+        assert_eq!(
+            anthropic("https://api.anthropic.com", Egress::Configured).pacing(),
+            Pacing::OtherTasks
+        );
+        assert_eq!(
+            anthropic("http://127.0.0.1:5052", Egress::CallerNamed).pacing(),
+            Pacing::OtherTasks
+        );
+        assert_eq!(
+            anthropic("http://user:pw@127.0.0.1:5052", Egress::Configured).pacing(),
+            Pacing::OtherTasks
+        );
+    }
+}

@@ -113,15 +113,19 @@ impl UpstreamRequest<'_> {
         self
     }
 
-    /// Sets one header; a value that is not a valid header fails the call.
+    /// Sets one header; a name or value that is not a valid header fails
+    /// the call.
     pub fn header(mut self, name: &'static str, value: &str) -> Self {
-        match HeaderValue::from_str(value) {
-            Ok(mut value) => {
+        match (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(value),
+        ) {
+            (Ok(name), Ok(mut value)) => {
                 // Keys and tokens are kept out of HTTP/2's header index.
-                value.set_sensitive(SENSITIVE.contains(&name));
-                self.headers.insert(HeaderName::from_static(name), value);
+                value.set_sensitive(SENSITIVE.contains(&name.as_str()));
+                self.headers.insert(name, value);
             }
-            Err(_) => self.invalid = Some(name),
+            _ => self.invalid = Some(name),
         }
         self
     }
@@ -221,5 +225,147 @@ impl UpstreamBody {
             Self::Pooled(answer) => Ok(answer.bytes().await?),
             Self::Direct(body) => Ok(body.bytes().await?),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::providers::direct_http::DirectHttpSettings;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    /// A server answering every request on every connection with `ok`,
+    /// sending back the request head it read as the body.
+    async fn echo_server() -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut seen = Vec::new();
+                    let mut buffer = [0u8; 4096];
+                    loop {
+                        let Ok(n) = socket.read(&mut buffer).await else {
+                            return;
+                        };
+                        if n == 0 {
+                            return;
+                        }
+                        seen.extend_from_slice(&buffer[..n]);
+                        // Bodies here are small: answer once the body came.
+                        if let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n")
+                            && seen.ends_with(b"}")
+                        {
+                            let head = seen[..end].to_vec();
+                            let answer = format!(
+                                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n",
+                                head.len()
+                            );
+                            let _ = socket.write_all(answer.as_bytes()).await;
+                            let _ = socket.write_all(&head).await;
+                            seen.clear();
+                        }
+                    }
+                });
+            }
+        });
+        format!("http://127.0.0.1:{port}/v1/messages")
+    }
+
+    #[tokio::test]
+    async fn plain_http_goes_direct_only_when_a_direct_client_is_given() {
+        let url = echo_server().await;
+        let pooled = reqwest::Client::new();
+        let direct = DirectHttp::new(DirectHttpSettings::default());
+        let configured = ProviderHttp::new(&pooled, Some(&direct));
+        let answer = configured
+            .post(url.clone())
+            .json(&serde_json::json!({}))
+            .send()
+            .await
+            .unwrap();
+        assert!(matches!(answer.body, UpstreamBody::Direct(_)));
+        assert_eq!(answer.body.pacing(), Pacing::SameTask);
+        // Endpoints a request named: never the direct client, whatever the
+        // scheme (their names must pass the egress resolver).
+        let caller_named = ProviderHttp::new(&pooled, None);
+        let answer = caller_named
+            .post(url)
+            .json(&serde_json::json!({}))
+            .send()
+            .await
+            .unwrap();
+        assert!(matches!(answer.body, UpstreamBody::Pooled(_)));
+        assert_eq!(answer.body.pacing(), Pacing::OtherTasks);
+    }
+
+    #[tokio::test]
+    async fn headers_are_set_as_the_builder_says() {
+        let url = echo_server().await;
+        let pooled = reqwest::Client::new();
+        let direct = DirectHttp::new(DirectHttpSettings::default());
+        let mut first = HeaderMap::new();
+        first.insert("x-trace", HeaderValue::from_static("one"));
+        let mut second = HeaderMap::new();
+        second.insert("x-trace", HeaderValue::from_static("two"));
+        let answer = ProviderHttp::new(&pooled, Some(&direct))
+            .post(url)
+            .headers(first)
+            .headers(second)
+            .header("X-Api-Key", "key-1")
+            .json(&serde_json::json!({"a": 1}))
+            .send()
+            .await
+            .unwrap();
+        let head = answer.body.text().await.unwrap().to_ascii_lowercase();
+        let lines: Vec<&str> = head.lines().collect();
+        for expected in [
+            "x-trace: two",
+            "x-api-key: key-1",
+            "content-type: application/json",
+        ] {
+            assert!(lines.contains(&expected), "{expected} missing in {lines:?}");
+        }
+        assert!(!lines.contains(&"x-trace: one"));
+    }
+
+    #[tokio::test]
+    async fn a_header_that_cannot_be_sent_fails_the_call_without_its_value() {
+        let pooled = reqwest::Client::new();
+        let direct = DirectHttp::new(DirectHttpSettings::default());
+        let http = ProviderHttp::new(&pooled, Some(&direct));
+        let refused = http
+            .post("http://127.0.0.1:9/v1".to_owned())
+            .header("x-api-key", "secret\nInjected: yes")
+            .send()
+            .await;
+        match refused {
+            Err(err @ UpstreamError::Invalid("x-api-key")) => {
+                assert!(!err.to_string().contains("secret"), "{err}");
+            }
+            Err(other) => panic!("unexpected error: {other}"),
+            Ok(_) => panic!("sent a header with a line break"),
+        }
+        let refused = http
+            .post("http://127.0.0.1:9/v1".to_owned())
+            .header("bad header", "x")
+            .send()
+            .await;
+        assert!(matches!(refused, Err(UpstreamError::Invalid("bad header"))));
+    }
+
+    #[test]
+    fn credentials_are_marked_sensitive() {
+        let pooled = reqwest::Client::new();
+        let request = ProviderHttp::new(&pooled, None)
+            .post("http://127.0.0.1/v1".to_owned())
+            .bearer_auth("token")
+            .header("x-api-key", "key")
+            .header("anthropic-version", "2023-06-01");
+        assert!(request.headers["authorization"].is_sensitive());
+        assert_eq!(request.headers["authorization"], "Bearer token");
+        assert!(request.headers["x-api-key"].is_sensitive());
+        assert!(!request.headers["anthropic-version"].is_sensitive());
     }
 }
