@@ -114,7 +114,6 @@ fn proxy_direct_client(config: &Config) -> DirectHttp {
     DirectHttp::new(DirectHttpSettings {
         connect_timeout: config.providers.proxy_timeout,
         read_timeout: Some(config.providers.proxy_timeout),
-        max_idle_per_origin: 256,
         ..DirectHttpSettings::default()
     })
 }

@@ -19,11 +19,9 @@ const IDLE_TURNS: u32 = 4;
 
 /// Turns of the scheduler to give a body's feeders after a piece.
 fn idle_turns_of(pacing: Pacing) -> u32 {
-    {
-        match pacing {
-            Pacing::OtherTasks => IDLE_TURNS,
-            Pacing::SameTask => 0,
-        }
+    match pacing {
+        Pacing::OtherTasks => IDLE_TURNS,
+        Pacing::SameTask => 0,
     }
 }
 

@@ -415,20 +415,19 @@ impl DirectBody {
     /// The whole body.
     pub async fn bytes(mut self) -> Result<Bytes, DirectHttpError> {
         use futures::StreamExt;
-        let mut whole = bytes::BytesMut::new();
-        let mut only: Option<Bytes> = None;
+        // A body of one chunk (the usual one) is handed over uncopied.
+        let Some(first) = self.next().await.transpose()? else {
+            return Ok(Bytes::new());
+        };
+        let Some(second) = self.next().await.transpose()? else {
+            return Ok(first);
+        };
+        let mut whole = bytes::BytesMut::from(&first[..]);
+        whole.extend_from_slice(&second);
         while let Some(chunk) = self.next().await {
-            let chunk = chunk?;
-            match only.take() {
-                None if whole.is_empty() => only = Some(chunk),
-                None => whole.extend_from_slice(&chunk),
-                Some(first) => {
-                    whole.extend_from_slice(&first);
-                    whole.extend_from_slice(&chunk);
-                }
-            }
+            whole.extend_from_slice(&chunk?);
         }
-        Ok(only.unwrap_or_else(|| whole.freeze()))
+        Ok(whole.freeze())
     }
 }
 

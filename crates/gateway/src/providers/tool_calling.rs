@@ -5,9 +5,7 @@
 //! ([`Message`]); callers name their `feature_category` in [`TurnOptions`].
 
 use super::conversation::{Message, ToolCall};
-use super::direct_http::DirectHttpError;
 use super::openai::stream_deltas as stream_openai_deltas;
-use super::upstream::UpstreamError;
 use super::{ModelParams, ModelRoute, ProviderClients, ProviderError};
 use crate::config::ProvidersConfig;
 use crate::observability::{InferenceLabels, InferenceRecorder, ModelWaitClock};
@@ -410,9 +408,14 @@ impl ToolCallingModel {
         loop {
             // The whole call (head and body) within the call's timeout.
             let deadline = tokio::time::Instant::now() + params.timeout;
-            let response = tokio::time::timeout_at(deadline, request.clone().send())
-                .await
-                .unwrap_or(Err(UpstreamError::Direct(DirectHttpError::Timeout)));
+            let response = match tokio::time::timeout_at(deadline, request.clone().send()).await {
+                Err(_) if retries > 0 => {
+                    retries -= 1;
+                    continue;
+                }
+                Err(_) => return Err(ProviderError::Timeout("model call")),
+                Ok(response) => response,
+            };
             let response = match response {
                 Ok(response) => response,
                 Err(err) if retries > 0 && (err.is_connect() || err.is_timeout()) => {

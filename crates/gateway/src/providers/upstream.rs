@@ -212,11 +212,7 @@ impl UpstreamBody {
 
     /// The whole body as text (invalid UTF-8 replaced).
     pub async fn text(self) -> Result<String, UpstreamError> {
-        let bytes = self.bytes().await?;
-        Ok(match String::from_utf8(bytes.to_vec()) {
-            Ok(text) => text,
-            Err(err) => String::from_utf8_lossy(err.as_bytes()).into_owned(),
-        })
+        Ok(String::from_utf8_lossy(&self.bytes().await?).into_owned())
     }
 
     /// The whole body.
