@@ -14,6 +14,7 @@ use bytes::Bytes;
 use contracts::headers;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 use std::time::Instant;
 
 /// The correlation id of a request (`X-Request-ID`), in request extensions.
@@ -43,6 +44,14 @@ fn new_request_id() -> String {
         .to_string()
 }
 
+/// A duration in seconds with six decimals, rounded to the microsecond, as
+/// `{:.6}` prints it (a tie of exactly half a microsecond may round the
+/// other way); integers only, as it runs twice per request.
+fn seconds_to_micros(duration: Duration) -> String {
+    let micros = (duration.as_nanos() + 500) / 1000;
+    format!("{}.{:06}", micros / 1_000_000, micros % 1_000_000)
+}
+
 /// Use with `actix_web::middleware::from_fn(request_telemetry)`, wrapped last
 /// so that it times everything, authentication failures included.
 pub async fn request_telemetry(
@@ -55,7 +64,7 @@ pub async fn request_telemetry(
     let clock = ModelWaitClock::default();
     req.extensions_mut().insert(clock.clone());
     req.extensions_mut().insert(RequestId(request_id.clone()));
-    let method = req.method().to_string();
+    let method = req.method().as_str().to_owned();
 
     // With the LLM debug log on, whatever runs for this request (model calls,
     // in the handler or while its body streams) knows the request's id.
@@ -77,7 +86,7 @@ pub async fn request_telemetry(
         .request()
         .match_pattern()
         .unwrap_or_else(|| UNMATCHED_HANDLER.to_owned());
-    let status = res.status().as_u16().to_string();
+    let status = res.status().as_str().to_owned();
     let finish = RecordOnEnd {
         started,
         clock,
@@ -89,14 +98,8 @@ pub async fn request_telemetry(
     let out = res.headers_mut();
     for (name, value) in [
         (headers::REQUEST_ID, request_id),
-        (
-            headers::PROCESS_TIME,
-            format!("{:.6}", elapsed.as_secs_f64()),
-        ),
-        (
-            headers::GATEWAY_OVERHEAD,
-            format!("{:.6}", overhead.as_secs_f64()),
-        ),
+        (headers::PROCESS_TIME, seconds_to_micros(elapsed)),
+        (headers::GATEWAY_OVERHEAD, seconds_to_micros(overhead)),
     ] {
         if let Ok(value) = HeaderValue::from_str(&value) {
             out.insert(HeaderName::from_static(name), value);
@@ -192,6 +195,27 @@ impl MessageBody for TimedBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_print_as_seconds_with_six_decimals() {
+        for nanos in [
+            0,
+            1,
+            499,
+            501,
+            999_999,
+            1_000_000_499,
+            12_345_678_901,
+            3_999_999_600,
+        ] {
+            let duration = Duration::from_nanos(nanos);
+            assert_eq!(
+                seconds_to_micros(duration),
+                format!("{:.6}", duration.as_secs_f64()),
+                "{nanos} ns"
+            );
+        }
+    }
 
     #[test]
     fn request_ids_are_checked() {

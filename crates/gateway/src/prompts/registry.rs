@@ -382,10 +382,7 @@ impl PromptDefinition {
         key: &str,
         inputs: impl FnOnce() -> serde_json::Value,
     ) -> Result<Option<Arc<[RenderedMessage]>>, PromptError> {
-        let full_key = format!(
-            "{}\u{0}{}\u{0}{}\u{0}{roles:?}\u{0}{key}",
-            self.id, self.family, self.version
-        );
+        let full_key = self.render_cache_key(roles, key);
         if let Some(known) = registry.render_cache.get(&full_key) {
             return Ok(known);
         }
@@ -396,6 +393,27 @@ impl PromptDefinition {
         };
         registry.render_cache.put(full_key, rendered.clone());
         Ok(rendered)
+    }
+
+    /// The render cache's key: this prompt's id, family and version, the
+    /// roles rendered and the caller's key, NUL-separated. Put together by
+    /// hand: it is built on every agent request.
+    fn render_cache_key(&self, roles: &[TemplateRole], key: &str) -> String {
+        use std::fmt::Write as _;
+        let mut full_key = String::with_capacity(
+            self.id.len() + self.family.len() + key.len() + 16 + roles.len() * 10,
+        );
+        for part in [self.id.as_str(), "\u{0}", self.family.as_str(), "\u{0}"] {
+            full_key.push_str(part);
+        }
+        let _ = write!(full_key, "{}", self.version);
+        for role in roles {
+            full_key.push('\u{0}');
+            full_key.push_str(role.as_str());
+        }
+        full_key.push_str("\u{0}\u{0}");
+        full_key.push_str(key);
+        full_key
     }
 
     /// Renders only the templates whose role `wanted` accepts: the agent renders

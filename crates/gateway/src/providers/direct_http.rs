@@ -347,12 +347,16 @@ impl Origin {
         if !DirectHttp::serves(url) {
             return Err(DirectHttpError::Unsupported);
         }
-        let host = match url.host() {
-            // Brackets are URL syntax, not part of the address.
-            Some(url::Host::Ipv6(address)) => address.to_string(),
-            Some(host) => host.to_string(),
-            None => return Err(DirectHttpError::Unsupported),
+        // The host as the URL already spells it (no address formatted per
+        // call); brackets are URL syntax, not part of an IPv6 address.
+        let Some(host) = url.host_str() else {
+            return Err(DirectHttpError::Unsupported);
         };
+        let host = host
+            .strip_prefix('[')
+            .and_then(|inner| inner.strip_suffix(']'))
+            .unwrap_or(host)
+            .to_owned();
         Ok(Self {
             host,
             port: url.port_or_known_default().unwrap_or(80),
@@ -366,10 +370,8 @@ fn build_request(
     headers: &HeaderMap,
     body: Bytes,
 ) -> Result<Request<Full<Bytes>>, DirectHttpError> {
-    let target = match url.query() {
-        Some(query) => format!("{}?{query}", url.path()),
-        None => url.path().to_owned(),
-    };
+    // The origin-form target: the path and query as the URL holds them.
+    let target = &url[url::Position::BeforePath..url::Position::AfterQuery];
     let mut request = Request::post(target)
         .body(Full::new(body))
         .map_err(|_| DirectHttpError::Unsupported)?;
