@@ -11,7 +11,7 @@
 //! and a [`GatewayUser`] in the request extensions, put there by the
 //! authentication middleware before the handler runs.
 
-use super::body::RawBody;
+use super::body::{RawBody, prepare_in_place_or_blocking};
 use crate::auth::GatewayUser;
 use crate::chat::agent::{self, ClientInfo};
 use crate::chat::budget::{self, Budget};
@@ -28,10 +28,6 @@ use futures::StreamExt;
 use std::convert::Infallible;
 
 pub const NDJSON: &str = "application/x-ndjson; charset=utf-8";
-
-/// Request bodies up to this size are parsed and rendered on the async
-/// worker itself; larger ones on the blocking pool.
-const INLINE_PREPARE_MAX_BYTES: usize = 16 * 1024;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/v2/chat/agent", web::post().to(chat_agent));
@@ -70,17 +66,8 @@ async fn chat_agent(
         let prepared = agent::prepare(&registry, &config, &user, client, &request)?;
         Ok((request, prepared))
     };
-    // Parsing and rendering a large request is CPU work: on the blocking pool,
-    // so the async workers keep answering health checks and other requests.
-    // A small one takes tens of microseconds, less than the hand-off to
-    // another thread and back costs in latency.
-    let (request, prepared) = if body_len <= INLINE_PREPARE_MAX_BYTES {
-        prepare()?
-    } else {
-        web::block(prepare)
-            .await
-            .map_err(|e| ApiError::Internal(format!("preparing the agent step: {e}")))??
-    };
+    let (request, prepared) =
+        prepare_in_place_or_blocking(body_len, "preparing the agent step", prepare).await?;
     let mut prepared = fit_context(
         &req,
         &shared_config,

@@ -18,7 +18,7 @@
 //! larger than the model's known context (configured, or reported by the
 //! bundled server) is not sent: 413 with the sizes and what to change.
 
-use super::body::RawBody;
+use super::body::{RawBody, prepare_in_place_or_blocking};
 use crate::auth::GatewayUser;
 use crate::chat::budget::{self, Budget};
 use crate::chat::context_window::ContextWindows;
@@ -64,11 +64,11 @@ pub async fn invoke_prompt(
     clock: ModelWaitClock,
 ) -> Result<HttpResponse, ApiError> {
     let prompt_id = prompt_id.into_inner();
-    // Parsing and rendering off the async workers (see `api::agent`).
+    let body_len = body.len();
     let (stream_requested, mut prepared) = {
         let prompt_id = prompt_id.clone();
         let config = config.clone();
-        web::block(move || -> Result<_, ApiError> {
+        prepare_in_place_or_blocking(body_len, "preparing the prompt", move || {
             let request: PromptRequest =
                 serde_json::from_slice(&body).map_err(ApiError::invalid_body)?;
             drop(body);
@@ -89,8 +89,7 @@ pub async fn invoke_prompt(
             )?;
             Ok((request.stream, prepared))
         })
-        .await
-        .map_err(|e| ApiError::Internal(format!("preparing the prompt: {e}")))??
+        .await?
     };
 
     prepared.call.wait_clock = Some(clock);
