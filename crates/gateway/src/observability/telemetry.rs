@@ -7,11 +7,13 @@
 use super::{GATEWAY_OVERHEAD, HTTP_REQUEST_DURATION, ModelWaitClock};
 use actix_web::body::{BodySize, BoxBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::Method;
 use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::middleware::Next;
 use actix_web::{Error, HttpMessage};
 use bytes::Bytes;
 use contracts::headers;
+use std::collections::HashMap;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -64,7 +66,7 @@ pub async fn request_telemetry(
     let clock = ModelWaitClock::default();
     req.extensions_mut().insert(clock.clone());
     req.extensions_mut().insert(RequestId(request_id.clone()));
-    let method = req.method().as_str().to_owned();
+    let method = method_label(req.method());
 
     // With the LLM debug log on, whatever runs for this request (model calls,
     // in the handler or while its body streams) knows the request's id.
@@ -86,7 +88,7 @@ pub async fn request_telemetry(
         .request()
         .match_pattern()
         .unwrap_or_else(|| UNMATCHED_HANDLER.to_owned());
-    let status = res.status().as_str().to_owned();
+    let status = res.status().as_u16();
     let finish = RecordOnEnd {
         started,
         clock,
@@ -117,18 +119,64 @@ struct RecordOnEnd {
     started: Instant,
     clock: ModelWaitClock,
     handler: String,
-    method: String,
-    status: String,
+    method: &'static str,
+    status: u16,
+}
+
+/// The `method` label: the standard methods by name, any other as `other`,
+/// so that a caller cannot add label values (and series) of its own making.
+fn method_label(method: &Method) -> &'static str {
+    const KNOWN: [Method; 9] = [
+        Method::GET,
+        Method::POST,
+        Method::PUT,
+        Method::DELETE,
+        Method::PATCH,
+        Method::HEAD,
+        Method::OPTIONS,
+        Method::CONNECT,
+        Method::TRACE,
+    ];
+    KNOWN
+        .iter()
+        .find(|known| *known == method)
+        .map_or("other", |known| known.as_str())
+}
+
+/// Distinct (handler, method, status) label sets whose histograms a worker
+/// thread keeps at hand; past this it starts over. Handlers are route
+/// patterns and methods a fixed list, so in practice a few dozen.
+const KEPT_REQUEST_HISTOGRAMS: usize = 512;
+
+type RequestHistograms = (metrics::Histogram, metrics::Histogram);
+
+thread_local! {
+    /// The request histograms by label set: looked up in the recorder once,
+    /// not on every request (building the key and finding its series cost
+    /// more than the rest of the request's telemetry).
+    static REQUEST_HISTOGRAMS: std::cell::RefCell<HashMap<(String, &'static str, u16), RequestHistograms>> =
+        std::cell::RefCell::new(HashMap::new());
 }
 
 impl RecordOnEnd {
     fn record(self) {
         let elapsed = self.started.elapsed();
         let overhead = elapsed.saturating_sub(self.clock.total());
-        metrics::histogram!(HTTP_REQUEST_DURATION, "handler" => self.handler.clone(), "method" => self.method, "status" => self.status)
-            .record(elapsed.as_secs_f64());
-        metrics::histogram!(GATEWAY_OVERHEAD, "handler" => self.handler)
-            .record(overhead.as_secs_f64());
+        REQUEST_HISTOGRAMS.with_borrow_mut(|known| {
+            if known.len() >= KEPT_REQUEST_HISTOGRAMS {
+                known.clear();
+            }
+            let (duration, gateway_overhead) = known
+                .entry((self.handler, self.method, self.status))
+                .or_insert_with_key(|(handler, method, status)| {
+                    (
+                        metrics::histogram!(HTTP_REQUEST_DURATION, "handler" => handler.clone(), "method" => *method, "status" => status.to_string()),
+                        metrics::histogram!(GATEWAY_OVERHEAD, "handler" => handler.clone()),
+                    )
+                });
+            duration.record(elapsed.as_secs_f64());
+            gateway_overhead.record(overhead.as_secs_f64());
+        });
     }
 }
 
@@ -195,6 +243,14 @@ impl MessageBody for TimedBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_standard_methods_are_label_values() {
+        assert_eq!(method_label(&Method::POST), "POST");
+        assert_eq!(method_label(&Method::OPTIONS), "OPTIONS");
+        let made_up = Method::from_bytes(b"BREWCOFFEE").unwrap();
+        assert_eq!(method_label(&made_up), "other");
+    }
 
     #[test]
     fn durations_print_as_seconds_with_six_decimals() {

@@ -103,6 +103,56 @@ async fn metrics_use_route_patterns_as_handler_labels() {
 }
 
 #[actix_web::test]
+async fn a_made_up_method_is_counted_as_other_not_as_a_label_of_its_own() {
+    let gw = spawn_gateway(offline_config(SMALL_BODIES));
+    let client = reqwest::Client::new();
+    for method in ["BREWCOFFEE", "XQZZY1", "XQZZY2"] {
+        client
+            .request(
+                reqwest::Method::from_bytes(method.as_bytes()).unwrap(),
+                format!("{gw}/monitoring/healthz"),
+            )
+            .send()
+            .await
+            .unwrap();
+    }
+    // The same label set again, now from the worker's kept histograms.
+    reqwest::get(format!("{gw}/monitoring/healthz"))
+        .await
+        .unwrap();
+    reqwest::get(format!("{gw}/monitoring/healthz"))
+        .await
+        .unwrap();
+    let text = reqwest::get(format!("{gw}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        !text.contains("BREWCOFFEE") && !text.contains("XQZZY"),
+        "{text}"
+    );
+    let other_count = text
+        .lines()
+        .filter(|line| line.starts_with("http_request_duration_seconds_count{"))
+        .filter(|line| line.contains(r#"method="other""#))
+        .map(|line| line.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum::<u64>();
+    assert_eq!(other_count, 3, "{text}");
+    let get_count = text
+        .lines()
+        .find(|line| {
+            line.starts_with(
+                r#"http_request_duration_seconds_count{handler="/monitoring/healthz",method="GET""#,
+            )
+        })
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|count| count.parse::<u64>().ok());
+    assert_eq!(get_count, Some(2), "{text}");
+}
+
+#[actix_web::test]
 async fn malformed_and_mistyped_json_is_422() {
     let gw = spawn_gateway(offline_config(SMALL_BODIES));
     let client = reqwest::Client::new();
