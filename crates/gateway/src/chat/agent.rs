@@ -249,7 +249,7 @@ pub fn prepare(
                 content: turn.content.clone(),
             }),
             _ => {
-                let turn_inputs = json!({ "message": message_input(turn) });
+                let turn_inputs = object([("message", message_input(turn))]);
                 let content = definition
                     .render_roles(registry, &turn_inputs, |role| role == TemplateRole::User)?
                     .into_iter()
@@ -400,10 +400,10 @@ fn render_step(
         question,
         all_inputs,
     )?;
-    let turn_inputs = json!({
-        "message": message_input(question),
-        "scratchpad": scratchpad_input(request),
-    });
+    let turn_inputs = object([
+        ("message", message_input(question)),
+        ("scratchpad", Value::Array(scratchpad_input(request))),
+    ]);
     let not_system = |role| role != TemplateRole::System;
     let turn = match definition.render_roles(registry, &turn_inputs, not_system) {
         // A user or assistant template that reads the tools as well.
@@ -480,12 +480,12 @@ fn scratchpad_input(request: &AgentRequest) -> Vec<Value> {
         .steps()
         .iter()
         .map(|step| {
-            json!({
-                "thought": step.thought.replace("\\_", "_"),
-                "tool": step.tool.replace("\\_", "_"),
-                "tool_input": step.tool_input,
-                "observation": step.observation,
-            })
+            object([
+                ("thought", step.thought.replace("\\_", "_").into()),
+                ("tool", step.tool.replace("\\_", "_").into()),
+                ("tool_input", step.tool_input.as_str().into()),
+                ("observation", step.observation.as_str().into()),
+            ])
         })
         .collect()
 }
@@ -520,30 +520,53 @@ fn message_input(message: &AgentMessage) -> Value {
         .iter()
         .flatten()
         .map(|item| {
-            json!({
-                "id": item.id.clone().unwrap_or_default(),
-                "category": item.category.as_str(),
-                "content": item.content.clone().unwrap_or_default(),
-            })
+            object([
+                ("id", item.id.clone().unwrap_or_default().into()),
+                ("category", item.category.as_str().into()),
+                ("content", item.content.clone().unwrap_or_default().into()),
+            ])
         })
         .collect();
-    json!({
-        "role": match message.role {
-            MessageRole::Assistant => "assistant",
-            _ => "user",
-        },
-        "content": message.content,
-        "context": message.context.as_ref().map(|c| json!({
-            "type": c.resource_type.as_str(),
-            "content": c.content,
-        })),
-        "current_file": message.current_file.as_ref().map(|f| json!({
-            "file_path": f.file_path,
-            "data": f.data,
-            "selected_code": f.selected_code,
-        })),
-        "additional_context": additional,
-    })
+    let role = match message.role {
+        MessageRole::Assistant => "assistant",
+        _ => "user",
+    };
+    object([
+        ("role", role.into()),
+        ("content", message.content.as_str().into()),
+        (
+            "context",
+            message.context.as_ref().map_or(Value::Null, |c| {
+                object([
+                    ("type", c.resource_type.as_str().into()),
+                    ("content", c.content.as_str().into()),
+                ])
+            }),
+        ),
+        (
+            "current_file",
+            message.current_file.as_ref().map_or(Value::Null, |f| {
+                object([
+                    ("file_path", f.file_path.as_str().into()),
+                    ("data", f.data.as_str().into()),
+                    ("selected_code", f.selected_code.into()),
+                ])
+            }),
+        ),
+        ("additional_context", Value::Array(additional)),
+    ])
+}
+
+/// A JSON object from its fields, moved in. `json!` would serialize each
+/// interpolated `Value` into a copy (it calls `to_value` on every
+/// expression), on every request.
+fn object<const N: usize>(fields: [(&str, Value); N]) -> Value {
+    Value::Object(
+        fields
+            .into_iter()
+            .map(|(name, value)| (name.to_owned(), value))
+            .collect(),
+    )
 }
 
 fn error_event(err: &ProviderError) -> AgentEvent {

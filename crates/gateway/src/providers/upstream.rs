@@ -137,8 +137,12 @@ impl UpstreamRequest<'_> {
 
     /// The body as JSON, with its content type.
     pub fn json<T: serde::Serialize + ?Sized>(mut self, body: &T) -> Self {
-        match serde_json::to_vec(body) {
-            Ok(bytes) => {
+        // A model request (system prompt, tools, turns) is a few KiB: room
+        // for one up front instead of growing from serde_json's 128 bytes,
+        // a copy at each doubling.
+        let mut bytes = Vec::with_capacity(JSON_BODY_START_BYTES);
+        match serde_json::to_writer(&mut bytes, body) {
+            Ok(()) => {
                 self.body = Bytes::from(bytes);
                 self.headers
                     .entry(CONTENT_TYPE)
@@ -182,6 +186,9 @@ impl UpstreamRequest<'_> {
         })
     }
 }
+
+/// The buffer a JSON body is first written into.
+const JSON_BODY_START_BYTES: usize = 8 * 1024;
 
 /// Headers whose values are credentials.
 const SENSITIVE: &[&str] = &["authorization", "x-api-key"];
