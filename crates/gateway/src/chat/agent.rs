@@ -444,13 +444,23 @@ fn render_system(
             .is_none_or(|items| items.is_empty());
     // Tool names identify their definitions (static in this process); the
     // resources list is JSON so that no two lists share a key.
-    let names: Vec<&str> = tools.iter().map(|t| t.name).collect();
-    let key = format!(
-        "{}\u{0}{}\u{0}{}",
-        names.join(","),
-        serde_json::to_string(unavailable).unwrap_or_default(),
-        if no_context { "no-context" } else { "" }
-    );
+    let mut key = String::with_capacity(128);
+    for (i, tool) in tools.iter().enumerate() {
+        if i > 0 {
+            key.push(',');
+        }
+        key.push_str(tool.name);
+    }
+    key.push('\u{0}');
+    if unavailable.is_empty() {
+        key.push_str("[]");
+    } else {
+        key.push_str(&serde_json::to_string(unavailable).unwrap_or_default());
+    }
+    key.push('\u{0}');
+    if no_context {
+        key.push_str("no-context");
+    }
     if key.len() > MAX_SYSTEM_KEY_BYTES {
         return Ok(definition
             .render_roles(registry, &all_inputs(), system_only)?
