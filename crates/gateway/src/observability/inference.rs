@@ -5,12 +5,42 @@ use super::{
     MODEL_INFERENCES_TOTAL,
 };
 use std::cell::RefCell;
-use std::sync::{Arc, OnceLock};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use metrics::{Counter, Gauge, Histogram};
 
 use crate::recent_values::RecentValues;
+
+/// Distinct `model_name` label values a process gives out; any later name
+/// is labelled [`OTHER_MODEL_NAME`]. A request can name its own self-hosted
+/// model, so without a cap every new name would add series for good.
+pub const MAX_MODEL_NAME_LABELS: usize = 256;
+
+/// The `model_name` of calls past [`MAX_MODEL_NAME_LABELS`] distinct names.
+pub const OTHER_MODEL_NAME: &str = "other";
+
+static MODEL_NAME_LABELS: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+
+/// The `model_name` label for `model`: its own name while fewer than
+/// [`MAX_MODEL_NAME_LABELS`] names are in use (or it is one of them),
+/// [`OTHER_MODEL_NAME`] after. Called only when a label set's handles are
+/// first made, not per call.
+fn model_label(model: &str) -> String {
+    let Ok(mut names) = MODEL_NAME_LABELS.lock() else {
+        return OTHER_MODEL_NAME.to_owned();
+    };
+    let names = names.get_or_insert_with(HashSet::new);
+    if names.contains(model) {
+        return model.to_owned();
+    }
+    if names.len() < MAX_MODEL_NAME_LABELS {
+        names.insert(model.to_owned());
+        return model.to_owned();
+    }
+    OTHER_MODEL_NAME.to_owned()
+}
 
 /// The `feature_category` of calls made outside any known feature.
 pub const UNKNOWN_FEATURE_CATEGORY: &str = "unknown";
@@ -67,7 +97,7 @@ impl InferenceRecorder {
         let metrics = CallMetrics::of(&labels);
         metrics.in_flight.increment(1.0);
         if let Some(limit) = max_concurrent {
-            let (engine, model) = (labels.engine, labels.model.clone());
+            let (engine, model) = (labels.engine, model_label(&labels.model));
             metrics::gauge!(MODEL_INFERENCES_MAX_CONCURRENT, "model_engine" => engine, "model_name" => model)
                 .set(f64::from(limit));
         }
@@ -250,7 +280,7 @@ impl CallMetrics {
     }
 
     fn registered(labels: &InferenceLabels) -> Self {
-        let (engine, model) = (labels.engine, labels.model.clone());
+        let (engine, model) = (labels.engine, model_label(&labels.model));
         Self {
             in_flight: metrics::gauge!(MODEL_INFERENCES_IN_FLIGHT, "model_engine" => engine, "model_name" => model),
             outcomes: [OnceLock::new(), OnceLock::new()],
@@ -265,6 +295,7 @@ impl CallMetrics {
                 feature_category,
                 streaming,
             } = labels.clone();
+            let model = model_label(&model);
             let error = if failed { "yes" } else { "no" };
             let streaming = if streaming { "yes" } else { "no" };
             let finished = metrics::counter!(
@@ -298,6 +329,43 @@ mod tests {
             .filter(|line| line.starts_with(&format!("{metric}{{")))
             .find(|line| parts.iter().all(|part| line.contains(part)))
             .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+    }
+
+    #[test]
+    fn model_names_past_the_cap_share_one_label() {
+        let metrics = super::super::Metrics::global();
+        let names: Vec<String> = (0..MAX_MODEL_NAME_LABELS + 40)
+            .map(|i| format!("caller-named-{i}"))
+            .collect();
+        for name in &names {
+            let labels = InferenceLabels {
+                engine: "openai_compatible",
+                model: name.clone(),
+                feature_category: "duo_chat",
+                streaming: true,
+            };
+            drop(InferenceRecorder::start(labels, None));
+        }
+        let text = metrics.render();
+        let labelled: HashSet<&str> = text
+            .lines()
+            .filter(|line| line.starts_with(&format!("{MODEL_INFERENCES_TOTAL}{{")))
+            .filter_map(|line| line.split("model_name=\"").nth(1)?.split('"').next())
+            .collect();
+        assert!(
+            labelled.len() <= MAX_MODEL_NAME_LABELS + 1,
+            "{}",
+            labelled.len()
+        );
+        assert!(labelled.contains(OTHER_MODEL_NAME));
+        assert!(labelled.contains("caller-named-0"));
+        assert!(!labelled.contains(format!("caller-named-{}", names.len() - 1).as_str()));
+        // The names past the cap are all counted, under `other`.
+        let other = format!("model_name=\"{OTHER_MODEL_NAME}\"");
+        let past_cap = sample(&text, MODEL_INFERENCES_TOTAL, &[&other]).unwrap_or(0.0);
+        assert!(past_cap >= 40.0, "{past_cap}");
+        // A name given out before the cap keeps its own label.
+        assert_eq!(model_label("caller-named-0"), "caller-named-0");
     }
 
     #[test]

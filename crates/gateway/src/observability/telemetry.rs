@@ -5,6 +5,7 @@
 //! sent, so a streamed answer is counted whole.
 
 use super::{GATEWAY_OVERHEAD, HTTP_REQUEST_DURATION, ModelWaitClock};
+use crate::recent_values::RecentValues;
 use actix_web::body::{BodySize, BoxBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::Method;
@@ -13,7 +14,7 @@ use actix_web::middleware::Next;
 use actix_web::{Error, HttpMessage};
 use bytes::Bytes;
 use contracts::headers;
-use std::collections::HashMap;
+use std::cell::RefCell;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -143,40 +144,39 @@ fn method_label(method: &Method) -> &'static str {
         .map_or("other", |known| known.as_str())
 }
 
-/// Distinct (handler, method, status) label sets whose histograms a worker
-/// thread keeps at hand; past this it starts over. Handlers are route
-/// patterns and methods a fixed list, so in practice a few dozen.
-const KEPT_REQUEST_HISTOGRAMS: usize = 512;
+/// (handler, method, status) label sets whose histograms a worker thread
+/// keeps at hand, the oldest dropped first. Handlers are route patterns and
+/// methods a fixed list, so in practice a few dozen.
+const KEPT_REQUEST_HISTOGRAMS: usize = 64;
 
+type RequestLabels = (String, &'static str, u16);
 type RequestHistograms = (metrics::Histogram, metrics::Histogram);
 
 thread_local! {
     /// The request histograms by label set: looked up in the recorder once,
     /// not on every request (building the key and finding its series cost
     /// more than the rest of the request's telemetry).
-    static REQUEST_HISTOGRAMS: std::cell::RefCell<HashMap<(String, &'static str, u16), RequestHistograms>> =
-        std::cell::RefCell::new(HashMap::new());
+    static REQUEST_HISTOGRAMS: RefCell<RecentValues<RequestLabels, RequestHistograms>> =
+        const { RefCell::new(RecentValues::new(KEPT_REQUEST_HISTOGRAMS)) };
 }
 
 impl RecordOnEnd {
     fn record(self) {
         let elapsed = self.started.elapsed();
         let overhead = elapsed.saturating_sub(self.clock.total());
-        REQUEST_HISTOGRAMS.with_borrow_mut(|known| {
-            if known.len() >= KEPT_REQUEST_HISTOGRAMS {
-                known.clear();
-            }
-            let (duration, gateway_overhead) = known
-                .entry((self.handler, self.method, self.status))
-                .or_insert_with_key(|(handler, method, status)| {
-                    (
-                        metrics::histogram!(HTTP_REQUEST_DURATION, "handler" => handler.clone(), "method" => *method, "status" => status.to_string()),
-                        metrics::histogram!(GATEWAY_OVERHEAD, "handler" => handler.clone()),
-                    )
-                });
-            duration.record(elapsed.as_secs_f64());
-            gateway_overhead.record(overhead.as_secs_f64());
+        let labels = (self.handler, self.method, self.status);
+        let (duration, gateway_overhead) = REQUEST_HISTOGRAMS.with_borrow_mut(|kept| {
+            kept.get_or_insert_with(&labels, || {
+                let (handler, method, status) = labels.clone();
+                let histograms = (
+                    metrics::histogram!(HTTP_REQUEST_DURATION, "handler" => handler.clone(), "method" => method, "status" => status.to_string()),
+                    metrics::histogram!(GATEWAY_OVERHEAD, "handler" => handler),
+                );
+                (labels.clone(), histograms)
+            })
         });
+        duration.record(elapsed.as_secs_f64());
+        gateway_overhead.record(overhead.as_secs_f64());
     }
 }
 
