@@ -167,6 +167,9 @@ impl RecordOnEnd {
         let labels = (self.handler, self.method, self.status);
         let (duration, gateway_overhead) = REQUEST_HISTOGRAMS.with_borrow_mut(|kept| {
             kept.get_or_insert_with(&labels, || {
+                // Handles taken before the recorder is installed would count
+                // nothing, for as long as they are kept.
+                super::Metrics::global();
                 let (handler, method, status) = labels.clone();
                 let histograms = (
                     metrics::histogram!(HTTP_REQUEST_DURATION, "handler" => handler.clone(), "method" => method, "status" => status.to_string()),
