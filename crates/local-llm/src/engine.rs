@@ -399,7 +399,7 @@ impl LlamaEngine {
             None => None,
         };
         let budget = (params.max_tokens as usize).min(context - prompt.len());
-        let mut drafter = Drafter::new(self.speculation && params.temperature <= 0.0);
+        let mut drafter = Drafter::new(self.speculation && params.temperature <= 0.0, prompt.len());
         let mut produced = 0;
         let mut piece = Vec::new();
         // The batch just decoded: its first row to sample from, and the
