@@ -39,7 +39,7 @@ const EMBED_BATCH: usize = 16;
 const EMBED_BATCHES: usize = 8;
 const DEFAULT_THREADS: i32 = 2;
 /// Measured runs per side; the median is reported, which tames a noisy machine.
-const RUNS: usize = 3;
+const RUNS: usize = 5;
 /// Decode speed against llama-server: free text, and an answer quoting its
 /// context.
 const FREE_TEXT_GOAL: f64 = 1.0;
@@ -206,9 +206,14 @@ async fn paired_medians(
         tokio::time::sleep(SIDE_PAUSE).await;
     }
     let mut runs: Vec<Vec<ChatFigures>> = vec![Vec::with_capacity(RUNS); sides.len()];
-    for _ in 0..RUNS {
-        for ((base, extra), side) in sides.iter().zip(&mut runs) {
-            side.push(chat_run(client, base, model, messages, DECODE_TOKENS, extra).await?);
+    // Each round starts with the next side: whichever goes first in a round
+    // runs right after the client's own work, and no side should always be
+    // the one that does.
+    for round in 0..RUNS {
+        for turn in 0..sides.len() {
+            let index = (round + turn) % sides.len();
+            let (base, extra) = &sides[index];
+            runs[index].push(chat_run(client, base, model, messages, DECODE_TOKENS, extra).await?);
             tokio::time::sleep(SIDE_PAUSE).await;
         }
     }
@@ -339,7 +344,7 @@ async fn run() -> anyhow::Result<ExitCode> {
     };
 
     println!(
-        "duo-local-llm bench: {threads} threads on each side, same GGUF, same HTTP client; greedy, up to {DECODE_TOKENS} decoded tokens, median of {RUNS} runs, the compared servers asked in turn"
+        "duo-local-llm bench: {threads} threads on each side, same GGUF, same HTTP client; greedy, up to {DECODE_TOKENS} decoded tokens, median of {RUNS} runs, the compared servers asked in turn (each round starting with the next)"
     );
     println!(
         "  machine: {} CPUs, load average {} (other work on the machine skews the figures)",
