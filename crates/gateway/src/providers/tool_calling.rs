@@ -5,6 +5,7 @@
 //! ([`Message`]); callers name their `feature_category` in [`TurnOptions`].
 
 use super::conversation::{Message, ToolCall};
+use super::escaped_text::JsonText;
 use super::openai::stream_deltas as stream_openai_deltas;
 use super::{ModelParams, ModelRoute, ProviderClients, ProviderError};
 use crate::config::ProvidersConfig;
@@ -467,7 +468,9 @@ enum Wire {
 struct AnthropicRequest<'a> {
     model: &'a str,
     max_tokens: u32,
-    system: &'a str,
+    /// The system prompt, from the thread's kept escapes when long (it is
+    /// the same for every step offered the same tools).
+    system: JsonText<'a>,
     messages: Vec<AnthropicTurn<'a>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<AnthropicTool<'a>>,
@@ -576,7 +579,7 @@ fn anthropic_body<'a>(
     AnthropicRequest {
         model,
         max_tokens: params.max_tokens,
-        system,
+        system: JsonText(system),
         messages: wire,
         tools: tools
             .iter()
@@ -622,7 +625,8 @@ struct OpenAiMessage<'a> {
     role: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     tool_call_id: Option<&'a str>,
-    content: &'a str,
+    /// Long texts (the system prompt) from the thread's kept escapes.
+    content: JsonText<'a>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tool_calls: Vec<OpenAiToolCall<'a>>,
 }
@@ -666,7 +670,7 @@ fn openai_body<'a>(
     let plain = |role, content| OpenAiMessage {
         role,
         tool_call_id: None,
-        content,
+        content: JsonText(content),
         tool_calls: Vec::new(),
     };
     let mut wire = Vec::with_capacity(messages.len() + 1);
