@@ -5,7 +5,7 @@ use super::{
     MODEL_INFERENCES_TOTAL,
 };
 use std::cell::RefCell;
-use std::collections::HashSet;
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -21,17 +21,16 @@ pub const MAX_MODEL_NAME_LABELS: usize = 256;
 /// The `model_name` of calls past [`MAX_MODEL_NAME_LABELS`] distinct names.
 pub const OTHER_MODEL_NAME: &str = "other";
 
-static MODEL_NAME_LABELS: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+static MODEL_NAME_LABELS: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
 
 /// The `model_name` label for `model`: its own name while fewer than
 /// [`MAX_MODEL_NAME_LABELS`] names are in use (or it is one of them),
-/// [`OTHER_MODEL_NAME`] after. Called only when a label set's handles are
-/// first made, not per call.
+/// [`OTHER_MODEL_NAME`] after. Called once per label set, when a worker
+/// thread first makes its handles ([`CallMetrics`]), not per call.
 fn model_label(model: &str) -> String {
     let Ok(mut names) = MODEL_NAME_LABELS.lock() else {
         return OTHER_MODEL_NAME.to_owned();
     };
-    let names = names.get_or_insert_with(HashSet::new);
     if names.contains(model) {
         return model.to_owned();
     }
@@ -97,7 +96,7 @@ impl InferenceRecorder {
         let metrics = CallMetrics::of(&labels);
         metrics.in_flight.increment(1.0);
         if let Some(limit) = max_concurrent {
-            let (engine, model) = (labels.engine, model_label(&labels.model));
+            let (engine, model) = (labels.engine, metrics.model_name.clone());
             metrics::gauge!(MODEL_INFERENCES_MAX_CONCURRENT, "model_engine" => engine, "model_name" => model)
                 .set(f64::from(limit));
         }
@@ -250,6 +249,8 @@ impl Drop for InferenceRecorder {
 /// handles of the label sets it has seen.
 #[derive(Debug)]
 struct CallMetrics {
+    /// The `model_name` label of this label set ([`model_label`]).
+    model_name: String,
     in_flight: Gauge,
     /// The calls finished and their durations, by outcome (`[succeeded,
     /// failed]`), each registered when a call first ends that way, so no
@@ -280,9 +281,10 @@ impl CallMetrics {
     }
 
     fn registered(labels: &InferenceLabels) -> Self {
-        let (engine, model) = (labels.engine, model_label(&labels.model));
+        let (engine, model_name) = (labels.engine, model_label(&labels.model));
         Self {
-            in_flight: metrics::gauge!(MODEL_INFERENCES_IN_FLIGHT, "model_engine" => engine, "model_name" => model),
+            in_flight: metrics::gauge!(MODEL_INFERENCES_IN_FLIGHT, "model_engine" => engine, "model_name" => model_name.clone()),
+            model_name,
             outcomes: [OnceLock::new(), OnceLock::new()],
         }
     }
@@ -291,11 +293,11 @@ impl CallMetrics {
         self.outcomes[usize::from(failed)].get_or_init(|| {
             let InferenceLabels {
                 engine,
-                model,
                 feature_category,
                 streaming,
-            } = labels.clone();
-            let model = model_label(&model);
+                ..
+            } = *labels;
+            let model = self.model_name.clone();
             let error = if failed { "yes" } else { "no" };
             let streaming = if streaming { "yes" } else { "no" };
             let finished = metrics::counter!(
@@ -347,7 +349,7 @@ mod tests {
             drop(InferenceRecorder::start(labels, None));
         }
         let text = metrics.render();
-        let labelled: HashSet<&str> = text
+        let labelled: std::collections::HashSet<&str> = text
             .lines()
             .filter(|line| line.starts_with(&format!("{MODEL_INFERENCES_TOTAL}{{")))
             .filter_map(|line| line.split("model_name=\"").nth(1)?.split('"').next())

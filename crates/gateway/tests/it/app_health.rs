@@ -3,6 +3,7 @@
 
 use crate::app_support;
 
+use crate::stream_support::{metric, scrape};
 use app_support::{local_model_config, offline_config, spawn_gateway, spawn_upstream};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
@@ -117,39 +118,29 @@ async fn a_made_up_method_is_counted_as_other_not_as_a_label_of_its_own() {
             .unwrap();
     }
     // The same label set again, now from the worker's kept histograms.
-    reqwest::get(format!("{gw}/monitoring/healthz"))
-        .await
-        .unwrap();
-    reqwest::get(format!("{gw}/monitoring/healthz"))
-        .await
-        .unwrap();
-    let text = reqwest::get(format!("{gw}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    for _ in 0..2 {
+        reqwest::get(format!("{gw}/monitoring/healthz"))
+            .await
+            .unwrap();
+    }
+    let samples = scrape(&gw).await;
     assert!(
-        !text.contains("BREWCOFFEE") && !text.contains("XQZZY"),
-        "{text}"
+        !samples.iter().any(|s| s
+            .labels
+            .values()
+            .any(|v| v.contains("BREWCOFFEE") || v.contains("XQZZY"))),
+        "{samples:?}"
     );
-    let other_count = text
-        .lines()
-        .filter(|line| line.starts_with("http_request_duration_seconds_count{"))
-        .filter(|line| line.contains(r#"method="other""#))
-        .map(|line| line.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
-        .sum::<u64>();
-    assert_eq!(other_count, 3, "{text}");
-    let get_count = text
-        .lines()
-        .find(|line| {
-            line.starts_with(
-                r#"http_request_duration_seconds_count{handler="/monitoring/healthz",method="GET""#,
-            )
-        })
-        .and_then(|line| line.rsplit(' ').next())
-        .and_then(|count| count.parse::<u64>().ok());
-    assert_eq!(get_count, Some(2), "{text}");
+    let count = "http_request_duration_seconds_count";
+    assert_eq!(metric(&samples, count, &[("method", "other")]), 3.0);
+    assert_eq!(
+        metric(
+            &samples,
+            count,
+            &[("handler", "/monitoring/healthz"), ("method", "GET")]
+        ),
+        2.0
+    );
 }
 
 #[actix_web::test]
