@@ -180,6 +180,12 @@ struct Sample {
 }
 
 impl Sample {
+    fn merge(&mut self, other: Sample) {
+        self.total.extend(other.total);
+        self.first_byte.extend(other.first_byte);
+        self.overhead.extend(other.overhead);
+        self.errors += other.errors;
+    }
     fn p(&self, p: f64) -> Duration {
         let mut v = self.total.clone();
         v.sort();
@@ -341,25 +347,29 @@ async fn wait_until_healthy(
     )
 }
 
-/// The gateway's command line on `provider` and `port`; with
-/// `validation_key` (a private key's PEM) it checks tokens signed with that
-/// key instead of letting every request through.
-fn gateway_command(
-    provider: &str,
-    anthropic_key: bool,
-    validation_key: Option<&str>,
-    port: u16,
-) -> anyhow::Result<Command> {
-    // `DUO_BENCH_GATEWAY` names the binary; by default the one built next
-    // to this bench.
-    let binary = match std::env::var_os("DUO_BENCH_GATEWAY") {
+/// The gateway binary measured: `DUO_BENCH_GATEWAY`, by default the one
+/// built next to this bench.
+fn default_gateway_binary() -> anyhow::Result<std::path::PathBuf> {
+    Ok(match std::env::var_os("DUO_BENCH_GATEWAY") {
         Some(path) => std::path::PathBuf::from(path),
         None => std::env::current_exe()?
             .parent()
             .context("no directory for duo-bench")?
             .join("duo-gateway"),
-    };
-    let mut command = Command::new(&binary);
+    })
+}
+
+/// The gateway `binary`'s command line on `provider` and `port`; with
+/// `validation_key` (a private key's PEM) it checks tokens signed with that
+/// key instead of letting every request through.
+fn gateway_command(
+    binary: &std::path::Path,
+    provider: &str,
+    anthropic_key: bool,
+    validation_key: Option<&str>,
+    port: u16,
+) -> anyhow::Result<Command> {
+    let mut command = Command::new(binary);
     command.env_clear();
     if anthropic_key {
         command
@@ -394,8 +404,23 @@ impl Gateway {
         anthropic_key: bool,
         validation_key: Option<&str>,
     ) -> anyhow::Result<Self> {
+        Self::start_binary(
+            &default_gateway_binary()?,
+            provider,
+            anthropic_key,
+            validation_key,
+        )
+    }
+
+    /// [`Gateway::start`] with the gateway `binary`.
+    fn start_binary(
+        binary: &std::path::Path,
+        provider: &str,
+        anthropic_key: bool,
+        validation_key: Option<&str>,
+    ) -> anyhow::Result<Self> {
         let port = e2e_tests::free_port()?;
-        let mut command = gateway_command(provider, anthropic_key, validation_key, port)?;
+        let mut command = gateway_command(binary, provider, anthropic_key, validation_key, port)?;
         let child = command
             .stdout(Stdio::null())
             .spawn()
@@ -558,7 +583,126 @@ fn main() -> anyhow::Result<()> {
     if args.iter().any(|a| a == INSTRUCTIONS_ARG) {
         return runtime.block_on(bench::run_until_stopped(count_instructions()));
     }
+    if let Some(at) = args.iter().position(|a| a == COMPARE_ARG) {
+        let other = args
+            .get(at + 1)
+            .filter(|path| !path.starts_with("--"))
+            .context("usage: duo-bench --compare <other duo-gateway binary>")?;
+        let other = std::path::PathBuf::from(other);
+        return runtime.block_on(bench::run_until_stopped(compare_builds(other)));
+    }
     runtime.block_on(bench::run_until_stopped(bench_gateway()))
+}
+
+/// `--compare <binary>`: this gateway (A) against another build of it (B),
+/// both running at once on the same provider with their requests
+/// interleaved at the same rate, so the host's drift (tens of percent within
+/// an hour here) falls on both alike and what differs is the builds.
+const COMPARE_ARG: &str = "--compare";
+/// Requests per second to each of the two gateways.
+const COMPARE_RATE: u32 = 1000;
+/// Rounds per target; each one a step long, the two gateways taking turns
+/// at being asked first within a slot.
+const COMPARE_ROUNDS: usize = 6;
+
+async fn compare_builds(other: std::path::PathBuf) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let step = step_duration()?;
+    let this = default_gateway_binary()?;
+    let (provider, _recorder) = start_provider()?;
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(1024)
+        .timeout(Duration::from_secs(10))
+        .build()?;
+    let signing = bench::gateway_token::SigningKey::generate()?;
+    let signed_headers = Arc::new(signing.request_headers()?);
+    println!("A: {}\nB: {}", this.display(), other.display());
+    println!(
+        "{COMPARE_RATE} req/s to each, interleaved; {COMPARE_ROUNDS} rounds of {} s per target; {} CPUs, load average {}\n",
+        step.as_secs(),
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        load_average()
+    );
+    println!(
+        "{:<36} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7}  B - A p50 per round (ms)",
+        "target", "A p50", "B p50", "A p99", "B p99", "A cpu/req", "B cpu/req", "errors"
+    );
+    for target in targets() {
+        let validation_key = target.signed.then_some(signing.private_pem.as_str());
+        let mut a = Gateway::start_binary(&this, &provider, target.anthropic_key, validation_key)?;
+        let mut b = Gateway::start_binary(&other, &provider, target.anthropic_key, validation_key)?;
+        a.wait_healthy(&client).await?;
+        b.wait_healthy(&client).await?;
+        let calls = [
+            target.gateway_call(&a.url, &signed_headers),
+            target.gateway_call(&b.url, &signed_headers),
+        ];
+        let mut answered = true;
+        for call in &calls {
+            let probe = one(client.clone(), call.clone()).await;
+            answered &= probe.is_some();
+        }
+        if !answered {
+            println!("{:<36} skipped: a gateway did not answer", target.name);
+            continue;
+        }
+        run_pair(
+            &client,
+            &calls[0],
+            &calls[1],
+            200,
+            Duration::from_millis(500),
+        )
+        .await;
+        let pids = [a.child.id(), b.child.id()];
+        let mut samples = [Sample::default(), Sample::default()];
+        let mut cpu = [Duration::ZERO; 2];
+        let mut round_diffs = Vec::with_capacity(COMPARE_ROUNDS);
+        for round in 0..COMPARE_ROUNDS {
+            let before = pids.map(bench::cpu_time);
+            // Each build is asked first in every other round.
+            let (first, second) = if round % 2 == 0 { (0, 1) } else { (1, 0) };
+            let (s_first, s_second) =
+                run_pair(&client, &calls[first], &calls[second], COMPARE_RATE, step).await;
+            let mut round_samples = [Sample::default(), Sample::default()];
+            round_samples[first] = s_first;
+            round_samples[second] = s_second;
+            for (i, pid) in pids.into_iter().enumerate() {
+                if let (Some(after), Some(before)) = (bench::cpu_time(pid), before[i]) {
+                    cpu[i] += after.saturating_sub(before);
+                }
+            }
+            round_diffs.push(
+                round_samples[1].p(0.5).as_secs_f64() - round_samples[0].p(0.5).as_secs_f64(),
+            );
+            for (all, round) in samples.iter_mut().zip(round_samples) {
+                all.merge(round);
+            }
+        }
+        let per_request = |i: usize| ms(cpu[i] / samples[i].total.len().max(1) as u32);
+        let diffs: Vec<String> = round_diffs
+            .iter()
+            .map(|d| format!("{:+.3}", d * 1000.0))
+            .collect();
+        println!(
+            "{:<36} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7}  {}",
+            target.name,
+            ms(samples[0].p(0.5)),
+            ms(samples[1].p(0.5)),
+            ms(samples[0].p(0.99)),
+            ms(samples[1].p(0.99)),
+            per_request(0),
+            per_request(1),
+            samples[0].errors + samples[1].errors,
+            diffs.join(" ")
+        );
+    }
+    println!(
+        "\nwhole run: {:.0} s; load average at the end {}",
+        started.elapsed().as_secs_f64(),
+        load_average()
+    );
+    Ok(())
 }
 
 /// `--instructions`: instead of timing, count the instructions the gateway
@@ -579,6 +723,7 @@ async fn count_instructions() -> anyhow::Result<()> {
         );
     }
     let started = Instant::now();
+    let binary = default_gateway_binary()?;
     let (provider, _recorder) = start_provider()?;
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(60))
@@ -597,6 +742,7 @@ async fn count_instructions() -> anyhow::Result<()> {
     for (i, target) in targets().into_iter().enumerate() {
         let port = e2e_tests::free_port()?;
         let command = gateway_command(
+            &binary,
             &provider,
             target.anthropic_key,
             target.signed.then_some(signing.private_pem.as_str()),
