@@ -198,6 +198,9 @@ pub struct Service {
     log: Arc<Mutex<Vec<String>>>,
     /// Lines from stdout alone (where JSON logs go).
     stdout: Arc<Mutex<Vec<String>>>,
+    /// The tasks copying stdout and stderr into the logs: awaited after the
+    /// process exits, so its last lines are in before anyone reads them.
+    readers: Vec<tokio::task::JoinHandle<()>>,
     /// Started as the leader of its own process group, which is killed
     /// whole when this is dropped.
     group_leader: bool,
@@ -278,17 +281,19 @@ impl Service {
         let mut child = command.spawn()?;
         let log = Arc::new(Mutex::new(Vec::new()));
         let stdout = Arc::new(Mutex::new(Vec::new()));
+        let mut readers = Vec::new();
         if let Some(stderr) = child.stderr.take() {
-            keep_lines(stderr, vec![log.clone()]);
+            readers.push(keep_lines(stderr, vec![log.clone()]));
         }
         if let Some(out) = child.stdout.take() {
-            keep_lines(out, vec![log.clone(), stdout.clone()]);
+            readers.push(keep_lines(out, vec![log.clone(), stdout.clone()]));
         }
         Ok(Self {
             name,
             child,
             log,
             stdout,
+            readers,
             group_leader,
         })
     }
@@ -371,7 +376,19 @@ impl Service {
     /// Waits for the process to exit on its own; fails after `limit`.
     pub async fn wait_exit(&mut self, limit: Duration) -> Result<std::process::ExitStatus> {
         match tokio::time::timeout(limit, self.child.wait()).await {
-            Ok(status) => Ok(status?),
+            Ok(status) => {
+                let status = status?;
+                // The pipes close at exit; read what is still in them. (A
+                // process it started and left running could hold them open:
+                // bounded, then the lines read so far.)
+                let readers = std::mem::take(&mut self.readers);
+                let _ = tokio::time::timeout(
+                    READERS_DRAIN_LIMIT,
+                    futures_util::future::join_all(readers),
+                )
+                .await;
+                Ok(status)
+            }
             Err(_) => Err(HarnessError::Failed(format!(
                 "{} still running after {limit:?}:\n{}",
                 self.name,
@@ -381,11 +398,14 @@ impl Service {
     }
 }
 
+/// How long [`Service::wait_exit`] waits for an exited process's last lines.
+const READERS_DRAIN_LIMIT: Duration = Duration::from_secs(5);
+
 /// Reads `stream` line by line into each of `sinks` until it ends.
 fn keep_lines(
     stream: impl tokio::io::AsyncRead + Unpin + Send + 'static,
     sinks: Vec<Arc<Mutex<Vec<String>>>>,
-) {
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut lines = BufReader::new(stream).lines();
         while let Ok(Some(line)) = lines.next_line().await {
@@ -395,7 +415,7 @@ fn keep_lines(
                 }
             }
         }
-    });
+    })
 }
 
 /// A seeded demo user (`duo-monolith seed --json`).
