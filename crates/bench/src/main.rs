@@ -627,6 +627,7 @@ async fn compare_builds(other: std::path::PathBuf) -> anyhow::Result<()> {
         "{:<36} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7}  B - A p50 per round (ms)",
         "target", "A p50", "B p50", "A p99", "B p99", "A cpu/req", "B cpu/req", "errors"
     );
+    let mut summary = Vec::new();
     for target in targets() {
         let validation_key = target.signed.then_some(signing.private_pem.as_str());
         let mut a = Gateway::start_binary(&this, &provider, target.anthropic_key, validation_key)?;
@@ -679,7 +680,7 @@ async fn compare_builds(other: std::path::PathBuf) -> anyhow::Result<()> {
                 all.merge(round);
             }
         }
-        let per_request = |i: usize| ms(cpu[i] / samples[i].total.len().max(1) as u32);
+        let per_request = |i: usize| cpu[i] / samples[i].total.len().max(1) as u32;
         let diffs: Vec<String> = round_diffs
             .iter()
             .map(|d| format!("{:+.3}", d * 1000.0))
@@ -691,14 +692,30 @@ async fn compare_builds(other: std::path::PathBuf) -> anyhow::Result<()> {
             ms(samples[1].p(0.5)),
             ms(samples[0].p(0.99)),
             ms(samples[1].p(0.99)),
-            per_request(0),
-            per_request(1),
+            ms(per_request(0)),
+            ms(per_request(1)),
             samples[0].errors + samples[1].errors,
             diffs.join(" ")
         );
+        let cpu_ratio = per_request(1).as_secs_f64() / per_request(0).as_secs_f64().max(1e-9);
+        let same_sign =
+            round_diffs.iter().all(|d| *d < 0.0) || round_diffs.iter().all(|d| *d > 0.0);
+        summary.push(format!(
+            "{}: B/A CPU per request {cpu_ratio:.2}; B - A p50 {}",
+            target.name,
+            if same_sign {
+                "of the same sign in every round"
+            } else {
+                "of both signs over the rounds"
+            }
+        ));
+    }
+    println!("\nSummary (a binary against a copy of itself reads 0.95-1.05 in CPU)");
+    for line in summary {
+        println!("- {line}");
     }
     println!(
-        "\nwhole run: {:.0} s; load average at the end {}",
+        "- whole run: {:.0} s; load average at the end {}",
         started.elapsed().as_secs_f64(),
         load_average()
     );
