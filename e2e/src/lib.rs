@@ -245,6 +245,17 @@ impl Service {
         Self::start(name, program, args, env, &repo_root(), true)
     }
 
+    /// [`Service::spawn_group`] in the working directory `cwd`.
+    pub fn spawn_group_in(
+        name: &'static str,
+        program: &Path,
+        args: &[&str],
+        env: &[(String, String)],
+        cwd: &Path,
+    ) -> Result<Self> {
+        Self::start(name, program, args, env, cwd, true)
+    }
+
     /// Like [`Service::spawn`], in the working directory `cwd`.
     pub fn spawn_in(
         name: &'static str,

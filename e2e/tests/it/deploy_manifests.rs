@@ -1797,7 +1797,10 @@ async fn every_process_starts_with_the_manifests_configuration_and_writes_only_t
         let mut env = env.to_vec();
         env.push(("TMPDIR".into(), tmp.display().to_string()));
         let args: Vec<&str> = strace_args.iter().map(String::as_str).collect();
-        let service = Service::spawn_in(name, Path::new("strace"), &args, &env, &workdir)
+        // A group of its own: if the test fails, strace and the process it
+        // traces are killed together (strace killed alone detaches, and the
+        // traced service would live on).
+        let service = Service::spawn_group_in(name, Path::new("strace"), &args, &env, &workdir)
             .unwrap_or_else(|e| {
                 panic!("cannot start strace (scripts/install-build-deps.sh installs it): {e}")
             });
