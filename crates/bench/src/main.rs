@@ -710,8 +710,18 @@ async fn compare_builds(other: std::path::PathBuf) -> anyhow::Result<()> {
             }
         ));
     }
-    println!("\nSummary (a binary against a copy of itself reads 0.95-1.05 in CPU)");
-    for line in summary {
+    print_summary(
+        "Summary (a binary against a copy of itself reads 0.95-1.05 in CPU)",
+        &summary,
+        started,
+    );
+    Ok(())
+}
+
+/// The summary's lines, then the run's length and the load average.
+fn print_summary(heading: &str, lines: &[String], started: Instant) {
+    println!("\n{heading}");
+    for line in lines {
         println!("- {line}");
     }
     println!(
@@ -719,7 +729,6 @@ async fn compare_builds(other: std::path::PathBuf) -> anyhow::Result<()> {
         started.elapsed().as_secs_f64(),
         load_average()
     );
-    Ok(())
 }
 
 /// `--instructions`: instead of timing, count the instructions the gateway
@@ -1090,14 +1099,6 @@ async fn bench_gateway() -> anyhow::Result<()> {
         None => summary.push("gateway peak RSS: unavailable (no /proc)".to_owned()),
     }
 
-    println!("\nSummary");
-    for line in summary {
-        println!("- {line}");
-    }
-    println!(
-        "- whole run: {:.0} s; load average at the end {}",
-        started.elapsed().as_secs_f64(),
-        load_average()
-    );
+    print_summary("Summary", &summary, started);
     Ok(())
 }
