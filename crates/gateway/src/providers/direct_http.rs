@@ -214,6 +214,16 @@ impl DirectHttp {
         }
     }
 
+    /// Idle connections in the pool, for tests that check one came back.
+    #[cfg(test)]
+    pub(crate) fn idle_connections(&self) -> usize {
+        self.shared
+            .idle
+            .lock()
+            .map(|idle| idle.values().map(Vec::len).sum())
+            .unwrap_or(0)
+    }
+
     fn checkin(&self, origin: Origin, sender: SendRequest<Full<Bytes>>, driver: Driver) {
         if sender.is_closed() {
             return;

@@ -92,6 +92,10 @@ impl<D: EventDecoder> EventReader<D> {
                     Ok(Step::Text(_) | Step::Skip) => continue,
                     Ok(Step::Done) => {
                         self.finished = true;
+                        release_after_answer(std::mem::replace(
+                            &mut self.body,
+                            futures::stream::empty().boxed(),
+                        ));
                         return None;
                     }
                     Err(err) => {
@@ -124,6 +128,35 @@ impl<D: EventDecoder> EventReader<D> {
             }
         }
     }
+}
+
+/// How long a body whose closing event came is read on for its end.
+const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+/// At most this many more pieces are read past the closing event.
+const RELEASE_MAX_FRAMES: usize = 16;
+
+/// Reads a body on past its protocol's closing event, so that its
+/// connection goes back to the pool, in a task of its own. Done in the
+/// reader's final poll, this work (the body's end, the pool's bookkeeping:
+/// a few thousand instructions) came before the caller's answer could end;
+/// now the answer ends first. And the body's end no longer has to be in the
+/// same read as the closing event for the connection to be kept: it is
+/// waited for, briefly. Outside a runtime the body is only dropped.
+fn release_after_answer(body: BoxStream<'static, Result<Bytes, UpstreamError>>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        let mut body = body;
+        let read_to_end = async {
+            let mut frames = 0;
+            while frames < RELEASE_MAX_FRAMES && matches!(body.next().await, Some(Ok(_))) {
+                frames += 1;
+            }
+        };
+        // Past either limit the body is dropped unread: its connection closes.
+        let _ = tokio::time::timeout(RELEASE_WAIT, read_to_end).await;
+    });
 }
 
 /// Sends the request and waits for the first text, so errors before it are
@@ -204,4 +237,125 @@ pub(crate) fn error_parts(body: &str) -> (Option<String>, String) {
         None => body.chars().take(200).collect(),
     };
     (kind, message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::providers::direct_http::{DirectHttp, DirectHttpSettings};
+    use crate::providers::upstream::ProviderHttp;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+    use tokio::sync::Notify;
+
+    /// Each event's data is its text; `[DONE]` closes the stream.
+    struct PlainDecoder;
+
+    impl EventDecoder for PlainDecoder {
+        fn decode(&mut self, event: SseEvent) -> Result<Step, ProviderError> {
+            Ok(match event.data.as_str() {
+                "[DONE]" => Step::Done,
+                text => Step::Text(text.to_owned()),
+            })
+        }
+    }
+
+    /// Reads one request (head and `content-length` body) off `socket`.
+    async fn read_request(socket: &mut TcpStream, buffer: &mut Vec<u8>) -> bool {
+        loop {
+            if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buffer[..end]).to_ascii_lowercase();
+                let length: usize = head
+                    .lines()
+                    .find_map(|line| line.strip_prefix("content-length:"))
+                    .and_then(|value| value.trim().parse().ok())
+                    .unwrap_or(0);
+                if buffer.len() >= end + 4 + length {
+                    buffer.drain(..end + 4 + length);
+                    return true;
+                }
+            }
+            let mut more = [0u8; 4096];
+            match socket.read(&mut more).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => buffer.extend_from_slice(&more[..n]),
+            }
+        }
+    }
+
+    /// A server answering each request with one event and `[DONE]`, and
+    /// sending the chunked body's end only when `end_body` is notified.
+    async fn server_ending_late(end_body: Arc<Notify>) -> (String, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!(
+            "http://{}/v1/chat/completions",
+            listener.local_addr().unwrap()
+        );
+        let connections = Arc::new(AtomicUsize::new(0));
+        let counted = connections.clone();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                let end_body = end_body.clone();
+                tokio::spawn(async move {
+                    let mut buffer = Vec::new();
+                    while read_request(&mut socket, &mut buffer).await {
+                        let mut answer = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+                        for event in ["data: hello\n\n", "data: [DONE]\n\n"] {
+                            answer.extend_from_slice(
+                                format!("{:x}\r\n{event}\r\n", event.len()).as_bytes(),
+                            );
+                        }
+                        socket.write_all(&answer).await.unwrap();
+                        end_body.notified().await;
+                        socket.write_all(b"0\r\n\r\n").await.unwrap();
+                    }
+                });
+            }
+        });
+        (url, connections)
+    }
+
+    #[tokio::test]
+    async fn the_answer_ends_at_its_closing_event_and_the_connection_is_kept_for_the_next_call() {
+        let end_body = Arc::new(Notify::new());
+        let (url, connections) = server_ending_late(end_body.clone()).await;
+        let pooled = reqwest::Client::new();
+        let direct = DirectHttp::new(DirectHttpSettings::default());
+        for call in 0..2 {
+            let request = ProviderHttp::new(&pooled, Some(&direct))
+                .post(url.clone())
+                .body(Bytes::from_static(b"{}"));
+            let texts: Vec<String> = start(
+                request,
+                &ModelParams::default(),
+                PlainDecoder,
+                |status, body| ProviderError::Status {
+                    status,
+                    message: body.to_owned(),
+                },
+            )
+            .await
+            .unwrap()
+            .map(|text| text.unwrap())
+            .collect()
+            .await;
+            // The stream ended at `[DONE]`, before the body's end was sent.
+            assert_eq!(texts, ["hello"], "call {call}");
+            assert_eq!(direct.idle_connections(), 0, "call {call}");
+            end_body.notify_one();
+            // Read on in the background, the body's end brings the
+            // connection back to the pool.
+            tokio::time::timeout(std::time::Duration::from_secs(5), async {
+                while direct.idle_connections() == 0 {
+                    tokio::task::yield_now().await;
+                }
+            })
+            .await
+            .expect("the connection came back to the pool");
+        }
+        assert_eq!(connections.load(Ordering::SeqCst), 1);
+    }
 }
