@@ -26,7 +26,8 @@ pub const RETRY_AFTER: Duration = Duration::from_secs(60);
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// `(base url, model)` → the size, or none and when that was learnt.
-type Known = HashMap<(String, String), (Option<u32>, Instant)>;
+/// Keys are configured endpoints and model names, hashed once per request.
+type Known = HashMap<(String, String), (Option<u32>, Instant), foldhash::fast::RandomState>;
 
 #[derive(Debug, Default)]
 pub struct ContextWindows {

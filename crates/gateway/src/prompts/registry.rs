@@ -28,12 +28,17 @@ pub struct PromptRegistry {
     render_cache: RenderCache,
 }
 
+/// Rendered messages by key; `None` when the templates need more inputs.
+/// Looked up twice per agent request with a key of a hundred bytes or more:
+/// foldhash instead of SipHash (a bounded cache needs no flooding defence).
+type RenderedByKey = HashMap<String, Option<Arc<[RenderedMessage]>>, foldhash::fast::RandomState>;
+
 /// Rendered messages kept by definition, roles and the caller's key of their
 /// inputs; `None` remembers that the templates read more than those inputs.
 /// Bounded: when full it starts over (the keys in use come back at once; a
 /// caller that varies its key per request cannot grow it).
 #[derive(Default)]
-struct RenderCache(std::sync::Mutex<HashMap<String, Option<Arc<[RenderedMessage]>>>>);
+struct RenderCache(std::sync::Mutex<RenderedByKey>);
 
 /// Entries [`RenderCache`] holds before it starts over.
 const RENDER_CACHE_ENTRIES: usize = 256;

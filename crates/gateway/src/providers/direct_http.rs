@@ -109,7 +109,8 @@ impl std::fmt::Debug for DirectHttp {
 
 struct Shared {
     settings: DirectHttpSettings,
-    idle: Mutex<HashMap<Origin, Vec<Pooled>>>,
+    // Keys are our own configured endpoints: the fast hash is enough.
+    idle: Mutex<HashMap<Origin, Vec<Pooled>, foldhash::fast::RandomState>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -138,7 +139,7 @@ impl DirectHttp {
         Self {
             shared: Arc::new(Shared {
                 settings,
-                idle: Mutex::new(HashMap::new()),
+                idle: Mutex::new(HashMap::default()),
             }),
         }
     }
