@@ -106,6 +106,8 @@ fn read<'a, T: serde::Deserialize<'a>>(raw: Option<&'a RawValue>) -> Option<T> {
 }
 
 impl EventDecoder for Decoder {
+    type Item = String;
+
     fn decode(&mut self, event: SseEvent) -> Result<Step, ProviderError> {
         let wire: EventWire<'_> = match serde_json::from_str(&event.data) {
             Ok(wire) => wire,

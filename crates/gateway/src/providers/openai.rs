@@ -6,7 +6,7 @@
 
 use super::escaped_text::JsonText;
 use super::sse::SseEvent;
-use super::streaming::{self, EventDecoder, Step};
+use super::streaming::{self, EventDecoder, PieceStream, Step};
 use super::upstream::ProviderHttp;
 use super::{ModelCall, ProviderError, TextStream, WireMessage};
 use serde_json::Value;
@@ -85,18 +85,26 @@ struct DeltaText<'a> {
 
 /// One chunk, `None` at `[DONE]`; an error chunk is an error.
 fn chunk(event: &SseEvent) -> Result<Option<ChunkWire<'_>>, ProviderError> {
-    if event.data.trim() == "[DONE]" {
+    if is_done(event) {
         return Ok(None);
     }
     let chunk: ChunkWire<'_> = serde_json::from_str(&event.data)
         .map_err(|e| ProviderError::Malformed(format!("bad chunk: {e}")))?;
     if let Some(error) = &chunk.error {
-        let message = error["message"].as_str().unwrap_or("unknown error");
-        return Err(ProviderError::Malformed(format!(
-            "the provider reported an error: {message}"
-        )));
+        return Err(reported_error(error));
     }
     Ok(Some(chunk))
+}
+
+/// The stream's closing event.
+fn is_done(event: &SseEvent) -> bool {
+    event.data.trim() == "[DONE]"
+}
+
+/// An `error` field of any shape, as the error that ends the stream.
+fn reported_error(error: &Value) -> ProviderError {
+    let message = error["message"].as_str().unwrap_or("unknown error");
+    ProviderError::Malformed(format!("the provider reported an error: {message}"))
 }
 
 /// The first choice's `delta`, as JSON text.
@@ -108,6 +116,8 @@ fn first_delta<'a>(chunk: &ChunkWire<'a>) -> Option<&'a str> {
 struct Decoder;
 
 impl EventDecoder for Decoder {
+    type Item = String;
+
     fn decode(&mut self, event: SseEvent) -> Result<Step, ProviderError> {
         let Some(chunk) = chunk(&event)? else {
             return Ok(Step::Done);
@@ -122,20 +132,161 @@ impl EventDecoder for Decoder {
     }
 }
 
-/// Each chunk's whole `delta` object as JSON text, tool-call pieces included.
+/// A piece of a streamed turn (OpenAI chunk shapes: a call's id and name
+/// come in its first piece, its arguments in pieces after).
+#[derive(Debug, Clone, PartialEq)]
+pub enum TurnDelta {
+    Text(String),
+    Call {
+        /// Which call of the turn (`tool_calls[].index`).
+        index: u64,
+        id: Option<String>,
+        name: Option<String>,
+        arguments: String,
+    },
+}
+
+/// A chunk's `delta` as OpenAI streams it (fields borrowed from the text).
+#[derive(serde::Deserialize)]
+struct DeltaWire<'a> {
+    #[serde(default, borrow)]
+    content: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, borrow)]
+    tool_calls: Option<Vec<ToolCallDeltaWire<'a>>>,
+}
+
+#[derive(serde::Deserialize)]
+struct ToolCallDeltaWire<'a> {
+    #[serde(default)]
+    index: Option<u64>,
+    #[serde(default, borrow)]
+    id: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, borrow)]
+    function: Option<FunctionDeltaWire<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct FunctionDeltaWire<'a> {
+    #[serde(default, borrow)]
+    name: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, borrow)]
+    arguments: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// The pieces in one chunk's `delta` (given as JSON text). The typed read is
+/// the common case; a delta with a field of another type than OpenAI's (some
+/// compatible servers differ) is read leniently, taking what has the
+/// expected type.
+pub(super) fn turn_deltas(delta: &str) -> Vec<TurnDelta> {
+    match serde_json::from_str::<DeltaWire<'_>>(delta) {
+        Ok(wire) => turn_pieces(wire),
+        Err(_) => lenient_turn_deltas(delta),
+    }
+}
+
+/// The pieces of a `delta` read with OpenAI's types.
+fn turn_pieces(wire: DeltaWire<'_>) -> Vec<TurnDelta> {
+    let mut pieces = Vec::new();
+    if let Some(text) = wire.content.filter(|t| !t.is_empty()) {
+        pieces.push(TurnDelta::Text(text.into_owned()));
+    }
+    for call in wire.tool_calls.into_iter().flatten() {
+        let (name, arguments) = match call.function {
+            Some(f) => (f.name, f.arguments),
+            None => (None, None),
+        };
+        pieces.push(TurnDelta::Call {
+            index: call.index.unwrap_or(0),
+            id: call.id.map(|id| id.into_owned()),
+            name: name.map(|n| n.into_owned()),
+            arguments: arguments.map(|a| a.into_owned()).unwrap_or_default(),
+        });
+    }
+    pieces
+}
+
+fn lenient_turn_deltas(delta: &str) -> Vec<TurnDelta> {
+    let Ok(delta) = serde_json::from_str::<Value>(delta) else {
+        return Vec::new();
+    };
+    let mut pieces = Vec::new();
+    if let Some(text) = delta["content"].as_str().filter(|t| !t.is_empty()) {
+        pieces.push(TurnDelta::Text(text.to_owned()));
+    }
+    for call in delta["tool_calls"].as_array().into_iter().flatten() {
+        pieces.push(TurnDelta::Call {
+            index: call["index"].as_u64().unwrap_or(0),
+            id: call["id"].as_str().map(str::to_owned),
+            name: call["function"]["name"].as_str().map(str::to_owned),
+            arguments: call["function"]["arguments"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        });
+    }
+    pieces
+}
+
+/// Each chunk's `delta` as the turn's pieces (text, tool-call pieces).
 struct DeltaDecoder;
 
+/// A chunk with its first choice's `delta` read with OpenAI's types, in the
+/// same pass as the chunk.
+#[derive(serde::Deserialize)]
+struct TypedChunkWire<'a> {
+    #[serde(default, borrow)]
+    choices: Option<Vec<TypedChoiceWire<'a>>>,
+    #[serde(default)]
+    error: Option<Value>,
+}
+
+#[derive(serde::Deserialize)]
+struct TypedChoiceWire<'a> {
+    #[serde(default, borrow)]
+    delta: Option<DeltaWire<'a>>,
+}
+
 impl EventDecoder for DeltaDecoder {
-    fn decode(&mut self, event: SseEvent) -> Result<Step, ProviderError> {
-        let Some(chunk) = chunk(&event)? else {
+    type Item = Vec<TurnDelta>;
+
+    fn decode(&mut self, event: SseEvent) -> Result<Step<Vec<TurnDelta>>, ProviderError> {
+        if is_done(&event) {
             return Ok(Step::Done);
-        };
-        Ok(match first_delta(&chunk) {
-            // An object with at least one field (`{}` and non-objects are skipped).
-            Some(delta) if delta.trim_start().starts_with('{') && !is_empty_object(delta) => {
-                Step::Text(delta.to_owned())
+        }
+        // The usual chunk: read once. One that OpenAI's types do not fit
+        // (a field of another type) is read as before: the chunk, then its
+        // delta leniently.
+        let pieces = match serde_json::from_str::<TypedChunkWire<'_>>(&event.data) {
+            Ok(typed) => {
+                if let Some(error) = &typed.error {
+                    return Err(reported_error(error));
+                }
+                typed
+                    .choices
+                    .and_then(|choices| choices.into_iter().next())
+                    .and_then(|choice| choice.delta)
+                    .map(turn_pieces)
+                    .unwrap_or_default()
             }
-            _ => Step::Skip,
+            Err(_) => {
+                let Some(chunk) = chunk(&event)? else {
+                    return Ok(Step::Done);
+                };
+                match first_delta(&chunk) {
+                    // An object with at least one field.
+                    Some(delta)
+                        if delta.trim_start().starts_with('{') && !is_empty_object(delta) =>
+                    {
+                        turn_deltas(delta)
+                    }
+                    _ => Vec::new(),
+                }
+            }
+        };
+        Ok(if pieces.is_empty() {
+            Step::Skip
+        } else {
+            Step::Text(pieces)
         })
     }
 }
@@ -149,15 +300,15 @@ fn is_empty_object(json: &str) -> bool {
 }
 
 /// Streams a prepared chat-completions `body` (with `"stream": true`) and
-/// yields each chunk's `delta` as JSON text, for callers that read tool calls
-/// as they are generated. Deadlines and errors as [`stream`]'s.
+/// yields each chunk's `delta` as the turn's pieces, for callers that read
+/// tool calls as they are generated. Deadlines and errors as [`stream`]'s.
 pub(crate) async fn stream_deltas(
     http: ProviderHttp<'_>,
     base_url: &str,
     api_key: Option<&str>,
     body: &(impl serde::Serialize + ?Sized),
     params: &super::ModelParams,
-) -> Result<TextStream, ProviderError> {
+) -> Result<PieceStream<Vec<TurnDelta>>, ProviderError> {
     let mut request = http
         .post(endpoint(base_url, "chat/completions"))
         .headers(duo_telemetry::outgoing_headers())
@@ -244,7 +395,7 @@ mod tests {
         }
     }
 
-    fn text(step: Step) -> Option<String> {
+    fn text(step: Step<String>) -> Option<String> {
         match step {
             Step::Text(text) => Some(text),
             _ => None,
@@ -280,18 +431,56 @@ mod tests {
         ));
     }
 
+    fn pieces(step: Step<Vec<TurnDelta>>) -> Option<Vec<TurnDelta>> {
+        match step {
+            Step::Text(pieces) => Some(pieces),
+            _ => None,
+        }
+    }
+
     #[test]
-    fn the_delta_decoder_passes_the_delta_through_and_skips_empty_ones() {
+    fn the_delta_decoder_reads_the_deltas_pieces_and_skips_empty_ones() {
         let mut decoder = DeltaDecoder;
-        let delta = r#"{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]}"#;
         let step = decoder
-            .decode(event(&format!(r#"{{"choices":[{{"delta":{delta}}}]}}"#)))
+            .decode(event(
+                r#"{"id":"c","choices":[{"index":0,"delta":{"content":"a\"b","tool_calls":[{"index":1,"id":"t1","function":{"name":"read_file","arguments":"{}"}}]},"finish_reason":null}]}"#,
+            ))
             .unwrap();
-        assert_eq!(text(step).as_deref(), Some(delta));
+        assert_eq!(
+            pieces(step),
+            Some(vec![
+                TurnDelta::Text("a\"b".into()),
+                TurnDelta::Call {
+                    index: 1,
+                    id: Some("t1".into()),
+                    name: Some("read_file".into()),
+                    arguments: "{}".into(),
+                },
+            ])
+        );
+        // A field of another type than OpenAI's: the rest is still read.
+        let step = decoder
+            .decode(event(
+                r#"{"choices":[{"delta":{"content":"x","tool_calls":[{"index":"0","function":{"arguments":"1}"}}]}}]}"#,
+            ))
+            .unwrap();
+        assert_eq!(
+            pieces(step),
+            Some(vec![
+                TurnDelta::Text("x".into()),
+                TurnDelta::Call {
+                    index: 0,
+                    id: None,
+                    name: None,
+                    arguments: "1}".into(),
+                },
+            ])
+        );
         for data in [
             r#"{"choices":[{"delta":{}}]}"#,
             r#"{"choices":[{"delta":{ }}]}"#,
             r#"{"choices":[{"delta":null}]}"#,
+            r#"{"choices":[{"delta":{"content":""}}]}"#,
             r#"{"choices":[{"finish_reason":"stop"}]}"#,
             r#"{"choices":[{"delta":"text"}]}"#,
             r#"{"usage":{"total_tokens":3}}"#,
@@ -301,6 +490,10 @@ mod tests {
                 "{data}"
             );
         }
+        assert!(matches!(
+            decoder.decode(event(" [DONE] ")).unwrap(),
+            Step::Done
+        ));
     }
 
     #[test]
@@ -322,5 +515,51 @@ mod tests {
                 "{data}: {err:?}"
             );
         }
+    }
+
+    #[test]
+    fn turn_deltas_read_text_and_call_pieces_typed_or_leniently() {
+        let typed = turn_deltas(
+            r#"{"role":"assistant","content":"Hi \u00e9","tool_calls":[{"index":1,"id":"c1","type":"function","function":{"name":"read_file","arguments":"{\"a\":"}}]}"#,
+        );
+        assert_eq!(
+            typed,
+            vec![
+                TurnDelta::Text("Hi é".into()),
+                TurnDelta::Call {
+                    index: 1,
+                    id: Some("c1".into()),
+                    name: Some("read_file".into()),
+                    arguments: "{\"a\":".into(),
+                },
+            ]
+        );
+        // Later pieces of a call carry only arguments; null content is none.
+        assert_eq!(
+            turn_deltas(
+                r#"{"content":null,"tool_calls":[{"index":0,"function":{"arguments":"1}"}}]}"#
+            ),
+            vec![TurnDelta::Call {
+                index: 0,
+                id: None,
+                name: None,
+                arguments: "1}".into(),
+            }]
+        );
+        // A server that sends a field of another type: what fits is kept.
+        assert_eq!(
+            turn_deltas(r#"{"content":"ok","tool_calls":[{"index":"0","function":{"name":"x"}}]}"#),
+            vec![
+                TurnDelta::Text("ok".into()),
+                TurnDelta::Call {
+                    index: 0,
+                    id: None,
+                    name: Some("x".into()),
+                    arguments: String::new(),
+                },
+            ]
+        );
+        assert_eq!(turn_deltas("not json"), Vec::new());
+        assert_eq!(turn_deltas(r#"{"content":""}"#), Vec::new());
     }
 }

@@ -1,26 +1,48 @@
-//! Turning a provider's SSE response into a [`TextStream`], with the
+//! Turning a provider's SSE response into a [`TextStream`](super::TextStream), with the
 //! first-token and whole-call deadlines and error mapping shared by clients.
 
 use super::sse::{SseEvent, SseParser};
 use super::upstream::{UpstreamError, UpstreamRequest};
-use super::{ModelParams, ProviderError, TextStream};
+use super::{ModelParams, ProviderError};
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use std::collections::VecDeque;
 use tokio::time::{Instant, timeout_at};
 
-/// What one SSE event means to a protocol.
+/// What one SSE event means to a protocol: a piece of the answer (text, or
+/// what a decoder reads the event into), nothing, or the stream's end.
 #[derive(Debug)]
-pub(crate) enum Step {
-    Text(String),
+pub(crate) enum Step<T = String> {
+    Text(T),
     Skip,
     Done,
 }
 
+/// A piece of an answer; an empty one is not handed on.
+pub(crate) trait Piece: Send + 'static {
+    fn is_empty(&self) -> bool;
+}
+
+impl Piece for String {
+    fn is_empty(&self) -> bool {
+        self.as_str().is_empty()
+    }
+}
+
+impl<T: Send + 'static> Piece for Vec<T> {
+    fn is_empty(&self) -> bool {
+        self.as_slice().is_empty()
+    }
+}
+
 /// Reads one protocol's events.
 pub(crate) trait EventDecoder: Send + 'static {
-    fn decode(&mut self, event: SseEvent) -> Result<Step, ProviderError>;
+    /// What the stream yields: text, or the decoder's own pieces (read in
+    /// the same pass as the event's JSON, not written out and read again).
+    type Item: Piece;
+
+    fn decode(&mut self, event: SseEvent) -> Result<Step<Self::Item>, ProviderError>;
 
     /// Whether the body ending is the normal end of the stream. Protocols
     /// with a closing event say no, so a cut connection is an error.
@@ -81,7 +103,7 @@ struct EventReader<D> {
 }
 
 impl<D: EventDecoder> EventReader<D> {
-    async fn next_text(&mut self) -> Option<Result<String, ProviderError>> {
+    async fn next_text(&mut self) -> Option<Result<D::Item, ProviderError>> {
         loop {
             if self.finished {
                 return None;
@@ -159,6 +181,10 @@ fn release_after_answer(body: BoxStream<'static, Result<Bytes, UpstreamError>>) 
     });
 }
 
+/// The stream [`start`] returns: [`TextStream`](super::TextStream) for the
+/// decoders of text.
+pub(crate) type PieceStream<T> = BoxStream<'static, Result<T, ProviderError>>;
+
 /// Sends the request and waits for the first text, so errors before it are
 /// returned rather than streamed. `error_for_status` maps a non-2xx answer.
 pub(crate) async fn start<D: EventDecoder>(
@@ -166,7 +192,7 @@ pub(crate) async fn start<D: EventDecoder>(
     params: &ModelParams,
     decoder: D,
     error_for_status: fn(u16, &str) -> ProviderError,
-) -> Result<TextStream, ProviderError> {
+) -> Result<PieceStream<D::Item>, ProviderError> {
     let started = Instant::now();
     let deadline = started + params.timeout;
     let first_deadline = (started + params.first_token_timeout).min(deadline);
@@ -254,6 +280,8 @@ mod tests {
     struct PlainDecoder;
 
     impl EventDecoder for PlainDecoder {
+        type Item = String;
+
         fn decode(&mut self, event: SseEvent) -> Result<Step, ProviderError> {
             Ok(match event.data.as_str() {
                 "[DONE]" => Step::Done,

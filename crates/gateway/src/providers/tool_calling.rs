@@ -6,6 +6,7 @@
 
 use super::conversation::{Message, ToolCall};
 use super::escaped_text::JsonText;
+pub use super::openai::TurnDelta;
 use super::openai::stream_deltas as stream_openai_deltas;
 use super::{ModelParams, ModelRoute, ProviderClients, ProviderError};
 use crate::config::ProvidersConfig;
@@ -69,20 +70,6 @@ pub struct ModelTurn {
     pub invalid_calls: Vec<(String, String, String)>,
 }
 
-/// A piece of a streamed turn (OpenAI chunk shapes: a call's id and name
-/// come in its first piece, its arguments in pieces after).
-#[derive(Debug, Clone, PartialEq)]
-pub enum TurnDelta {
-    Text(String),
-    Call {
-        /// Which call of the turn (`tool_calls[].index`).
-        index: u64,
-        id: Option<String>,
-        name: Option<String>,
-        arguments: String,
-    },
-}
-
 /// Collects a streamed turn's pieces into the turn they make.
 #[derive(Debug, Default)]
 pub struct TurnAssembler {
@@ -131,84 +118,6 @@ impl TurnAssembler {
             "choices": [{"message": {"content": self.text, "tool_calls": calls}}],
         }))
     }
-}
-
-/// A chunk's `delta` as OpenAI streams it (fields borrowed from the text).
-#[derive(serde::Deserialize)]
-struct DeltaWire<'a> {
-    #[serde(default, borrow)]
-    content: Option<std::borrow::Cow<'a, str>>,
-    #[serde(default, borrow)]
-    tool_calls: Option<Vec<ToolCallDeltaWire<'a>>>,
-}
-
-#[derive(serde::Deserialize)]
-struct ToolCallDeltaWire<'a> {
-    #[serde(default)]
-    index: Option<u64>,
-    #[serde(default, borrow)]
-    id: Option<std::borrow::Cow<'a, str>>,
-    #[serde(default, borrow)]
-    function: Option<FunctionDeltaWire<'a>>,
-}
-
-#[derive(serde::Deserialize)]
-struct FunctionDeltaWire<'a> {
-    #[serde(default, borrow)]
-    name: Option<std::borrow::Cow<'a, str>>,
-    #[serde(default, borrow)]
-    arguments: Option<std::borrow::Cow<'a, str>>,
-}
-
-/// The pieces in one chunk's `delta` (given as JSON text). The typed read is
-/// the common case; a delta with a field of another type than OpenAI's (some
-/// compatible servers differ) is read leniently, taking what has the
-/// expected type.
-fn turn_deltas(delta: &str) -> Vec<TurnDelta> {
-    match serde_json::from_str::<DeltaWire<'_>>(delta) {
-        Ok(wire) => {
-            let mut pieces = Vec::new();
-            if let Some(text) = wire.content.filter(|t| !t.is_empty()) {
-                pieces.push(TurnDelta::Text(text.into_owned()));
-            }
-            for call in wire.tool_calls.into_iter().flatten() {
-                let (name, arguments) = match call.function {
-                    Some(f) => (f.name, f.arguments),
-                    None => (None, None),
-                };
-                pieces.push(TurnDelta::Call {
-                    index: call.index.unwrap_or(0),
-                    id: call.id.map(|id| id.into_owned()),
-                    name: name.map(|n| n.into_owned()),
-                    arguments: arguments.map(|a| a.into_owned()).unwrap_or_default(),
-                });
-            }
-            pieces
-        }
-        Err(_) => lenient_turn_deltas(delta),
-    }
-}
-
-fn lenient_turn_deltas(delta: &str) -> Vec<TurnDelta> {
-    let Ok(delta) = serde_json::from_str::<Value>(delta) else {
-        return Vec::new();
-    };
-    let mut pieces = Vec::new();
-    if let Some(text) = delta["content"].as_str().filter(|t| !t.is_empty()) {
-        pieces.push(TurnDelta::Text(text.to_owned()));
-    }
-    for call in delta["tool_calls"].as_array().into_iter().flatten() {
-        pieces.push(TurnDelta::Call {
-            index: call["index"].as_u64().unwrap_or(0),
-            id: call["id"].as_str().map(str::to_owned),
-            name: call["function"]["name"].as_str().map(str::to_owned),
-            arguments: call["function"]["arguments"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned(),
-        });
-    }
-    pieces
 }
 
 /// Calls models; one per process (shares the connection pools).
@@ -311,8 +220,8 @@ impl ToolCallingModel {
                 // Waiting for the next chunk is model time; the rest is ours.
                 while let Some(chunk) = clock.time(chunks.next()).await {
                     match chunk {
-                        Ok(delta) => {
-                            for piece in turn_deltas(&delta) {
+                        Ok(pieces) => {
+                            for piece in pieces {
                                 match &piece {
                                     TurnDelta::Text(text) => recorder.output(text),
                                     TurnDelta::Call { arguments, .. } => recorder.output(arguments),
@@ -794,69 +703,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn turn_deltas_read_text_and_call_pieces_typed_or_leniently() {
-        let typed = turn_deltas(
-            r#"{"role":"assistant","content":"Hi \u00e9","tool_calls":[{"index":1,"id":"c1","type":"function","function":{"name":"read_file","arguments":"{\"a\":"}}]}"#,
-        );
-        assert_eq!(
-            typed,
-            vec![
-                TurnDelta::Text("Hi é".into()),
-                TurnDelta::Call {
-                    index: 1,
-                    id: Some("c1".into()),
-                    name: Some("read_file".into()),
-                    arguments: "{\"a\":".into(),
-                },
-            ]
-        );
-        // Later pieces of a call carry only arguments; null content is none.
-        assert_eq!(
-            turn_deltas(
-                r#"{"content":null,"tool_calls":[{"index":0,"function":{"arguments":"1}"}}]}"#
-            ),
-            vec![TurnDelta::Call {
-                index: 0,
-                id: None,
-                name: None,
-                arguments: "1}".into(),
-            }]
-        );
-        // A server that sends a field of another type: what fits is kept.
-        assert_eq!(
-            turn_deltas(r#"{"content":"ok","tool_calls":[{"index":"0","function":{"name":"x"}}]}"#),
-            vec![
-                TurnDelta::Text("ok".into()),
-                TurnDelta::Call {
-                    index: 0,
-                    id: None,
-                    name: Some("x".into()),
-                    arguments: String::new(),
-                },
-            ]
-        );
-        assert_eq!(turn_deltas("not json"), Vec::new());
-        assert_eq!(turn_deltas(r#"{"content":""}"#), Vec::new());
-    }
-
-    /// A goal, the model's `read_file` call `t1`, and the tool's result.
-    fn read_file_round(result: &str, is_error: bool) -> Vec<Message> {
-        let call = ToolCall {
-            id: "t1".into(),
-            name: "read_file".into(),
-            args: json!({"file_path": "a"}),
-        };
-        vec![
-            Message::human("goal"),
-            Message::AiMessage {
-                content: String::new(),
-                tool_calls: vec![call.clone()],
-            },
-            Message::tool(&call, result, is_error),
-        ]
-    }
-
-    #[test]
     fn both_wires_are_written_in_the_providers_shapes() {
         let messages = read_file_round("text", true);
         let tools = vec![ToolSchema {
@@ -937,5 +783,22 @@ mod tests {
         assert_eq!(turn.tool_calls.len(), 1);
         assert_eq!(turn.invalid_calls.len(), 1);
         assert_eq!(turn.invalid_calls[0].0, "b");
+    }
+
+    /// A goal, the model's `read_file` call `t1`, and the tool's result.
+    fn read_file_round(result: &str, is_error: bool) -> Vec<Message> {
+        let call = ToolCall {
+            id: "t1".into(),
+            name: "read_file".into(),
+            args: json!({"file_path": "a"}),
+        };
+        vec![
+            Message::human("goal"),
+            Message::AiMessage {
+                content: String::new(),
+                tool_calls: vec![call.clone()],
+            },
+            Message::tool(&call, result, is_error),
+        ]
     }
 }

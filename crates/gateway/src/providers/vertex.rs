@@ -146,6 +146,8 @@ fn answer_text(json: &Value) -> String {
 struct Decoder;
 
 impl EventDecoder for Decoder {
+    type Item = String;
+
     fn decode(&mut self, event: SseEvent) -> Result<Step, ProviderError> {
         let json: Value = serde_json::from_str(&event.data)
             .map_err(|e| ProviderError::Malformed(format!("bad stream event: {e}")))?;
