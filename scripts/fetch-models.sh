@@ -20,7 +20,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-cargo run --release --quiet -p local-llm --bin duo-local-llm -- fetch-models
+# With the flags of every release build, so no crate is compiled twice.
+RUSTFLAGS="$(scripts/release-rustflags.sh)" \
+  cargo run --release --quiet -p local-llm --bin duo-local-llm -- fetch-models
 
 models_dir="${DUO_MODELS_DIR:-.models}"
 

@@ -91,13 +91,19 @@ pub fn binary(name: &str) -> Result<PathBuf> {
         // Build into the profile this program runs from (a release bench
         // needs release services).
         let mut args = vec!["build", "-p", package, "--bin", name];
+        let mut command = std::process::Command::new(cargo);
         if profile_dir.file_name().is_some_and(|n| n == "release") {
             args.push("--release");
+            // The flags of every release build (the gateway's profile), so
+            // that this build shares the crates `./dev` compiled.
+            let flags =
+                std::process::Command::new(repo_root().join("scripts/release-rustflags.sh"))
+                    .output()?;
+            if flags.status.success() {
+                command.env("RUSTFLAGS", String::from_utf8_lossy(&flags.stdout).trim());
+            }
         }
-        let status = std::process::Command::new(cargo)
-            .args(&args)
-            .current_dir(repo_root())
-            .status()?;
+        let status = command.args(&args).current_dir(repo_root()).status()?;
         if !status.success() || !path.exists() {
             return Err(HarnessError::Failed(format!(
                 "{name} is not built and `cargo build -p {package}` failed"

@@ -380,6 +380,10 @@ fn gateway_command(
         Some(pem) => command.env("AIGW_SELF_SIGNED_JWT__VALIDATION_KEY", pem),
         None => command.env("AIGW_AUTH__BYPASS_EXTERNAL", "true"),
     };
+    // An instrumented build (`./dev pgo`) writes its profile where this says.
+    if let Some(profile_file) = std::env::var_os(TRAIN_PROFILE_FILE_VAR) {
+        command.env("LLVM_PROFILE_FILE", profile_file);
+    }
     command
         .env("AIGW_FASTAPI__API_PORT", port.to_string())
         // Not measured here; off so a running development stack keeps its port.
@@ -429,6 +433,30 @@ impl Gateway {
             child,
             url: format!("http://127.0.0.1:{port}"),
         })
+    }
+
+    /// SIGTERM, then its exit, which must be a clean one.
+    async fn stop_cleanly(&mut self) -> anyhow::Result<()> {
+        let signalled = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .context("running kill")?;
+        if !signalled.success() {
+            bail!("kill -TERM {} failed", self.child.id());
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                if !status.success() {
+                    bail!("the gateway exited with {status} after SIGTERM");
+                }
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("the gateway did not exit within 30 s of SIGTERM");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     async fn wait_healthy(&mut self, client: &reqwest::Client) -> anyhow::Result<()> {
@@ -582,6 +610,9 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     if args.iter().any(|a| a == INSTRUCTIONS_ARG) {
         return runtime.block_on(bench::run_until_stopped(count_instructions()));
+    }
+    if args.iter().any(|a| a == TRAIN_PROFILE_ARG) {
+        return runtime.block_on(bench::run_until_stopped(train_profile()));
     }
     if let Some(at) = args.iter().position(|a| a == COMPARE_ARG) {
         let other = args
@@ -815,6 +846,81 @@ async fn count_instructions() -> anyhow::Result<()> {
             scratch.display()
         );
     }
+    Ok(())
+}
+
+/// `--train-profile`: the load an instrumented gateway (`DUO_BENCH_GATEWAY`,
+/// built with `-Cprofile-generate`) runs to record the profile that
+/// optimises the release build (`./dev pgo`, docs/performance.md). Each
+/// target's calls as the timed bench sends them, some at once, then a
+/// SIGTERM: the profile is written when the gateway exits normally.
+const TRAIN_PROFILE_ARG: &str = "--train-profile";
+/// Where the gateways write their counts (their `LLVM_PROFILE_FILE`; the
+/// bench's own, when it is instrumented too, stays apart).
+const TRAIN_PROFILE_FILE_VAR: &str = "DUO_TRAIN_PROFILE_FILE";
+/// Calls per target (`--calls N` to change), and how many are in flight at once.
+const TRAIN_CALLS: usize = 3000;
+const TRAIN_IN_FLIGHT: usize = 8;
+
+fn train_calls() -> anyhow::Result<usize> {
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        if arg == "--calls" {
+            let value = args.next().context("--calls needs a number")?;
+            return value
+                .parse()
+                .ok()
+                .filter(|n| (1..=1_000_000).contains(n))
+                .with_context(|| format!("--calls: 1 to 1000000, not {value:?}"));
+        }
+    }
+    Ok(TRAIN_CALLS)
+}
+
+async fn train_profile() -> anyhow::Result<()> {
+    if std::env::var_os(TRAIN_PROFILE_FILE_VAR).is_none() {
+        bail!(
+            "--train-profile: set {TRAIN_PROFILE_FILE_VAR} to where the gateways' profiles go (./dev pgo does)"
+        );
+    }
+    let calls = train_calls()?;
+    let started = Instant::now();
+    let binary = default_gateway_binary()?;
+    let (provider, _recorder) = start_provider()?;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()?;
+    let signing = bench::gateway_token::SigningKey::generate()?;
+    let signed_headers = Arc::new(signing.request_headers()?);
+    for target in targets() {
+        let mut gateway = Gateway::start_binary(
+            &binary,
+            &provider,
+            target.anthropic_key,
+            target.signed.then_some(signing.private_pem.as_str()),
+        )?;
+        gateway.wait_healthy(&client).await?;
+        let call = target.gateway_call(&gateway.url, &signed_headers);
+        let answered = futures::stream::iter(0..calls)
+            .map(|_| one(client.clone(), call.clone()))
+            .buffer_unordered(TRAIN_IN_FLIGHT)
+            .filter(|timing| std::future::ready(timing.is_some()))
+            .count()
+            .await;
+        if answered != calls {
+            bail!(
+                "{}: {} of {calls} calls failed",
+                target.name,
+                calls - answered
+            );
+        }
+        gateway.stop_cleanly().await?;
+        println!("{:<36} {calls} calls", target.name);
+    }
+    println!(
+        "\nwhole run: {:.0} s; each gateway exited cleanly (its profile is written)",
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 

@@ -18,6 +18,7 @@ mod model_selection_e2e;
 mod pipeline_fix_e2e;
 mod python_gitlab_e2e;
 mod readme_e2e;
+mod release_profile;
 mod shutdown_e2e;
 mod traces_e2e;
 mod web_admin_e2e;
