@@ -120,9 +120,7 @@ if [ -z "${DUO_RUN_BIN:-}" ]; then
   say "building (release)"
   # In the background, so that a stop request during the build is handled at once.
   scripts/prune-llama-links.sh
-  # With the flags of every release build (the gateway's recorded profile).
-  RUSTFLAGS="$(scripts/release-rustflags.sh)" \
-    cargo build --release --locked --bin duo-gateway --bin duo-monolith --bin duo-local-llm --bin duo-workflow-executor &
+  scripts/build-release.sh --bin duo-gateway --bin duo-monolith --bin duo-local-llm --bin duo-workflow-executor &
   build=$!
   wait "$build"
 fi

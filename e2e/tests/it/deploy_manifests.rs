@@ -1384,7 +1384,7 @@ fn the_containerfile_copies_what_exists_builds_real_binaries_and_runs_real_comma
                 let command: Vec<String> = serde_json::from_str(&line[3..]).unwrap();
                 assert_real_command(&command, "Containerfile CMD");
             }
-            "RUN" if line.contains("cargo build") => {
+            "RUN" if line.contains("scripts/build-release.sh") => {
                 for pair in words.windows(2) {
                     match pair[0] {
                         "--bin" => {
@@ -1444,7 +1444,7 @@ fn the_containerfile_copies_what_exists_builds_real_binaries_and_runs_real_comma
     );
     let build_run = instructions
         .iter()
-        .find(|l| l.starts_with("RUN") && l.contains("cargo build"))
+        .find(|l| l.starts_with("RUN") && l.contains("scripts/build-release.sh"))
         .unwrap();
     assert!(
         build_run.contains("target/release/duo-workflow-executor /out/bin/")
